@@ -1,0 +1,375 @@
+"""Logs (what one step reports) and History (what a loop reported, step by step)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, NoReturn, overload
+
+import jax
+import numpy as np
+
+from ciclo._src.elapsed import Elapsed
+
+LogsLike = Mapping[str, Mapping[str, Any]]
+"""Nested mapping `{collection: {entry: value}}`, e.g. `{"metrics": {"loss": 0.3}}`."""
+
+ELAPSED_KEYS = ("steps", "samples", "time")
+
+
+class Entries(dict[str, Any]):
+    """The entries of one collection; entries are also readable as attributes."""
+
+    __slots__ = ()
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(f"no entry {name!r}; entries are {sorted(self)}") from None
+
+
+class Logs(dict[str, Entries]):
+    """What a step reports: a dict of collections (`metrics`, `losses`, `outputs`, ...).
+
+    Values may be JAX arrays still being computed: nothing here reads them.
+    `Logs` is a pytree, so a `jax.jit`-compiled step can create and return it.
+
+    Example:
+        >>> import ciclo
+        >>> logs = ciclo.logs()
+        >>> logs.add_metric("accuracy", 0.9).add_loss("xent", 0.3)
+        {'metrics': {'accuracy': 0.9}, 'losses': {'xent': 0.3}}
+        >>> logs.metrics.accuracy, logs.entry_value("xent")
+        (0.9, 0.3)
+    """
+
+    __slots__ = ()
+
+    def __init__(self, logs: LogsLike | None = None) -> None:
+        super().__init__()
+        if logs is not None:
+            self.merge(logs)
+
+    def __getattr__(self, collection: str) -> Entries:
+        if collection == "updates":
+            # The property's getter raised AttributeError, which lands here.
+            raise AttributeError("Logs.updates is write-only: assign logs to it to merge them")
+        try:
+            return self[collection]
+        except KeyError:
+            raise AttributeError(f"no collection {collection!r}; collections are {sorted(self)}") from None
+
+    @property
+    def updates(self) -> NoReturn:
+        """Write-only: `logs.updates = other` merges `other` into `logs`.
+
+        Lets a step's logs be merged in the same line that unpacks its outputs:
+        `logs.updates, state = train_step(state, batch)`.
+        """
+        raise AttributeError("Logs.updates is write-only: assign logs to it to merge them")
+
+    @updates.setter
+    def updates(self, updates: LogsLike | None) -> None:
+        if updates is not None:
+            self.merge(updates)
+
+    def add_entry(self, collection: str, name: str, value: Any) -> Logs:
+        """Sets `self[collection][name] = value`, creating the collection; returns self."""
+        entries = self.get(collection)
+        if entries is None:
+            entries = self[collection] = Entries()
+        entries[name] = value
+        return self
+
+    def add_entries(self, collection: str, **values: Any) -> Logs:
+        """Adds several entries to one collection; returns self."""
+        for name, value in values.items():
+            self.add_entry(collection, name, value)
+        return self
+
+    def add_metric(self, name: str, value: Any) -> Logs:
+        """Adds an entry to the `metrics` collection (shown by progress bars); returns self."""
+        return self.add_entry("metrics", name, value)
+
+    def add_metrics(self, **values: Any) -> Logs:
+        """Adds several entries to the `metrics` collection; returns self."""
+        return self.add_entries("metrics", **values)
+
+    def add_loss(self, name: str, value: Any, *, add_metric: bool = False) -> Logs:
+        """Adds an entry to the `losses` collection (and to `metrics` if asked); returns self."""
+        self.add_entry("losses", name, value)
+        if add_metric:
+            self.add_metric(name, value)
+        return self
+
+    def add_losses(self, *, add_metrics: bool = False, **values: Any) -> Logs:
+        """Adds several entries to the `losses` collection; returns self."""
+        for name, value in values.items():
+            self.add_loss(name, value, add_metric=add_metrics)
+        return self
+
+    def add_output(self, name: str, value: Any) -> Logs:
+        """Adds an entry to the `outputs` collection (predictions and the like); returns self."""
+        return self.add_entry("outputs", name, value)
+
+    def add_outputs(self, **values: Any) -> Logs:
+        """Adds several entries to the `outputs` collection; returns self."""
+        return self.add_entries("outputs", **values)
+
+    def merge(self, other: LogsLike) -> Logs:
+        """Merges `other` into these logs in place (later values win); returns self.
+
+        Example:
+            >>> import ciclo
+            >>> ciclo.logs().add_metric("a", 1).merge({"metrics": {"b": 2}})
+            {'metrics': {'a': 1, 'b': 2}}
+        """
+        for collection, entries in other.items():
+            if not isinstance(entries, Mapping):
+                raise TypeError(
+                    f"logs must map collection -> {{entry: value}}, but collection "
+                    f"{collection!r} holds {entries!r}"
+                )
+            mine = self.get(collection)
+            if mine is None:
+                self[collection] = Entries(entries)
+            else:
+                mine.update(entries)
+        return self
+
+    def entry_path(self, key: str) -> tuple[str, str] | None:
+        """Where `key` (`"name"` or `"collection.name"`) lives, or None if absent.
+
+        Raises:
+            ValueError: if a bare name is found in several collections.
+        """
+        return _entry_path(key, {(c, n) for c, entries in self.items() for n in entries})
+
+    def entry_value(self, key: str) -> Any:
+        """The value of `key` (`"name"` or `"collection.name"`).
+
+        Raises:
+            KeyError: if the key is absent, naming the keys present.
+            ValueError: if a bare name is found in several collections.
+        """
+        path = self.entry_path(key)
+        if path is None:
+            present = sorted(f"{c}.{n}" for c, entries in self.items() for n in entries)
+            raise KeyError(f"{key!r} not found in logs; present: {present}")
+        return self[path[0]][path[1]]
+
+
+def _entry_path(key: str, paths: set[tuple[str, str]] | frozenset[tuple[str, str]]) -> tuple[str, str] | None:
+    if not isinstance(key, str):
+        raise TypeError(f"log keys are strings, got {key!r}")
+    collection, dot, name = key.partition(".")
+    if dot:
+        return (collection, name) if (collection, name) in paths else None
+    found = sorted(path for path in paths if path[1] == key)
+    if len(found) > 1:
+        options = " and ".join(f"'{c}.{n}'" for c, n in found)
+        raise ValueError(f"key {key!r} is ambiguous: found {options}; use the full path")
+    return found[0] if found else None
+
+
+def logs() -> Logs:
+    """Creates an empty `Logs`.
+
+    Example:
+        >>> import ciclo
+        >>> ciclo.logs().add_metric("loss", 0.5)
+        {'metrics': {'loss': 0.5}}
+    """
+    return Logs()
+
+
+def _flatten_logs(logs: LogsLike) -> tuple[tuple[tuple[str, str], ...], tuple[Any, ...]]:
+    paths: list[tuple[str, str]] = []
+    values: list[Any] = []
+    for collection, entries in logs.items():
+        for name, value in entries.items():
+            paths.append((collection, name))
+            values.append(value)
+    return tuple(paths), tuple(values)
+
+
+def _to_host(value: Any) -> Any:
+    if isinstance(value, np.ndarray) and value.ndim == 0:
+        return value.item()
+    return value
+
+
+_LAG = 128
+"""Rows younger than this keep their device arrays: reading them could wait on the device."""
+
+
+class History(Sequence[Logs]):
+    """The logs a loop committed, one entry per step that logged something.
+
+    Each entry is a `Logs` with an extra `elapsed` collection (`steps`, `samples`,
+    `time`). Committing never waits on the device: JAX arrays are kept as they
+    are, and copied to the host in batches once they are a few hundred steps old
+    (their values are computed by then), when an entry is read, or on `collect`.
+    Scalars are stored as Python numbers, so long runs take little memory.
+
+    Example:
+        >>> import ciclo
+        >>> history = ciclo.history()
+        >>> for step in range(3):
+        ...     logs = ciclo.logs().add_metric("loss", 1.0 / (step + 1))
+        ...     history.commit(ciclo.Elapsed.create(steps=step), logs)
+        >>> history.collect("steps", "loss")
+        ([0, 1, 2], [1.0, 0.5, 0.3333333333333333])
+    """
+
+    def __init__(self) -> None:
+        self._paths: list[tuple[tuple[str, str], ...]] = []
+        self._values: list[tuple[Any, ...]] = []
+        self._elapsed: list[tuple[int, int, float]] = []
+        self._interned: dict[tuple[tuple[str, str], ...], tuple[tuple[str, str], ...]] = {}
+        self._on_host = 0  # rows before this index hold no device arrays
+
+    def commit(self, elapsed: Elapsed, logs: LogsLike) -> None:
+        """Appends `logs` as the entry for `elapsed`; does not wait on the device."""
+        paths, values = _flatten_logs(logs)
+        self._paths.append(self._interned.setdefault(paths, paths))
+        self._values.append(values)
+        self._elapsed.append((elapsed.steps, elapsed.samples, elapsed.time))
+        if len(self._values) - self._on_host >= 2 * _LAG:
+            self._fetch(len(self._values) - _LAG)
+
+    def _fetch(self, upto: int) -> None:
+        """Copies the device arrays of rows [_on_host, upto) to the host, in one transfer."""
+        start = self._on_host
+        if upto <= start:
+            return
+        rows = self._values[start:upto]
+        host_rows = jax.device_get(rows)
+        self._values[start:upto] = [tuple(_to_host(v) for v in row) for row in host_rows]
+        self._on_host = upto
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    @overload
+    def __getitem__(self, index: int) -> Logs: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[Logs]: ...
+
+    def __getitem__(self, index: int | slice) -> Logs | list[Logs]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        if index < 0:
+            index += len(self)
+        if not 0 <= index < len(self):
+            raise IndexError(f"history index {index} out of range for {len(self)} entries")
+        self._fetch(index + 1)
+        logs = Logs()
+        for (collection, name), value in zip(self._paths[index], self._values[index], strict=True):
+            logs.add_entry(collection, name, value)
+        for name, value in zip(ELAPSED_KEYS, self._elapsed[index], strict=True):
+            logs.add_entry("elapsed", name, value)
+        return logs
+
+    def __iter__(self) -> Iterator[Logs]:
+        for index in range(len(self)):
+            yield self[index]
+
+    def __repr__(self) -> str:
+        return f"History({len(self)} entries)"
+
+    @overload
+    def collect(self, key: str, /) -> list[Any]: ...
+
+    @overload
+    def collect(self, key: str, key2: str, /, *keys: str) -> tuple[list[Any], ...]: ...
+
+    def collect(self, *keys: str) -> list[Any] | tuple[list[Any], ...]:
+        """Values of `keys` over the entries in which all of them appear.
+
+        A key is an entry name (`"accuracy"`), a full path (`"metrics.accuracy"`),
+        or one of the elapsed keys `steps`, `samples`, `time`.
+
+        Returns:
+            One list for one key; a tuple of lists, one per key, for several.
+
+        Raises:
+            KeyError: if a key appears in no entry (the message lists those present).
+            ValueError: if a bare name is found in several collections.
+        """
+        if not keys:
+            raise TypeError("collect() needs at least one key")
+        self._fetch(len(self))
+        columns: tuple[list[Any], ...] = tuple([] for _ in keys)
+        found = [False] * len(keys)
+        # Resolve each key once per distinct set of paths, not once per entry.
+        resolved: dict[tuple[tuple[str, str], ...], list[tuple[bool, int]] | None] = {}
+        for paths, values, elapsed in zip(self._paths, self._values, self._elapsed, strict=True):
+            plan = resolved.get(paths, ())
+            if plan == ():
+                plan = resolved[paths] = self._plan(paths, keys, found)
+            if plan is None:
+                continue
+            for column, (from_elapsed, position) in zip(columns, plan, strict=True):
+                column.append(elapsed[position] if from_elapsed else values[position])
+        missing = [key for key, ok in zip(keys, found, strict=True) if not ok]
+        if missing:
+            present = sorted({f"{c}.{n}" for paths in self._interned for c, n in paths})
+            raise KeyError(
+                f"{missing[0]!r} appears in no history entry; present: {present} "
+                f"and the elapsed keys {list(ELAPSED_KEYS)}"
+            )
+        return columns[0] if len(keys) == 1 else columns
+
+    @staticmethod
+    def _plan(
+        paths: tuple[tuple[str, str], ...], keys: tuple[str, ...], found: list[bool]
+    ) -> list[tuple[bool, int]] | None:
+        available = frozenset(paths) | {("elapsed", name) for name in ELAPSED_KEYS}
+        plan: list[tuple[bool, int]] | None = []
+        for i, key in enumerate(keys):
+            path = _entry_path(key, available)
+            if path is None:
+                plan = None
+                continue
+            found[i] = True
+            if plan is not None:
+                if path[0] == "elapsed" and path not in paths:
+                    plan.append((True, ELAPSED_KEYS.index(path[1])))
+                else:
+                    plan.append((False, paths.index(path)))
+        return plan
+
+
+def history() -> History:
+    """Creates an empty `History`.
+
+    Example:
+        >>> import ciclo
+        >>> len(ciclo.history())
+        0
+    """
+    return History()
+
+
+def _flatten_logs_tree(tree: Logs) -> tuple[tuple[dict[str, Entries]], None]:
+    return (dict(tree),), None
+
+
+def _unflatten_logs_tree(_: None, children: tuple[dict[str, Any]]) -> Logs:
+    new = Logs()
+    dict.update(new, children[0])
+    return new
+
+
+def _flatten_entries_tree(tree: Entries) -> tuple[tuple[dict[str, Any]], None]:
+    return (dict(tree),), None
+
+
+def _unflatten_entries_tree(_: None, children: tuple[dict[str, Any]]) -> Entries:
+    return Entries(children[0])
+
+
+jax.tree_util.register_pytree_node(Logs, _flatten_logs_tree, _unflatten_logs_tree)
+jax.tree_util.register_pytree_node(Entries, _flatten_entries_tree, _unflatten_entries_tree)

@@ -1,0 +1,152 @@
+import copy
+import pickle
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import ciclo
+from ciclo._src import logs as logs_module
+
+
+def test_add_methods_and_attribute_access():
+    logs = ciclo.logs()
+    logs.add_metric("accuracy", 0.9).add_loss("xent", 0.3, add_metric=True).add_output("preds", [1, 2])
+    logs.add_entry("custom", "value", 7).add_metrics(a=1).add_losses(b=2).add_outputs(c=3)
+    assert logs.metrics.accuracy == 0.9
+    assert logs.losses.xent == 0.3 and logs.metrics.xent == 0.3
+    assert logs.outputs.preds == [1, 2] and logs.custom.value == 7
+    assert logs.entry_value("accuracy") == 0.9
+    assert logs.entry_value("custom.value") == 7
+    logs.add_losses(add_metrics=True, d=4)
+    assert logs.metrics.d == 4
+
+
+def test_missing_attributes_raise_attribute_error():
+    logs = ciclo.logs().add_metric("a", 1)
+    with pytest.raises(AttributeError, match="'nope'"):
+        _ = logs.nope
+    with pytest.raises(AttributeError, match="'b'"):
+        _ = logs.metrics.b
+
+
+def test_updates_is_write_only_and_merges():
+    logs = ciclo.logs().add_metric("a", 1)
+    logs.updates = {"metrics": {"b": 2}, "losses": {"c": 3}}
+    logs.updates = None
+    assert logs == {"metrics": {"a": 1, "b": 2}, "losses": {"c": 3}}
+    with pytest.raises(AttributeError, match="write-only"):
+        _ = logs.updates
+
+
+def test_merge_copies_and_later_wins():
+    source = {"metrics": {"a": 1}}
+    logs = ciclo.logs().merge(source).merge({"metrics": {"a": 2}})
+    assert logs.metrics.a == 2 and source == {"metrics": {"a": 1}}
+
+
+def test_merge_rejects_flat_dicts():
+    with pytest.raises(TypeError, match="'loss'"):
+        ciclo.logs().merge({"loss": 0.5})  # type: ignore[dict-item]
+
+
+def test_ambiguous_and_missing_keys():
+    logs = ciclo.logs().add_metric("loss", 1).add_loss("loss", 2)
+    with pytest.raises(ValueError, match="'losses.loss' and 'metrics.loss'"):
+        logs.entry_value("loss")
+    with pytest.raises(KeyError, match="'accuracy'"):
+        logs.entry_value("accuracy")
+    assert logs.entry_path("losses.loss") == ("losses", "loss")
+    assert logs.entry_path("missing.loss") is None
+
+
+def test_logs_are_pytrees_returned_from_jit():
+    @jax.jit
+    def step(x):
+        return ciclo.logs().add_metric("double", 2 * x).add_loss("x", x)
+
+    out = step(jnp.float32(3.0))
+    assert isinstance(out, ciclo.Logs) and isinstance(out.metrics, ciclo.Entries)
+    assert float(out.metrics.double) == 6.0
+    doubled = jax.tree.map(lambda v: v * 2, out)
+    assert isinstance(doubled, ciclo.Logs) and float(doubled.losses.x) == 6.0
+
+
+def test_logs_copy_and_pickle():
+    logs = ciclo.logs().add_metric("a", 1)
+    assert copy.deepcopy(logs) == logs
+    assert pickle.loads(pickle.dumps(logs)).metrics.a == 1
+
+
+def commit_steps(history, values, key="loss", collection="metrics"):
+    for step, value in enumerate(values):
+        history.commit(ciclo.Elapsed(step, step * 4, step * 0.1, 0.0), {collection: {key: value}})
+
+
+def test_history_collect_single_and_several():
+    history = ciclo.history()
+    commit_steps(history, [1.0, 2.0, 3.0])
+    assert history.collect("loss") == [1.0, 2.0, 3.0]
+    steps, samples, times, losses = history.collect("steps", "samples", "time", "metrics.loss")
+    assert steps == [0, 1, 2] and samples == [0, 4, 8] and losses == [1.0, 2.0, 3.0]
+    assert times == pytest.approx([0.0, 0.1, 0.2])
+
+
+def test_history_collect_only_entries_with_all_keys():
+    history = ciclo.history()
+    history.commit(ciclo.Elapsed(0, 0, 0.0, 0.0), {"metrics": {"loss": 1.0}})
+    history.commit(ciclo.Elapsed(1, 0, 0.0, 0.0), {"metrics": {"loss": 2.0, "acc": 0.5}})
+    assert history.collect("steps", "acc") == ([1], [0.5])
+    assert history.collect("loss") == [1.0, 2.0]
+
+
+def test_history_collect_errors():
+    history = ciclo.history()
+    history.commit(ciclo.Elapsed(0, 0, 0.0, 0.0), {"metrics": {"loss": 1.0}, "losses": {"loss": 1.0}})
+    with pytest.raises(ValueError, match="'losses.loss' and 'metrics.loss'"):
+        history.collect("loss")
+    with pytest.raises(KeyError, match="'accuracy'.*metrics.loss"):
+        history.collect("accuracy")
+    with pytest.raises(TypeError, match="at least one key"):
+        history.collect()
+    assert history.collect("losses.loss") == [1.0]
+
+
+def test_history_entries_have_elapsed_collection():
+    history = ciclo.history()
+    commit_steps(history, [5.0, 6.0])
+    assert len(history) == 2
+    last = history[-1]
+    assert last.metrics.loss == 6.0 and last.elapsed.steps == 1 and last.elapsed.samples == 4
+    assert [entry.metrics.loss for entry in history] == [5.0, 6.0]
+    assert [entry.metrics.loss for entry in history[0:1]] == [5.0]
+    with pytest.raises(IndexError):
+        _ = history[2]
+    assert "2 entries" in repr(history)
+
+
+def test_history_holds_device_arrays_only_briefly():
+    history = ciclo.history()
+    n = 5 * logs_module._LAG
+    commit_steps(history, [jnp.float32(i) for i in range(n)])
+    device_rows = sum(isinstance(v, jax.Array) for row in history._values for v in row)
+    assert 0 < device_rows < 2 * logs_module._LAG
+    assert history.collect("loss") == [float(i) for i in range(n)]
+    assert not any(isinstance(v, jax.Array) for row in history._values for v in row)
+
+
+def test_history_keeps_arrays_as_numpy():
+    history = ciclo.history()
+    history.commit(ciclo.Elapsed(0, 0, 0.0, 0.0), {"outputs": {"preds": jnp.ones((2, 3))}})
+    (preds,) = history.collect("preds")
+    assert isinstance(preds, np.ndarray) and preds.shape == (2, 3)
+
+
+def test_history_commit_does_not_transfer():
+    history = ciclo.history()
+    value = jnp.float32(1.0) + 1
+    with jax.transfer_guard_device_to_host("disallow"):
+        for step in range(10):
+            history.commit(ciclo.Elapsed(step, 0, 0.0, 0.0), {"metrics": {"loss": value}})
+    assert history.collect("loss") == [2.0] * 10
