@@ -1,0 +1,309 @@
+import functools
+import logging
+import sys
+import types
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import ciclo
+
+
+def run(tasks, data=range(5), **kwargs):
+    return ciclo.loop(0, data, tasks, **kwargs)
+
+
+@pytest.mark.parametrize("arity", [0, 1, 2, 3, 4])
+def test_callbacks_of_every_arity_receive_their_arguments(arity):
+    received = []
+
+    def record(*args):
+        received.append(args)
+
+    params = ["state", "batch", "elapsed", "loop_state"][:arity]
+    namespace: dict = {"record": record}
+    exec(
+        f"def callback({', '.join(params)}):\n    record({', '.join(params)}{',' if params else ''})",
+        namespace,
+    )
+    ciclo.loop("s", ["b0", "b1"], {ciclo.every(1): [namespace["callback"]]})
+    assert len(received) == 2
+    assert all(len(args) == arity for args in received)
+    if arity >= 2:
+        assert [args[1] for args in received] == ["b0", "b1"]
+    if arity >= 3:
+        assert [args[2].steps for args in received] == [0, 1]
+    if arity == 4:
+        assert isinstance(received[0][3], ciclo.LoopState)
+
+
+def test_defaults_and_varargs_are_accepted():
+    calls = []
+    ciclo.loop(0, [1], {ciclo.every(1): [lambda state, batch=None, extra=None: calls.append(batch)]})
+    ciclo.loop(0, [1], {ciclo.every(1): [lambda *args: calls.append(len(args))]})
+    ciclo.loop(0, [1], {ciclo.every(1): [functools.partial(lambda a, state: calls.append(a), "p")]})
+    assert calls == [1, 4, "p"]
+
+
+@pytest.mark.parametrize(
+    ("output", "expected_state", "expected_logs"),
+    [
+        (None, 0, []),
+        (({"metrics": {"m": 1}}, 5), 5, [1]),
+        ((None, 5), 5, []),
+        (({"metrics": {"m": 1}}, None), 0, [1]),
+        ({"metrics": {"m": 1}}, 0, [1]),
+        (ciclo.logs().add_metric("m", 1), 0, [1]),
+        (7, 7, []),
+    ],
+)
+def test_return_forms(output, expected_state, expected_logs):
+    state, history, _ = ciclo.loop(0, [None], {ciclo.every(1): [lambda: output]})
+    assert state == expected_state
+    assert (history.collect("m") if expected_logs else len(history)) == (expected_logs or 0)
+
+
+def test_falsy_state_is_kept():
+    state, _, _ = ciclo.loop(1, [None], {ciclo.every(1): [lambda: ({}, 0)]})
+    assert state == 0
+
+
+def test_three_tuple_is_a_clear_error():
+    def bad():
+        return 1, 2, 3
+
+    with pytest.raises(ValueError, match="bad returned a tuple of length 3"):
+        ciclo.loop(0, [None], {ciclo.every(1): [bad]})
+
+
+@pytest.mark.parametrize(
+    ("callback", "error", "match"),
+    [
+        (42, TypeError, "42 of type int is not a callback"),
+        ("train_step", TypeError, "'train_step' is a string"),
+        (lambda a, b, c, d, e: None, TypeError, "requires 5 positional arguments"),
+        (lambda *, key: None, TypeError, "keyword-only argument 'key'"),
+    ],
+)
+def test_bad_callbacks_fail_before_the_loop_runs(callback, error, match):
+    consumed = []
+
+    def data():
+        consumed.append(True)
+        yield 1
+
+    with pytest.raises(error, match=match):
+        ciclo.loop(0, data(), {ciclo.every(1): [callback]})
+    assert not consumed
+
+
+def test_unreadable_signature_is_reported(monkeypatch):
+    def callback(state):
+        return state
+
+    monkeypatch.setattr("inspect.signature", lambda fn: (_ for _ in ()).throw(ValueError("no")))
+    with pytest.raises(TypeError, match="cannot read the signature"):
+        ciclo.loop(0, [1], {ciclo.every(1): callback})
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"tasks": {"on_train_step": [lambda: None]}}, ValueError, "named schedule 'on_train_step'"),
+        ({"tasks": {3: [lambda: None]}}, TypeError, "task key 3"),
+        ({"tasks": [lambda: None]}, TypeError, "tasks must be a dict"),
+        ({"tasks": {}, "stop": -1}, ValueError, "stop must be >= 0 steps, got -1"),
+        ({"tasks": {}, "stop": "10"}, TypeError, "'10'"),
+        ({"tasks": {}, "history": []}, TypeError, "history must be a ciclo.History"),
+        ({"tasks": {}, "elapsed": 3}, TypeError, "elapsed must be a ciclo.Elapsed"),
+        ({"tasks": {}, "on_start": [1]}, TypeError, "in on_start"),
+    ],
+)
+def test_bad_arguments(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        ciclo.loop(0, range(3), **kwargs)
+
+
+def test_non_iterable_dataset():
+    with pytest.raises(TypeError, match="dataset must be an iterable"):
+        ciclo.loop(0, 5, {})  # type: ignore[arg-type]
+
+
+def test_execution_order_dict_then_list():
+    order = []
+
+    def make(name):
+        return lambda: order.append(name)
+
+    ciclo.loop(
+        0,
+        [None],
+        {ciclo.every(1): [make("a"), make("b")], ciclo.every(2): [make("c")], ciclo.always(): make("d")},
+        on_start=make("start"),
+        on_end=[make("end")],
+    )
+    assert order == ["start", "a", "b", "c", "d", "end"]
+
+
+def test_state_threads_through_callbacks_and_logs_merge():
+    def add(state, batch):
+        return ciclo.logs().add_metric("after_add", state + batch), state + batch
+
+    def double(state):
+        return {"metrics": {"after_double": state * 2}}, state * 2
+
+    state, history, elapsed = ciclo.loop(1, [1, 2, 3], {ciclo.every(1): [add, double]})
+    assert state == 30
+    assert history.collect("after_add", "after_double") == ([2, 6, 15], [4, 12, 30])
+    assert elapsed.steps == 3
+
+
+def test_stop_period_and_dataset_end():
+    _, _, elapsed = run({}, stop=3)
+    assert elapsed.steps == 3
+    _, _, elapsed = run({})
+    assert elapsed.steps == 5
+    _, _, elapsed = run({}, stop=ciclo.at(samples=2))
+    assert elapsed.steps == 2
+
+
+def test_loop_state_stop_and_accumulated_logs():
+    seen = []
+
+    def log_at_zero(state, batch, elapsed):
+        if elapsed.steps == 0:
+            return {"metrics": {"first": 1}}
+
+    def watch(state, batch, elapsed, loop_state: ciclo.LoopState):
+        seen.append(dict(loop_state.accumulated_logs.get("metrics", {})))
+        if loop_state.elapsed.steps == 2:
+            loop_state.stop()
+
+    after_stop = []
+    _, history, elapsed = run({ciclo.every(1): [log_at_zero, watch, lambda: after_stop.append(1)]})
+    assert elapsed.steps == 3
+    assert seen == [{"first": 1}] * 3
+    assert len(after_stop) == 2  # not run at the step that stopped
+    assert len(history) == 1
+
+
+def test_history_and_elapsed_resume():
+    history = ciclo.history()
+
+    def step(state):
+        return ciclo.logs().add_metric("x", state), state + 1
+
+    state, history, elapsed = ciclo.loop(0, range(10), {ciclo.every(1): step}, stop=3, history=history)
+    state, history, elapsed = ciclo.loop(
+        state, range(10), {ciclo.every(1): step}, stop=5, history=history, elapsed=elapsed
+    )
+    assert history.collect("steps", "x") == ([0, 1, 2, 3, 4], [0, 1, 2, 3, 4])
+    assert elapsed.steps == 5
+
+
+def test_metadata_reaches_callbacks():
+    seen = []
+    ciclo.loop(0, [1], {ciclo.every(1): lambda loop_state: None}, metadata="m")
+    ciclo.loop(
+        0, [1], {ciclo.every(1): lambda s, b, e, loop_state: seen.append(loop_state.metadata)}, metadata="m"
+    )
+    assert seen == ["m"]
+
+
+def test_loop_callback_objects_and_end_hooks():
+    class Counter:
+        def __init__(self):
+            self.calls = 0
+            self.ended = 0
+
+        def __loop_callback__(self, loop_state):
+            self.calls += 1
+            return {"metrics": {"calls": self.calls}}, loop_state.state
+
+        def __loop_end__(self, loop_state):
+            self.ended += 1
+
+    counter = Counter()
+    assert isinstance(counter, ciclo.LoopCallback)
+    _, history, _ = ciclo.loop(0, range(4), {ciclo.every(1): [counter], ciclo.every(2): [counter]})
+    assert counter.calls == 6 and counter.ended == 1
+    assert history.collect("calls") == [2, 3, 5, 6]
+
+
+def test_end_hooks_run_for_bound_method_owners_even_on_error():
+    class Owner:
+        ended = False
+
+        def hook(self, state):
+            raise RuntimeError("boom")
+
+        def __loop_end__(self, loop_state):
+            Owner.ended = True
+
+    with pytest.raises(RuntimeError, match="boom") as info:
+        ciclo.loop(0, range(3), {ciclo.every(1): [Owner().hook]})
+    assert Owner.ended
+    if sys.version_info >= (3, 11):
+        assert any("Owner.hook" in note and "step 0" in note for note in info.value.__notes__)
+
+
+def test_keyboard_interrupt_is_caught_and_state_returned(caplog):
+    def step(state, batch):
+        if batch == 3:
+            raise KeyboardInterrupt
+        return state + 1
+
+    with caplog.at_level(logging.WARNING, logger="ciclo"):
+        state, _, elapsed = ciclo.loop(0, range(10), {ciclo.every(1): step})
+    assert state == 3 and elapsed.steps == 3
+    assert "KeyboardInterrupt" in caplog.text
+    with pytest.raises(KeyboardInterrupt):
+        ciclo.loop(0, range(10), {ciclo.every(1): step}, catch_keyboard_interrupt=False)
+
+
+def test_jitted_step_runs_without_device_to_host_transfers():
+    @jax.jit
+    def train_step(state, batch):
+        state = state + batch["x"].sum()
+        return ciclo.logs().add_metric("state", state).add_loss("loss", state * 0), state
+
+    data = [{"x": jnp.ones((4, 2))} for _ in range(20)]
+    with jax.transfer_guard_device_to_host("disallow"):
+        state, history, elapsed = ciclo.loop(jnp.float32(0), data, {ciclo.every(1): [train_step]})
+    assert float(state) == 160.0 and elapsed.samples == 80
+    assert history.collect("state")[-1] == 160.0
+
+
+def test_jitted_step_with_elapsed_argument():
+    @jax.jit
+    def step(state, batch, elapsed):
+        return state + elapsed.steps
+
+    state, _, _ = ciclo.loop(jnp.int32(0), range(5), {ciclo.every(1): [step]})
+    assert int(state) == 10
+
+
+def test_clu_periodic_action_is_adapted(monkeypatch):
+    # ciclo looks clu up in sys.modules only; a stand-in module exercises the same path.
+    module = types.ModuleType("clu.periodic_actions")
+
+    class PeriodicAction:
+        def __init__(self):
+            self.steps = []
+
+        def __call__(self, step, t=None):
+            self.steps.append(step)
+            return True
+
+    module.PeriodicAction = PeriodicAction  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "clu.periodic_actions", module)
+    action = PeriodicAction()
+    ciclo.loop(0, range(3), {ciclo.every(1): [action]})
+    assert action.steps == [0, 1, 2]
+
+
+def test_numpy_state_and_arrays():
+    state, _, _ = ciclo.loop(np.zeros(2), range(3), {ciclo.every(1): lambda state, batch: state + batch})
+    assert state.tolist() == [3.0, 3.0]
