@@ -1,0 +1,573 @@
+"""Checkpointing: save the loop's state with orbax, keep the latest or the best, restore it.
+
+`ciclo.checkpoint(directory)` returns a `Checkpoint`, a callback that saves the
+state with `orbax.checkpoint.CheckpointManager` (asynchronously by default) and
+keeps the most recent or, with `monitor`, the best checkpoints.
+`ciclo.restore_checkpoint(directory, target)` reads one back in any process.
+
+The monitored entry and mode are written to `ciclo_checkpoint.json` in the
+directory, so that "best" can be found later without restating them.
+
+orbax logs about fifty INFO lines per save through absl; a filter on the
+`absl` logger drops orbax's records below WARNING, so a program that logs at
+INFO stays readable. Other absl users and orbax's warnings are not affected.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import typing
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
+
+import jax
+
+from ciclo._src.callbacks._monitor import Mode, check_mode, monitored_value, present_keys
+from ciclo._src.elapsed import Elapsed
+from ciclo._src.logs import LogsLike
+from ciclo._src.types import CallbackOutput
+
+if TYPE_CHECKING:
+    from ciclo._src.loop import LoopState
+
+S = TypeVar("S")
+T = TypeVar("T")
+
+StepLike = int | Literal["latest", "best"]
+"""Which checkpoint to restore: a step number, `"latest"` or `"best"`."""
+
+SETTINGS_FILE = "ciclo_checkpoint.json"
+"""Holds the monitor and mode the checkpoints of a directory were ranked with."""
+
+_log = logging.getLogger("ciclo")
+
+_ORBAX_PATH_PART = f"{os.sep}orbax{os.sep}checkpoint{os.sep}"
+
+
+class _DropOrbaxInfo(logging.Filter):
+    """Drops orbax's records below WARNING; lets everything else through."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.WARNING or _ORBAX_PATH_PART not in record.pathname
+
+
+def _orbax() -> Any:
+    """Imports orbax on first use: it takes about half a second, which `import ciclo` should not pay."""
+    # absl.logging must create the "absl" logger itself: a plain logger made first by
+    # logging.getLogger("absl") would report absl's own file as the origin of every record.
+    from absl import logging as absl_logging
+
+    absl_logger = absl_logging.get_absl_logger()
+    if not any(isinstance(f, _DropOrbaxInfo) for f in absl_logger.filters):
+        # Installed before importing orbax, which logs too.
+        absl_logger.addFilter(_DropOrbaxInfo())
+    import orbax.checkpoint as ocp  # type: ignore[import-untyped]
+
+    return ocp
+
+
+def _epath(path: str) -> Any:
+    """An `etils.epath.Path` (orbax's path type), so that remote URLs work like local paths."""
+    from etils import epath  # type: ignore[import-untyped]
+
+    return epath.Path(path)
+
+
+def _absolute_directory(directory: object) -> str:
+    if isinstance(directory, os.PathLike):
+        directory = os.fspath(directory)
+    if not isinstance(directory, str):
+        raise TypeError(
+            "directory must be a str or os.PathLike[str], "
+            f"got {directory!r} of type {type(directory).__name__}"
+        )
+    if not directory:
+        raise ValueError("directory must not be empty")
+    if "://" in directory:  # gs://bucket/run and the like are already absolute
+        return directory
+    return os.path.abspath(os.path.expanduser(directory))
+
+
+def _check_keep(keep: object) -> int | None:
+    if keep is None:
+        return None
+    if isinstance(keep, bool) or not isinstance(keep, int):
+        raise TypeError(f"keep must be an int >= 1 or None, got {keep!r}")
+    if keep < 1:
+        raise ValueError(f"keep must be >= 1 (or None to keep every checkpoint), got {keep!r}")
+    return keep
+
+
+def _check_monitor(monitor: object) -> str | None:
+    if monitor is None:
+        return None
+    if not isinstance(monitor, str):
+        raise TypeError(f"monitor must be an entry name such as 'loss' or 'metrics.loss', got {monitor!r}")
+    if not monitor:
+        raise ValueError("monitor must be an entry name such as 'loss' or 'metrics.loss', got ''")
+    return monitor
+
+
+def _rank_fn(monitor: str, mode: Mode) -> Callable[[Any], float]:
+    """The `best_fn` given to orbax: the monitored value, with missing or NaN values ranked worst."""
+    worst = math.inf if mode == "min" else -math.inf
+
+    def rank(metrics: Any) -> float:
+        value = metrics.get(monitor) if isinstance(metrics, Mapping) else None
+        if value is None:
+            return worst
+        value = float(value)
+        return worst if math.isnan(value) else value
+
+    return rank
+
+
+def _open_manager(
+    directory: str, *, keep: int | None, monitor: str | None, mode: Mode, async_save: bool, create: bool
+) -> Any:
+    ocp = _orbax()
+    policies = ocp.checkpoint_managers
+    if monitor is None:
+        best_fn = None
+        preservation = policies.LatestN(n=keep)
+    else:
+        best_fn = _rank_fn(monitor, mode)
+        # orbax keeps the last `n` after an ascending sort; "min" sorts descending to keep the lowest.
+        preservation = policies.BestN(get_metric_fn=best_fn, reverse=mode == "min", n=keep)
+    options = ocp.CheckpointManagerOptions(
+        create=create,
+        enable_async_checkpointing=async_save,
+        # best_fn and best_mode still drive `best_step()` and whether metrics are written.
+        best_fn=best_fn,
+        best_mode=mode,
+        preservation_policy=preservation,
+    )
+    return ocp.CheckpointManager(directory, options=options)
+
+
+def _read_settings(directory: str) -> tuple[str | None, Mode]:
+    """The monitor and mode recorded in `directory`; `(None, "min")` if none were."""
+    path = _epath(directory) / SETTINGS_FILE
+    if not path.exists():
+        return None, "min"
+    try:
+        settings = json.loads(path.read_text())
+        monitor = settings["monitor"]
+        mode = settings["mode"]
+        if monitor is None:
+            return None, "min"
+        if not isinstance(monitor, str):
+            raise TypeError(f"monitor is {monitor!r}")
+        return monitor, check_mode(mode)
+    except (ValueError, TypeError, KeyError) as error:
+        raise ValueError(f"cannot read the checkpoint settings in {path}: {error}") from error
+
+
+def _write_settings(directory: str, monitor: str | None, mode: Mode) -> None:
+    if jax.process_index() != 0:
+        return
+    settings = {"monitor": monitor, "mode": mode if monitor is not None else None}
+    (_epath(directory) / SETTINGS_FILE).write_text(json.dumps(settings, indent=2) + "\n")
+
+
+def _is_single_leaf(tree: Any) -> bool:
+    # True for None too, which orbax also refuses at the root.
+    return jax.tree_util.treedef_is_leaf(jax.tree.structure(tree))
+
+
+def _abstract(tree: Any) -> Any:
+    """Shape, dtype and sharding of the target's arrays, so that restoring never reads their values."""
+
+    def leaf(x: Any) -> Any:
+        if isinstance(x, jax.Array):
+            return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding)  # type: ignore[no-untyped-call]
+        return x
+
+    return jax.tree.map(leaf, tree)
+
+
+def _resolve_step(manager: Any, directory: str, step: object, monitor: str | None) -> int:
+    if isinstance(step, str):
+        if step not in ("latest", "best"):
+            raise ValueError(f"step must be an int, 'latest' or 'best', got {step!r}")
+    elif isinstance(step, bool) or not isinstance(step, int):
+        raise TypeError(f"step must be an int, 'latest' or 'best', got {step!r}")
+    steps = sorted(int(s) for s in manager.all_steps())
+    if not steps:
+        raise FileNotFoundError(f"no checkpoint in {directory}")
+    if step == "latest":
+        return steps[-1]
+    if step == "best":
+        if monitor is None:
+            raise ValueError(
+                f"step='best' needs a monitored entry, but the checkpoints in {directory} were saved "
+                "without `monitor`; restore step='latest' or a step number instead"
+            )
+        best = manager.best_step()
+        if best is None:
+            raise FileNotFoundError(f"no checkpoint in {directory} has a value for {monitor!r}")
+        return int(best)
+    if step not in steps:
+        raise FileNotFoundError(f"no checkpoint for step {step} in {directory}; steps present: {steps}")
+    return int(step)
+
+
+def _restore(manager: Any, directory: str, target: T, step: object, monitor: str | None) -> T:
+    resolved = _resolve_step(manager, directory, step, monitor)
+    ocp = _orbax()
+    # orbax's StandardSave takes only containers, so a single-leaf state is saved as {"state": leaf}.
+    wrapped = _is_single_leaf(target)
+    item = {"state": _abstract(target)} if wrapped else _abstract(target)
+    restored = manager.restore(resolved, args=ocp.args.StandardRestore(item))
+    return typing.cast(T, restored["state"] if wrapped else restored)
+
+
+@typing.final
+class Checkpoint:
+    """Saves the loop's state with orbax and keeps the latest or the best checkpoints.
+
+    Create one with `ciclo.checkpoint`. A `Checkpoint` is a callback: put it under
+    a schedule in `ciclo.loop` (`{ciclo.every(steps=1000): [ckpt]}`), pass it to
+    `ciclo.train_loop(callbacks=[...])` (it runs on `on_epoch_end`), or call
+    `ckpt(elapsed, state, logs)` in a hand-written loop. Each checkpoint is stored
+    under its step, `elapsed.steps`.
+
+    A step at or before the newest checkpoint, in the directory or already saved,
+    is skipped: calling it twice at one step saves once, and a resumed run does
+    not rewrite the checkpoint it resumed from. Saves run in the background; the
+    loop waits for them when it ends (`__loop_end__`), and `wait()` or `close()`
+    do the same in a hand-written loop.
+
+    Example:
+        >>> import tempfile
+        >>> import ciclo
+        >>> import jax.numpy as jnp
+        >>> ckpt = ciclo.checkpoint(tempfile.mkdtemp(), monitor="loss", mode="min")
+        >>> for elapsed, loss in ciclo.elapse([0.5, 0.2, 0.4]):
+        ...     logs = ciclo.logs().add_metric("loss", loss)
+        ...     ckpt(elapsed, {"loss": jnp.float32(loss)}, logs)
+        >>> ckpt.all_steps(), ckpt.best_step()
+        ([1], 1)
+        >>> ckpt.restore({"loss": jnp.float32(0)}, step="best")
+        {'loss': Array(0.2, dtype=float32)}
+        >>> ckpt.close()
+    """
+
+    __slots__ = (
+        "_async_save",
+        "_directory",
+        "_found_newest",
+        "_keep",
+        "_manager",
+        "_mode",
+        "_monitor",
+        "_newest",
+        "_warned",
+    )
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        *,
+        keep: int | None = 1,
+        monitor: str | None = None,
+        mode: Mode = "min",
+        async_save: bool = True,
+    ) -> None:
+        """Validates the arguments, creates `directory` and opens it; see `ciclo.checkpoint`."""
+        self._directory = _absolute_directory(directory)
+        self._keep = _check_keep(keep)
+        self._monitor = _check_monitor(monitor)
+        self._mode = check_mode(mode)
+        if not isinstance(async_save, bool):
+            raise TypeError(f"async_save must be a bool, got {async_save!r}")
+        self._async_save = async_save
+        path = _epath(self._directory)
+        if path.exists() and not path.is_dir():
+            raise NotADirectoryError(f"checkpoint directory {self._directory} exists and is not a directory")
+        self._manager: Any = self._open()
+        steps = [int(s) for s in self._manager.all_steps()]
+        if steps:
+            self._check_settings_match()
+        _write_settings(self._directory, self._monitor, self._mode)
+        self._found_newest: int | None = max(steps, default=None)
+        self._newest = self._found_newest
+        self._warned = False
+
+    def _open(self) -> Any:
+        return _open_manager(
+            self._directory,
+            keep=self._keep,
+            monitor=self._monitor,
+            mode=self._mode,
+            async_save=self._async_save,
+            create=True,
+        )
+
+    def _check_settings_match(self) -> None:
+        """Refuses to mix checkpoints ranked by different rules in one directory."""
+        if not (_epath(self._directory) / SETTINGS_FILE).exists():
+            return
+        monitor, mode = _read_settings(self._directory)
+        mine = (self._monitor, self._mode if self._monitor is not None else None)
+        theirs = (monitor, mode if monitor is not None else None)
+        if mine != theirs:
+            self._manager.close()
+            raise ValueError(
+                f"{self._directory} holds checkpoints saved with monitor={theirs[0]!r}, mode={theirs[1]!r}, "
+                f"but this checkpoint has monitor={mine[0]!r}, mode={mine[1]!r}; use another directory "
+                "or delete the old checkpoints"
+            )
+
+    def _get_manager(self) -> Any:
+        if self._manager is None:
+            self._manager = self._open()
+        return self._manager
+
+    @property
+    def directory(self) -> str:
+        """The absolute directory the checkpoints are saved in."""
+        return self._directory
+
+    @property
+    def keep(self) -> int | None:
+        """How many checkpoints are kept (None: all)."""
+        return self._keep
+
+    @property
+    def monitor(self) -> str | None:
+        """The log entry that ranks the checkpoints, or None to keep the most recent."""
+        return self._monitor
+
+    @property
+    def mode(self) -> Mode:
+        """Whether lower (`"min"`) or higher (`"max"`) monitored values are better."""
+        return self._mode
+
+    @property
+    def async_save(self) -> bool:
+        """Whether saves are written in the background."""
+        return self._async_save
+
+    def __repr__(self) -> str:
+        return (
+            f"Checkpoint({self._directory!r}, keep={self._keep!r}, monitor={self._monitor!r}, "
+            f"mode={self._mode!r}, async_save={self._async_save!r})"
+        )
+
+    def save(self, step: int, state: Any, logs: LogsLike | None = None) -> None:
+        """Saves `state` as the checkpoint of `step`; a step already saved is skipped.
+
+        Args:
+            step: the step number the checkpoint is stored under.
+            state: the pytree to save (arrays, numbers, and the containers JAX knows).
+            logs: the logs to read the monitored entry from; needed with `monitor`.
+
+        Raises:
+            KeyError: if `monitor` is set and `logs` lack it (the message lists the
+                entries present).
+        """
+        if isinstance(step, bool) or not isinstance(step, int):
+            raise TypeError(f"step must be an int, got {step!r}")
+        if self._newest is not None and step <= self._newest:
+            if self._found_newest is not None and step < self._found_newest and not self._warned:
+                self._warned = True
+                _log.warning(
+                    "%s already holds checkpoints up to step %d, so earlier steps such as %d are not "
+                    "saved; use a new directory for a new run",
+                    self._directory,
+                    self._found_newest,
+                    step,
+                )
+            return
+        metrics = None
+        if self._monitor is not None:
+            source: LogsLike = {} if logs is None else logs
+            value = monitored_value(source, self._monitor)
+            if value is None:
+                raise KeyError(
+                    f"checkpoint monitor {self._monitor!r} not found in the logs at step {step}; "
+                    f"present: {present_keys(source)}"
+                )
+            metrics = {self._monitor: value}
+        ocp = _orbax()
+        wrapped = {"state": state} if _is_single_leaf(state) else state
+        self._get_manager().save(step, args=ocp.args.StandardSave(wrapped), metrics=metrics, force=True)
+        self._newest = step
+
+    def __call__(self, elapsed: Elapsed, state: Any, logs: LogsLike | None = None) -> None:
+        """Saves `state` at step `elapsed.steps` (the hand-written loop form).
+
+        Args:
+            elapsed: the `Elapsed` of the current step.
+            state: the pytree to save.
+            logs: the logs to read the monitored entry from; needed with `monitor`.
+        """
+        if not isinstance(elapsed, Elapsed):
+            raise TypeError(
+                f"the first argument must be a ciclo.Elapsed, got {elapsed!r}; call ckpt(elapsed, state)"
+            )
+        self.save(int(elapsed.steps), state, logs)
+
+    def __loop_callback__(self, loop_state: LoopState[S], /) -> CallbackOutput[S]:
+        """Saves the loop's state, reading the monitored entry from its accumulated logs."""
+        self.save(int(loop_state.elapsed.steps), loop_state.state, loop_state.accumulated_logs)
+        return {}, loop_state.state
+
+    def on_epoch_end(
+        self, state: S, batch: Any, elapsed: Elapsed, loop_state: LoopState[Any]
+    ) -> CallbackOutput[S]:
+        """The named hook `ciclo.train_loop` runs at the end of each epoch: saves `state`."""
+        self.save(int(elapsed.steps), state, loop_state.accumulated_logs)
+        return {}, state
+
+    def __loop_end__(self, loop_state: LoopState[Any], /) -> None:
+        """Waits for the saves in flight, so that the loop returns with every checkpoint written."""
+        self.wait()
+
+    def wait(self) -> None:
+        """Blocks until the saves in flight are written."""
+        if self._manager is not None:
+            self._manager.wait_until_finished()
+
+    def close(self) -> None:
+        """Waits for the saves in flight and releases orbax's threads; a later save reopens."""
+        if self._manager is not None:
+            manager, self._manager = self._manager, None
+            manager.close()
+
+    def all_steps(self) -> list[int]:
+        """The steps of the checkpoints kept, in increasing order (saves in flight included)."""
+        return sorted(int(s) for s in self._get_manager().all_steps())
+
+    def latest_step(self) -> int | None:
+        """The step of the most recent checkpoint, or None if there is none."""
+        steps = self.all_steps()
+        return steps[-1] if steps else None
+
+    def best_step(self) -> int | None:
+        """The step with the best monitored value, or None without `monitor` or checkpoints."""
+        if self._monitor is None:
+            return None
+        best = self._get_manager().best_step()
+        return None if best is None else int(best)
+
+    def restore(self, target: T, *, step: StepLike = "latest") -> T:
+        """Restores a checkpoint into the structure of `target`.
+
+        Args:
+            target: a pytree like the saved state (e.g. the freshly initialised
+                state): its structure, shapes, dtypes and shardings are those of
+                the result. Its values are not read.
+            step: `"latest"`, `"best"` (the best monitored value), or a step number.
+
+        Returns:
+            The restored state, with the structure of `target`.
+
+        Raises:
+            FileNotFoundError: if there is no checkpoint, or none for `step`.
+            ValueError: if `step` is not valid, or is `"best"` without `monitor`.
+        """
+        manager = self._get_manager()
+        manager.wait_until_finished()
+        return _restore(manager, self._directory, target, step, self._monitor)
+
+
+def checkpoint(
+    directory: str | os.PathLike[str],
+    *,
+    keep: int | None = 1,
+    monitor: str | None = None,
+    mode: Mode = "min",
+    async_save: bool = True,
+) -> Checkpoint:
+    """Creates a `Checkpoint` callback that saves the state in `directory` with orbax.
+
+    Args:
+        directory: where to save; made absolute and created if missing. Each
+            checkpoint is a sub-directory named after its step.
+        keep: how many checkpoints to keep: the most recent ones, or with
+            `monitor` the best ones. None keeps them all.
+        monitor: an entry of the logs (`"accuracy_test"` or a full path such as
+            `"metrics.accuracy_test"`) that ranks the checkpoints. In a loop it is
+            read from the entries logged so far (`loop_state.accumulated_logs`).
+        mode: `"min"` if lower monitored values are better, `"max"` if higher.
+        async_save: write in the background while training goes on.
+
+    Returns:
+        The `Checkpoint`.
+
+    Raises:
+        TypeError, ValueError: if an argument is not valid (the message names it),
+            or if `directory` holds checkpoints ranked with another monitor or mode.
+
+    Example:
+        >>> import tempfile
+        >>> import ciclo
+        >>> import jax.numpy as jnp
+        >>> def train_step(state, batch):
+        ...     return None, {"w": state["w"] + batch}
+        >>> ckpt = ciclo.checkpoint(tempfile.mkdtemp(), keep=2)
+        >>> state, history, elapsed = ciclo.loop(
+        ...     {"w": jnp.float32(0)},
+        ...     range(100),
+        ...     {ciclo.every(1): [train_step], ciclo.every(steps=3): [ckpt]},
+        ...     stop=10,
+        ... )
+        >>> ckpt.all_steps()
+        [6, 9]
+        >>> ckpt.restore({"w": jnp.float32(0)})
+        {'w': Array(45., dtype=float32)}
+    """
+    return Checkpoint(directory, keep=keep, monitor=monitor, mode=mode, async_save=async_save)
+
+
+def restore_checkpoint(directory: str | os.PathLike[str], target: T, *, step: StepLike = "latest") -> T:
+    """Restores a checkpoint saved by `ciclo.checkpoint` into the structure of `target`.
+
+    Works in any process: `"best"` uses the monitor and mode recorded in the
+    directory when the checkpoints were saved.
+
+    Args:
+        directory: the directory passed to `ciclo.checkpoint`.
+        target: a pytree like the saved state (e.g. the freshly initialised
+            state): its structure, shapes, dtypes and shardings are those of the
+            result. Its values are not read.
+        step: `"latest"`, `"best"` (the best monitored value), or a step number.
+
+    Returns:
+        The restored state, with the structure of `target`.
+
+    Raises:
+        FileNotFoundError: if `directory` does not exist, holds no checkpoint, or
+            none for `step`.
+        ValueError: if `step` is not valid, or is `"best"` for checkpoints saved
+            without `monitor`.
+
+    Example:
+        >>> import tempfile
+        >>> import ciclo
+        >>> import jax.numpy as jnp
+        >>> directory = tempfile.mkdtemp()
+        >>> ckpt = ciclo.checkpoint(directory, keep=None, monitor="accuracy", mode="max")
+        >>> for step, accuracy in enumerate([0.6, 0.9, 0.7]):
+        ...     logs = ciclo.logs().add_metric("accuracy", accuracy)
+        ...     ckpt(ciclo.Elapsed.create(steps=step), {"accuracy": jnp.float32(accuracy)}, logs)
+        >>> ckpt.close()
+        >>> ciclo.restore_checkpoint(directory, {"accuracy": jnp.float32(0)}, step="best")
+        {'accuracy': Array(0.9, dtype=float32)}
+        >>> ciclo.restore_checkpoint(directory, {"accuracy": jnp.float32(0)})
+        {'accuracy': Array(0.7, dtype=float32)}
+    """
+    path = _absolute_directory(directory)
+    if not _epath(path).is_dir():
+        raise FileNotFoundError(f"checkpoint directory {path} does not exist")
+    monitor, mode = _read_settings(path)
+    manager = _open_manager(path, keep=None, monitor=monitor, mode=mode, async_save=False, create=False)
+    try:
+        return _restore(manager, path, target, step, monitor)
+    finally:
+        manager.close()

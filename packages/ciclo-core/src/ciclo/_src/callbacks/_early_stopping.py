@@ -1,0 +1,129 @@
+"""Early stopping: end the loop when a monitored value stops improving."""
+
+from __future__ import annotations
+
+from typing import Any, Generic, final
+
+from ciclo._src.callbacks._monitor import Mode, check_mode, is_improvement, monitored_value, present_keys
+from ciclo._src.elapsed import Elapsed, Period
+from ciclo._src.logs import LogsLike
+from ciclo._src.loop import LoopState
+from ciclo._src.types import CallbackOutput, S
+
+
+@final
+class EarlyStopping(Generic[S]):
+    """Stops a loop when a monitored entry has not improved for `patience`; see `ciclo.early_stopping`."""
+
+    def __init__(
+        self,
+        monitor: str,
+        patience: int | Period,
+        min_delta: float,
+        mode: Mode,
+        baseline: float | None,
+        restore_best_weights: bool,
+    ) -> None:
+        if not isinstance(monitor, str) or not monitor:
+            raise TypeError(f"monitor must be the name of a logged entry, got {monitor!r}")
+        if isinstance(patience, bool) or not isinstance(patience, (int, Period)):
+            raise TypeError(f"patience must be an int (checks) or a ciclo.Period, got {patience!r}")
+        if isinstance(patience, int) and patience < 0:
+            raise ValueError(f"patience must be >= 0, got {patience!r}")
+        if min_delta < 0:
+            raise ValueError(f"min_delta must be >= 0, got {min_delta!r}")
+        self.monitor = monitor
+        self.patience = patience
+        self.min_delta = float(min_delta)
+        self.mode = check_mode(mode)
+        self.baseline = None if baseline is None else float(baseline)
+        self.restore_best_weights = restore_best_weights
+        self.best: float | None = self.baseline
+        self.best_state: S | None = None
+        self.wait = 0
+        self.stopped = False
+        self._best_elapsed: Elapsed | None = None
+
+    def __call__(self, elapsed: Elapsed, state: S, logs: LogsLike) -> tuple[bool, S]:
+        """Checks the monitored value; returns `(stop, state)`.
+
+        `state` is the best state seen when stopping with `restore_best_weights`.
+        """
+        value = monitored_value(logs, self.monitor)
+        if value is None:
+            raise KeyError(
+                f"early_stopping monitors {self.monitor!r}, which is not in the logs; "
+                f"present: {present_keys(logs)}"
+            )
+        if self._best_elapsed is None:
+            self._best_elapsed = elapsed
+        if is_improvement(value, self.best, self.mode, self.min_delta):
+            self.best = value
+            self.wait = 0
+            self._best_elapsed = elapsed
+            if self.restore_best_weights:
+                self.best_state = state
+        else:
+            self.wait += 1
+        if isinstance(self.patience, Period):
+            exhausted = (elapsed - self._best_elapsed) >= self.patience and self.wait > 0
+        else:
+            exhausted = self.wait > self.patience
+        if exhausted:
+            self.stopped = True
+            if self.restore_best_weights and self.best_state is not None:
+                state = self.best_state
+        return exhausted, state
+
+    def __loop_callback__(self, loop_state: LoopState[S]) -> CallbackOutput[S]:
+        """Checks `loop_state.accumulated_logs` and stops the loop when patience runs out."""
+        stop, state = self(loop_state.elapsed, loop_state.state, loop_state.accumulated_logs)
+        if stop:
+            loop_state.stop()
+        return {}, state
+
+    def on_epoch_end(
+        self, state: S, batch: Any, elapsed: Elapsed, loop_state: LoopState[S]
+    ) -> CallbackOutput[S]:
+        """Named hook: `train_loop` runs early stopping at the end of each epoch."""
+        return self.__loop_callback__(loop_state)
+
+
+def early_stopping(
+    monitor: str,
+    patience: int | Period = 0,
+    *,
+    min_delta: float = 0.0,
+    mode: Mode = "min",
+    baseline: float | None = None,
+    restore_best_weights: bool = False,
+) -> EarlyStopping[Any]:
+    """Stops the loop when `monitor` has stopped improving.
+
+    Each call reads the latest value of `monitor` from the logs. A value
+    improves when it beats the best so far by more than `min_delta` (lower is
+    better with `mode="min"`, higher with `"max"`); with a `baseline`, values
+    must also beat it. The loop stops once more than `patience` consecutive
+    checks bring no improvement (or, with a `Period`, once that much has elapsed
+    since the best value). In `train_loop(callbacks=[...])` it runs at the end
+    of each epoch.
+
+    Args:
+        monitor: entry name or full path, e.g. `"loss_test"` or `"metrics.accuracy"`.
+        patience: checks without improvement to tolerate (int), or a `ciclo.Period`.
+        min_delta: minimum change that counts as an improvement.
+        mode: `"min"` or `"max"`.
+        baseline: a value to beat before anything counts as an improvement.
+        restore_best_weights: on stopping, return the state of the best check.
+
+    Example:
+        >>> import ciclo
+        >>> losses = iter([1.0, 0.5, 0.6, 0.7, 0.2])
+        >>> def log_loss(state):
+        ...     return ciclo.logs().add_metric("loss", next(losses)), state
+        >>> stopper = ciclo.early_stopping("loss", patience=1)
+        >>> _, _, elapsed = ciclo.loop(0, range(5), {ciclo.every(1): [log_loss, stopper]})
+        >>> elapsed.steps, stopper.best
+        (4, 0.5)
+    """
+    return EarlyStopping(monitor, patience, min_delta, check_mode(mode), baseline, restore_best_weights)

@@ -1,0 +1,183 @@
+"""A Keras-style progress bar, written by ciclo (no keras dependency)."""
+
+from __future__ import annotations
+
+import math
+import sys
+import typing
+from typing import TextIO
+
+from ciclo._src.callbacks._progress import (
+    ProgressCallback,
+    check_interval,
+    format_duration,
+    format_rate,
+    format_value,
+)
+from ciclo._src.elapsed import PeriodLike
+
+_LOG_LINES = 10
+"""Without a terminal, a bar with a known total writes a line at each tenth of it."""
+
+_LOG_PERIOD = 30.0
+"""Without a terminal and with an unknown total, a bar writes a line at most this often (seconds)."""
+
+
+def _is_terminal(file: TextIO) -> bool:
+    isatty = getattr(file, "isatty", None)
+    try:
+        if callable(isatty) and isatty():
+            return True
+    except (OSError, ValueError):  # a closed or detached stream
+        return False
+    # Notebooks render carriage returns although their output streams are not terminals.
+    return (file is sys.stdout or file is sys.stderr) and "ipykernel" in sys.modules
+
+
+@typing.final
+class KerasBar(ProgressCallback):
+    """A progress bar like Keras': `80/100 [=======>...] - ETA: 42s - loss: 1.5371`.
+
+    Shows the latest value of each scalar entry of the `losses`, `metrics` and
+    `stateful_metrics` collections. Create one with `ciclo.keras_bar`; it runs
+    as a loop callback (put it after the step whose metrics it shows), as the
+    `on_train_batch_end` hook of the predefined loops, or by hand as
+    `bar(elapsed, logs)`.
+
+    On a terminal the line is redrawn in place at most once per `interval`
+    seconds; elsewhere (log files, pipes) a full line is written at each tenth
+    of the total, or every 30 seconds if the total is unknown. Between redraws
+    a call reads no logged value, so it never waits for the device; the values
+    shown are copied to the host, all at once, only when a line is drawn.
+
+    Example:
+        >>> import io
+        >>> import ciclo
+        >>> buffer = io.StringIO()
+        >>> bar = ciclo.keras_bar(total=4, file=buffer)
+        >>> for elapsed, batch in ciclo.elapse([0.4, 0.3, 0.2, 0.1]):
+        ...     bar(elapsed, ciclo.logs().add_metric("loss", batch))
+        >>> print(buffer.getvalue().splitlines()[-1])  # doctest: +ELLIPSIS
+        4/4 [==============================] - 0s ...s/step - loss: 0.1000
+    """
+
+    __slots__ = ("_drawn_width", "_file", "_interval", "_terminal", "_width")
+
+    def __init__(
+        self,
+        total: PeriodLike | None = None,
+        *,
+        interval: float = 0.1,
+        width: int = 30,
+        file: TextIO | None = None,
+    ) -> None:
+        self._interval = check_interval(interval)
+        if isinstance(width, bool) or not isinstance(width, int):
+            raise TypeError(f"width must be an int, got {width!r}")
+        if width < 1:
+            raise ValueError(f"width must be >= 1, got {width!r}")
+        if file is None:
+            file = sys.stdout
+        if not callable(getattr(file, "write", None)):
+            raise TypeError(f"file must be a text stream with a write method, got {file!r}")
+        super().__init__(total)
+        self._width = width
+        self._file = file
+        self._terminal = _is_terminal(file)
+        self._drawn_width = 0
+
+    def _refresh(self, now: float, count: float, steps: float, first: bool) -> None:
+        total = self._total
+        if self._terminal:
+            self._write(self._line(now, count, steps, final=False), final=False)
+            self._next_time = now + self._interval
+            self._next_count = math.inf if total is None else total
+            return
+        if not first:  # the first call only starts the bar's clock
+            self._write(self._line(now, count, steps, final=False), final=False)
+        if total is None:
+            self._next_time = now + _LOG_PERIOD
+        else:
+            self._next_time = math.inf
+            self._next_count = min((count * _LOG_LINES // total + 1) * total / _LOG_LINES, total)
+
+    def _finish(self, now: float, count: float, steps: float) -> None:
+        self._write(self._line(now, count, steps, final=True), final=True)
+
+    def _line(self, now: float, count: float, steps: float, *, final: bool) -> str:
+        total = self._total
+        if total is None:
+            parts = [f"{int(count):7d}/Unknown"]
+        else:
+            digits = len(str(int(total)))
+            progress = min(count / total, 1.0) if total > 0 else 1.0
+            filled = int(self._width * progress)
+            bar = "=" * (filled - 1) + (">" if count < total else "=") if filled else ""
+            parts = [f"{int(count):{digits}d}/{int(total)} [{bar}{'.' * (self._width - filled)}]"]
+        seconds, per_unit = self._timing(now, count, steps)
+        if final or total is None:
+            rate = "" if per_unit is None else " " + format_rate(per_unit, self._rate_label())
+            parts.append(f"{format_duration(seconds)}{rate}")
+        else:
+            # A time bar counts seconds: its remaining count is its remaining time.
+            per_count = 1.0 if self._field == "time" else per_unit
+            if per_count is not None:
+                parts.append(f"ETA: {format_duration((total - count) * per_count)}")
+        parts.extend(f"{name}: {format_value(value)}" for name, value in self._shown_values())
+        return " - ".join(parts)
+
+    def _rate_label(self) -> str:
+        return "sample" if self._field == "samples" else "step"
+
+    def _write(self, line: str, *, final: bool) -> None:
+        if self._terminal:
+            # Pad so that a shorter line fully covers the longer one it overwrites.
+            text = "\r" + line.ljust(self._drawn_width)
+            self._drawn_width = 0 if final else len(line)
+            if final:
+                text += "\n"
+        else:
+            text = line + "\n"
+        self._file.write(text)
+        self._file.flush()
+
+
+def keras_bar(
+    total: PeriodLike | None = None,
+    *,
+    interval: float = 0.1,
+    width: int = 30,
+    file: TextIO | None = None,
+) -> KerasBar:
+    """Creates a Keras-style progress bar callback.
+
+    Args:
+        total: where the bar is full: an int (steps), a `ciclo.Period` counting
+            steps, samples or time (the bar counts in that unit), or None if
+            unknown.
+        interval: on a terminal, the least number of seconds between two
+            redraws. Each redraw copies the values shown from the device.
+        width: the number of characters of the bar itself.
+        file: where to write; `sys.stdout` (as it is when the bar is created)
+            by default.
+
+    Returns:
+        A `KerasBar`: a loop callback, also callable as `bar(elapsed, logs)`.
+
+    Raises:
+        TypeError: if an argument has the wrong type.
+        ValueError: if `interval` is negative, `width` is below 1, or `total`
+            is negative or a `Period` counting toward a date.
+
+    Example:
+        >>> import io
+        >>> import ciclo
+        >>> def train_step(state, batch):
+        ...     return ciclo.logs().add_metric("accuracy", batch / 10), state
+        >>> buffer = io.StringIO()
+        >>> bar = ciclo.keras_bar(total=ciclo.at(samples=10), file=buffer)
+        >>> _ = ciclo.loop(None, range(10), {ciclo.every(1): [train_step, bar]}, stop=10)
+        >>> print(buffer.getvalue().splitlines()[-1])  # doctest: +ELLIPSIS
+        10/10 [==============================] - 0s ...s/sample - accuracy: 0.9000
+    """
+    return KerasBar(total, interval=interval, width=width, file=file)

@@ -1,0 +1,33 @@
+"""A callback that does nothing."""
+
+from __future__ import annotations
+
+from typing import Any, final
+
+from ciclo._src.loop import LoopState
+from ciclo._src.types import CallbackOutput
+
+
+@final
+class NoOp:
+    """Does nothing; a placeholder where a callback is required.
+
+    Example:
+        >>> import ciclo
+        >>> state, history, elapsed = ciclo.loop(1, range(3), {ciclo.every(1): [ciclo.noop]})
+        >>> state, len(history), elapsed.steps
+        (1, 0, 3)
+    """
+
+    __slots__ = ()
+
+    def __loop_callback__(self, loop_state: LoopState[Any]) -> CallbackOutput[Any]:
+        """Returns no logs and the state unchanged."""
+        return {}, loop_state.state
+
+    def __repr__(self) -> str:
+        return "ciclo.noop"
+
+
+noop = NoOp()
+"""The `NoOp` callback."""

@@ -1,0 +1,129 @@
+"""A progress bar callback drawn by tqdm (the optional `tqdm` extra)."""
+
+from __future__ import annotations
+
+import importlib
+import math
+import typing
+from typing import Any
+
+from ciclo._src.callbacks._progress import ProgressCallback, check_interval, format_value
+from ciclo._src.elapsed import PeriodLike
+
+
+def _import_tqdm() -> Any:
+    # Imported when a bar is created: tqdm is an optional extra (and ships no type information).
+    try:
+        return importlib.import_module("tqdm")
+    except ImportError as error:
+        raise ImportError('ciclo.tqdm_bar needs tqdm: pip install "ciclo-core[tqdm]"') from error
+
+
+@typing.final
+class TqdmBar(ProgressCallback):
+    """A progress bar drawn by `tqdm.tqdm`, with the latest metrics as its postfix.
+
+    Create one with `ciclo.tqdm_bar`; it runs as a loop callback (put it after
+    the step whose metrics it shows), as the `on_train_batch_end` hook of the
+    predefined loops, or by hand as `bar(elapsed, logs)`. The tqdm bar counts
+    steps, samples or whole seconds, as `total` says.
+
+    The count and the postfix (the scalar entries of the `losses`, `metrics`
+    and `stateful_metrics` collections) are passed to tqdm at most once per
+    `interval` seconds: between those updates a call reads no logged value, so
+    it never waits for the device.
+
+    Example:
+        >>> import io
+        >>> import ciclo
+        >>> buffer = io.StringIO()
+        >>> bar = ciclo.tqdm_bar(total=4, file=buffer, bar_format="{n}/{total}{postfix}")
+        >>> for elapsed, batch in ciclo.elapse([0.4, 0.3, 0.2, 0.1]):
+        ...     bar(elapsed, ciclo.logs().add_metric("loss", batch))
+        >>> print(buffer.getvalue().splitlines()[-1])
+        4/4, loss=0.1000
+        >>> bar.tqdm.n
+        4
+    """
+
+    __slots__ = ("_integral", "_interval", "_passed", "_tqdm")
+
+    def __init__(self, total: PeriodLike | None = None, *, interval: float = 0.1, **tqdm_kwargs: Any) -> None:
+        self._interval = check_interval(interval)
+        tqdm = _import_tqdm()
+        super().__init__(total)
+        unit = self.unit
+        # Time bars count whole seconds: tqdm would print a float count with all its digits.
+        self._integral = unit.field == "time"
+        bar_total = unit.total
+        if bar_total is not None and self._integral and float(bar_total).is_integer():
+            bar_total = int(bar_total)
+        tqdm_kwargs.setdefault("unit", unit.label)
+        self._tqdm: Any = tqdm.tqdm(total=bar_total, **tqdm_kwargs)
+        self._passed: float = 0  # the count tqdm was given so far
+
+    @property
+    def tqdm(self) -> Any:
+        """The underlying `tqdm.tqdm` bar (to set its description, for instance)."""
+        return self._tqdm
+
+    def _refresh(self, now: float, count: float, steps: float, first: bool) -> None:
+        self._pass(count)
+        self._next_time = now + self._interval
+        self._next_count = math.inf if self._total is None else self._total
+
+    def _finish(self, now: float, count: float, steps: float) -> None:
+        self._pass(count)
+
+    def _pass(self, count: float) -> None:
+        values = self._shown_values()
+        if values:
+            # Not refreshed here: tqdm redraws on `update`, at its own pace.
+            self._tqdm.set_postfix({name: format_value(value) for name, value in values}, refresh=False)
+        if self._integral:
+            count = math.floor(count)
+        increment = count - self._passed
+        if increment > 0:
+            self._tqdm.update(increment)
+            self._passed = count
+
+    def _release(self) -> None:
+        super()._release()
+        self._tqdm.close()
+
+
+def tqdm_bar(total: PeriodLike | None = None, *, interval: float = 0.1, **tqdm_kwargs: Any) -> TqdmBar:
+    """Creates a progress bar callback drawn by tqdm.
+
+    Needs the optional dependency tqdm (`pip install "ciclo-core[tqdm]"`).
+
+    Args:
+        total: where the bar is full: an int (steps), a `ciclo.Period` counting
+            steps, samples or time (the bar counts in that unit), or None if
+            unknown.
+        interval: the least number of seconds between two updates of the tqdm
+            bar. Each update copies the metrics shown from the device.
+        **tqdm_kwargs: passed to `tqdm.tqdm` (`desc`, `file`, `leave`,
+            `bar_format`, ...); `unit` defaults to the unit counted.
+
+    Returns:
+        A `TqdmBar`: a loop callback, also callable as `bar(elapsed, logs)`.
+
+    Raises:
+        ImportError: if tqdm is not installed.
+        TypeError: if `total` or `interval` has the wrong type.
+        ValueError: if `interval` is negative, or `total` is negative or a
+            `Period` counting toward a date.
+
+    Example:
+        >>> import io
+        >>> import ciclo
+        >>> def train_step(state, batch):
+        ...     return ciclo.logs().add_metric("accuracy", batch / 10), state
+        >>> buffer = io.StringIO()
+        >>> bar = ciclo.tqdm_bar(total=10, file=buffer, bar_format="{n}/{total} {unit}{postfix}")
+        >>> _ = ciclo.loop(None, range(10), {ciclo.every(1): [train_step, bar]}, stop=10)
+        >>> print(buffer.getvalue().splitlines()[-1])
+        10/10 step, accuracy=0.9000
+    """
+    return TqdmBar(total, interval=interval, **tqdm_kwargs)

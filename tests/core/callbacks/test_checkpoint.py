@@ -1,0 +1,426 @@
+import dataclasses
+import inspect
+import json
+import logging
+import os
+import re
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import ciclo
+from ciclo._src.callbacks._checkpoint import SETTINGS_FILE
+
+
+def committed_steps(directory):
+    """Steps whose directory orbax has finalised, read from the file system only."""
+    return sorted(int(name) for name in os.listdir(directory) if name.isdigit())
+
+
+def add_batch(state, batch):
+    return None, {"w": state["w"] + batch}
+
+
+def zero():
+    return {"w": jnp.float32(0)}
+
+
+def monitored_run(ckpt, values, key="loss"):
+    """Manual iteration: at step i the state is {"v": values[i]}, logged under `key`."""
+    for elapsed, value in ciclo.elapse(values):
+        logs = ciclo.logs().add_metric(key, value)
+        ckpt(elapsed, {"v": jnp.float32(value)}, logs)
+    ckpt.wait()
+
+
+# --- saving on a schedule -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("async_save", [True, False])
+@pytest.mark.parametrize(("keep", "expected"), [(2, [6, 9]), (1, [9]), (None, [0, 3, 6, 9])])
+def test_loop_saves_every_k_steps_and_keeps_the_last(tmp_path, keep, expected, async_save):
+    ckpt = ciclo.checkpoint(tmp_path / "model", keep=keep, async_save=async_save)
+    state, _, elapsed = ciclo.loop(
+        zero(), range(100), {ciclo.every(1): [add_batch], ciclo.every(steps=3): [ckpt]}, stop=10
+    )
+    assert elapsed.steps == 10 and float(state["w"]) == 45.0
+    assert ckpt.all_steps() == expected
+    assert committed_steps(tmp_path / "model") == expected
+    assert ckpt.latest_step() == expected[-1]
+    # The checkpoint of step s holds the state after train_step ran at step s: sum(range(s + 1)).
+    for step in expected:
+        assert float(ckpt.restore(zero(), step=step)["w"]) == sum(range(step + 1))
+    assert float(ckpt.restore(zero())["w"]) == 45.0
+
+
+def test_manual_iteration(tmp_path):
+    call_checkpoint = ciclo.every(steps=4)
+    ckpt = ciclo.checkpoint(tmp_path, keep=2)
+    state = zero()
+    for elapsed, batch in ciclo.elapse(range(100), stop=13):
+        _, state = add_batch(state, batch)
+        if call_checkpoint(elapsed):
+            ckpt(elapsed, state)
+    ckpt.wait()
+    assert ckpt.all_steps() == committed_steps(tmp_path) == [8, 12]
+    assert float(ciclo.restore_checkpoint(tmp_path, zero())["w"]) == sum(range(13))
+
+
+def test_directory_is_made_absolute_and_created(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    ckpt = ciclo.checkpoint("logdir/model")
+    assert ckpt.directory == str(tmp_path / "logdir" / "model")
+    assert os.path.isdir(tmp_path / "logdir" / "model")
+    ckpt.close()
+
+
+def test_is_a_loop_callback_with_an_epoch_end_hook(tmp_path):
+    ckpt = ciclo.checkpoint(tmp_path)
+    assert isinstance(ckpt, ciclo.LoopCallback)
+    parameters = list(inspect.signature(ckpt.on_epoch_end).parameters)
+    assert parameters == ["state", "batch", "elapsed", "loop_state"]
+
+
+def test_same_step_twice_saves_once(tmp_path):
+    ckpt = ciclo.checkpoint(tmp_path, keep=None)
+    elapsed = ciclo.Elapsed.create(steps=4)
+    ckpt(elapsed, {"w": jnp.float32(1)})
+    ckpt(elapsed, {"w": jnp.float32(2)})  # e.g. every(k) and on_epoch_end at the same step
+
+    loop_state = ciclo.LoopState(
+        state={"w": jnp.float32(3)},
+        batch=None,
+        history=ciclo.history(),
+        elapsed=elapsed,
+        logs=ciclo.logs(),
+        accumulated_logs=ciclo.logs(),
+    )
+    assert ckpt.__loop_callback__(loop_state) == ({}, loop_state.state)
+    assert ckpt.on_epoch_end(loop_state.state, None, elapsed, loop_state) == ({}, loop_state.state)
+    assert ckpt.all_steps() == [4]
+    assert float(ckpt.restore(zero())["w"]) == 1.0  # the first save of the step wins
+
+    # The epoch-end hook saves a new step like the schedule does.
+    later = ciclo.Elapsed.create(steps=5)
+    ckpt.on_epoch_end({"w": jnp.float32(5)}, None, later, loop_state)
+    assert ckpt.all_steps() == [4, 5]
+    assert float(ckpt.restore(zero())["w"]) == 5.0
+    ckpt.close()
+
+
+# --- monitor ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("mode", "values", "kept", "best"),
+    [
+        ("min", [0.5, 0.2, 0.9, 0.1, 0.3], [1, 3], 3),
+        ("max", [0.5, 0.2, 0.9, 0.1, 0.7], [2, 4], 2),
+    ],
+)
+def test_monitor_keeps_the_best(tmp_path, mode, values, kept, best):
+    ckpt = ciclo.checkpoint(tmp_path, keep=2, monitor="loss", mode=mode)
+    monitored_run(ckpt, values)
+    assert ckpt.all_steps() == committed_steps(tmp_path) == kept
+    assert ckpt.best_step() == best
+    assert float(ckpt.restore({"v": jnp.float32(0)}, step="best")["v"]) == pytest.approx(values[best])
+    assert float(ckpt.restore({"v": jnp.float32(0)})["v"]) == pytest.approx(values[kept[-1]])
+    ckpt.close()
+    # Another call, with no Checkpoint and no monitor or mode restated, finds the same best.
+    restored = ciclo.restore_checkpoint(tmp_path, {"v": jnp.float32(0)}, step="best")
+    assert float(restored["v"]) == pytest.approx(values[best])
+
+
+def test_nan_is_never_the_best(tmp_path):
+    ckpt = ciclo.checkpoint(tmp_path, keep=2, monitor="acc", mode="max")
+    monitored_run(ckpt, [0.3, float("nan"), 0.2, 0.4], key="acc")
+    assert ckpt.all_steps() == [0, 3]
+    assert ckpt.best_step() == 3
+    ckpt.close()
+
+
+def test_monitor_reads_the_accumulated_logs_of_the_loop(tmp_path):
+    accuracies = iter([0.5, 0.8, 0.6, 0.7, 0.2])
+
+    def test_step(state):
+        return ciclo.logs().add_metric("accuracy_test", next(accuracies)), state
+
+    ckpt = ciclo.checkpoint(tmp_path, keep=1, monitor="metrics.accuracy_test", mode="max")
+    ciclo.loop(
+        zero(),
+        range(100),
+        {
+            ciclo.every(1): [add_batch],
+            ciclo.every(2): [test_step],
+            # At odd steps, which log no accuracy: it comes from the step before.
+            ciclo.after(1).every(2): [ckpt],
+        },
+        stop=10,
+    )
+    assert ckpt.all_steps() == [3]  # accuracy 0.8, logged at step 2
+    assert float(ckpt.restore(zero(), step="best")["w"]) == sum(range(4))
+    ckpt.close()
+
+
+def test_missing_monitor_entry_raises_key_error_naming_it(tmp_path):
+    ckpt = ciclo.checkpoint(tmp_path, monitor="accuracy")
+    logs = ciclo.logs().add_metric("loss", 0.1)
+    with pytest.raises(KeyError, match=r"'accuracy'.*metrics\.loss"):
+        ckpt(ciclo.Elapsed.create(), zero(), logs)
+    with pytest.raises(KeyError, match=r"'accuracy'.*present: \[\]"):
+        ckpt(ciclo.Elapsed.create(), zero())
+    with pytest.raises(KeyError, match=r"'accuracy'.*metrics\.loss"):
+        ciclo.loop(
+            zero(),
+            range(3),
+            {ciclo.every(1): [lambda state: (ciclo.logs().add_metric("loss", 1.0), state), ckpt]},
+        )
+    assert ckpt.all_steps() == []
+    ckpt.close()
+
+
+# --- restore ----------------------------------------------------------------------------------------
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Stats:
+    mean: jax.Array
+    count: jax.Array
+
+
+def make_state(seed):
+    key = jax.random.key(seed)
+    params = {
+        "dense": {"w": jax.random.normal(key, (4, 3)), "b": jnp.zeros(3)},
+        "scale": jnp.ones((), jnp.bfloat16),
+    }
+    return {
+        "params": params,
+        "opt_state": optax.adam(1e-2).init(params),
+        "stats": Stats(mean=jnp.zeros(3), count=jnp.int32(0)),
+        "step": 0,
+    }
+
+
+def train(state, batch):
+    grads = jax.tree.map(lambda p: jnp.full_like(p, batch), state["params"])
+    updates, opt_state = optax.adam(1e-2).update(grads, state["opt_state"], state["params"])
+    params = optax.apply_updates(state["params"], updates)
+    stats = Stats(mean=state["stats"].mean + batch, count=state["stats"].count + 1)
+    return None, {"params": params, "opt_state": opt_state, "stats": stats, "step": state["step"] + 1}
+
+
+def test_restore_latest_into_nested_optax_and_dataclass_state(tmp_path):
+    ckpt = ciclo.checkpoint(tmp_path)
+    trained, _, _ = ciclo.loop(
+        make_state(0), np.linspace(0.1, 1.0, 6), {ciclo.every(1): [train], ciclo.every(5): [ckpt]}
+    )
+    target = make_state(1)
+    for restored in (ckpt.restore(target), ciclo.restore_checkpoint(tmp_path, target, step=5)):
+        assert jax.tree.structure(restored) == jax.tree.structure(trained)
+        assert isinstance(restored["opt_state"][0], optax.ScaleByAdamState)
+        assert isinstance(restored["stats"], Stats)
+        assert restored["step"] == 6 and isinstance(restored["step"], int)
+        for got, want in zip(jax.tree.leaves(restored), jax.tree.leaves(trained), strict=True):
+            assert isinstance(got, type(want))
+            assert getattr(got, "dtype", None) == getattr(want, "dtype", None)
+            np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    ckpt.close()
+
+
+@pytest.mark.parametrize("state", [7, jnp.float32(2.5), jnp.arange(3)])
+def test_single_leaf_state(tmp_path, state):
+    ckpt = ciclo.checkpoint(tmp_path)
+    ckpt(ciclo.Elapsed.create(steps=1), state)
+    restored = ckpt.restore(jax.tree.map(lambda x: x * 0, state))
+    np.testing.assert_array_equal(np.asarray(restored), np.asarray(state))
+    assert type(restored) is type(state)
+    ckpt.close()
+
+
+def test_async_saves_are_complete_when_the_loop_returns(tmp_path):
+    big = {"w": jnp.zeros((2_000_000,), jnp.float32)}  # 8 MB: the background write takes a while
+
+    def bump(state):
+        return None, {"w": state["w"] + 1}
+
+    ckpt = ciclo.checkpoint(tmp_path, keep=None, async_save=True)
+    ciclo.loop(big, range(4), {ciclo.every(1): [bump, ckpt]})
+    # Read the directory behind the Checkpoint's back: every step must be finalised already.
+    assert committed_steps(tmp_path) == [0, 1, 2, 3]
+    assert not [name for name in os.listdir(tmp_path) if "tmp" in name]
+    restored = ciclo.restore_checkpoint(tmp_path, big)
+    assert float(restored["w"][0]) == 4.0
+
+
+def test_a_new_process_restores_the_best(tmp_path):
+    ckpt = ciclo.checkpoint(tmp_path, keep=3, monitor="loss", mode="min")
+    monitored_run(ckpt, [0.9, 0.4, 0.6, 0.5, 0.7])
+    # No close(): what the loop or wait() leaves behind must be enough.
+    # The new process logs at INFO, and imports absl only through ciclo's first restore.
+    script = textwrap.dedent(
+        f"""
+        import logging, sys
+        logging.basicConfig(level=logging.INFO, stream=sys.stdout)
+        import jax.numpy as jnp, ciclo
+        target = {{"v": jnp.float32(0)}}
+        best = ciclo.restore_checkpoint({str(tmp_path)!r}, target, step="best")
+        latest = ciclo.restore_checkpoint({str(tmp_path)!r}, target)
+        print("restored", float(best["v"]), float(latest["v"]))
+        """
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    lines = result.stdout.splitlines()
+    assert lines[-1].split() == ["restored", "0.4000000059604645", "0.5"]
+    assert not [line for line in lines if "absl" in line]  # orbax logs through absl: not one line
+    assert result.stderr == ""
+    ckpt.close()
+
+
+def test_import_ciclo_does_not_import_orbax():
+    script = "import sys, ciclo; print(any(m.split('.')[0] == 'orbax' for m in sys.modules))"
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "False"
+
+
+# --- settings persisted in the directory ------------------------------------------------------------
+
+
+def test_settings_are_recorded_and_a_conflicting_monitor_is_refused(tmp_path):
+    ckpt = ciclo.checkpoint(tmp_path, monitor="loss", mode="min")
+    monitored_run(ckpt, [0.3])
+    ckpt.close()
+    settings = json.loads((tmp_path / SETTINGS_FILE).read_text())
+    assert settings == {"monitor": "loss", "mode": "min"}
+    with pytest.raises(ValueError, match=r"monitor='loss', mode='min'.*monitor='accuracy', mode='max'"):
+        ciclo.checkpoint(tmp_path, monitor="accuracy", mode="max")
+    with pytest.raises(ValueError, match=r"monitor='loss'.*monitor=None"):
+        ciclo.checkpoint(tmp_path)
+    ciclo.checkpoint(tmp_path, monitor="loss", keep=3).close()  # same ranking: fine
+
+
+def test_empty_directory_takes_the_new_settings(tmp_path):
+    ciclo.checkpoint(tmp_path, monitor="loss").close()
+    ckpt = ciclo.checkpoint(tmp_path, monitor="acc", mode="max")
+    monitored_run(ckpt, [0.1, 0.3, 0.2], key="acc")
+    ckpt.close()
+    assert float(ciclo.restore_checkpoint(tmp_path, {"v": jnp.float32(0)}, step="best")["v"]) == (
+        pytest.approx(0.3)
+    )
+
+
+def test_resuming_skips_existing_steps_and_warns_about_older_ones(tmp_path, caplog):
+    first = ciclo.checkpoint(tmp_path, keep=None)
+    first(ciclo.Elapsed.create(steps=10), {"w": jnp.float32(10)})
+    first.close()
+
+    resumed = ciclo.checkpoint(tmp_path, keep=None)
+    with caplog.at_level(logging.WARNING, logger="ciclo"):
+        resumed(ciclo.Elapsed.create(steps=10), {"w": jnp.float32(-1)})  # the step resumed from
+        assert not caplog.records
+        resumed(ciclo.Elapsed.create(steps=4), {"w": jnp.float32(-1)})  # an older step: a new run?
+        resumed(ciclo.Elapsed.create(steps=5), {"w": jnp.float32(-1)})
+    assert len(caplog.records) == 1 and "up to step 10" in caplog.records[0].getMessage()
+    resumed(ciclo.Elapsed.create(steps=12), {"w": jnp.float32(12)})
+    assert resumed.all_steps() == [10, 12]
+    assert float(resumed.restore(zero(), step=10)["w"]) == 10.0
+    resumed.close()
+
+
+def test_orbax_info_logs_are_filtered(tmp_path, caplog):
+    with caplog.at_level(logging.DEBUG):
+        ckpt = ciclo.checkpoint(tmp_path)
+        ckpt(ciclo.Elapsed.create(), zero())
+        ckpt.restore(zero())
+        ckpt.close()
+    assert [r for r in caplog.records if r.name == "absl"] == []
+
+
+# --- errors -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "named"),
+    [
+        ({"keep": 0}, ValueError, "0"),
+        ({"keep": -2}, ValueError, "-2"),
+        ({"keep": 1.5}, TypeError, "1.5"),
+        ({"keep": True}, TypeError, "True"),
+        ({"mode": "mean"}, ValueError, "'mean'"),
+        ({"monitor": 3}, TypeError, "3"),
+        ({"monitor": ""}, ValueError, "''"),
+        ({"async_save": "yes"}, TypeError, "'yes'"),
+    ],
+)
+def test_bad_arguments_name_the_value(tmp_path, kwargs, error, named):
+    (name,) = kwargs
+    with pytest.raises(error, match=rf"{name}.*{re.escape(named)}"):
+        ciclo.checkpoint(tmp_path, **kwargs)
+
+
+@pytest.mark.parametrize("directory", [123, None, b"bytes/path"])
+def test_bad_directory_type(directory):
+    with pytest.raises(TypeError, match=rf"directory.*{re.escape(repr(directory))}"):
+        ciclo.checkpoint(directory)
+
+
+def test_directory_that_is_a_file(tmp_path):
+    path = tmp_path / "file"
+    path.write_text("")
+    with pytest.raises(NotADirectoryError, match=re.escape(str(path))):
+        ciclo.checkpoint(path)
+
+
+def test_call_needs_an_elapsed(tmp_path):
+    ckpt = ciclo.checkpoint(tmp_path)
+    with pytest.raises(TypeError, match=r"ciclo\.Elapsed.*\{'w'"):
+        ckpt({"w": 1.0}, ciclo.Elapsed.create())
+    ckpt.close()
+
+
+def test_restore_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        ciclo.restore_checkpoint(tmp_path / "missing", zero())
+    assert not (tmp_path / "missing").exists()
+
+    ckpt = ciclo.checkpoint(tmp_path / "run", keep=None)
+    with pytest.raises(FileNotFoundError, match="no checkpoint in"):
+        ckpt.restore(zero())
+    with pytest.raises(FileNotFoundError, match="no checkpoint in"):
+        ciclo.restore_checkpoint(tmp_path / "run", zero())
+    assert ckpt.latest_step() is None and ckpt.best_step() is None
+
+    ckpt(ciclo.Elapsed.create(steps=2), zero())
+    ckpt(ciclo.Elapsed.create(steps=4), zero())
+    with pytest.raises(FileNotFoundError, match=re.escape("step 3") + r".*\[2, 4\]"):
+        ckpt.restore(zero(), step=3)
+    with pytest.raises(FileNotFoundError, match=re.escape("step 3") + r".*\[2, 4\]"):
+        ciclo.restore_checkpoint(tmp_path / "run", zero(), step=3)
+    with pytest.raises(ValueError, match="'first'"):
+        ckpt.restore(zero(), step="first")
+    with pytest.raises(TypeError, match="2.0"):
+        ckpt.restore(zero(), step=2.0)
+    with pytest.raises(ValueError, match="without `monitor`"):
+        ckpt.restore(zero(), step="best")
+    with pytest.raises(ValueError, match="without `monitor`"):
+        ciclo.restore_checkpoint(tmp_path / "run", zero(), step="best")
+    ckpt.close()
+
+
+def test_close_then_save_reopens(tmp_path):
+    ckpt = ciclo.checkpoint(tmp_path, keep=None)
+    ckpt(ciclo.Elapsed.create(steps=0), zero())
+    ckpt.close()
+    ckpt.close()  # idempotent
+    ckpt(ciclo.Elapsed.create(steps=1), {"w": jnp.float32(1)})
+    assert ckpt.all_steps() == [0, 1]
+    assert float(ckpt.restore(zero())["w"]) == 1.0
+    ckpt.close()
+    assert "monitor=None" in repr(ckpt)
