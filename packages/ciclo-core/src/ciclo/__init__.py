@@ -1,0 +1,146 @@
+"""ciclo: functional training loops for JAX.
+
+Example:
+    >>> import ciclo
+    >>> def train_step(state, batch):
+    ...     return ciclo.logs().add_metric("batch", batch), state + batch
+    >>> state, history, elapsed = ciclo.loop(0, range(100), {ciclo.every(1): [train_step]}, stop=10)
+    >>> state, elapsed.steps
+    (45, 10)
+"""
+
+from importlib.metadata import version as _version
+
+from ciclo._src.callbacks._checkpoint import Checkpoint as Checkpoint
+from ciclo._src.callbacks._checkpoint import checkpoint as checkpoint
+from ciclo._src.callbacks._checkpoint import restore_checkpoint as restore_checkpoint
+from ciclo._src.callbacks._early_stopping import EarlyStopping as EarlyStopping
+from ciclo._src.callbacks._early_stopping import early_stopping as early_stopping
+from ciclo._src.callbacks._inner_loop import InnerLoop as InnerLoop
+from ciclo._src.callbacks._inner_loop import inner_loop as inner_loop
+from ciclo._src.callbacks._keras_bar import KerasBar as KerasBar
+from ciclo._src.callbacks._keras_bar import keras_bar as keras_bar
+from ciclo._src.callbacks._noop import NoOp as NoOp
+from ciclo._src.callbacks._noop import noop as noop
+from ciclo._src.callbacks._tqdm_bar import TqdmBar as TqdmBar
+from ciclo._src.callbacks._tqdm_bar import tqdm_bar as tqdm_bar
+from ciclo._src.elapsed import Elapsed as Elapsed
+from ciclo._src.elapsed import Period as Period
+from ciclo._src.elapsed import at as at
+from ciclo._src.elapsed import elapse as elapse
+from ciclo._src.logs import Entries as Entries
+from ciclo._src.logs import History as History
+from ciclo._src.logs import Logs as Logs
+from ciclo._src.logs import LogsLike as LogsLike
+from ciclo._src.logs import history as history
+from ciclo._src.logs import logs as logs
+from ciclo._src.loop import LoopState as LoopState
+from ciclo._src.loop import loop as loop
+from ciclo._src.loops import on_epoch_end as on_epoch_end
+from ciclo._src.loops import on_predict_batch_begin as on_predict_batch_begin
+from ciclo._src.loops import on_predict_batch_end as on_predict_batch_end
+from ciclo._src.loops import on_predict_begin as on_predict_begin
+from ciclo._src.loops import on_predict_end as on_predict_end
+from ciclo._src.loops import on_predict_step as on_predict_step
+from ciclo._src.loops import on_reset_step as on_reset_step
+from ciclo._src.loops import on_test_batch_begin as on_test_batch_begin
+from ciclo._src.loops import on_test_batch_end as on_test_batch_end
+from ciclo._src.loops import on_test_begin as on_test_begin
+from ciclo._src.loops import on_test_end as on_test_end
+from ciclo._src.loops import on_test_step as on_test_step
+from ciclo._src.loops import on_train_batch_begin as on_train_batch_begin
+from ciclo._src.loops import on_train_batch_end as on_train_batch_end
+from ciclo._src.loops import on_train_begin as on_train_begin
+from ciclo._src.loops import on_train_end as on_train_end
+from ciclo._src.loops import on_train_step as on_train_step
+from ciclo._src.loops import predict_loop as predict_loop
+from ciclo._src.loops import predict_step as predict_step
+from ciclo._src.loops import reset_step as reset_step
+from ciclo._src.loops import test_loop as test_loop
+from ciclo._src.loops import test_step as test_step
+from ciclo._src.loops import train_loop as train_loop
+from ciclo._src.loops import train_step as train_step
+from ciclo._src.schedules import After as After
+from ciclo._src.schedules import Every as Every
+from ciclo._src.schedules import Piecewise as Piecewise
+from ciclo._src.schedules import ScheduleBase as ScheduleBase
+from ciclo._src.schedules import after as after
+from ciclo._src.schedules import always as always
+from ciclo._src.schedules import every as every
+from ciclo._src.schedules import never as never
+from ciclo._src.schedules import piecewise as piecewise
+from ciclo._src.types import Batch as Batch
+from ciclo._src.types import CallbackOutput as CallbackOutput
+from ciclo._src.types import LoopCallback as LoopCallback
+from ciclo._src.types import Schedule as Schedule
+from ciclo._src.types import State as State
+
+__version__ = _version("ciclo-core")
+
+__all__ = [
+    "After",
+    "Batch",
+    "CallbackOutput",
+    "Checkpoint",
+    "EarlyStopping",
+    "Elapsed",
+    "Entries",
+    "Every",
+    "History",
+    "InnerLoop",
+    "KerasBar",
+    "Logs",
+    "LogsLike",
+    "LoopCallback",
+    "LoopState",
+    "NoOp",
+    "Period",
+    "Piecewise",
+    "Schedule",
+    "ScheduleBase",
+    "State",
+    "TqdmBar",
+    "__version__",
+    "_version",
+    "after",
+    "always",
+    "at",
+    "checkpoint",
+    "early_stopping",
+    "elapse",
+    "every",
+    "history",
+    "inner_loop",
+    "keras_bar",
+    "logs",
+    "loop",
+    "never",
+    "noop",
+    "on_epoch_end",
+    "on_predict_batch_begin",
+    "on_predict_batch_end",
+    "on_predict_begin",
+    "on_predict_end",
+    "on_predict_step",
+    "on_reset_step",
+    "on_test_batch_begin",
+    "on_test_batch_end",
+    "on_test_begin",
+    "on_test_end",
+    "on_test_step",
+    "on_train_batch_begin",
+    "on_train_batch_end",
+    "on_train_begin",
+    "on_train_end",
+    "on_train_step",
+    "piecewise",
+    "predict_loop",
+    "predict_step",
+    "reset_step",
+    "restore_checkpoint",
+    "test_loop",
+    "test_step",
+    "tqdm_bar",
+    "train_loop",
+    "train_step",
+]

@@ -1,0 +1,429 @@
+"""Predefined loops: `train_loop`, `test_loop` and `predict_loop`, with named schedules.
+
+Named schedules are strings used as task keys (`{ciclo.on_train_step: [step]}`).
+Besides the tasks dict, each predefined loop registers, by method name, the
+state's own methods (`state.train_step`, `state.test_step`, ...) and the hooks
+of the objects in `callbacks=[...]` (`keras_bar` has `on_train_batch_end`,
+`checkpoint` and `early_stopping` have `on_epoch_end`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Final, final
+
+from ciclo._src.callbacks._inner_loop import inner_loop
+from ciclo._src.elapsed import BatchSizeFn, Elapsed, Period, PeriodLike, leading_dim, to_period
+from ciclo._src.logs import History
+from ciclo._src.loop import LoopState, _Callback, as_callback_list, end_hooks, loop, run_callbacks
+from ciclo._src.schedules import Every, every
+from ciclo._src.types import CallbackOutput, S, Tasks
+
+on_train_step: Final = "on_train_step"
+train_step: Final = "train_step"
+on_reset_step: Final = "on_reset_step"
+reset_step: Final = "reset_step"
+on_train_begin: Final = "on_train_begin"
+on_train_end: Final = "on_train_end"
+on_epoch_end: Final = "on_epoch_end"
+on_train_batch_begin: Final = "on_train_batch_begin"
+on_train_batch_end: Final = "on_train_batch_end"
+on_test_step: Final = "on_test_step"
+test_step: Final = "test_step"
+on_test_batch_begin: Final = "on_test_batch_begin"
+on_test_batch_end: Final = "on_test_batch_end"
+on_test_begin: Final = "on_test_begin"
+on_test_end: Final = "on_test_end"
+on_predict_step: Final = "on_predict_step"
+predict_step: Final = "predict_step"
+on_predict_batch_begin: Final = "on_predict_batch_begin"
+on_predict_batch_end: Final = "on_predict_batch_end"
+on_predict_begin: Final = "on_predict_begin"
+on_predict_end: Final = "on_predict_end"
+
+# Order matters only for error messages; each tuple is what one loop understands.
+TRAIN_NAMES: Final = (
+    on_train_step,
+    train_step,
+    on_reset_step,
+    reset_step,
+    on_train_begin,
+    on_train_end,
+    on_epoch_end,
+    on_train_batch_begin,
+    on_train_batch_end,
+)
+TEST_NAMES: Final = (
+    on_test_step,
+    test_step,
+    on_reset_step,
+    reset_step,
+    on_test_batch_begin,
+    on_test_batch_end,
+    on_test_begin,
+    on_test_end,
+)
+PREDICT_NAMES: Final = (
+    on_predict_step,
+    predict_step,
+    on_predict_batch_begin,
+    on_predict_batch_end,
+    on_predict_begin,
+    on_predict_end,
+)
+
+_DEFAULT_TEST_AGGREGATION: Final[Mapping[str, str]] = {"metrics": "mean", "losses": "mean"}
+
+Named = dict[str, list[Any]]
+
+
+def _split_tasks(tasks: Tasks | None, names: tuple[str, ...], loop_name: str) -> tuple[Named, dict[Any, Any]]:
+    """Splits `tasks` into named tasks (validated against `names`) and scheduled tasks."""
+    if tasks is None:
+        return {}, {}
+    if not isinstance(tasks, Mapping):
+        raise TypeError(f"tasks must be a dict of schedule -> callbacks, got {tasks!r}")
+    named: Named = {}
+    scheduled: dict[Any, Any] = {}
+    for key, callbacks in tasks.items():
+        if isinstance(key, str):
+            if key not in names:
+                raise ValueError(
+                    f"{loop_name} does not know the named schedule {key!r}; valid names: {', '.join(names)}"
+                )
+            named[key] = list(callbacks) if isinstance(callbacks, (list, tuple)) else [callbacks]
+        else:
+            scheduled[key] = callbacks
+    return named, scheduled
+
+
+def _register_hooks(
+    named: Named, state: Any, callbacks: Iterable[Any] | None, names: tuple[str, ...]
+) -> None:
+    """Adds the state's methods (first) and the callbacks' hooks (last) named in `names`."""
+    state_type = type(state)
+    for name in names:
+        # The unbound method, so that the loop passes the *current* state as `self`.
+        method = getattr(state_type, name, None)
+        if method is not None and callable(method):
+            named.setdefault(name, []).insert(0, method)
+    if callbacks is None:
+        return
+    if not isinstance(callbacks, (list, tuple)):
+        raise TypeError(f"callbacks must be a list of callback objects, got {callbacks!r}")
+    for callback in callbacks:
+        hooks = [getattr(callback, name) for name in names if callable(getattr(callback, name, None))]
+        if not hooks:
+            raise ValueError(
+                f"callback {callback!r} has none of the hooks this loop runs: {', '.join(names)}; "
+                "put it in the tasks dict under a schedule instead"
+            )
+        for name in names:
+            hook = getattr(callback, name, None)
+            if callable(hook):
+                named.setdefault(name, []).append(hook)
+
+
+def _get(named: Named, *names: str) -> list[Any]:
+    return [callback for name in names for callback in named.get(name, [])]
+
+
+@final
+class _AtEpochEnd:
+    """Runs callbacks after the step that completes each epoch.
+
+    A schedule only sees the `Elapsed` from before the step; the epoch ends when
+    the counts *after* this step cross a multiple of the epoch duration.
+    """
+
+    def __init__(self, epoch: Period, callbacks: list[_Callback], batch_size_fn: BatchSizeFn) -> None:
+        self.schedule = Every(epoch, offset=epoch)
+        self.callbacks = callbacks
+        self.batch_size_fn = batch_size_fn
+        self._end_hooks = end_hooks([callbacks])
+
+    def __loop_callback__(self, loop_state: LoopState[S]) -> CallbackOutput[S]:
+        before = loop_state.elapsed
+        after = Elapsed(
+            before.steps + 1,
+            before.samples + self.batch_size_fn(loop_state.batch),
+            before.time,
+            before.date_start,
+        )
+        if self.schedule(after):
+            run_callbacks(loop_state, self.callbacks)
+        return {}, loop_state.state
+
+    def __loop_end__(self, loop_state: LoopState[Any]) -> None:
+        # The grouped callbacks (a checkpoint finishing its writes, say) see the loop end too.
+        for hook in self._end_hooks:
+            hook(loop_state)
+
+
+def _run_test(
+    state: S,
+    dataset: Iterable[Any],
+    named: Named,
+    scheduled: Mapping[Any, Any],
+    *,
+    stop: PeriodLike | None,
+    history: History | None,
+    elapsed: Elapsed | None,
+    catch_keyboard_interrupt: bool,
+    metadata: Any,
+    batch_size_fn: BatchSizeFn | None,
+) -> tuple[S, History, Elapsed]:
+    tasks: dict[Any, Any] = {
+        every(1): _get(named, on_test_batch_begin, test_step, on_test_step),
+        **scheduled,
+    }
+    tasks[every(1)] = _get(named, on_test_batch_end)
+    return loop(
+        state,
+        dataset,
+        tasks,
+        on_start=_get(named, on_test_begin, reset_step, on_reset_step),
+        on_end=_get(named, on_test_end),
+        stop=stop,
+        history=history,
+        elapsed=elapsed,
+        catch_keyboard_interrupt=catch_keyboard_interrupt,
+        metadata=metadata,
+        batch_size_fn=batch_size_fn,
+    )
+
+
+def train_loop(
+    state: S,
+    dataset: Iterable[Any],
+    tasks: Tasks | None = None,
+    *,
+    callbacks: list[Any] | None = None,
+    test_dataset: Callable[[], Iterable[Any]] | None = None,
+    epoch_duration: PeriodLike | None = None,
+    test_duration: PeriodLike | None = None,
+    test_name: str = "test",
+    inner_loop_kwargs: Mapping[str, Any] | None = None,
+    stop: PeriodLike | None = None,
+    history: History | None = None,
+    elapsed: Elapsed | None = None,
+    catch_keyboard_interrupt: bool = True,
+    metadata: Any = None,
+    batch_size_fn: BatchSizeFn | None = None,
+) -> tuple[S, History, Elapsed]:
+    """A training loop with epochs and an evaluation loop at the end of each epoch.
+
+    Each step runs, in order: `on_train_batch_begin`, `train_step`,
+    `on_train_step`, the scheduled tasks of `tasks` (e.g. `ciclo.every(20)`),
+    then, after the step that completes an epoch, `reset_step` /
+    `on_reset_step`, the test loop over `test_dataset()` (its logs renamed with
+    the `_test` suffix, metrics and losses averaged over the test steps), and
+    `on_epoch_end`; finally `on_train_batch_end` (where progress bars go, so
+    they show everything logged in the step). `on_train_begin` and
+    `on_train_end` run once.
+
+    Args:
+        state: the initial state. Its `train_step`, `test_step`, `reset_step`
+            (and other named) methods are registered automatically.
+        dataset: the training batches.
+        tasks: `{named schedule or schedule: callbacks}`.
+        callbacks: objects whose named hooks (`on_train_batch_end`,
+            `on_epoch_end`, ...) are registered by name.
+        test_dataset: a zero-argument function returning a fresh iterable of
+            test batches (called at the end of every epoch).
+        epoch_duration: steps (int) or `Period` per epoch; needed for
+            `test_dataset`, `reset_step` and `on_epoch_end`.
+        test_duration: stop each test loop after this period (default: when
+            `test_dataset()` is exhausted).
+        test_name: suffix of the test entries (`accuracy_test`).
+        inner_loop_kwargs: passed to `ciclo.inner_loop` for the test loop, e.g.
+            `{"aggregation": "last"}`.
+        stop: stop after this period or number of steps.
+        history: commit to this `History`.
+        elapsed: resume counting from this `Elapsed`.
+        catch_keyboard_interrupt: on Ctrl-C return what was computed so far.
+        metadata: available to callbacks as `loop_state.metadata`.
+        batch_size_fn: counts the samples of a batch.
+
+    Returns:
+        `(state, history, elapsed)`.
+
+    Example:
+        >>> import ciclo
+        >>> def train_step(state, batch):
+        ...     return ciclo.logs().add_metric("seen", state + 1), state + 1
+        >>> def test_step(state, batch):
+        ...     return ciclo.logs().add_metric("batch", batch)
+        >>> state, history, elapsed = ciclo.train_loop(
+        ...     0,
+        ...     range(100),
+        ...     {ciclo.on_train_step: [train_step], ciclo.on_test_step: [test_step]},
+        ...     test_dataset=lambda: [1.0, 2.0, 3.0],
+        ...     epoch_duration=5,
+        ...     stop=10,
+        ... )
+        >>> state, history.collect("steps", "batch_test")
+        (10, ([4, 9], [2.0, 2.0]))
+    """
+    names = tuple(dict.fromkeys(TRAIN_NAMES + TEST_NAMES))
+    named, scheduled = _split_tasks(tasks, names, "train_loop")
+    _register_hooks(named, state, callbacks, names)
+    epoch = to_period(epoch_duration, name="epoch_duration")
+    test_period = to_period(test_duration, name="test_duration")
+    if test_dataset is not None and not callable(test_dataset):
+        raise TypeError(
+            f"test_dataset must be a zero-argument function returning the test batches, "
+            f"e.g. `test_dataset=lambda: get_test_batches()`; got {test_dataset!r}"
+        )
+    epoch_tasks = _get(named, reset_step, on_reset_step, on_epoch_end)
+    if epoch is None and (test_dataset is not None or epoch_tasks):
+        raise ValueError(
+            "test_dataset, reset_step and on_epoch_end callbacks run at the end of each epoch: "
+            "pass epoch_duration (steps or a ciclo.Period)"
+        )
+    if not isinstance(test_name, str):
+        raise TypeError(f"test_name must be a string, got {test_name!r}")
+
+    test_named: Named = {
+        name: named[name] for name in TEST_NAMES if name in named and name not in TRAIN_NAMES
+    }
+    train_tasks: dict[Any, Any] = {
+        every(1): _get(named, on_train_batch_begin, train_step, on_train_step),
+        **scheduled,
+    }
+    if epoch is not None:
+        at_epoch_end = _get(named, reset_step, on_reset_step)
+        if test_dataset is not None:
+            make_test_dataset = test_dataset
+            kwargs: dict[str, Any] = {"aggregation": _DEFAULT_TEST_AGGREGATION, **(inner_loop_kwargs or {})}
+            at_epoch_end.append(
+                inner_loop(
+                    test_name,
+                    lambda current: _run_test(
+                        current,
+                        make_test_dataset(),
+                        test_named,
+                        {},
+                        stop=test_period,
+                        history=None,
+                        elapsed=None,
+                        catch_keyboard_interrupt=False,
+                        metadata=metadata,
+                        batch_size_fn=batch_size_fn,
+                    ),
+                    **kwargs,
+                )
+            )
+        at_epoch_end += _get(named, on_epoch_end)
+        epoch_callbacks = as_callback_list(at_epoch_end, "epoch-end tasks")
+        train_tasks[every(1)] = [_AtEpochEnd(epoch, epoch_callbacks, batch_size_fn or leading_dim)]
+    train_tasks[every(1)] = _get(named, on_train_batch_end)
+    return loop(
+        state,
+        dataset,
+        train_tasks,
+        on_start=_get(named, on_train_begin),
+        on_end=_get(named, on_train_end),
+        stop=stop,
+        history=history,
+        elapsed=elapsed,
+        catch_keyboard_interrupt=catch_keyboard_interrupt,
+        metadata=metadata,
+        batch_size_fn=batch_size_fn,
+    )
+
+
+def test_loop(
+    state: S,
+    dataset: Iterable[Any],
+    tasks: Tasks | None = None,
+    *,
+    callbacks: list[Any] | None = None,
+    stop: PeriodLike | None = None,
+    history: History | None = None,
+    elapsed: Elapsed | None = None,
+    catch_keyboard_interrupt: bool = True,
+    metadata: Any = None,
+    batch_size_fn: BatchSizeFn | None = None,
+) -> tuple[S, History, Elapsed]:
+    """An evaluation loop: `test_step` on each batch, after `reset_step` at the start.
+
+    Each step runs `on_test_batch_begin`, `test_step`, `on_test_step`, the
+    scheduled tasks, then `on_test_batch_end`. `on_test_begin`, `reset_step`
+    and `on_reset_step` run before the first step; `on_test_end` after the last.
+
+    Example:
+        >>> import ciclo
+        >>> def test_step(state, batch):
+        ...     return ciclo.logs().add_metric("error", abs(batch - state))
+        >>> _, history, _ = ciclo.test_loop(2.0, [1.0, 2.0, 4.0], {ciclo.on_test_step: [test_step]})
+        >>> history.collect("error")
+        [1.0, 0.0, 2.0]
+    """
+    named, scheduled = _split_tasks(tasks, TEST_NAMES, "test_loop")
+    _register_hooks(named, state, callbacks, TEST_NAMES)
+    return _run_test(
+        state,
+        dataset,
+        named,
+        scheduled,
+        stop=stop,
+        history=history,
+        elapsed=elapsed,
+        catch_keyboard_interrupt=catch_keyboard_interrupt,
+        metadata=metadata,
+        batch_size_fn=batch_size_fn,
+    )
+
+
+# Not a test: keeps pytest from collecting `test_loop` from modules that import it.
+test_loop.__test__ = False  # type: ignore[attr-defined]
+
+
+def predict_loop(
+    state: S,
+    dataset: Iterable[Any],
+    tasks: Tasks | None = None,
+    *,
+    callbacks: list[Any] | None = None,
+    stop: PeriodLike | None = None,
+    history: History | None = None,
+    elapsed: Elapsed | None = None,
+    catch_keyboard_interrupt: bool = True,
+    metadata: Any = None,
+    batch_size_fn: BatchSizeFn | None = None,
+) -> tuple[S, History, Elapsed]:
+    """An inference loop: `predict_step` on each batch; collect outputs from the history.
+
+    Each step runs `on_predict_batch_begin`, `predict_step`, `on_predict_step`,
+    the scheduled tasks, then `on_predict_batch_end`; `on_predict_begin` and
+    `on_predict_end` run once.
+
+    Example:
+        >>> import ciclo
+        >>> def predict_step(state, batch):
+        ...     return ciclo.logs().add_output("doubled", 2 * batch)
+        >>> _, history, _ = ciclo.predict_loop(None, [1, 2, 3], {ciclo.on_predict_step: [predict_step]})
+        >>> history.collect("doubled")
+        [2, 4, 6]
+    """
+    named, scheduled = _split_tasks(tasks, PREDICT_NAMES, "predict_loop")
+    _register_hooks(named, state, callbacks, PREDICT_NAMES)
+    predict_tasks: dict[Any, Any] = {
+        every(1): _get(named, on_predict_batch_begin, predict_step, on_predict_step),
+        **scheduled,
+    }
+    predict_tasks[every(1)] = _get(named, on_predict_batch_end)
+    return loop(
+        state,
+        dataset,
+        predict_tasks,
+        on_start=_get(named, on_predict_begin),
+        on_end=_get(named, on_predict_end),
+        stop=stop,
+        history=history,
+        elapsed=elapsed,
+        catch_keyboard_interrupt=catch_keyboard_interrupt,
+        metadata=metadata,
+        batch_size_fn=batch_size_fn,
+    )

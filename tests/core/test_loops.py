@@ -1,0 +1,216 @@
+import pytest
+
+import ciclo
+
+
+class CounterState:
+    """A state whose methods self-register in the predefined loops."""
+
+    def __init__(self, value=0, resets=0, log=None):
+        self.value = value
+        self.resets = resets
+        self.log = [] if log is None else log
+
+    def train_step(self, batch):
+        self.log.append(("train", batch))
+        new = CounterState(self.value + 1, self.resets, self.log)
+        return ciclo.logs().add_loss("loss", 1.0 / new.value), new
+
+    def test_step(self, batch):
+        self.log.append(("test", batch))
+        return ciclo.logs().add_metric("accuracy", float(batch))
+
+    def reset_step(self):
+        self.log.append(("reset",))
+        return CounterState(self.value, self.resets + 1, self.log)
+
+    def predict_step(self, batch):
+        return ciclo.logs().add_output("pred", batch * 10)
+
+
+def test_train_loop_registers_state_methods_and_runs_tests_each_epoch():
+    state = CounterState()
+    state, history, elapsed = ciclo.train_loop(
+        state,
+        range(100),
+        test_dataset=lambda: [0.0, 1.0],
+        epoch_duration=3,
+        stop=7,
+    )
+    assert state.value == 7 and elapsed.steps == 7
+    # Epochs end after steps 3 and 6: a reset, then a test run, each time.
+    assert history.collect("steps", "accuracy_test") == ([2, 5], [0.5, 0.5])
+    assert state.resets == 2
+    assert state.log[:7] == [
+        ("train", 0),
+        ("train", 1),
+        ("train", 2),
+        ("reset",),
+        ("test", 0.0),
+        ("test", 1.0),
+        ("train", 3),
+    ]
+    assert [entry for entry in state.log if entry[0] == "test"] == [("test", 0.0), ("test", 1.0)] * 2
+    assert len(history.collect("loss")) == 7
+
+
+def test_named_schedules_in_tasks_and_order():
+    order = []
+
+    def named(name):
+        return lambda: order.append(name)
+
+    ciclo.train_loop(
+        0,
+        range(10),
+        {
+            ciclo.on_train_batch_begin: named("batch_begin"),
+            ciclo.train_step: named("train_step"),
+            ciclo.on_train_step: [named("on_train_step")],
+            ciclo.every(2): [named("every2")],
+            ciclo.on_epoch_end: [named("epoch_end")],
+            ciclo.on_reset_step: [named("reset")],
+            ciclo.on_train_batch_end: [named("batch_end")],
+            ciclo.on_train_begin: [named("begin")],
+            ciclo.on_train_end: [named("end")],
+            ciclo.on_test_begin: [named("test_begin")],
+            ciclo.on_test_step: [named("test_step")],
+            ciclo.on_test_end: [named("test_end")],
+        },
+        test_dataset=lambda: [1],
+        epoch_duration=2,
+        stop=2,
+    )
+    assert order == [
+        "begin",
+        "batch_begin", "train_step", "on_train_step", "every2", "batch_end",
+        "batch_begin", "train_step", "on_train_step",
+        "reset", "test_begin", "test_step", "test_end", "epoch_end",
+        "batch_end",
+        "end",
+    ]  # fmt: skip
+
+
+def test_callbacks_self_register_by_hook_name():
+    class Hooks:
+        def __init__(self):
+            self.calls = []
+
+        def on_train_batch_end(self, state, batch, elapsed, loop_state):
+            self.calls.append(("batch_end", elapsed.steps))
+
+        def on_epoch_end(self, state, batch, elapsed, loop_state):
+            self.calls.append(("epoch_end", elapsed.steps, dict(loop_state.accumulated_logs["metrics"])))
+
+    hooks = Hooks()
+    ciclo.train_loop(
+        CounterState(),
+        range(10),
+        callbacks=[hooks],
+        test_dataset=lambda: [1.0, 3.0],
+        epoch_duration=2,
+        stop=4,
+    )
+    assert hooks.calls == [
+        ("batch_end", 0),
+        ("epoch_end", 1, {"accuracy_test": 2.0}),
+        ("batch_end", 1),
+        ("batch_end", 2),
+        ("epoch_end", 3, {"accuracy_test": 2.0}),
+        ("batch_end", 3),
+    ]
+
+
+def test_epoch_duration_in_samples():
+    _, history, _ = ciclo.train_loop(
+        0,
+        [[0] * 3] * 10,
+        {ciclo.on_train_step: lambda state: state + 1, ciclo.on_epoch_end: lambda: {"metrics": {"end": 1}}},
+        epoch_duration=ciclo.at(samples=7),
+        batch_size_fn=len,
+    )
+    # 3 samples per step: epochs end after steps that cross 7, 14, 21, 28 samples.
+    assert history.collect("steps") == [2, 4, 6, 9]
+
+
+def test_test_duration_and_inner_loop_kwargs():
+    _, history, _ = ciclo.train_loop(
+        0,
+        range(4),
+        {ciclo.on_test_step: lambda state, batch: ciclo.logs().add_metric("b", float(batch))},
+        test_dataset=lambda: [1.0, 2.0, 3.0, 4.0],
+        test_duration=2,
+        test_name="val",
+        epoch_duration=2,
+        inner_loop_kwargs={"aggregation": "last"},
+    )
+    assert history.collect("b_val") == [2.0, 2.0]
+
+
+def test_test_loop_resets_then_tests():
+    state = CounterState(value=5)
+    _, history, elapsed = ciclo.test_loop(state, [1.0, 0.0])
+    assert history.collect("accuracy") == [1.0, 0.0]
+    assert state.log == [("reset",), ("test", 1.0), ("test", 0.0)]
+    assert elapsed.steps == 2
+
+
+def test_test_loop_with_stop_and_callbacks():
+    class Hook:
+        def __init__(self):
+            self.steps = []
+
+        def on_test_batch_end(self, state, batch, elapsed, loop_state):
+            self.steps.append(elapsed.steps)
+
+    hook = Hook()
+    ciclo.test_loop(CounterState(), range(10), callbacks=[hook], stop=3)
+    assert hook.steps == [0, 1, 2]
+
+
+def test_predict_loop_collects_outputs():
+    _, history, _ = ciclo.predict_loop(CounterState(), [1, 2, 3])
+    assert history.collect("pred") == [10, 20, 30]
+
+
+def test_predict_loop_hooks():
+    begun = []
+    ciclo.predict_loop(
+        None,
+        [1],
+        {ciclo.on_predict_begin: lambda: begun.append("b"), ciclo.on_predict_end: lambda: begun.append("e")},
+    )
+    assert begun == ["b", "e"]
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "match"),
+    [
+        (lambda: ciclo.train_loop(0, [], {"on_train_stpe": []}), ValueError, "'on_train_stpe'.*valid names"),
+        (lambda: ciclo.test_loop(0, [], {"on_train_step": []}), ValueError, "test_loop does not know"),
+        (lambda: ciclo.predict_loop(0, [], {"test_step": []}), ValueError, "predict_loop does not know"),
+        (
+            lambda: ciclo.train_loop(0, [], test_dataset=[1, 2], epoch_duration=1),
+            TypeError,
+            "zero-argument function",
+        ),
+        (lambda: ciclo.train_loop(0, [], test_dataset=lambda: [1]), ValueError, "pass epoch_duration"),
+        (lambda: ciclo.train_loop(0, [], epoch_duration=-1), ValueError, "epoch_duration must be >= 0"),
+        (lambda: ciclo.train_loop(0, [], callbacks=[object()]), ValueError, "has none of the hooks"),
+        (lambda: ciclo.train_loop(0, [], callbacks=ciclo.noop), TypeError, "callbacks must be a list"),
+        (lambda: ciclo.train_loop(0, [], [1]), TypeError, "tasks must be a dict"),
+        (
+            lambda: ciclo.train_loop(0, [], epoch_duration=2, test_dataset=lambda: [], test_name=3),
+            TypeError,
+            "test_name",
+        ),
+    ],
+)
+def test_bad_arguments(call, error, match):
+    with pytest.raises(error, match=match):
+        call()
+
+
+def test_plain_states_have_no_hooks():
+    state, history, elapsed = ciclo.train_loop({"w": 1}, range(3))
+    assert state == {"w": 1} and len(history) == 0 and elapsed.steps == 3
