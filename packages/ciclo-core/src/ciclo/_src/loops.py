@@ -9,6 +9,7 @@ of the objects in `callbacks=[...]` (`keras_bar` has `on_train_batch_end`,
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final, final
 
@@ -160,36 +161,51 @@ class _AtEpochEnd:
             hook(loop_state)
 
 
-def _run_test(
+@dataclasses.dataclass(frozen=True)
+class _Phase:
+    """The named schedules of a test or predict loop, in the order they run."""
+
+    batch_begin: str
+    steps: tuple[str, ...]
+    batch_end: str
+    begin: tuple[str, ...]
+    end: str
+
+
+_TEST_PHASE = _Phase(
+    on_test_batch_begin,
+    (test_step, on_test_step),
+    on_test_batch_end,
+    (on_test_begin, reset_step, on_reset_step),
+    on_test_end,
+)
+_PREDICT_PHASE = _Phase(
+    on_predict_batch_begin,
+    (predict_step, on_predict_step),
+    on_predict_batch_end,
+    (on_predict_begin,),
+    on_predict_end,
+)
+
+
+def _run_phase(
+    phase: _Phase,
     state: S,
     dataset: Iterable[Any],
     named: Named,
     scheduled: Mapping[Any, Any],
-    *,
-    stop: PeriodLike | None,
-    history: History | None,
-    elapsed: Elapsed | None,
-    catch_keyboard_interrupt: bool,
-    metadata: Any,
-    batch_size_fn: BatchSizeFn | None,
+    **loop_kwargs: Any,
 ) -> tuple[S, History, Elapsed]:
-    tasks: dict[Any, Any] = {
-        every(1): _get(named, on_test_batch_begin, test_step, on_test_step),
-        **scheduled,
-    }
-    tasks[every(1)] = _get(named, on_test_batch_end)
+    """Runs `ciclo.loop` with the callbacks of `named` placed where `phase` says."""
+    tasks: dict[Any, Any] = {every(1): _get(named, phase.batch_begin, *phase.steps), **scheduled}
+    tasks[every(1)] = _get(named, phase.batch_end)
     return loop(
         state,
         dataset,
         tasks,
-        on_start=_get(named, on_test_begin, reset_step, on_reset_step),
-        on_end=_get(named, on_test_end),
-        stop=stop,
-        history=history,
-        elapsed=elapsed,
-        catch_keyboard_interrupt=catch_keyboard_interrupt,
-        metadata=metadata,
-        batch_size_fn=batch_size_fn,
+        on_start=_get(named, *phase.begin),
+        on_end=_get(named, phase.end),
+        **loop_kwargs,
     )
 
 
@@ -299,14 +315,13 @@ def train_loop(
             at_epoch_end.append(
                 inner_loop(
                     test_name,
-                    lambda current: _run_test(
+                    lambda current: _run_phase(
+                        _TEST_PHASE,
                         current,
                         make_test_dataset(),
                         test_named,
                         {},
                         stop=test_period,
-                        history=None,
-                        elapsed=None,
                         catch_keyboard_interrupt=False,
                         metadata=metadata,
                         batch_size_fn=batch_size_fn,
@@ -362,7 +377,8 @@ def test_loop(
     """
     named, scheduled = _split_tasks(tasks, TEST_NAMES, "test_loop")
     _register_hooks(named, state, callbacks, TEST_NAMES)
-    return _run_test(
+    return _run_phase(
+        _TEST_PHASE,
         state,
         dataset,
         named,
@@ -409,17 +425,12 @@ def predict_loop(
     """
     named, scheduled = _split_tasks(tasks, PREDICT_NAMES, "predict_loop")
     _register_hooks(named, state, callbacks, PREDICT_NAMES)
-    predict_tasks: dict[Any, Any] = {
-        every(1): _get(named, on_predict_batch_begin, predict_step, on_predict_step),
-        **scheduled,
-    }
-    predict_tasks[every(1)] = _get(named, on_predict_batch_end)
-    return loop(
+    return _run_phase(
+        _PREDICT_PHASE,
         state,
         dataset,
-        predict_tasks,
-        on_start=_get(named, on_predict_begin),
-        on_end=_get(named, on_predict_end),
+        named,
+        scheduled,
         stop=stop,
         history=history,
         elapsed=elapsed,
