@@ -263,17 +263,40 @@ def test_keyboard_interrupt_is_caught_and_state_returned(caplog):
         ciclo.loop(0, range(10), {ciclo.every(1): step}, catch_keyboard_interrupt=False)
 
 
-def test_jitted_step_runs_without_device_to_host_transfers():
-    @jax.jit
-    def train_step(state, batch):
-        state = state + batch["x"].sum()
-        return ciclo.logs().add_metric("state", state).add_loss("loss", state * 0), state
+@jax.jit
+def slow_step(state, batch):
+    # ~tens of ms of device work per step, so an unwanted wait on the device shows.
+    x = jax.lax.fori_loop(0, 40, lambda i, x: jnp.tanh(x @ x.T @ x * 1e-3), state)
+    return ciclo.logs().add_metric("corner", x[0, 0]).add_loss("mean", x.mean()), x
 
-    data = [{"x": jnp.ones((4, 2))} for _ in range(20)]
-    with jax.transfer_guard_device_to_host("disallow"):
-        state, history, elapsed = ciclo.loop(jnp.float32(0), data, {ciclo.every(1): [train_step]})
-    assert float(state) == 160.0 and elapsed.samples == 80
-    assert history.collect("state")[-1] == 160.0
+
+def test_loop_returns_before_the_device_finishes():
+    # JAX dispatches asynchronously (also on CPU): if the loop, its logs merging or the
+    # history read a logged value or blocked at any step, the last step would be done.
+    state = jnp.full((256, 256), 0.01)
+    slow_step(state, None)[1].block_until_ready()  # compile outside the measured loop
+    state, history, elapsed = ciclo.loop(state, range(4), {ciclo.every(1): [slow_step]})
+    assert not state.is_ready()
+    assert elapsed.steps == 4 and len(history) == 4
+    assert history.collect("corner")[-1] == pytest.approx(float(state[0, 0]))
+
+
+class Tripwire:
+    """A logged value that fails the test if anything tries to read it."""
+
+    def _read(self, *args, **kwargs):
+        raise AssertionError("a logged value was read")
+
+    __array__ = __float__ = __int__ = __bool__ = __index__ = __format__ = _read
+    item = tolist = block_until_ready = copy_to_host_async = _read
+
+
+def test_loop_never_reads_logged_values():
+    def step(state, batch):
+        return ciclo.logs().add_metric("value", Tripwire()).add_loss("loss", Tripwire()), state + 1
+
+    state, history, elapsed = ciclo.loop(0, range(50), {ciclo.every(1): [step], ciclo.every(5): [step]})
+    assert state == 60 and len(history) == 50
 
 
 def test_jitted_step_with_elapsed_argument():
