@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from support.bars import Clock, Tripwire, loop_state
 
 import ciclo
 from ciclo._src.callbacks import _progress
@@ -22,60 +23,12 @@ class Terminal(io.StringIO):
         return True
 
 
-class Clock:
-    """Stands in for `time.perf_counter` in the bars, so redraws and timings are deterministic."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-class Tripwire:
-    """A logged scalar that counts how often it is read (converted to a number or an array)."""
-
-    size = 1
-    shape = ()
-    dtype = np.dtype("float32")
-
-    def __init__(self, value: float) -> None:
-        self.value = value
-        self.reads = 0
-
-    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
-        self.reads += 1
-        return np.asarray(self.value, dtype=dtype)
-
-    def __float__(self) -> float:
-        self.reads += 1
-        return self.value
-
-
-@pytest.fixture
-def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
-    fake = Clock()
-    monkeypatch.setattr(_progress, "perf_counter", fake)
-    return fake
-
-
 def run(bar: ciclo.KerasBar, clock: Clock, steps: int, seconds_per_step: float = 0.5, start: int = 0) -> None:
     """Calls `bar` by hand as the seeds do, after each of `steps` steps taking `seconds_per_step`."""
     for elapsed, batch in ciclo.elapse(range(start, start + steps)):
         clock.now += seconds_per_step
         logs = ciclo.logs().add_metric("accuracy", batch / 100).add_loss("loss", 1.0 / (batch + 1))
         bar(elapsed, logs)
-
-
-def loop_state(elapsed: ciclo.Elapsed, logs: ciclo.Logs) -> LoopState[Any]:
-    return LoopState(
-        state="state",
-        batch=None,
-        history=ciclo.history(),
-        elapsed=elapsed,
-        logs=ciclo.logs(),
-        accumulated_logs=logs,
-    )
 
 
 @jax.jit

@@ -1,0 +1,51 @@
+"""Test doubles shared by the progress-bar tests."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+import ciclo
+from ciclo._src.loop import LoopState
+
+
+class Clock:
+    """Stands in for `time.perf_counter` in the bars, so redraws and timings are deterministic."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Tripwire:
+    """A logged scalar that counts how often it is read (converted to a number or an array)."""
+
+    size = 1
+    shape = ()
+    dtype = np.dtype("float32")
+
+    def __init__(self, value: float) -> None:
+        self.value = value
+        self.reads = 0
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        self.reads += 1
+        return np.asarray(self.value, dtype=dtype)
+
+    def __float__(self) -> float:
+        self.reads += 1
+        return self.value
+
+
+def loop_state(elapsed: ciclo.Elapsed, logs: ciclo.Logs) -> LoopState[Any]:
+    return LoopState(
+        state="state",
+        batch=None,
+        history=ciclo.history(),
+        elapsed=elapsed,
+        logs=ciclo.logs(),
+        accumulated_logs=logs,
+    )
