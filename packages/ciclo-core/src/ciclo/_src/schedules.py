@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import datetime
 import math
@@ -13,7 +14,7 @@ from ciclo._src.elapsed import Elapsed, Period, PeriodLike, _seconds, to_period
 ScheduleFn = Callable[[Elapsed], bool]
 
 
-class ScheduleBase:
+class ScheduleBase(abc.ABC):
     """Gives schedules the combinators `&`, `|` and `~`.
 
     Both sides of `&` and `|` are always evaluated, so stateful schedules (such as
@@ -26,8 +27,9 @@ class ScheduleBase:
         [2, 4]
     """
 
-    def __call__(self, elapsed: Elapsed) -> bool:  # pragma: no cover - overridden
-        raise NotImplementedError
+    @abc.abstractmethod
+    def __call__(self, elapsed: Elapsed) -> bool:
+        """Returns True when the schedule fires at `elapsed`."""
 
     def __and__(self, other: ScheduleFn) -> ScheduleBase:
         return _All((self, _check_schedule(other)))

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import jax
 import numpy as np
 
-from ciclo._src.elapsed import Elapsed, Period, PeriodLike, to_period
+from ciclo._src.elapsed import Elapsed, PeriodLike, to_period
 from ciclo._src.logs import Logs, LogsLike
 from ciclo._src.types import CallbackOutput, S
 
@@ -68,8 +68,6 @@ def resolve_total(total: PeriodLike | None, *, name: str = "total") -> Unit:
     period = to_period(total, name=name)
     if period is None:
         return Unit("steps", "step", None)
-    if not isinstance(period, Period):  # pragma: no cover - to_period only returns Periods
-        raise TypeError(f"{name} must be an int (steps) or a ciclo.Period, got {total!r}")
     if period.steps is not None:
         return Unit("steps", "step", period.steps)
     if period.samples is not None:
