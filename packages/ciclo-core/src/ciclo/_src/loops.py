@@ -145,12 +145,11 @@ class _AtEpochEnd:
 
     def __loop_callback__(self, loop_state: LoopState[S]) -> CallbackOutput[S]:
         before = loop_state.elapsed
-        after = Elapsed(
-            before.steps + 1,
-            before.samples + self.batch_size_fn(loop_state.batch),
-            before.time,
-            before.date_start,
-        )
+        # Counting the batch again costs a tree flatten per step: only when epochs are in samples.
+        samples = before.samples
+        if self.schedule.period.samples is not None:
+            samples += self.batch_size_fn(loop_state.batch)
+        after = Elapsed(before.steps + 1, samples, before.time, before.date_start)
         if self.schedule(after):
             run_callbacks(loop_state, self.callbacks)
         return {}, loop_state.state
