@@ -26,3 +26,13 @@ def make_batches(
 @pytest.fixture
 def batches() -> list[dict[str, np.ndarray]]:
     return make_batches(20)
+
+
+STRATEGIES = ["eager", "jit", "jit_donate", "data_parallel", "fsdp", "pmap"]
+"""Every built-in strategy; `test_registry` fails when one is missing here."""
+
+
+@pytest.fixture(params=STRATEGIES)
+def strategy(request: pytest.FixtureRequest) -> str:
+    """Each built-in strategy's name in turn: one test body, every strategy."""
+    return str(request.param)

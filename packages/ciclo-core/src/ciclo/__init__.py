@@ -11,6 +11,9 @@ Example:
 
 from importlib.metadata import version as _version
 
+from ciclo import managed as managed
+from ciclo import metrics as metrics
+from ciclo import strategies as strategies
 from ciclo._src.callbacks._checkpoint import Checkpoint as Checkpoint
 from ciclo._src.callbacks._checkpoint import checkpoint as checkpoint
 from ciclo._src.callbacks._checkpoint import restore_checkpoint as restore_checkpoint
@@ -60,6 +63,7 @@ from ciclo._src.loops import test_loop as test_loop
 from ciclo._src.loops import test_step as test_step
 from ciclo._src.loops import train_loop as train_loop
 from ciclo._src.loops import train_step as train_step
+from ciclo._src.metrics import Metric as Metric
 from ciclo._src.schedules import After as After
 from ciclo._src.schedules import Every as Every
 from ciclo._src.schedules import Piecewise as Piecewise
@@ -69,11 +73,15 @@ from ciclo._src.schedules import always as always
 from ciclo._src.schedules import every as every
 from ciclo._src.schedules import never as never
 from ciclo._src.schedules import piecewise as piecewise
+from ciclo._src.strategies._registry import get_strategy as get_strategy
+from ciclo._src.strategies._registry import register_strategy as register_strategy
+from ciclo._src.strategies._registry import strategy_names as strategy_names
 from ciclo._src.types import Batch as Batch
 from ciclo._src.types import CallbackOutput as CallbackOutput
 from ciclo._src.types import LoopCallback as LoopCallback
 from ciclo._src.types import Schedule as Schedule
 from ciclo._src.types import State as State
+from ciclo._src.types import Strategy as Strategy
 
 __version__ = _version("ciclo-core")
 
@@ -93,15 +101,16 @@ __all__ = [
     "LogsLike",
     "LoopCallback",
     "LoopState",
+    "Metric",
     "NoOp",
     "Period",
     "Piecewise",
     "Schedule",
     "ScheduleBase",
     "State",
+    "Strategy",
     "TqdmBar",
     "__version__",
-    "_version",
     "after",
     "always",
     "at",
@@ -109,11 +118,14 @@ __all__ = [
     "early_stopping",
     "elapse",
     "every",
+    "get_strategy",
     "history",
     "inner_loop",
     "keras_bar",
     "logs",
     "loop",
+    "managed",
+    "metrics",
     "never",
     "noop",
     "on_epoch_end",
@@ -136,8 +148,11 @@ __all__ = [
     "piecewise",
     "predict_loop",
     "predict_step",
+    "register_strategy",
     "reset_step",
     "restore_checkpoint",
+    "strategies",
+    "strategy_names",
     "test_loop",
     "test_step",
     "tqdm_bar",

@@ -10,10 +10,17 @@ from ciclo._src.logs import LogsLike
 
 if TYPE_CHECKING:
     from ciclo._src.elapsed import Elapsed
+    from ciclo._src.logs import Logs
     from ciclo._src.loop import LoopState
 
 S = TypeVar("S")
 """The type of the loop's state."""
+
+T = TypeVar("T")
+"""Any pytree handed through a strategy unchanged in structure."""
+
+M = TypeVar("M")
+"""A stateful metric (see `ciclo.Metric`)."""
 
 State = Any
 """Any pytree: parameters, optimizer state, rng keys, ... grouped in one value."""
@@ -64,3 +71,58 @@ ScheduleLike = Schedule | str
 
 Tasks = Mapping[Any, "CallbackLike | list[CallbackLike] | tuple[CallbackLike, ...]"]
 """What `ciclo.loop` runs: schedule -> callback or list of callbacks."""
+
+
+StepFn = Callable[[Any, Any], tuple["Logs", Any]]
+"""A step as a strategy compiles it: `(state, batch) -> (logs, state)`."""
+
+
+class Strategy(Protocol):
+    """Where a managed step's state and batches live, and how the step is compiled.
+
+    A strategy is a hashable value (the built-ins are frozen dataclasses), so a
+    managed step compiles once per strategy. `from_host`, `to_host`,
+    `lift_batch`, `compile` and `lower_logs` run outside the step; the
+    `reduce_*` methods run inside the compiled step, where they combine the
+    per-device values of a strategy that runs one program per device (`pmap`).
+    Strategies that let the compiler partition one global program
+    (`data_parallel`, `fsdp`) return their inputs unchanged there.
+
+    Register a new strategy by name with `ciclo.register_strategy`.
+    """
+
+    def from_host(self, state: T, /) -> T:
+        """Places a state that lives on one device (or the host) where the step expects it."""
+        ...
+
+    def to_host(self, state: T, /) -> T:
+        """Gathers a state placed by `from_host` back to single-device arrays."""
+        ...
+
+    def lift_batch(self, batch: T, /) -> T:
+        """Places one batch (this process's part of it) for the compiled step."""
+        ...
+
+    def compile(self, step: StepFn, /) -> StepFn:
+        """Transforms `step(state, batch) -> (logs, state)` to run under this strategy."""
+        ...
+
+    def lower_logs(self, logs: Logs, /) -> Logs:
+        """Turns the compiled step's logs into what one process reports; never waits on the device."""
+        ...
+
+    def reduce_grads(self, grads: T, /) -> T:
+        """Inside the step: combines the gradients of all devices."""
+        ...
+
+    def reduce_model_state(self, model_state: T, /) -> T:
+        """Inside the step: synchronises model state such as batch statistics."""
+        ...
+
+    def reduce_logs(self, logs: Logs, /) -> Logs:
+        """Inside the step: averages losses and metrics over devices; leaves outputs per device."""
+        ...
+
+    def reduce_metric(self, metric: M, /) -> M:
+        """Inside the step: merges the per-device copies of a stateful metric."""
+        ...

@@ -1,0 +1,102 @@
+"""Moving pytrees between one device and a set of devices, with errors that name the leaf."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import multihost_utils
+
+T = TypeVar("T")
+
+_SCALARS = (bool, int, float, complex, np.generic)
+
+
+def is_key(leaf: Any) -> bool:
+    """Whether `leaf` is a typed PRNG key array (`jax.random.key`)."""
+    return isinstance(leaf, jax.Array) and jnp.issubdtype(leaf.dtype, jax.dtypes.prng_key)
+
+
+def check_placeable(tree: Any, what: str, strategy: str) -> None:
+    """Raises a TypeError naming the first leaf of `tree` that is not an array or a number."""
+    for path, leaf in jax.tree_util.tree_leaves_with_path(tree):
+        if not isinstance(leaf, (jax.Array, np.ndarray, *_SCALARS)):
+            raise TypeError(
+                f"strategy {strategy!r} cannot place {what} leaf {_name(path)} on devices: it is a "
+                f"{type(leaf).__name__}, not an array. Make it an array, or, if it is "
+                "configuration, a static field: dataclasses.field(metadata={'static': True})."
+            )
+
+
+def place(tree: T, sharding_of: Callable[[tuple[int, ...]], jax.sharding.Sharding]) -> T:
+    """Puts every leaf of `tree` on devices with the sharding `sharding_of(leaf.shape)`.
+
+    Every process must pass the same values: each one fills the shards that
+    live on its own devices.
+    """
+    if jax.process_count() == 1:
+        return jax.tree.map(lambda leaf: jax.device_put(leaf, sharding_of(np.shape(leaf))), tree)
+    return jax.tree.map(lambda leaf: _place_global(leaf, sharding_of), tree)
+
+
+def _place_global(leaf: Any, sharding_of: Callable[[tuple[int, ...]], jax.sharding.Sharding]) -> jax.Array:
+    if is_key(leaf):
+        data = _place_global(jax.random.key_data(leaf), sharding_of)
+        return jax.random.wrap_key_data(data, impl=jax.random.key_impl(leaf))
+    host = np.asarray(leaf)
+    sharding = sharding_of(host.shape)
+    return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+
+
+def gather(tree: T) -> T:
+    """Brings every array leaf of `tree` to this process's first device, whole."""
+    device = jax.local_devices()[0]
+    return jax.tree.map(lambda leaf: _gather_leaf(leaf, device), tree)
+
+
+def _gather_leaf(leaf: Any, device: jax.Device) -> Any:
+    if not isinstance(leaf, jax.Array):
+        return leaf
+    if leaf.is_fully_addressable:
+        return jax.device_put(leaf, device)
+    if leaf.is_fully_replicated:
+        return jax.device_put(leaf.addressable_data(0), device)
+    if is_key(leaf):
+        data = _gather_leaf(jax.random.key_data(leaf), device)
+        return jax.random.wrap_key_data(data, impl=jax.random.key_impl(leaf))
+    return jax.device_put(multihost_utils.process_allgather(leaf, tiled=True), device)
+
+
+def _name(path: tuple[Any, ...]) -> str:
+    return jax.tree_util.keystr(path) or "(the root)"
+
+
+def check_divisible(batch: Any, devices: int, strategy: str) -> None:
+    """Raises a ValueError when a batch leaf's leading axis does not split over `devices`."""
+    for path, leaf in jax.tree_util.tree_leaves_with_path(batch):
+        shape = np.shape(leaf)
+        if shape and shape[0] % devices:
+            raise ValueError(
+                f"strategy {strategy!r} splits each batch over the {devices} devices of this process, "
+                f"but batch leaf {_name(path)} has {shape[0]} rows (shape {shape}), not a multiple of "
+                f"{devices}. Use a batch size that is a multiple of {devices} (drop or pad the last, "
+                "smaller batch), or a strategy that runs on one device such as 'jit'."
+            )
+
+
+def unaliased(tree: T) -> T:
+    """Copies every array leaf that appears more than once, so that each buffer can be donated."""
+    seen: set[int] = set()
+
+    def fresh(leaf: Any) -> Any:
+        if not isinstance(leaf, jax.Array):
+            return leaf
+        if id(leaf) in seen:
+            return jnp.copy(leaf)
+        seen.add(id(leaf))
+        return leaf
+
+    return jax.tree.map(fresh, tree)

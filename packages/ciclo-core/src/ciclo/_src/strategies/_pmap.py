@@ -1,0 +1,126 @@
+"""`pmap`: the seeds' data parallelism, one program per device with a replicated state."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, TypeVar, cast, final
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
+
+from ciclo._src.logs import Entries, Logs
+from ciclo._src.strategies._placement import check_divisible, check_placeable, gather
+from ciclo._src.types import StepFn
+
+T = TypeVar("T")
+M = TypeVar("M")
+
+
+@final
+@dataclasses.dataclass(frozen=True)
+class PMap:
+    """Data parallelism with `jax.pmap`, as in ciclo 0.1: a copy of the state per device.
+
+    The state gets a leading device axis (`state.params["w"].shape[0]` is the
+    local device count); a state field named `key` is split so that each device
+    draws different random numbers. Each batch is reshaped to
+    `(devices, batch_size / devices, ...)`. Inside the step, gradients, batch
+    statistics, losses and metrics are averaged over devices with
+    `jax.lax.pmean`; outputs are concatenated back to `(batch_size, ...)`.
+
+    `jax.pmap` is in maintenance mode since JAX 0.8: prefer `data_parallel`,
+    which gives the same results without the device axis and also runs
+    multi-process. This strategy uses this process's devices only.
+
+    Args:
+        axis_name: the name of the mapped axis, for collectives in the step.
+        donate: donate the input state's buffers to the output state.
+
+    Example:
+        >>> import ciclo, jax, jax.numpy as jnp
+        >>> strategy = ciclo.get_strategy("pmap")
+        >>> state = strategy.from_host({"w": jnp.zeros(3)})
+        >>> state["w"].shape == (jax.local_device_count(), 3)
+        True
+    """
+
+    axis_name: str = "device"
+    donate: bool = False
+
+    @functools.cached_property
+    def _devices(self) -> NamedSharding:
+        mesh = Mesh(np.array(jax.local_devices()), (self.axis_name,), axis_types=(AxisType.Auto,))
+        return NamedSharding(mesh, PartitionSpec(self.axis_name))
+
+    def from_host(self, state: T, /) -> T:
+        check_placeable(state, "state", "pmap")
+        devices = jax.local_device_count()
+        replicated = jax.tree.map(lambda leaf: jnp.broadcast_to(leaf, (devices, *np.shape(leaf))), state)
+        if dataclasses.is_dataclass(replicated) and hasattr(replicated, "key"):
+            keys = jax.random.split(cast(Any, state).key, devices)
+            replicated = dataclasses.replace(replicated, key=keys)  # type: ignore[type-var]
+        return jax.device_put(replicated, self._devices)
+
+    def to_host(self, state: T, /) -> T:
+        return gather(jax.tree.map(lambda leaf: leaf[0], state))
+
+    def lift_batch(self, batch: T, /) -> T:
+        devices = jax.local_device_count()
+        try:
+            return jax.tree.map(lambda leaf: _split_rows(leaf, devices), batch)
+        except ValueError:
+            check_divisible(batch, devices, "pmap")
+            raise
+
+    def compile(self, step: StepFn, /) -> StepFn:
+        return jax.pmap(step, axis_name=self.axis_name, donate_argnums=(0,) if self.donate else ())
+
+    def lower_logs(self, logs: Logs, /) -> Logs:
+        lowered = Logs()
+        for collection, entries in logs.items():
+            merge = _concat_rows if collection == "outputs" else _first
+            lowered[collection] = Entries({name: merge(value) for name, value in entries.items()})
+        return lowered
+
+    def reduce_grads(self, grads: T, /) -> T:
+        return jax.lax.pmean(grads, self.axis_name)
+
+    def reduce_model_state(self, model_state: T, /) -> T:
+        return jax.lax.pmean(model_state, self.axis_name)
+
+    def reduce_logs(self, logs: Logs, /) -> Logs:
+        reduced = Logs()
+        for collection, entries in logs.items():
+            if collection == "outputs":
+                reduced[collection] = entries
+            else:
+                reduced[collection] = Entries(jax.tree.map(self._mean, dict(entries)))
+        return reduced
+
+    def _mean(self, value: jax.Array) -> jax.Array:
+        return jax.lax.pmean(value, self.axis_name) if jnp.issubdtype(value.dtype, jnp.inexact) else value
+
+    def reduce_metric(self, metric: M, /) -> M:
+        gathered = jax.lax.all_gather(metric, self.axis_name)
+        return gathered.reduce()
+
+
+def _split_rows(leaf: Any, devices: int) -> Any:
+    shape = np.shape(leaf)
+    if not shape:
+        return np.broadcast_to(leaf, (devices,))
+    if shape[0] % devices:
+        raise ValueError(f"{shape[0]} rows do not split over {devices} devices")
+    rows = (devices, shape[0] // devices, *shape[1:])
+    return leaf.reshape(rows) if isinstance(leaf, (jax.Array, np.ndarray)) else np.reshape(leaf, rows)
+
+
+def _concat_rows(value: jax.Array) -> jax.Array:
+    return value.reshape((-1, *value.shape[2:])) if value.ndim >= 2 else value
+
+
+def _first(value: jax.Array) -> jax.Array:
+    return value[0]

@@ -1,0 +1,102 @@
+"""Strategies by name: the built-in table and `register_strategy` / `get_strategy`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import overload
+
+from ciclo._src.strategies._local import JIT, Eager
+from ciclo._src.strategies._pmap import PMap
+from ciclo._src.strategies._sharding import FSDP, DataParallel
+from ciclo._src.types import Strategy
+
+StrategyFactory = Callable[[], Strategy]
+"""Makes a strategy; called by `get_strategy` each time the name is asked for."""
+
+_BUILT_IN: dict[str, StrategyFactory] = {
+    "eager": Eager,
+    "jit": JIT,
+    "jit_donate": lambda: JIT(donate=True),
+    "data_parallel": DataParallel,
+    "fsdp": FSDP,
+    "pmap": PMap,
+}
+_registered: dict[str, StrategyFactory] = {}
+
+
+def strategy_names() -> list[str]:
+    """The names `get_strategy` accepts, built-in and registered, sorted.
+
+    Example:
+        >>> import ciclo
+        >>> {"eager", "jit", "jit_donate", "data_parallel", "fsdp", "pmap"} <= set(ciclo.strategy_names())
+        True
+    """
+    return sorted({*_BUILT_IN, *_registered})
+
+
+@overload
+def register_strategy(name: str) -> Callable[[StrategyFactory], StrategyFactory]: ...
+
+
+@overload
+def register_strategy(name: str, factory: StrategyFactory) -> StrategyFactory: ...
+
+
+def register_strategy(
+    name: str, factory: StrategyFactory | None = None
+) -> StrategyFactory | Callable[[StrategyFactory], StrategyFactory]:
+    """Makes `get_strategy(name)` (and `strategy=name` everywhere) return `factory()`.
+
+    Use it as a function or as a class decorator. A name can be taken once.
+
+    Args:
+        name: the strategy's name; `-` and `_` are the same in names.
+        factory: a zero-argument callable returning the strategy, e.g. its class.
+
+    Raises:
+        ValueError: if the name is already taken.
+
+    Example:
+        >>> import ciclo
+        >>> from ciclo.strategies import DataParallel
+        >>> factory = ciclo.register_strategy("dp_donate", lambda: DataParallel(donate=True))
+        >>> ciclo.get_strategy("dp_donate")
+        DataParallel(axis_name='data', donate=True)
+    """
+    key = _key(name)
+
+    def register(factory: StrategyFactory) -> StrategyFactory:
+        if key in _BUILT_IN or key in _registered:
+            raise ValueError(f"a strategy named {name!r} is already registered")
+        _registered[key] = factory
+        return factory
+
+    return register if factory is None else register(factory)
+
+
+def get_strategy(strategy: str | Strategy) -> Strategy:
+    """The strategy with this name; a strategy object is returned as is.
+
+    Names: `eager`, `jit`, `jit_donate`, `data_parallel`, `fsdp`, `pmap`, and
+    any registered with `register_strategy`. `data-parallel` is `data_parallel`.
+
+    Raises:
+        ValueError: for an unknown name, listing the known ones.
+
+    Example:
+        >>> import ciclo
+        >>> ciclo.get_strategy("data-parallel") == ciclo.get_strategy("data_parallel")
+        True
+    """
+    if not isinstance(strategy, str):
+        return strategy
+    key = _key(strategy)
+    factory = _BUILT_IN.get(key) or _registered.get(key)
+    if factory is None:
+        raise ValueError(f"unknown strategy {strategy!r}; known strategies: {', '.join(strategy_names())}")
+    return factory()
+
+
+def _key(name: str) -> str:
+    return name.replace("-", "_")

@@ -1,0 +1,184 @@
+"""`data_parallel` and `fsdp`: one program over a device mesh, partitioned by the compiler.
+
+Both build a one-axis `Mesh` over every device of every process, shard each
+batch's leading axis over it and let XLA insert the gradient all-reduce. The
+user's state keeps its own shapes: there is no leading device axis. Under
+`jax.distributed` each process feeds its own part of the global batch.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import functools
+import math
+from typing import Any, TypeVar, final
+
+import jax
+import numpy as np
+from jax.experimental import multihost_utils
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
+
+from ciclo._src.logs import Entries, Logs
+from ciclo._src.strategies._placement import check_divisible, check_placeable, gather, place, unaliased
+from ciclo._src.types import StepFn
+
+T = TypeVar("T")
+
+
+class _MeshStrategy(abc.ABC):
+    """What `data_parallel` and `fsdp` share; they differ only in how the state is laid out."""
+
+    axis_name: str
+    donate: bool
+    name: str
+
+    @abc.abstractmethod
+    def state_spec(self, shape: tuple[int, ...], /) -> PartitionSpec:
+        """How a state leaf of this shape is laid out over the mesh's data axis."""
+
+    @functools.cached_property
+    def mesh(self) -> Mesh:
+        """All devices of all processes along one axis, `axis_name`."""
+        return jax.make_mesh((jax.device_count(),), (self.axis_name,), axis_types=(AxisType.Auto,))
+
+    @functools.cached_property
+    def _replicated(self) -> NamedSharding:
+        return NamedSharding(self.mesh, PartitionSpec())
+
+    @functools.cached_property
+    def _rows(self) -> NamedSharding:
+        return NamedSharding(self.mesh, PartitionSpec(self.axis_name))
+
+    def _state_sharding(self, shape: tuple[int, ...]) -> NamedSharding:
+        return NamedSharding(self.mesh, self.state_spec(shape))
+
+    def _batch_sharding(self, shape: tuple[int, ...]) -> NamedSharding:
+        return self._rows if shape else self._replicated
+
+    def from_host(self, state: T, /) -> T:
+        check_placeable(state, "state", self.name)
+        # A buffer can be donated once: copy arrays the state holds twice before placing them.
+        return place(unaliased(state) if self.donate else state, self._state_sharding)
+
+    def to_host(self, state: T, /) -> T:
+        return gather(state)
+
+    def lift_batch(self, batch: T, /) -> T:
+        try:
+            if jax.process_count() == 1:
+                try:
+                    # One call for the whole tree: the common case of array leaves only.
+                    return jax.device_put(batch, self._rows)
+                except ValueError:
+                    return place(batch, self._batch_sharding)
+            return jax.tree.map(self._lift_local, batch)
+        except ValueError:
+            check_divisible(batch, jax.local_device_count(), self.name)
+            raise
+
+    def _lift_local(self, leaf: Any) -> jax.Array:
+        if np.ndim(leaf):
+            return jax.make_array_from_process_local_data(self._rows, leaf)
+        return place(leaf, self._batch_sharding)
+
+    def compile(self, step: StepFn, /) -> StepFn:
+        def constrained(state: Any, batch: Any) -> tuple[Logs, Any]:
+            logs, state = step(state, batch)
+            shardings = jax.tree.map(lambda leaf: self._state_sharding(np.shape(leaf)), state)
+            return logs, jax.lax.with_sharding_constraint(state, shardings)
+
+        return jax.jit(constrained, donate_argnums=(0,) if self.donate else ())
+
+    def lower_logs(self, logs: Logs, /) -> Logs:
+        if jax.process_count() == 1 or "outputs" not in logs:
+            return logs
+        # Each process gets the rows of the outputs that belong to the batch it fed.
+        lowered = Logs(logs)
+        lowered["outputs"] = Entries(
+            multihost_utils.global_array_to_host_local_array(
+                logs["outputs"], self.mesh, PartitionSpec(self.axis_name)
+            )
+        )
+        return lowered
+
+    def reduce_grads(self, grads: T, /) -> T:
+        return grads
+
+    def reduce_model_state(self, model_state: T, /) -> T:
+        return model_state
+
+    def reduce_logs(self, logs: Logs, /) -> Logs:
+        return logs
+
+    def reduce_metric(self, metric: T, /) -> T:
+        return metric
+
+
+@final
+@dataclasses.dataclass(frozen=True)
+class DataParallel(_MeshStrategy):
+    """Data parallelism with `jax.jit` and `NamedSharding`: batch sharded, state replicated.
+
+    Every device holds the whole state; each gets `batch_size / device_count`
+    rows of every batch; the compiler sums the gradients and batch statistics
+    over devices. Runs multi-process under `jax.distributed.initialize`, each
+    process feeding its local rows (see the strategies guide).
+
+    Args:
+        axis_name: the name of the mesh's data axis.
+        donate: donate the input state's buffers to the output state.
+
+    Example:
+        >>> import ciclo, jax
+        >>> strategy = ciclo.get_strategy("data_parallel")
+        >>> strategy.mesh.shape == {"data": jax.device_count()}
+        True
+    """
+
+    axis_name: str = "data"
+    donate: bool = False
+    name = "data_parallel"
+
+    def state_spec(self, shape: tuple[int, ...], /) -> PartitionSpec:
+        return PartitionSpec()
+
+
+@final
+@dataclasses.dataclass(frozen=True)
+class FSDP(_MeshStrategy):
+    """Fully sharded data parallelism: `data_parallel` that also shards the state.
+
+    Each state leaf (parameters, their optimizer state, ...) with at least
+    `min_size` elements is split along its largest dimension divisible by the
+    device count; smaller leaves are replicated. The compiler gathers
+    parameters where the step needs them whole.
+
+    Args:
+        axis_name: the name of the mesh's data axis.
+        min_size: leaves with fewer elements stay replicated.
+        donate: donate the input state's buffers to the output state.
+
+    Example:
+        >>> import ciclo, jax
+        >>> from jax.sharding import PartitionSpec
+        >>> strategy = ciclo.get_strategy("fsdp")
+        >>> n = jax.device_count()
+        >>> strategy.state_spec((3, 512 * n)), strategy.state_spec((10,))
+        (P(None, 'data'), P())
+    """
+
+    axis_name: str = "data"
+    min_size: int = 1024
+    donate: bool = False
+    name = "fsdp"
+
+    def state_spec(self, shape: tuple[int, ...], /) -> PartitionSpec:
+        devices = self.mesh.size
+        if math.prod(shape) < self.min_size:
+            return PartitionSpec()
+        divisible = [dim for dim, size in enumerate(shape) if size % devices == 0]
+        if not divisible:
+            return PartitionSpec()
+        split = max(divisible, key=lambda dim: shape[dim])
+        return PartitionSpec(*(self.axis_name if dim == split else None for dim in range(len(shape))))

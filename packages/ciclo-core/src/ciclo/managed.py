@@ -1,0 +1,21 @@
+"""The managed API: steps that only compute losses; gradients, updates and strategy are ciclo's.
+
+Example:
+    >>> import ciclo, jax.numpy as jnp, optax
+    >>> from ciclo import managed
+    >>> state = managed.ManagedState.create(params=jnp.zeros(()), tx=optax.sgd(0.5), strategy="jit")
+    >>> @managed.train_step
+    ... def train_step(state, batch):
+    ...     return ciclo.logs().add_loss("loss", (state.params - batch) ** 2), state
+    >>> logs, state = train_step(state, jnp.array(1.0))
+    >>> float(state.params)
+    1.0
+"""
+
+from ciclo._src.managed import MODEL_STATE_FIELDS as MODEL_STATE_FIELDS
+from ciclo._src.managed import ManagedState as ManagedState
+from ciclo._src.managed import ManagedStep as ManagedStep
+from ciclo._src.managed import step as step
+from ciclo._src.managed import train_step as train_step
+
+__all__ = ["MODEL_STATE_FIELDS", "ManagedState", "ManagedStep", "step", "train_step"]

@@ -1,0 +1,76 @@
+"""Strategies by name: the table of built-ins, registration, and the errors."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from conftest import STRATEGIES
+
+import ciclo
+from ciclo._src.strategies import _registry
+from ciclo.strategies import FSDP, JIT, DataParallel, Eager, PMap
+
+_: ciclo.Strategy
+_ = Eager()
+_ = JIT()
+_ = DataParallel()
+_ = FSDP()
+_ = PMap()
+
+PROTOCOL = [
+    name
+    for name in vars(ciclo.Strategy)
+    if not name.startswith("_") and callable(getattr(ciclo.Strategy, name))
+]
+
+
+@pytest.fixture
+def clean_registry(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.setattr(_registry, "_registered", {})
+    yield
+
+
+def test_every_built_in_strategy_is_under_test(clean_registry: None) -> None:
+    assert ciclo.strategy_names() == sorted(STRATEGIES)
+
+
+def test_built_ins_implement_the_whole_protocol(strategy: str) -> None:
+    instance = ciclo.get_strategy(strategy)
+    assert len(PROTOCOL) == 9
+    for method in PROTOCOL:
+        assert callable(getattr(instance, method)), method
+    assert hash(instance) == hash(ciclo.get_strategy(strategy))
+
+
+def test_names_with_dashes_and_objects_resolve() -> None:
+    assert ciclo.get_strategy("data-parallel") == DataParallel()
+    assert ciclo.get_strategy("jit_donate") == JIT(donate=True)
+    fsdp = FSDP(min_size=8)
+    assert ciclo.get_strategy(fsdp) is fsdp
+
+
+def test_unknown_names_list_the_known_ones() -> None:
+    with pytest.raises(
+        ValueError, match="unknown strategy 'tpu'; known strategies: data_parallel, eager, fsdp"
+    ):
+        ciclo.get_strategy("tpu")
+
+
+def test_register_as_function_and_decorator(clean_registry: None) -> None:
+    factory = ciclo.register_strategy("fsdp_small", lambda: FSDP(min_size=16))
+    assert ciclo.get_strategy("fsdp-small") == FSDP(min_size=16) == factory()
+
+    @ciclo.register_strategy("jit2")
+    def make() -> ciclo.Strategy:
+        return JIT(donate=True)
+
+    assert ciclo.get_strategy("jit2") == JIT(donate=True)
+    assert ciclo.strategy_names() == sorted([*STRATEGIES, "fsdp_small", "jit2"])
+
+
+@pytest.mark.parametrize("name", ["jit", "data-parallel", "mine"])
+def test_a_name_is_taken_once(clean_registry: None, name: str) -> None:
+    ciclo.register_strategy("mine", Eager)
+    with pytest.raises(ValueError, match="is already registered"):
+        ciclo.register_strategy(name, Eager)

@@ -1,0 +1,241 @@
+"""The managed API under every strategy: same parameters as a hand-written loop, clear errors."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import jax_metrics
+import numpy as np
+import optax
+import pytest
+from conftest import STRATEGIES
+from support import training
+
+import ciclo
+from ciclo import managed
+
+
+@pytest.mark.parametrize("model", list(training.MODELS))
+def test_train_step_matches_a_hand_written_loop(strategy: str, model: str) -> None:
+    data = training.batches()
+    state = training.managed_state(model, strategy)
+    losses = []
+    for batch in data:
+        logs, state = training.train_step(state, batch)
+        losses.append(float(logs.losses.mse))
+
+    assert state.strategy == ciclo.get_strategy(strategy)
+    assert int(state.with_strategy("eager").step) == training.STEPS
+    params = state.with_strategy("eager").params
+    training.assert_trees_close(params, training.reference_params(model, data))
+    assert np.mean(losses[-5:]) < np.mean(losses[:5])
+
+
+def test_step_lowers_logs_per_collection(strategy: str) -> None:
+    state = training.managed_state("mlp", strategy)
+    x, y = training.batches(1)[0]
+    logs, state = training.eval_step(state, (x, y))
+
+    host = state.with_strategy("eager")
+    preds = training.apply_mlp(host.params, x)
+    assert logs.outputs.preds.shape == (training.BATCH, 1)
+    np.testing.assert_allclose(logs.outputs.preds, preds, rtol=1e-5, atol=1e-6)
+    assert np.shape(logs.metrics.mse) == ()
+    np.testing.assert_allclose(logs.metrics.mse, jnp.mean((preds - y) ** 2), rtol=1e-5)
+
+
+class Counted(managed.ManagedState):
+    """A state whose step counts examples in a batch-statistics field and a stateful metric."""
+
+    batch_stats: jax.Array
+    mean_target: ciclo.metrics.Mean
+
+
+@managed.train_step
+def counted_step(state: Counted, batch: Any) -> tuple[ciclo.Logs, Counted]:
+    x, y = batch
+    loss = jnp.mean((x @ state.params - y[:, 0]) ** 2)
+    # Per-device batch means differ under pmap; synchronisation must make them global.
+    state = state.replace(batch_stats=0.5 * state.batch_stats + 0.5 * jnp.mean(x, axis=0))
+    state = state.replace(mean_target=state.mean_target.update(target=y))
+    return ciclo.logs().add_loss("loss", loss).add_metric("mean_target", state.mean_target), state
+
+
+def test_model_state_and_metrics_are_global(strategy: str) -> None:
+    data = training.batches(3)
+    state = Counted.create(
+        params=jnp.zeros(training.FEATURES),
+        tx=optax.sgd(0.01),
+        batch_stats=jnp.zeros(training.FEATURES),
+        mean_target=ciclo.metrics.Mean(lambda target: target),
+        strategy=strategy,
+    )
+    for batch in data:
+        logs, state = counted_step(state, batch)
+
+    host = state.with_strategy("eager")
+    expected_stats = np.zeros(training.FEATURES)
+    for x, _ in data:
+        expected_stats = 0.5 * expected_stats + 0.5 * x.mean(axis=0)
+    np.testing.assert_allclose(host.batch_stats, expected_stats, rtol=1e-5, atol=1e-6)
+    all_targets = np.concatenate([y for _, y in data])
+    np.testing.assert_allclose(logs.metrics.mean_target, all_targets.mean(), rtol=1e-5)
+    if strategy != "pmap":  # under pmap each device's copy counts only its own rows
+        np.testing.assert_allclose(host.mean_target.compute(), all_targets.mean(), rtol=1e-5)
+        assert float(host.mean_target.count) == all_targets.size
+
+
+def test_compiles_once_per_strategy(strategy: str) -> None:
+    traces = []
+
+    @managed.train_step
+    def step(state: managed.ManagedState, batch: Any) -> ciclo.Logs:
+        traces.append(1)
+        x, y = batch
+        return ciclo.logs().add_loss("loss", jnp.mean((x @ state.params - y[:, 0]) ** 2))
+
+    state = managed.ManagedState.create(
+        params=jnp.zeros(training.FEATURES), tx=optax.sgd(0.1), strategy=strategy
+    )
+    for batch in training.batches(4):
+        _, state = step(state, batch)
+    assert len(traces) == (4 if strategy == "eager" else 1)
+
+
+def test_decorator_strategy_applies_to_states_without_one() -> None:
+    traces: list[Any] = []
+
+    @managed.step(strategy="eager")
+    def count(state: dict[str, Any], batch: jax.Array) -> tuple[ciclo.Logs, dict[str, Any]]:
+        traces.append(type(batch))
+        return ciclo.logs().add_metric("n", batch.sum()), {"n": state["n"] + batch.sum()}
+
+    state = {"n": jnp.zeros(())}
+    for _ in range(2):
+        logs, state = count(state, jnp.ones(3))
+    assert float(state["n"]) == 6.0 and float(logs.metrics.n) == 3.0
+    assert len(traces) == 2 and repr(count) == "managed.step(count)"
+
+
+def test_a_state_field_overrides_the_decorator_strategy() -> None:
+    step = managed.train_step(lambda state, batch: ciclo.logs().add_loss("l", state.params**2), "eager")
+    state = managed.ManagedState.create(params=jnp.ones(()), tx=optax.sgd(0.25), strategy="jit")
+    _, state = step(state, None)
+    assert list(step._compiled) == [ciclo.get_strategy("jit")]
+    assert float(state.params) == 0.5
+
+
+class WithMethods(managed.ManagedState):
+    @managed.train_step
+    def train_step(self, batch: Any) -> ciclo.Logs:
+        x, y = batch
+        return ciclo.logs().add_loss("loss", jnp.mean((x @ self.params - y[:, 0]) ** 2))
+
+    @managed.step
+    def test_step(self, batch: Any) -> ciclo.Logs:
+        x, y = batch
+        return ciclo.logs().add_metric("loss", jnp.mean((x @ self.params - y[:, 0]) ** 2))
+
+
+def test_steps_bind_as_methods_and_plug_into_train_loop() -> None:
+    state = WithMethods.create(params=jnp.zeros(training.FEATURES), tx=optax.adam(1e-2))
+    logs, stepped = state.train_step(training.batches(1)[0])
+    assert int(stepped.step) == 1 and "loss" in logs.losses
+
+    state, history, elapsed = ciclo.train_loop(
+        state,
+        training.batches(40),
+        test_dataset=lambda: training.batches(2, seed=1),
+        epoch_duration=10,
+        stop=40,
+    )
+    assert elapsed.steps == 40 and int(state.step) == 40
+    train_losses = history.collect("losses.loss")
+    assert len(train_losses) == 40 and train_losses[-1] < train_losses[0]
+    assert len(history.collect("loss_test")) == 4
+
+
+def test_donating_strategy_consumes_the_input_state() -> None:
+    state = training.managed_state("linear", "jit_donate")
+    _, new_state = training.train_step(state, training.batches(1)[0])
+    assert state.params["w"].is_deleted()
+    assert not new_state.params["w"].is_deleted()
+
+
+@pytest.mark.parametrize(
+    ("returned", "message"),
+    [
+        (lambda state: ciclo.logs().add_metric("m", 1.0), r"logged no losses \(collections: \['metrics'\]\)"),
+        (lambda state: None, r"logged no losses \(collections: \[\]\)"),
+        (lambda state: {"losses": {}}, "logged no losses"),
+        (lambda state: ciclo.logs().add_loss("xent", state.params), r"loss 'xent' has shape \(3,\)"),
+        (lambda state: (ciclo.logs(), state, 1), "returns \\(logs, state\\), logs or None"),
+    ],
+)
+def test_train_step_errors_name_the_problem(returned: Any, message: str) -> None:
+    step = managed.train_step(lambda state, batch: returned(state))
+    state = managed.ManagedState.create(params=jnp.ones(3), tx=optax.sgd(0.1))
+    with pytest.raises((ValueError, TypeError), match=message):
+        step(state, None)
+
+
+def test_train_step_needs_a_trainable_state() -> None:
+    step = managed.train_step(lambda state, batch: ciclo.logs().add_loss("l", 0.0))
+    with pytest.raises(TypeError, match="dict has no params, apply_gradients, replace"):
+        step({"w": jnp.ones(2)}, None)
+
+
+def test_subclasses_are_frozen_keyword_only_pytrees() -> None:
+    class State(managed.ManagedState):
+        key: jax.Array
+        note: str = dataclasses.field(default="x", metadata={"static": True})
+
+    state = State.create(params=jnp.zeros(2), tx=optax.sgd(0.1), key=jax.random.key(1), strategy="eager")
+    assert dataclasses.is_dataclass(state)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        state.note = "y"  # type: ignore[misc]
+    leaves, treedef = jax.tree.flatten(state)
+    assert len(leaves) == 3  # step, params, key (sgd keeps an empty optimizer state)
+    assert jax.tree.unflatten(treedef, leaves).note == "x"
+    with pytest.raises(TypeError):
+        State(step=jnp.zeros(()), params=0, opt_state=(), tx=optax.sgd(0.1))  # type: ignore[call-arg]
+
+
+class Scored(managed.ManagedState):
+    accuracy: Any
+    plain_accuracy: ciclo.metrics.Mean
+
+
+@managed.step
+def score_step(state: Scored, batch: Any) -> tuple[ciclo.Logs, Scored]:
+    logits, target = batch
+    state = state.replace(
+        accuracy=state.accuracy.update(preds=logits, target=target),
+        plain_accuracy=state.plain_accuracy.update(preds=logits, target=target),
+    )
+    return ciclo.logs().add_metrics(accuracy=state.accuracy, plain_accuracy=state.plain_accuracy), state
+
+
+# pmap combines the devices' copies with `reduce`, which jax_metrics 0.2.5 implements with
+# `jax.tree_map`, removed in JAX 0.6: jax_metrics runs under every other strategy.
+@pytest.mark.parametrize("strategy", [name for name in STRATEGIES if name != "pmap"])
+def test_jax_metrics_and_plain_callables_agree(strategy: str) -> None:
+    state = Scored.create(
+        params=jnp.zeros(()),
+        tx=optax.sgd(0.1),
+        accuracy=jax_metrics.metrics.Accuracy(),
+        plain_accuracy=ciclo.metrics.Mean(lambda preds, target: preds.argmax(-1) == target),
+        strategy=strategy,
+    )
+    rng = np.random.default_rng(0)
+    correct = []
+    for _ in range(3):
+        logits = rng.normal(size=(8, 5)).astype(np.float32)
+        target = rng.integers(0, 5, size=8)
+        logs, state = score_step(state, (logits, target))
+        correct.extend(logits.argmax(-1) == target)
+    np.testing.assert_allclose(logs.metrics.accuracy, np.mean(correct), rtol=1e-6)
+    np.testing.assert_allclose(logs.metrics.plain_accuracy, np.mean(correct), rtol=1e-6)
