@@ -10,7 +10,7 @@ import nox
 
 nox.options.default_venv_backend = "venv"
 nox.options.error_on_missing_interpreters = True
-nox.options.sessions = ["lint", "typecheck", "tests(core)"]
+nox.options.sessions = ["lint", "typecheck", "tests(core)", "multidevice"]
 
 PYPROJECT = nox.project.load_toml("pyproject.toml")
 CORE = "./packages/ciclo-core[tqdm]"
@@ -19,6 +19,9 @@ CORE = "./packages/ciclo-core[tqdm]"
 FRAMEWORKS: dict[str, tuple[list[str], list[str]]] = {
     "core": ([], ["tests/core"]),
 }
+
+
+MULTIDEVICE_COUNT = 4
 
 
 def _group(name: str) -> list[str]:
@@ -42,6 +45,20 @@ def tests(session: nox.Session, framework: str) -> None:
         "--cov-fail-under=90",
         *session.posargs,
         env={"CICLO_TEST_FRAMEWORK": framework},
+    )
+
+
+@nox.session
+def multidevice(session: nox.Session) -> None:
+    """Strategy and managed-API tests on 4 CPU devices, and a 2-process `jax.distributed` run."""
+    session.install(CORE, *_group("test"))
+    session.run(
+        "pytest",
+        "tests/core/strategies",
+        "tests/core/test_managed.py",
+        "tests/multidevice",
+        *session.posargs,
+        env={"XLA_FLAGS": f"--xla_force_host_platform_device_count={MULTIDEVICE_COUNT}"},
     )
 
 

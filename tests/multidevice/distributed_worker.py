@@ -1,0 +1,52 @@
+"""One process of the 2-process `jax.distributed` test: trains, then saves what it ended with.
+
+Usage: python distributed_worker.py PROCESS_ID PORT STRATEGY MODEL OUT_NPZ
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+
+import jax  # noqa: E402
+
+jax.config.update("jax_cpu_collectives_implementation", "gloo")
+
+
+def main(process_id: int, port: int, strategy: str, model: str, out: str) -> None:
+    jax.distributed.initialize(
+        coordinator_address=f"127.0.0.1:{port}",
+        num_processes=2,
+        process_id=process_id,
+        initialization_timeout=120,
+    )
+    import numpy as np
+    from support import training
+
+    assert jax.process_count() == 2 and jax.device_count() == 4 and jax.local_device_count() == 2
+
+    rows = slice(process_id * training.BATCH // 2, (process_id + 1) * training.BATCH // 2)
+    state = training.managed_state(model, strategy)
+    for x, y in training.batches():
+        # Each process feeds only its own rows of the global batch.
+        logs, state = training.train_step(state, (x[rows], y[rows]))
+    x, y = training.batches(1, seed=1)[0]
+    eval_logs, state = training.eval_step(state, (x[rows], y[rows]))
+
+    params = state.with_strategy("eager").params
+    leaves = {f"param_{i}": np.asarray(leaf) for i, leaf in enumerate(jax.tree.leaves(params))}
+    np.savez(
+        out,
+        **leaves,
+        loss=float(logs.losses.mse),
+        preds=np.asarray(eval_logs.outputs.preds),
+        sharded=[str(leaf.sharding.spec) for leaf in jax.tree.leaves(state.params)],
+    )
+    jax.distributed.shutdown()
+
+
+if __name__ == "__main__":
+    pid, port, strategy, model, out = sys.argv[1:]
+    main(int(pid), int(port), strategy, model, out)
