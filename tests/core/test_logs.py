@@ -154,3 +154,29 @@ def test_history_commit_does_not_read_recent_values():
     for step in range(logs_module._LAG):
         history.commit(ciclo.Elapsed(step, 0, 0.0, 0.0), {"metrics": {"loss": Tripwire()}})
     assert len(history) == logs_module._LAG
+
+
+def test_history_copies_columns_of_scalars_to_python_numbers():
+    history = ciclo.history()
+    n = 3 * logs_module._LAG + 7
+    mesh = jax.make_mesh((1,), ("d",), axis_types=(jax.sharding.AxisType.Auto,))
+    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    for step in range(n):
+        logs = ciclo.logs().add_metrics(
+            loss=jnp.float32(step) / 2,
+            correct=jnp.int32(step),
+            best=jnp.bool_(step % 2),
+            # a column whose shape changes midway, and one whose sharding does: copied one by one
+            vector=jnp.ones(1 + step // logs_module._LAG),
+            placed=jax.device_put(jnp.float32(step), replicated) if step % 3 else jnp.float32(step),
+        )
+        if step % 5 == 0:
+            logs.add_output("extra", step)  # rows with another schema
+        history.commit(ciclo.Elapsed(step, 0, 0.0, 0.0), logs)
+    loss, correct, best, vector, placed = history.collect("loss", "correct", "best", "vector", "placed")
+    assert loss == [step / 2 for step in range(n)] and all(type(v) is float for v in loss)
+    assert correct == list(range(n)) and all(type(v) is int for v in correct)
+    assert best == [bool(step % 2) for step in range(n)] and all(type(v) is bool for v in best)
+    assert [v.shape for v in vector] == [(1 + step // logs_module._LAG,) for step in range(n)]
+    assert placed == [float(step) for step in range(n)]
+    assert history.collect("extra") == list(range(0, n, 5))

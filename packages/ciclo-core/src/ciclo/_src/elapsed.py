@@ -218,6 +218,11 @@ def leading_dim(batch: Any) -> int:
         >>> leading_dim({"x": np.zeros((32, 4)), "y": np.zeros(32)})
         32
     """
+    if type(batch) is tuple and batch:
+        # The usual `(inputs, targets)`: its first leaf is its first item when that is an array.
+        shape = getattr(batch[0], "shape", None)
+        if shape:
+            return int(shape[0])
     for leaf in jax.tree.leaves(batch):
         shape = getattr(leaf, "shape", None)
         if shape:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, NoReturn, overload
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from ciclo._src.elapsed import Elapsed
@@ -125,7 +127,7 @@ class Logs(dict[str, Entries]):
             {'metrics': {'a': 1, 'b': 2}}
         """
         for collection, entries in other.items():
-            if not isinstance(entries, Mapping):
+            if type(entries) is not Entries and not isinstance(entries, Mapping):
                 raise TypeError(
                     f"logs must map collection -> {{entry: value}}, but collection "
                     f"{collection!r} holds {entries!r}"
@@ -183,14 +185,78 @@ def logs() -> Logs:
     return Logs()
 
 
-def _flatten_logs(logs: LogsLike) -> tuple[tuple[tuple[str, str], ...], tuple[Any, ...]]:
-    paths: list[tuple[str, str]] = []
-    values: list[Any] = []
-    for collection, entries in logs.items():
-        for name, value in entries.items():
-            paths.append((collection, name))
-            values.append(value)
-    return tuple(paths), tuple(values)
+def _schema(logs: LogsLike) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """The collections and entry names of `logs`, cheap to build and to hash."""
+    return tuple([(collection, tuple(entries)) for collection, entries in logs.items()])
+
+
+def _paths_of(schema: tuple[tuple[str, tuple[str, ...]], ...]) -> tuple[tuple[str, str], ...]:
+    return tuple([(collection, name) for collection, names in schema for name in names])
+
+
+_CHUNK = 128
+"""Scalars copied to the host per dispatch: they are stacked on the device and copied at once."""
+
+
+@jax.jit
+def _stack(*scalars: jax.Array) -> jax.Array:
+    return jnp.stack(scalars)
+
+
+def _scalars_to_host(scalars: list[jax.Array]) -> list[Any]:
+    """Python numbers of same-dtype, same-sharding device scalars, `_CHUNK` per copy.
+
+    Copying one scalar costs more than a microsecond; one stacked copy of 128
+    costs about a third of that per scalar. Chunks are padded to one length, so
+    the stacking compiles once per dtype and sharding.
+    """
+    out: list[Any] = []
+    for start in range(0, len(scalars), _CHUNK):
+        chunk = scalars[start : start + _CHUNK]
+        if len(chunk) < _CHUNK // 4:
+            out.extend(scalar.item() for scalar in chunk)
+            continue
+        padded = chunk + [chunk[-1]] * (_CHUNK - len(chunk))
+        out.extend(np.asarray(_stack(*padded)).tolist()[: len(chunk)])
+    return out
+
+
+_ARRAY_TYPES = (type(jnp.zeros(())),)
+"""The concrete type of JAX arrays: `type(x) in` is much cheaper than `isinstance(x, jax.Array)`."""
+
+
+def _rows_to_host(
+    rows: list[tuple[Any, ...]], paths: list[tuple[tuple[str, str], ...]]
+) -> list[tuple[Any, ...]]:
+    """`rows` with every device array replaced by a Python number or a numpy array.
+
+    Rows with the same entries (the same `paths`) hold the same kind of value in
+    each column, so a column of device scalars is copied with a few stacked copies.
+    """
+    columns: defaultdict[tuple[tuple[str, str], ...], list[int]] = defaultdict(list)
+    for index, row_paths in enumerate(paths):
+        columns[row_paths].append(index)
+    out: list[list[Any]] = [list(row) for row in rows]
+    for indices in columns.values():
+        for column in range(len(rows[indices[0]])):
+            values = [rows[i][column] for i in indices]
+            for i, value in zip(indices, _column_to_host(values), strict=True):
+                out[i][column] = value
+    return [tuple(row) for row in out]
+
+
+def _column_to_host(values: list[Any]) -> list[Any]:
+    first = values[0]
+    if (
+        type(first) in _ARRAY_TYPES
+        and first.ndim == 0
+        and all(type(value) in _ARRAY_TYPES for value in values)
+    ):
+        try:
+            return _scalars_to_host(values)
+        except (TypeError, ValueError):
+            pass  # shapes, devices or shardings differ along the column: copy one by one
+    return [_to_host(value) for value in values]
 
 
 def _to_host(value: Any) -> Any:
@@ -231,14 +297,18 @@ class History(Sequence[Logs]):
         self._paths: list[tuple[tuple[str, str], ...]] = []
         self._values: list[tuple[Any, ...]] = []
         self._elapsed: list[tuple[int, int, float]] = []
-        self._interned: dict[tuple[tuple[str, str], ...], tuple[tuple[str, str], ...]] = {}
+        # schema (collections and names) -> the entry paths of rows with that schema, shared by the rows
+        self._interned: dict[tuple[tuple[str, tuple[str, ...]], ...], tuple[tuple[str, str], ...]] = {}
         self._on_host = 0  # rows before this index hold no device arrays
 
     def commit(self, elapsed: Elapsed, logs: LogsLike) -> None:
         """Appends `logs` as the entry for `elapsed`; does not wait on the device."""
-        paths, values = _flatten_logs(logs)
-        self._paths.append(self._interned.setdefault(paths, paths))
-        self._values.append(values)
+        schema = _schema(logs)
+        paths = self._interned.get(schema)
+        if paths is None:
+            paths = self._interned[schema] = _paths_of(schema)
+        self._paths.append(paths)
+        self._values.append(tuple([value for entries in logs.values() for value in entries.values()]))
         self._elapsed.append((elapsed.steps, elapsed.samples, elapsed.time))
         if len(self._values) - self._on_host >= 2 * _LAG:
             self._fetch(len(self._values) - _LAG)
@@ -255,7 +325,7 @@ class History(Sequence[Logs]):
                 for value in row:
                     if isinstance(value, jax.Array):
                         value.copy_to_host_async()
-        self._values[start:upto] = [tuple(_to_host(value) for value in row) for row in rows]
+        self._values[start:upto] = _rows_to_host(rows, self._paths[start:upto])
         self._on_host = upto
 
     def __len__(self) -> int:
@@ -325,7 +395,7 @@ class History(Sequence[Logs]):
                 column.append(elapsed[position] if from_elapsed else values[position])
         missing = [key for key, ok in zip(keys, found, strict=True) if not ok]
         if missing:
-            present = sorted({f"{c}.{n}" for paths in self._interned for c, n in paths})
+            present = sorted({f"{c}.{n}" for paths in self._interned.values() for c, n in paths})
             raise KeyError(
                 f"{missing[0]!r} appears in no history entry; present: {present} "
                 f"and the elapsed keys {list(ELAPSED_KEYS)}"
