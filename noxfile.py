@@ -56,6 +56,7 @@ def multidevice(session: nox.Session) -> None:
         "pytest",
         "tests/core/strategies",
         "tests/core/test_managed.py",
+        "tests/core/test_fused.py",
         "tests/multidevice",
         *session.posargs,
         env={"XLA_FLAGS": f"--xla_force_host_platform_device_count={MULTIDEVICE_COUNT}"},

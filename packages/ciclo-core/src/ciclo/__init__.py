@@ -31,6 +31,8 @@ from ciclo._src.elapsed import Elapsed as Elapsed
 from ciclo._src.elapsed import Period as Period
 from ciclo._src.elapsed import at as at
 from ciclo._src.elapsed import elapse as elapse
+from ciclo._src.fused import Fused as Fused
+from ciclo._src.fused import fuse as fuse
 from ciclo._src.logs import Entries as Entries
 from ciclo._src.logs import History as History
 from ciclo._src.logs import Logs as Logs
@@ -73,6 +75,8 @@ from ciclo._src.schedules import always as always
 from ciclo._src.schedules import every as every
 from ciclo._src.schedules import never as never
 from ciclo._src.schedules import piecewise as piecewise
+from ciclo._src.stacked import Stacked as Stacked
+from ciclo._src.stacked import stacked as stacked
 from ciclo._src.strategies._registry import get_strategy as get_strategy
 from ciclo._src.strategies._registry import register_strategy as register_strategy
 from ciclo._src.strategies._registry import strategy_names as strategy_names
@@ -94,6 +98,7 @@ __all__ = [
     "Elapsed",
     "Entries",
     "Every",
+    "Fused",
     "History",
     "InnerLoop",
     "KerasBar",
@@ -107,6 +112,7 @@ __all__ = [
     "Piecewise",
     "Schedule",
     "ScheduleBase",
+    "Stacked",
     "State",
     "Strategy",
     "TqdmBar",
@@ -118,6 +124,7 @@ __all__ = [
     "early_stopping",
     "elapse",
     "every",
+    "fuse",
     "get_strategy",
     "history",
     "inner_loop",
@@ -151,6 +158,7 @@ __all__ = [
     "register_strategy",
     "reset_step",
     "restore_checkpoint",
+    "stacked",
     "strategies",
     "strategy_names",
     "test_loop",

@@ -10,6 +10,8 @@ from typing import Any, TypeVar
 
 import jax
 
+from ciclo._src.stacked import Stacked
+
 B = TypeVar("B")
 
 BatchSizeFn = Callable[[Any], int]
@@ -256,9 +258,13 @@ class Clock:
         return Elapsed(self.steps, self.samples, _time.perf_counter() - self._origin, self.date_start)
 
     def advance(self, batch: Any) -> None:
-        """Counts one finished step over `batch`."""
-        self.steps += 1
-        self.samples += self.batch_size_fn(batch)
+        """Counts one finished step over `batch` (`batch.steps` steps for a `Stacked` batch)."""
+        if type(batch) is Stacked:
+            self.steps += batch.steps
+            self.samples += batch.samples
+        else:
+            self.steps += 1
+            self.samples += self.batch_size_fn(batch)
 
 
 def elapse(

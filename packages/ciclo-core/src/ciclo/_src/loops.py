@@ -18,6 +18,7 @@ from ciclo._src.elapsed import BatchSizeFn, Elapsed, Period, PeriodLike, leading
 from ciclo._src.logs import History
 from ciclo._src.loop import LoopState, _Callback, as_callback_list, end_hooks, loop, run_callbacks
 from ciclo._src.schedules import Every, every
+from ciclo._src.stacked import Stacked
 from ciclo._src.types import CallbackOutput, S, Tasks
 
 on_train_step: Final = "on_train_step"
@@ -144,12 +145,14 @@ class _AtEpochEnd:
         self._end_hooks = end_hooks([callbacks])
 
     def __loop_callback__(self, loop_state: LoopState[S]) -> CallbackOutput[S]:
-        before = loop_state.elapsed
-        # Counting the batch again costs a tree flatten per step: only when epochs are in samples.
-        samples = before.samples
-        if self.schedule.period.samples is not None:
-            samples += self.batch_size_fn(loop_state.batch)
-        after = Elapsed(before.steps + 1, samples, before.time, before.date_start)
+        before, batch = loop_state.elapsed, loop_state.batch
+        steps, samples = before.steps + 1, before.samples
+        if type(batch) is Stacked:
+            steps, samples = before.steps + batch.steps, before.samples + batch.samples
+        elif self.schedule.period.samples is not None:
+            # Counting the batch again costs a tree flatten per step: only when epochs are in samples.
+            samples += self.batch_size_fn(batch)
+        after = Elapsed(steps, samples, before.time, before.date_start)
         if self.schedule(after):
             run_callbacks(loop_state, self.callbacks)
         return {}, loop_state.state

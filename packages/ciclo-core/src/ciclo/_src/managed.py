@@ -18,8 +18,10 @@ import jax.numpy as jnp
 import optax
 from typing_extensions import Self, dataclass_transform
 
+from ciclo._src.fused import scan_steps
 from ciclo._src.logs import Entries, Logs
 from ciclo._src.metrics import Metric
+from ciclo._src.stacked import Stacked
 from ciclo._src.strategies._local import Eager
 from ciclo._src.strategies._registry import get_strategy
 from ciclo._src.types import Strategy
@@ -146,7 +148,7 @@ class ManagedStep(Generic[S]):
     like a method: `state.train_step(batch)`.
     """
 
-    __slots__ = ("__name__", "__wrapped__", "_cache", "_compiled", "_default", "_update")
+    __slots__ = ("__name__", "__wrapped__", "_cache", "_compiled", "_default", "_fused", "_update")
 
     def __init__(self, fn: StepBody, strategy: str | Strategy | None, *, update: bool) -> None:
         self.__wrapped__ = fn
@@ -154,6 +156,7 @@ class ManagedStep(Generic[S]):
         self._default = get_strategy(strategy if strategy is not None else "jit")
         self._update = update
         self._compiled: dict[Strategy, Callable[[Any, Any], tuple[Logs, Any]]] = {}
+        self._fused: dict[Strategy, Callable[[Any, Any], tuple[Logs, Any]]] = {}
         self._cache: tuple[Strategy | None, Callable[[Any, Any], tuple[Logs, Any]] | None] = (None, None)
 
     def __repr__(self) -> str:
@@ -170,22 +173,35 @@ class ManagedStep(Generic[S]):
         return self if instance is None else functools.partial(self, instance)
 
     def __call__(self, state: S, batch: Any) -> tuple[Logs, S]:
-        """Runs one step: `(logs, new_state)`."""
+        """Runs one step, or all steps of a `ciclo.Stacked` batch in one dispatch: `(logs, new_state)`."""
         strategy = getattr(state, "strategy", None) or self._default
+        if type(batch) is Stacked:
+            return self._call_fused(strategy, state, batch)
         last, compiled = self._cache
         if strategy is not last or compiled is None:
             compiled = self._compiled.get(strategy)
             if compiled is None:
                 if self._update:
                     _check_trainable(state)
-                compiled = strategy.compile(
-                    _train_body(self.__wrapped__, strategy)
-                    if self._update
-                    else _body(self.__wrapped__, strategy)
-                )
-                self._compiled[strategy] = compiled
+                compiled = self._compiled[strategy] = strategy.compile(self._body(strategy))
             self._cache = (strategy, compiled)
         logs, state = compiled(state, strategy.lift_batch(batch))
+        return strategy.lower_logs(logs), state
+
+    def _body(self, strategy: Strategy) -> Callable[[Any, Any], tuple[Logs, Any]]:
+        return _train_body(self.__wrapped__, strategy) if self._update else _body(self.__wrapped__, strategy)
+
+    def _call_fused(self, strategy: Strategy, state: S, batch: Stacked[Any]) -> tuple[Logs, S]:
+        lifted = strategy.lift_batch(batch)
+        compiled = self._fused.get(strategy)
+        if compiled is None:
+            if self._update:
+                _check_trainable(state)
+            body = self._body(strategy)
+            compiled = self._fused[strategy] = strategy.compile(
+                lambda state, stacked: scan_steps(body, state, stacked.batches)
+            )
+        logs, state = compiled(state, lifted)
         return strategy.lower_logs(logs), state
 
 

@@ -12,6 +12,7 @@ import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from ciclo._src.logs import Entries, Logs
+from ciclo._src.stacked import Stacked
 from ciclo._src.strategies._placement import check_divisible, check_placeable, gather
 from ciclo._src.types import StepFn
 
@@ -68,6 +69,11 @@ class PMap:
         return gather(jax.tree.map(lambda leaf: leaf[0], state))
 
     def lift_batch(self, batch: T, /) -> T:
+        if type(batch) is Stacked:
+            raise ValueError(
+                "strategy 'pmap' does not run fused steps (ciclo.stacked batches); use 'data_parallel', "
+                "which gives the same results and fuses"
+            )
         devices = jax.local_device_count()
         try:
             return jax.tree.map(lambda leaf: _split_rows(leaf, devices), batch)

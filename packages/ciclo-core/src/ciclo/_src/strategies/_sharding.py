@@ -12,7 +12,7 @@ import abc
 import dataclasses
 import functools
 import math
-from typing import Any, TypeVar, final
+from typing import Any, TypeVar, cast, final
 
 import jax
 import numpy as np
@@ -20,6 +20,7 @@ from jax.experimental import multihost_utils
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from ciclo._src.logs import Entries, Logs
+from ciclo._src.stacked import Stacked
 from ciclo._src.strategies._placement import check_divisible, check_placeable, gather, place, unaliased
 from ciclo._src.types import StepFn
 
@@ -53,9 +54,6 @@ class _MeshStrategy(abc.ABC):
     def _state_sharding(self, shape: tuple[int, ...]) -> NamedSharding:
         return NamedSharding(self.mesh, self.state_spec(shape))
 
-    def _batch_sharding(self, shape: tuple[int, ...]) -> NamedSharding:
-        return self._rows if shape else self._replicated
-
     def from_host(self, state: T, /) -> T:
         check_placeable(state, "state", self.name)
         # A buffer can be donated once: copy arrays the state holds twice before placing them.
@@ -65,22 +63,41 @@ class _MeshStrategy(abc.ABC):
         return gather(state)
 
     def lift_batch(self, batch: T, /) -> T:
+        if type(batch) is Stacked:
+            # Fused steps: the leading axis counts steps; rows are the second axis.
+            group = cast(Stacked[Any], batch)
+            lifted = self._lift(group.batches, self._stacked_rows, 1)
+            return cast(T, Stacked(lifted, steps=group.steps, samples=group.samples))
+        return self._lift(batch, self._rows, 0)
+
+    def _lift(self, batch: T, rows: NamedSharding, axis: int) -> T:
         try:
             if jax.process_count() == 1:
                 try:
                     # One call for the whole tree: the common case of array leaves only.
-                    return jax.device_put(batch, self._rows)
+                    return jax.device_put(batch, rows)
                 except ValueError:
-                    return place(batch, self._batch_sharding)
-            return jax.tree.map(self._lift_local, batch)
+                    return place(batch, lambda shape: rows if len(shape) > axis else self._replicated)
+            return jax.tree.map(lambda leaf: self._lift_local(leaf, rows, axis), batch)
         except ValueError:
-            check_divisible(batch, jax.local_device_count(), self.name)
+            check_divisible(
+                jax.tree.map(
+                    lambda leaf: np.moveaxis(np.asarray(leaf), axis, 0) if np.ndim(leaf) > axis else leaf,
+                    batch,
+                ),
+                jax.local_device_count(),
+                self.name,
+            )
             raise
 
-    def _lift_local(self, leaf: Any) -> jax.Array:
-        if np.ndim(leaf):
-            return jax.make_array_from_process_local_data(self._rows, leaf)
-        return place(leaf, self._batch_sharding)
+    def _lift_local(self, leaf: Any, rows: NamedSharding, axis: int) -> jax.Array:
+        if np.ndim(leaf) > axis:
+            return jax.make_array_from_process_local_data(rows, leaf)
+        return place(leaf, lambda shape: self._replicated)
+
+    @functools.cached_property
+    def _stacked_rows(self) -> NamedSharding:
+        return NamedSharding(self.mesh, PartitionSpec(None, self.axis_name))
 
     def compile(self, step: StepFn, /) -> StepFn:
         def constrained(state: Any, batch: Any) -> tuple[Logs, Any]:
