@@ -239,3 +239,12 @@ def test_jax_metrics_and_plain_callables_agree(strategy: str) -> None:
         correct.extend(logits.argmax(-1) == target)
     np.testing.assert_allclose(logs.metrics.accuracy, np.mean(correct), rtol=1e-6)
     np.testing.assert_allclose(logs.metrics.plain_accuracy, np.mean(correct), rtol=1e-6)
+
+
+def test_python_numbers_in_logs_pass_through_every_strategy(strategy: str) -> None:
+    step = managed.step(
+        lambda state, batch: ciclo.logs().add_metric("rows", batch.shape[0]).add_metric("half", 0.5)
+    )
+    state = managed.ManagedState.create(params=jnp.zeros(()), tx=optax.sgd(0.1), strategy=strategy)
+    logs, _ = step(state, np.ones((training.BATCH, 2), np.float32))
+    assert float(logs.metrics.half) == 0.5 and int(logs.metrics.rows) > 0

@@ -106,7 +106,8 @@ class PMap:
                 reduced[collection] = Entries(jax.tree.map(self._mean, dict(entries)))
         return reduced
 
-    def _mean(self, value: jax.Array) -> jax.Array:
+    def _mean(self, value: Any) -> jax.Array:
+        value = jnp.asarray(value)  # a step may log a Python number
         return jax.lax.pmean(value, self.axis_name) if jnp.issubdtype(value.dtype, jnp.inexact) else value
 
     def reduce_metric(self, metric: M, /) -> M:
