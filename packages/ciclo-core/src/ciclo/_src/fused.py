@@ -7,7 +7,7 @@ from typing import Any, Generic, TypeVar, final
 
 import jax
 
-from ciclo._src.logs import Entries, Logs
+from ciclo._src.logs import Logs, collapse_leading_axis
 from ciclo._src.stacked import Stacked
 
 S = TypeVar("S")
@@ -27,22 +27,7 @@ def scan_steps(step: StepFn, state: Any, batches: Any) -> tuple[Logs, Any]:
         return state, Logs(logs) if logs is not None else Logs()
 
     state, logs = jax.lax.scan(body, state, batches)
-    return aggregate(logs), state
-
-
-def aggregate(logs: Logs) -> Logs:
-    """One step's worth of logs from logs stacked over steps: the last values; outputs concatenated."""
-    out = Logs()
-    for collection, entries in logs.items():
-        if collection == "outputs":
-            out[collection] = Entries(jax.tree.map(_concat_steps, dict(entries)))
-        else:
-            out[collection] = Entries(jax.tree.map(lambda value: value[-1], dict(entries)))
-    return out
-
-
-def _concat_steps(value: jax.Array) -> jax.Array:
-    return value.reshape((-1, *value.shape[2:])) if value.ndim >= 2 else value
+    return collapse_leading_axis(logs, -1), state
 
 
 @final

@@ -174,6 +174,25 @@ def _entry_path(key: str, paths: set[tuple[str, str]] | frozenset[tuple[str, str
     return found[0] if found else None
 
 
+def collapse_leading_axis(logs: Logs, index: int) -> Logs:
+    """Logs whose values carry a leading axis (devices, fused steps) as one step's logs.
+
+    `outputs` are concatenated along that axis (`(n, rows, ...)` becomes
+    `(n * rows, ...)`); every other entry takes its value at `index`.
+    """
+    out = Logs()
+    for collection, entries in logs.items():
+        if collection == "outputs":
+            out[collection] = Entries({name: _merge_rows(value) for name, value in entries.items()})
+        else:
+            out[collection] = Entries({name: value[index] for name, value in entries.items()})
+    return out
+
+
+def _merge_rows(value: Any) -> Any:
+    return value.reshape((-1, *value.shape[2:])) if value.ndim >= 2 else value
+
+
 def logs() -> Logs:
     """Creates an empty `Logs`.
 

@@ -181,28 +181,28 @@ class ManagedStep(Generic[S]):
         if strategy is not last or compiled is None:
             compiled = self._compiled.get(strategy)
             if compiled is None:
-                if self._update:
-                    _check_trainable(state)
-                compiled = self._compiled[strategy] = strategy.compile(self._body(strategy))
+                compiled = self._compiled[strategy] = self._compile(strategy, state, fused=False)
             self._cache = (strategy, compiled)
         logs, state = compiled(state, strategy.lift_batch(batch))
         return strategy.lower_logs(logs), state
-
-    def _body(self, strategy: Strategy) -> Callable[[Any, Any], tuple[Logs, Any]]:
-        return _train_body(self.__wrapped__, strategy) if self._update else _body(self.__wrapped__, strategy)
 
     def _call_fused(self, strategy: Strategy, state: S, batch: Stacked[Any]) -> tuple[Logs, S]:
         lifted = strategy.lift_batch(batch)
         compiled = self._fused.get(strategy)
         if compiled is None:
-            if self._update:
-                _check_trainable(state)
-            body = self._body(strategy)
-            compiled = self._fused[strategy] = strategy.compile(
-                lambda state, stacked: scan_steps(body, state, stacked.batches)
-            )
+            compiled = self._fused[strategy] = self._compile(strategy, state, fused=True)
         logs, state = compiled(state, lifted)
         return strategy.lower_logs(logs), state
+
+    def _compile(
+        self, strategy: Strategy, state: Any, *, fused: bool
+    ) -> Callable[[Any, Any], tuple[Logs, Any]]:
+        if self._update:
+            _check_trainable(state)
+        body = _train_body(self.__wrapped__, strategy) if self._update else _body(self.__wrapped__, strategy)
+        if fused:
+            return strategy.compile(lambda state, stacked: scan_steps(body, state, stacked.batches))
+        return strategy.compile(body)
 
 
 @overload

@@ -8,13 +8,13 @@ from typing import TypeVar, final
 import jax
 
 from ciclo._src.logs import Logs
-from ciclo._src.strategies._placement import unaliased
+from ciclo._src.strategies._placement import GlobalView, unaliased
 from ciclo._src.types import StepFn
 
 T = TypeVar("T")
 
 
-class _OneDevice:
+class _OneDevice(GlobalView):
     """The parts of a single-device strategy: everything stays where it is."""
 
     __slots__ = ()
@@ -30,18 +30,6 @@ class _OneDevice:
 
     def lower_logs(self, logs: Logs, /) -> Logs:
         return logs
-
-    def reduce_grads(self, grads: T, /) -> T:
-        return grads
-
-    def reduce_model_state(self, model_state: T, /) -> T:
-        return model_state
-
-    def reduce_logs(self, logs: Logs, /) -> Logs:
-        return logs
-
-    def reduce_metric(self, metric: T, /) -> T:
-        return metric
 
 
 @final

@@ -10,7 +10,32 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import multihost_utils
 
+from ciclo._src.logs import Logs
+
 T = TypeVar("T")
+
+
+class GlobalView:
+    """The in-step methods of a strategy that compiles one program for all its devices.
+
+    There are no per-device values to combine inside the step: the compiler
+    inserts whatever collectives the global computation needs.
+    """
+
+    __slots__ = ()
+
+    def reduce_grads(self, grads: T, /) -> T:
+        return grads
+
+    def reduce_model_state(self, model_state: T, /) -> T:
+        return model_state
+
+    def reduce_logs(self, logs: Logs, /) -> Logs:
+        return logs
+
+    def reduce_metric(self, metric: T, /) -> T:
+        return metric
+
 
 _SCALARS = (bool, int, float, complex, np.generic)
 

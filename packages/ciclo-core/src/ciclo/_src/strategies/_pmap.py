@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
-from ciclo._src.logs import Entries, Logs
+from ciclo._src.logs import Entries, Logs, collapse_leading_axis
 from ciclo._src.stacked import Stacked
 from ciclo._src.strategies._placement import check_divisible, check_placeable, gather
 from ciclo._src.types import StepFn
@@ -85,11 +85,8 @@ class PMap:
         return jax.pmap(step, axis_name=self.axis_name, donate_argnums=(0,) if self.donate else ())
 
     def lower_logs(self, logs: Logs, /) -> Logs:
-        lowered = Logs()
-        for collection, entries in logs.items():
-            merge = _concat_rows if collection == "outputs" else _first
-            lowered[collection] = Entries({name: merge(value) for name, value in entries.items()})
-        return lowered
+        # Losses and metrics were averaged in the step: device 0 holds the common value.
+        return collapse_leading_axis(logs, 0)
 
     def reduce_grads(self, grads: T, /) -> T:
         return jax.lax.pmean(grads, self.axis_name)
@@ -123,11 +120,3 @@ def _split_rows(leaf: Any, devices: int) -> Any:
         raise ValueError(f"{shape[0]} rows do not split over {devices} devices")
     rows = (devices, shape[0] // devices, *shape[1:])
     return leaf.reshape(rows) if isinstance(leaf, (jax.Array, np.ndarray)) else np.reshape(leaf, rows)
-
-
-def _concat_rows(value: jax.Array) -> jax.Array:
-    return value.reshape((-1, *value.shape[2:])) if value.ndim >= 2 else value
-
-
-def _first(value: jax.Array) -> jax.Array:
-    return value[0]

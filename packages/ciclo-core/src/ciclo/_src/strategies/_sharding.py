@@ -21,13 +21,20 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from ciclo._src.logs import Entries, Logs
 from ciclo._src.stacked import Stacked
-from ciclo._src.strategies._placement import check_divisible, check_placeable, gather, place, unaliased
+from ciclo._src.strategies._placement import (
+    GlobalView,
+    check_divisible,
+    check_placeable,
+    gather,
+    place,
+    unaliased,
+)
 from ciclo._src.types import StepFn
 
 T = TypeVar("T")
 
 
-class _MeshStrategy(abc.ABC):
+class _MeshStrategy(GlobalView, abc.ABC):
     """What `data_parallel` and `fsdp` share; they differ only in how the state is laid out."""
 
     axis_name: str
@@ -42,6 +49,11 @@ class _MeshStrategy(abc.ABC):
     def mesh(self) -> Mesh:
         """All devices of all processes along one axis, `axis_name`."""
         return jax.make_mesh((jax.device_count(),), (self.axis_name,), axis_types=(AxisType.Auto,))
+
+    @functools.cached_property
+    def _multi_process(self) -> bool:
+        # Read once: the steps' hot path asks for every batch and every step's logs.
+        return jax.process_count() > 1
 
     @functools.cached_property
     def _replicated(self) -> NamedSharding:
@@ -72,7 +84,7 @@ class _MeshStrategy(abc.ABC):
 
     def _lift(self, batch: T, rows: NamedSharding, axis: int) -> T:
         try:
-            if jax.process_count() == 1:
+            if not self._multi_process:
                 try:
                     # One call for the whole tree: the common case of array leaves only.
                     return jax.device_put(batch, rows)
@@ -108,7 +120,7 @@ class _MeshStrategy(abc.ABC):
         return jax.jit(constrained, donate_argnums=(0,) if self.donate else ())
 
     def lower_logs(self, logs: Logs, /) -> Logs:
-        if jax.process_count() == 1 or "outputs" not in logs:
+        if not self._multi_process or "outputs" not in logs:
             return logs
         # Each process gets the rows of the outputs that belong to the batch it fed.
         lowered = Logs(logs)
@@ -118,18 +130,6 @@ class _MeshStrategy(abc.ABC):
             )
         )
         return lowered
-
-    def reduce_grads(self, grads: T, /) -> T:
-        return grads
-
-    def reduce_model_state(self, model_state: T, /) -> T:
-        return model_state
-
-    def reduce_logs(self, logs: Logs, /) -> Logs:
-        return logs
-
-    def reduce_metric(self, metric: T, /) -> T:
-        return metric
 
 
 @final
