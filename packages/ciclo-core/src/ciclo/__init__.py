@@ -10,10 +10,12 @@ Example:
 """
 
 from importlib.metadata import version as _version
+from typing import TYPE_CHECKING, Any
 
 from ciclo import managed as managed
 from ciclo import metrics as metrics
 from ciclo import strategies as strategies
+from ciclo._src import frameworks as _frameworks
 from ciclo._src.callbacks._checkpoint import Checkpoint as Checkpoint
 from ciclo._src.callbacks._checkpoint import checkpoint as checkpoint
 from ciclo._src.callbacks._checkpoint import restore_checkpoint as restore_checkpoint
@@ -66,6 +68,8 @@ from ciclo._src.loops import test_step as test_step
 from ciclo._src.loops import train_loop as train_loop
 from ciclo._src.loops import train_step as train_step
 from ciclo._src.metrics import Metric as Metric
+from ciclo._src.model_state import ModelState as ModelState
+from ciclo._src.model_state import create_model_state as create_model_state
 from ciclo._src.schedules import After as After
 from ciclo._src.schedules import Every as Every
 from ciclo._src.schedules import Piecewise as Piecewise
@@ -83,11 +87,30 @@ from ciclo._src.strategies._registry import strategy_names as strategy_names
 from ciclo._src.types import Batch as Batch
 from ciclo._src.types import CallbackOutput as CallbackOutput
 from ciclo._src.types import LoopCallback as LoopCallback
+from ciclo._src.types import ModelAdapter as ModelAdapter
 from ciclo._src.types import Schedule as Schedule
 from ciclo._src.types import State as State
 from ciclo._src.types import Strategy as Strategy
 
 __version__ = _version("ciclo-core")
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    # Provided by the adapter packages (ciclo-flax, ciclo-haiku, ciclo-equinox), found by entry point.
+    create_flax_state: Callable[..., ModelState]
+    create_haiku_state: Callable[..., ModelState]
+    create_equinox_state: Callable[..., ModelState]
+
+
+def __getattr__(name: str) -> Any:
+    """Resolves `ciclo.create_flax_state` and the other adapters' functions on first use."""
+    if name.startswith("__"):
+        raise AttributeError(f"module 'ciclo' has no attribute {name!r}")
+    value = _frameworks.resolve(name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "After",
@@ -107,6 +130,8 @@ __all__ = [
     "LoopCallback",
     "LoopState",
     "Metric",
+    "ModelAdapter",
+    "ModelState",
     "NoOp",
     "Period",
     "Piecewise",
@@ -121,6 +146,7 @@ __all__ = [
     "always",
     "at",
     "checkpoint",
+    "create_model_state",
     "early_stopping",
     "elapse",
     "every",

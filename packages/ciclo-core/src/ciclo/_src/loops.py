@@ -103,12 +103,20 @@ def _register_hooks(
     named: Named, state: Any, callbacks: Iterable[Any] | None, names: tuple[str, ...]
 ) -> None:
     """Adds the state's methods (first) and the callbacks' hooks (last) named in `names`."""
+    _register_callbacks(named, callbacks, names)
+    _register_state_methods(named, state, names)
+
+
+def _register_state_methods(named: Named, state: Any, names: tuple[str, ...]) -> None:
     state_type = type(state)
     for name in names:
         # The unbound method, so that the loop passes the *current* state as `self`.
         method = getattr(state_type, name, None)
         if method is not None and callable(method):
             named.setdefault(name, []).insert(0, method)
+
+
+def _register_callbacks(named: Named, callbacks: Iterable[Any] | None, names: tuple[str, ...]) -> None:
     if callbacks is None:
         return
     if not isinstance(callbacks, (list, tuple)):
@@ -255,7 +263,10 @@ def train_loop(
             `test_dataset()` is exhausted).
         test_name: suffix of the test entries (`accuracy_test`).
         inner_loop_kwargs: passed to `ciclo.inner_loop` for the test loop, e.g.
-            `{"aggregation": "last"}`.
+            `{"aggregation": "last"}`. Without an `aggregation` there, a state
+            class may set its own default as the class attribute
+            `test_aggregation` (`ciclo.ModelState` keeps the last value of its
+            running metrics).
         stop: stop after this period or number of steps.
         history: commit to this `History`.
         elapsed: resume counting from this `Elapsed`.
@@ -285,7 +296,10 @@ def train_loop(
     """
     names = tuple(dict.fromkeys(TRAIN_NAMES + TEST_NAMES))
     named, scheduled = _split_tasks(tasks, names, "train_loop")
-    _register_hooks(named, state, callbacks, names)
+    _register_callbacks(named, callbacks, names)
+    # Asked for explicitly; a state's own `reset_step` method only runs when there are epochs.
+    epoch_tasks = _get(named, reset_step, on_reset_step, on_epoch_end)
+    _register_state_methods(named, state, names)
     epoch = to_period(epoch_duration, name="epoch_duration")
     test_period = to_period(test_duration, name="test_duration")
     if test_dataset is not None and not callable(test_dataset):
@@ -293,7 +307,6 @@ def train_loop(
             f"test_dataset must be a zero-argument function returning the test batches, "
             f"e.g. `test_dataset=lambda: get_test_batches()`; got {test_dataset!r}"
         )
-    epoch_tasks = _get(named, reset_step, on_reset_step, on_epoch_end)
     if epoch is None and (test_dataset is not None or epoch_tasks):
         raise ValueError(
             "test_dataset, reset_step and on_epoch_end callbacks run at the end of each epoch: "
@@ -313,7 +326,8 @@ def train_loop(
         at_epoch_end = _get(named, reset_step, on_reset_step)
         if test_dataset is not None:
             make_test_dataset = test_dataset
-            kwargs: dict[str, Any] = {"aggregation": _DEFAULT_TEST_AGGREGATION, **(inner_loop_kwargs or {})}
+            aggregation = getattr(type(state), "test_aggregation", _DEFAULT_TEST_AGGREGATION)
+            kwargs: dict[str, Any] = {"aggregation": aggregation, **(inner_loop_kwargs or {})}
             at_epoch_end.append(
                 inner_loop(
                     test_name,

@@ -126,3 +126,41 @@ class Strategy(Protocol):
     def reduce_metric(self, metric: M, /) -> M:
         """Inside the step: merges the per-device copies of a stateful metric."""
         ...
+
+
+class ModelAdapter(Protocol):
+    """How a framework's model is initialised and applied: what an adapter package implements.
+
+    `ciclo.create_model_state` builds a training state from any adapter; the
+    framework packages (`ciclo-flax`, `ciclo-haiku`, `ciclo-equinox`) are
+    adapters plus a `create_*_state` function. An adapter is held as a static
+    field of the state, so it must be hashable: a frozen dataclass with
+    `eq=False`, or a plain class, compares by identity.
+
+    The adapter works on two pytrees of arrays: `params` (what the optimizer
+    trains) and `model_state` (what the model updates itself when it runs, such
+    as batch-norm statistics; `None` when it has none).
+    """
+
+    def init(self, key: Any, inputs: Any, /) -> tuple[Any, Any]:
+        """Creates `(params, model_state)` from a random key and sample inputs.
+
+        Frameworks whose models are built initialised (flax nnx, equinox) hand
+        their variables to `ciclo.create_model_state(variables=...)` instead,
+        and their `init` raises an error saying so.
+        """
+        ...
+
+    def apply(
+        self, params: Any, model_state: Any, inputs: Any, /, *, key: Any, training: bool
+    ) -> tuple[Any, Any]:
+        """Runs the model: `(outputs, new_model_state)`.
+
+        Args:
+            params: the trained parameters.
+            model_state: the model's own state, as `init` made it and `apply` last returned it.
+            inputs: a batch of inputs.
+            key: a fresh random key for this step (dropout, noise).
+            training: True in training steps (dropout on, statistics updated).
+        """
+        ...

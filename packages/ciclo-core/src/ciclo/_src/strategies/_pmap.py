@@ -92,7 +92,8 @@ class PMap:
         return jax.lax.pmean(grads, self.axis_name)
 
     def reduce_model_state(self, model_state: T, /) -> T:
-        return jax.lax.pmean(model_state, self.axis_name)
+        # Only floating-point statistics are averaged: counters and rng keys stay per device.
+        return jax.tree.map(self._mean, model_state)
 
     def reduce_logs(self, logs: Logs, /) -> Logs:
         reduced = Logs()
@@ -105,7 +106,9 @@ class PMap:
 
     def _mean(self, value: Any) -> jax.Array:
         value = jnp.asarray(value)  # a step may log a Python number
-        return jax.lax.pmean(value, self.axis_name) if jnp.issubdtype(value.dtype, jnp.inexact) else value
+        if jnp.issubdtype(value.dtype, jnp.inexact):
+            return jax.lax.pmean(value, self.axis_name)
+        return value
 
     def reduce_metric(self, metric: M, /) -> M:
         gathered = jax.lax.all_gather(metric, self.axis_name)

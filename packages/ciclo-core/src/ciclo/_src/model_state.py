@@ -1,0 +1,340 @@
+"""A managed state for any model: losses, metrics and the four steps the predefined loops call.
+
+The state knows nothing of frameworks: a `ModelAdapter` says how to `init` and
+`apply` the model, and the framework packages are adapters plus a
+`create_*_state` function. `ModelState` brings the rest, Keras style: the
+losses are summed and differentiated, metrics accumulate over an epoch, a
+fresh dropout key comes every step, the model's own state (batch statistics)
+is kept and synchronised across devices, and every step runs under the
+state's strategy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, ClassVar, cast, final
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from ciclo._src import managed as _managed
+from ciclo._src.logs import Logs
+from ciclo._src.managed import ManagedState
+from ciclo._src.metrics import Metric, as_metric, call_with_available
+from ciclo._src.types import ModelAdapter, Strategy
+
+_STATIC = {"static": True}
+
+BATCH_NAMES = ("preds", "target", "inputs", "batch", "logits", "labels", "params")
+"""The names losses and metrics may take as arguments (metrics also get `loss`)."""
+
+
+@final
+class NamedLosses(Mapping[str, Callable[..., Any]]):
+    """The loss functions of a `ModelState` by name; a static, hashable mapping.
+
+    It compares by identity, so that a state's compiled steps are reused for as
+    long as the state keeps the same losses, whatever the losses themselves are.
+
+    Example:
+        >>> losses = NamedLosses({"mse": lambda preds, target: (preds - target) ** 2})
+        >>> list(losses)
+        ['mse']
+    """
+
+    __slots__ = ("_losses",)
+
+    def __init__(self, losses: Mapping[str, Callable[..., Any]]) -> None:
+        self._losses = dict(losses)
+
+    def __getitem__(self, name: str) -> Callable[..., Any]:
+        return self._losses[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._losses)
+
+    def __len__(self) -> int:
+        return len(self._losses)
+
+    def __repr__(self) -> str:
+        return f"NamedLosses({self._losses!r})"
+
+    __eq__ = object.__eq__
+    __hash__ = object.__hash__
+
+
+BATCH_KEYS = (("inputs", "target"), ("image", "label"), ("x", "y"))
+"""The `(inputs, target)` key pairs a batch given as a mapping may use, in lookup order."""
+
+
+def split_batch(batch: Any) -> tuple[Any, Any]:
+    """Splits a batch into `(inputs, target)`; `target` is None when the batch has none.
+
+    A batch is `(inputs, target)`, `(inputs,)`, the inputs alone, or a mapping
+    with the keys `"inputs"`/`"target"`, `"image"`/`"label"` (TFDS style) or
+    `"x"`/`"y"`; the target key may be absent.
+
+    Raises:
+        KeyError: for a mapping with none of those input keys (the message lists its keys).
+        ValueError: for a tuple with more than two elements.
+
+    Example:
+        >>> split_batch(([1, 2], [0, 1]))
+        ([1, 2], [0, 1])
+        >>> split_batch({"image": [1, 2], "label": [0, 1]})
+        ([1, 2], [0, 1])
+        >>> split_batch({"inputs": [1, 2]})
+        ([1, 2], None)
+    """
+    if isinstance(batch, Mapping):
+        for inputs, target in BATCH_KEYS:
+            if inputs in batch:
+                return batch[inputs], batch.get(target)
+        pairs = ", ".join(f"{inputs!r}/{target!r}" for inputs, target in BATCH_KEYS)
+        raise KeyError(f"a batch given as a mapping needs the keys {pairs}; it has {sorted(batch)}")
+    if isinstance(batch, (tuple, list)):
+        if len(batch) > 2:
+            raise ValueError(
+                f"a batch tuple is (inputs, target) or (inputs,), got {len(batch)} elements; pass "
+                "several inputs as one pytree, e.g. ((x1, x2), target), or a dict with 'inputs' and 'target'"
+            )
+        return batch[0], (batch[1] if len(batch) == 2 else None)
+    return batch, None
+
+
+class ModelState(ManagedState):
+    """A training state for any model: `train_step`, `test_step`, `predict_step`, `reset_step`.
+
+    Make one with `ciclo.create_model_state(adapter, ...)`, or through a
+    framework package (`ciclo.create_flax_state`, ...). Its steps are methods,
+    so `ciclo.train_loop`, `test_loop` and `predict_loop` register them by
+    themselves.
+
+    Losses and metrics are called with the arguments they name, out of
+    `preds` (also as `logits`), `target` (also as `labels`), `inputs`, `batch`
+    and `params`; metrics may also take `loss`, the batch's total loss. A loss
+    that returns one value per sample is averaged. Plain functions used as
+    metrics become running means (`ciclo.metrics.Mean`), weighted by samples.
+
+    - `train_step` applies the model with `training=True` and a fresh key,
+      differentiates the sum of the losses, applies the optimizer, keeps the
+      model's new state (synchronised across devices) and updates the
+      metrics. It logs each loss of the batch and each metric's running value.
+    - `test_step` does the same without training, and updates the metrics.
+    - `predict_step` logs the model's outputs as the output `preds`.
+    - `reset_step` empties the metrics; the predefined loops call it at the
+      end of each epoch and before each test run, so the metrics logged are
+      those of the epoch, or of the whole test set, so far.
+
+    Attributes:
+        model_state: the model's own state (batch statistics), or None.
+        metrics: the running metrics by name (`ciclo.Metric`s).
+        key: the random key steps derive their keys from (folded with `step`).
+        adapter: the `ciclo.ModelAdapter` (static).
+        losses: the loss functions by name (static).
+        test_aggregation: how `train_loop`'s evaluation reduces the test steps'
+            logs: the mean of the per-batch losses, and the last (running) value
+            of the metrics.
+
+    Example:
+        >>> import ciclo, jax, jax.numpy as jnp, optax
+        >>> class Linear:  # a ModelAdapter for a linear model
+        ...     def init(self, key, inputs):
+        ...         return jnp.zeros(inputs.shape[-1]), None
+        ...     def apply(self, params, model_state, inputs, *, key, training):
+        ...         return inputs @ params, model_state
+        >>> state = ciclo.create_model_state(
+        ...     Linear(),
+        ...     inputs=jnp.ones((1, 2)),
+        ...     tx=optax.sgd(0.3),
+        ...     losses={"mse": lambda preds, target: (preds - target) ** 2},
+        ...     metrics={"mae": lambda preds, target: abs(preds - target)},
+        ... )
+        >>> batch = (jnp.array([[1.0, 0.0], [0.0, 1.0]]), jnp.array([2.0, -1.0]))
+        >>> for _ in range(30):
+        ...     logs, state = state.train_step(batch)
+        >>> round(float(logs.losses.mse), 4), state.params.round(2)
+        (0.0, Array([ 2., -1.], dtype=float32))
+    """
+
+    model_state: Any
+    metrics: dict[str, Metric]
+    key: jax.Array
+    adapter: ModelAdapter = dataclasses.field(metadata=_STATIC)
+    losses: NamedLosses = dataclasses.field(metadata=_STATIC)
+
+    test_aggregation: ClassVar[Mapping[str, str]] = {"losses": "mean", "metrics": "last"}
+
+    def step_key(self) -> jax.Array:
+        """The random key of the current step: `key` folded with `step`."""
+        return jax.random.fold_in(self.key, self.step)
+
+    def _run_model(self, batch: Any, *, training: bool) -> tuple[Logs, ModelState]:
+        inputs, target = split_batch(batch)
+        preds, model_state = self.adapter.apply(
+            self.params, self.model_state, inputs, key=self.step_key(), training=training
+        )
+        available: dict[str, Any] = {
+            "preds": preds,
+            "logits": preds,
+            "inputs": inputs,
+            "batch": batch,
+            "params": self.params,
+        }
+        if target is not None:
+            available["target"] = available["labels"] = target
+        logs = Logs()
+        total = jnp.zeros((), jnp.float32)
+        for name, fn in self.losses.items():
+            value = jnp.mean(call_with_available(fn, **available))
+            logs.add_loss(name, value)
+            total = total + value
+        metrics = {
+            name: call_with_available(metric.update, **available, loss=total)
+            for name, metric in self.metrics.items()
+        }
+        for name, metric in metrics.items():
+            logs.add_metric(name, metric)
+        return logs, self.replace(model_state=model_state, metrics=metrics)
+
+    def _train(self, batch: Any) -> tuple[Logs, ModelState]:
+        if not self.losses:
+            raise ValueError(
+                "this state has no losses to train on; create it with losses={'loss': fn}, e.g. "
+                "losses={'loss': optax.softmax_cross_entropy_with_integer_labels}"
+            )
+        return self._run_model(batch, training=True)
+
+    def _test(self, batch: Any) -> tuple[Logs, ModelState]:
+        return self._run_model(batch, training=False)
+
+    def _predict(self, batch: Any) -> tuple[Logs, ModelState]:
+        inputs, _ = split_batch(batch)
+        preds, _ = self.adapter.apply(
+            self.params, self.model_state, inputs, key=self.step_key(), training=False
+        )
+        return Logs().add_output("preds", preds), self
+
+    def _reset(self, batch: Any = None) -> tuple[None, ModelState]:
+        return None, self.replace(metrics={name: metric.reset() for name, metric in self.metrics.items()})
+
+    train_step = _managed.train_step(_train)
+    test_step = _managed.step(_test)
+    predict_step = _managed.step(_predict)
+    _reset_metrics = _managed.step(_reset)
+
+    def reset_step(self) -> ModelState:
+        """Returns the state with empty metrics, placed as before."""
+        _, state = self._reset_metrics(None)
+        return cast(ModelState, state)
+
+
+def _check_losses(losses: Mapping[str, Callable[..., Any]] | Callable[..., Any] | None) -> NamedLosses:
+    if losses is None:
+        return NamedLosses({})
+    if callable(losses) and not isinstance(losses, Mapping):
+        return NamedLosses({"loss": losses})
+    if not isinstance(losses, Mapping):
+        raise TypeError(f"losses must be a dict of name -> function (or one function), got {losses!r}")
+    for name, fn in losses.items():
+        if not isinstance(name, str) or not callable(fn):
+            raise TypeError(f"losses must map names to functions; entry {name!r} is {fn!r}")
+    return NamedLosses(losses)
+
+
+def _check_metrics(metrics: Mapping[str, Any] | None) -> dict[str, Metric]:
+    if metrics is None:
+        return {}
+    if not isinstance(metrics, Mapping):
+        raise TypeError(f"metrics must be a dict of name -> metric or function, got {metrics!r}")
+    checked: dict[str, Metric] = {}
+    for name, metric in metrics.items():
+        if not isinstance(name, str):
+            raise TypeError(f"metric names must be strings, got {name!r}")
+        try:
+            checked[name] = as_metric(metric).reset()
+        except TypeError as error:
+            raise TypeError(f"metric {name!r}: {error}") from None
+    return checked
+
+
+def _as_key(key: jax.Array | int) -> jax.Array:
+    if isinstance(key, int) and not isinstance(key, bool):
+        return jax.random.key(key)
+    if isinstance(key, jax.Array) and jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
+        return key
+    if isinstance(key, jax.Array) and key.shape == (2,) and key.dtype == jnp.uint32:
+        return cast(jax.Array, jax.random.wrap_key_data(key))
+    raise TypeError(f"key must be an int seed or a jax.random.key, got {key!r}")
+
+
+def create_model_state(
+    adapter: ModelAdapter,
+    *,
+    inputs: Any = None,
+    variables: tuple[Any, Any] | None = None,
+    tx: optax.GradientTransformation,
+    losses: Mapping[str, Callable[..., Any]] | Callable[..., Any] | None = None,
+    metrics: Mapping[str, Any] | None = None,
+    strategy: str | Strategy = "jit",
+    key: jax.Array | int = 0,
+) -> ModelState:
+    """Initialises a model through its adapter and returns its `ModelState`, placed for `strategy`.
+
+    Args:
+        adapter: how to initialise and apply the model (see `ciclo.ModelAdapter`).
+        inputs: sample inputs to initialise the model with (`adapter.init`), e.g.
+            `jnp.empty((1, 28, 28, 1))`.
+        variables: `(params, model_state)` of a model that is built initialised
+            (flax nnx, equinox), instead of `inputs`.
+        tx: the optax optimizer.
+        losses: `{name: fn}`, summed for training; one function is named `"loss"`.
+            Any callable taking some of `preds`, `target`, `inputs`, ... by name
+            (`optax` losses take `logits` and `labels`, which are given too).
+        metrics: `{name: metric}`: functions `(preds, target, ...) -> array`,
+            `ciclo.Metric`s such as `jax_metrics` metrics, or clu metrics.
+        strategy: a strategy or its name (see `ciclo.get_strategy`).
+        key: a seed or a `jax.random.key`; split into the initialisation key and
+            the state's `key`.
+
+    Raises:
+        TypeError: for losses or metrics of the wrong kind (naming the entry),
+            a `tx` that is not an optax optimizer, a bad key, or not exactly one
+            of `inputs` and `variables`.
+
+    Example:
+        >>> import ciclo, jax.numpy as jnp, optax
+        >>> class Scale:
+        ...     def init(self, key, inputs):
+        ...         return jnp.ones(()), None
+        ...     def apply(self, params, model_state, inputs, *, key, training):
+        ...         return params * inputs, model_state
+        >>> state = ciclo.create_model_state(Scale(), inputs=jnp.ones(3), tx=optax.sgd(0.1), strategy="eager")
+        >>> logs, _ = state.predict_step(jnp.arange(3.0))
+        >>> logs.outputs.preds
+        Array([0., 1., 2.], dtype=float32)
+    """
+    if not (hasattr(tx, "init") and hasattr(tx, "update")):
+        raise TypeError(f"tx must be an optax optimizer (e.g. optax.adam(1e-3)), got {tx!r}")
+    if (inputs is None) == (variables is None):
+        raise TypeError(
+            "create_model_state needs sample `inputs` to initialise the model with (e.g. "
+            "inputs=jnp.empty((1, 28, 28, 1))), or the `variables` of a model built initialised; "
+            + ("got neither" if inputs is None else "got both")
+        )
+    loss_fns = _check_losses(losses)
+    running = _check_metrics(metrics)
+    init_key, state_key = jax.random.split(_as_key(key))
+    params, model_state = adapter.init(init_key, inputs) if variables is None else variables
+    return ModelState.create(
+        params=params,
+        tx=tx,
+        strategy=strategy,
+        model_state=model_state,
+        metrics=running,
+        key=state_key,
+        adapter=adapter,
+        losses=loss_fns,
+    )
