@@ -1,0 +1,92 @@
+"""The `ModelAdapter` of flax linen modules: `params` trained, other collections kept as model state."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from typing import Any, final
+
+import flax.linen as nn
+import jax
+
+TRAINING_FLAGS = ("training", "train", "is_training", "deterministic")
+"""The `__call__` arguments that switch a module between training and evaluation, in lookup order.
+
+`deterministic` is passed as `not training`; the others as `training`.
+"""
+
+
+def training_flag(module: nn.Module) -> str | None:
+    """The name of the argument of `module.__call__` that says whether it is training, if any.
+
+    Example:
+        >>> import flax.linen as nn
+        >>> class Model(nn.Module):
+        ...     @nn.compact
+        ...     def __call__(self, x, *, deterministic: bool = True):
+        ...         return nn.Dropout(0.5, deterministic=deterministic)(x)
+        >>> training_flag(Model()), training_flag(nn.Dense(2))
+        ('deterministic', None)
+    """
+    parameters = inspect.signature(type(module).__call__).parameters
+    return next((name for name in TRAINING_FLAGS if name in parameters), None)
+
+
+@final
+@dataclasses.dataclass(frozen=True, eq=False)
+class LinenAdapter:
+    """Initialises and applies a linen module for `ciclo.ModelState`.
+
+    `params` is the `"params"` collection; every other collection the module
+    creates (`"batch_stats"`, ...) is the model state, updated in training
+    steps. The random key reaches the module as its `"dropout"` rng (and any
+    other rng it names in `rngs`). A module whose `__call__` takes `training`,
+    `train`, `is_training` or `deterministic` gets it set for each step.
+
+    Attributes:
+        module: the linen module.
+        rngs: the rng names the step key is passed as.
+
+    Example:
+        >>> import flax.linen as nn, jax, jax.numpy as jnp
+        >>> adapter = LinenAdapter(nn.Dense(3))
+        >>> params, model_state = adapter.init(jax.random.key(0), jnp.ones((1, 2)))
+        >>> inputs, key = jnp.ones((4, 2)), jax.random.key(1)
+        >>> outputs, _ = adapter.apply(params, model_state, inputs, key=key, training=True)
+        >>> outputs.shape, model_state
+        ((4, 3), None)
+    """
+
+    module: nn.Module
+    rngs: tuple[str, ...] = ("dropout",)
+
+    def _flag(self, training: bool) -> dict[str, Any]:
+        flag = training_flag(self.module)
+        if flag is None:
+            return {}
+        return {flag: (not training) if flag == "deterministic" else training}
+
+    def _rngs(self, key: jax.Array) -> dict[str, jax.Array]:
+        return {name: jax.random.fold_in(key, index) for index, name in enumerate(self.rngs)}
+
+    def init(self, key: jax.Array, inputs: Any, /) -> tuple[Any, Any]:
+        """Runs `module.init` in evaluation mode: `(params, other collections or None)`."""
+        params_key, rngs_key = jax.random.split(key)
+        variables = dict(
+            self.module.init({"params": params_key, **self._rngs(rngs_key)}, inputs, **self._flag(False))
+        )
+        params = variables.pop("params", {})
+        return params, (variables or None)
+
+    def apply(
+        self, params: Any, model_state: Any, inputs: Any, /, *, key: jax.Array, training: bool
+    ) -> tuple[Any, Any]:
+        """Runs `module.apply`; in training the model-state collections are mutable and returned."""
+        variables = {"params": params, **(model_state or {})}
+        flag = self._flag(training)
+        if training and model_state:
+            outputs, updates = self.module.apply(
+                variables, inputs, rngs=self._rngs(key), mutable=list(model_state), **flag
+            )
+            return outputs, {**model_state, **updates}
+        return self.module.apply(variables, inputs, rngs=self._rngs(key), **flag), model_state

@@ -1,0 +1,88 @@
+"""`create_flax_state`: a `ciclo.ModelState` for a linen or an nnx module."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import flax.linen as nn
+import jax
+import optax
+from flax import nnx
+
+from ciclo import ModelState, Strategy, create_model_state
+from ciclo_flax._linen import LinenAdapter
+from ciclo_flax._nnx import NnxAdapter
+
+
+def create_flax_state(
+    model: nn.Module | nnx.Module,
+    *,
+    inputs: Any = None,
+    tx: optax.GradientTransformation,
+    losses: Mapping[str, Callable[..., Any]] | Callable[..., Any] | None = None,
+    metrics: Mapping[str, Any] | None = None,
+    strategy: str | Strategy = "jit",
+    key: jax.Array | int = 0,
+) -> ModelState:
+    """A training state for a flax model: `train_step`, `test_step`, `predict_step`, `reset_step`.
+
+    For a **linen** module, the variables are created with `model.init` on
+    `inputs`; the `"params"` collection is trained and the other collections
+    (`"batch_stats"`) are the model state. The step key is the module's
+    `"dropout"` rng, and a `__call__` argument `training`, `train`,
+    `is_training` or `deterministic` is set for each step.
+
+    An **nnx** module is already initialised (`inputs` is not needed): its
+    `nnx.Param`s are trained, its other variables are the model state, and
+    `nnx.view` switches dropout and batch norm between training and evaluation.
+
+    Everything else is `ciclo.ModelState`'s: see there for how losses and
+    metrics get their arguments (`preds`, `target`, `logits`, `labels`, ...).
+
+    Args:
+        model: a `flax.linen.Module` or a `flax.nnx.Module`.
+        inputs: sample inputs for a linen module, e.g. `jnp.empty((1, 28, 28, 1))`.
+        tx: the optax optimizer.
+        losses: `{name: fn}`, summed for training.
+        metrics: `{name: metric}`: functions, jax_metrics or clu metrics.
+        strategy: a strategy or its name (`"jit"`, `"data_parallel"`, ...).
+        key: a seed or `jax.random.key` for initialisation and dropout.
+
+    Raises:
+        TypeError: for a model that is neither a linen nor an nnx module, or a
+            linen module without `inputs`.
+
+    Example:
+        >>> import ciclo, jax.numpy as jnp, optax
+        >>> from flax import nnx
+        >>> state = ciclo.create_flax_state(
+        ...     nnx.Linear(2, 3, rngs=nnx.Rngs(0)),
+        ...     tx=optax.adam(1e-3),
+        ...     losses={"loss": optax.softmax_cross_entropy_with_integer_labels},
+        ... )
+        >>> logs, state = state.train_step((jnp.ones((4, 2)), jnp.array([0, 1, 2, 0])))
+        >>> sorted(logs.losses)
+        ['loss']
+    """
+    settings: dict[str, Any] = {
+        "tx": tx,
+        "losses": losses,
+        "metrics": metrics,
+        "strategy": strategy,
+        "key": key,
+    }
+    if isinstance(model, nn.Module):
+        if inputs is None:
+            raise TypeError(
+                "create_flax_state needs sample `inputs` to initialise a linen module, "
+                "e.g. inputs=jnp.empty((1, 28, 28, 1))"
+            )
+        return create_model_state(LinenAdapter(model), inputs=inputs, **settings)
+    if isinstance(model, nnx.Module):
+        adapter, variables = NnxAdapter.split(model)
+        return create_model_state(adapter, variables=variables, **settings)
+    raise TypeError(
+        f"create_flax_state takes a flax.linen.Module or a flax.nnx.Module, got {type(model).__name__}; "
+        "for other models implement ciclo.ModelAdapter and call ciclo.create_model_state"
+    )

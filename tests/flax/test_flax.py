@@ -1,0 +1,159 @@
+"""ciclo-flax specifics: linen training flags and collections, nnx splitting, dropout, clu metrics."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+import ciclo
+import ciclo_flax
+from ciclo_flax._linen import training_flag
+
+X = np.random.default_rng(0).normal(size=(8, 4)).astype(np.float32)
+Y = np.arange(8, dtype=np.int32) % 3
+LOSSES = {"loss": optax.softmax_cross_entropy_with_integer_labels}
+
+
+class Flagged(nn.Module):
+    """Dropout + batch norm, switched by a `__call__` argument of a configurable name."""
+
+    flag: str
+
+    @nn.compact
+    def __call__(self, x: jax.Array, **kwargs: bool) -> jax.Array:
+        value = kwargs.get(self.flag, self.flag == "deterministic")
+        training = not value if self.flag == "deterministic" else value
+        x = nn.BatchNorm(use_running_average=not training)(nn.Dense(16)(x))
+        return nn.Dense(3)(nn.Dropout(0.5, deterministic=not training)(x))
+
+
+def _flagged(flag: str) -> nn.Module:
+    # A subclass whose `__call__` names the flag explicitly, as a user's module would.
+    namespace: dict[str, Any] = {}
+    exec(
+        f"def __call__(self, x, {flag}: bool = {flag == 'deterministic'}):\n"
+        f"    return Flagged.__call__(self, x, {flag}={flag})\n",
+        {"Flagged": Flagged},
+        namespace,
+    )
+    return type(f"Flagged_{flag}", (Flagged,), {"__call__": namespace["__call__"]})(flag)
+
+
+class NnxModel(nnx.Module):
+    def __init__(self, rngs: nnx.Rngs) -> None:
+        self.dense = nnx.Linear(4, 16, rngs=rngs)
+        self.norm = nnx.BatchNorm(16, rngs=rngs)
+        self.dropout = nnx.Dropout(0.5, rngs=rngs)
+        self.out = nnx.Linear(16, 3, rngs=rngs)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return self.out(self.dropout(self.norm(self.dense(x))))
+
+
+def make(kind: str, **overrides: Any) -> ciclo.ModelState:
+    settings: dict[str, Any] = {"tx": optax.sgd(0.0), "losses": LOSSES, "strategy": "jit", **overrides}
+    if kind == "nnx":
+        return ciclo.create_flax_state(NnxModel(nnx.Rngs(0)), **settings)
+    return ciclo.create_flax_state(_flagged(kind), inputs=jnp.zeros((1, 4)), **settings)
+
+
+KINDS = ["training", "train", "is_training", "deterministic", "nnx"]
+
+
+def test_create_flax_state_resolves_to_the_package() -> None:
+    assert ciclo.create_flax_state is ciclo_flax.create_flax_state
+    assert ciclo_flax.__version__ == ciclo.__version__
+    assert ciclo_flax.__all__ == sorted(ciclo_flax.__all__)
+
+
+@pytest.mark.parametrize("flag", ["training", "train", "is_training", "deterministic"])
+def test_training_flag_is_found(flag: str) -> None:
+    assert training_flag(_flagged(flag)) == flag
+    assert training_flag(nn.Dense(2)) is None
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_dropout_is_on_in_training_only_and_statistics_update_in_training_only(kind: str) -> None:
+    state = make(kind)
+    stats = jax.tree.leaves(state.model_state)
+    a, _ = state.train_step((X, Y))
+    b, trained = state.train_step((X, Y))  # same state, same step: same key
+    _, next_state = trained.train_step((X, Y))
+    c, _ = trained.train_step((X, Y))
+    assert float(a.losses.loss) == float(b.losses.loss)
+    assert float(a.losses.loss) != float(c.losses.loss)  # a new step, a new dropout mask
+    assert any(
+        not np.allclose(s, t) for s, t in zip(stats, jax.tree.leaves(trained.model_state), strict=True)
+    )
+
+    first, tested = trained.predict_step(X)
+    second, _ = trained.predict_step(X)
+    np.testing.assert_array_equal(first.outputs.preds, second.outputs.preds)
+    for before, after in zip(host_leaves(trained.model_state), host_leaves(tested.model_state), strict=True):
+        np.testing.assert_array_equal(before, after)
+
+
+def host_leaves(tree: Any) -> list[np.ndarray]:
+    """The leaves as numpy arrays, rng keys as their key data."""
+    leaves = jax.tree.leaves(tree)
+    return [
+        np.asarray(jax.random.key_data(x) if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key) else x)
+        for x in leaves
+    ]
+
+
+def test_linen_without_model_state_has_none() -> None:
+    state = ciclo.create_flax_state(nn.Dense(3), inputs=jnp.zeros((1, 4)), tx=optax.sgd(0.1), losses=LOSSES)
+    assert state.model_state is None
+    _, state = state.train_step((X, Y))
+    assert int(state.step) == 1
+
+
+def test_nnx_params_are_the_params_and_the_rest_is_model_state() -> None:
+    state = make("nnx")
+    assert {
+        type(v).__name__ for v in jax.tree.leaves(state.params, is_leaf=lambda x: isinstance(x, nnx.Variable))
+    } == {"Param"}
+    kinds = {
+        type(v).__name__
+        for v in jax.tree.leaves(state.model_state, is_leaf=lambda x: isinstance(x, nnx.Variable))
+    }
+    assert "BatchStat" in kinds
+
+
+def test_errors_say_what_is_accepted() -> None:
+    with pytest.raises(TypeError, match="flax.linen.Module or a flax.nnx.Module, got function"):
+        ciclo.create_flax_state(lambda x: x, inputs=X, tx=optax.sgd(0.1))
+    with pytest.raises(TypeError, match="needs sample `inputs`"):
+        ciclo.create_flax_state(nn.Dense(3), tx=optax.sgd(0.1))
+    adapter, _ = ciclo_flax.NnxAdapter.split(NnxModel(nnx.Rngs(0)))
+    with pytest.raises(TypeError, match="initialised when it is built"):
+        adapter.init(jax.random.key(0), X)
+
+
+def test_clu_metrics_work_unwrapped() -> None:
+    from clu import metrics as clu_metrics  # clu needs flax, so it is tested here and not in core
+
+    state = ciclo.create_flax_state(
+        nn.Dense(3),
+        inputs=jnp.zeros((1, 4)),
+        tx=optax.sgd(0.0),
+        losses=LOSSES,
+        metrics={
+            "clu_accuracy": clu_metrics.Accuracy,
+            "accuracy": lambda preds, target: preds.argmax(-1) == target,
+            "mean_loss": clu_metrics.Average.from_output("loss"),
+        },
+    )
+    _, history, _ = ciclo.test_loop(state, [(X, Y), (X[:4], Y[:4])])
+    np.testing.assert_allclose(history.collect("clu_accuracy"), history.collect("accuracy"), rtol=1e-6)
+    np.testing.assert_allclose(
+        history.collect("mean_loss"), np.cumsum(history.collect("loss")) / [1, 2], rtol=1e-5
+    )
