@@ -1,0 +1,172 @@
+"""The `ModelAdapter` of haiku functions: haiku params trained, haiku state kept as model state."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from typing import Any, Final, final
+
+import haiku as hk
+import jax
+
+AUTO: Final = "auto"
+"""The `training_flag` value that looks the flag up in the function's signature."""
+
+TRAINING_FLAGS = ("is_training", "training", "train", "deterministic")
+"""The arguments of a haiku function that switch it between training and evaluation, in lookup order.
+
+`deterministic` is passed as `not training`; the others as `training`.
+"""
+
+_KEYWORD_KINDS = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+
+
+def _calling_convention(
+    transformed: hk.Transformed | hk.TransformedWithState,
+) -> tuple[bool, list[inspect.Parameter] | None]:
+    """Whether `transformed.apply` takes an rng, and the parameters of the function it runs (None: unknown).
+
+    haiku gives `apply` the signature `(params, [state,] rng, *function's parameters)`, without `rng` after
+    `hk.without_apply_rng`: reading it is the public way to see the user's function through a transform.
+    """
+    try:
+        parameters = list(inspect.signature(transformed.apply).parameters.values())
+    except (TypeError, ValueError):  # not introspectable: assume haiku's default convention
+        return True, None
+    rest = parameters[2 if isinstance(transformed, hk.TransformedWithState) else 1 :]
+    if rest and rest[0].kind is inspect.Parameter.VAR_POSITIONAL:  # a generic (*args, **kwargs) wrapper
+        return True, None
+    if rest and rest[0].name == "rng":
+        return True, rest[1:]
+    return False, rest
+
+
+def training_flag(transformed: hk.Transformed | hk.TransformedWithState) -> str | None:
+    """The argument of a transformed function that says whether it is training, if any.
+
+    The first of `is_training`, `training`, `train` and `deterministic` that the
+    function takes by keyword; None when it takes none of them, or when its
+    signature cannot be read (an `apply` that is a generic `*args, **kwargs` wrapper).
+
+    Example:
+        >>> import haiku as hk
+        >>> def forward(x, is_training: bool):
+        ...     return hk.Linear(2)(x)
+        >>> training_flag(hk.transform(forward)), training_flag(hk.transform(lambda x: hk.Linear(2)(x)))
+        ('is_training', None)
+    """
+    _, parameters = _calling_convention(transformed)
+    if parameters is None:
+        return None
+    names = {parameter.name for parameter in parameters if parameter.kind in _KEYWORD_KINDS}
+    return next((name for name in TRAINING_FLAGS if name in names), None)
+
+
+def _check_flag(transformed: hk.Transformed | hk.TransformedWithState, flag: str) -> None:
+    _, parameters = _calling_convention(transformed)
+    if parameters is None or any(parameter.kind is inspect.Parameter.VAR_KEYWORD for parameter in parameters):
+        return
+    if not any(parameter.name == flag and parameter.kind in _KEYWORD_KINDS for parameter in parameters):
+        taken = ", ".join(parameter.name for parameter in parameters)
+        raise TypeError(
+            f"training_flag={flag!r}, but the model's function takes no keyword argument {flag!r}: "
+            f"its arguments are ({taken}); pass training_flag=None to set none"
+        )
+
+
+@final
+@dataclasses.dataclass(frozen=True, eq=False)
+class HaikuAdapter:
+    """Initialises and applies a haiku transformed function for `ciclo.ModelState`.
+
+    The haiku params are the trained params. For an `hk.TransformedWithState`,
+    the haiku state (`hk.BatchNorm`'s moving averages, ...) is the model state,
+    updated in training steps only; an `hk.Transformed`, or a function whose
+    state is empty, has model state None. The step key is passed as the haiku
+    rng, so `hk.next_rng_key()` works (e.g. for `hk.dropout`), except after
+    `hk.without_apply_rng`, whose `apply` takes none.
+
+    The function is initialised in training mode (haiku's convention: the
+    training path creates all the state, e.g. `hk.BatchNorm`'s moving
+    averages) and gets its training flag for each step, by keyword:
+
+    - `training_flag="auto"` (default) finds `is_training`, `training`,
+      `train` or `deterministic` in the function's signature, which haiku
+      shows as the signature of `apply`; a function without one, or whose
+      signature cannot be read, gets no flag.
+    - `training_flag="name"` passes the argument `name` (`"deterministic"` as
+      `not training`); a function whose signature lacks it is refused.
+    - `training_flag=None` passes none.
+
+    Attributes:
+        transformed: the `hk.Transformed` or `hk.TransformedWithState`.
+        training_flag: `"auto"`, the name of the argument set to the training
+            flag, or None.
+        flag: `training_flag` resolved: the argument set for each step, or None.
+        takes_rng: whether `transformed.apply` takes an rng.
+
+    Raises:
+        TypeError: for a `transformed` of another kind, or a `training_flag`
+            the function does not take.
+
+    Example:
+        >>> import haiku as hk, jax, jax.numpy as jnp
+        >>> def forward(x, is_training):
+        ...     x = hk.Linear(3)(x)
+        ...     return hk.dropout(hk.next_rng_key(), 0.5, x) if is_training else x
+        >>> adapter = HaikuAdapter(hk.transform(forward))
+        >>> params, model_state = adapter.init(jax.random.key(0), jnp.ones((1, 2)))
+        >>> key = jax.random.key(1)
+        >>> outputs, _ = adapter.apply(params, model_state, jnp.ones((4, 2)), key=key, training=True)
+        >>> outputs.shape, model_state, adapter.flag
+        ((4, 3), None, 'is_training')
+    """
+
+    transformed: hk.Transformed | hk.TransformedWithState
+    training_flag: str | None = AUTO
+    flag: str | None = dataclasses.field(init=False, repr=False)
+    takes_rng: bool = dataclasses.field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.transformed, (hk.Transformed, hk.TransformedWithState)):
+            raise TypeError(
+                "HaikuAdapter takes an hk.Transformed or an hk.TransformedWithState (hk.transform(f) or "
+                f"hk.transform_with_state(f)), got {type(self.transformed).__name__}"
+            )
+        if self.training_flag is not None and not isinstance(self.training_flag, str):
+            raise TypeError(
+                f"training_flag must be 'auto', the name of an argument or None, got {self.training_flag!r}"
+            )
+        if self.training_flag == AUTO:
+            flag = training_flag(self.transformed)
+        else:
+            flag = self.training_flag
+            if flag is not None:
+                _check_flag(self.transformed, flag)
+        takes_rng, _ = _calling_convention(self.transformed)
+        # Derived once here: the fields are what every traced step reads.
+        object.__setattr__(self, "flag", flag)
+        object.__setattr__(self, "takes_rng", takes_rng)
+
+    def _flag(self, training: bool) -> dict[str, bool]:
+        if self.flag is None:
+            return {}
+        return {self.flag: (not training) if self.flag == "deterministic" else training}
+
+    def init(self, key: jax.Array, inputs: Any, /) -> tuple[Any, Any]:
+        """Runs `transformed.init` in training mode: `(params, haiku state or None)`."""
+        if isinstance(self.transformed, hk.TransformedWithState):
+            params, state = self.transformed.init(key, inputs, **self._flag(True))
+            return params, (state or None)
+        return self.transformed.init(key, inputs, **self._flag(True)), None
+
+    def apply(
+        self, params: Any, model_state: Any, inputs: Any, /, *, key: jax.Array, training: bool
+    ) -> tuple[Any, Any]:
+        """Runs `transformed.apply` with `key` as its rng; the new haiku state is kept in training only."""
+        rng = (key,) if self.takes_rng else ()
+        flag = self._flag(training)
+        if isinstance(self.transformed, hk.Transformed):
+            return self.transformed.apply(params, *rng, inputs, **flag), model_state
+        outputs, new_state = self.transformed.apply(params, model_state or {}, *rng, inputs, **flag)
+        return outputs, (new_state if training and model_state is not None else model_state)

@@ -1,0 +1,122 @@
+"""`create_haiku_state`: a `ciclo.ModelState` for a haiku function."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import haiku as hk
+import jax
+import optax
+
+from ciclo import ModelState, Strategy, create_model_state
+from ciclo_haiku._adapter import AUTO, HaikuAdapter
+
+_ACCEPTED = (
+    "create_haiku_state takes a haiku function transformed by hk.transform or hk.transform_with_state, "
+    "or the function itself (a def, a lambda or a functools.partial)"
+)
+
+
+def _transformed(model: object) -> hk.Transformed | hk.TransformedWithState:
+    if isinstance(model, (hk.Transformed, hk.TransformedWithState)):
+        return model
+    if isinstance(model, (hk.MultiTransformed, hk.MultiTransformedWithState)):
+        raise TypeError(
+            f"{_ACCEPTED}; an hk.multi_transform has several apply functions: transform the one to "
+            "train with hk.transform_with_state"
+        )
+    # An hk.Module can only be built inside a transform, so a callable object here is most likely another
+    # framework's model (flax, equinox), which haiku would run without creating any parameters.
+    if inspect.isroutine(model) or isinstance(model, functools.partial):
+        return hk.transform_with_state(model)
+    hint = (
+        ": pass a function that builds and calls it, e.g. lambda x: hk.nets.MLP([64, 10])(x)"
+        if isinstance(model, type) and issubclass(model, hk.Module)
+        else "; wrap another callable with hk.transform_with_state yourself, and for a model of another "
+        "framework implement ciclo.ModelAdapter and call ciclo.create_model_state"
+    )
+    raise TypeError(f"{_ACCEPTED}, got {model!r} of type {type(model).__name__}{hint}")
+
+
+def create_haiku_state(
+    model: hk.Transformed | hk.TransformedWithState | Callable[..., Any],
+    *,
+    inputs: Any,
+    tx: optax.GradientTransformation,
+    losses: Mapping[str, Callable[..., Any]] | Callable[..., Any] | None = None,
+    metrics: Mapping[str, Any] | None = None,
+    strategy: str | Strategy = "jit",
+    key: jax.Array | int = 0,
+    training_flag: str | None = AUTO,
+) -> ModelState:
+    """A training state for a haiku function: `train_step`, `test_step`, `predict_step`, `reset_step`.
+
+    `model` is an `hk.Transformed` (`hk.transform(f)`), an
+    `hk.TransformedWithState` (`hk.transform_with_state(f)`), or the function
+    `f` itself, which is transformed with `hk.transform_with_state`. The
+    function takes the batch's inputs as its one positional argument. It is
+    initialised on `inputs` in training mode; its haiku params are trained and
+    its haiku state (`hk.BatchNorm`'s moving averages) is the model state,
+    updated in training steps only. Each step's key is the haiku rng, so
+    `hk.next_rng_key()` draws a fresh key per step (and per device).
+
+    The training flag: with `training_flag="auto"` (the default), a function
+    that takes `is_training`, `training`, `train` or `deterministic` by keyword
+    gets it for each step (`deterministic` as `not training`); haiku shows the
+    function's arguments as those of `apply`, so this works through
+    `hk.transform` too. Name another argument with `training_flag="name"`, or
+    pass none with `training_flag=None`. See `ciclo_haiku.HaikuAdapter`.
+
+    Everything else is `ciclo.ModelState`'s: see there for how losses and
+    metrics get their arguments (`preds`, `target`, `logits`, `labels`, ...).
+
+    Args:
+        model: an `hk.Transformed`, an `hk.TransformedWithState`, or a function
+            (def, lambda or `functools.partial`) that calls haiku modules.
+        inputs: sample inputs to initialise the function with, e.g. `jnp.zeros((1, 64))`.
+        tx: the optax optimizer.
+        losses: `{name: fn}`, summed for training.
+        metrics: `{name: metric}`: functions, jax_metrics or clu metrics.
+        strategy: a strategy or its name (`"jit"`, `"data_parallel"`, ...).
+        key: a seed or `jax.random.key` for initialisation and the step keys.
+        training_flag: `"auto"`, the name of the function's argument that says
+            whether it is training, or None.
+
+    Raises:
+        TypeError: for a model of another kind (the message says which are
+            accepted), `inputs=None`, or a `training_flag` the function does not take.
+
+    Example:
+        >>> import ciclo, haiku as hk, jax, jax.numpy as jnp, optax
+        >>> def forward(x, is_training: bool):
+        ...     x = hk.Linear(16)(x)
+        ...     x = hk.BatchNorm(True, True, 0.9)(x, is_training=is_training)
+        ...     return hk.Linear(3)(jax.nn.relu(x))
+        >>> state = ciclo.create_haiku_state(
+        ...     forward,
+        ...     inputs=jnp.zeros((1, 2)),
+        ...     tx=optax.adam(1e-3),
+        ...     losses={"loss": optax.softmax_cross_entropy_with_integer_labels},
+        ... )
+        >>> logs, state = state.train_step((jnp.ones((4, 2)), jnp.array([0, 1, 2, 0])))
+        >>> sorted(logs.losses), sorted(state.model_state)
+        (['loss'], ['batch_norm/~/mean_ema', 'batch_norm/~/var_ema'])
+    """
+    transformed = _transformed(model)
+    if inputs is None:
+        raise TypeError(
+            "create_haiku_state needs sample `inputs` to initialise the function with, "
+            "e.g. inputs=jnp.zeros((1, 64))"
+        )
+    return create_model_state(
+        HaikuAdapter(transformed, training_flag=training_flag),
+        inputs=inputs,
+        tx=tx,
+        losses=losses,
+        metrics=metrics,
+        strategy=strategy,
+        key=key,
+    )
