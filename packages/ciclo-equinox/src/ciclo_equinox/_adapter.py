@@ -1,0 +1,211 @@
+"""The `ModelAdapter` of equinox modules: split into a static part, float params and an `eqx.nn.State`."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from collections.abc import Hashable
+from typing import Any, final
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+
+
+def _is_state_index(node: Any) -> bool:
+    return isinstance(node, eqx.nn.StateIndex)
+
+
+def has_state_index(model: Any) -> bool:
+    """Whether `model` holds a stateful layer (an `eqx.nn.StateIndex`, as `eqx.nn.BatchNorm` does).
+
+    Example:
+        >>> import equinox as eqx, jax
+        >>> has_state_index(eqx.nn.Linear(2, 3, key=jax.random.key(0)))
+        False
+        >>> model, state = eqx.nn.make_with_state(eqx.nn.BatchNorm)(3, "batch", mode="batch")
+        >>> has_state_index(model)
+        True
+    """
+    return any(_is_state_index(leaf) for leaf in jax.tree.leaves(model, is_leaf=_is_state_index))
+
+
+def accepts_key(model: Any) -> bool:
+    """Whether calling `model` accepts a `key` keyword argument (unknown signatures count as yes).
+
+    Example:
+        >>> import equinox as eqx, jax
+        >>> accepts_key(eqx.nn.Linear(2, 3, key=jax.random.key(0)))
+        True
+        >>> accepts_key(lambda x: x)
+        False
+    """
+    try:
+        parameters = inspect.signature(model).parameters.values()
+    except (TypeError, ValueError):
+        return True
+    return any(
+        parameter.kind is inspect.Parameter.VAR_KEYWORD
+        or (parameter.name == "key" and parameter.kind is not inspect.Parameter.POSITIONAL_ONLY)
+        for parameter in parameters
+    )
+
+
+def _batch_size(inputs: Any) -> int:
+    leaves = jax.tree.leaves(inputs)
+    if not leaves or not jnp.ndim(leaves[0]):
+        raise ValueError(
+            "EquinoxAdapter(vmap=True) maps the model over the leading (batch) axis of the inputs, but "
+            f"the inputs have no batch axis: {jax.tree.map(jnp.shape, inputs)}; for a model that "
+            "takes the whole batch itself use vmap=False"
+        )
+    return int(jnp.shape(leaves[0])[0])
+
+
+@final
+@dataclasses.dataclass(frozen=True, eq=False)
+class EquinoxAdapter:
+    """Applies an equinox module functionally for `ciclo.ModelState`.
+
+    A module is split with `eqx.partition(module, eqx.is_inexact_array)`: its
+    floating-point arrays are the trained params, and everything else (the
+    module's structure, integer and boolean arrays, activation functions,
+    hyperparameters, `inference` flags) stays in the adapter as `static`, so
+    optax never sees, and `jax.grad` never differentiates, a non-float leaf.
+    An `eqx.nn.State` (from `eqx.nn.make_with_state`) is the model state.
+
+    Each step combines the module back, switches it between training and
+    inference with `eqx.nn.inference_mode(module, value=not training)` (dropout
+    off, batch norm on its running statistics), and calls it the equinox way:
+
+    - `vmap=True` (default): the module acts on ONE example and is
+      `jax.vmap`-ed over the leading axis of the inputs, with the mapped axis
+      named `batch_axis_name` (`eqx.nn.BatchNorm(..., axis_name="batch")`
+      averages over it). Each example gets its own key, split from the step
+      key. A stateful module is called `module(x, state, key=k) -> (y, state)`
+      with the state shared by the batch (`in_axes=None`, `out_axes=None`), so
+      one state comes back, not one per example.
+    - `vmap=False`: the module takes the whole batch itself,
+      `module(inputs, key=key)` or `module(inputs, state, key=key)`.
+
+    A module whose `__call__` takes no `key` is called without one.
+
+    Attributes:
+        static: the module with its params replaced by None (`eqx.partition`'s second part).
+        stateful: whether the module takes and returns an `eqx.nn.State`.
+        vmap: whether to map the module over the batch (see above).
+        batch_axis_name: the name of the mapped batch axis, for `eqx.nn.BatchNorm`'s `axis_name`.
+        takes_key: whether the module's `__call__` accepts `key`.
+
+    Example:
+        >>> import equinox as eqx, jax, jax.numpy as jnp
+        >>> adapter, (params, model_state) = EquinoxAdapter.split(eqx.nn.Linear(2, 3, key=jax.random.key(0)))
+        >>> inputs = jnp.ones((4, 2))
+        >>> outputs, _ = adapter.apply(params, model_state, inputs, key=jax.random.key(1), training=False)
+        >>> outputs.shape
+        (4, 3)
+    """
+
+    static: Any
+    stateful: bool
+    vmap: bool = True
+    batch_axis_name: Hashable = "batch"
+    takes_key: bool = True
+
+    @classmethod
+    def split(
+        cls,
+        module: Any,
+        state: eqx.nn.State | None = None,
+        *,
+        vmap: bool = True,
+        batch_axis_name: Hashable = "batch",
+    ) -> tuple[EquinoxAdapter, tuple[Any, eqx.nn.State | None]]:
+        """Splits an equinox module into its adapter and its variables, `(params, model_state)`.
+
+        Args:
+            module: the equinox module (any callable pytree).
+            state: its `eqx.nn.State` when it has stateful layers (see `eqx.nn.make_with_state`).
+            vmap: map the module over the batch (True) or give it the whole batch (False).
+            batch_axis_name: the name of the mapped batch axis.
+
+        Raises:
+            TypeError: for a state that is not an `eqx.nn.State`, or a module with
+                stateful layers and no state.
+
+        Example:
+            >>> import equinox as eqx, jax
+            >>> model, state = eqx.nn.make_with_state(eqx.nn.BatchNorm)(3, "batch", mode="batch")
+            >>> adapter, (params, model_state) = EquinoxAdapter.split(model, state)
+            >>> adapter.stateful, type(model_state).__name__
+            (True, 'State')
+        """
+        if state is not None and not isinstance(state, eqx.nn.State):
+            raise TypeError(
+                f"state must be the eqx.nn.State of the model (from eqx.nn.make_with_state), got {state!r}"
+            )
+        if state is None and has_state_index(module):
+            raise TypeError(
+                f"{type(module).__name__} has stateful layers (such as eqx.nn.BatchNorm) but no state was "
+                "given: build it with `model, state = eqx.nn.make_with_state(Model)(...)` and pass the state"
+            )
+        if not isinstance(vmap, bool):
+            raise TypeError(f"vmap must be a bool, got {vmap!r}")
+        # StateIndex nodes are kept whole in the static part: they may still hold their initial
+        # values, which are the state's business, not the optimizer's.
+        params, static = eqx.partition(module, eqx.is_inexact_array, is_leaf=_is_state_index)
+        if state is not None:
+            # eqx.nn.BatchNorm's counter starts as a weakly typed `jnp.array(0)`; a restored
+            # checkpoint's is strongly typed, and the difference would cost a recompilation.
+            state = jax.tree.map(lambda leaf: jnp.asarray(leaf, dtype=jnp.dtype(leaf.dtype)), state)
+        adapter = cls(
+            static,
+            stateful=state is not None,
+            vmap=vmap,
+            batch_axis_name=batch_axis_name,
+            takes_key=accepts_key(module),
+        )
+        return adapter, (params, state)
+
+    def init(self, key: jax.Array, inputs: Any, /) -> tuple[Any, Any]:
+        """Not available: an equinox module is initialised when it is built; see `split`."""
+        raise TypeError(
+            "an equinox module is initialised when it is built: pass its variables, e.g. "
+            "ciclo.create_model_state(adapter, variables=variables, ...) after "
+            "adapter, variables = EquinoxAdapter.split(model, state), "
+            "or use ciclo.create_equinox_state(model, ...)"
+        )
+
+    def apply(
+        self, params: Any, model_state: Any, inputs: Any, /, *, key: jax.Array, training: bool
+    ) -> tuple[Any, Any]:
+        """Combines the module and runs it on `inputs` in training or inference mode: `(outputs, state)`."""
+        module = eqx.nn.inference_mode(eqx.combine(params, self.static), value=not training)
+        if not self.vmap:
+            return self._call(module, inputs, model_state, key)
+        # One key per example, so that dropout masks differ across the batch.
+        keys = jax.random.split(key, _batch_size(inputs)) if self.takes_key else None
+        key_axis = 0 if self.takes_key else None
+        if not self.stateful:
+            outputs = jax.vmap(
+                lambda x, k: self._call(module, x, None, k)[0],
+                in_axes=(0, key_axis),
+                axis_name=self.batch_axis_name,
+            )(inputs, keys)
+            return outputs, model_state
+        # The state is shared by the batch: batch norm averages over the named axis, so its new
+        # state is the same for every example and comes back once (out_axes=None).
+        outputs, new_model_state = jax.vmap(
+            lambda x, s, k: self._call(module, x, s, k),
+            in_axes=(0, None, key_axis),
+            out_axes=(0, None),
+            axis_name=self.batch_axis_name,
+        )(inputs, model_state, keys)
+        return outputs, new_model_state
+
+    def _call(self, module: Any, inputs: Any, model_state: Any, key: Any) -> tuple[Any, Any]:
+        kwargs = {"key": key} if self.takes_key else {}
+        if self.stateful:
+            outputs, new_model_state = module(inputs, model_state, **kwargs)
+            return outputs, new_model_state
+        return module(inputs, **kwargs), model_state

@@ -1,0 +1,117 @@
+"""`create_equinox_state`: a `ciclo.ModelState` for an equinox module."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Mapping
+from typing import Any
+
+import equinox as eqx
+import jax
+import optax
+
+from ciclo import ModelState, Strategy, create_model_state
+from ciclo_equinox._adapter import EquinoxAdapter
+
+
+def _unpack(model: Any, state: Any) -> tuple[eqx.Module, eqx.nn.State | None]:
+    """Accepts `model, state` separately or as the `(model, state)` pair `eqx.nn.make_with_state` returns."""
+    if isinstance(model, tuple) and len(model) == 2 and isinstance(model[1], eqx.nn.State):
+        if state is not None:
+            raise TypeError(
+                "create_equinox_state got the state twice: inside the (model, state) pair and as state=; "
+                "pass one of them"
+            )
+        model, state = model
+    if not isinstance(model, eqx.Module):
+        raise TypeError(
+            f"create_equinox_state takes an equinox.Module (or the (model, state) pair of "
+            f"eqx.nn.make_with_state), got {type(model).__name__}; for other models implement "
+            "ciclo.ModelAdapter and call ciclo.create_model_state"
+        )
+    return model, state
+
+
+def create_equinox_state(
+    model: eqx.Module | tuple[eqx.Module, eqx.nn.State],
+    *,
+    state: eqx.nn.State | None = None,
+    tx: optax.GradientTransformation,
+    losses: Mapping[str, Callable[..., Any]] | Callable[..., Any] | None = None,
+    metrics: Mapping[str, Any] | None = None,
+    strategy: str | Strategy = "jit",
+    key: jax.Array | int = 0,
+    vmap: bool = True,
+    batch_axis_name: Hashable = "batch",
+) -> ModelState:
+    """A training state for an equinox module: `train_step`, `test_step`, `predict_step`, `reset_step`.
+
+    The module is already initialised: its floating-point arrays are trained,
+    and everything else (integer arrays, activation functions, sizes) is held
+    fixed. A module with stateful layers (`eqx.nn.BatchNorm`) is built with
+    `model, state = eqx.nn.make_with_state(Model)(...)`; pass both, as
+    `create_equinox_state(model, state=state, ...)` or as the pair
+    `create_equinox_state((model, state), ...)`. The state is the
+    `ModelState`'s `model_state`, updated by training steps only.
+
+    Equinox modules act on one example: by default the module is `jax.vmap`-ed
+    over the batch, with the batch axis named `batch_axis_name` (give
+    `eqx.nn.BatchNorm` the same `axis_name`), and called as
+    `model(x, key=k)` or, with a state, `model(x, state, key=k) -> (y, state)`,
+    each example with its own key. `vmap=False` hands the whole batch to the
+    module instead. `eqx.nn.inference_mode` turns dropout off and batch norm
+    to its running statistics in `test_step` and `predict_step`.
+
+    Everything else is `ciclo.ModelState`'s: see there for how losses and
+    metrics get their arguments (`preds`, `target`, `logits`, `labels`, ...).
+
+    Args:
+        model: an `equinox.Module`, or the `(model, state)` pair of `eqx.nn.make_with_state`.
+        state: the module's `eqx.nn.State`, if it has stateful layers.
+        tx: the optax optimizer.
+        losses: `{name: fn}`, summed for training.
+        metrics: `{name: metric}`: functions, jax_metrics or clu metrics.
+        strategy: a strategy or its name (`"jit"`, `"data_parallel"`, ...).
+        key: a seed or `jax.random.key` for the steps' keys (dropout). The module's
+            own weights come from the key it was built with.
+        vmap: map the module over the leading batch axis (True), or call it on
+            the whole batch (False).
+        batch_axis_name: the name of the mapped batch axis (with `vmap=True`).
+
+    Raises:
+        TypeError: for a model that is not an equinox module, a state that is not
+            an `eqx.nn.State`, a state given twice, or a module with stateful
+            layers and no state.
+
+    Example:
+        >>> import ciclo, equinox as eqx, jax, jax.numpy as jnp, optax
+        >>> model, state = eqx.nn.make_with_state(eqx.nn.Sequential)(
+        ...     [
+        ...         eqx.nn.Linear(2, 8, key=jax.random.key(0)),
+        ...         eqx.nn.BatchNorm(8, axis_name="batch", mode="batch"),
+        ...         eqx.nn.Lambda(jax.nn.relu),
+        ...         eqx.nn.Linear(8, 3, key=jax.random.key(1)),
+        ...     ]
+        ... )
+        >>> train_state = ciclo.create_equinox_state(
+        ...     model,
+        ...     state=state,
+        ...     tx=optax.adam(1e-3),
+        ...     losses={"loss": optax.softmax_cross_entropy_with_integer_labels},
+        ... )
+        >>> logs, train_state = train_state.train_step((jnp.ones((4, 2)), jnp.array([0, 1, 2, 0])))
+        >>> sorted(logs.losses), type(train_state.model_state).__name__
+        (['loss'], 'State')
+    """
+    module, module_state = _unpack(model, state)
+    adapter, variables = EquinoxAdapter.split(
+        module, module_state, vmap=vmap, batch_axis_name=batch_axis_name
+    )
+    return create_model_state(
+        adapter,
+        variables=variables,
+        tx=tx,
+        losses=losses,
+        metrics=metrics,
+        strategy=strategy,
+        key=key,
+    )
