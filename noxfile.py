@@ -6,20 +6,50 @@ tests run against what users install.
 
 from __future__ import annotations
 
+import dataclasses
+
 import nox
 
 nox.options.default_venv_backend = "venv"
 nox.options.error_on_missing_interpreters = True
-nox.options.sessions = ["lint", "typecheck", "tests(core)", "multidevice"]
+nox.options.sessions = [
+    "lint",
+    "typecheck",
+    "tests",
+    "multidevice",
+    "conformance",
+    "examples",
+    "bench_smoke",
+]
 
 PYPROJECT = nox.project.load_toml("pyproject.toml")
 CORE = "./packages/ciclo-core[tqdm]"
+ADAPTERS = ["./packages/ciclo-flax", "./packages/ciclo-haiku", "./packages/ciclo-equinox"]
 
-# framework -> (packages to install besides core, test folders). Adapters join as they land.
-FRAMEWORKS: dict[str, tuple[list[str], list[str]]] = {
-    "core": ([], ["tests/core"]),
+
+@dataclasses.dataclass(frozen=True)
+class Framework:
+    """One `tests(...)` session: ciclo-core plus at most one adapter."""
+
+    packages: list[str]  # installed besides core
+    folders: list[str]  # test folders
+    modules: list[str]  # import names whose doctests and coverage count
+
+
+FRAMEWORKS = {
+    "core": Framework([], ["tests/core", "tests/conformance"], ["ciclo"]),
+    # clu's metrics need flax, so ciclo's clu support is tested with flax.
+    "flax": Framework(["./packages/ciclo-flax", "clu"], ["tests/flax", "tests/conformance"], ["ciclo_flax"]),
+    "haiku": Framework(["./packages/ciclo-haiku"], ["tests/haiku", "tests/conformance"], ["ciclo_haiku"]),
+    "equinox": Framework(["./packages/ciclo-equinox"], ["tests/equinox", "tests/conformance"], ["ciclo_equinox"]),
 }
 
+EXAMPLES = [
+    "examples/jax/digits_mlp.py",
+    "examples/flax/digits_cnn.py",
+    "examples/haiku/digits_mlp.py",
+    "examples/equinox/digits_mlp.py",
+]
 
 MULTIDEVICE_COUNT = 4
 
@@ -31,16 +61,16 @@ def _group(name: str) -> list[str]:
 @nox.session
 @nox.parametrize("framework", list(FRAMEWORKS), ids=list(FRAMEWORKS))
 def tests(session: nox.Session, framework: str) -> None:
-    """Unit tests, doctests and coverage of ciclo-core plus one adapter."""
-    packages, folders = FRAMEWORKS[framework]
-    session.install(CORE, *packages, *_group("test"))
+    """Unit tests, doctests and coverage of ciclo-core plus one adapter, and the conformance suite."""
+    spec = FRAMEWORKS[framework]
+    session.install(CORE, *spec.packages, *_group("test"))
     session.run(
         "pytest",
-        *folders,
+        *spec.folders,
         "--doctest-modules",
         "--pyargs",
-        "ciclo",
-        "--cov=ciclo",
+        *spec.modules,
+        *(f"--cov={module}" for module in spec.modules),
         "--cov-report=term-missing:skip-covered",
         "--cov-fail-under=90",
         *session.posargs,
@@ -64,6 +94,19 @@ def multidevice(session: nox.Session) -> None:
 
 
 @nox.session
+def conformance(session: nox.Session) -> None:
+    """Every adapter at once on 4 CPU devices: the conformance suite and the Keras guide example."""
+    session.install(CORE, *ADAPTERS, "keras>=3", *_group("test"))
+    session.run(
+        "pytest",
+        "tests/conformance",
+        "tests/keras",
+        *session.posargs,
+        env={"XLA_FLAGS": f"--xla_force_host_platform_device_count={MULTIDEVICE_COUNT}"},
+    )
+
+
+@nox.session
 def lint(session: nox.Session) -> None:
     """ruff check and ruff format --check over the whole repository."""
     session.install(*_group("lint"))
@@ -73,13 +116,37 @@ def lint(session: nox.Session) -> None:
 
 @nox.session
 def typecheck(session: nox.Session) -> None:
-    """mypy --strict on ciclo-core."""
-    session.install(CORE, *_group("typecheck"))
+    """mypy --strict on ciclo-core and the adapters."""
+    session.install(CORE, *ADAPTERS, *_group("typecheck"))
     session.run("mypy", "packages/ciclo-core/src/ciclo")
+    for adapter in ADAPTERS:
+        session.run("mypy", f"{adapter}/src")
 
 
 @nox.session
 def demo(session: nox.Session) -> None:
-    """Trains a small MLP on scikit-learn's bundled digits with ciclo.train_loop."""
-    session.install(CORE, *_group("demo"))
-    session.run("python", "examples/jax/digits_mlp.py", *session.posargs)
+    """Trains a small CNN on scikit-learn's bundled digits with ciclo-flax and ciclo.train_loop."""
+    session.install(CORE, "./packages/ciclo-flax", *_group("demo"))
+    session.run("python", "examples/flax/digits_cnn.py", *session.posargs)
+
+
+@nox.session
+def examples(session: nox.Session) -> None:
+    """Runs every example script (each trains on scikit-learn's digits and checks its accuracy)."""
+    session.install(CORE, *ADAPTERS, *_group("demo"))
+    for example in EXAMPLES:
+        session.run("python", example, *session.posargs)
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    """The loop-overhead benchmarks (benchmarks/README.md); pass options after `--`."""
+    session.install(CORE, "./packages/ciclo-flax", *_group("bench"))
+    session.run("python", "benchmarks/bench.py", *session.posargs)
+
+
+@nox.session
+def bench_smoke(session: nox.Session) -> None:
+    """The benchmarks with tiny step counts: they run and print their table (not a measurement)."""
+    session.install(CORE, "./packages/ciclo-flax", *_group("bench"))
+    session.run("python", "benchmarks/bench.py", "--smoke", *session.posargs)

@@ -1,0 +1,38 @@
+"""The adapters the conformance suite runs on: one module of this package per row of `TABLE`.
+
+Each module defines `NAME`, `REQUIRES`, `ENTRY_POINT` and
+`make_state(kind, *, features, classes, tx, losses, metrics, strategy, key)`,
+where `kind` is `"mlp"` (features -> 64 -> relu -> classes) or `"bn_dropout"`
+(features -> 64 -> batch norm -> relu -> dropout -> classes).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from types import ModuleType
+
+from support.docs import installed
+
+
+@dataclasses.dataclass(frozen=True)
+class Adapter:
+    name: str
+    requires: str | None
+    entry_point: str | None
+
+    @property
+    def available(self) -> bool:
+        return self.requires is None or installed(self.requires)
+
+    def load(self) -> ModuleType:
+        return importlib.import_module(f"conformance.adapters.{self.name}")
+
+
+TABLE = (
+    Adapter("jax", None, None),  # the plain-JAX adapter of docs/frameworks.md
+    Adapter("flax_linen", "flax", "create_flax_state"),
+    Adapter("flax_nnx", "flax", "create_flax_state"),
+    Adapter("haiku", "haiku", "create_haiku_state"),
+    Adapter("equinox", "equinox", "create_equinox_state"),
+)
