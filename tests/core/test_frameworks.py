@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 
 import ciclo
@@ -56,3 +59,16 @@ def test_unknown_names_raise_the_usual_error(no_adapters: None) -> None:
 def test_installed_entry_points_are_shipped_adapters_or_this_test_knows_them() -> None:
     # Each environment has core plus at most the adapters nox installed in it.
     assert set(frameworks.framework_entry_points()) <= set(frameworks.KNOWN_ADAPTERS)
+
+
+def test_adapters_pin_the_core_of_their_own_version() -> None:
+    # The packages release in lockstep: each adapter's version is the core's, and it pins that core.
+    packages = Path(__file__).parents[2] / "packages"
+    core = re.search(r'^version = "(.+)"$', (packages / "ciclo-core" / "pyproject.toml").read_text(), re.M)
+    assert core is not None and core[1] == ciclo.__version__
+    for name in frameworks.KNOWN_ADAPTERS.values():
+        text = (packages / name / "pyproject.toml").read_text()
+        assert f'version = "{core[1]}"' in text, name
+        assert f'"ciclo-core=={core[1]}"' in text, name
+        entry = next(key for key, value in frameworks.KNOWN_ADAPTERS.items() if value == name)
+        assert f'{entry} = "{name.replace("-", "_")}:{entry}"' in text, name
