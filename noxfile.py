@@ -41,7 +41,9 @@ FRAMEWORKS = {
     # clu's metrics need flax, so ciclo's clu support is tested with flax.
     "flax": Framework(["./packages/ciclo-flax", "clu"], ["tests/flax", "tests/conformance"], ["ciclo_flax"]),
     "haiku": Framework(["./packages/ciclo-haiku"], ["tests/haiku", "tests/conformance"], ["ciclo_haiku"]),
-    "equinox": Framework(["./packages/ciclo-equinox"], ["tests/equinox", "tests/conformance"], ["ciclo_equinox"]),
+    "equinox": Framework(
+        ["./packages/ciclo-equinox"], ["tests/equinox", "tests/conformance"], ["ciclo_equinox"]
+    ),
 }
 
 EXAMPLES = [
