@@ -39,10 +39,14 @@ class Framework:
 FRAMEWORKS = {
     "core": Framework([], ["tests/core", "tests/conformance"], ["ciclo"]),
     # clu's metrics need flax, so ciclo's clu support is tested with flax.
-    "flax": Framework(["./packages/ciclo-flax", "clu"], ["tests/flax", "tests/conformance"], ["ciclo_flax"]),
-    "haiku": Framework(["./packages/ciclo-haiku"], ["tests/haiku", "tests/conformance"], ["ciclo_haiku"]),
+    "flax": Framework(
+        ["./packages/ciclo-flax", "clu"], ["tests/adapters/flax", "tests/conformance"], ["ciclo_flax"]
+    ),
+    "haiku": Framework(
+        ["./packages/ciclo-haiku"], ["tests/adapters/haiku", "tests/conformance"], ["ciclo_haiku"]
+    ),
     "equinox": Framework(
-        ["./packages/ciclo-equinox"], ["tests/equinox", "tests/conformance"], ["ciclo_equinox"]
+        ["./packages/ciclo-equinox"], ["tests/adapters/equinox", "tests/conformance"], ["ciclo_equinox"]
     ),
 }
 
@@ -102,7 +106,7 @@ def conformance(session: nox.Session) -> None:
     session.run(
         "pytest",
         "tests/conformance",
-        "tests/keras",
+        "tests/docs_keras",
         *session.posargs,
         env={"XLA_FLAGS": f"--xla_force_host_platform_device_count={MULTIDEVICE_COUNT}"},
     )

@@ -14,6 +14,9 @@ from conformance.adapters import TABLE, Adapter
 
 import ciclo
 
+# The adapter modules import their framework: only the fixture loads them, for installed frameworks.
+collect_ignore = ["adapters"]
+
 STRATEGIES = ["eager", "jit", "data_parallel", "fsdp"]
 """The strategies every adapter is checked under (pmap keeps its own, older semantics)."""
 

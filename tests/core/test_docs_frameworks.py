@@ -1,6 +1,6 @@
 """The python blocks of docs/frameworks.md that need only ciclo-core run as written, in page order.
 
-The Keras block runs in tests/keras, where keras is installed.
+The Keras block runs in tests/docs_keras, where keras is installed.
 """
 
 from __future__ import annotations
