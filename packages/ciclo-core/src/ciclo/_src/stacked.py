@@ -38,7 +38,8 @@ def stacked(
 ) -> Iterator[Stacked[B]]:
     """Groups each `steps` consecutive batches of `dataset` into one `Stacked` batch.
 
-    Leaves are stacked with `numpy` on the host (JAX arrays with `jnp.stack`). A
+    Leaves are stacked with `numpy` on the host (groups of JAX arrays on the
+    device, in one compiled call). A
     last group with fewer batches is yielded as it is (its first use compiles
     the fused step once more). Pass `stop` to the loop as a multiple of `steps`
     to end on a group boundary.
@@ -71,8 +72,18 @@ def stacked(
 
 
 def _stack(group: list[B], size: Callable[[B], int]) -> Stacked[B]:
-    batches = jax.tree.map(_stack_leaves, *group)
+    leaves = jax.tree.leaves(group)
+    if leaves and all(isinstance(leaf, jax.Array) for leaf in leaves):
+        batches = _stack_on_device(group)
+    else:
+        batches = jax.tree.map(_stack_leaves, *group)
     return Stacked(batches, steps=len(group), samples=sum(size(batch) for batch in group))
+
+
+@jax.jit
+def _stack_on_device(group: list[Any]) -> Any:
+    # One compiled call for the whole group: eager jnp.stack costs ~15 µs per batch stacked.
+    return jax.tree.map(lambda *leaves: jax.numpy.stack(leaves), *group)
 
 
 def _stack_leaves(*leaves: Any) -> Any:
