@@ -53,7 +53,7 @@ class Probe:
         self._written = 0
 
     def __call__(self, state: Any) -> None:
-        newest = getattr(state, "params", state)  # a managed state's rng key is no jax.Array
+        newest = getattr(state, "params", state)  # a managed state's newest update
         if self._previous is not None:
             self.ready.append(all(leaf.is_ready() for leaf in jax.tree.leaves(self._previous)))
         self._previous = newest
