@@ -138,7 +138,7 @@ def demo(session: nox.Session) -> None:
 
 @nox.session
 def examples(session: nox.Session) -> None:
-    """Runs every example script (each trains on scikit-learn's digits and checks its accuracy)."""
+    """Runs every example script (each trains on scikit-learn's digits and prints its test accuracy)."""
     session.install(CORE, *ADAPTERS, *_group("demo"))
     for example in EXAMPLES:
         session.run("python", example, *session.posargs)
