@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from support import blobs as support_blobs
 
 import ciclo
 import ciclo_haiku
@@ -28,18 +29,8 @@ LOSSES = {"loss": optax.softmax_cross_entropy_with_integer_labels}
 METRICS = {"accuracy": lambda preds, target: preds.argmax(-1) == target}
 
 
-def blobs(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """Gaussian blobs around fixed centres: a separable classification task."""
-    centres = np.random.default_rng(1234).normal(size=(CLASSES, FEATURES)).astype(np.float32) * 3
-    rng = np.random.default_rng(seed)
-    labels = rng.integers(0, CLASSES, n).astype(np.int32)
-    inputs = (centres[labels] + rng.normal(size=(n, FEATURES))).astype(np.float32)
-    return inputs, labels
-
-
-def blob_batches(steps: int, seed: int = 0) -> list[tuple[np.ndarray, np.ndarray]]:
-    inputs, labels = blobs(steps * BATCH, seed)
-    return [(inputs[i : i + BATCH], labels[i : i + BATCH]) for i in range(0, steps * BATCH, BATCH)]
+blobs = functools.partial(support_blobs.blobs, features=FEATURES, classes=CLASSES)
+blob_batches = functools.partial(support_blobs.blob_batches, features=FEATURES, classes=CLASSES, batch=BATCH)
 
 
 def mlp(x: jax.Array) -> jax.Array:
