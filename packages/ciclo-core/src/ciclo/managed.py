@@ -18,7 +18,6 @@ from ciclo._src.managed import ManagedStep as ManagedStep
 from ciclo._src.managed import step as step
 from ciclo._src.managed import train_step as train_step
 from ciclo._src.model_state import BATCH_KEYS as BATCH_KEYS
-from ciclo._src.model_state import BATCH_NAMES as BATCH_NAMES
 from ciclo._src.model_state import ModelState as ModelState
 from ciclo._src.model_state import NamedLosses as NamedLosses
 from ciclo._src.model_state import create_model_state as create_model_state
@@ -26,7 +25,6 @@ from ciclo._src.model_state import split_batch as split_batch
 
 __all__ = [
     "BATCH_KEYS",
-    "BATCH_NAMES",
     "MODEL_STATE_FIELDS",
     "ManagedState",
     "ManagedStep",

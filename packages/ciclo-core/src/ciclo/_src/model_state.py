@@ -27,9 +27,6 @@ from ciclo._src.types import ModelAdapter, Strategy
 
 _STATIC = {"static": True}
 
-BATCH_NAMES = ("preds", "target", "inputs", "batch", "logits", "labels", "params")
-"""The names losses and metrics may take as arguments (metrics also get `loss`)."""
-
 
 @final
 class NamedLosses(Mapping[str, Callable[..., Any]]):
