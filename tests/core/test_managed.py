@@ -172,7 +172,7 @@ def test_donating_strategy_consumes_the_input_state() -> None:
         (lambda state: None, r"logged no losses \(collections: \[\]\)"),
         (lambda state: {"losses": {}}, "logged no losses"),
         (lambda state: ciclo.logs().add_loss("xent", state.params), r"loss 'xent' has shape \(3,\)"),
-        (lambda state: (ciclo.logs(), state, 1), "returns \\(logs, state\\), logs or None"),
+        (lambda state: (ciclo.logs(), state, 1), r"returns \(logs, state\), logs, state or None"),
     ],
 )
 def test_train_step_errors_name_the_problem(returned: Any, message: str) -> None:

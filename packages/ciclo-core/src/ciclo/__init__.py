@@ -16,6 +16,8 @@ from ciclo import managed as managed
 from ciclo import metrics as metrics
 from ciclo import strategies as strategies
 from ciclo._src import frameworks as _frameworks
+from ciclo._src.batches import Stacked as Stacked
+from ciclo._src.batches import stacked as stacked
 from ciclo._src.callbacks._checkpoint import Checkpoint as Checkpoint
 from ciclo._src.callbacks._checkpoint import checkpoint as checkpoint
 from ciclo._src.callbacks._checkpoint import restore_checkpoint as restore_checkpoint
@@ -79,8 +81,6 @@ from ciclo._src.schedules import always as always
 from ciclo._src.schedules import every as every
 from ciclo._src.schedules import never as never
 from ciclo._src.schedules import piecewise as piecewise
-from ciclo._src.stacked import Stacked as Stacked
-from ciclo._src.stacked import stacked as stacked
 from ciclo._src.strategies._registry import get_strategy as get_strategy
 from ciclo._src.strategies._registry import register_strategy as register_strategy
 from ciclo._src.strategies._registry import strategy_names as strategy_names

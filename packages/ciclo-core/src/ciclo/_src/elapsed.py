@@ -5,17 +5,14 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import time as _time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any, TypeVar
 
 import jax
 
-from ciclo._src.stacked import Stacked
+from ciclo._src.batches import BatchSizeFn, count, leading_dim
 
 B = TypeVar("B")
-
-BatchSizeFn = Callable[[Any], int]
-"""Returns the number of samples in a batch."""
 
 
 def _check_count(name: str, value: object) -> None:
@@ -210,28 +207,6 @@ class Elapsed:
         return not self._reached(period, strict=True)
 
 
-def leading_dim(batch: Any) -> int:
-    """Default sample count of a batch: the leading dimension of its first array leaf.
-
-    A batch with no array leaf (a plain Python value) counts as one sample.
-
-    Example:
-        >>> import numpy as np
-        >>> leading_dim({"x": np.zeros((32, 4)), "y": np.zeros(32)})
-        32
-    """
-    if type(batch) is tuple and batch:
-        # The usual `(inputs, targets)`: its first leaf is its first item when that is an array.
-        shape = getattr(batch[0], "shape", None)
-        if shape:
-            return int(shape[0])
-    for leaf in jax.tree.leaves(batch):
-        shape = getattr(leaf, "shape", None)
-        if shape:
-            return int(shape[0])
-    return 1
-
-
 class Clock:
     """Mutable step/sample/time counters behind `elapse` and `ciclo.loop`.
 
@@ -259,12 +234,9 @@ class Clock:
 
     def advance(self, batch: Any) -> None:
         """Counts one finished step over `batch` (`batch.steps` steps for a `Stacked` batch)."""
-        if type(batch) is Stacked:
-            self.steps += batch.steps
-            self.samples += batch.samples
-        else:
-            self.steps += 1
-            self.samples += self.batch_size_fn(batch)
+        steps, samples = count(batch, self.batch_size_fn)
+        self.steps += steps
+        self.samples += samples
 
 
 def elapse(

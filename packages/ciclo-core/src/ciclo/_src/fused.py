@@ -7,12 +7,19 @@ from typing import Any, Generic, TypeVar, final
 
 import jax
 
+from ciclo._src.batches import is_stacked
 from ciclo._src.logs import Logs, collapse_leading_axis
-from ciclo._src.stacked import Stacked
+from ciclo._src.step_output import step_output
 
 S = TypeVar("S")
 
-StepFn = Callable[[Any, Any], tuple[Any, Any]]
+StepFn = Callable[[Any, Any], Any]
+
+
+def as_logs_and_state(step: StepFn, state: S, batch: Any) -> tuple[Logs, S]:
+    """Runs `step` and normalises its output (`ciclo.Logs`, state) by the one rule of `step_output`."""
+    logs, new_state = step_output(step(state, batch), state, step)
+    return (logs if type(logs) is Logs else Logs(logs)), new_state
 
 
 def scan_steps(step: StepFn, state: Any, batches: Any) -> tuple[Logs, Any]:
@@ -23,8 +30,8 @@ def scan_steps(step: StepFn, state: Any, batches: Any) -> tuple[Logs, Any]:
     """
 
     def body(state: Any, batch: Any) -> tuple[Any, Logs]:
-        logs, state = step(state, batch)
-        return state, Logs(logs) if logs is not None else Logs()
+        logs, state = as_logs_and_state(step, state, batch)
+        return state, logs
 
     state, logs = jax.lax.scan(body, state, batches)
     return collapse_leading_axis(logs, -1), state
@@ -48,10 +55,9 @@ class Fused(Generic[S]):
 
     def __call__(self, state: S, batch: Any) -> tuple[Logs, S]:
         """One dispatch for a `Stacked` batch; a plain batch runs the step as it is."""
-        if type(batch) is Stacked:
+        if is_stacked(batch):
             return self._fused(state, batch.batches)  # type: ignore[no-any-return]
-        logs, state = self.__wrapped__(state, batch)
-        return Logs(logs) if logs is not None else Logs(), state
+        return as_logs_and_state(self.__wrapped__, state, batch)
 
 
 def fuse(step: StepFn, *, donate: bool = False) -> Fused[Any]:

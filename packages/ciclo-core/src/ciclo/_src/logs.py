@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections import defaultdict
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, NoReturn, overload
@@ -240,8 +241,14 @@ def _scalars_to_host(scalars: list[jax.Array]) -> list[Any]:
     return out
 
 
-_ARRAY_TYPES = (type(jnp.zeros(())),)
-"""The concrete type of JAX arrays: `type(x) in` is much cheaper than `isinstance(x, jax.Array)`."""
+@functools.cache
+def _array_type() -> type:
+    """The concrete type of JAX arrays: `type(x) is` is much cheaper than `isinstance(x, jax.Array)`.
+
+    Found on first use, not at import: creating an array starts the XLA backend, after
+    which `jax.distributed.initialize` and device-count settings can no longer run.
+    """
+    return type(jnp.zeros(()))
 
 
 def _rows_to_host(
@@ -265,12 +272,8 @@ def _rows_to_host(
 
 
 def _column_to_host(values: list[Any]) -> list[Any]:
-    first = values[0]
-    if (
-        type(first) in _ARRAY_TYPES
-        and first.ndim == 0
-        and all(type(value) in _ARRAY_TYPES for value in values)
-    ):
+    first, array = values[0], _array_type()
+    if type(first) is array and first.ndim == 0 and all(type(value) is array for value in values):
         try:
             return _scalars_to_host(values)
         except (TypeError, ValueError):

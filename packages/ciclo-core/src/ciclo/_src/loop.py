@@ -10,7 +10,8 @@ from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
 from typing import Any, Generic
 
-from ciclo._src.elapsed import BatchSizeFn, Clock, Elapsed, PeriodLike, to_period
+from ciclo._src.batches import BatchSizeFn
+from ciclo._src.elapsed import Clock, Elapsed, PeriodLike, to_period
 from ciclo._src.logs import History, Logs, LogsLike
 from ciclo._src.types import CallbackOutput, S, Tasks
 

@@ -13,12 +13,12 @@ import dataclasses
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final, final
 
+from ciclo._src.batches import BatchSizeFn, Stacked, leading_dim
 from ciclo._src.callbacks._inner_loop import inner_loop
-from ciclo._src.elapsed import BatchSizeFn, Elapsed, Period, PeriodLike, leading_dim, to_period
+from ciclo._src.elapsed import Elapsed, Period, PeriodLike, to_period
 from ciclo._src.logs import History
 from ciclo._src.loop import LoopState, _Callback, as_callback_list, end_hooks, loop, run_callbacks
 from ciclo._src.schedules import Every, every
-from ciclo._src.stacked import Stacked
 from ciclo._src.types import CallbackOutput, S, Tasks
 
 on_train_step: Final = "on_train_step"

@@ -18,10 +18,10 @@ import jax.numpy as jnp
 import optax
 from typing_extensions import Self, dataclass_transform
 
-from ciclo._src.fused import scan_steps
+from ciclo._src.batches import Stacked, is_stacked
+from ciclo._src.fused import as_logs_and_state, scan_steps
 from ciclo._src.logs import Entries, Logs
 from ciclo._src.metrics import Metric
-from ciclo._src.stacked import Stacked
 from ciclo._src.strategies._local import Eager
 from ciclo._src.strategies._registry import get_strategy
 from ciclo._src.types import Strategy
@@ -175,7 +175,7 @@ class ManagedStep(Generic[S]):
     def __call__(self, state: S, batch: Any) -> tuple[Logs, S]:
         """Runs one step, or all steps of a `ciclo.Stacked` batch in one dispatch: `(logs, new_state)`."""
         strategy = getattr(state, "strategy", None) or self._default
-        if type(batch) is Stacked:
+        if is_stacked(batch):
             return self._call_fused(strategy, state, batch)
         last, compiled = self._cache
         if strategy is not last or compiled is None:
@@ -299,21 +299,6 @@ def _check_trainable(state: Any) -> None:
         )
 
 
-def _run(fn: StepBody, state: Any, batch: Any) -> tuple[Logs, Any]:
-    out = fn(state, batch)
-    if out is None:
-        return Logs(), state
-    if isinstance(out, Mapping):
-        return Logs(out), state
-    if isinstance(out, tuple) and len(out) == 2:
-        logs, new_state = out
-        return Logs(logs) if logs is not None else Logs(), state if new_state is None else new_state
-    raise TypeError(
-        f"a managed step returns (logs, state), logs or None; {getattr(fn, '__name__', fn)!r} "
-        f"returned a {type(out).__name__}"
-    )
-
-
 def _total_loss(logs: Logs, fn: StepBody) -> jax.Array:
     losses = logs.get("losses")
     if not losses:
@@ -336,7 +321,7 @@ def _total_loss(logs: Logs, fn: StepBody) -> jax.Array:
 def _train_body(fn: StepBody, strategy: Strategy) -> Callable[[Any, Any], tuple[Logs, Any]]:
     def train(state: Any, batch: Any) -> tuple[Logs, Any]:
         def loss(params: Any) -> tuple[jax.Array, tuple[Logs, Any]]:
-            logs, new_state = _run(fn, state.replace(params=params), batch)
+            logs, new_state = as_logs_and_state(fn, state.replace(params=params), batch)
             return _total_loss(logs, fn), (logs, new_state)
 
         (_, (logs, new_state)), grads = jax.value_and_grad(loss, has_aux=True)(state.params)
@@ -355,7 +340,7 @@ def _train_body(fn: StepBody, strategy: Strategy) -> Callable[[Any, Any], tuple[
 
 def _body(fn: StepBody, strategy: Strategy) -> Callable[[Any, Any], tuple[Logs, Any]]:
     def run(state: Any, batch: Any) -> tuple[Logs, Any]:
-        logs, new_state = _run(fn, state, batch)
+        logs, new_state = as_logs_and_state(fn, state, batch)
         return _finish(logs, new_state, strategy)
 
     return run

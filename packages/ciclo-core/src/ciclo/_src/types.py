@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
-from ciclo._src.elapsed import BatchSizeFn as BatchSizeFn
+from ciclo._src.batches import BatchSizeFn as BatchSizeFn
 from ciclo._src.logs import LogsLike
 
 if TYPE_CHECKING:

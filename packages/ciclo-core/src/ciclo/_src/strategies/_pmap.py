@@ -11,8 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
+from ciclo._src.batches import is_stacked, split_rows
 from ciclo._src.logs import Entries, Logs, collapse_leading_axis
-from ciclo._src.stacked import Stacked
 from ciclo._src.strategies._placement import check_divisible, check_placeable, gather
 from ciclo._src.types import StepFn
 
@@ -69,14 +69,14 @@ class PMap:
         return gather(jax.tree.map(lambda leaf: leaf[0], state))
 
     def lift_batch(self, batch: T, /) -> T:
-        if type(batch) is Stacked:
+        if is_stacked(batch):
             raise ValueError(
                 "strategy 'pmap' does not run fused steps (ciclo.stacked batches); use 'data_parallel', "
                 "which gives the same results and fuses"
             )
         devices = jax.local_device_count()
         try:
-            return jax.tree.map(lambda leaf: _split_rows(leaf, devices), batch)
+            return jax.tree.map(lambda leaf: split_rows(leaf, devices), batch)
         except ValueError:
             check_divisible(batch, devices, "pmap")
             raise
@@ -113,13 +113,3 @@ class PMap:
     def reduce_metric(self, metric: M, /) -> M:
         gathered = jax.lax.all_gather(metric, self.axis_name)
         return gathered.reduce()
-
-
-def _split_rows(leaf: Any, devices: int) -> Any:
-    shape = np.shape(leaf)
-    if not shape:
-        return np.broadcast_to(leaf, (devices,))
-    if shape[0] % devices:
-        raise ValueError(f"{shape[0]} rows do not split over {devices} devices")
-    rows = (devices, shape[0] // devices, *shape[1:])
-    return leaf.reshape(rows) if isinstance(leaf, (jax.Array, np.ndarray)) else np.reshape(leaf, rows)

@@ -19,8 +19,8 @@ import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
+from ciclo._src.batches import Stacked, is_stacked
 from ciclo._src.logs import Entries, Logs
-from ciclo._src.stacked import Stacked
 from ciclo._src.strategies._placement import (
     GlobalView,
     check_divisible,
@@ -75,7 +75,7 @@ class _MeshStrategy(GlobalView, abc.ABC):
         return gather(state)
 
     def lift_batch(self, batch: T, /) -> T:
-        if type(batch) is Stacked:
+        if is_stacked(batch):
             # Fused steps: the leading axis counts steps; rows are the second axis.
             group = cast(Stacked[Any], batch)
             lifted = self._lift(group.batches, self._stacked_rows, 1)

@@ -1,4 +1,9 @@
-"""`Stacked`: several consecutive batches in one, for fused multi-step execution."""
+"""Batches: how many samples one holds, `Stacked` groups of them, and splitting their rows.
+
+Every rule about a batch lives here: the loop's clock, the epoch-end schedule,
+the strategies and the managed steps all ask this module whether a batch is
+stacked and how many steps and samples it counts for.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +15,9 @@ import jax
 import numpy as np
 
 B = TypeVar("B")
+
+BatchSizeFn = Callable[[Any], int]
+"""Returns the number of samples in a batch."""
 
 
 @final
@@ -56,8 +64,6 @@ def stacked(
         >>> [(group.steps, group.samples, group.batches.shape) for group in groups]
         [(2, 8, (2, 4, 2)), (2, 8, (2, 4, 2)), (1, 4, (1, 4, 2))]
     """
-    from ciclo._src.elapsed import leading_dim
-
     if not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps must be a positive int, got {steps!r}")
     size = leading_dim if batch_size_fn is None else batch_size_fn
@@ -90,3 +96,71 @@ def _stack_leaves(*leaves: Any) -> Any:
     if isinstance(leaves[0], jax.Array):
         return jax.numpy.stack(leaves)
     return np.stack(leaves)
+
+
+def is_stacked(batch: Any) -> bool:
+    """Whether `batch` is a `Stacked` group of batches.
+
+    Example:
+        >>> import ciclo, numpy as np
+        >>> is_stacked(np.ones(3)), is_stacked(next(ciclo.stacked([np.ones(3)] * 2, 2)))
+        (False, True)
+    """
+    return type(batch) is Stacked
+
+
+def leading_dim(batch: Any) -> int:
+    """Default sample count of a batch: the leading dimension of its first array leaf.
+
+    A batch with no array leaf (a plain Python value) counts as one sample.
+
+    Example:
+        >>> import numpy as np
+        >>> leading_dim({"x": np.zeros((32, 4)), "y": np.zeros(32)})
+        32
+    """
+    if type(batch) is tuple and batch:
+        # The usual `(inputs, targets)`: its first leaf is its first item when that is an array.
+        shape = getattr(batch[0], "shape", None)
+        if shape:
+            return int(shape[0])
+    for leaf in jax.tree.leaves(batch):
+        shape = getattr(leaf, "shape", None)
+        if shape:
+            return int(shape[0])
+    return 1
+
+
+def count(batch: Any, batch_size_fn: BatchSizeFn) -> tuple[int, int]:
+    """`(steps, samples)` that `batch` counts for: `Stacked` groups count all their steps.
+
+    Example:
+        >>> import numpy as np
+        >>> count(np.zeros((8, 2)), leading_dim)
+        (1, 8)
+    """
+    if type(batch) is Stacked:
+        return batch.steps, batch.samples
+    return 1, batch_size_fn(batch)
+
+
+def split_rows(leaf: Any, parts: int) -> Any:
+    """Reshapes a batch leaf's leading axis `(rows, ...)` to `(parts, rows / parts, ...)`.
+
+    A scalar leaf is repeated `parts` times.
+
+    Raises:
+        ValueError: if the rows do not split evenly.
+
+    Example:
+        >>> import numpy as np
+        >>> split_rows(np.arange(6), 2).tolist(), split_rows(np.float32(1), 2).tolist()
+        ([[0, 1, 2], [3, 4, 5]], [1.0, 1.0])
+    """
+    shape = np.shape(leaf)
+    if not shape:
+        return np.broadcast_to(leaf, (parts,))
+    if shape[0] % parts:
+        raise ValueError(f"{shape[0]} rows do not split over {parts} devices")
+    rows = (parts, shape[0] // parts, *shape[1:])
+    return leaf.reshape(rows) if isinstance(leaf, (jax.Array, np.ndarray)) else np.reshape(leaf, rows)
