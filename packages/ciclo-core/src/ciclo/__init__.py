@@ -90,6 +90,7 @@ from ciclo._src.types import LoopCallback as LoopCallback
 from ciclo._src.types import ModelAdapter as ModelAdapter
 from ciclo._src.types import Schedule as Schedule
 from ciclo._src.types import State as State
+from ciclo._src.types import StatefulCallback as StatefulCallback
 from ciclo._src.types import Strategy as Strategy
 
 __version__ = _version("ciclo-core")
@@ -139,6 +140,7 @@ __all__ = [
     "ScheduleBase",
     "Stacked",
     "State",
+    "StatefulCallback",
     "Strategy",
     "TqdmBar",
     "__version__",

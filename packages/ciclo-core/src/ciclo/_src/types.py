@@ -63,6 +63,48 @@ class LoopCallback(Protocol[S]):
         ...
 
 
+@runtime_checkable
+class StatefulCallback(Protocol):
+    """A callback that keeps state across steps, and can hand it out and take it back.
+
+    Early stopping keeps its best value and wait count, a checkpointer its
+    ranking, a logger its position. A loop that is backed up saves
+    `callback_state()` with the training state, and a resumed loop hands it
+    back with `restore_callback_state` before its first step, so the resumed
+    run goes on exactly as the uninterrupted one would have.
+
+    `callback_state()` returns a pytree of arrays, numbers, strings and `None`
+    (dicts, lists and tuples of them), a snapshot that later steps do not
+    change. `restore_callback_state(callback_state())` on a fresh callback built
+    with the same arguments must give a callback that behaves the same.
+    ciclo's stateful callbacks: `early_stopping`, `checkpoint`, `inner_loop`.
+
+    Example:
+        >>> import ciclo
+        >>> class CountCalls:
+        ...     def __init__(self):
+        ...         self.calls = 0
+        ...     def __call__(self, state):
+        ...         self.calls += 1
+        ...     def callback_state(self):
+        ...         return {"calls": self.calls}
+        ...     def restore_callback_state(self, state):
+        ...         self.calls = state["calls"]
+        >>> counter = CountCalls()
+        >>> _ = ciclo.loop(None, range(3), {ciclo.every(1): counter})
+        >>> isinstance(counter, ciclo.StatefulCallback), counter.callback_state()
+        (True, {'calls': 3})
+    """
+
+    def callback_state(self) -> Any:
+        """A snapshot of the state this callback keeps across steps, as a pytree."""
+        ...
+
+    def restore_callback_state(self, state: Any, /) -> None:
+        """Takes back a snapshot made by `callback_state` (of this or an equal callback)."""
+        ...
+
+
 CallbackLike = Callable[..., Any] | LoopCallback[Any]
 """A callback object or a callable taking 0 to 4 of `(state, batch, elapsed, loop_state)`."""
 
