@@ -4,11 +4,22 @@ from __future__ import annotations
 
 from typing import Any, Generic, final
 
-from ciclo._src.callbacks._monitor import Mode, check_mode, is_improvement, monitored_value, present_keys
+from ciclo._src.callbacks._monitor import (
+    Mode,
+    check_mode,
+    is_improvement,
+    monitored_value,
+    optional_float,
+    present_keys,
+    snapshot_fields,
+)
 from ciclo._src.elapsed import Elapsed, Period
 from ciclo._src.logs import LogsLike
 from ciclo._src.loop import LoopState
 from ciclo._src.types import CallbackOutput, S
+
+_STATE_KEYS = ("best", "wait", "best_elapsed", "stopped", "best_state")
+_ELAPSED_KEYS = ("steps", "samples", "time", "date_start")
 
 
 @final
@@ -74,6 +85,69 @@ class EarlyStopping(Generic[S]):
             if self.restore_best_weights and self.best_state is not None:
                 state = self.best_state
         return exhausted, state
+
+    def callback_state(self) -> dict[str, Any]:
+        """A snapshot of what decides when to stop, for `restore_callback_state`.
+
+        Returns:
+            A dict: `best` (the best value, or the baseline, or None), `wait`
+            (checks since the best), `best_elapsed` (the `Elapsed` fields of the
+            best check as a dict, from which a `Period` patience counts; None
+            before the first check), `stopped`, and `best_state` (the best state,
+            kept as is, with `restore_best_weights`; else None).
+
+        Example:
+            >>> import ciclo
+            >>> losses = iter([1.0, 0.5, 0.6])
+            >>> def log_loss(state):
+            ...     return ciclo.logs().add_metric("loss", next(losses)), state
+            >>> stopper = ciclo.early_stopping("loss", patience=1)
+            >>> _ = ciclo.loop(0, range(3), {ciclo.every(1): [log_loss, stopper]})
+            >>> snapshot = stopper.callback_state()
+            >>> snapshot["best"], snapshot["wait"], snapshot["best_elapsed"]["steps"]
+            (0.5, 1, 1)
+            >>> resumed = ciclo.early_stopping("loss", patience=1)
+            >>> resumed.restore_callback_state(snapshot)
+            >>> resumed.best, resumed.wait
+            (0.5, 1)
+        """
+        best_elapsed = self._best_elapsed
+        return {
+            "best": self.best,
+            "wait": self.wait,
+            "best_elapsed": None
+            if best_elapsed is None
+            else {key: getattr(best_elapsed, key) for key in _ELAPSED_KEYS},
+            "stopped": self.stopped,
+            # Arrays are immutable and later checks rebind `best_state`, so holding it is a snapshot.
+            "best_state": self.best_state,
+        }
+
+    def restore_callback_state(self, state: Any, /) -> None:
+        """Takes back a snapshot made by `callback_state`, before the first check of a resumed run.
+
+        Args:
+            state: the dict `callback_state()` returned, possibly with its numbers
+                turned into 0-d arrays by storage.
+
+        Raises:
+            TypeError, ValueError: if `state` is not such a dict.
+        """
+        fields = snapshot_fields(state, _STATE_KEYS, "early_stopping")
+        best_elapsed = fields["best_elapsed"]
+        if best_elapsed is not None:
+            elapsed_fields = snapshot_fields(best_elapsed, _ELAPSED_KEYS, "early_stopping best_elapsed")
+            best_elapsed = Elapsed(
+                steps=int(elapsed_fields["steps"]),
+                samples=int(elapsed_fields["samples"]),
+                time=float(elapsed_fields["time"]),
+                date_start=float(elapsed_fields["date_start"]),
+            )
+        self.best = optional_float(fields["best"])
+        self.wait = int(fields["wait"])
+        self._best_elapsed = best_elapsed
+        self.stopped = bool(fields["stopped"])
+        self.best_state = fields["best_state"]
 
     def __loop_callback__(self, loop_state: LoopState[S]) -> CallbackOutput[S]:
         """Checks `loop_state.accumulated_logs` and stops the loop when patience runs out."""

@@ -48,6 +48,45 @@ def is_improvement(value: float, best: float | None, mode: Mode, min_delta: floa
     return value > best + min_delta
 
 
+def snapshot_fields(snapshot: Any, names: tuple[str, ...], owner: str) -> Mapping[str, Any]:
+    """Checks that a snapshot given to `restore_callback_state` has exactly the keys `names`.
+
+    Args:
+        snapshot: what `restore_callback_state` received.
+        names: the keys `callback_state()` writes.
+        owner: the callback's name, for the error message.
+
+    Returns:
+        `snapshot`, as a mapping.
+
+    Raises:
+        TypeError: if `snapshot` is not a mapping.
+        ValueError: if keys are missing or unknown (the message names them), as
+            happens with a snapshot of another callback.
+    """
+    if not isinstance(snapshot, Mapping):
+        raise TypeError(
+            f"{owner}.restore_callback_state takes the dict that callback_state() returned, got {snapshot!r}"
+        )
+    missing = [name for name in names if name not in snapshot]
+    unknown = sorted(str(key) for key in snapshot if key not in names)
+    if missing or unknown:
+        raise ValueError(
+            f"{owner} callback state needs the keys {list(names)}; missing: {missing}, unknown: {unknown}"
+        )
+    return snapshot
+
+
+def optional_float(value: Any) -> float | None:
+    """A snapshot's number as a float (it may come back from storage as a 0-d array), None kept."""
+    return None if value is None else float(value)
+
+
+def optional_int(value: Any) -> int | None:
+    """A snapshot's integer as an int (it may come back from storage as a 0-d array), None kept."""
+    return None if value is None else int(value)
+
+
 def present_keys(logs: Mapping[str, Mapping[str, Any]]) -> list[str]:
     """The full paths of the entries in `logs`, for error messages."""
     return sorted(f"{c}.{n}" for c, entries in logs.items() for n in entries)
