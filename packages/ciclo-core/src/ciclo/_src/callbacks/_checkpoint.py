@@ -25,7 +25,14 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import jax
 
-from ciclo._src.callbacks._monitor import Mode, check_mode, monitored_value, present_keys
+from ciclo._src.callbacks._monitor import (
+    Mode,
+    check_mode,
+    monitored_value,
+    optional_int,
+    present_keys,
+    snapshot_fields,
+)
 from ciclo._src.elapsed import Elapsed
 from ciclo._src.logs import LogsLike
 from ciclo._src.types import CallbackOutput
@@ -41,6 +48,8 @@ StepLike = int | Literal["latest", "best"]
 
 SETTINGS_FILE = "ciclo_checkpoint.json"
 """Holds the monitor and mode the checkpoints of a directory were ranked with."""
+
+_STATE_KEYS = ("newest_step", "newest_at_start", "warned")
 
 _log = logging.getLogger("ciclo")
 
@@ -423,6 +432,57 @@ class Checkpoint:
         """The named hook `ciclo.train_loop` runs at the end of each epoch: saves `state`."""
         self.save(int(elapsed.steps), state, loop_state.accumulated_logs)
         return {}, state
+
+    def callback_state(self) -> dict[str, Any]:
+        """A snapshot of what decides which steps are saved, for `restore_callback_state`.
+
+        The ranking is not in it: orbax writes each checkpoint's monitored value
+        next to it, and a `Checkpoint` opened on the directory ranks what it finds
+        there. The snapshot holds what only this object knows. Cheap: it reads
+        neither the directory nor orbax.
+
+        Returns:
+            A dict: `newest_step` (the newest step saved or found; steps up to it
+            are skipped), `newest_at_start` (the newest step found in the directory
+            when this run began; older steps are warned about, as they suggest a
+            new run in an old directory) and `warned` (whether that warning was
+            given). The steps are ints or None.
+
+        Example:
+            >>> import tempfile
+            >>> import ciclo
+            >>> ckpt = ciclo.checkpoint(tempfile.mkdtemp(), keep=2)
+            >>> ckpt(ciclo.Elapsed.create(steps=3), {"w": 1.0})
+            >>> ckpt.callback_state()
+            {'newest_step': 3, 'newest_at_start': None, 'warned': False}
+            >>> ckpt.close()
+        """
+        return {"newest_step": self._newest, "newest_at_start": self._found_newest, "warned": self._warned}
+
+    def restore_callback_state(self, state: Any, /) -> None:
+        """Takes back a snapshot made by `callback_state`, before the first save of a resumed run.
+
+        The directory may hold checkpoints newer than the snapshot (the run went on
+        after it was taken): they are kept, and their steps are skipped, as the
+        resumed run would save the same states there. Warnings about older steps
+        follow the snapshot's run, so that the resumed run does not take its own
+        checkpoints for those of an earlier run.
+
+        Args:
+            state: the dict `callback_state()` returned, possibly with its numbers
+                turned into 0-d arrays by storage.
+
+        Raises:
+            TypeError, ValueError: if `state` is not such a dict.
+        """
+        fields = snapshot_fields(state, _STATE_KEYS, "checkpoint")
+        newest = optional_int(fields["newest_step"])
+        # self._newest is at least the newest step in the directory when this object opened it.
+        if newest is None or (self._newest is not None and self._newest > newest):
+            newest = self._newest
+        self._newest = newest
+        self._found_newest = optional_int(fields["newest_at_start"])
+        self._warned = bool(fields["warned"])
 
     def __loop_end__(self, loop_state: LoopState[Any], /) -> None:
         """Waits for the saves in flight, so that the loop returns with every checkpoint written."""
