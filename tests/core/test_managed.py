@@ -50,8 +50,8 @@ def test_step_lowers_logs_per_collection(strategy: str) -> None:
 class Counted(managed.ManagedState):
     """A state whose step counts examples in a batch-statistics field and a stateful metric."""
 
-    batch_stats: jax.Array
-    mean_target: ciclo.metrics.Mean
+    batch_stats: jax.Array = managed.field(role=managed.Role.MODEL_STATE)
+    mean_target: ciclo.metrics.Mean = managed.field(role=managed.Role.METRICS)
 
 
 @managed.train_step
@@ -184,8 +184,37 @@ def test_train_step_errors_name_the_problem(returned: Any, message: str) -> None
 
 def test_train_step_needs_a_trainable_state() -> None:
     step = managed.train_step(lambda state, batch: ciclo.logs().add_loss("l", 0.0))
-    with pytest.raises(TypeError, match="dict has no params, apply_gradients, replace"):
+    with pytest.raises(
+        TypeError, match=r"dict has no params field \(managed.Role.PARAMS\), apply_gradients, replace"
+    ):
         step({"w": jnp.ones(2)}, None)
+
+
+def test_a_subclass_that_loses_the_params_role_fails_when_defined() -> None:
+    with pytest.raises(TypeError, match="one field with the role managed.Role.PARAMS.*Plain declares none"):
+
+        class Plain(managed.ManagedState):
+            params: Any
+
+    with pytest.raises(TypeError, match="Doubled declares 2: params, weights"):
+
+        class Doubled(managed.ManagedState):
+            weights: Any = managed.field(role=managed.Role.PARAMS)
+
+
+def test_field_declares_roles_and_static_fields() -> None:
+    class State(managed.ManagedState):
+        stats: jax.Array = managed.field(role=managed.Role.MODEL_STATE, default_factory=lambda: jnp.zeros(2))
+        note: str = managed.field(static=True, default="x")
+        old_style: str = dataclasses.field(default="y", metadata={"static": True})
+
+    state = State.create(params=jnp.zeros(2), tx=optax.sgd(0.1), strategy="eager")
+    assert managed.fields_with_role(State, managed.Role.MODEL_STATE) == ("stats",)
+    assert managed.fields_with_role(State, managed.Role.PARAMS) == ("params",)
+    assert managed.fields_with_role(State, managed.Role.KEY) == ()
+    assert len(jax.tree.leaves(state)) == 3  # step, params, stats: the static fields are not leaves
+    with pytest.raises(TypeError, match="a static field cannot have a role"):
+        managed.field(role=managed.Role.KEY, static=True)
 
 
 def test_subclasses_are_frozen_keyword_only_pytrees() -> None:
@@ -248,3 +277,65 @@ def test_python_numbers_in_logs_pass_through_every_strategy(strategy: str) -> No
     state = managed.ManagedState.create(params=jnp.zeros(()), tx=optax.sgd(0.1), strategy=strategy)
     logs, _ = step(state, np.ones((training.BATCH, 2), np.float32))
     assert float(logs.metrics.half) == 0.5 and int(logs.metrics.rows) > 0
+
+
+class Renamed(managed.ManagedState):
+    """Every role on a field with its own name: no behaviour may depend on the names."""
+
+    stats: jax.Array = managed.field(role=managed.Role.MODEL_STATE)
+    rng: jax.Array = managed.field(role=managed.Role.KEY)
+    running: ciclo.metrics.Mean = managed.field(role=managed.Role.METRICS)
+
+
+@managed.train_step
+def renamed_step(state: Renamed, batch: Any) -> tuple[ciclo.Logs, Renamed]:
+    x, y = batch
+    rng, noise_key = jax.random.split(state.rng)
+    noise = jax.random.uniform(noise_key, ())
+    loss = jnp.mean((x @ state.params - y[:, 0]) ** 2)
+    # Per-device batch means differ under pmap: the model-state role makes them global.
+    stats = 0.5 * state.stats + 0.5 * jnp.mean(x, axis=0)
+    running = state.running.update(target=y)
+    logs = ciclo.logs().add_loss("loss", loss).add_metric("running", running).add_metric("noise", noise)
+    return logs, state.replace(stats=stats, rng=rng, running=running)
+
+
+def test_roles_work_under_any_field_name(strategy: str) -> None:
+    data = training.batches(3)
+    state = Renamed.create(
+        params=jnp.zeros(training.FEATURES),
+        tx=optax.sgd(0.01),
+        stats=jnp.zeros(training.FEATURES),
+        rng=jax.random.key(0),
+        running=ciclo.metrics.Mean(lambda target: target),
+        strategy=strategy,
+    )
+    if strategy == "pmap":  # each device gets its own split of the key-role field
+        keys = {tuple(np.asarray(k)) for k in jax.random.key_data(state.rng)}
+        assert state.rng.shape == (jax.local_device_count(),) and len(keys) == jax.local_device_count()
+    for batch in data:
+        logs, state = renamed_step(state, batch)
+
+    host = state.with_strategy("eager")
+    expected = np.zeros(training.FEATURES)
+    for x, _ in data:
+        expected = 0.5 * expected + 0.5 * x.mean(axis=0)
+    np.testing.assert_allclose(host.stats, expected, rtol=1e-5, atol=1e-6)
+    if strategy == "pmap":  # the synchronised model state is the same on every device
+        np.testing.assert_allclose(
+            state.stats, np.broadcast_to(expected, state.stats.shape), rtol=1e-5, atol=1e-6
+        )
+    all_targets = np.concatenate([y for _, y in data])
+    np.testing.assert_allclose(logs.metrics.running, all_targets.mean(), rtol=1e-5)
+    assert int(host.step) == len(data) and jnp.issubdtype(host.rng.dtype, jax.dtypes.prng_key)
+    training.assert_trees_close(host.params, _renamed_reference(data), rtol=1e-5, atol=1e-6)
+
+
+def _renamed_reference(data: list[Any]) -> jax.Array:
+    def loss(params: jax.Array, x: np.ndarray, y: np.ndarray) -> jax.Array:
+        return jnp.mean((x @ params - y[:, 0]) ** 2)
+
+    params = jnp.zeros(training.FEATURES)
+    for x, y in data:
+        params = params - 0.01 * jax.grad(loss)(params, x, y)
+    return params

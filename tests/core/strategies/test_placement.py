@@ -19,7 +19,16 @@ PLACING = ["data_parallel", "fsdp", "pmap"]
 @pytest.mark.parametrize("strategy", PLACING)
 def test_a_state_leaf_that_is_not_an_array_is_named(strategy: str) -> None:
     with pytest.raises(TypeError, match=r"cannot place state leaf \['name'\] on devices: it is a str"):
-        ciclo.get_strategy(strategy).from_host({"w": jnp.ones(2), "name": "model"})
+        ciclo.get_strategy(strategy).place({"w": jnp.ones(2), "name": "model"})
+
+    class Named(managed.ManagedState):
+        name: str
+
+    # A state names the field; a dict handed to create names the key.
+    with pytest.raises(
+        TypeError, match=r"cannot place state leaf (\.name|\['name'\]) on devices: it is a str"
+    ):
+        Named.create(params=jnp.ones(2), tx=optax.sgd(0.1), strategy=strategy, name="model")
 
 
 def test_check_divisible_names_the_leaf_and_the_fix() -> None:

@@ -9,20 +9,17 @@ from conftest import STRATEGIES
 
 import ciclo
 from ciclo._src.strategies import _registry
-from ciclo.strategies import FSDP, JIT, DataParallel, Eager, PMap
+from ciclo.strategies import FSDP, JIT, DataParallel, DeviceReductions, Eager, PMap
 
-_: ciclo.Strategy
-_ = Eager()
-_ = JIT()
-_ = DataParallel()
-_ = FSDP()
-_ = PMap()
 
-PROTOCOL = [
-    name
-    for name in vars(ciclo.Strategy)
-    if not name.startswith("_") and callable(getattr(ciclo.Strategy, name))
-]
+def _methods(protocol: type) -> list[str]:
+    return sorted(
+        name for name in vars(protocol) if not name.startswith("_") and callable(vars(protocol)[name])
+    )
+
+
+STRATEGY_METHODS = _methods(ciclo.Strategy)
+REDUCTION_METHODS = _methods(DeviceReductions)
 
 
 @pytest.fixture
@@ -35,12 +32,38 @@ def test_every_built_in_strategy_is_under_test(clean_registry: None) -> None:
     assert ciclo.strategy_names() == sorted(STRATEGIES)
 
 
-def test_built_ins_implement_the_whole_protocol(strategy: str) -> None:
+def test_the_protocols_are_small() -> None:
+    assert STRATEGY_METHODS == ["compile", "create", "lift_batch", "place", "unplace"]
+    assert REDUCTION_METHODS == ["reduce_grads", "reduce_logs", "reduce_metric", "reduce_model_state"]
+
+
+def test_built_ins_implement_the_protocol(strategy: str) -> None:
     instance = ciclo.get_strategy(strategy)
-    assert len(PROTOCOL) == 9
-    for method in PROTOCOL:
+    assert isinstance(instance, ciclo.Strategy)
+    for method in STRATEGY_METHODS:
         assert callable(getattr(instance, method)), method
     assert hash(instance) == hash(ciclo.get_strategy(strategy))
+    # Only pmap runs one program per device and reduces inside the step.
+    assert isinstance(instance, DeviceReductions) == isinstance(instance, PMap)
+    if isinstance(instance, PMap):
+        for method in REDUCTION_METHODS:
+            assert callable(getattr(instance, method)), method
+
+
+@pytest.mark.parametrize("instance", [Eager(), JIT(), DataParallel(), FSDP(), PMap()], ids=repr)
+def test_built_in_classes_are_final_frozen_strategies(instance: ciclo.Strategy) -> None:
+    assert isinstance(instance, ciclo.Strategy)
+    with pytest.raises(AttributeError):
+        instance.donate = True  # type: ignore[attr-defined]
+
+
+def test_an_object_that_is_not_a_strategy_is_refused() -> None:
+    class Old:
+        def compile(self, step: object) -> object:
+            return step
+
+    with pytest.raises(TypeError, match="is not a strategy: it has no create, place, unplace, lift_batch"):
+        ciclo.get_strategy(Old())  # type: ignore[arg-type]
 
 
 def test_names_with_dashes_and_objects_resolve() -> None:

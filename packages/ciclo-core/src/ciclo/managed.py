@@ -12,7 +12,6 @@ Example:
     1.0
 """
 
-from ciclo._src.managed import MODEL_STATE_FIELDS as MODEL_STATE_FIELDS
 from ciclo._src.managed import ManagedState as ManagedState
 from ciclo._src.managed import ManagedStep as ManagedStep
 from ciclo._src.managed import step as step
@@ -22,15 +21,20 @@ from ciclo._src.model_state import ModelState as ModelState
 from ciclo._src.model_state import NamedLosses as NamedLosses
 from ciclo._src.model_state import create_model_state as create_model_state
 from ciclo._src.model_state import split_batch as split_batch
+from ciclo._src.roles import Role as Role
+from ciclo._src.roles import field as field
+from ciclo._src.roles import fields_with_role as fields_with_role
 
 __all__ = [
     "BATCH_KEYS",
-    "MODEL_STATE_FIELDS",
     "ManagedState",
     "ManagedStep",
     "ModelState",
     "NamedLosses",
+    "Role",
     "create_model_state",
+    "field",
+    "fields_with_role",
     "split_batch",
     "step",
     "train_step",

@@ -18,12 +18,14 @@ from ciclo._src.strategies._registry import register_strategy as register_strate
 from ciclo._src.strategies._registry import strategy_names as strategy_names
 from ciclo._src.strategies._sharding import FSDP as FSDP
 from ciclo._src.strategies._sharding import DataParallel as DataParallel
+from ciclo._src.types import DeviceReductions as DeviceReductions
 from ciclo._src.types import Strategy as Strategy
 
 __all__ = [
     "FSDP",
     "JIT",
     "DataParallel",
+    "DeviceReductions",
     "Eager",
     "PMap",
     "Strategy",

@@ -22,22 +22,18 @@ from ciclo._src.batches import Stacked, is_stacked
 from ciclo._src.fused import as_logs_and_state, scan_steps
 from ciclo._src.logs import Entries, Logs
 from ciclo._src.metrics import Metric
+from ciclo._src.roles import Role, field, fields_with_role, params_field, roles
 from ciclo._src.strategies._local import Eager
 from ciclo._src.strategies._registry import get_strategy
-from ciclo._src.types import Strategy
+from ciclo._src.types import DeviceReductions, Strategy
 
 S = TypeVar("S")
 
 StepBody = Callable[[Any, Any], Any]
 """What a managed step wraps: `(state, batch) -> (logs, state)`, `logs`, or `None`."""
 
-MODEL_STATE_FIELDS = ("batch_stats", "model_state")
-"""State fields a training step synchronises across devices after the update."""
 
-_STATIC = {"static": True}
-
-
-@dataclass_transform(kw_only_default=True, frozen_default=True, field_specifiers=(dataclasses.field,))
+@dataclass_transform(kw_only_default=True, frozen_default=True, field_specifiers=(dataclasses.field, field))
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ManagedState:
     """A training state that knows its optimizer and its strategy; a pytree.
@@ -45,11 +41,24 @@ class ManagedState:
     Subclass it to add fields (rng keys, metrics, batch statistics): subclasses
     become frozen, keyword-only dataclasses registered as pytrees, with nothing
     to decorate or register. A field holding configuration rather than arrays
-    must be static: `dataclasses.field(metadata={"static": True})`.
+    must be static: `managed.field(static=True)` (or
+    `dataclasses.field(metadata={"static": True})`).
+
+    **Roles.** ciclo finds the fields it treats specially by the role they
+    declare with `managed.field(role=...)`, never by their names:
+
+    - `Role.PARAMS`: what `train_step` differentiates and `apply_gradients`
+      updates; `params` carries it.
+    - `Role.MODEL_STATE`: state the model updates itself, such as batch
+      statistics; a training step synchronises it across devices (averaged
+      under `pmap`; one global value under the other strategies).
+    - `Role.KEY`: an rng key (typed, or raw `uint32` data); `pmap` splits it so
+      that each device draws different numbers.
+    - `Role.METRICS`: running metrics (`ciclo.ModelState.metrics`).
 
     Attributes:
         step: the number of optimizer updates applied (an int32 array).
-        params: the trained parameters, any pytree.
+        params: the trained parameters, any pytree (role `PARAMS`).
         opt_state: the optimizer's state.
         tx: the optax optimizer (static).
         apply_fn: the model's apply function, for the step's use (static).
@@ -59,24 +68,31 @@ class ManagedState:
         >>> import jax, jax.numpy as jnp, optax
         >>> from ciclo import managed
         >>> class State(managed.ManagedState):
-        ...     key: jax.Array
-        >>> state = State.create(params={"w": jnp.zeros(2)}, tx=optax.sgd(0.1), key=jax.random.key(0))
+        ...     stats: jax.Array = managed.field(role=managed.Role.MODEL_STATE)
+        ...     rng: jax.Array = managed.field(role=managed.Role.KEY)
+        >>> state = State.create(
+        ...     params={"w": jnp.zeros(2)}, tx=optax.sgd(0.1), stats=jnp.zeros(2), rng=jax.random.key(0)
+        ... )
         >>> state = state.apply_gradients(grads={"w": jnp.ones(2)})
         >>> state.params["w"], int(state.step)
         (Array([-0.1, -0.1], dtype=float32), 1)
+        >>> managed.fields_with_role(State, managed.Role.KEY)
+        ('rng',)
     """
 
     step: jax.Array
-    params: Any
+    params: Any = field(role=Role.PARAMS)
     opt_state: Any
-    tx: optax.GradientTransformation = dataclasses.field(metadata=_STATIC)
-    apply_fn: Callable[..., Any] | None = dataclasses.field(default=None, metadata=_STATIC)
-    strategy: Strategy = dataclasses.field(default_factory=Eager, metadata=_STATIC)
+    tx: optax.GradientTransformation = field(static=True)
+    apply_fn: Callable[..., Any] | None = field(static=True, default=None)
+    strategy: Strategy = field(static=True, default_factory=Eager)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         dataclasses.dataclass(frozen=True, kw_only=True)(cls)
         jax.tree_util.register_dataclass(cls)
+        params_field(cls)  # a subclass that loses or doubles the params role fails here, not at a step
+        roles(cls)
 
     @classmethod
     def create(
@@ -88,7 +104,10 @@ class ManagedState:
         strategy: str | Strategy = "jit",
         **fields: Any,
     ) -> Self:
-        """Makes a state at step 0 with a fresh optimizer state, placed for `strategy`.
+        """Makes a state at step 0 with a fresh optimizer state, built in place for `strategy`.
+
+        The optimizer state is initialised under the strategy (`strategy.create`):
+        under `fsdp` it is born sharded, as `params` are laid out.
 
         Args:
             params: the parameters to train, any pytree of arrays.
@@ -97,16 +116,14 @@ class ManagedState:
             strategy: a strategy or its name (see `ciclo.get_strategy`).
             **fields: the values of a subclass's own fields.
         """
-        state = cls(
-            step=jnp.zeros((), jnp.int32),
-            params=params,
-            opt_state=tx.init(params),
+        return create_state(
+            cls,
+            lambda values: values,
+            {"params": params, **fields},
             tx=tx,
             apply_fn=apply_fn,
-            strategy=Eager(),
-            **fields,
+            strategy=strategy,
         )
-        return state.with_strategy(strategy)
 
     def replace(self, **changes: Any) -> Self:
         """A copy with some fields changed."""
@@ -114,12 +131,19 @@ class ManagedState:
 
     def apply_gradients(self, *, grads: Any, **changes: Any) -> Self:
         """Applies one optimizer update: new params and opt_state, `step + 1`."""
-        updates, opt_state = self.tx.update(grads, self.opt_state, self.params)
-        params = optax.apply_updates(self.params, updates)
-        return self.replace(step=self.step + 1, params=params, opt_state=opt_state, **changes)
+        name = params_field(type(self))
+        params = getattr(self, name)
+        updates, opt_state = self.tx.update(grads, self.opt_state, params)
+        new_params = optax.apply_updates(params, updates)
+        return self.replace(step=self.step + 1, opt_state=opt_state, **{name: new_params}, **changes)
 
     def with_strategy(self, strategy: str | Strategy) -> Self:
-        """Moves the state to another strategy (`"eager"` brings it back to one device).
+        """Moves the state to another strategy.
+
+        Between `data_parallel` and `fsdp` the arrays are resharded device to
+        device, never gathered whole onto one; `"eager"` and `"jit"` bring the
+        state whole to this process's first device; `pmap` adds or removes its
+        device axis.
 
         Example:
             >>> import jax.numpy as jnp, optax
@@ -131,8 +155,42 @@ class ManagedState:
         new = get_strategy(strategy)
         if new == self.strategy:
             return self
-        on_host = self.strategy.to_host(self)
-        return new.from_host(on_host.replace(strategy=new))
+        return new.place(self.strategy.unplace(self).replace(strategy=new))
+
+
+def create_state(
+    cls: type[S],
+    fields: Callable[..., Mapping[str, Any]],
+    *args: Any,
+    tx: optax.GradientTransformation,
+    apply_fn: Callable[..., Any] | None,
+    strategy: str | Strategy,
+    **static: Any,
+) -> S:
+    """A `ManagedState` subclass's state at step 0, built by `strategy.create`.
+
+    `fields(*args)` returns the values of the state's array fields, the
+    parameters under `"params"`; it runs under the strategy (inside `jax.jit`
+    for the mesh strategies), as does the optimizer's `init`. `static` holds
+    the subclass's static fields.
+    """
+    placed = get_strategy(strategy)
+
+    def init(*args: Any) -> S:
+        values = dict(fields(*args))
+        params = values.pop("params")
+        return cls(  # type: ignore[call-arg]
+            step=jnp.zeros((), jnp.int32),
+            opt_state=tx.init(params),
+            tx=tx,
+            apply_fn=apply_fn,
+            strategy=placed,
+            **{params_field(cls): params},
+            **values,
+            **static,
+        )
+
+    return placed.create(init, *args)
 
 
 jax.tree_util.register_dataclass(ManagedState)
@@ -183,23 +241,24 @@ class ManagedStep(Generic[S]):
             if compiled is None:
                 compiled = self._compiled[strategy] = self._compile(strategy, state, fused=False)
             self._cache = (strategy, compiled)
-        logs, state = compiled(state, strategy.lift_batch(batch))
-        return strategy.lower_logs(logs), state
+        return compiled(state, strategy.lift_batch(batch))
 
     def _call_fused(self, strategy: Strategy, state: S, batch: Stacked[Any]) -> tuple[Logs, S]:
         lifted = strategy.lift_batch(batch)
         compiled = self._fused.get(strategy)
         if compiled is None:
             compiled = self._fused[strategy] = self._compile(strategy, state, fused=True)
-        logs, state = compiled(state, lifted)
-        return strategy.lower_logs(logs), state
+        return compiled(state, lifted)
 
     def _compile(
         self, strategy: Strategy, state: Any, *, fused: bool
     ) -> Callable[[Any, Any], tuple[Logs, Any]]:
+        # Asked once per compiled step: only strategies that run one program per device reduce in it.
+        reductions = strategy if isinstance(strategy, DeviceReductions) else None
         if self._update:
-            _check_trainable(state)
-        body = _train_body(self.__wrapped__, strategy) if self._update else _body(self.__wrapped__, strategy)
+            body = _train_body(self.__wrapped__, reductions, _check_trainable(state))
+        else:
+            body = _body(self.__wrapped__, reductions)
         if fused:
             return strategy.compile(lambda state, stacked: scan_steps(body, state, stacked.batches))
         return strategy.compile(body)
@@ -220,9 +279,11 @@ def train_step(
 
     The step `fn(state, batch)` returns `(logs, state)` (or just `logs`) with at
     least one scalar entry in the `losses` collection. ciclo differentiates the
-    sum of the losses with respect to `state.params`, combines the gradients of
-    all devices, applies `state.apply_gradients`, synchronises `batch_stats` /
-    `model_state` fields, and runs all of it under the strategy.
+    sum of the losses with respect to `state.params` (the field with the role
+    `managed.Role.PARAMS`), combines the gradients of all devices, applies
+    `state.apply_gradients`, synchronises the fields with the role
+    `managed.Role.MODEL_STATE` across devices, and runs all of it under the
+    strategy.
 
     Logs come back per collection: losses and metrics averaged over devices,
     outputs concatenated in batch order. A logged stateful metric (see
@@ -290,13 +351,23 @@ def step(
     return ManagedStep(fn, strategy, update=False)
 
 
-def _check_trainable(state: Any) -> None:
-    missing = [name for name in ("params", "apply_gradients", "replace") if not hasattr(state, name)]
-    if missing:
+def _check_trainable(state: Any) -> tuple[str, tuple[str, ...]]:
+    """The names of the state's params field and of its fields to synchronise across devices."""
+    kind = type(state)
+    missing = [name for name in ("apply_gradients", "replace") if not hasattr(state, name)]
+    names = fields_with_role(kind, Role.PARAMS)
+    if len(names) != 1 or missing:
+        lacks = ([] if names else ["params field (managed.Role.PARAMS)"]) + missing
         raise TypeError(
-            f"managed.train_step needs a state with params, apply_gradients and replace (a "
-            f"managed.ManagedState); {type(state).__name__} has no {', '.join(missing)}"
+            "managed.train_step needs a state with one field of role managed.Role.PARAMS, "
+            f"apply_gradients and replace (a managed.ManagedState); {kind.__name__} "
+            + (
+                f"has no {', '.join(lacks)}"
+                if lacks
+                else f"has {len(names)} params fields: {', '.join(names)}"
+            )
         )
+    return names[0], fields_with_role(kind, Role.MODEL_STATE)
 
 
 def _total_loss(logs: Logs, fn: StepBody) -> jax.Array:
@@ -318,35 +389,41 @@ def _total_loss(logs: Logs, fn: StepBody) -> jax.Array:
     return total
 
 
-def _train_body(fn: StepBody, strategy: Strategy) -> Callable[[Any, Any], tuple[Logs, Any]]:
+def _train_body(
+    fn: StepBody, reductions: DeviceReductions | None, fields: tuple[str, tuple[str, ...]]
+) -> Callable[[Any, Any], tuple[Logs, Any]]:
+    params_name, model_state_names = fields
+
     def train(state: Any, batch: Any) -> tuple[Logs, Any]:
         def loss(params: Any) -> tuple[jax.Array, tuple[Logs, Any]]:
-            logs, new_state = as_logs_and_state(fn, state.replace(params=params), batch)
+            logs, new_state = as_logs_and_state(fn, state.replace(**{params_name: params}), batch)
             return _total_loss(logs, fn), (logs, new_state)
 
-        (_, (logs, new_state)), grads = jax.value_and_grad(loss, has_aux=True)(state.params)
-        new_state = new_state.apply_gradients(grads=strategy.reduce_grads(grads))
+        (_, (logs, new_state)), grads = jax.value_and_grad(loss, has_aux=True)(getattr(state, params_name))
+        if reductions is None:
+            return _finish(logs, new_state.apply_gradients(grads=grads), None)
+        new_state = new_state.apply_gradients(grads=reductions.reduce_grads(grads))
         synced = {
-            name: strategy.reduce_model_state(getattr(new_state, name))
-            for name in MODEL_STATE_FIELDS
-            if getattr(new_state, name, None) is not None
+            name: reductions.reduce_model_state(getattr(new_state, name))
+            for name in model_state_names
+            if getattr(new_state, name) is not None
         }
         if synced:
             new_state = new_state.replace(**synced)
-        return _finish(logs, new_state, strategy)
+        return _finish(logs, new_state, reductions)
 
     return train
 
 
-def _body(fn: StepBody, strategy: Strategy) -> Callable[[Any, Any], tuple[Logs, Any]]:
+def _body(fn: StepBody, reductions: DeviceReductions | None) -> Callable[[Any, Any], tuple[Logs, Any]]:
     def run(state: Any, batch: Any) -> tuple[Logs, Any]:
         logs, new_state = as_logs_and_state(fn, state, batch)
-        return _finish(logs, new_state, strategy)
+        return _finish(logs, new_state, reductions)
 
     return run
 
 
-def _finish(logs: Logs, state: Any, strategy: Strategy) -> tuple[Logs, Any]:
+def _finish(logs: Logs, state: Any, reductions: DeviceReductions | None) -> tuple[Logs, Any]:
     """Replaces stateful metrics in the logs by their values, then reduces the logs over devices."""
     lowered = Logs()
     for collection, entries in logs.items():
@@ -355,9 +432,9 @@ def _finish(logs: Logs, state: Any, strategy: Strategy) -> tuple[Logs, Any]:
             if not isinstance(value, Metric):
                 values[name] = value
                 continue
-            computed = strategy.reduce_metric(value).compute()
+            computed = (value if reductions is None else reductions.reduce_metric(value)).compute()
             if isinstance(computed, Mapping):
                 values.update(computed)
             else:
                 values[name] = computed
-    return strategy.reduce_logs(lowered), state
+    return (lowered if reductions is None else reductions.reduce_logs(lowered)), state

@@ -11,7 +11,6 @@ state's strategy.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, ClassVar, cast, final
 
@@ -21,11 +20,10 @@ import optax
 
 from ciclo._src import managed as _managed
 from ciclo._src.logs import Logs
-from ciclo._src.managed import ManagedState
+from ciclo._src.managed import ManagedState, create_state
 from ciclo._src.metrics import Metric, as_metric, call_with_available
+from ciclo._src.roles import Role, field
 from ciclo._src.types import ModelAdapter, Strategy
-
-_STATIC = {"static": True}
 
 
 @final
@@ -126,11 +124,13 @@ class ModelState(ManagedState):
       those of the epoch, or of the whole test set, so far.
 
     Attributes:
-        model_state: the model's own state (batch statistics), or None.
-        metrics: the running metrics by name (`ciclo.Metric`s).
+        model_state: the model's own state (batch statistics), or None (role
+            `managed.Role.MODEL_STATE`: synchronised across devices).
+        metrics: the running metrics by name (`ciclo.Metric`s; role `METRICS`).
         key: the data of the random key steps derive their keys from (see
-            `step_key`). It is kept as raw `uint32` data: a typed key costs
-            microseconds to rebuild in Python after every compiled step.
+            `step_key`; role `KEY`: `pmap` splits it per device). It is kept as
+            raw `uint32` data: a typed key costs microseconds to rebuild in
+            Python after every compiled step.
         adapter: the `ciclo.ModelAdapter` (static).
         losses: the loss functions by name (static).
         key_impl: the PRNG implementation of `key` (static).
@@ -159,12 +159,12 @@ class ModelState(ManagedState):
         (0.0, Array([ 2., -1.], dtype=float32))
     """
 
-    model_state: Any
-    metrics: dict[str, Metric]
-    key: jax.Array
-    adapter: ModelAdapter = dataclasses.field(metadata=_STATIC)
-    losses: NamedLosses = dataclasses.field(metadata=_STATIC)
-    key_impl: Any = dataclasses.field(default=None, metadata=_STATIC)
+    model_state: Any = field(role=Role.MODEL_STATE)
+    metrics: dict[str, Metric] = field(role=Role.METRICS)
+    key: jax.Array = field(role=Role.KEY)
+    adapter: ModelAdapter = field(static=True)
+    losses: NamedLosses = field(static=True)
+    key_impl: Any = field(static=True, default=None)
 
     test_aggregation: ClassVar[Mapping[str, str]] = {"losses": "mean", "metrics": "last"}
 
@@ -284,6 +284,11 @@ def create_model_state(
 ) -> ModelState:
     """Initialises a model through its adapter and returns its `ModelState`, placed for `strategy`.
 
+    The model is initialised under the strategy (`adapter.init` runs inside
+    `jax.jit` for `data_parallel` and `fsdp`), so that under `fsdp` its
+    parameters and optimizer state are born sharded: no device holds a large
+    parameter whole.
+
     Args:
         adapter: how to initialise and apply the model (see `ciclo.ModelAdapter`).
         inputs: sample inputs to initialise the model with (`adapter.init`), e.g.
@@ -328,14 +333,27 @@ def create_model_state(
     loss_fns = _check_losses(losses)
     running = _check_metrics(metrics)
     init_key, state_key = jax.random.split(_as_key(key))
-    params, model_state = adapter.init(init_key, inputs) if variables is None else variables
-    return ModelState.create(
-        params=params,
+
+    def fields(values: dict[str, Any]) -> dict[str, Any]:
+        values = dict(values)
+        variables = values.pop("variables")
+        init = values.pop("init")
+        # Under a mesh strategy this runs inside `jax.jit`: the variables are born in their layout.
+        params, model_state = adapter.init(*init) if variables is None else variables
+        return {"params": params, "model_state": model_state, **values}
+
+    return create_state(
+        ModelState,
+        fields,
+        {
+            "init": None if variables is not None else (init_key, inputs),
+            "variables": variables,
+            "metrics": running,
+            "key": jax.random.key_data(state_key),
+        },
         tx=tx,
+        apply_fn=None,
         strategy=strategy,
-        model_state=model_state,
-        metrics=running,
-        key=jax.random.key_data(state_key),
         key_impl=jax.random.key_impl(state_key),
         adapter=adapter,
         losses=loss_fns,

@@ -119,26 +119,44 @@ StepFn = Callable[[Any, Any], tuple["Logs", Any]]
 """A step as a strategy compiles it: `(state, batch) -> (logs, state)`."""
 
 
+@runtime_checkable
 class Strategy(Protocol):
     """Where a managed step's state and batches live, and how the step is compiled.
 
     A strategy is a hashable value (the built-ins are frozen dataclasses), so a
-    managed step compiles once per strategy. `from_host`, `to_host`,
-    `lift_batch`, `compile` and `lower_logs` run outside the step; the
-    `reduce_*` methods run inside the compiled step, where they combine the
-    per-device values of a strategy that runs one program per device (`pmap`).
-    Strategies that let the compiler partition one global program
-    (`data_parallel`, `fsdp`) return their inputs unchanged there.
+    managed step compiles once per strategy. Its five methods all run outside
+    the step. A strategy that runs one program per device and must combine the
+    devices' values inside the step (`pmap`) also implements
+    `ciclo.strategies.DeviceReductions`; the others let the compiler insert
+    whatever collectives the global computation needs.
 
     Register a new strategy by name with `ciclo.register_strategy`.
+
+    Example:
+        >>> import ciclo
+        >>> isinstance(ciclo.get_strategy("fsdp"), ciclo.Strategy)
+        True
     """
 
-    def from_host(self, state: T, /) -> T:
-        """Places a state that lives on one device (or the host) where the step expects it."""
+    def create(self, init: Callable[..., T], /, *args: Any) -> T:
+        """Runs `init(*args)` and returns its result placed for this strategy.
+
+        A strategy that shards the state builds it sharded (under `jax.jit`
+        with output shardings), so no device ever holds it whole.
+        """
         ...
 
-    def to_host(self, state: T, /) -> T:
-        """Gathers a state placed by `from_host` back to single-device arrays."""
+    def place(self, state: T, /) -> T:
+        """Puts a state in its own shapes, wherever its arrays are now, where the step expects it.
+
+        The arrays may be on the host, on one device, or laid out by another
+        strategy (`unplace` output): a mesh strategy reshards them device to
+        device, a one-device strategy brings them whole to one device.
+        """
+        ...
+
+    def unplace(self, state: T, /) -> T:
+        """Undoes what `place` added to the state's shapes (`pmap`'s device axis), for another `place`."""
         ...
 
     def lift_batch(self, batch: T, /) -> T:
@@ -146,12 +164,28 @@ class Strategy(Protocol):
         ...
 
     def compile(self, step: StepFn, /) -> StepFn:
-        """Transforms `step(state, batch) -> (logs, state)` to run under this strategy."""
+        """Transforms `step(state, batch) -> (logs, state)` to run under this strategy.
+
+        The compiled step returns the logs this process reports (e.g. its own
+        rows of the outputs) and never waits on the device to do so.
+        """
         ...
 
-    def lower_logs(self, logs: Logs, /) -> Logs:
-        """Turns the compiled step's logs into what one process reports; never waits on the device."""
-        ...
+
+@runtime_checkable
+class DeviceReductions(Protocol):
+    """In-step reductions of a strategy that runs one program per device, such as `pmap`.
+
+    Managed steps look for these methods once, when they compile a step under
+    a strategy, and call them inside the step to combine the devices' values.
+    A strategy without them (every built-in but `pmap`) combines nothing.
+
+    Example:
+        >>> import ciclo
+        >>> from ciclo.strategies import DeviceReductions
+        >>> [isinstance(ciclo.get_strategy(name), DeviceReductions) for name in ("pmap", "data_parallel")]
+        [True, False]
+    """
 
     def reduce_grads(self, grads: T, /) -> T:
         """Inside the step: combines the gradients of all devices."""

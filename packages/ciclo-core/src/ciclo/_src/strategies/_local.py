@@ -3,33 +3,34 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import TypeVar, final
+from collections.abc import Callable
+from typing import Any, TypeVar, final
 
 import jax
 
-from ciclo._src.logs import Logs
-from ciclo._src.strategies._placement import GlobalView, unaliased
+from ciclo._src.strategies._placement import gather, unaliased
 from ciclo._src.types import StepFn
 
 T = TypeVar("T")
 
 
-class _OneDevice(GlobalView):
-    """The parts of a single-device strategy: everything stays where it is."""
+class _OneDevice:
+    """The placement of a single-device strategy: the state whole on this process's first device."""
 
     __slots__ = ()
 
-    def from_host(self, state: T, /) -> T:
-        return state
+    def create(self, init: Callable[..., T], /, *args: Any) -> T:
+        # One device holds the whole state anyway: build it as plain JAX code would.
+        return self.place(init(*args))
 
-    def to_host(self, state: T, /) -> T:
+    def place(self, state: T, /) -> T:
+        return gather(state)
+
+    def unplace(self, state: T, /) -> T:
         return state
 
     def lift_batch(self, batch: T, /) -> T:
         return batch
-
-    def lower_logs(self, logs: Logs, /) -> Logs:
-        return logs
 
 
 @final
@@ -65,9 +66,10 @@ class JIT(_OneDevice):
 
     donate: bool = False
 
-    def from_host(self, state: T, /) -> T:
+    def place(self, state: T, /) -> T:
         # A buffer can be donated once: a state holding one array twice would fail at the first step.
-        return unaliased(state) if self.donate else state
+        # Copies first: moving the arrays can give one buffer two new Python objects.
+        return gather(unaliased(state) if self.donate else state)
 
     def compile(self, step: StepFn, /) -> StepFn:
         return jax.jit(step, donate_argnums=(0,) if self.donate else ())

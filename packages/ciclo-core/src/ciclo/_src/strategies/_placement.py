@@ -3,38 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.experimental import multihost_utils
 
-from ciclo._src.logs import Logs
-
 T = TypeVar("T")
-
-
-class GlobalView:
-    """The in-step methods of a strategy that compiles one program for all its devices.
-
-    There are no per-device values to combine inside the step: the compiler
-    inserts whatever collectives the global computation needs.
-    """
-
-    __slots__ = ()
-
-    def reduce_grads(self, grads: T, /) -> T:
-        return grads
-
-    def reduce_model_state(self, model_state: T, /) -> T:
-        return model_state
-
-    def reduce_logs(self, logs: Logs, /) -> Logs:
-        return logs
-
-    def reduce_metric(self, metric: T, /) -> T:
-        return metric
 
 
 _SCALARS = (bool, int, float, complex, np.generic)
@@ -52,27 +28,31 @@ def check_placeable(tree: Any, what: str, strategy: str) -> None:
             raise TypeError(
                 f"strategy {strategy!r} cannot place {what} leaf {_name(path)} on devices: it is a "
                 f"{type(leaf).__name__}, not an array. Make it an array, or, if it is "
-                "configuration, a static field: dataclasses.field(metadata={'static': True})."
+                "configuration, a static field: managed.field(static=True)."
             )
 
 
 def place(tree: T, sharding_of: Callable[[tuple[int, ...]], jax.sharding.Sharding]) -> T:
     """Puts every leaf of `tree` on devices with the sharding `sharding_of(leaf.shape)`.
 
-    Every process must pass the same values: each one fills the shards that
-    live on its own devices.
+    A leaf already laid out over devices is resharded device to device, never
+    gathered whole onto one. Otherwise every process must pass the same values:
+    each one fills the shards that live on its own devices.
     """
+    shardings = jax.tree.map(lambda leaf: sharding_of(np.shape(leaf)), tree)
     if jax.process_count() == 1:
-        return jax.tree.map(lambda leaf: jax.device_put(leaf, sharding_of(np.shape(leaf))), tree)
-    return jax.tree.map(lambda leaf: _place_global(leaf, sharding_of), tree)
+        return cast(T, jax.device_put(tree, shardings))
+    return cast(T, jax.tree.map(_place_global, tree, shardings))
 
 
-def _place_global(leaf: Any, sharding_of: Callable[[tuple[int, ...]], jax.sharding.Sharding]) -> jax.Array:
+def _place_global(leaf: Any, sharding: jax.sharding.Sharding) -> jax.Array:
+    if isinstance(leaf, jax.Array) and not leaf.is_fully_addressable:
+        # A global array (another mesh strategy's layout): the processes reshard it together.
+        return cast(jax.Array, jax.jit(lambda x: x, out_shardings=sharding)(leaf))
     if is_key(leaf):
-        data = _place_global(jax.random.key_data(leaf), sharding_of)
+        data = _place_global(jax.random.key_data(leaf), sharding)
         return jax.random.wrap_key_data(data, impl=jax.random.key_impl(leaf))
     host = np.asarray(leaf)
-    sharding = sharding_of(host.shape)
     return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Callable
 from typing import Any, TypeVar, cast, final
 
 import jax
@@ -13,6 +14,7 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from ciclo._src.batches import is_stacked, split_rows
 from ciclo._src.logs import Entries, Logs, collapse_leading_axis
+from ciclo._src.roles import Role, fields_with_role
 from ciclo._src.strategies._placement import check_divisible, check_placeable, gather
 from ciclo._src.types import StepFn
 
@@ -26,11 +28,13 @@ class PMap:
     """Data parallelism with `jax.pmap`, as in ciclo 0.1: a copy of the state per device.
 
     The state gets a leading device axis (`state.params["w"].shape[0]` is the
-    local device count); a state field named `key` is split so that each device
-    draws different random numbers. Each batch is reshaped to
-    `(devices, batch_size / devices, ...)`. Inside the step, gradients, batch
-    statistics, losses and metrics are averaged over devices with
-    `jax.lax.pmean`; outputs are concatenated back to `(batch_size, ...)`.
+    local device count); a state field with the role `managed.Role.KEY` is split
+    so that each device draws different random numbers. Each batch is reshaped to
+    `(devices, batch_size / devices, ...)`. Inside the step (the
+    `ciclo.strategies.DeviceReductions` methods), gradients, fields with the
+    role `managed.Role.MODEL_STATE`, losses and metrics are averaged over
+    devices with `jax.lax.pmean`; outputs are concatenated back to
+    `(batch_size, ...)`.
 
     `jax.pmap` is in maintenance mode since JAX 0.8: prefer `data_parallel`,
     which gives the same results without the device axis and also runs
@@ -43,7 +47,7 @@ class PMap:
     Example:
         >>> import ciclo, jax, jax.numpy as jnp
         >>> strategy = ciclo.get_strategy("pmap")
-        >>> state = strategy.from_host({"w": jnp.zeros(3)})
+        >>> state = strategy.place({"w": jnp.zeros(3)})
         >>> state["w"].shape == (jax.local_device_count(), 3)
         True
     """
@@ -56,17 +60,23 @@ class PMap:
         mesh = Mesh(np.array(jax.local_devices()), (self.axis_name,), axis_types=(AxisType.Auto,))
         return NamedSharding(mesh, PartitionSpec(self.axis_name))
 
-    def from_host(self, state: T, /) -> T:
+    def create(self, init: Callable[..., T], /, *args: Any) -> T:
+        # Every device holds a whole copy anyway: build it on one device, then copy it.
+        return self.place(init(*args))
+
+    def place(self, state: T, /) -> T:
         check_placeable(state, "state", "pmap")
+        state = gather(state)
         devices = jax.local_device_count()
         replicated = jax.tree.map(lambda leaf: jnp.broadcast_to(leaf, (devices, *np.shape(leaf))), state)
-        if dataclasses.is_dataclass(replicated) and hasattr(replicated, "key"):
-            keys = jax.random.split(cast(Any, state).key, devices)
-            replicated = dataclasses.replace(replicated, key=keys)  # type: ignore[type-var]
-        return jax.device_put(replicated, self._devices)
+        keys = fields_with_role(type(state), Role.KEY)
+        if keys:
+            split = {name: _split_keys(getattr(state, name), devices) for name in keys}
+            replicated = dataclasses.replace(cast(Any, replicated), **split)
+        return cast(T, jax.device_put(replicated, self._devices))
 
-    def to_host(self, state: T, /) -> T:
-        return gather(jax.tree.map(lambda leaf: leaf[0], state))
+    def unplace(self, state: T, /) -> T:
+        return cast(T, jax.tree.map(lambda leaf: leaf[0], state))
 
     def lift_batch(self, batch: T, /) -> T:
         if is_stacked(batch):
@@ -82,11 +92,14 @@ class PMap:
             raise
 
     def compile(self, step: StepFn, /) -> StepFn:
-        return jax.pmap(step, axis_name=self.axis_name, donate_argnums=(0,) if self.donate else ())
+        mapped = jax.pmap(step, axis_name=self.axis_name, donate_argnums=(0,) if self.donate else ())
 
-    def lower_logs(self, logs: Logs, /) -> Logs:
-        # Losses and metrics were averaged in the step: device 0 holds the common value.
-        return collapse_leading_axis(logs, 0)
+        def run(state: Any, batch: Any) -> tuple[Logs, Any]:
+            logs, state = mapped(state, batch)
+            # Losses and metrics were averaged in the step: device 0 holds the common value.
+            return collapse_leading_axis(logs, 0), state
+
+        return run
 
     def reduce_grads(self, grads: T, /) -> T:
         return jax.lax.pmean(grads, self.axis_name)
@@ -113,3 +126,8 @@ class PMap:
     def reduce_metric(self, metric: M, /) -> M:
         gathered = jax.lax.all_gather(metric, self.axis_name)
         return gathered.reduce()
+
+
+def _split_keys(keys: Any, devices: int) -> Any:
+    """A different key per device for each key leaf, typed or raw `uint32` data."""
+    return jax.tree.map(lambda key: jax.random.split(key, devices), keys)

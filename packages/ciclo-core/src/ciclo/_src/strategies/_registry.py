@@ -22,6 +22,7 @@ _BUILT_IN: dict[str, StrategyFactory] = {
     "pmap": PMap,
 }
 _registered: dict[str, StrategyFactory] = {}
+_METHODS = ("create", "place", "unplace", "lift_batch", "compile")
 
 
 def strategy_names() -> list[str]:
@@ -83,6 +84,7 @@ def get_strategy(strategy: str | Strategy) -> Strategy:
 
     Raises:
         ValueError: for an unknown name, listing the known ones.
+        TypeError: for an object that lacks a method of `ciclo.Strategy`.
 
     Example:
         >>> import ciclo
@@ -90,6 +92,12 @@ def get_strategy(strategy: str | Strategy) -> Strategy:
         True
     """
     if not isinstance(strategy, str):
+        if not isinstance(strategy, Strategy):
+            missing = [name for name in _METHODS if not callable(getattr(strategy, name, None))]
+            raise TypeError(
+                f"{strategy!r} is not a strategy: it has no {', '.join(missing)} (see ciclo.Strategy: "
+                f"{', '.join(_METHODS)})"
+            )
         return strategy
     key = _key(strategy)
     factory = _BUILT_IN.get(key) or _registered.get(key)

@@ -12,6 +12,7 @@ import abc
 import dataclasses
 import functools
 import math
+from collections.abc import Callable
 from typing import Any, TypeVar, cast, final
 
 import jax
@@ -21,20 +22,13 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from ciclo._src.batches import Stacked, is_stacked
 from ciclo._src.logs import Entries, Logs
-from ciclo._src.strategies._placement import (
-    GlobalView,
-    check_divisible,
-    check_placeable,
-    gather,
-    place,
-    unaliased,
-)
+from ciclo._src.strategies._placement import check_divisible, check_placeable, place, unaliased
 from ciclo._src.types import StepFn
 
 T = TypeVar("T")
 
 
-class _MeshStrategy(GlobalView, abc.ABC):
+class _MeshStrategy(abc.ABC):
     """What `data_parallel` and `fsdp` share; they differ only in how the state is laid out."""
 
     axis_name: str
@@ -66,13 +60,25 @@ class _MeshStrategy(GlobalView, abc.ABC):
     def _state_sharding(self, shape: tuple[int, ...]) -> NamedSharding:
         return NamedSharding(self.mesh, self.state_spec(shape))
 
-    def from_host(self, state: T, /) -> T:
+    def create(self, init: Callable[..., T], /, *args: Any) -> T:
+        for arg in args:
+            check_placeable(arg, "state", self.name)
+        # The arguments are laid out by the state's rule, then `init` runs only inside `jax.jit`,
+        # whose output shardings make every leaf of the state born in its final layout: under fsdp
+        # no device ever holds a large parameter, or its optimizer state, whole.
+        args = place(args, self._state_sharding)
+        shapes = jax.eval_shape(init, *args)
+        shardings = jax.tree.map(lambda leaf: self._state_sharding(leaf.shape), shapes)
+        state = jax.jit(init, out_shardings=shardings)(*args)
+        return unaliased(state) if self.donate else state
+
+    def place(self, state: T, /) -> T:
         check_placeable(state, "state", self.name)
         # A buffer can be donated once: copy arrays the state holds twice before placing them.
         return place(unaliased(state) if self.donate else state, self._state_sharding)
 
-    def to_host(self, state: T, /) -> T:
-        return gather(state)
+    def unplace(self, state: T, /) -> T:
+        return state
 
     def lift_batch(self, batch: T, /) -> T:
         if is_stacked(batch):
@@ -117,10 +123,18 @@ class _MeshStrategy(GlobalView, abc.ABC):
             shardings = jax.tree.map(lambda leaf: self._state_sharding(np.shape(leaf)), state)
             return logs, jax.lax.with_sharding_constraint(state, shardings)
 
-        return jax.jit(constrained, donate_argnums=(0,) if self.donate else ())
+        compiled = jax.jit(constrained, donate_argnums=(0,) if self.donate else ())
+        if not self._multi_process:
+            return compiled
 
-    def lower_logs(self, logs: Logs, /) -> Logs:
-        if not self._multi_process or "outputs" not in logs:
+        def run(state: Any, batch: Any) -> tuple[Logs, Any]:
+            logs, state = compiled(state, batch)
+            return self._local_logs(logs), state
+
+        return run
+
+    def _local_logs(self, logs: Logs) -> Logs:
+        if "outputs" not in logs:
             return logs
         # Each process gets the rows of the outputs that belong to the batch it fed.
         lowered = Logs(logs)
