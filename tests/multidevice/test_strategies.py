@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import jax
@@ -13,6 +14,7 @@ from support import training
 
 import ciclo
 from ciclo import managed
+from ciclo._src.strategies import _local, _pmap
 
 
 def _specs(tree: Any) -> list[str]:
@@ -50,12 +52,20 @@ def test_fsdp_splits_the_largest_divisible_dimension() -> None:
 
 def test_pmap_gives_each_device_its_own_key_and_a_copy_of_the_rest() -> None:
     class State(managed.ManagedState):
-        key: jax.Array
+        key: jax.Array = managed.field(role=managed.Role.KEY)
+        named_key: jax.Array  # no role: a name is not a role, so it is copied like any leaf
 
-    state = State.create(params=jnp.ones(3), tx=optax.sgd(0.1), key=jax.random.key(0), strategy="pmap")
+    state = State.create(
+        params=jnp.ones(3),
+        tx=optax.sgd(0.1),
+        key=jax.random.key(0),
+        named_key=jax.random.key(0),
+        strategy="pmap",
+    )
     assert state.params.shape == (4, 3) and state.key.shape == (4,)
     keys = jax.random.key_data(state.key)
     assert len({tuple(np.asarray(k)) for k in keys}) == 4
+    assert len({tuple(np.asarray(k)) for k in jax.random.key_data(state.named_key)}) == 1
     host = state.with_strategy("eager")
     assert host.params.shape == (3,) and host.key.shape == ()
 
@@ -75,3 +85,65 @@ def test_with_strategy_moves_between_every_layout() -> None:
         state = state.with_strategy(name)
     training.assert_trees_close(state.params, expected, rtol=0, atol=0)
     assert {leaf.sharding.device_set.pop() for leaf in jax.tree.leaves(state.params)} == {jax.devices()[0]}
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Wide:
+    """A model adapter with a 64 x 1024 weight, that records whether `init` only saw tracers."""
+
+    seen: list[bool] = dataclasses.field(default_factory=list)
+
+    def init(self, key: jax.Array, inputs: jax.Array) -> tuple[Any, Any]:
+        w = jax.random.normal(key, (inputs.shape[-1], 1024))
+        # Outside the jit these would be concrete arrays: the whole weight on one device.
+        self.seen.append(all(isinstance(x, jax.core.Tracer) for x in (key, inputs, w)))
+        return {"w": w, "b": jnp.zeros(4)}, None
+
+    def apply(self, params, model_state, inputs, *, key, training):
+        return inputs @ params["w"], model_state
+
+
+def test_fsdp_creates_the_state_sharded_without_one_device_holding_it() -> None:
+    adapter = Wide()
+    state = ciclo.create_model_state(
+        adapter, inputs=jnp.ones((1, 64)), tx=optax.adam(1e-3), losses=lambda preds: preds, strategy="fsdp"
+    )
+    assert adapter.seen and all(adapter.seen), adapter.seen
+    adam = state.opt_state[0]
+    for leaf in (state.params["w"], adam.mu["w"], adam.nu["w"]):
+        assert leaf.shape == (64, 1024) and leaf.sharding.spec == jax.sharding.PartitionSpec(None, "data")
+        shards = leaf.addressable_shards
+        assert len({shard.device for shard in shards}) == 4
+        assert all(shard.data.shape == (64, 256) for shard in shards)
+    assert state.params["b"].sharding.is_fully_replicated  # 4 elements: replicated
+
+
+def test_managed_state_create_builds_the_optimizer_state_sharded() -> None:
+    state = managed.ManagedState.create(
+        params={"w": jnp.ones((64, 1024))}, tx=optax.adam(1e-3), strategy="fsdp"
+    )
+    mu = state.opt_state[0].mu["w"]
+    assert {shard.data.shape for shard in mu.addressable_shards} == {(64, 256)}
+
+
+def test_mesh_strategies_reshard_device_to_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    state = training.managed_state("mlp", "data_parallel")
+    expected = jax.device_get((state.params, state.opt_state))
+
+    def refuse(tree: Any) -> Any:
+        raise AssertionError("the state was gathered onto one device")
+
+    # Moving between mesh strategies never brings the state whole to one device.
+    monkeypatch.setattr(_local, "gather", refuse)
+    monkeypatch.setattr(_pmap, "gather", refuse)
+    fsdp = state.with_strategy("fsdp")
+    assert fsdp.params[1]["w"].sharding.spec == jax.sharding.PartitionSpec("data", None)
+    assert {shard.data.shape for shard in fsdp.opt_state[0].mu[1]["w"].addressable_shards} == {(16, 64)}
+    back = fsdp.with_strategy("data_parallel")
+    assert all(leaf.sharding.is_fully_replicated for leaf in jax.tree.leaves(back))
+    training.assert_trees_close((back.params, back.opt_state), expected, rtol=0, atol=0)
+    training.assert_trees_close((fsdp.params, fsdp.opt_state), expected, rtol=0, atol=0)
+    monkeypatch.undo()
+
+    _, trained = training.train_step(fsdp, training.batches(1)[0])  # and it still trains
+    assert int(trained.with_strategy("eager").step) == 1
