@@ -8,14 +8,14 @@ flax) differ.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 import pytest
+from support.mnist import mnist_like
 
 import ciclo
 
@@ -51,16 +51,6 @@ def classifier_apply(variables, x):
 def create_state():
     params = {"w": jnp.zeros((28 * 28, 10)), "b": jnp.zeros(10)}
     return TrainState.create(apply_fn=classifier_apply, params=params, tx=optax.adamw(1e-3))
-
-
-def mnist_like(batch_size: int = 8, seed: int = 0) -> Iterator[dict[str, np.ndarray]]:
-    """Endless synthetic batches shaped like TFDS MNIST: the label is readable from the image."""
-    rng = np.random.default_rng(seed)
-    while True:
-        label = rng.integers(0, 10, size=batch_size)
-        image = rng.integers(0, 20, size=(batch_size, 28, 28, 1)).astype(np.float32)
-        image[np.arange(batch_size), label, :, 0] = 255.0
-        yield {"image": image, "label": label.astype(np.int32)}
 
 
 @jax.jit

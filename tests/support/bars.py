@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import jax
 import numpy as np
+import pytest
 
 import ciclo
+from ciclo._src.callbacks import _progress
 from ciclo._src.loop import LoopState
 
 
@@ -49,3 +52,21 @@ def loop_state(elapsed: ciclo.Elapsed, logs: ciclo.Logs) -> LoopState[Any]:
         logs=ciclo.logs(),
         accumulated_logs=logs,
     )
+
+
+def spy_on_host_copies(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
+    """Lets only the bars' redraws copy logged values to the host, and records the names each one copied.
+
+    Run the loop under `jax.transfer_guard_device_to_host("disallow_explicit")`:
+    any other device-to-host copy then fails the test.
+    """
+    fetched: list[list[str]] = []
+    host_floats = _progress.host_floats
+
+    def allowed_host_floats(entries: list[tuple[str, Any]]) -> list[tuple[str, float]]:
+        fetched.append([name for name, _ in entries])
+        with jax.transfer_guard_device_to_host("allow"):
+            return host_floats(entries)
+
+    monkeypatch.setattr(_progress, "host_floats", allowed_host_floats)
+    return fetched

@@ -9,10 +9,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from support.bars import Clock, Tripwire, loop_state
+from support.bars import Clock, Tripwire, loop_state, spy_on_host_copies
 
 import ciclo
-from ciclo._src.callbacks import _progress
 from ciclo._src.loop import LoopState
 
 
@@ -250,16 +249,7 @@ def test_no_value_is_read_between_redraws(clock: Clock, terminal: bool) -> None:
 def test_jit_loop_does_not_copy_from_device_between_redraws(
     clock: Clock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    fetched: list[list[str]] = []
-    host_floats = _progress.host_floats
-
-    def allowed_host_floats(entries: list[tuple[str, Any]]) -> list[tuple[str, float]]:
-        # Redraws are the one place allowed to copy logged values to the host.
-        fetched.append([name for name, _ in entries])
-        with jax.transfer_guard_device_to_host("allow"):
-            return host_floats(entries)
-
-    monkeypatch.setattr(_progress, "host_floats", allowed_host_floats)
+    fetched = spy_on_host_copies(monkeypatch)
     buffer = Terminal()
     bar = ciclo.keras_bar(total=30, file=buffer, interval=1e9)
     batches = [jnp.float32(i + 1) for i in range(30)]

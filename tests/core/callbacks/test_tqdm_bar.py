@@ -8,10 +8,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from support.bars import Clock, Tripwire, loop_state
+from support.bars import Clock, Tripwire, loop_state, spy_on_host_copies
 
 import ciclo
-from ciclo._src.callbacks import _progress
 
 
 def quiet_bar(total: Any = None, **kwargs: Any) -> ciclo.TqdmBar:
@@ -108,15 +107,7 @@ def test_no_value_is_read_between_updates(clock: Clock) -> None:
 def test_in_jit_loop_without_device_copies_between_updates(
     clock: Clock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    fetched: list[list[str]] = []
-    host_floats = _progress.host_floats
-
-    def allowed_host_floats(entries: list[tuple[str, Any]]) -> list[tuple[str, float]]:
-        fetched.append([name for name, _ in entries])
-        with jax.transfer_guard_device_to_host("allow"):
-            return host_floats(entries)
-
-    monkeypatch.setattr(_progress, "host_floats", allowed_host_floats)
+    fetched = spy_on_host_copies(monkeypatch)
     bar = quiet_bar(100, interval=1e9)
     with jax.transfer_guard_device_to_host("disallow_explicit"):
         _, _, elapsed = ciclo.loop(
