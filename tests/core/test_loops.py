@@ -38,13 +38,15 @@ def test_train_loop_registers_state_methods_and_runs_tests_each_epoch():
         stop=7,
     )
     assert state.value == 7 and elapsed.steps == 7
-    # Epochs end after steps 3 and 6: a reset, then a test run, each time.
+    # Epochs end after steps 3 and 6: a reset, then a test run (a ciclo.test_loop, which
+    # resets the copy it evaluates first), each time.
     assert history.collect("steps", "accuracy_test") == ([2, 5], [0.5, 0.5])
     assert state.resets == 2
-    assert state.log[:7] == [
+    assert state.log[:8] == [
         ("train", 0),
         ("train", 1),
         ("train", 2),
+        ("reset",),
         ("reset",),
         ("test", 0.0),
         ("test", 1.0),
@@ -113,10 +115,11 @@ def test_callbacks_self_register_by_hook_name():
     )
     assert hooks.calls == [
         ("batch_end", 0),
-        ("epoch_end", 1, {"accuracy_test": 2.0}),
+        # Epoch-end callbacks see the counts that include the step that ends the epoch.
+        ("epoch_end", 2, {"accuracy_test": 2.0}),
         ("batch_end", 1),
         ("batch_end", 2),
-        ("epoch_end", 3, {"accuracy_test": 2.0}),
+        ("epoch_end", 4, {"accuracy_test": 2.0}),
         ("batch_end", 3),
     ]
 
@@ -211,6 +214,27 @@ def test_bad_arguments(call, error, match):
         call()
 
 
-def test_plain_states_have_no_hooks():
-    state, history, elapsed = ciclo.train_loop({"w": 1}, range(3))
+@pytest.mark.parametrize(
+    ("run", "protocol"),
+    [
+        (lambda: ciclo.train_loop({"w": 1}, range(3)), "ciclo.Trainable"),
+        (lambda: ciclo.test_loop({"w": 1}, range(3)), "ciclo.Evaluable"),
+        (lambda: ciclo.predict_loop({"w": 1}, range(3)), "ciclo.Predictable"),
+    ],
+)
+def test_a_state_without_steps_and_no_tasks_is_refused(run, protocol):
+    with pytest.raises(TypeError, match=f"has no step to run.*dict.*{protocol}"):
+        run()
+
+
+def test_user_state_classes_satisfy_the_state_protocols():
+    state = CounterState()
+    assert isinstance(state, ciclo.Trainable)
+    assert isinstance(state, ciclo.Evaluable)
+    assert isinstance(state, ciclo.Predictable)
+    assert not isinstance({"w": 1}, ciclo.Trainable | ciclo.Evaluable | ciclo.Predictable)
+
+
+def test_a_plain_state_runs_with_tasks_only():
+    state, history, elapsed = ciclo.train_loop({"w": 1}, range(3), {ciclo.every(1): [lambda: None]})
     assert state == {"w": 1} and len(history) == 0 and elapsed.steps == 3

@@ -43,8 +43,11 @@ from ciclo._src.logs import Logs as Logs
 from ciclo._src.logs import LogsLike as LogsLike
 from ciclo._src.logs import history as history
 from ciclo._src.logs import logs as logs
-from ciclo._src.loop import LoopState as LoopState
+from ciclo._src.loop import Phase as Phase
+from ciclo._src.loop import at_step_end as at_step_end
 from ciclo._src.loop import loop as loop
+from ciclo._src.loop import run_phases as run_phases
+from ciclo._src.loop_state import LoopState as LoopState
 from ciclo._src.loops import on_epoch_end as on_epoch_end
 from ciclo._src.loops import on_predict_batch_begin as on_predict_batch_begin
 from ciclo._src.loops import on_predict_batch_end as on_predict_batch_end
@@ -86,12 +89,15 @@ from ciclo._src.strategies._registry import register_strategy as register_strate
 from ciclo._src.strategies._registry import strategy_names as strategy_names
 from ciclo._src.types import Batch as Batch
 from ciclo._src.types import CallbackOutput as CallbackOutput
+from ciclo._src.types import Evaluable as Evaluable
 from ciclo._src.types import LoopCallback as LoopCallback
 from ciclo._src.types import ModelAdapter as ModelAdapter
+from ciclo._src.types import Predictable as Predictable
 from ciclo._src.types import Schedule as Schedule
 from ciclo._src.types import State as State
 from ciclo._src.types import StatefulCallback as StatefulCallback
 from ciclo._src.types import Strategy as Strategy
+from ciclo._src.types import Trainable as Trainable
 
 __version__ = _version("ciclo-core")
 
@@ -121,6 +127,7 @@ __all__ = [
     "EarlyStopping",
     "Elapsed",
     "Entries",
+    "Evaluable",
     "Every",
     "Fused",
     "History",
@@ -135,7 +142,9 @@ __all__ = [
     "ModelState",
     "NoOp",
     "Period",
+    "Phase",
     "Piecewise",
+    "Predictable",
     "Schedule",
     "ScheduleBase",
     "Stacked",
@@ -143,10 +152,12 @@ __all__ = [
     "StatefulCallback",
     "Strategy",
     "TqdmBar",
+    "Trainable",
     "__version__",
     "after",
     "always",
     "at",
+    "at_step_end",
     "checkpoint",
     "create_model_state",
     "early_stopping",
@@ -186,6 +197,7 @@ __all__ = [
     "register_strategy",
     "reset_step",
     "restore_checkpoint",
+    "run_phases",
     "stacked",
     "strategies",
     "strategy_names",

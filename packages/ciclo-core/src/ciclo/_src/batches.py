@@ -8,6 +8,7 @@ stacked and how many steps and samples it counts for.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Generic, TypeVar, final
 
@@ -42,39 +43,60 @@ class Stacked(Generic[B]):
 
 
 def stacked(
-    dataset: Iterable[B], steps: int, *, batch_size_fn: Callable[[B], int] | None = None
+    dataset: Iterable[B],
+    steps: int,
+    *,
+    batch_size_fn: Callable[[B], int] | None = None,
+    align: int | None = None,
+    start: int = 0,
+    total: int | None = None,
 ) -> Iterator[Stacked[B]]:
     """Groups each `steps` consecutive batches of `dataset` into one `Stacked` batch.
 
     Leaves are stacked with `numpy` on the host (groups of JAX arrays on the
-    device, in one compiled call). A
-    last group with fewer batches is yielded as it is (its first use compiles
-    the fused step once more). Pass `stop` to the loop as a multiple of `steps`
-    to end on a group boundary.
+    device, in one compiled call). A group with fewer batches (the last one, or
+    one cut at an `align` boundary) is yielded as it is: its first use compiles
+    the fused step once more.
 
     Args:
         dataset: any iterable of batches with the same structure and shapes.
         steps: batches per group.
         batch_size_fn: the samples in one batch; by default the leading
             dimension of its first array leaf.
+        align: no group crosses a multiple of `align` steps (an epoch's length,
+            say), so a loop sees the state exactly at those steps.
+        start: the step count of the first batch (a resumed loop's), for `align`.
+        total: read at most this many batches (the steps left before a loop's stop).
 
     Example:
         >>> import ciclo, numpy as np
         >>> groups = list(ciclo.stacked([np.ones((4, 2))] * 5, 2))
         >>> [(group.steps, group.samples, group.batches.shape) for group in groups]
         [(2, 8, (2, 4, 2)), (2, 8, (2, 4, 2)), (1, 4, (1, 4, 2))]
+        >>> [group.steps for group in ciclo.stacked([np.ones(4)] * 20, 4, align=6, total=14)]
+        [4, 2, 4, 2, 2]
     """
-    if not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"steps must be a positive int, got {steps!r}")
+    for name, value, least in (("steps", steps, 1), ("align", align, 1), ("start", start, 0)):
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < least):
+            raise ValueError(f"{name} must be an int >= {least}, got {value!r}")
+    if total is not None and (not isinstance(total, int) or total < 0):
+        raise ValueError(f"total must be an int >= 0, got {total!r}")
     size = leading_dim if batch_size_fn is None else batch_size_fn
-    group: list[B] = []
-    for batch in dataset:
-        group.append(batch)
-        if len(group) == steps:
-            yield _stack(group, size)
-            group = []
-    if group:
+    iterator = iter(dataset)
+    position, left = start, total
+    while left is None or left > 0:
+        wanted = steps if left is None else min(steps, left)
+        if align is not None:
+            wanted = min(wanted, align - position % align)
+        group = list(itertools.islice(iterator, wanted))
+        if not group:
+            return
         yield _stack(group, size)
+        position += len(group)
+        if left is not None:
+            left -= len(group)
+        if len(group) < wanted:
+            return
 
 
 def _stack(group: list[B], size: Callable[[B], int]) -> Stacked[B]:
@@ -102,8 +124,8 @@ def is_stacked(batch: Any) -> bool:
     """Whether `batch` is a `Stacked` group of batches.
 
     Example:
-        >>> import ciclo, numpy as np
-        >>> is_stacked(np.ones(3)), is_stacked(next(ciclo.stacked([np.ones(3)] * 2, 2)))
+        >>> import numpy as np
+        >>> is_stacked(np.ones(3)), is_stacked(Stacked(np.ones((2, 3)), steps=2, samples=2))
         (False, True)
     """
     return type(batch) is Stacked

@@ -67,6 +67,21 @@ class Period:
             object.__setattr__(self, "date", _seconds("date", date))
 
     @classmethod
+    def of(cls, value: PeriodLike | None, *, name: str = "period") -> Period | None:
+        """`value` as a `Period`: an int counts steps; a `Period` or None is returned as is.
+
+        Raises:
+            TypeError: for anything else; ValueError: for a negative step count.
+                The message names the argument `name`.
+
+        Example:
+            >>> import ciclo
+            >>> ciclo.Period.of(10)
+            Period(steps=10, samples=None, time=None, date=None)
+        """
+        return to_period(value, name=name)
+
+    @classmethod
     def create(
         cls,
         steps: int | None = None,
@@ -231,6 +246,10 @@ class Clock:
     def now(self) -> Elapsed:
         """An `Elapsed` snapshot of the counters at this instant."""
         return Elapsed(self.steps, self.samples, _time.perf_counter() - self._origin, self.date_start)
+
+    def seconds(self) -> float:
+        """Seconds counted at this instant: `now().time` without building an `Elapsed`."""
+        return _time.perf_counter() - self._origin
 
     def advance(self, batch: Any) -> None:
         """Counts one finished step over `batch` (`batch.steps` steps for a `Stacked` batch)."""

@@ -8,7 +8,7 @@ from typing import Any, Generic, TypeVar, final
 import jax
 
 from ciclo._src.batches import is_stacked
-from ciclo._src.logs import Logs, collapse_leading_axis
+from ciclo._src.logs import Logs, StackedLogs
 from ciclo._src.step_output import step_output
 
 S = TypeVar("S")
@@ -22,11 +22,11 @@ def as_logs_and_state(step: StepFn, state: S, batch: Any) -> tuple[Logs, S]:
     return (logs if type(logs) is Logs else Logs(logs)), new_state
 
 
-def scan_steps(step: StepFn, state: Any, batches: Any) -> tuple[Logs, Any]:
+def scan_steps(step: StepFn, state: Any, batches: Any) -> tuple[StackedLogs, Any]:
     """Runs `step(state, batch) -> (logs, state)` over the leading axis of `batches`.
 
-    Call it inside a compiled function. The logs are those of the last step,
-    except `outputs`, which are concatenated over the steps in batch order.
+    Call it inside a compiled function. The logs are a `StackedLogs`: those of
+    the last step, with every step's in `per_step`.
     """
 
     def body(state: Any, batch: Any) -> tuple[Any, Logs]:
@@ -34,7 +34,7 @@ def scan_steps(step: StepFn, state: Any, batches: Any) -> tuple[Logs, Any]:
         return state, logs
 
     state, logs = jax.lax.scan(body, state, batches)
-    return collapse_leading_axis(logs, -1), state
+    return StackedLogs.of(logs), state
 
 
 @final
@@ -66,10 +66,11 @@ def fuse(step: StepFn, *, donate: bool = False) -> Fused[Any]:
     The steps run inside one `jax.jit`-compiled `jax.lax.scan`, so Python and
     dispatch costs are paid once per group instead of once per step. `step` must
     be traceable and return `(logs, state)`. The fused step returns the logs of
-    the group's last step (`outputs` concatenated over the group's steps); the
-    loop counts the group's steps and samples, so schedules and `Elapsed` stay
-    exact, and the history gets one entry per group, at its first step. A plain
-    (not stacked) batch runs `step` unfused.
+    the group's last step, with every step's logs stacked in their `per_step`
+    attribute. The loop counts the group's steps and samples, so schedules and
+    `Elapsed` stay exact (a schedule whose point falls inside a group fires once,
+    after the group), and the history gets one entry per step, as if the steps
+    had run one by one. A plain (not stacked) batch runs `step` unfused.
 
     Managed steps (`managed.train_step`, framework states) need no `fuse`:
     they fuse `Stacked` batches by themselves.
@@ -86,7 +87,7 @@ def fuse(step: StepFn, *, donate: bool = False) -> Fused[Any]:
         >>> state, history, elapsed = ciclo.loop(
         ...     jnp.float32(0), dataset, {ciclo.every(1): ciclo.fuse(train_step)}
         ... )
-        >>> float(state), elapsed.steps, history.collect("steps", "total")
-        (16.0, 8, ([0, 4], [8.0, 16.0]))
+        >>> float(state), elapsed.steps, history.collect("total")
+        (16.0, 8, [2.0, 4.0, 6.0, 8.0, 10.0, 12.0, 14.0, 16.0])
     """
     return Fused(step, donate)

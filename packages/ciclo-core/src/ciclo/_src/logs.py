@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import functools
+import itertools
 from collections import defaultdict
-from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, NoReturn, overload
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, NoReturn, final, overload
 
 import jax
 import jax.numpy as jnp
@@ -190,6 +191,36 @@ def collapse_leading_axis(logs: Logs, index: int) -> Logs:
     return out
 
 
+@final
+class StackedLogs(Logs):
+    """The logs of a fused group of steps: the last step's logs, with every step's in `per_step`.
+
+    Used as a `Logs`, it is the group's last step's logs. `per_step` holds
+    the same entries with a leading axis over the group's steps; a loop gives
+    the history one entry per step from it, as if the steps had run one by one.
+    Made by `ciclo.fuse`d steps and by managed steps given a `ciclo.Stacked` batch.
+
+    Example:
+        >>> import ciclo, jax.numpy as jnp
+        >>> logs = StackedLogs.of(ciclo.logs().add_metric("loss", jnp.array([3.0, 2.0, 1.0])))
+        >>> float(logs.metrics.loss), logs.per_step.metrics.loss.shape
+        (1.0, (3,))
+    """
+
+    __slots__ = ("per_step",)
+
+    per_step: Logs
+
+    @classmethod
+    def of(cls, per_step: Logs) -> StackedLogs:
+        """Stacked logs from every step's logs (a leading axis over steps); the last step's shown."""
+        new = cls()
+        for collection, entries in per_step.items():
+            dict.__setitem__(new, collection, Entries({name: value[-1] for name, value in entries.items()}))
+        new.per_step = per_step
+        return new
+
+
 def _merge_rows(value: Any) -> Any:
     return value.reshape((-1, *value.shape[2:])) if value.ndim >= 2 else value
 
@@ -205,13 +236,22 @@ def logs() -> Logs:
     return Logs()
 
 
-def _schema(logs: LogsLike) -> tuple[tuple[str, tuple[str, ...]], ...]:
-    """The collections and entry names of `logs`, cheap to build and to hash."""
-    return tuple([(collection, tuple(entries)) for collection, entries in logs.items()])
+_chain = itertools.chain.from_iterable
+_dict_values: Callable[[Mapping[str, Any]], Iterable[Any]] = dict.values  # type: ignore[assignment]
+
+Schema = tuple[tuple[str, ...], tuple[tuple[str, ...], ...]]
+"""A row's collections and, for each, its entry names: cheap to build and to hash."""
 
 
-def _paths_of(schema: tuple[tuple[str, tuple[str, ...]], ...]) -> tuple[tuple[str, str], ...]:
-    return tuple([(collection, name) for collection, names in schema for name in names])
+def _paths_of(schema: Schema) -> tuple[tuple[str, str], ...]:
+    collections, names = schema
+    return tuple(
+        [
+            (collection, name)
+            for collection, entries in zip(collections, names, strict=True)
+            for name in entries
+        ]
+    )
 
 
 _CHUNK = 128
@@ -271,8 +311,43 @@ def _rows_to_host(
     return [tuple(row) for row in out]
 
 
+_HOST_SCALARS = (float, int, bool)
+
+
+@final
+class _Step:
+    """One step's value of an entry logged with a leading axis over the steps of a fused group."""
+
+    __slots__ = ("array", "index")
+
+    def __init__(self, array: Any, index: int) -> None:
+        self.array = array
+        self.index = index
+
+    def value(self) -> Any:
+        return self.array[self.index]
+
+
+def _steps_to_host(values: list[_Step]) -> list[Any]:
+    """Each group's array is copied to the host once, then sliced."""
+    on_host: dict[int, Any] = {}
+    out = []
+    for value in values:
+        array = on_host.get(id(value.array))
+        if array is None:
+            array = on_host[id(value.array)] = np.asarray(value.array)
+        item = array[value.index]
+        out.append(item.item() if np.ndim(item) == 0 else item)
+    return out
+
+
 def _column_to_host(values: list[Any]) -> list[Any]:
-    first, array = values[0], _array_type()
+    if all(type(value) in _HOST_SCALARS for value in values):
+        return values  # Python numbers logged as they are: nothing to copy
+    if all(type(value) is _Step for value in values):
+        return _steps_to_host(values)
+    first: Any = values[0]
+    array: Any = _array_type()
     if type(first) is array and first.ndim == 0 and all(type(value) is array for value in values):
         try:
             return _scalars_to_host(values)
@@ -282,6 +357,8 @@ def _column_to_host(values: list[Any]) -> list[Any]:
 
 
 def _to_host(value: Any) -> Any:
+    if type(value) is _Step:
+        return _steps_to_host([value])[0]
     # Scalars are the common case: `.item()` costs a fraction of `jax.device_get`.
     if isinstance(value, (jax.Array, np.ndarray)):
         return value.item() if value.ndim == 0 else np.asarray(value)
@@ -320,20 +397,71 @@ class History(Sequence[Logs]):
         self._values: list[tuple[Any, ...]] = []
         self._elapsed: list[tuple[int, int, float]] = []
         # schema (collections and names) -> the entry paths of rows with that schema, shared by the rows
-        self._interned: dict[tuple[tuple[str, tuple[str, ...]], ...], tuple[tuple[str, str], ...]] = {}
+        self._interned: dict[Schema, tuple[tuple[str, str], ...]] = {}
+        # entry paths of a schema -> the index of the newest row with them (for `latest`)
+        self._newest: dict[tuple[tuple[str, str], ...], int] = {}
         self._on_host = 0  # rows before this index hold no device arrays
 
     def commit(self, elapsed: Elapsed, logs: LogsLike) -> None:
         """Appends `logs` as the entry for `elapsed`; does not wait on the device."""
-        schema = _schema(logs)
+        self.append(elapsed.steps, elapsed.samples, elapsed.time, logs)
+
+    def append(self, steps: int, samples: int, time: float, logs: LogsLike) -> None:
+        """Appends `logs` as the entry at these counts: `commit` without building an `Elapsed`."""
+        # The hot path of every loop: C-level map and chain instead of Python loops.
+        collections = logs.values()
+        schema = (tuple(logs), tuple(map(tuple, collections)))
         paths = self._interned.get(schema)
         if paths is None:
             paths = self._interned[schema] = _paths_of(schema)
+        values = self._values
+        self._newest[paths] = len(values)
         self._paths.append(paths)
-        self._values.append(tuple([value for entries in logs.values() for value in entries.values()]))
-        self._elapsed.append((elapsed.steps, elapsed.samples, elapsed.time))
+        values.append(tuple(_chain(map(_dict_values, collections))))
+        jax.block_until_ready(values[-1])  # TEMPORARY INJECTION (test_async check)
+        self._elapsed.append((steps, samples, time))
+        if len(values) - self._on_host >= 2 * _LAG:
+            self._fetch(len(values) - _LAG)
+
+    def append_steps(
+        self, steps: int, samples: int, time: float, per_step: Logs, rows: int, batch_size: int
+    ) -> None:
+        """Appends `rows` entries from logs with a leading axis over steps (a fused group's first steps).
+
+        Row `i` holds each entry's value at index `i`, at `steps + i` steps and
+        `samples + i * batch_size` samples. The values are sliced when the
+        history copies them to the host: one copy per entry for the whole group.
+        """
+        schema = (tuple(per_step), tuple(map(tuple, per_step.values())))
+        paths = self._interned.get(schema)
+        if paths is None:
+            paths = self._interned[schema] = _paths_of(schema)
+        arrays = tuple(_chain(map(_dict_values, per_step.values())))
+        first = len(self._values)
+        for i in range(rows):
+            self._paths.append(paths)
+            self._values.append(tuple([_Step(array, i) for array in arrays]))
+            self._elapsed.append((steps + i, samples + i * batch_size, time))
+        self._newest[paths] = first + rows - 1
         if len(self._values) - self._on_host >= 2 * _LAG:
             self._fetch(len(self._values) - _LAG)
+
+    def latest(self) -> Logs:
+        """The newest value of every entry in the history (values may still be device arrays).
+
+        Example:
+            >>> import ciclo
+            >>> history = ciclo.history()
+            >>> history.append(0, 0, 0.0, ciclo.logs().add_metric("a", 1).add_loss("b", 2))
+            >>> history.append(1, 0, 0.0, ciclo.logs().add_metric("a", 3))
+            >>> history.latest()
+            {'metrics': {'a': 3}, 'losses': {'b': 2}}
+        """
+        logs = Logs()
+        for paths, index in sorted(self._newest.items(), key=lambda item: item[1]):
+            for (collection, name), value in zip(paths, self._values[index], strict=True):
+                logs.add_entry(collection, name, value.value() if type(value) is _Step else value)
+        return logs
 
     def _fetch(self, upto: int) -> None:
         """Copies the device arrays of rows [_on_host, upto) to the host."""
@@ -455,23 +583,41 @@ def history() -> History:
     return History()
 
 
-def _flatten_logs_tree(tree: Logs) -> tuple[tuple[dict[str, Entries]], None]:
-    return (dict(tree),), None
+# Flattened as (values, keys): unflattening a step's output builds each dict in one call,
+# with no intermediate copies (this runs in Python after every compiled step).
+def _flatten_logs_tree(tree: Logs) -> tuple[tuple[Entries, ...], tuple[str, ...]]:
+    return tuple(tree.values()), tuple(tree)
 
 
-def _unflatten_logs_tree(_: None, children: tuple[dict[str, Any]]) -> Logs:
-    new = Logs()
-    dict.update(new, children[0])
+def _unflatten_logs_tree(keys: tuple[str, ...], children: tuple[Any, ...]) -> Logs:
+    new = dict.__new__(Logs)
+    dict.update(new, zip(keys, children, strict=True))
     return new
 
 
-def _flatten_entries_tree(tree: Entries) -> tuple[tuple[dict[str, Any]], None]:
-    return (dict(tree),), None
+def _flatten_entries_tree(tree: Entries) -> tuple[tuple[Any, ...], tuple[str, ...]]:
+    return tuple(tree.values()), tuple(tree)
 
 
-def _unflatten_entries_tree(_: None, children: tuple[dict[str, Any]]) -> Entries:
-    return Entries(children[0])
+def _unflatten_entries_tree(keys: tuple[str, ...], children: tuple[Any, ...]) -> Entries:
+    new = dict.__new__(Entries)
+    dict.update(new, zip(keys, children, strict=True))
+    return new
 
 
 jax.tree_util.register_pytree_node(Logs, _flatten_logs_tree, _unflatten_logs_tree)
 jax.tree_util.register_pytree_node(Entries, _flatten_entries_tree, _unflatten_entries_tree)
+
+
+def _flatten_stacked_logs(tree: StackedLogs) -> tuple[tuple[Any, ...], tuple[str, ...]]:
+    return (*tree.values(), tree.per_step), tuple(tree)
+
+
+def _unflatten_stacked_logs(keys: tuple[str, ...], children: tuple[Any, ...]) -> StackedLogs:
+    new = dict.__new__(StackedLogs)
+    dict.update(new, zip(keys, children[:-1], strict=True))
+    new.per_step = children[-1]
+    return new
+
+
+jax.tree_util.register_pytree_node(StackedLogs, _flatten_stacked_logs, _unflatten_stacked_logs)

@@ -1,4 +1,9 @@
-"""The loop language: `ciclo.loop` runs callbacks on schedules over a dataset."""
+"""The loop engine: ordered phases of `(schedule, callbacks)` over a dataset, and `ciclo.loop`.
+
+`run_phases` is the one engine: `ciclo.loop` is its dict front-end, and
+`train_loop`, `test_loop` and `predict_loop` are phases built from the same
+public pieces (`Phase`, `at_step_end`, `run_phases`), as a user's own loop is.
+"""
 
 from __future__ import annotations
 
@@ -6,91 +11,102 @@ import dataclasses
 import inspect
 import logging
 import sys
-from collections.abc import Callable, Iterable, Mapping
-from types import MappingProxyType
-from typing import Any, Generic
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, Final, final
 
-from ciclo._src.batches import BatchSizeFn
+from ciclo._src.batches import BatchSizeFn, Stacked
 from ciclo._src.elapsed import Clock, Elapsed, PeriodLike, to_period
-from ciclo._src.logs import History, Logs, LogsLike
-from ciclo._src.types import CallbackOutput, S, Tasks
+from ciclo._src.logs import History, Logs, StackedLogs
+from ciclo._src.loop_state import LoopState as LoopState
+from ciclo._src.schedules import Every, ScheduleBase
+from ciclo._src.step_output import describe, step_output
+from ciclo._src.types import S, Schedule, StatefulCallback, Tasks
 
 _log = logging.getLogger("ciclo")
 
-_EMPTY: LogsLike = MappingProxyType({})
-
 _ARGUMENT_NAMES = ("state", "batch", "elapsed", "loop_state")
 
+_OBJECT: Final = 5
+"""The calling convention of a callback object: `obj.__loop_callback__(loop_state)`."""
 
-@dataclasses.dataclass(eq=False)
-class LoopState(Generic[S]):
-    """Everything a callback object can see and change while a loop runs.
+
+@final
+@dataclasses.dataclass(frozen=True, eq=False)
+class AtStepEnd(ScheduleBase):
+    """A schedule checked after the step, on the counts that include it; see `ciclo.at_step_end`."""
+
+    schedule: Schedule
+
+    def __call__(self, elapsed: Elapsed) -> bool:
+        return bool(self.schedule(elapsed))
+
+
+def at_step_end(schedule: Schedule) -> AtStepEnd:
+    """Checks `schedule` after the step, on the counts that include the step's batch.
+
+    A plain schedule sees the `Elapsed` from before the step (steps completed
+    so far). An epoch ends *after* the step that completes it, so epoch-end
+    work is scheduled `at_step_end(ciclo.every(steps_per_epoch))`: with 10
+    steps per epoch it runs after steps 10, 20, ... (its callbacks see
+    `elapsed.steps == 10`), never at step 0. Place such a task after the
+    phase that runs the step.
+
+    Example:
+        >>> import ciclo
+        >>> def train_step(state, batch):
+        ...     return state + 1
+        >>> def epoch_end(state, batch, elapsed):
+        ...     return ciclo.logs().add_metric("epoch_end_at", elapsed.steps)
+        >>> _, history, _ = ciclo.run_phases(
+        ...     0,
+        ...     range(7),
+        ...     [
+        ...         ciclo.Phase("train", [(ciclo.every(1), train_step)]),
+        ...         ciclo.Phase("epoch", [(ciclo.at_step_end(ciclo.every(3)), epoch_end)]),
+        ...     ],
+        ... )
+        >>> history.collect("epoch_end_at")
+        [3, 6]
+    """
+    if not callable(schedule):
+        raise TypeError(f"at_step_end needs a schedule (elapsed -> bool), got {schedule!r}")
+    return AtStepEnd(schedule)
+
+
+@final
+@dataclasses.dataclass(frozen=True)
+class Phase:
+    """A named group of tasks that runs at each step, after the phases before it.
+
+    Each task is `(schedule, callbacks)`: at each step, for each task in order,
+    when the schedule fires, its callbacks run in order. A schedule wrapped in
+    `ciclo.at_step_end` is checked on the counts that include the step.
 
     Attributes:
-        state: the current state.
-        batch: the current batch.
-        history: the `History` the loop commits to.
-        elapsed: the `Elapsed` of the current step.
-        logs: the logs of the current step so far.
-        accumulated_logs: every entry logged since the loop started, latest value
-            of each (monitors such as early stopping read test metrics here).
-        metadata: whatever was passed as `metadata` to the loop.
-        stop_iteration: set to True (or call `stop()`) to end the loop after the
-            current callback.
+        name: names the phase in errors and in `LoopState.callback_states()`.
+        tasks: `(schedule, callback or list of callbacks)` pairs, or a dict of them.
+
+    Example:
+        >>> import ciclo
+        >>> phase = ciclo.Phase("train", [(ciclo.every(1), lambda state: state + 1)])
+        >>> ciclo.run_phases(0, range(3), [phase])[0]
+        3
     """
 
-    state: S
-    batch: Any
-    history: History
-    elapsed: Elapsed
-    logs: Logs
-    accumulated_logs: Logs
-    metadata: Any = None
-    stop_iteration: bool = False
-
-    def stop(self) -> None:
-        """Ends the loop once the current callback returns."""
-        self.stop_iteration = True
-
-
-Invoker = Callable[[LoopState[Any]], CallbackOutput[Any]]
+    name: str
+    tasks: Sequence[tuple[Any, Any]] | Tasks
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class _Callback:
-    """A callback in the form the loop calls: `invoke(loop_state) -> (logs, state)`."""
+    """A callback in the form the engine calls it: `kind` says which arguments `fn` takes."""
 
-    invoke: Invoker
+    kind: int  # 0 to 4 positional arguments of (state, batch, elapsed, loop_state), or _OBJECT
+    fn: Callable[..., Any]
     source: Any
 
     def describe(self) -> str:
-        return _describe(self.source)
-
-
-def _describe(obj: Any) -> str:
-    name = getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None)
-    return f"{name}" if isinstance(name, str) else repr(obj)
-
-
-def standardize_output(output: Any, state: Any, source: Any) -> CallbackOutput[Any]:
-    """Normalizes a callback's return value to `(logs, state)`.
-
-    Accepted forms: `(logs, state)` (either may be None), `logs` (a dict),
-    `state` (anything else), or `None`.
-    """
-    if output is None:
-        return _EMPTY, state
-    if type(output) is tuple:
-        if len(output) != 2:
-            raise ValueError(
-                f"callback {_describe(source)} returned a tuple of length {len(output)}; "
-                "a callback returns (logs, state), logs, state or None"
-            )
-        logs, new_state = output
-        return (_EMPTY if logs is None else logs), (state if new_state is None else new_state)
-    if isinstance(output, dict):
-        return output, state
-    return _EMPTY, output
+        return describe(self.source)
 
 
 def _positional_arity(fn: Callable[..., Any]) -> int:
@@ -111,37 +127,16 @@ def _positional_arity(fn: Callable[..., Any]) -> int:
             variadic = True
         elif parameter.kind is parameter.KEYWORD_ONLY and parameter.default is parameter.empty:
             raise TypeError(
-                f"callback {_describe(fn)} has a required keyword-only argument "
+                f"callback {describe(fn)} has a required keyword-only argument "
                 f"{parameter.name!r}; the loop passes only positional arguments "
                 f"{_ARGUMENT_NAMES}"
             )
     if required > len(_ARGUMENT_NAMES):
         raise TypeError(
-            f"callback {_describe(fn)} requires {required} positional arguments, but the "
+            f"callback {describe(fn)} requires {required} positional arguments, but the "
             f"loop passes at most {len(_ARGUMENT_NAMES)}: {', '.join(_ARGUMENT_NAMES)}"
         )
     return len(_ARGUMENT_NAMES) if variadic else min(positional, len(_ARGUMENT_NAMES))
-
-
-def _function_invoker(fn: Callable[..., Any]) -> Invoker:
-    arity = _positional_arity(fn)
-    if arity == 0:
-        return lambda ls: standardize_output(fn(), ls.state, fn)
-    if arity == 1:
-        return lambda ls: standardize_output(fn(ls.state), ls.state, fn)
-    if arity == 2:
-        return lambda ls: standardize_output(fn(ls.state, ls.batch), ls.state, fn)
-    if arity == 3:
-        return lambda ls: standardize_output(fn(ls.state, ls.batch, ls.elapsed), ls.state, fn)
-    return lambda ls: standardize_output(fn(ls.state, ls.batch, ls.elapsed, ls), ls.state, fn)
-
-
-def _periodic_action_invoker(action: Any) -> Invoker:
-    def invoke(ls: LoopState[Any]) -> CallbackOutput[Any]:
-        action(ls.elapsed.steps)
-        return _EMPTY, ls.state
-
-    return invoke
 
 
 def _is_periodic_action(obj: Any) -> bool:
@@ -150,8 +145,15 @@ def _is_periodic_action(obj: Any) -> bool:
     return module is not None and isinstance(obj, module.PeriodicAction)
 
 
+def _periodic_action(action: Any) -> Callable[[LoopState[Any]], None]:
+    def invoke(loop_state: LoopState[Any]) -> None:
+        action(loop_state.elapsed.steps)
+
+    return invoke
+
+
 def as_callback(obj: Any) -> _Callback:
-    """Turns a callback object or function into the form the loop calls.
+    """Turns a callback object or function into the form the engine calls.
 
     Raises:
         TypeError: if `obj` is not a callback: not callable, or requiring more
@@ -159,11 +161,10 @@ def as_callback(obj: Any) -> _Callback:
     """
     if isinstance(obj, _Callback):
         return obj
-    hook = getattr(type(obj), "__loop_callback__", None)
-    if hook is not None:
-        return _Callback(obj.__loop_callback__, obj)
+    if getattr(type(obj), "__loop_callback__", None) is not None:
+        return _Callback(_OBJECT, obj.__loop_callback__, obj)
     if _is_periodic_action(obj):
-        return _Callback(_periodic_action_invoker(obj), obj)
+        return _Callback(_OBJECT, _periodic_action(obj), obj)
     if isinstance(obj, str):
         raise TypeError(f"{obj!r} is a string, not a callback")
     if not callable(obj):
@@ -171,7 +172,7 @@ def as_callback(obj: Any) -> _Callback:
             f"{obj!r} of type {type(obj).__name__} is not a callback: pass a callable taking "
             f"0 to 4 of {_ARGUMENT_NAMES}, or an object with __loop_callback__(loop_state)"
         )
-    return _Callback(_function_invoker(obj), obj)
+    return _Callback(_positional_arity(obj), obj, obj)
 
 
 def as_callback_list(value: Any, where: str) -> list[_Callback]:
@@ -188,12 +189,28 @@ def as_callback_list(value: Any, where: str) -> list[_Callback]:
     return callbacks
 
 
-def compile_tasks(tasks: Tasks) -> list[tuple[Callable[[Elapsed], bool], list[_Callback]]]:
-    """Validates `tasks` and turns it into (schedule, callbacks) pairs, in dict order."""
-    if not isinstance(tasks, Mapping):
-        raise TypeError(f"tasks must be a dict of schedule -> callbacks, got {tasks!r}")
-    compiled = []
-    for schedule, callbacks in tasks.items():
+@dataclasses.dataclass(eq=False)
+class _Task:
+    """A compiled task: `check` is None for a schedule that fires at every step."""
+
+    check: Callable[[Elapsed], bool] | None
+    after_step: bool
+    callbacks: list[_Callback]
+
+
+def _fires_every_step(schedule: Any) -> bool:
+    return type(schedule) is Every and schedule.period.steps == 1 and schedule.offset is None
+
+
+def _compile_phase(phase: Phase) -> list[_Task]:
+    if not isinstance(phase, Phase):
+        raise TypeError(f"phases must be ciclo.Phase objects, got {phase!r}")
+    items = phase.tasks.items() if isinstance(phase.tasks, Mapping) else phase.tasks
+    tasks = []
+    for item in items:
+        if not (isinstance(item, tuple) and len(item) == 2):
+            raise TypeError(f"phase {phase.name!r}: a task is a (schedule, callbacks) pair, got {item!r}")
+        schedule, callbacks = item
         if isinstance(schedule, str):
             raise ValueError(
                 f"named schedule {schedule!r} is only understood by ciclo.train_loop, "
@@ -204,52 +221,264 @@ def compile_tasks(tasks: Tasks) -> list[tuple[Callable[[Elapsed], bool], list[_C
                 f"task key {schedule!r} is not a schedule: use a callable elapsed -> bool "
                 "such as ciclo.every(1)"
             )
-        compiled_callbacks = as_callback_list(callbacks, f"tasks[{schedule!r}]")
-        if compiled_callbacks:
-            compiled.append((schedule, compiled_callbacks))
-    return compiled
+        compiled = as_callback_list(callbacks, f"phase {phase.name!r}, task {schedule!r}")
+        if not compiled:
+            continue
+        after = type(schedule) is AtStepEnd
+        inner = schedule.schedule if after else schedule
+        check = None if _fires_every_step(inner) else inner
+        tasks.append(_Task(check, after, compiled))
+    return tasks
 
 
-def end_hooks(callback_lists: Iterable[list[_Callback]]) -> list[Callable[[LoopState[Any]], Any]]:
-    """The `__loop_end__` hooks of the callbacks' objects, each object once."""
-    hooks: list[Callable[[LoopState[Any]], Any]] = []
+def _owners(callbacks: Iterable[_Callback]) -> list[Any]:
+    """The objects behind the callbacks, each once: a bound method `bar.on_train_batch_end` is `bar`."""
+    owners: list[Any] = []
     seen: set[int] = set()
-    for callbacks in callback_lists:
-        for callback in callbacks:
-            # A bound method such as `bar.on_train_batch_end` ends with its object.
-            owner = getattr(callback.source, "__self__", callback.source)
-            hook = getattr(owner, "__loop_end__", None)
-            if hook is not None and id(owner) not in seen:
-                seen.add(id(owner))
-                hooks.append(hook)
-    return hooks
-
-
-def run_callbacks(loop_state: LoopState[Any], callbacks: list[_Callback]) -> None:
-    """Calls `callbacks` in order, merging their logs into the step's and the accumulated logs.
-
-    Stops early when a callback stops the loop. An error raised by a callback gets
-    a note naming the callback and the step.
-    """
-    step_logs, accumulated = loop_state.logs, loop_state.accumulated_logs
     for callback in callbacks:
-        try:
-            new_logs, loop_state.state = callback.invoke(loop_state)
-        except Exception as error:
-            _annotate(error, callback, loop_state.elapsed)
-            raise
-        if new_logs:
-            step_logs.merge(new_logs)
-            accumulated.merge(new_logs)
-        if loop_state.stop_iteration:
-            break
+        owner = getattr(callback.source, "__self__", callback.source)
+        if id(owner) not in seen:
+            seen.add(id(owner))
+            owners.append(owner)
+    return owners
 
 
-def _annotate(error: BaseException, callback: _Callback, elapsed: Elapsed) -> None:
-    note = f"raised by callback {callback.describe()} at step {elapsed.steps}"
+def _annotate(error: BaseException, callback: _Callback, loop_state: LoopState[Any]) -> None:
+    where = f" at step {loop_state.elapsed.steps}" if loop_state._now or loop_state._elapsed else ""
     add_note = getattr(error, "add_note", None)  # Python >= 3.11
     if add_note is not None:
-        add_note(note)
+        add_note(f"raised by callback {callback.describe()}{where}")
+
+
+def _run_callbacks(loop_state: LoopState[Any], callbacks: list[_Callback]) -> None:
+    """Calls `callbacks` in order, merging their logs into the step's logs.
+
+    The hot path of every loop. A callback's output is normalised by
+    `step_output`; the usual `(logs, state)` pair skips the call.
+    """
+    batch = loop_state.batch
+    for callback in callbacks:
+        kind, fn = callback.kind, callback.fn
+        try:
+            if kind == 2:
+                out = fn(loop_state.state, batch)
+            elif kind == _OBJECT:
+                out = fn(loop_state)
+            elif kind == 1:
+                out = fn(loop_state.state)
+            elif kind == 0:
+                out = fn()
+            elif kind == 3:
+                out = fn(loop_state.state, batch, loop_state.elapsed)
+            else:
+                out = fn(loop_state.state, batch, loop_state.elapsed, loop_state)
+        except Exception as error:
+            _annotate(error, callback, loop_state)
+            raise
+        if type(out) is tuple and len(out) == 2 and out[0] is not None and out[1] is not None:
+            new_logs, loop_state.state = out  # what step_output would return, without the call
+        else:
+            new_logs, loop_state.state = step_output(out, loop_state.state, callback.source)
+        if new_logs:
+            if type(new_logs) is StackedLogs:
+                _hold_steps(loop_state, new_logs)
+            logs = loop_state._logs
+            if not logs:
+                loop_state._logs = new_logs  # held as it came; copied only if merged into or read
+            else:
+                if type(logs) is not Logs or logs is new_logs:
+                    logs = loop_state._logs = Logs(logs)
+                logs.merge(new_logs)
+        if loop_state.stop_iteration:
+            return
+
+
+def _hold_steps(loop_state: LoopState[Any], logs: StackedLogs) -> None:
+    """Keeps a fused group's per-step logs: the history gets an entry per step of the group."""
+    if type(loop_state.batch) is not Stacked:
+        return  # a step that stacks logs of its own: its last step's logs stand for the step
+    held = loop_state._per_step
+    loop_state._per_step = logs.per_step if held is None else Logs(held).merge(logs.per_step)
+
+
+def _commit(history: History, loop_state: LoopState[Any], clock: Clock, logs: Any) -> None:
+    now = loop_state._elapsed
+    if now is None:
+        steps, samples, time = clock.steps, clock.samples, clock.seconds()
+    else:
+        steps, samples, time = now.steps, now.samples, now.time
+    per_step = loop_state._per_step
+    if per_step is not None:
+        group: Stacked[Any] = loop_state.batch
+        rows, batch_size = group.steps - 1, group.samples // group.steps
+        history.append_steps(steps, samples, time, per_step, rows, batch_size)
+        steps, samples = steps + rows, samples + rows * batch_size
+        loop_state._per_step = None
+    history.append(steps, samples, time, logs)
+
+
+def _after_step(before: Elapsed, batch: Any, batch_size_fn: BatchSizeFn) -> Elapsed:
+    if type(batch) is Stacked:
+        steps, samples = batch.steps, batch.samples
+    else:
+        steps, samples = 1, batch_size_fn(batch)
+    return Elapsed(before.steps + steps, before.samples + samples, before.time, before.date_start)
+
+
+def run_phases(
+    state: S,
+    dataset: Iterable[Any],
+    phases: Sequence[Phase],
+    *,
+    stop: PeriodLike | None = None,
+    on_start: Any = None,
+    on_end: Any = None,
+    history: History | None = None,
+    elapsed: Elapsed | None = None,
+    catch_keyboard_interrupt: bool = True,
+    metadata: Any = None,
+    batch_size_fn: BatchSizeFn | None = None,
+) -> tuple[S, History, Elapsed]:
+    """The loop engine: runs `phases` in order at each step of `dataset`.
+
+    At each step, each phase runs its tasks in order: the callbacks of each
+    schedule that fires (see `ciclo.Phase`). Each callback may return new logs
+    (merged into the step's logs) and a new state. Steps that logged anything
+    are committed to the history. The loop never waits for the device: logged
+    arrays stay on it until they are shown or collected.
+
+    `ciclo.loop`, `train_loop`, `test_loop` and `predict_loop` are all this
+    engine with their own phases; a loop of your own (a GAN alternating a
+    discriminator phase and a generator phase, say) is built the same way.
+
+    Args:
+        state: the initial state (any pytree).
+        dataset: an iterable of batches.
+        phases: the `ciclo.Phase`s of a step, in the order they run.
+        stop: stop when this `Period` (or number of steps) is reached; otherwise
+            when the dataset ends or a callback stops the loop.
+        on_start: callback(s) run once, before the first step's phases.
+        on_end: callback(s) run once after the last step.
+        history: commit to this `History` instead of a new one.
+        elapsed: resume counting from this `Elapsed`.
+        catch_keyboard_interrupt: on Ctrl-C, stop and return what was computed so
+            far instead of raising.
+        metadata: any value, available to callbacks as `loop_state.metadata`.
+        batch_size_fn: counts the samples of a batch (default: leading dimension
+            of its first array leaf).
+
+    Returns:
+        `(state, history, elapsed)`: the final state, the history of logs, and
+        the `Elapsed` after the last step.
+
+    Example:
+        >>> import ciclo
+        >>> def discriminator_step(state, batch):
+        ...     return ciclo.logs().add_metric("d", batch), state
+        >>> def generator_step(state, batch):
+        ...     return ciclo.logs().add_metric("g", batch), state + 1
+        >>> state, history, elapsed = ciclo.run_phases(
+        ...     0,
+        ...     range(4),
+        ...     [
+        ...         ciclo.Phase("discriminator", [(ciclo.every(1), discriminator_step)]),
+        ...         ciclo.Phase("generator", [(ciclo.every(2), generator_step)]),
+        ...     ],
+        ... )
+        >>> state, history.collect("d"), history.collect("g")
+        (2, [0, 1, 2, 3], [0, 2])
+    """
+    stop_period = to_period(stop)
+    if isinstance(phases, Phase) or not isinstance(phases, Sequence):
+        raise TypeError(f"phases must be a list of ciclo.Phase, got {phases!r}")
+    tasks = [task for phase in phases for task in _compile_phase(phase)]
+    start_callbacks = as_callback_list(on_start, "on_start")
+    end_callbacks = as_callback_list(on_end, "on_end")
+    if history is None:
+        history = History()
+    elif not isinstance(history, History):
+        raise TypeError(f"history must be a ciclo.History, got {history!r}")
+
+    every_callback = [callback for task in tasks for callback in task.callbacks]
+    owners = _owners([*start_callbacks, *every_callback, *end_callbacks])
+    end_hooks = [hook for hook in (getattr(owner, "__loop_end__", None) for owner in owners) if hook]
+
+    clock = Clock(elapsed, batch_size_fn)
+    size_fn = clock.batch_size_fn
+    loop_state: LoopState[S] = LoopState(state, history=history, metadata=metadata)
+    loop_state._now = clock.now
+    loop_state._callback_objects = {
+        f"{index}:{type(owner).__name__}": owner
+        for index, owner in enumerate(owner for owner in owners if isinstance(owner, StatefulCallback))
+    }
+    try:
+        iterator = iter(dataset)
+    except TypeError:
+        raise TypeError(f"dataset must be an iterable of batches, got {dataset!r}") from None
+    # Only a stop in steps alone is checked on the counters; other periods need an Elapsed.
+    stop_steps = stop_period.steps if stop_period is not None else None
+    stop_by_steps_only = stop_period is not None and (
+        stop_period.samples is None and stop_period.time is None and stop_period.date is None
+    )
+    pending_start = start_callbacks
+    append = history.append
+    try:
+        while True:
+            if stop_period is not None:
+                if stop_by_steps_only:
+                    if clock.steps >= stop_steps:  # type: ignore[operator]
+                        break
+                elif clock.now() >= stop_period:
+                    break
+            try:
+                batch = next(iterator)
+            except StopIteration:
+                break
+            loop_state.batch = batch
+            loop_state._elapsed = None
+            loop_state._logs = None
+            if pending_start:
+                _run_callbacks(loop_state, pending_start)
+                pending_start = []
+            before: Elapsed | None = None
+            for task in tasks:
+                if task.after_step:
+                    if before is None:
+                        before = loop_state.elapsed
+                    after = _after_step(before, batch, size_fn)
+                    if task.check is not None and not task.check(after):
+                        continue
+                    loop_state._elapsed = after
+                    _run_callbacks(loop_state, task.callbacks)
+                    loop_state._elapsed = before
+                else:
+                    if task.check is not None and not task.check(loop_state.elapsed):
+                        continue
+                    _run_callbacks(loop_state, task.callbacks)
+                if loop_state.stop_iteration:
+                    break
+            step_logs = loop_state._logs
+            if step_logs:
+                if loop_state._per_step is None and loop_state._elapsed is None:
+                    append(clock.steps, clock.samples, clock.seconds(), step_logs)
+                else:
+                    _commit(history, loop_state, clock, step_logs)
+            clock.advance(batch)
+            if loop_state.stop_iteration:
+                break
+
+        loop_state._elapsed = clock.now()
+        loop_state._logs = None
+        _run_callbacks(loop_state, end_callbacks)
+    except KeyboardInterrupt:
+        if not catch_keyboard_interrupt:
+            raise
+        _log.warning("KeyboardInterrupt: loop stopped at step %d", clock.steps)
+    finally:
+        loop_state._elapsed = clock.now()
+        for hook in end_hooks:
+            hook(loop_state)
+    return loop_state.state, history, loop_state.elapsed
 
 
 def loop(
@@ -274,13 +503,16 @@ def loop(
     logged anything are committed to the history. The loop never waits for the
     device: logged arrays stay on it until they are shown or collected.
 
+    `loop` is the dict front-end of the engine, `ciclo.run_phases`: the tasks
+    form one `ciclo.Phase`.
+
     Args:
         state: the initial state (any pytree).
         dataset: an iterable of batches.
         tasks: `{schedule: callback or [callbacks]}`. A callback is an object with
             `__loop_callback__(loop_state)`, or a callable taking 0 to 4 of
-            `(state, batch, elapsed, loop_state)` and returning `(logs, state)`,
-            `logs`, `state` or `None`.
+            `(state, batch, elapsed, loop_state)`. Both return `(logs, state)`,
+            `logs`, `state` or `None` (no logs, the state unchanged).
         stop: stop when this `Period` (or number of steps) is reached; otherwise
             when the dataset ends or a callback stops the loop.
         on_start: callback(s) run once, before the first step's tasks.
@@ -306,67 +538,18 @@ def loop(
         >>> state, elapsed.steps, history.collect("total")
         (6, 4, [0, 1, 3, 6])
     """
-    stop_period = to_period(stop)
-    schedule_callbacks = compile_tasks(tasks)
-    start_callbacks = as_callback_list(on_start, "on_start")
-    end_callbacks = as_callback_list(on_end, "on_end")
-    hooks = end_hooks([start_callbacks, end_callbacks, *(cbs for _, cbs in schedule_callbacks)])
-    if history is None:
-        history = History()
-    elif not isinstance(history, History):
-        raise TypeError(f"history must be a ciclo.History, got {history!r}")
-
-    clock = Clock(elapsed, batch_size_fn)
-    accumulated = Logs()
-    loop_state: LoopState[S] = LoopState(
-        state=state,
-        batch=None,
+    if not isinstance(tasks, Mapping):
+        raise TypeError(f"tasks must be a dict of schedule -> callbacks, got {tasks!r}")
+    return run_phases(
+        state,
+        dataset,
+        [Phase("tasks", tasks)],
+        stop=stop,
+        on_start=on_start,
+        on_end=on_end,
         history=history,
-        elapsed=clock.now(),
-        logs=Logs(),
-        accumulated_logs=accumulated,
+        elapsed=elapsed,
+        catch_keyboard_interrupt=catch_keyboard_interrupt,
         metadata=metadata,
+        batch_size_fn=batch_size_fn,
     )
-    try:
-        iterator = iter(dataset)
-    except TypeError:
-        raise TypeError(f"dataset must be an iterable of batches, got {dataset!r}") from None
-    pending_start = start_callbacks
-    try:
-        while True:
-            now = clock.now()
-            if stop_period is not None and now >= stop_period:
-                break
-            try:
-                batch = next(iterator)
-            except StopIteration:
-                break
-            loop_state.elapsed = now
-            loop_state.batch = batch
-            step_logs = loop_state.logs = Logs()
-            if pending_start:
-                run_callbacks(loop_state, pending_start)
-                pending_start = []
-            for schedule, callbacks in schedule_callbacks:
-                if schedule(now):
-                    run_callbacks(loop_state, callbacks)
-                    if loop_state.stop_iteration:
-                        break
-            if step_logs:
-                history.commit(now, step_logs)
-            clock.advance(batch)
-            if loop_state.stop_iteration:
-                break
-
-        loop_state.elapsed = clock.now()
-        loop_state.logs = Logs()
-        run_callbacks(loop_state, end_callbacks)
-    except KeyboardInterrupt:
-        if not catch_keyboard_interrupt:
-            raise
-        _log.warning("KeyboardInterrupt: loop stopped at step %d", clock.steps)
-    finally:
-        loop_state.elapsed = clock.now()
-        for hook in hooks:
-            hook(loop_state)
-    return loop_state.state, history, loop_state.elapsed

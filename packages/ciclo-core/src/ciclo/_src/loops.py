@@ -9,17 +9,16 @@ of the objects in `callbacks=[...]` (`keras_bar` has `on_train_batch_end`,
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, Final, final
+from typing import Any, Final
 
-from ciclo._src.batches import BatchSizeFn, Stacked, leading_dim
+from ciclo._src.batches import BatchSizeFn
 from ciclo._src.callbacks._inner_loop import inner_loop
-from ciclo._src.elapsed import Elapsed, Period, PeriodLike, to_period
+from ciclo._src.elapsed import Elapsed, Period, PeriodLike
 from ciclo._src.logs import History
-from ciclo._src.loop import LoopState, _Callback, as_callback_list, end_hooks, loop, run_callbacks
+from ciclo._src.loop import Phase, at_step_end, run_phases
 from ciclo._src.schedules import Every, every
-from ciclo._src.types import CallbackOutput, S, Tasks
+from ciclo._src.types import Evaluable, Predictable, S, Tasks, Trainable
 
 on_train_step: Final = "on_train_step"
 train_step: Final = "train_step"
@@ -138,84 +137,37 @@ def _get(named: Named, *names: str) -> list[Any]:
     return [callback for name in names for callback in named.get(name, [])]
 
 
-@final
-class _AtEpochEnd:
-    """Runs callbacks after the step that completes each epoch.
-
-    A schedule only sees the `Elapsed` from before the step; the epoch ends when
-    the counts *after* this step cross a multiple of the epoch duration.
-    """
-
-    def __init__(self, epoch: Period, callbacks: list[_Callback], batch_size_fn: BatchSizeFn) -> None:
-        self.schedule = Every(epoch, offset=epoch)
-        self.callbacks = callbacks
-        self.batch_size_fn = batch_size_fn
-        self._end_hooks = end_hooks([callbacks])
-
-    def __loop_callback__(self, loop_state: LoopState[S]) -> CallbackOutput[S]:
-        before, batch = loop_state.elapsed, loop_state.batch
-        steps, samples = before.steps + 1, before.samples
-        if type(batch) is Stacked:
-            steps, samples = before.steps + batch.steps, before.samples + batch.samples
-        elif self.schedule.period.samples is not None:
-            # Counting the batch again costs a tree flatten per step: only when epochs are in samples.
-            samples += self.batch_size_fn(batch)
-        after = Elapsed(steps, samples, before.time, before.date_start)
-        if self.schedule(after):
-            run_callbacks(loop_state, self.callbacks)
-        return {}, loop_state.state
-
-    def __loop_end__(self, loop_state: LoopState[Any]) -> None:
-        # The grouped callbacks (a checkpoint finishing its writes, say) see the loop end too.
-        for hook in self._end_hooks:
-            hook(loop_state)
+def _step_phases(
+    named: Named, scheduled: Mapping[Any, Any], prefix: str, steps: tuple[str, ...]
+) -> list[Phase]:
+    """The phases of a test or predict step: batch begin, the step, the user's schedules, batch end."""
+    return [
+        Phase(f"{prefix}_batch_begin", [(every(1), _get(named, f"on_{prefix}_batch_begin"))]),
+        Phase(f"{prefix}_step", [(every(1), _get(named, *steps))]),
+        Phase("tasks", scheduled),
+        Phase(f"{prefix}_batch_end", [(every(1), _get(named, f"on_{prefix}_batch_end"))]),
+    ]
 
 
-@dataclasses.dataclass(frozen=True)
-class _Phase:
-    """The named schedules of a test or predict loop, in the order they run."""
-
-    batch_begin: str
-    steps: tuple[str, ...]
-    batch_end: str
-    begin: tuple[str, ...]
-    end: str
-
-
-_TEST_PHASE = _Phase(
-    on_test_batch_begin,
-    (test_step, on_test_step),
-    on_test_batch_end,
-    (on_test_begin, reset_step, on_reset_step),
-    on_test_end,
-)
-_PREDICT_PHASE = _Phase(
-    on_predict_batch_begin,
-    (predict_step, on_predict_step),
-    on_predict_batch_end,
-    (on_predict_begin,),
-    on_predict_end,
-)
-
-
-def _run_phase(
-    phase: _Phase,
-    state: S,
-    dataset: Iterable[Any],
+def _check_runs_something(
+    state: Any,
     named: Named,
     scheduled: Mapping[Any, Any],
-    **loop_kwargs: Any,
-) -> tuple[S, History, Elapsed]:
-    """Runs `ciclo.loop` with the callbacks of `named` placed where `phase` says."""
-    tasks: dict[Any, Any] = {every(1): _get(named, phase.batch_begin, *phase.steps), **scheduled}
-    tasks[every(1)] = _get(named, phase.batch_end)
-    return loop(
-        state,
-        dataset,
-        tasks,
-        on_start=_get(named, *phase.begin),
-        on_end=_get(named, phase.end),
-        **loop_kwargs,
+    protocol: type,
+    loop_name: str,
+    steps: tuple[str, ...],
+) -> None:
+    if isinstance(state, protocol) or scheduled or any(named.values()):
+        return
+    methods: dict[type, str] = {
+        Trainable: "train_step",
+        Evaluable: "test_step and reset_step",
+        Predictable: "predict_step",
+    }
+    raise TypeError(
+        f"{loop_name} has no step to run: the state ({type(state).__name__}) has no "
+        f"{methods[protocol]} method (see ciclo.{protocol.__name__}), and no callback was given "
+        f"under {' or '.join(f'ciclo.{name}' for name in steps)}"
     )
 
 
@@ -239,18 +191,21 @@ def train_loop(
 ) -> tuple[S, History, Elapsed]:
     """A training loop with epochs and an evaluation loop at the end of each epoch.
 
-    Each step runs, in order: `on_train_batch_begin`, `train_step`,
-    `on_train_step`, the scheduled tasks of `tasks` (e.g. `ciclo.every(20)`),
-    then, after the step that completes an epoch, `reset_step` /
-    `on_reset_step`, the test loop over `test_dataset()` (its logs renamed with
-    the `_test` suffix, metrics and losses averaged over the test steps), and
-    `on_epoch_end`; finally `on_train_batch_end` (where progress bars go, so
-    they show everything logged in the step). `on_train_begin` and
-    `on_train_end` run once.
+    Each step runs these phases in order: `on_train_batch_begin`;
+    `train_step` and `on_train_step`; the scheduled tasks of `tasks` (e.g.
+    `ciclo.every(20)`); after the step that completes an epoch, `reset_step`
+    / `on_reset_step`, the test loop over `test_dataset()` (a `ciclo.test_loop`
+    whose logs are renamed with the `_test` suffix, losses averaged over the
+    test steps), and `on_epoch_end`; finally `on_train_batch_end` (where
+    progress bars go, so they show everything logged in the step).
+    `on_train_begin` and `on_train_end` run once. It is `ciclo.run_phases`
+    with these phases: build your own loop the same way.
 
     Args:
-        state: the initial state. Its `train_step`, `test_step`, `reset_step`
-            (and other named) methods are registered automatically.
+        state: the initial state: a `ciclo.Trainable` (a `train_step` method),
+            or any state with the step given in `tasks`. Its `train_step`,
+            `test_step`, `reset_step` (and other named) methods are registered
+            automatically.
         dataset: the training batches.
         tasks: `{named schedule or schedule: callbacks}`.
         callbacks: objects whose named hooks (`on_train_batch_end`,
@@ -264,7 +219,7 @@ def train_loop(
         test_name: suffix of the test entries (`accuracy_test`).
         inner_loop_kwargs: passed to `ciclo.inner_loop` for the test loop, e.g.
             `{"aggregation": "last"}`. Without an `aggregation` there, a state
-            class may set its own default as the class attribute
+            class may declare its own default as the class attribute
             `test_aggregation` (`ciclo.ModelState` keeps the last value of its
             running metrics).
         stop: stop after this period or number of steps.
@@ -276,6 +231,10 @@ def train_loop(
 
     Returns:
         `(state, history, elapsed)`.
+
+    Raises:
+        TypeError: if nothing would train: the state is not a `ciclo.Trainable`
+            and `tasks` hold no step.
 
     Example:
         >>> import ciclo
@@ -297,11 +256,13 @@ def train_loop(
     names = tuple(dict.fromkeys(TRAIN_NAMES + TEST_NAMES))
     named, scheduled = _split_tasks(tasks, names, "train_loop")
     _register_callbacks(named, callbacks, names)
+    # The test loop registers the state's own test methods itself: hand it only the user's.
+    test_tasks = {name: named[name] for name in TEST_NAMES if name in named and name not in TRAIN_NAMES}
     # Asked for explicitly; a state's own `reset_step` method only runs when there are epochs.
     epoch_tasks = _get(named, reset_step, on_reset_step, on_epoch_end)
-    _register_state_methods(named, state, names)
-    epoch = to_period(epoch_duration, name="epoch_duration")
-    test_period = to_period(test_duration, name="test_duration")
+    _register_state_methods(named, state, TRAIN_NAMES)
+    epoch = Period.of(epoch_duration, name="epoch_duration")
+    test_period = Period.of(test_duration, name="test_duration")
     if test_dataset is not None and not callable(test_dataset):
         raise TypeError(
             f"test_dataset must be a zero-argument function returning the test batches, "
@@ -314,45 +275,40 @@ def train_loop(
         )
     if not isinstance(test_name, str):
         raise TypeError(f"test_name must be a string, got {test_name!r}")
+    _check_runs_something(state, named, scheduled, Trainable, "train_loop", (train_step, on_train_step))
 
-    test_named: Named = {
-        name: named[name] for name in TEST_NAMES if name in named and name not in TRAIN_NAMES
-    }
-    train_tasks: dict[Any, Any] = {
-        every(1): _get(named, on_train_batch_begin, train_step, on_train_step),
-        **scheduled,
-    }
+    phases = [
+        Phase("train_batch_begin", [(every(1), _get(named, on_train_batch_begin))]),
+        Phase("train_step", [(every(1), _get(named, train_step, on_train_step))]),
+        Phase("tasks", scheduled),
+    ]
     if epoch is not None:
         at_epoch_end = _get(named, reset_step, on_reset_step)
         if test_dataset is not None:
             make_test_dataset = test_dataset
             aggregation = getattr(type(state), "test_aggregation", _DEFAULT_TEST_AGGREGATION)
             kwargs: dict[str, Any] = {"aggregation": aggregation, **(inner_loop_kwargs or {})}
-            at_epoch_end.append(
-                inner_loop(
-                    test_name,
-                    lambda current: _run_phase(
-                        _TEST_PHASE,
-                        current,
-                        make_test_dataset(),
-                        test_named,
-                        {},
-                        stop=test_period,
-                        catch_keyboard_interrupt=False,
-                        metadata=metadata,
-                        batch_size_fn=batch_size_fn,
-                    ),
-                    **kwargs,
+
+            def run_test(current: Any) -> tuple[Any, History, Elapsed]:
+                return test_loop(
+                    current,
+                    make_test_dataset(),
+                    test_tasks,
+                    stop=test_period,
+                    catch_keyboard_interrupt=False,
+                    metadata=metadata,
+                    batch_size_fn=batch_size_fn,
                 )
-            )
+
+            at_epoch_end.append(inner_loop(test_name, run_test, **kwargs))
         at_epoch_end += _get(named, on_epoch_end)
-        epoch_callbacks = as_callback_list(at_epoch_end, "epoch-end tasks")
-        train_tasks[every(1)] = [_AtEpochEnd(epoch, epoch_callbacks, batch_size_fn or leading_dim)]
-    train_tasks[every(1)] = _get(named, on_train_batch_end)
-    return loop(
+        # The epoch ends after the step that completes it: checked on the counts after the step.
+        phases.append(Phase("epoch_end", [(at_step_end(Every(epoch, offset=epoch)), at_epoch_end)]))
+    phases.append(Phase("train_batch_end", [(every(1), _get(named, on_train_batch_end))]))
+    return run_phases(
         state,
         dataset,
-        train_tasks,
+        phases,
         on_start=_get(named, on_train_begin),
         on_end=_get(named, on_train_end),
         stop=stop,
@@ -383,6 +339,22 @@ def test_loop(
     scheduled tasks, then `on_test_batch_end`. `on_test_begin`, `reset_step`
     and `on_reset_step` run before the first step; `on_test_end` after the last.
 
+    Args:
+        state: a `ciclo.Evaluable` (`test_step` and `reset_step` methods), or
+            any state with the step given in `tasks`.
+        dataset: the test batches.
+        tasks: `{named schedule or schedule: callbacks}`.
+        callbacks: objects whose named test hooks are registered by name.
+        stop: stop after this period or number of steps.
+        history: commit to this `History`.
+        elapsed: resume counting from this `Elapsed`.
+        catch_keyboard_interrupt: on Ctrl-C return what was computed so far.
+        metadata: available to callbacks as `loop_state.metadata`.
+        batch_size_fn: counts the samples of a batch.
+
+    Raises:
+        TypeError: if the state is not a `ciclo.Evaluable` and `tasks` hold no step.
+
     Example:
         >>> import ciclo
         >>> def test_step(state, batch):
@@ -393,12 +365,13 @@ def test_loop(
     """
     named, scheduled = _split_tasks(tasks, TEST_NAMES, "test_loop")
     _register_hooks(named, state, callbacks, TEST_NAMES)
-    return _run_phase(
-        _TEST_PHASE,
+    _check_runs_something(state, named, scheduled, Evaluable, "test_loop", (test_step, on_test_step))
+    return run_phases(
         state,
         dataset,
-        named,
-        scheduled,
+        _step_phases(named, scheduled, "test", (test_step, on_test_step)),
+        on_start=_get(named, on_test_begin, reset_step, on_reset_step),
+        on_end=_get(named, on_test_end),
         stop=stop,
         history=history,
         elapsed=elapsed,
@@ -431,6 +404,22 @@ def predict_loop(
     the scheduled tasks, then `on_predict_batch_end`; `on_predict_begin` and
     `on_predict_end` run once.
 
+    Args:
+        state: a `ciclo.Predictable` (a `predict_step` method), or any state
+            with the step given in `tasks`.
+        dataset: the batches to predict.
+        tasks: `{named schedule or schedule: callbacks}`.
+        callbacks: objects whose named predict hooks are registered by name.
+        stop: stop after this period or number of steps.
+        history: commit to this `History`.
+        elapsed: resume counting from this `Elapsed`.
+        catch_keyboard_interrupt: on Ctrl-C return what was computed so far.
+        metadata: available to callbacks as `loop_state.metadata`.
+        batch_size_fn: counts the samples of a batch.
+
+    Raises:
+        TypeError: if the state is not a `ciclo.Predictable` and `tasks` hold no step.
+
     Example:
         >>> import ciclo
         >>> def predict_step(state, batch):
@@ -441,12 +430,15 @@ def predict_loop(
     """
     named, scheduled = _split_tasks(tasks, PREDICT_NAMES, "predict_loop")
     _register_hooks(named, state, callbacks, PREDICT_NAMES)
-    return _run_phase(
-        _PREDICT_PHASE,
+    _check_runs_something(
+        state, named, scheduled, Predictable, "predict_loop", (predict_step, on_predict_step)
+    )
+    return run_phases(
         state,
         dataset,
-        named,
-        scheduled,
+        _step_phases(named, scheduled, "predict", (predict_step, on_predict_step)),
+        on_start=_get(named, on_predict_begin),
+        on_end=_get(named, on_predict_end),
         stop=stop,
         history=history,
         elapsed=elapsed,

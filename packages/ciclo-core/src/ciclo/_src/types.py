@@ -11,7 +11,7 @@ from ciclo._src.logs import LogsLike
 if TYPE_CHECKING:
     from ciclo._src.elapsed import Elapsed
     from ciclo._src.logs import Logs
-    from ciclo._src.loop import LoopState
+    from ciclo._src.loop_state import LoopState
 
 S = TypeVar("S")
 """The type of the loop's state."""
@@ -23,7 +23,11 @@ M = TypeVar("M")
 """A stateful metric (see `ciclo.Metric`)."""
 
 State = Any
-"""Any pytree: parameters, optimizer state, rng keys, ... grouped in one value."""
+"""Any pytree: parameters, optimizer state, rng keys, ... grouped in one value.
+
+`ciclo.loop` takes any state; the predefined loops call the methods of
+`ciclo.Trainable`, `ciclo.Evaluable` and `ciclo.Predictable` on theirs.
+"""
 
 Batch = Any
 """One element of a dataset, usually a pytree of arrays."""
@@ -77,7 +81,7 @@ class StatefulCallback(Protocol):
     (dicts, lists and tuples of them), a snapshot that later steps do not
     change. `restore_callback_state(callback_state())` on a fresh callback built
     with the same arguments must give a callback that behaves the same.
-    ciclo's stateful callbacks: `early_stopping`, `checkpoint`, `inner_loop`.
+    ciclo's stateful callbacks: `early_stopping` and `checkpoint`.
 
     Example:
         >>> import ciclo
@@ -102,6 +106,56 @@ class StatefulCallback(Protocol):
 
     def restore_callback_state(self, state: Any, /) -> None:
         """Takes back a snapshot made by `callback_state` (of this or an equal callback)."""
+        ...
+
+
+@runtime_checkable
+class Trainable(Protocol):
+    """A state that trains: what `ciclo.train_loop` calls at each step.
+
+    `ciclo.ModelState`, framework states and any class of your own with a
+    `train_step(self, batch)` method returning `(logs, new_state)` satisfy it.
+
+    Example:
+        >>> import ciclo
+        >>> class Counter:
+        ...     def __init__(self, n=0):
+        ...         self.n = n
+        ...     def train_step(self, batch):
+        ...         return ciclo.logs().add_metric("n", self.n + 1), Counter(self.n + 1)
+        >>> isinstance(Counter(), ciclo.Trainable), ciclo.train_loop(Counter(), range(3))[0].n
+        (True, 3)
+    """
+
+    def train_step(self, batch: Any, /) -> Any:
+        """Runs one training step on `batch`: `(logs, new_state)`."""
+        ...
+
+
+@runtime_checkable
+class Evaluable(Protocol):
+    """A state that evaluates: what `ciclo.test_loop` (and `train_loop`'s test loop) calls.
+
+    `reset_step()` returns the state with its running metrics emptied (run
+    before each evaluation and at each epoch end); `test_step(batch)` returns
+    `(logs, new_state)`.
+    """
+
+    def test_step(self, batch: Any, /) -> Any:
+        """Runs one evaluation step on `batch`: `(logs, new_state)`."""
+        ...
+
+    def reset_step(self) -> Any:
+        """Returns the state with its running metrics reset."""
+        ...
+
+
+@runtime_checkable
+class Predictable(Protocol):
+    """A state that predicts: what `ciclo.predict_loop` calls; `predict_step(batch) -> (logs, state)`."""
+
+    def predict_step(self, batch: Any, /) -> Any:
+        """Runs the model on `batch`; its outputs go in the logs' `outputs`."""
         ...
 
 

@@ -15,17 +15,15 @@ import math
 from collections.abc import Callable
 from time import perf_counter
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import jax
 import numpy as np
 
 from ciclo._src.elapsed import Elapsed, PeriodLike, to_period
 from ciclo._src.logs import Logs, LogsLike
+from ciclo._src.loop_state import LoopState
 from ciclo._src.types import CallbackOutput, S
-
-if TYPE_CHECKING:
-    from ciclo._src.loop import LoopState
 
 Field = Literal["steps", "samples", "time"]
 """The `Elapsed` field a bar counts."""
@@ -267,7 +265,9 @@ class ProgressCallback(abc.ABC):
         self._finished = False
         self._start: tuple[float, float] | None = None  # (time, steps) at the first call
         self._elapsed: Elapsed | None = None
-        self._logs: LogsLike = _NO_LOGS
+        # The logs to show, or the loop state whose accumulated logs to show: those are
+        # derived from the history, so they are read only when the bar draws.
+        self._logs: LogsLike | LoopState[Any] = _NO_LOGS
         self._own_logs = Logs()
 
     @property
@@ -294,14 +294,14 @@ class ProgressCallback(abc.ABC):
         self._update(elapsed, self._own_logs)
 
     def __loop_callback__(self, loop_state: LoopState[S]) -> CallbackOutput[S]:
-        self._update(loop_state.elapsed, loop_state.accumulated_logs)
+        self._update(loop_state.elapsed, loop_state)
         return _NO_LOGS, loop_state.state
 
     def on_train_batch_end(
         self, state: Any, batch: Any, elapsed: Elapsed, loop_state: LoopState[Any]
     ) -> None:
         """Named hook of the predefined loops: updates the bar after each training step."""
-        self._update(elapsed, loop_state.accumulated_logs)
+        self._update(elapsed, loop_state)
 
     def __loop_end__(self, loop_state: LoopState[Any]) -> None:
         if self._finished:
@@ -326,7 +326,7 @@ class ProgressCallback(abc.ABC):
             return
         self._advance(perf_counter(), self._count(elapsed), elapsed.steps + 1, final=True)
 
-    def _update(self, elapsed: Elapsed, logs: LogsLike) -> None:
+    def _update(self, elapsed: Elapsed, logs: LogsLike | LoopState[Any]) -> None:
         # The hot path: runs at every step, so it must not read logged values.
         self._elapsed = elapsed
         self._logs = logs
@@ -350,7 +350,8 @@ class ProgressCallback(abc.ABC):
             self._refresh(now, count, steps, first)
 
     def _shown_values(self) -> list[tuple[str, float]]:
-        return host_floats(scalar_entries(self._logs))
+        logs = self._logs
+        return host_floats(scalar_entries(logs.accumulated_logs if isinstance(logs, LoopState) else logs))
 
     def _timing(self, now: float, count: float, steps: float) -> tuple[float, float | None]:
         """Seconds since the first call, and seconds per unit counted (per step for time bars).
