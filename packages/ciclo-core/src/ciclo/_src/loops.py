@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final
 
-from ciclo._src.batches import BatchSizeFn
+from ciclo._src.batches import BatchSizeFn, stacked
 from ciclo._src.callbacks._inner_loop import inner_loop
 from ciclo._src.elapsed import Elapsed, Period, PeriodLike
 from ciclo._src.logs import History
@@ -171,6 +171,29 @@ def _check_runs_something(
     )
 
 
+def _grouped(
+    dataset: Iterable[Any],
+    steps: int,
+    epoch: Period | None,
+    stop: Period | None,
+    elapsed: Elapsed | None,
+    batch_size_fn: BatchSizeFn | None,
+) -> Iterable[Any]:
+    """The batches in `ciclo.stacked` groups of `steps`, cut at every epoch end and at `stop`."""
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps_per_execution must be a positive int, got {steps!r}")
+    for name, period in (("epoch_duration", epoch), ("stop", stop)):
+        if period is not None and (period.steps is None or period != Period(steps=period.steps)):
+            raise ValueError(
+                f"steps_per_execution cuts its groups at the epoch ends and at stop, so {name} must be "
+                f"a number of steps, got {period!r}"
+            )
+    start = 0 if elapsed is None else elapsed.steps
+    total = None if stop is None or stop.steps is None else max(stop.steps - start, 0)
+    align = None if epoch is None else epoch.steps
+    return stacked(dataset, steps, batch_size_fn=batch_size_fn, align=align, start=start, total=total)
+
+
 def train_loop(
     state: S,
     dataset: Iterable[Any],
@@ -188,6 +211,7 @@ def train_loop(
     catch_keyboard_interrupt: bool = True,
     metadata: Any = None,
     batch_size_fn: BatchSizeFn | None = None,
+    steps_per_execution: int = 1,
 ) -> tuple[S, History, Elapsed]:
     """A training loop with epochs and an evaluation loop at the end of each epoch.
 
@@ -228,6 +252,14 @@ def train_loop(
         catch_keyboard_interrupt: on Ctrl-C return what was computed so far.
         metadata: available to callbacks as `loop_state.metadata`.
         batch_size_fn: counts the samples of a batch.
+        steps_per_execution: run this many training steps per dispatch, as one
+            compiled `jax.lax.scan` (Keras' `steps_per_execution`): the batches
+            are grouped with `ciclo.stacked`, cut so that no group crosses an
+            epoch's end or `stop`. Epochs, test loops and the history still see
+            every step (one history entry per step); other scheduled tasks and
+            progress bars run once per group. The state's `train_step` must take
+            `ciclo.Stacked` batches: managed steps (`ciclo.ModelState`,
+            `managed.train_step`) do, and so does a `ciclo.fuse`d step.
 
     Returns:
         `(state, history, elapsed)`.
@@ -276,6 +308,8 @@ def train_loop(
     if not isinstance(test_name, str):
         raise TypeError(f"test_name must be a string, got {test_name!r}")
     _check_runs_something(state, named, scheduled, Trainable, "train_loop", (train_step, on_train_step))
+    if steps_per_execution != 1:
+        dataset = _grouped(dataset, steps_per_execution, epoch, Period.of(stop), elapsed, batch_size_fn)
 
     phases = [
         Phase("train_batch_begin", [(every(1), _get(named, on_train_batch_begin))]),
