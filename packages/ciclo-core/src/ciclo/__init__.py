@@ -40,8 +40,8 @@ from ciclo._src.fused import fuse as fuse
 from ciclo._src.logs import Entries as Entries
 from ciclo._src.logs import History as History
 from ciclo._src.logs import Logs as Logs
-from ciclo._src.logs import StackedLogs as StackedLogs
 from ciclo._src.logs import LogsLike as LogsLike
+from ciclo._src.logs import StackedLogs as StackedLogs
 from ciclo._src.logs import history as history
 from ciclo._src.logs import logs as logs
 from ciclo._src.loop import Phase as Phase
