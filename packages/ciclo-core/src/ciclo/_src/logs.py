@@ -418,7 +418,6 @@ class History(Sequence[Logs]):
         self._newest[paths] = len(values)
         self._paths.append(paths)
         values.append(tuple(_chain(map(_dict_values, collections))))
-        jax.block_until_ready(values[-1])  # TEMPORARY INJECTION (test_async check)
         self._elapsed.append((steps, samples, time))
         if len(values) - self._on_host >= 2 * _LAG:
             self._fetch(len(values) - _LAG)
