@@ -8,9 +8,16 @@ from __future__ import annotations
 import os
 import sys
 
+# Before jax is imported: each process has 2 CPU devices, whatever the parent set.
 os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
 
+# A multi-host script imports everything first, then initializes jax.distributed: importing
+# ciclo (here through the test helpers) must not start the XLA backend.
 import jax  # noqa: E402
+import numpy as np  # noqa: E402
+from support import training  # noqa: E402
+
+import ciclo  # noqa: E402, F401
 
 jax.config.update("jax_cpu_collectives_implementation", "gloo")
 
@@ -22,9 +29,6 @@ def main(process_id: int, port: int, strategy: str, model: str, out: str) -> Non
         process_id=process_id,
         initialization_timeout=120,
     )
-    import numpy as np
-    from support import training
-
     assert jax.process_count() == 2 and jax.device_count() == 4 and jax.local_device_count() == 2
 
     rows = slice(process_id * training.BATCH // 2, (process_id + 1) * training.BATCH // 2)

@@ -2,57 +2,29 @@
 
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
 import sys
 from pathlib import Path
 
 import jax
 import numpy as np
 import pytest
-from support import training
+from support import processes, training
 
 WORKER = Path(__file__).with_name("distributed_worker.py")
 TIMEOUT = 300
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.mark.parametrize("strategy", ["data_parallel", "fsdp"])
 def test_two_processes_match_one(strategy: str, tmp_path: Path) -> None:
-    port = _free_port()
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH", "")]),
-    }
+    port = processes.free_port()
     outs = [tmp_path / f"process_{i}.npz" for i in range(2)]
-    logs = [open(tmp_path / f"process_{i}.log", "w+") for i in range(2)]  # noqa: SIM115
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(WORKER), str(i), str(port), strategy, "mlp", str(outs[i])],
-            env=env,
-            stdout=logs[i],
-            stderr=subprocess.STDOUT,
-        )
-        for i in range(2)
+    commands = [
+        [sys.executable, str(WORKER), str(i), str(port), strategy, "mlp", str(outs[i])] for i in range(2)
     ]
-    try:
-        codes = [proc.wait(timeout=TIMEOUT) for proc in procs]
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-    output = []
-    for log in logs:
-        log.seek(0)
-        output.append(log.read())
-        log.close()
+    # The worker sets its own device count (2 per process).
+    codes, output = processes.run_together(
+        commands, env=processes.clean_env(), logs=tmp_path, timeout=TIMEOUT
+    )
     assert codes == [0, 0], "\n\n".join(output)
 
     results = [np.load(out) for out in outs]
