@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Final, final
 
 from ciclo._src.batches import BatchSizeFn, Stacked
-from ciclo._src.elapsed import Clock, Elapsed, PeriodLike, to_period
+from ciclo._src.elapsed import Clock, Elapsed, Period, PeriodLike, to_period
 from ciclo._src.logs import History, Logs, StackedLogs
 from ciclo._src.loop_state import LoopState as LoopState
 from ciclo._src.schedules import Every, ScheduleBase
@@ -196,6 +196,26 @@ class _Task:
     check: Callable[[Elapsed], bool] | None
     after_step: bool
     callbacks: list[_Callback]
+    # (period, offset) of an at_step_end `Every` in steps alone: checked on the step counter,
+    # with no Elapsed built (train_loop's epoch end, at every step).
+    steps_boundary: tuple[int, int] | None = None
+
+
+def _steps_boundary(schedule: Any) -> tuple[int, int] | None:
+    if type(schedule) is not Every or not _steps_only(schedule.period):
+        return None
+    offset = schedule.offset
+    if offset is not None and not _steps_only(offset):
+        return None
+    return schedule.period.steps, (0 if offset is None else offset.steps)  # type: ignore[return-value]
+
+
+def _steps_only(period: Period) -> bool:
+    return period.steps is not None and period == Period(steps=period.steps)
+
+
+def _boundaries_upto(steps: int, offset: int, period: int) -> int:
+    return 0 if steps < offset else (steps - offset) // period + 1
 
 
 def _fires_every_step(schedule: Any) -> bool:
@@ -227,7 +247,7 @@ def _compile_phase(phase: Phase) -> list[_Task]:
         after = type(schedule) is AtStepEnd
         inner = schedule.schedule if after else schedule
         check = None if _fires_every_step(inner) else inner
-        tasks.append(_Task(check, after, compiled))
+        tasks.append(_Task(check, after, compiled, _steps_boundary(inner) if after else None))
     return tasks
 
 
@@ -443,10 +463,18 @@ def run_phases(
             before: Elapsed | None = None
             for task in tasks:
                 if task.after_step:
+                    boundary = task.steps_boundary
+                    if boundary is not None:
+                        period, offset = boundary
+                        done = clock.steps + (batch.steps if type(batch) is Stacked else 1)
+                        if _boundaries_upto(done, offset, period) <= _boundaries_upto(
+                            clock.steps, offset, period
+                        ):
+                            continue
                     if before is None:
                         before = loop_state.elapsed
                     after = _after_step(before, batch, size_fn)
-                    if task.check is not None and not task.check(after):
+                    if boundary is None and task.check is not None and not task.check(after):
                         continue
                     loop_state._elapsed = after
                     _run_callbacks(loop_state, task.callbacks)
