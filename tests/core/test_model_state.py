@@ -194,3 +194,29 @@ def test_train_loop_evaluates_with_running_metrics_and_resets_each_epoch() -> No
 def test_train_loop_without_epochs_does_not_need_reset_step() -> None:
     state, history, _ = ciclo.train_loop(make(), [BATCH] * 5)
     assert len(history) == 5
+
+
+def test_model_state_declares_the_roles_of_its_fields() -> None:
+    roles = {role: managed.fields_with_role(ciclo.ModelState, role) for role in managed.Role}
+    assert roles == {
+        managed.Role.PARAMS: ("params",),
+        managed.Role.MODEL_STATE: ("model_state",),
+        managed.Role.KEY: ("key",),
+        managed.Role.METRICS: ("metrics",),
+    }
+
+
+@pytest.mark.parametrize("strategy", ["eager", "jit", "data_parallel", "fsdp"])
+def test_init_runs_under_the_strategy(strategy: str) -> None:
+    traced: list[bool] = []
+
+    @dataclasses.dataclass(frozen=True, eq=False)
+    class Recording(Linear):
+        def init(self, key: jax.Array, inputs: jax.Array) -> tuple[Any, Any]:
+            traced.append(isinstance(inputs, jax.core.Tracer))
+            return super().init(key, inputs)
+
+    state = make(adapter=Recording(), strategy=strategy)
+    # The mesh strategies build the state inside jax.jit, with its layout as output shardings.
+    assert traced and all(traced) == (strategy in ("data_parallel", "fsdp"))
+    assert all(isinstance(leaf, jax.Array) for leaf in jax.tree.leaves(state))
