@@ -2,12 +2,46 @@
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable, Iterator
+from typing import Any
+
 import jax
 import numpy as np
+import optax
 import pytest
 
 # Implicit rank promotion hides shape bugs; tests should fail loudly instead.
 jax.config.update("jax_numpy_rank_promotion", "raise")
+# Implicit dtype promotion (float32 + a Python float64 array, int + float) hides precision bugs.
+jax.config.update("jax_numpy_dtype_promotion", "strict")
+
+
+def _with_standard_promotion(fn: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(fn)
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        with jax.numpy_dtype_promotion("standard"):
+            return fn(*args, **kwargs)
+
+    return wrapped
+
+
+# optax 0.2.8's bias correction (adam, adamw, nadam, ...) computes `decay**count`, a Python float
+# to the power of the int32 step count, which strict promotion rejects. Only that one function runs
+# with standard promotion (optax's transforms look it up as `optax.tree.bias_correction` at each
+# call); the rest of optax, and all of ciclo, still run strict.
+optax.tree.bias_correction = _with_standard_promotion(optax.tree.bias_correction)
+
+
+@pytest.fixture
+def standard_dtype_promotion() -> Iterator[None]:
+    """Standard dtype promotion for one test, for third-party code strict promotion rejects.
+
+    Use it with `@pytest.mark.usefixtures("standard_dtype_promotion")` and a
+    comment saying which library needs it, and why.
+    """
+    with jax.numpy_dtype_promotion("standard"):
+        yield
 
 
 def make_batches(

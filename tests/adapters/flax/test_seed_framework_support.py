@@ -1,7 +1,7 @@
 """Seed 000's "Framework Support" snippets, as written, with synthetic MNIST-shaped data.
 
 The snippets elide the rest of the model and the datasets; those are filled in
-the smallest way that runs, and `mnist_like` stands in for TFDS MNIST.
+the smallest way that runs, and `mnist_like` (batches of 32) stands in for TFDS MNIST.
 """
 
 from __future__ import annotations
@@ -10,26 +10,44 @@ from collections.abc import Iterator
 from itertools import islice
 
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from jax_metrics.losses import Crossentropy
-from jax_metrics.metrics import Accuracy
+import pytest
+from support.mnist import mnist_like
+from support.optional import optional
 
 import ciclo
 
+BATCH_SIZE = 32
 
-def mnist_like(batch_size: int = 32, seed: int = 0) -> Iterator[dict[str, np.ndarray]]:
-    """Endless TFDS-MNIST-shaped batches (`image`, `label`) whose label is readable from the image."""
-    rng = np.random.default_rng(seed)
-    while True:
-        label = rng.integers(0, 10, size=batch_size)
-        image = rng.integers(0, 20, size=(batch_size, 28, 28, 1)).astype(np.float32)
-        image[np.arange(batch_size), label, :, 0] = 255.0
-        yield {"image": image, "label": label.astype(np.int32)}
+jax_metrics = optional("jax_metrics")
+
+METRIC_LIBRARIES = ["jax_metrics"] if jax_metrics else ["callables"]
+"""The snippet's loss and metric are from jax_metrics; where it is not installed, plain callables stand in."""
 
 
-def create_state() -> ciclo.ModelState:
+def loss_and_accuracy(library: str) -> tuple[object, object]:
+    if library == "jax_metrics":
+        assert jax_metrics is not None
+        return jax_metrics.losses.Crossentropy(), jax_metrics.metrics.Accuracy()
+    return optax.softmax_cross_entropy_with_integer_labels, lambda preds, target: preds.argmax(-1) == target
+
+
+@pytest.fixture(params=METRIC_LIBRARIES)
+def library(request: pytest.FixtureRequest) -> Iterator[str]:
+    if request.param == "jax_metrics":
+        # jax_metrics' losses divide a float32 sum by the int32 batch size, which strict dtype
+        # promotion rejects.
+        with jax.numpy_dtype_promotion("standard"):
+            yield request.param
+    else:
+        yield request.param
+
+
+def create_state(library: str) -> ciclo.ModelState:
+    loss, accuracy = loss_and_accuracy(library)  # the snippet's Crossentropy() and Accuracy()
     model = nn.Sequential(
         [
             lambda x: x.reshape((x.shape[0], -1)) / 255.0,
@@ -42,21 +60,21 @@ def create_state() -> ciclo.ModelState:
         model,
         inputs=jnp.empty((1, 28, 28, 1)),
         tx=optax.adamw(1e-3),
-        losses={"loss": Crossentropy()},  # any Callable[..., jax.Array]
-        metrics={"accuracy": Accuracy()},  # supports Callables, jax_metrics, or clu metrics
+        losses={"loss": loss},  # any Callable[..., jax.Array]
+        metrics={"accuracy": accuracy},  # supports Callables, jax_metrics, or clu metrics
         strategy="jit",  # "data-parallel" or "eager"
     )
     return state
 
 
 def get_test_dataset() -> list[dict[str, np.ndarray]]:
-    return list(islice(mnist_like(seed=1), 4))
+    return list(islice(mnist_like(BATCH_SIZE, seed=1), 4))
 
 
-def test_seed_000_framework_support_train_loop(capsys) -> None:
+def test_seed_000_framework_support_train_loop(capsys, library: str) -> None:
     total_steps, steps_per_epoch = 150, 50
-    train_dataset = mnist_like()
-    state = create_state()
+    train_dataset = mnist_like(BATCH_SIZE)
+    state = create_state(library)
 
     state, history, elapsed = ciclo.train_loop(
         state,  # methods are automatically registered
@@ -71,9 +89,9 @@ def test_seed_000_framework_support_train_loop(capsys) -> None:
     assert "150/150" in capsys.readouterr().out
 
 
-def test_seed_000_framework_support_manual_steps(capsys) -> None:
-    state = create_state()
-    train_dataset = islice(mnist_like(), 5)
+def test_seed_000_framework_support_manual_steps(capsys, library: str) -> None:
+    state = create_state(library)
+    train_dataset = islice(mnist_like(BATCH_SIZE), 5)
 
     for batch in train_dataset:
         logs, state = state.train_step(batch)
