@@ -144,7 +144,7 @@ def test_seed_000_predefined_train_loop(capsys):
     steps, accuracy_test = history.collect("steps", "accuracy_test")
     assert steps == [19, 39, 59] and accuracy_test[-1] > 0.5
     checkpointer = ciclo.checkpoint("logdir/model", keep=None)
-    assert checkpointer.all_steps() == [59]  # keep=1 kept the last epoch's
+    assert checkpointer.all_steps() == [60]  # keep=1 kept the last epoch's, saved at its end
     assert "accuracy_test" in capsys.readouterr().out
 
 
