@@ -32,6 +32,17 @@ def _with_standard_promotion(fn: Callable[..., Any]) -> Callable[..., Any]:
 # call); the rest of optax, and all of ciclo, still run strict.
 optax.tree.bias_correction = _with_standard_promotion(optax.tree.bias_correction)
 
+# haiku's BatchNorm (its moving averages compute `decay**counter`) and hk.dropout (a bool mask times
+# float32 inputs) reject strict promotion: ciclo-haiku's doctests run with standard promotion, and
+# so do the haiku tests (tests/adapters/haiku, the haiku row of tests/conformance).
+STANDARD_PROMOTION_DOCTESTS = ("ciclo_haiku",)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if isinstance(item, pytest.DoctestItem) and item.name.startswith(STANDARD_PROMOTION_DOCTESTS):
+            item.runtest = _with_standard_promotion(item.runtest)  # type: ignore[method-assign]
+
 
 @pytest.fixture
 def standard_dtype_promotion() -> Iterator[None]:

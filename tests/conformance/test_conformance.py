@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import importlib
 import importlib.metadata
+import inspect
 from collections.abc import Callable
+from types import ModuleType
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
+import pytest
 from conformance.adapters import TABLE
-from conformance.conftest import BATCH, CLASSES, STRATEGIES, accuracy, blobs
-from jax_metrics.metrics import Accuracy
+from conformance.conftest import BATCH, CLASSES, INSTALLED, KINDS, STRATEGIES, accuracy, blobs, build
+from support.optional import optional
 
 import ciclo
 
@@ -19,11 +24,39 @@ MakeState = Callable[..., ciclo.ModelState]
 
 TRAIN, TEST = blobs(150, seed=0), blobs(8, seed=1)
 
+jax_metrics = optional("jax_metrics")
+
+STATEFUL_ACCURACIES: dict[str, Callable[[], Any]] = {
+    "mean": lambda: ciclo.metrics.Mean(accuracy),
+    **({"jax_metrics": lambda: jax_metrics.metrics.Accuracy()} if jax_metrics else {}),
+}
+"""Stateful accuracy metrics, checked against the plain callable `accuracy` (jax_metrics where installed)."""
+
+OTHER_STRATEGIES = [name for name in ciclo.strategy_names() if name not in STRATEGIES]
+"""The built-in strategies the rest of the suite leaves out (jit_donate, pmap): each adapter still trains."""
+
 
 def float_leaves(tree: Any) -> list[np.ndarray]:
     """The floating-point leaves of a state moved to the host (rng keys and counters left out)."""
     leaves = jax.tree.leaves(tree)
     return [np.asarray(x) for x in leaves if jnp.issubdtype(jnp.asarray(x).dtype, jnp.floating)]
+
+
+def host_leaves(tree: Any) -> list[np.ndarray]:
+    """Every array leaf of a state moved to the host, random keys as their key data."""
+    return [
+        np.asarray(jax.random.key_data(x) if jnp.issubdtype(x.dtype, jax.dtypes.prng_key) else x)
+        for x in map(jnp.asarray, jax.tree.leaves(tree))
+    ]
+
+
+def assert_leaves_equal(actual: Any, expected: Any) -> None:
+    # Leaves only: the tree structures hold the static fields, which a restored state takes from its target.
+    for a, b in zip(host_leaves(actual), host_leaves(expected), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+# --- the table and the packages ---------------------------------------------------------------
 
 
 def test_table_covers_every_installed_adapter_and_strategy() -> None:
@@ -42,6 +75,47 @@ def test_table_covers_every_installed_adapter_and_strategy() -> None:
     assert set(STRATEGIES) <= set(ciclo.strategy_names())
 
 
+def test_each_installed_adapter_package_is_reached_through_its_entry_point() -> None:
+    # A loop rather than a parametrization: with core alone there is no package, and nothing to skip.
+    points = {point.name: point for point in importlib.metadata.entry_points(group="ciclo.frameworks")}
+    for name in sorted({row.entry_point for row in INSTALLED if row.entry_point is not None}):
+        point = points[name]
+        package = importlib.import_module(point.module)
+        assert getattr(ciclo, name) is getattr(package, name) is point.load()
+        assert package.__all__ == sorted(package.__all__), point.module
+        assert all(getattr(package, public) is not None for public in package.__all__), point.module
+        # The packages release in lockstep, each adapter pinning the core of its own version.
+        assert point.dist is not None
+        assert package.__version__ == importlib.metadata.version(point.dist.name) == ciclo.__version__
+        assert f"ciclo-core=={ciclo.__version__}" in (importlib.metadata.requires(point.dist.name) or [])
+
+
+def protocol_call(method: Callable[..., Any]) -> tuple[list[str], dict[str, str]]:
+    """Placeholder arguments of the shape ciclo calls a `ciclo.ModelAdapter` method with."""
+    parameters = list(inspect.signature(method).parameters.values())[1:]  # without self
+    args = [p.name for p in parameters if p.kind is inspect.Parameter.POSITIONAL_ONLY]
+    kwargs = {p.name: p.name for p in parameters if p.kind is inspect.Parameter.KEYWORD_ONLY}
+    assert len(args) + len(kwargs) == len(parameters), "the protocol takes only positional-only or keywords"
+    return args, kwargs
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_adapter_implements_the_model_adapter_protocol(adapter: ModuleType, kind: str) -> None:
+    # ciclo.ModelAdapter is not runtime_checkable (the core never calls isinstance on it), so its
+    # methods are checked here: each takes the arguments ciclo passes, by position and by keyword.
+    model_adapter = build(adapter, kind, strategy="jit").adapter
+    for name in ("init", "apply"):
+        method = getattr(model_adapter, name, None)
+        assert callable(method), f"{type(model_adapter).__name__} has no method {name}"
+        args, kwargs = protocol_call(getattr(ciclo.ModelAdapter, name))
+        inspect.signature(method).bind(*args, **kwargs)
+    # The adapter is a static field of the state: jit hashes it.
+    assert hash(model_adapter) == hash(model_adapter)
+
+
+# --- training, evaluation and prediction ------------------------------------------------------
+
+
 def test_reaches_95_percent_on_a_separable_task(make_state: MakeState) -> None:
     state, history, _ = ciclo.train_loop(
         make_state(), TRAIN, test_dataset=lambda: TEST, epoch_duration=50, stop=100
@@ -57,18 +131,35 @@ def test_reaches_95_percent_on_a_separable_task(make_state: MakeState) -> None:
     np.testing.assert_allclose(accuracy_test[-1], expected, rtol=1e-6)
 
 
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("strategy", OTHER_STRATEGIES)
+def test_learns_under_the_other_built_in_strategies(adapter: ModuleType, strategy: str, kind: str) -> None:
+    # Steps by hand: train_loop's test phase would run on the training state, which jit_donate donates.
+    state = build(adapter, kind, strategy=strategy)
+    for batch in TRAIN[:50]:
+        _, state = state.train_step(batch)
+    state = state.reset_step()
+    for batch in TEST:
+        logs, state = state.test_step(batch)
+    assert int(state.with_strategy("eager").step) == 50
+    assert float(logs.metrics.accuracy) >= 0.95
+
+
 def test_batch_norm_and_dropout_train_and_update_statistics(make_state: MakeState) -> None:
     state = make_state("bn_dropout")
     initial = float_leaves(state.model_state)
     assert initial, "the model has no batch statistics"
 
-    logs, evaluated = state.test_step(TEST[0])
-    assert all(
-        np.array_equal(a, b) for a, b in zip(initial, float_leaves(evaluated.model_state), strict=True)
-    )
+    for evaluate in (state.test_step, state.predict_step):
+        _, evaluated = evaluate(TEST[0])
+        assert all(
+            np.array_equal(a, b) for a, b in zip(initial, float_leaves(evaluated.model_state), strict=True)
+        )
 
     state, history, _ = ciclo.train_loop(state, TRAIN[:60])
     trained = float_leaves(state.model_state)
+    # One set of statistics for the whole batch, not one per example.
+    assert [a.shape for a in trained] == [a.shape for a in initial]
     assert any(not np.allclose(a, b) for a, b in zip(initial, trained, strict=True))
     losses = history.collect("loss")
     assert np.mean(losses[-10:]) < np.mean(losses[:10])
@@ -80,6 +171,19 @@ def test_batch_norm_and_dropout_train_and_update_statistics(make_state: MakeStat
     assert all(np.array_equal(a, b) for a, b in zip(trained, float_leaves(after.model_state), strict=True))
 
 
+def test_dropout_mask_changes_with_each_train_step_only(make_state: MakeState) -> None:
+    # sgd(0) keeps the params, and training batch norm normalises with the batch's own statistics:
+    # a different loss on the same batch can only come from a different dropout mask.
+    state = make_state("bn_dropout", tx=optax.sgd(0.0))
+    first, _ = state.train_step(TEST[0])
+    again, trained = state.train_step(TEST[0])  # the same state: the same step's key
+    second, _ = trained.train_step(TEST[0])
+    assert float(first.losses.loss) == float(again.losses.loss)
+    assert float(first.losses.loss) != float(second.losses.loss)
+    tested = [float(trained.test_step(TEST[0])[0].losses.loss) for _ in range(2)]
+    assert tested[0] == tested[1]
+
+
 def test_predict_step_returns_predictions_of_the_right_shape(make_state: MakeState) -> None:
     state = make_state()
     _, history, _ = ciclo.predict_loop(state, TEST[:3])
@@ -89,12 +193,19 @@ def test_predict_step_returns_predictions_of_the_right_shape(make_state: MakeSta
     assert np.shape(inputs_only.outputs.preds) == (BATCH, CLASSES)
 
 
-def test_jax_metrics_accuracy_and_a_plain_callable_agree(make_state: MakeState) -> None:
-    state = make_state(metrics={"jax_metrics": Accuracy(), "callable": accuracy})
+# --- metrics ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("stateful", list(STATEFUL_ACCURACIES))
+def test_a_stateful_metric_and_a_plain_callable_agree(make_state: MakeState, stateful: str) -> None:
+    metric = STATEFUL_ACCURACIES[stateful]()
+    assert isinstance(metric, ciclo.Metric)
+    state = make_state(metrics={"stateful": metric, "callable": accuracy})
+    assert all(isinstance(held, ciclo.Metric) for held in state.metrics.values())
     state, history, _ = ciclo.train_loop(state, TRAIN[:20])
-    np.testing.assert_allclose(history.collect("jax_metrics"), history.collect("callable"), rtol=1e-6)
+    np.testing.assert_allclose(history.collect("stateful"), history.collect("callable"), rtol=1e-6)
     _, history, _ = ciclo.test_loop(state, TEST)
-    np.testing.assert_allclose(history.collect("jax_metrics"), history.collect("callable"), rtol=1e-6)
+    np.testing.assert_allclose(history.collect("stateful"), history.collect("callable"), rtol=1e-6)
 
 
 def test_metrics_accumulate_until_reset(make_state: MakeState) -> None:
@@ -106,14 +217,20 @@ def test_metrics_accumulate_until_reset(make_state: MakeState) -> None:
     assert float(state.reset_step().with_strategy("eager").metrics["seen"].count) == 0
 
 
-def test_train_step_compiles_once(make_state: MakeState, strategy: str) -> None:
+# --- compilation and checkpoints --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_train_step_compiles_once(make_state: MakeState, strategy: str, kind: str) -> None:
+    # A retrace (a model state or key whose structure or dtype changes between steps, say) would
+    # call the loss again.
     traces: list[int] = []
 
     def loss(logits: jax.Array, labels: jax.Array) -> jax.Array:
         traces.append(1)
         return jnp.mean(-jax.nn.log_softmax(logits)[jnp.arange(labels.shape[0]), labels])
 
-    state = make_state(losses={"loss": loss})
+    state = make_state(kind, losses={"loss": loss})
     for batch in TRAIN[:4]:
         _, state = state.train_step(batch)
     assert len(traces) == (4 if strategy == "eager" else 1)
@@ -124,8 +241,15 @@ def test_checkpoint_round_trip(make_state: MakeState, tmp_path: Any) -> None:
     state, _, _ = ciclo.train_loop(
         state, TRAIN[:10], callbacks=[ciclo.checkpoint(tmp_path)], epoch_duration=10
     )
-    restored = ciclo.restore_checkpoint(tmp_path, make_state("bn_dropout"))
-    for a, b in zip(float_leaves(state.params), float_leaves(restored.params), strict=True):
-        np.testing.assert_array_equal(a, b)
-    logs, _ = restored.train_step(TRAIN[10])
-    assert np.isfinite(float(logs.losses.loss))
+    target = make_state("bn_dropout", key=jax.random.key(1))
+    restored = ciclo.restore_checkpoint(tmp_path, target)
+    # Every array comes back (params, batch statistics, optimizer state, step, key, metrics); the
+    # static fields are the target's.
+    assert_leaves_equal(restored.with_strategy("eager"), state.with_strategy("eager"))
+    assert restored.adapter is target.adapter
+    # The restored state goes on exactly as the original: the same dropout key and the same update.
+    logs, after = state.train_step(TRAIN[10])
+    restored_logs, restored_after = restored.train_step(TRAIN[10])
+    assert float(restored_logs.losses.loss) == float(logs.losses.loss)
+    assert_leaves_equal(restored_after.with_strategy("eager"), after.with_strategy("eager"))
+    assert int(restored_after.step) == 11

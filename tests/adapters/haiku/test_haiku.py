@@ -1,11 +1,14 @@
-"""ciclo-haiku: the adapter, `create_haiku_state`, and training haiku functions with ciclo."""
+"""ciclo-haiku specifics: the forms of haiku functions, their training flag, rngs and errors.
+
+What every adapter must do (learning, batch norm, dropout, compiling once,
+checkpoints, the package and the `ciclo.ModelAdapter` protocol) is checked by
+the conformance suite, tests/conformance.
+"""
 
 from __future__ import annotations
 
 import functools
-import importlib.metadata
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import haiku as hk
@@ -17,8 +20,11 @@ import pytest
 from support import blobs as support_blobs
 
 import ciclo
-import ciclo_haiku
 from ciclo_haiku import HaikuAdapter
+
+# haiku's BatchNorm (its moving averages compute `decay**counter`, a Python float to an int32 power)
+# and hk.dropout (a bool mask times float32 inputs) reject strict dtype promotion.
+pytestmark = pytest.mark.usefixtures("standard_dtype_promotion")
 
 FEATURES = 8
 CLASSES = 4
@@ -29,7 +35,6 @@ LOSSES = {"loss": optax.softmax_cross_entropy_with_integer_labels}
 METRICS = {"accuracy": lambda preds, target: preds.argmax(-1) == target}
 
 
-blobs = functools.partial(support_blobs.blobs, features=FEATURES, classes=CLASSES)
 blob_batches = functools.partial(support_blobs.blob_batches, features=FEATURES, classes=CLASSES, batch=BATCH)
 
 
@@ -105,29 +110,6 @@ def trees_equal(a: Any, b: Any) -> bool:
     return True
 
 
-# --- the package ---------------------------------------------------------------------------------------
-
-
-def test_entry_point_resolves_to_the_package_function() -> None:
-    (point,) = [
-        p for p in importlib.metadata.entry_points(group="ciclo.frameworks") if p.name == "create_haiku_state"
-    ]
-    assert point.value == "ciclo_haiku:create_haiku_state"
-    assert ciclo.create_haiku_state is ciclo_haiku.create_haiku_state
-
-
-def test_public_api() -> None:
-    assert ciclo_haiku.__all__ == sorted(ciclo_haiku.__all__)
-    for name in ciclo_haiku.__all__:
-        assert getattr(ciclo_haiku, name) is not None
-    # The packages release in lockstep.
-    assert ciclo_haiku.__version__ == ciclo.__version__
-
-
-def test_adapter_satisfies_the_protocol() -> None:
-    _: ciclo.ModelAdapter = HaikuAdapter(hk.transform(mlp))
-
-
 # --- transform and transform_with_state ----------------------------------------------------------------
 
 
@@ -157,74 +139,22 @@ def test_without_apply_rng_takes_no_rng() -> None:
     assert HaikuAdapter(hk.transform(mlp)).takes_rng
 
 
-@pytest.mark.parametrize("kind", ["mlp", "bn_dropout"])
-def test_steps_trace_once(kind: str) -> None:
-    # haiku runs the Python function only while tracing: a retrace (a model state that changes
-    # structure between steps, say) would call it again.
-    calls = []
-    model = MODELS[kind]
-
-    def counted(x: jax.Array, is_training: bool) -> jax.Array:
-        calls.append(is_training)
-        return model(x, is_training) if kind == "bn_dropout" else model(x)
-
-    state = ciclo.create_haiku_state(
-        counted, inputs=jnp.zeros((1, FEATURES)), tx=optax.adam(1e-2), losses=LOSSES
-    )
-    batches = blob_batches(4)
-    _, state = state.train_step(batches[0])
-    traced = len(calls)
-    for batch in batches[1:]:
-        _, state = state.train_step(batch)
-    assert len(calls) == traced
-
-
-@pytest.mark.parametrize("kind", ["mlp", "bn_dropout"])
-def test_trains_under_each_strategy(kind: str, strategy: str) -> None:
-    state = make_state(kind, strategy=strategy)
-    for batch in blob_batches(25):
-        logs, state = state.train_step(batch)
-    state = state.reset_step()
-    inputs, labels = blobs(256, seed=1)
-    logs, state = state.test_step((inputs, labels))
-    assert float(logs.metrics.accuracy) >= 0.95
-
-
 # --- model state and the rng ---------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("wrapper", ["function", "transform_with_state"])
-def test_batch_norm_statistics_change_in_training_only(wrapper: str) -> None:
+def test_model_state_is_the_haiku_state(wrapper: str) -> None:
     state = make_state("bn_dropout", wrapper)
-    initial = state.model_state
-    assert sorted(initial) == ["batch_norm/~/mean_ema", "batch_norm/~/var_ema"]
-    batch = blob_batches(1)[0]
-
-    _, tested = state.test_step(batch)
-    assert_trees_equal(tested.model_state, initial)
-    _, predicted = state.predict_step(batch)
-    assert_trees_equal(predicted.model_state, initial)
-
-    _, trained = state.train_step(batch)
-    mean_ema = trained.model_state["batch_norm/~/mean_ema"]
-    assert int(mean_ema["counter"]) == 1
-    assert not np.allclose(mean_ema["average"], initial["batch_norm/~/mean_ema"]["average"])
+    assert sorted(state.model_state) == ["batch_norm/~/mean_ema", "batch_norm/~/var_ema"]
+    _, trained = state.train_step(blob_batches(1)[0])
+    assert int(trained.model_state["batch_norm/~/mean_ema"]["counter"]) == 1
 
 
-def test_dropout_differs_between_train_steps_and_is_off_in_test_and_predict() -> None:
-    # sgd(0) keeps the params, so a different loss can only come from a different dropout mask.
-    state = make_state("dropout_mlp", tx=optax.sgd(0.0))
-    batch = blob_batches(1)[0]
-    first, state = state.train_step(batch)
-    second, state = state.train_step(batch)
-    assert float(first.losses.loss) != float(second.losses.loss)
-
-    tested = [float(state.test_step(batch)[0].losses.loss) for _ in range(2)]
-    predicted = [state.predict_step(batch)[0].outputs.preds for _ in range(2)]
-    no_dropout = hk.transform(dropout_mlp).apply(state.params, None, batch[0], training=False)
-    assert tested[0] == tested[1]
-    np.testing.assert_array_equal(predicted[0], predicted[1])
-    np.testing.assert_allclose(predicted[0], no_dropout, rtol=1e-6)
+def test_predict_runs_the_function_with_its_training_flag_off() -> None:
+    state = make_state("dropout_mlp")
+    inputs = blob_batches(1)[0][0]
+    no_dropout = hk.transform(dropout_mlp).apply(state.params, None, inputs, training=False)
+    np.testing.assert_allclose(state.predict_step(inputs)[0].outputs.preds, no_dropout, rtol=1e-6)
 
 
 # --- the training flag ---------------------------------------------------------------------------------
@@ -351,47 +281,3 @@ def test_adapter_of_the_wrong_kind() -> None:
 def test_inputs_are_needed() -> None:
     with pytest.raises(TypeError, match="needs sample `inputs`"):
         ciclo.create_haiku_state(mlp, inputs=None, tx=optax.adam(1e-3))
-
-
-# --- checkpoints and loops -----------------------------------------------------------------------------
-
-
-def test_checkpoint_round_trip(tmp_path: Path) -> None:
-    state = make_state("bn_dropout")
-    batches = blob_batches(6)
-    for batch in batches[:5]:
-        _, state = state.train_step(batch)
-    ckpt = ciclo.checkpoint(tmp_path / "ckpt")
-    ckpt(ciclo.Elapsed.create(steps=5), state)
-    ckpt.close()
-
-    restored = ciclo.restore_checkpoint(tmp_path / "ckpt", make_state("bn_dropout", key=1))
-    assert_trees_equal(restored, state)
-    # The restored state goes on exactly as the original: same params, batch statistics and dropout key.
-    logs, after = state.train_step(batches[5])
-    restored_logs, restored_after = restored.train_step(batches[5])
-    assert float(restored_logs.losses.loss) == float(logs.losses.loss)
-    assert_trees_equal(restored_after, after)
-
-
-def test_train_loop_learns_and_checkpoints_the_best(tmp_path: Path) -> None:
-    test_batches = blob_batches(8, seed=1)
-    ckpt = ciclo.checkpoint(tmp_path / "best", monitor="accuracy_test", mode="max")
-    state, history, elapsed = ciclo.train_loop(
-        make_state("bn_dropout"),
-        blob_batches(60),
-        callbacks=[ckpt],
-        test_dataset=lambda: test_batches,
-        epoch_duration=20,
-        stop=60,
-    )
-    steps, accuracy = history.collect("steps", "accuracy_test")
-    assert elapsed.steps == 60
-    assert len(steps) == 3
-    assert accuracy[-1] >= 0.95
-
-    best = ciclo.restore_checkpoint(tmp_path / "best", state, step="best")
-    best = best.reset_step()
-    for batch in test_batches:
-        logs, best = best.test_step(batch)
-    assert float(logs.metrics.accuracy) == max(accuracy)
