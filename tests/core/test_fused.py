@@ -44,15 +44,27 @@ def test_fused_hand_written_step_equals_single_steps() -> None:
 
     training.assert_trees_close(fused, single)
     assert elapsed.steps == training.STEPS and elapsed.samples == training.STEPS * training.BATCH
-    assert history.collect("steps") == list(range(0, training.STEPS, K))
-    # Each entry holds the group's last step's loss and all of its outputs.
-    single_losses = single_history.collect("mse")
-    assert history.collect("mse") == pytest.approx(single_losses[K - 1 :: K], rel=1e-5)
+    # One entry per step, as unfused steps give: the same steps, samples, losses and outputs.
+    assert history.collect("steps", "samples") == single_history.collect("steps", "samples")
+    assert history.collect("mse") == pytest.approx(single_history.collect("mse"), rel=1e-5)
     preds = history.collect("preds")
-    assert [p.shape for p in preds] == [(K * training.BATCH, 1)] * (training.STEPS // K)
+    assert [p.shape for p in preds] == [(training.BATCH, 1)] * training.STEPS
     np.testing.assert_allclose(
-        preds[1], np.concatenate(single_history.collect("preds")[K : 2 * K]), rtol=1e-5, atol=1e-6
+        np.concatenate(preds), np.concatenate(single_history.collect("preds")), rtol=1e-5, atol=1e-6
     )
+
+
+def test_fused_logs_are_the_last_steps_with_every_step_stacked() -> None:
+    train_step, state0 = hand_written_step()
+    group = next(ciclo.stacked(training.batches(), K))
+    logs, _ = ciclo.fuse(train_step)(state0, group)
+    assert isinstance(logs, ciclo.StackedLogs)
+    assert logs.per_step.losses.mse.shape == (K,) and logs.per_step.outputs.preds.shape == (
+        K,
+        training.BATCH,
+        1,
+    )
+    assert float(logs.losses.mse) == float(logs.per_step.losses.mse[-1])
 
 
 def test_schedules_fire_when_a_group_crosses_their_points() -> None:
@@ -81,7 +93,8 @@ def test_managed_steps_fuse_stacked_batches(strategy: str) -> None:
     assert int(state.with_strategy("eager").step) == training.STEPS
     training.assert_trees_close(state.with_strategy("eager").params, training.reference_params("mlp", data))
     logs, _ = training.eval_step(state, next(ciclo.stacked(data, K)))
-    assert logs.outputs.preds.shape == (K * training.BATCH, 1)
+    assert logs.outputs.preds.shape == (training.BATCH, 1)  # the last step's
+    assert logs.per_step.outputs.preds.shape == (K, training.BATCH, 1)
     assert len(training.train_step._fused) >= 1
 
 
@@ -107,9 +120,9 @@ def test_train_loop_with_stacked_batches_keeps_epochs_exact() -> None:
         epoch_duration=8,
         stop=40,
     )
-    # The hook sees the elapsed from before the group that completes each epoch of 8 steps.
-    assert elapsed.steps == 40 and epochs == [4, 12, 20, 28, 36]
-    assert len(history.collect("losses.mse")) == 40 // K
+    # The hook sees the counts after the group that completes each epoch of 8 steps.
+    assert elapsed.steps == 40 and epochs == [8, 16, 24, 32, 40]
+    assert len(history.collect("losses.mse")) == 40  # one entry per step
 
 
 def test_fused_steps_compile_once() -> None:
@@ -130,7 +143,7 @@ def test_fused_steps_compile_once() -> None:
 
 @pytest.mark.parametrize("steps", [0, -1, 1.5])
 def test_stacked_needs_a_positive_step_count(steps: Any) -> None:
-    with pytest.raises(ValueError, match="steps must be a positive int"):
+    with pytest.raises(ValueError, match="steps must be an int >= 1"):
         list(ciclo.stacked([1, 2], steps))
 
 
