@@ -7,12 +7,12 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import jax_metrics
 import numpy as np
 import optax
 import pytest
 from conftest import STRATEGIES
 from support import training
+from support.optional import optional
 
 import ciclo
 from ciclo import managed
@@ -248,14 +248,23 @@ def score_step(state: Scored, batch: Any) -> tuple[ciclo.Logs, Scored]:
     return ciclo.logs().add_metrics(accuracy=state.accuracy, plain_accuracy=state.plain_accuracy), state
 
 
+jax_metrics = optional("jax_metrics")
+ACCURACIES = {
+    "mean": lambda: ciclo.metrics.Mean(lambda preds, target: preds.argmax(-1) == target),
+    **({"jax_metrics": lambda: jax_metrics.metrics.Accuracy()} if jax_metrics else {}),
+}
+"""Running accuracies: ciclo's own, and jax_metrics' where it is installed (Python < 3.12)."""
+
+
 # pmap combines the devices' copies with `reduce`, which jax_metrics 0.2.5 implements with
 # `jax.tree_map`, removed in JAX 0.6: jax_metrics runs under every other strategy.
+@pytest.mark.parametrize("accuracy", list(ACCURACIES))
 @pytest.mark.parametrize("strategy", [name for name in STRATEGIES if name != "pmap"])
-def test_jax_metrics_and_plain_callables_agree(strategy: str) -> None:
+def test_stateful_metrics_and_plain_callables_agree(strategy: str, accuracy: str) -> None:
     state = Scored.create(
         params=jnp.zeros(()),
         tx=optax.sgd(0.1),
-        accuracy=jax_metrics.metrics.Accuracy(),
+        accuracy=ACCURACIES[accuracy](),
         plain_accuracy=ciclo.metrics.Mean(lambda preds, target: preds.argmax(-1) == target),
         strategy=strategy,
     )
