@@ -222,6 +222,24 @@ class Elapsed:
         return not self._reached(period, strict=True)
 
 
+def make_elapsed(steps: int, samples: int, time: float, date_start: float) -> Elapsed:
+    """`Elapsed(steps, samples, time, date_start)` at half the cost: the loop makes one per step.
+
+    A frozen dataclass's `__init__` sets each field through `object.__setattr__`;
+    the fields are set in the instance's dict directly instead.
+    """
+    elapsed = _new(Elapsed)
+    fields = elapsed.__dict__
+    fields["steps"] = steps
+    fields["samples"] = samples
+    fields["time"] = time
+    fields["date_start"] = date_start
+    return elapsed
+
+
+_new = object.__new__
+
+
 class Clock:
     """Mutable step/sample/time counters behind `elapse` and `ciclo.loop`.
 
@@ -245,7 +263,7 @@ class Clock:
 
     def now(self) -> Elapsed:
         """An `Elapsed` snapshot of the counters at this instant."""
-        return Elapsed(self.steps, self.samples, _time.perf_counter() - self._origin, self.date_start)
+        return make_elapsed(self.steps, self.samples, _time.perf_counter() - self._origin, self.date_start)
 
     def seconds(self) -> float:
         """Seconds counted at this instant: `now().time` without building an `Elapsed`."""

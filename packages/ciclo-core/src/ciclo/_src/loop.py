@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Final, final
 
 from ciclo._src.batches import BatchSizeFn, Stacked
-from ciclo._src.elapsed import Clock, Elapsed, Period, PeriodLike, to_period
+from ciclo._src.elapsed import Clock, Elapsed, Period, PeriodLike, make_elapsed, to_period
 from ciclo._src.logs import History, Logs, StackedLogs
 from ciclo._src.loop_state import LoopState as LoopState
 from ciclo._src.schedules import Every, ScheduleBase
@@ -342,7 +342,7 @@ def _after_step(before: Elapsed, batch: Any, batch_size_fn: BatchSizeFn) -> Elap
         steps, samples = batch.steps, batch.samples
     else:
         steps, samples = 1, batch_size_fn(batch)
-    return Elapsed(before.steps + steps, before.samples + samples, before.time, before.date_start)
+    return make_elapsed(before.steps + steps, before.samples + samples, before.time, before.date_start)
 
 
 def run_phases(
