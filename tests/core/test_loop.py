@@ -330,3 +330,23 @@ def test_clu_periodic_action_is_adapted(monkeypatch):
 def test_numpy_state_and_arrays():
     state, _, _ = ciclo.loop(np.zeros(2), range(3), {ciclo.every(1): lambda state, batch: state + batch})
     assert state.tolist() == [3.0, 3.0]
+
+
+def test_the_loop_never_changes_logs_a_callback_returned():
+    constant = ciclo.logs().add_metric("a", 1.0)
+
+    def first(state):
+        return constant
+
+    def second(state, batch):
+        return ciclo.logs().add_metric("b", float(batch))
+
+    def reader(state, batch, elapsed, loop_state):
+        loop_state.logs.add_metric("c", 3.0)  # the step's logs, changed in place
+
+    _, history, _ = ciclo.loop(None, [1, 2], {ciclo.every(1): [first, second, reader]})
+    assert constant == {"metrics": {"a": 1.0}}
+    assert history.collect("a", "b", "c") == ([1.0, 1.0], [1.0, 2.0], [3.0, 3.0])
+    _, history, _ = ciclo.loop(None, [1, 2], {ciclo.every(1): [first, reader]})
+    assert constant == {"metrics": {"a": 1.0}}
+    assert history.collect("a", "c") == ([1.0, 1.0], [3.0, 3.0])

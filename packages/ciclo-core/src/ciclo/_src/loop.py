@@ -12,7 +12,7 @@ import inspect
 import logging
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, Final, final
+from typing import Any, Final, cast, final
 
 from ciclo._src.batches import BatchSizeFn, Stacked
 from ciclo._src.elapsed import Clock, Elapsed, Period, PeriodLike, make_elapsed, to_period
@@ -304,11 +304,14 @@ def _run_callbacks(loop_state: LoopState[Any], callbacks: list[_Callback]) -> No
                 _hold_steps(loop_state, new_logs)
             logs = loop_state._logs
             if not logs:
-                loop_state._logs = new_logs  # held as it came; copied only if merged into or read
+                # Held as it came (a callback's own object): copied before anything is merged into it.
+                loop_state._logs = new_logs
+                loop_state._owns_logs = False
             else:
-                if type(logs) is not Logs or logs is new_logs:
+                if not loop_state._owns_logs:
                     logs = loop_state._logs = Logs(logs)
-                logs.merge(new_logs)
+                    loop_state._owns_logs = True
+                cast(Logs, logs).merge(new_logs)
         if loop_state.stop_iteration:
             return
 
@@ -457,6 +460,7 @@ def run_phases(
             loop_state.batch = batch
             loop_state._elapsed = None
             loop_state._logs = None
+            loop_state._owns_logs = False
             if pending_start:
                 _run_callbacks(loop_state, pending_start)
                 pending_start = []

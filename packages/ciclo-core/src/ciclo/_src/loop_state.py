@@ -44,6 +44,7 @@ class LoopState(Generic[S]):
         "_elapsed",
         "_logs",
         "_now",
+        "_owns_logs",
         "_per_step",
         "batch",
         "history",
@@ -72,6 +73,7 @@ class LoopState(Generic[S]):
         self._now: Callable[[], Elapsed] | None = None
         self._per_step: Logs | None = None  # a fused group's per-step logs, committed as one entry per step
         self._logs: LogsLike | None = logs
+        self._owns_logs = False  # whether `_logs` is the loop's own copy, safe to merge into
         self._accumulated = accumulated_logs
         self._callback_objects: dict[str, Any] = {}
 
@@ -93,14 +95,17 @@ class LoopState(Generic[S]):
     def logs(self) -> Logs:
         """The logs of the current step so far; changes to it are committed with the step."""
         logs = self._logs
-        if type(logs) is not Logs:
-            # The loop holds the first callback's logs as they came; a reader gets its own copy.
+        if not self._owns_logs or type(logs) is not Logs:
+            # The loop holds the first callback's logs as they came: a reader may change
+            # what it gets, so it gets the loop's own copy.
             logs = self._logs = Logs(logs) if logs else Logs()
+            self._owns_logs = True
         return logs
 
     @logs.setter
     def logs(self, value: LogsLike) -> None:
         self._logs = value
+        self._owns_logs = False
 
     @property
     def accumulated_logs(self) -> Logs:
