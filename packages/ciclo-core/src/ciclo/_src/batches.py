@@ -153,6 +153,17 @@ def leading_dim(batch: Any) -> int:
     return 1
 
 
+def steps_of(batch: Any) -> int:
+    """How many steps `batch` counts for: a `Stacked` group's steps, else 1.
+
+    Example:
+        >>> import numpy as np
+        >>> steps_of(np.zeros((8, 2))), steps_of(Stacked(np.zeros((3, 8, 2)), steps=3, samples=24))
+        (1, 3)
+    """
+    return batch.steps if type(batch) is Stacked else 1
+
+
 def count(batch: Any, batch_size_fn: BatchSizeFn) -> tuple[int, int]:
     """`(steps, samples)` that `batch` counts for: `Stacked` groups count all their steps.
 

@@ -14,7 +14,7 @@ import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Final, cast, final
 
-from ciclo._src.batches import BatchSizeFn, Stacked
+from ciclo._src.batches import BatchSizeFn, Stacked, count, steps_of
 from ciclo._src.elapsed import Clock, Elapsed, Period, PeriodLike, make_elapsed, to_period
 from ciclo._src.logs import History, Logs, StackedLogs
 from ciclo._src.loop_state import LoopState as LoopState
@@ -341,10 +341,7 @@ def _commit(history: History, loop_state: LoopState[Any], clock: Clock, logs: An
 
 
 def _after_step(before: Elapsed, batch: Any, batch_size_fn: BatchSizeFn) -> Elapsed:
-    if type(batch) is Stacked:
-        steps, samples = batch.steps, batch.samples
-    else:
-        steps, samples = 1, batch_size_fn(batch)
+    steps, samples = count(batch, batch_size_fn)
     return make_elapsed(before.steps + steps, before.samples + samples, before.time, before.date_start)
 
 
@@ -470,7 +467,7 @@ def run_phases(
                     boundary = task.steps_boundary
                     if boundary is not None:
                         period, offset = boundary
-                        done = clock.steps + (batch.steps if type(batch) is Stacked else 1)
+                        done = clock.steps + steps_of(batch)
                         if _boundaries_upto(done, offset, period) <= _boundaries_upto(
                             clock.steps, offset, period
                         ):
