@@ -14,7 +14,7 @@ import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Final, cast, final
 
-from ciclo._src.batches import BatchSizeFn, Stacked, count, steps_of
+from ciclo._src.batches import BatchSizeFn, Stacked, count, is_stacked, steps_of
 from ciclo._src.elapsed import Clock, Elapsed, Period, PeriodLike, make_elapsed, to_period
 from ciclo._src.logs import History, Logs, StackedLogs
 from ciclo._src.loop_state import LoopState as LoopState
@@ -318,7 +318,7 @@ def _run_callbacks(loop_state: LoopState[Any], callbacks: list[_Callback]) -> No
 
 def _hold_steps(loop_state: LoopState[Any], logs: StackedLogs) -> None:
     """Keeps a fused group's per-step logs: the history gets an entry per step of the group."""
-    if type(loop_state.batch) is not Stacked:
+    if not is_stacked(loop_state.batch):
         return  # a step that stacks logs of its own: its last step's logs stand for the step
     held = loop_state._per_step
     loop_state._per_step = logs.per_step if held is None else Logs(held).merge(logs.per_step)
