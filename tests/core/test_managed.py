@@ -54,6 +54,14 @@ class Counted(managed.ManagedState):
     mean_target: ciclo.metrics.Mean = managed.field(role=managed.Role.METRICS)
 
 
+def running_batch_mean(data: list[Any]) -> np.ndarray:
+    """The model state the test steps keep: an exponential mean (0.5) of each batch's input mean."""
+    expected = np.zeros(training.FEATURES)
+    for x, _ in data:
+        expected = 0.5 * expected + 0.5 * x.mean(axis=0)
+    return expected
+
+
 @managed.train_step
 def counted_step(state: Counted, batch: Any) -> tuple[ciclo.Logs, Counted]:
     x, y = batch
@@ -77,10 +85,7 @@ def test_model_state_and_metrics_are_global(strategy: str) -> None:
         logs, state = counted_step(state, batch)
 
     host = state.with_strategy("eager")
-    expected_stats = np.zeros(training.FEATURES)
-    for x, _ in data:
-        expected_stats = 0.5 * expected_stats + 0.5 * x.mean(axis=0)
-    np.testing.assert_allclose(host.batch_stats, expected_stats, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(host.batch_stats, running_batch_mean(data), rtol=1e-5, atol=1e-6)
     all_targets = np.concatenate([y for _, y in data])
     np.testing.assert_allclose(logs.metrics.mean_target, all_targets.mean(), rtol=1e-5)
     if strategy != "pmap":  # under pmap each device's copy counts only its own rows
@@ -326,9 +331,7 @@ def test_roles_work_under_any_field_name(strategy: str) -> None:
         logs, state = renamed_step(state, batch)
 
     host = state.with_strategy("eager")
-    expected = np.zeros(training.FEATURES)
-    for x, _ in data:
-        expected = 0.5 * expected + 0.5 * x.mean(axis=0)
+    expected = running_batch_mean(data)
     np.testing.assert_allclose(host.stats, expected, rtol=1e-5, atol=1e-6)
     if strategy == "pmap":  # the synchronised model state is the same on every device
         np.testing.assert_allclose(
