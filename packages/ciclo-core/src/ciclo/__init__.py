@@ -98,6 +98,7 @@ from ciclo._src.types import Schedule as Schedule
 from ciclo._src.types import State as State
 from ciclo._src.types import StatefulCallback as StatefulCallback
 from ciclo._src.types import Strategy as Strategy
+from ciclo._src.types import SupportsToModel as SupportsToModel
 from ciclo._src.types import Trainable as Trainable
 
 __version__ = _version("ciclo-core")
@@ -153,6 +154,7 @@ __all__ = [
     "State",
     "StatefulCallback",
     "Strategy",
+    "SupportsToModel",
     "TqdmBar",
     "Trainable",
     "__version__",

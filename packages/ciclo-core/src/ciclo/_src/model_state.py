@@ -23,7 +23,7 @@ from ciclo._src.logs import Logs
 from ciclo._src.managed import ManagedState, create_state
 from ciclo._src.metrics import Metric, as_metric, call_with_available
 from ciclo._src.roles import Role, field
-from ciclo._src.types import ModelAdapter, Strategy
+from ciclo._src.types import ModelAdapter, Strategy, SupportsToModel
 
 
 @final
@@ -123,6 +123,10 @@ class ModelState(ManagedState):
       end of each epoch and before each test run, so the metrics logged are
       those of the epoch, or of the whole test set, so far.
 
+    After training, `state.model` gives the trained model back in its
+    framework's own form (an nnx module, a linen variables dict, ...), when
+    the adapter implements `to_model` (`ciclo.SupportsToModel`).
+
     Attributes:
         model_state: the model's own state (batch statistics), or None (role
             `managed.Role.MODEL_STATE`: synchronised across devices).
@@ -167,6 +171,43 @@ class ModelState(ManagedState):
     key_impl: Any = field(static=True, default=None)
 
     test_aggregation: ClassVar[Mapping[str, str]] = {"losses": "mean", "metrics": "last"}
+
+    @property
+    def model(self) -> Any:
+        """The trained model in its framework's own form, from the adapter's `to_model`.
+
+        A flax linen state gives the module's variables dict, an nnx state the
+        nnx module, a haiku state `params` or `(params, state)`, an equinox state
+        the module or `(module, state)`: see `ciclo.SupportsToModel`. Each access
+        builds the model anew from the state's current `params` and
+        `model_state` (under `pmap`, from the first device's copy), so use it
+        after training, e.g. on the best checkpoint restored.
+
+        Raises:
+            AttributeError: when the adapter has no `to_model` method (the
+                variables are still `params` and `model_state`).
+
+        Example:
+            >>> import ciclo, jax.numpy as jnp, optax
+            >>> class Scale:
+            ...     def init(self, key, inputs):
+            ...         return jnp.full((), 2.0), None
+            ...     def apply(self, params, model_state, inputs, *, key, training):
+            ...         return params * inputs, model_state
+            ...     def to_model(self, params, model_state):
+            ...         return lambda inputs: params * inputs
+            >>> state = ciclo.create_model_state(Scale(), inputs=jnp.ones(3), tx=optax.sgd(0.1))
+            >>> state.model(jnp.arange(3.0))
+            Array([0., 2., 4.], dtype=float32)
+        """
+        if not isinstance(self.adapter, SupportsToModel):
+            raise AttributeError(
+                f"{type(self.adapter).__name__} has no to_model(params, model_state) method, so this "
+                "state cannot build its model: add one to the adapter (see ciclo.SupportsToModel), "
+                "or use state.params and state.model_state"
+            )
+        params, model_state = self.strategy.unplace((self.params, self.model_state))
+        return self.adapter.to_model(params, model_state)
 
     def step_key(self) -> jax.Array:
         """The random key of the current step: `key` folded with `step`, a typed key."""

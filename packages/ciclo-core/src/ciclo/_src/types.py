@@ -270,6 +270,10 @@ class ModelAdapter(Protocol):
     The adapter works on two pytrees of arrays: `params` (what the optimizer
     trains) and `model_state` (what the model updates itself when it runs, such
     as batch-norm statistics; `None` when it has none).
+
+    An adapter may also give the trained model back in its framework's own
+    form, with the optional method of `ciclo.SupportsToModel`:
+    `ModelState.model` calls it.
     """
 
     def init(self, key: Any, inputs: Any, /) -> tuple[Any, Any]:
@@ -293,4 +297,34 @@ class ModelAdapter(Protocol):
             key: a fresh random key for this step (dropout, noise).
             training: True in training steps (dropout on, statistics updated).
         """
+        ...
+
+
+@runtime_checkable
+class SupportsToModel(Protocol):
+    """A `ModelAdapter` that gives the trained model back in its framework's own form.
+
+    `to_model` is the one optional method of an adapter; `ciclo.ModelState.model`
+    calls it. It returns what the framework itself would give for a model
+    with these variables, the form its own `init` or constructor returns:
+    ciclo-flax gives a linen module's variables dict
+    (`{"params": ..., "batch_stats": ...}`) and an nnx module, ciclo-haiku
+    `params` or `(params, state)`, ciclo-equinox the module or
+    `(module, state)`.
+
+    Example:
+        >>> import ciclo, jax.numpy as jnp
+        >>> class Scale:
+        ...     def init(self, key, inputs):
+        ...         return jnp.ones(()), None
+        ...     def apply(self, params, model_state, inputs, *, key, training):
+        ...         return params * inputs, model_state
+        ...     def to_model(self, params, model_state):
+        ...         return lambda inputs: params * inputs
+        >>> isinstance(Scale(), ciclo.SupportsToModel)
+        True
+    """
+
+    def to_model(self, params: Any, model_state: Any, /) -> Any:
+        """The framework's own model holding `params` and `model_state` (called outside any trace)."""
         ...
