@@ -23,7 +23,8 @@ nox.options.sessions = [
 ]
 
 PYPROJECT = nox.project.load_toml("pyproject.toml")
-CORE = "./packages/ciclo-core[tqdm]"
+# The tests, docs and examples use tqdm bars and orbax checkpoints, both optional extras.
+CORE = "./packages/ciclo-core[tqdm,checkpoint]"
 ADAPTERS = ["./packages/ciclo-flax", "./packages/ciclo-haiku", "./packages/ciclo-equinox"]
 
 

@@ -63,25 +63,40 @@ class _DropOrbaxInfo(logging.Filter):
         return record.levelno >= logging.WARNING or _ORBAX_PATH_PART not in record.pathname
 
 
+def _missing_extra(error: ImportError) -> ImportError:
+    return ImportError(
+        f'ciclo\'s checkpoints need orbax-checkpoint ({error}): pip install "ciclo-core[checkpoint]"'
+    )
+
+
 def _orbax() -> Any:
-    """Imports orbax on first use: it takes about half a second, which `import ciclo` should not pay."""
-    # absl.logging must create the "absl" logger itself: a plain logger made first by
-    # logging.getLogger("absl") would report absl's own file as the origin of every record.
-    from absl import logging as absl_logging
+    """Imports orbax on first use: it takes about half a second, which `import ciclo` should not pay.
 
-    absl_logger = absl_logging.get_absl_logger()
-    if not any(isinstance(f, _DropOrbaxInfo) for f in absl_logger.filters):
-        # Installed before importing orbax, which logs too.
-        absl_logger.addFilter(_DropOrbaxInfo())
-    import orbax.checkpoint as ocp  # type: ignore[import-untyped]
+    orbax-checkpoint (with absl-py and etils, which ciclo imports too) is the
+    optional `checkpoint` extra; without it this raises an ImportError that says
+    what to install.
+    """
+    try:
+        # absl.logging must create the "absl" logger itself: a plain logger made first by
+        # logging.getLogger("absl") would report absl's own file as the origin of every record.
+        from absl import logging as absl_logging
 
+        absl_logger = absl_logging.get_absl_logger()
+        if not any(isinstance(f, _DropOrbaxInfo) for f in absl_logger.filters):
+            # Installed before importing orbax, which logs too.
+            absl_logger.addFilter(_DropOrbaxInfo())
+        import orbax.checkpoint as ocp  # type: ignore[import-untyped]
+    except ImportError as error:
+        raise _missing_extra(error) from error
     return ocp
 
 
 def _epath(path: str) -> Any:
     """An `etils.epath.Path` (orbax's path type), so that remote URLs work like local paths."""
-    from etils import epath  # type: ignore[import-untyped]
-
+    try:
+        from etils import epath  # type: ignore[import-untyped]
+    except ImportError as error:
+        raise _missing_extra(error) from error
     return epath.Path(path)
 
 
