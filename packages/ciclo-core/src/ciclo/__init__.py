@@ -16,6 +16,10 @@ from ciclo import managed as managed
 from ciclo import metrics as metrics
 from ciclo import strategies as strategies
 from ciclo._src import frameworks as _frameworks
+from ciclo._src import installation as _installation
+from ciclo._src.backup import Backup as Backup
+from ciclo._src.backup import Preempted as Preempted
+from ciclo._src.backup import backup as backup
 from ciclo._src.batches import Stacked as Stacked
 from ciclo._src.batches import stacked as stacked
 from ciclo._src.callbacks._checkpoint import Checkpoint as Checkpoint
@@ -29,6 +33,10 @@ from ciclo._src.callbacks._keras_bar import KerasBar as KerasBar
 from ciclo._src.callbacks._keras_bar import keras_bar as keras_bar
 from ciclo._src.callbacks._noop import NoOp as NoOp
 from ciclo._src.callbacks._noop import noop as noop
+from ciclo._src.callbacks._profile import Profile as Profile
+from ciclo._src.callbacks._profile import profile as profile
+from ciclo._src.callbacks._throughput import Throughput as Throughput
+from ciclo._src.callbacks._throughput import throughput as throughput
 from ciclo._src.callbacks._tqdm_bar import TqdmBar as TqdmBar
 from ciclo._src.callbacks._tqdm_bar import tqdm_bar as tqdm_bar
 from ciclo._src.elapsed import Elapsed as Elapsed
@@ -103,6 +111,9 @@ from ciclo._src.types import Trainable as Trainable
 
 __version__ = _version("ciclo-core")
 
+# ciclo 0.1 (the distribution `ciclo`) installs this same package: warn if it is there too.
+_installation.warn_if_old_ciclo_installed()
+
 if TYPE_CHECKING:
     from collections.abc import Callable
 
@@ -123,6 +134,7 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "After",
+    "Backup",
     "Batch",
     "CallbackOutput",
     "Checkpoint",
@@ -147,6 +159,8 @@ __all__ = [
     "Phase",
     "Piecewise",
     "Predictable",
+    "Preempted",
+    "Profile",
     "Schedule",
     "ScheduleBase",
     "Stacked",
@@ -155,6 +169,7 @@ __all__ = [
     "StatefulCallback",
     "Strategy",
     "SupportsToModel",
+    "Throughput",
     "TqdmBar",
     "Trainable",
     "__version__",
@@ -162,6 +177,7 @@ __all__ = [
     "always",
     "at",
     "at_step_end",
+    "backup",
     "checkpoint",
     "create_model_state",
     "early_stopping",
@@ -198,6 +214,7 @@ __all__ = [
     "piecewise",
     "predict_loop",
     "predict_step",
+    "profile",
     "register_strategy",
     "reset_step",
     "restore_checkpoint",
@@ -207,6 +224,7 @@ __all__ = [
     "strategy_names",
     "test_loop",
     "test_step",
+    "throughput",
     "tqdm_bar",
     "train_loop",
     "train_step",

@@ -1,0 +1,209 @@
+"""Profiling: a `jax.profiler` trace of chosen steps of a loop."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Literal, final
+
+import jax
+
+from ciclo._src.batches import steps_of
+from ciclo._src.elapsed import Elapsed
+from ciclo._src.loop_state import LoopState
+from ciclo._src.step_output import NO_LOGS
+from ciclo._src.types import CallbackOutput, S
+
+STEP_ANNOTATION = "step"
+"""The name of the step markers in the trace (`jax.profiler.StepTraceAnnotation`)."""
+
+_Status = Literal["waiting", "tracing", "done"]
+
+
+def _check_step(value: object, what: str, steps: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"steps must be a step number or a (first, last) pair of step numbers, got {steps!r}")
+    if value < 0:
+        raise ValueError(f"the {what} step to profile must be >= 0, got {steps!r}")
+    return value
+
+
+def _check_steps(steps: int | tuple[int, int]) -> tuple[int, int]:
+    if isinstance(steps, tuple) and len(steps) == 2:
+        first, last = _check_step(steps[0], "first", steps), _check_step(steps[1], "last", steps)
+        if last < first:
+            raise ValueError(f"steps must be (first, last) with first <= last, got {steps!r}")
+        return first, last
+    step = _check_step(steps, "", steps)
+    return step, step
+
+
+@final
+class Profile:
+    """Captures a `jax.profiler` trace of chosen steps of a loop; see `ciclo.profile`.
+
+    Example:
+        >>> import pathlib, tempfile
+        >>> import jax.numpy as jnp
+        >>> import ciclo
+        >>> logdir = tempfile.mkdtemp()
+        >>> profiler = ciclo.profile(logdir, steps=(2, 3))
+        >>> def train_step(state, batch):
+        ...     return None, state + batch
+        >>> _ = ciclo.loop(jnp.float32(0.0), jnp.ones(5), {ciclo.every(1): [profiler, train_step]})
+        >>> profiler.status
+        'done'
+        >>> len(list(pathlib.Path(logdir).glob("plugins/profile/*/*.xplane.pb")))
+        1
+    """
+
+    __slots__ = ("_annotation", "_first", "_last", "_logdir", "_perfetto", "_status")
+
+    def __init__(
+        self, logdir: str | os.PathLike[str], steps: int | tuple[int, int], *, perfetto: bool = False
+    ) -> None:
+        try:
+            self._logdir = os.fspath(logdir)
+        except TypeError:
+            raise TypeError(f"logdir must be a path (a str or os.PathLike), got {logdir!r}") from None
+        self._first, self._last = _check_steps(steps)
+        self._perfetto = bool(perfetto)
+        self._status: _Status = "waiting"
+        self._annotation: Any = None  # the open marker of the step being traced
+
+    @property
+    def logdir(self) -> str:
+        """The directory the trace is written under (in `plugins/profile/<run>/`)."""
+        return self._logdir
+
+    @property
+    def steps(self) -> tuple[int, int]:
+        """The first and last step profiled (both included)."""
+        return self._first, self._last
+
+    @property
+    def status(self) -> str:
+        """`"waiting"` for the first step, `"tracing"`, or `"done"` (the trace is written)."""
+        return self._status
+
+    def __loop_callback__(self, loop_state: LoopState[S]) -> CallbackOutput[S]:
+        # One call per step, before the step if listed before it: each call ends the
+        # previous step's marker and opens the current step's.
+        steps = loop_state.elapsed.steps
+        if self._status == "tracing":
+            self._close_step()
+            if steps > self._last:
+                self._stop(loop_state.state)
+                return NO_LOGS, loop_state.state
+        self._begin(steps, loop_state.batch)
+        return NO_LOGS, loop_state.state
+
+    def on_train_batch_begin(self, state: Any, batch: Any, elapsed: Elapsed) -> None:
+        """Named hook of `train_loop`: starts the trace before the first profiled step."""
+        self._begin(elapsed.steps, batch)
+
+    def on_train_batch_end(self, state: Any, batch: Any, elapsed: Elapsed) -> None:
+        """Named hook of `train_loop`: stops the trace after the last profiled step."""
+        if self._status != "tracing":
+            return
+        self._close_step()
+        if elapsed.steps + steps_of(batch) > self._last:
+            self._stop(state)
+
+    def __loop_end__(self, loop_state: LoopState[Any]) -> None:
+        # The loop ended inside the window (the data ran out, `stop`, an error): the trace
+        # still covers the steps that ran.
+        if self._status == "tracing":
+            self._close_step()
+            self._stop(loop_state.state)
+
+    def _begin(self, steps: int, batch: Any) -> None:
+        status = self._status
+        if status == "waiting":
+            # A `ciclo.stacked` group of steps is traced whole if it reaches into the window.
+            if steps > self._last or steps + steps_of(batch) <= self._first:
+                return
+            jax.profiler.start_trace(self._logdir, create_perfetto_trace=self._perfetto)
+            self._status = "tracing"
+        elif status == "done":
+            return
+        annotation = jax.profiler.StepTraceAnnotation(STEP_ANNOTATION, step_num=steps)
+        annotation.__enter__()
+        self._annotation = annotation
+
+    def _close_step(self) -> None:
+        annotation, self._annotation = self._annotation, None
+        if annotation is not None:
+            annotation.__exit__(None, None, None)
+
+    def _stop(self, state: Any) -> None:
+        self._status = "done"
+        try:
+            # Dispatch is asynchronous: the device may still be running the profiled steps,
+            # and the trace must contain them. The only wait this callback makes.
+            jax.block_until_ready(state)  # type: ignore[no-untyped-call]
+        finally:
+            jax.profiler.stop_trace()  # type: ignore[no-untyped-call]
+
+    def __repr__(self) -> str:
+        return f"ciclo.profile({self._logdir!r}, steps={self.steps!r})"
+
+
+def profile(
+    logdir: str | os.PathLike[str], steps: int | tuple[int, int], *, perfetto: bool = False
+) -> Profile:
+    """Creates a callback that captures a `jax.profiler` trace of the chosen steps.
+
+    The trace starts before the first of `steps` runs and stops after the last
+    one has finished on the device (the callback waits for the state then, and
+    only then). It records the host's Python and the device's work, with one
+    `jax.profiler.StepTraceAnnotation` named `"step"` per step (its `step_num`
+    is the step's number), and is written under
+    `logdir/plugins/profile/<date>/<host>.xplane.pb`: open it with TensorBoard
+    and its profile plugin (`pip install tensorboard xprof`, then
+    `tensorboard --logdir logdir`, the Profile tab) or, with `perfetto=True`,
+    load the `perfetto_trace.json.gz` written next to it in
+    https://ui.perfetto.dev. Capturing needs nothing but jax.
+
+    Steps are numbered from 0 as `elapsed.steps` counts them. Skip the first
+    steps, which compile. If the loop ends inside the window (the data runs out,
+    `stop` is reached, a callback stops it, or a step raises), the trace is
+    stopped and written at the end of the loop. Only one trace can run at a
+    time in a process, and a `Profile` traces once.
+
+    In `ciclo.loop`, list it *before* the step (`{ciclo.every(1): [profiler,
+    train_step]}`): each call starts or stops the trace before that step runs.
+    In `train_loop(callbacks=[...])` it runs as the `on_train_batch_begin` and
+    `on_train_batch_end` hooks, around everything a step does.
+
+    Args:
+        logdir: the directory to write the trace under (a TensorBoard log
+            directory).
+        steps: the step to profile, or `(first, last)`: the steps from first to
+            last, both included.
+        perfetto: also write `perfetto_trace.json.gz` for the Perfetto UI.
+
+    Returns:
+        A `Profile` callback.
+
+    Raises:
+        TypeError: if `logdir` is not a path or `steps` not a step number or a
+            pair of them.
+        ValueError: if a step is negative or `last < first`.
+
+    Example:
+        >>> import pathlib, tempfile
+        >>> import numpy as np
+        >>> import ciclo
+        >>> logdir = pathlib.Path(tempfile.mkdtemp())
+        >>> def train_step(state, batch):
+        ...     return ciclo.logs().add_metric("loss", batch.mean()), state
+        >>> _ = ciclo.train_loop(
+        ...     None,
+        ...     [np.ones(4)] * 10,
+        ...     {ciclo.on_train_step: [train_step]},
+        ...     callbacks=[ciclo.profile(logdir, steps=(5, 7))],
+        ... )
+        >>> [trace.stat().st_size > 0 for trace in logdir.glob("plugins/profile/*/*.xplane.pb")]
+        [True]
+    """
+    return Profile(logdir, steps, perfetto=perfetto)

@@ -1,0 +1,171 @@
+"""Throughput: steps and samples per second, measured on the host clock over a window."""
+
+from __future__ import annotations
+
+from time import perf_counter
+from typing import Any, final
+
+from ciclo._src.elapsed import Elapsed, Period, PeriodLike, make_elapsed, to_period
+from ciclo._src.logs import Logs, LogsLike
+from ciclo._src.loop_state import LoopState
+from ciclo._src.step_output import NO_LOGS
+from ciclo._src.types import CallbackOutput, S
+
+STEPS_PER_SECOND = "steps_per_second"
+"""The name of the logged steps per second (in the `metrics` collection)."""
+
+SAMPLES_PER_SECOND = "samples_per_second"
+"""The name of the logged samples per second (in the `metrics` collection)."""
+
+
+def _check_window(window: PeriodLike) -> Period:
+    period = to_period(window, name="window")
+    if period is None:
+        raise TypeError("window must be an int (steps) or a ciclo.Period, got None")
+    if period.date is not None:
+        raise ValueError(
+            f"window must count steps, samples or time: a throughput window is a duration, not a date; "
+            f"got {window!r}"
+        )
+    if not (period.steps or period.samples or period.time):
+        raise ValueError(f"window must be longer than zero, got {window!r}")
+    return period
+
+
+@final
+class Throughput:
+    """Logs steps and samples per second, measured over a window; see `ciclo.throughput`.
+
+    The rates are the counts the loop's `Elapsed` advanced by, divided by the
+    host seconds between two calls. A call reads the loop's counters and the
+    host clock only: it never reads a logged or computed value, so it never
+    waits for the device.
+
+    Example:
+        >>> import numpy as np
+        >>> import ciclo
+        >>> meter = ciclo.throughput(window=2)
+        >>> def train_step(state, batch):
+        ...     return ciclo.logs().add_metric("loss", batch.mean()), state
+        >>> batches = [np.ones(8)] * 5
+        >>> _, history, _ = ciclo.loop(None, batches, {ciclo.every(1): [train_step, meter]})
+        >>> steps, rates = history.collect("steps", "steps_per_second")
+        >>> steps  # the clock starts at step 0; a window closes every 2 steps
+        [2, 4]
+    """
+
+    __slots__ = ("_start", "_window")
+
+    def __init__(self, window: PeriodLike = 100) -> None:
+        self._window = _check_window(window)
+        # (host time, steps, samples) where the current window started; None before the first call.
+        self._start: tuple[float, int, int] | None = None
+
+    @property
+    def window(self) -> Period:
+        """The window over which each rate is measured."""
+        return self._window
+
+    def __call__(self, elapsed: Elapsed) -> Logs:
+        """Measures after a step, when iterating by hand with `ciclo.elapse`.
+
+        Args:
+            elapsed: the `Elapsed` of the step that just ran, as yielded by
+                `ciclo.elapse`.
+
+        Returns:
+            The rates as `metrics` entries when a window closed at this call,
+            else empty logs.
+        """
+        return Logs(self._measure(elapsed.steps, elapsed.samples))
+
+    def __loop_callback__(self, loop_state: LoopState[S]) -> CallbackOutput[S]:
+        elapsed = loop_state.elapsed
+        return self._measure(elapsed.steps, elapsed.samples), loop_state.state
+
+    def on_train_step(self, state: Any, batch: Any, elapsed: Elapsed) -> LogsLike:
+        """Named hook of the predefined loops: measures after each training step."""
+        return self._measure(elapsed.steps, elapsed.samples)
+
+    def __loop_end__(self, loop_state: LoopState[Any]) -> None:
+        # The next loop starts a new window: the time between two loops is not throughput.
+        self._start = None
+
+    def _measure(self, steps: int, samples: int) -> LogsLike:
+        # The hot path: two ints, one clock read and a comparison until the window closes.
+        now = perf_counter()
+        start = self._start
+        if start is None:
+            # The first call starts the clock: the first step, which compiles, is not counted.
+            self._start = (now, steps, samples)
+            return NO_LOGS
+        start_time, start_steps, start_samples = start
+        seconds = now - start_time
+        done = make_elapsed(steps - start_steps, samples - start_samples, seconds, 0.0)
+        if seconds <= 0 or not done >= self._window:
+            return NO_LOGS
+        self._start = (now, steps, samples)
+        return {
+            "metrics": {
+                STEPS_PER_SECOND: done.steps / seconds,
+                SAMPLES_PER_SECOND: done.samples / seconds,
+            }
+        }
+
+    def __repr__(self) -> str:
+        return f"ciclo.throughput(window={self._window!r})"
+
+
+def throughput(window: PeriodLike = 100) -> Throughput:
+    """Creates a callback that logs the loop's throughput: steps and samples per second.
+
+    Each time `window` has passed since the last measurement, the callback logs
+    two entries in the `metrics` collection (so progress bars show them and
+    loggers write them):
+
+    - `steps_per_second`: steps done over the window / host seconds it took;
+    - `samples_per_second`: samples done over the window / host seconds it took.
+
+    The counts are the loop's own (`ciclo.Elapsed`: a `ciclo.stacked` group
+    counts all its steps, samples are counted by the loop's `batch_size_fn`)
+    and the time is the host's `time.perf_counter`. Nothing is read from the
+    device: with asynchronous dispatch the host runs at most a few steps ahead
+    of the device, so over a window of many steps the host's rate is the
+    device's. The time is wall-clock time between two calls: it includes
+    everything the loop does in between (loading data, evaluating, saving
+    checkpoints). The first call only starts the clock, so the first step,
+    which usually compiles, is not counted; each loop starts a new window.
+
+    Put it after the step in `ciclo.loop`'s callbacks
+    (`{ciclo.every(1): [train_step, ciclo.throughput()]}`), or in
+    `train_loop(callbacks=[...])`, where it runs as the `on_train_step` hook,
+    after the training step and before the progress bars. It can also be called
+    by hand as `meter(elapsed)`, which returns the logs.
+
+    Args:
+        window: how long each measurement lasts: an int (steps) or a
+            `ciclo.Period` in steps, samples or time (`ciclo.at(time=10)` logs
+            about every 10 seconds). A window closes at the first call at
+            which it has passed.
+
+    Returns:
+        A `Throughput` callback.
+
+    Raises:
+        TypeError: if `window` is not an int or a `ciclo.Period`.
+        ValueError: if `window` is negative or zero, or counts toward a date.
+
+    Example:
+        >>> import numpy as np
+        >>> import ciclo
+        >>> def train_step(state, batch):
+        ...     return ciclo.logs().add_metric("loss", batch.mean()), state
+        >>> batches = [np.ones(32)] * 30
+        >>> _, history, _ = ciclo.train_loop(
+        ...     None, batches, {ciclo.on_train_step: [train_step]}, callbacks=[ciclo.throughput(10)]
+        ... )
+        >>> steps, rates = history.collect("steps", "samples_per_second")
+        >>> steps  # the clock starts at step 0; a window closes every 10 steps
+        [10, 20]
+    """
+    return Throughput(window)
