@@ -89,6 +89,7 @@ class EquinoxAdapter:
       `module(inputs, key=key)` or `module(inputs, state, key=key)`.
 
     A module whose `__call__` takes no `key` is called without one.
+    `to_model` (`ciclo.ModelState.model`) combines the trained module back.
 
     Attributes:
         static: the module with its params replaced by None (`eqx.partition`'s second part).
@@ -202,6 +203,15 @@ class EquinoxAdapter:
             axis_name=self.batch_axis_name,
         )(inputs, model_state, keys)
         return outputs, new_model_state
+
+    def to_model(self, params: Any, model_state: Any, /) -> Any:
+        """The trained module, or `(module, state)` for a stateful one, as `eqx.nn.make_with_state` gives.
+
+        The module acts on one example, as built (training mode): `jax.vmap`
+        it over a batch, and call `eqx.nn.inference_mode(module)` to evaluate.
+        """
+        module = eqx.combine(params, self.static)
+        return (module, model_state) if self.stateful else module
 
     def _call(self, module: Any, inputs: Any, model_state: Any, key: Any) -> tuple[Any, Any]:
         kwargs = {"key": key} if self.takes_key else {}

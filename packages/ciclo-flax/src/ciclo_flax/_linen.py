@@ -42,6 +42,7 @@ class LinenAdapter:
     steps. The random key reaches the module as its `"dropout"` rng (and any
     other rng it names in `rngs`). A module whose `__call__` takes `training`,
     `train`, `is_training` or `deterministic` gets it set for each step.
+    `to_model` (`ciclo.ModelState.model`) gives back the variables dict.
 
     Attributes:
         module: the linen module.
@@ -90,3 +91,11 @@ class LinenAdapter:
             )
             return outputs, {**model_state, **updates}
         return self.module.apply(variables, inputs, rngs=self._rngs(key), **flag), model_state
+
+    def to_model(self, params: Any, model_state: Any, /) -> dict[str, Any]:
+        """The module's variables, as `module.init` gives them: `{"params": ..., "batch_stats": ...}`.
+
+        Run them with `module.apply(variables, inputs)` (in evaluation mode,
+        e.g. `training=False`).
+        """
+        return {"params": params, **(model_state or {})}

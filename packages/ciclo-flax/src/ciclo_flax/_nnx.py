@@ -32,7 +32,8 @@ class NnxAdapter:
     state. Each step merges them back, switches training on or off with
     `nnx.view(deterministic=..., use_running_average=...)`, and reseeds the
     module's rng streams from the step key, so dropout differs per step and per
-    device.
+    device. `to_model` (`ciclo.ModelState.model`) merges a new module from
+    trained variables.
 
     Attributes:
         graphdef: the module's graph definition.
@@ -80,3 +81,11 @@ class NnxAdapter:
         outputs = module(inputs)
         _, _, *rest = nnx.split(module, nnx.Param, ...)
         return outputs, rest[0]
+
+    def to_model(self, params: Any, model_state: Any, /) -> Any:
+        """A new nnx module holding the trained variables: `nnx.merge(graphdef, params, model_state)`.
+
+        It is in the mode the module was built in (dropout and batch norm as
+        they were when it was split); switch it to evaluation with `module.eval()`.
+        """
+        return nnx.merge(self.graphdef, params, model_state, copy=True)

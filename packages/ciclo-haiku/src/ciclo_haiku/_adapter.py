@@ -84,7 +84,8 @@ class HaikuAdapter:
     updated in training steps only; an `hk.Transformed`, or a function whose
     state is empty, has model state None. The step key is passed as the haiku
     rng, so `hk.next_rng_key()` works (e.g. for `hk.dropout`), except after
-    `hk.without_apply_rng`, whose `apply` takes none.
+    `hk.without_apply_rng`, whose `apply` takes none. `to_model`
+    (`ciclo.ModelState.model`) gives back the trained `(params, state)`.
 
     The function is initialised in training mode (haiku's convention: the
     training path creates all the state, e.g. `hk.BatchNorm`'s moving
@@ -170,3 +171,14 @@ class HaikuAdapter:
             return self.transformed.apply(params, *rng, inputs, **flag), model_state
         outputs, new_state = self.transformed.apply(params, model_state or {}, *rng, inputs, **flag)
         return outputs, (new_state if training and model_state is not None else model_state)
+
+    def to_model(self, params: Any, model_state: Any, /) -> Any:
+        """What `transformed.init` gives: `params` for an `hk.Transformed`, else `(params, state)`.
+
+        Run them with `transformed.apply(params, rng, inputs, ...)`, or
+        `transformed.apply(params, state, rng, inputs, ...)` which returns
+        `(outputs, state)`; the state is `{}` for a function without any.
+        """
+        if isinstance(self.transformed, hk.Transformed):
+            return params
+        return params, (model_state or {})
