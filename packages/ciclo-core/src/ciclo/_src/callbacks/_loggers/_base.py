@@ -1,0 +1,325 @@
+"""`Logger`: the callback that writes a loop's scalar entries to a `Sink` (TensorBoard, CSV, ...).
+
+Every logger is this one class around a backend-specific sink. The logger reads
+the loop's `History`: at each step it looks only at how many rows History has
+already copied to the host (it copies them in batches of 128, a few hundred
+steps late, when their values are long computed) and hands the new ones to its
+sink. So logging never waits on the device. When the loop ends, also on an
+exception or a preemption, it copies the rows left (one batched copy) and
+writes and flushes them.
+"""
+
+from __future__ import annotations
+
+import importlib
+import numbers
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple, Protocol, final
+
+from ciclo._src.logs import History, Logs, LogsLike
+from ciclo._src.loop_state import LoopState
+from ciclo._src.types import CallbackOutput, S
+
+_SKIPPED_COLLECTIONS = frozenset({"elapsed", "outputs"})
+"""Never scalars worth plotting: the counts (written as the step) and a step's model outputs."""
+
+
+class Row(NamedTuple):
+    """One logged step, as a sink writes it."""
+
+    step: int
+    """The step (the History's `steps` column: steps completed before the step that logged)."""
+    wall_time: float
+    """Unix time when the step was logged."""
+    scalars: dict[str, float | int]
+    """Entry name -> Python number, see `scalars`."""
+
+
+class Sink(Protocol):
+    """Where a `Logger` writes: one backend (an event file, a CSV file, a W&B or MLflow run, ...).
+
+    `write` may be called again after `close`: the sink then opens again
+    (a new event file, the same run resumed, ...).
+    """
+
+    def write(self, rows: Sequence[Row], /) -> None:
+        """Writes `rows`, in step order."""
+        ...
+
+    def flush(self) -> None:
+        """Makes everything written so far durable (on disk, handed to the backend's client)."""
+        ...
+
+    def close(self) -> None:
+        """Flushes and releases the file, run or connection; a later `write` opens it again."""
+        ...
+
+    def state(self) -> dict[str, Any]:
+        """What a resumed sink needs besides the last step (a run id); strings and numbers only."""
+        ...
+
+    def restore(self, state: Mapping[str, Any], after_step: int | None, /) -> None:
+        """Takes back `state()`; rows of steps after `after_step` that the backend holds are stale."""
+        ...
+
+
+def import_extra(module: str, extra: str, what: str) -> Any:
+    """Imports an optional dependency; the error says which extra of ciclo-core to install."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as error:
+        raise ImportError(f'{what} needs {module}: pip install "ciclo-core[{extra}]"') from error
+
+
+def scalars(logs: LogsLike) -> dict[str, float | int]:
+    """The entries of `logs` that are numbers, by entry name.
+
+    Collections `elapsed` and `outputs` are left out, and so are values that are
+    not numbers (arrays of several values, strings, None). A name found in
+    several collections with one value (`add_loss(..., add_metric=True)`) is
+    written once; with different values, each is written as
+    `collection.name` (the form `History.collect` takes).
+
+    Example:
+        >>> import ciclo
+        >>> from ciclo._src.callbacks._loggers._base import scalars
+        >>> logs = ciclo.logs().add_loss("loss", 0.5, add_metric=True).add_metric("acc", 0.9)
+        >>> scalars(logs.add_output("logits", [1.0, 2.0]))
+        {'loss': 0.5, 'acc': 0.9}
+    """
+    found: dict[str, list[tuple[str, float | int]]] = {}
+    for collection, entries in logs.items():
+        if collection in _SKIPPED_COLLECTIONS:
+            continue
+        for name, value in entries.items():
+            number = _number(value)
+            if number is not None:
+                found.setdefault(name, []).append((collection, number))
+    out: dict[str, float | int] = {}
+    for name, values in found.items():
+        if all(value == values[0][1] for _, value in values):
+            out[name] = values[0][1]
+        else:
+            for collection, value in values:
+                out[f"{collection}.{name}"] = value
+    return out
+
+
+def _number(value: Any) -> float | int | None:
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, (int, float)):
+        return value
+    # Host rows hold Python numbers; a numpy scalar or 0-d array can come from a hand-written loop.
+    if getattr(value, "ndim", None) == 0 or isinstance(value, numbers.Number):
+        try:
+            item = value.item()
+        except (AttributeError, TypeError, ValueError):
+            return None
+        return _number(item) if isinstance(item, (bool, int, float)) else None
+    return None
+
+
+@final
+class Logger:
+    """A loop callback that writes every logged scalar entry to a backend, against its step.
+
+    Create one with `ciclo.tensorboard`, `ciclo.csv_logger`, `ciclo.wandb_logger`,
+    `ciclo.mlflow_logger` or `ciclo.metric_writer_logger`. The same logger works:
+
+    - in `ciclo.loop` / `ciclo.run_phases` tasks: put it under `ciclo.every(1)`,
+      after the callbacks whose entries it writes (it writes what the loop's
+      `History` holds, so its place only matters for the last rows);
+    - in the predefined loops as `train_loop(..., callbacks=[logger])` (it runs as
+      `on_train_batch_end`, so train and test entries, `loss` and `loss_test`, are
+      written);
+    - in a hand-written loop: `logger.write(step, logs)` at each step, then
+      `logger.close()` (or `with logger: ...`).
+
+    Values are written from the rows `History` has already copied to the host
+    (it does so in batches of 128, a few hundred steps after they were logged),
+    so the logger never makes the loop wait for the device. Rows still on the
+    device when the loop ends (normally, on an exception or a preemption) are
+    copied then and written, and the backend is closed. A logger used in a later
+    loop opens its backend again.
+
+    A logger is a `ciclo.StatefulCallback`: `callback_state()` holds the last
+    step written (and the run id of W&B and MLflow), and a fresh logger given it
+    with `restore_callback_state` skips the steps already written and appends
+    after them, to the same file or run.
+
+    Example:
+        >>> import io
+        >>> import ciclo
+        >>> from ciclo._src.callbacks._loggers._base import Logger, Row
+        >>> class Printed:  # a sink of your own: any object with these five methods
+        ...     def write(self, rows):
+        ...         for row in rows:
+        ...             print(row.step, row.scalars)
+        ...     def flush(self): pass
+        ...     def close(self): pass
+        ...     def state(self): return {}
+        ...     def restore(self, state, after_step): pass
+        >>> def train_step(state, batch):
+        ...     return ciclo.logs().add_loss("loss", 1.0 / (batch + 1)), state
+        >>> logger = Logger(Printed())
+        >>> _ = ciclo.loop(None, range(3), {ciclo.every(1): [train_step, logger]})
+        0 {'loss': 1.0}
+        1 {'loss': 0.5}
+        2 {'loss': 0.3333333333333333}
+        >>> logger.callback_state()
+        {'step': 2}
+    """
+
+    __slots__ = (
+        "_date_start",
+        "_history",
+        "_last_step",
+        "_next_row",
+        "_own",
+        "_own_next",
+        "_resume_after",
+        "_sink",
+    )
+
+    def __init__(self, sink: Sink) -> None:
+        self._sink = sink
+        self._history: History | None = None  # the history being read
+        self._next_row = 0  # the first row of `_history` not yet handed to the sink, dropped rows counted
+        self._date_start = 0.0  # unix time of the loop's start: row times are relative to it
+        self._last_step: int | None = None
+        self._resume_after: int | None = None  # restored: steps up to this one were written before
+        self._own: History | None = None  # rows given to `write` by a hand-written loop
+        self._own_next = 0
+
+    @property
+    def sink(self) -> Sink:
+        """The backend this logger writes to."""
+        return self._sink
+
+    # ------------------------------------------------------------------ as a loop callback
+
+    def __loop_callback__(self, loop_state: LoopState[S]) -> CallbackOutput[S]:
+        """Hands the rows the loop's History has copied to the host since the last call to the sink."""
+        history = loop_state.history
+        if history is not self._history:
+            self._follow(history, loop_state)
+        on_host = _rows_on_host(history) + _dropped(history)
+        if on_host > self._next_row:
+            self._next_row = self._drain(history, self._next_row, on_host, self._date_start)
+        return None, loop_state.state
+
+    def on_train_batch_end(self, state: Any, batch: Any, elapsed: Any, loop_state: LoopState[Any]) -> None:
+        """The hook `train_loop(callbacks=[logger])` runs at the end of each step.
+
+        The logger has no test hook: `train_loop`'s evaluations log into the training
+        step's row (`loss_test`), which this hook writes; in a `test_loop` of its own,
+        put the logger in the tasks.
+        """
+        self.__loop_callback__(loop_state)
+
+    def __loop_end__(self, loop_state: LoopState[Any]) -> None:
+        """Copies the rows left on the device (one batched copy), writes them and closes the backend."""
+        history = loop_state.history
+        if history is not self._history:
+            self._follow(history, loop_state)
+        end = len(history) + _dropped(history)
+        self._next_row = self._drain(history, self._next_row, end, self._date_start)
+        self._sink.close()
+
+    def _follow(self, history: History, loop_state: LoopState[Any]) -> None:
+        self._history = history
+        self._next_row = _dropped(history)
+        self._date_start = loop_state.elapsed.date_start
+
+    def _drain(self, history: History, start: int, upto: int, date_start: float) -> int:
+        """Writes rows [`start`, `upto`) of `history`, counted from its first row ever; returns `upto`.
+
+        Rows a bounded History dropped before they could be read are skipped.
+        """
+        dropped = _dropped(history)
+        first, last = max(start - dropped, 0), upto - dropped
+        if last <= first:
+            return upto
+        history[last - 1]  # copies the rows still on the device in one batch; a no-op for host rows
+        rows = []
+        for logs in history[first:last]:
+            row = self._row(logs, date_start)
+            if row is not None:
+                rows.append(row)
+        if rows:
+            self._sink.write(rows)
+            self._last_step = rows[-1].step
+        return upto
+
+    def _row(self, logs: Logs, date_start: float) -> Row | None:
+        elapsed = logs.pop("elapsed")
+        step = elapsed["steps"]
+        if self._resume_after is not None and step <= self._resume_after:
+            return None
+        values = scalars(logs)
+        if not values:
+            return None
+        return Row(step, date_start + elapsed["time"], values)
+
+    # ------------------------------------------------------------------ by hand
+
+    def write(self, step: int, logs: LogsLike) -> None:
+        """Logs `logs` at `step` from a hand-written loop; does not wait on the device.
+
+        The values are kept as they are (device arrays too) and copied to the
+        host in batches, as a loop's History does; `flush` or `close` writes what
+        is left.
+        """
+        own = self._own
+        if own is None:
+            own = self._own = History()
+            self._own_next = 0
+        own.append(int(step), 0, time.time(), logs)
+        if _rows_on_host(own) > self._own_next:
+            self._own_next = self._drain(own, self._own_next, _rows_on_host(own), 0.0)
+
+    def flush(self) -> None:
+        """Writes every row given to `write` (copying what is still on the device) and flushes the backend."""
+        own = self._own
+        if own is not None:
+            self._drain(own, self._own_next, len(own), 0.0)
+            self._own = None  # every row written: the next `write` starts a new buffer
+        self._sink.flush()
+
+    def close(self) -> None:
+        """`flush`, then closes the backend (file, run); a later write opens it again."""
+        self.flush()
+        self._sink.close()
+
+    def __enter__(self) -> Logger:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ resumption
+
+    def callback_state(self) -> dict[str, Any]:
+        """The last step written (`step`, None before any) and what the backend needs to resume."""
+        return {"step": self._last_step, **self._sink.state()}
+
+    def restore_callback_state(self, state: Mapping[str, Any]) -> None:
+        """Appends after `state["step"]`: earlier steps are skipped, the backend's later rows dropped."""
+        step = state.get("step")
+        self._last_step = self._resume_after = None if step is None else int(step)
+        self._sink.restore({key: value for key, value in state.items() if key != "step"}, self._resume_after)
+
+    def __repr__(self) -> str:
+        return f"Logger({self._sink!r})"
+
+
+def _rows_on_host(history: History) -> int:
+    """How many of `history`'s first rows hold no device arrays: reading them never waits."""
+    return history._on_host
+
+
+def _dropped(history: History) -> int:
+    """Rows a bounded History dropped from its front (0 for an unbounded one)."""
+    return int(getattr(history, "dropped", 0))

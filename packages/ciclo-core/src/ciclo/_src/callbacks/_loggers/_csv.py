@@ -1,0 +1,144 @@
+"""`ciclo.csv_logger`: one CSV row per logged step, a column per entry."""
+
+from __future__ import annotations
+
+import csv
+import os
+import tempfile
+from collections.abc import Mapping, Sequence
+from typing import Any, final
+
+from ciclo._src.callbacks._loggers._base import Logger, Row
+
+STEP = "step"
+"""The first column: the History's step."""
+
+
+@final
+class CsvSink:
+    """Writes rows to a CSV file whose header is every entry seen so far; see `ciclo.csv_logger`."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        if not isinstance(path, (str, os.PathLike)):
+            raise TypeError(f"path must be a file path, got {path!r}")
+        self.path = os.fspath(path)
+        self._columns: list[str] | None = None  # None: the file is not opened yet
+        self._after_step: int | None = None
+        self._resumed = False
+
+    @property
+    def columns(self) -> list[str]:
+        """The header: `step`, then the entries in the order they first appeared."""
+        return [STEP] if self._columns is None else list(self._columns)
+
+    def _open(self) -> list[str]:
+        """The columns of the file to append to: a new file, or a resumed run's file."""
+        if self._resumed and os.path.exists(self.path):
+            with open(self.path, newline="") as file:
+                reader = csv.reader(file)
+                header = next(reader, None)
+                rows = list(reader)
+            if header:
+                # Rows after the restored step were written after the backup: written again now.
+                last = -1 if self._after_step is None else self._after_step
+                kept = [row for row in rows if int(row[0]) <= last]
+                if len(kept) != len(rows):
+                    self._replace(header, kept)
+                return header
+        self._replace([STEP], [])
+        return [STEP]
+
+    def _replace(self, header: list[str], rows: Sequence[Sequence[Any]]) -> None:
+        """Writes the whole file anew, atomically: a reader sees the old file or the new one."""
+        directory = os.path.dirname(os.path.abspath(self.path))
+        os.makedirs(directory, exist_ok=True)
+        descriptor, temporary = tempfile.mkstemp(dir=directory, prefix=".ciclo-", suffix=".csv")
+        try:
+            with os.fdopen(descriptor, "w", newline="") as file:
+                writer = csv.writer(file)
+                writer.writerow(header)
+                writer.writerows(rows)
+            os.replace(temporary, self.path)
+        except BaseException:
+            os.unlink(temporary)
+            raise
+
+    def write(self, rows: Sequence[Row]) -> None:
+        """Appends one line per row; when new entries appear, rewrites the file with the wider header."""
+        columns = self._columns
+        if columns is None:
+            columns = self._columns = self._open()
+        new = list(dict.fromkeys(name for row in rows for name in row.scalars if name not in columns))
+        if new:
+            with open(self.path, newline="") as file:
+                old = list(csv.reader(file))[1:]
+            widened = [*columns, *new]
+            self._replace(widened, [line + [""] * len(new) for line in old])
+            columns = self._columns = widened
+        entries = columns[1:]
+        with open(self.path, "a", newline="") as file:
+            writer = csv.writer(file)
+            # repr of a float round-trips: the file holds the exact values of the History.
+            writer.writerows([row.step, *(row.scalars.get(name, "") for name in entries)] for row in rows)
+
+    def flush(self) -> None:
+        """Nothing to do: each `write` closes the file."""
+
+    def close(self) -> None:
+        """Nothing to hold: a later write appends to the same file."""
+
+    def state(self) -> dict[str, Any]:
+        """Nothing besides the last step."""
+        return {}
+
+    def restore(self, state: Mapping[str, Any], after_step: int | None) -> None:
+        """Appends to the existing file, after dropping its rows of steps after `after_step`."""
+        self._resumed = True
+        self._after_step = after_step
+        self._columns = None
+
+    def __repr__(self) -> str:
+        return f"CsvSink({self.path!r})"
+
+
+def csv_logger(path: str | os.PathLike[str]) -> Logger:
+    """A logger that writes one CSV row per logged step: `step`, then a column per entry.
+
+    The header is the union of the entries seen so far, in the order they first
+    appeared; a row leaves empty the entries its step did not log (the test
+    entries of steps without an evaluation, say). When new entries appear (the
+    first evaluation's `loss_test`), the file is rewritten with the wider header
+    atomically (a new file moved over the old one), so a reader never sees a
+    half-written file; this happens once per new entry, not per step. Values
+    are written exactly (Python's shortest round-trip form). The standard
+    library's `csv` writes it: no extra needed.
+
+    A new logger starts a new file (replacing one at `path`); one restored with
+    `restore_callback_state` appends to it, after dropping any rows of steps
+    after the restored step.
+
+    Args:
+        path: the CSV file (its directory is created if missing).
+
+    Returns:
+        A `Logger` (see `Logger`).
+
+    Example:
+        >>> import os, tempfile
+        >>> from pathlib import Path
+        >>> import ciclo
+        >>> def train_step(state, batch):
+        ...     logs = ciclo.logs().add_loss("loss", 1.0 / (batch + 1))
+        ...     if batch == 2:
+        ...         logs.add_metric("accuracy_test", 0.75)
+        ...     return logs, state
+        >>> path = os.path.join(tempfile.mkdtemp(), "log.csv")
+        >>> _ = ciclo.loop(None, range(3), {ciclo.every(1): [train_step, ciclo.csv_logger(path)]})
+        >>> print(Path(path).read_text())
+        step,loss,accuracy_test
+        0,1.0,
+        1,0.5,
+        2,0.3333333333333333,0.75
+        <BLANKLINE>
+    """
+    return Logger(CsvSink(path))

@@ -1,0 +1,123 @@
+"""`ciclo.mlflow_logger`: logs to an MLflow run through `MlflowClient`."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, final
+
+from ciclo._src.callbacks._loggers._base import Logger, Row, import_extra
+
+_BATCH = 1000
+"""The most metric values MLflow takes in one `log_batch` call."""
+
+
+@final
+class MlflowSink:
+    """Logs rows to an MLflow run with `MlflowClient.log_batch`; see `ciclo.mlflow_logger`."""
+
+    def __init__(
+        self,
+        experiment_name: str,
+        run_name: str | None,
+        tracking_uri: str | None,
+        run_id: str | None,
+        tags: Mapping[str, str] | None,
+    ) -> None:
+        self._mlflow = import_extra("mlflow", "mlflow", "ciclo.mlflow_logger")
+        self._experiment_name = experiment_name
+        self._run_name = run_name
+        self._tracking_uri = tracking_uri
+        self._tags = dict(tags or {})
+        self.run_id = run_id
+        self._owned = run_id is None  # a run the sink created: it marks it finished when closed
+        self._client: Any = None
+        self._active = False
+
+    def _open(self) -> Any:
+        client = self._client
+        if client is None:
+            client = self._client = self._mlflow.tracking.MlflowClient(tracking_uri=self._tracking_uri)
+        if self.run_id is None:
+            experiment = client.get_experiment_by_name(self._experiment_name)
+            experiment_id = (
+                client.create_experiment(self._experiment_name)
+                if experiment is None
+                else experiment.experiment_id
+            )
+            run = client.create_run(experiment_id, run_name=self._run_name, tags=self._tags)
+            self.run_id = run.info.run_id
+        elif self._owned:
+            client.update_run(self.run_id, status="RUNNING")  # written again: a resumed run
+        self._active = True
+        return client
+
+    def write(self, rows: Sequence[Row]) -> None:
+        """Logs each scalar of each row at its step and time, in batches of 1000."""
+        client = self._client if self._active else self._open()
+        metric = self._mlflow.entities.Metric
+        metrics = [
+            metric(name, float(value), int(row.wall_time * 1000), row.step)
+            for row in rows
+            for name, value in row.scalars.items()
+        ]
+        for start in range(0, len(metrics), _BATCH):
+            client.log_batch(self.run_id, metrics=metrics[start : start + _BATCH], synchronous=True)
+
+    def flush(self) -> None:
+        """Nothing to do: each batch is logged synchronously."""
+
+    def close(self) -> None:
+        """Marks the run the logger created as finished (a `run_id` passed in is left as it is)."""
+        if self._active and self._owned:
+            self._client.set_terminated(self.run_id)
+        self._active = False
+
+    def state(self) -> dict[str, Any]:
+        """The run id, so that a resumed logger logs to the same run."""
+        return {"run_id": self.run_id}
+
+    def restore(self, state: Mapping[str, Any], after_step: int | None) -> None:
+        """Logs to the run `state["run_id"]` (the steps after `after_step` it holds stay in it)."""
+        run_id = state.get("run_id")
+        if run_id is not None:
+            self.run_id = str(run_id)
+            self._active = False
+
+    def __repr__(self) -> str:
+        return f"MlflowSink(run_id={self.run_id!r})"
+
+
+def mlflow_logger(
+    experiment_name: str = "Default",
+    *,
+    run_name: str | None = None,
+    tracking_uri: str | None = None,
+    run_id: str | None = None,
+    tags: Mapping[str, str] | None = None,
+) -> Logger:
+    """A logger that writes every scalar entry to an MLflow run, at its step.
+
+    Needs MLflow (`pip install "ciclo-core[mlflow]"`, which installs
+    `mlflow-skinny`; the full `mlflow` works too). It talks to the tracking
+    server through its own `MlflowClient`, so it neither needs nor changes
+    `mlflow.start_run`'s active run. The run is created on the first write and
+    marked finished when the loop ends; a logger restored with
+    `restore_callback_state` logs to the same run again.
+
+    Args:
+        experiment_name: the experiment of the new run (created if missing).
+        run_name: the new run's name (MLflow picks one if None).
+        tracking_uri: where runs are tracked (`file:/path`, `sqlite:///mlflow.db`,
+            `http://server:5000`); None uses MLflow's default (`MLFLOW_TRACKING_URI`).
+        run_id: log to this existing run instead of creating one (left running).
+        tags: tags of the new run.
+
+    Returns:
+        A `Logger` (see `Logger`).
+
+    Raises:
+        ImportError: if MLflow is not installed.
+    """
+    if not isinstance(experiment_name, str) or not experiment_name:
+        raise TypeError(f"experiment_name must be a non-empty string, got {experiment_name!r}")
+    return Logger(MlflowSink(experiment_name, run_name, tracking_uri, run_id, tags))

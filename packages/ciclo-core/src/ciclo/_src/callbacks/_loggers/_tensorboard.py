@@ -1,0 +1,107 @@
+"""`ciclo.tensorboard`: TensorBoard event files, written with tensorboardX (no TensorFlow)."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any, final
+
+from ciclo._src.callbacks._loggers._base import Logger, Row, import_extra
+
+
+@final
+class TensorBoardSink:
+    """Writes rows as TensorBoard scalar events to a new event file in `logdir`; see `ciclo.tensorboard`."""
+
+    def __init__(self, logdir: str | os.PathLike[str]) -> None:
+        if not isinstance(logdir, (str, os.PathLike)):
+            raise TypeError(f"logdir must be a path, got {logdir!r}")
+        self._tbx = _import_tensorboardx()
+        self.logdir = os.fspath(logdir)
+        self._writer: Any = None
+
+    def _open(self) -> Any:
+        from tensorboardX.event_file_writer import EventsWriter
+
+        os.makedirs(self.logdir, exist_ok=True)
+        # tensorboardX names files by the second: a writer opened again within one second (a
+        # resumed run) would overwrite the first file. The nanosecond suffix keeps each file,
+        # in the order TensorBoard reads them.
+        return EventsWriter(os.path.join(self.logdir, "events"), filename_suffix=f".{time.time_ns()}")
+
+    def write(self, rows: Sequence[Row]) -> None:
+        """Writes one event per row, holding all its scalars (TensorBoard stores them as float32)."""
+        from tensorboardX.proto.event_pb2 import Event
+        from tensorboardX.proto.summary_pb2 import Summary
+
+        writer = self._writer
+        if writer is None:
+            writer = self._writer = self._open()
+        # The synchronous writer: tensorboardX's default one pickles each event through a
+        # multiprocessing queue, which costs the loop more than writing the file itself.
+        value = Summary.Value
+        for row in rows:
+            summary = Summary(value=[value(tag=tag, simple_value=x) for tag, x in row.scalars.items()])
+            writer.write_event(Event(wall_time=row.wall_time, step=row.step, summary=summary))
+
+    def flush(self) -> None:
+        """Flushes the event file."""
+        if self._writer is not None:
+            self._writer.flush()
+
+    def close(self) -> None:
+        """Closes the event file; a later write starts a new one in the same `logdir`."""
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+    def state(self) -> dict[str, Any]:
+        """Nothing besides the last step: a resumed logger writes a new file in the same `logdir`."""
+        return {}
+
+    def restore(self, state: Mapping[str, Any], after_step: int | None) -> None:
+        """Nothing to restore: TensorBoard drops by itself the events of steps a resumed run writes again."""
+
+    def __repr__(self) -> str:
+        return f"TensorBoardSink({self.logdir!r})"
+
+
+def _import_tensorboardx() -> Any:
+    return import_extra("tensorboardX", "tensorboard", "ciclo.tensorboard")
+
+
+def tensorboard(logdir: str | os.PathLike[str]) -> Logger:
+    """A logger that writes every scalar entry to TensorBoard event files in `logdir`.
+
+    No TensorFlow needed: the files are written with tensorboardX (the
+    `tensorboard` extra: `pip install "ciclo-core[tensorboard]"`). Each logged
+    step is one event holding its scalar entries (`loss`, `accuracy`,
+    `loss_test`, ...) at the History's step. Each time the logger opens (a loop,
+    a resumed run) it starts a new event file in `logdir`; TensorBoard reads
+    them all, and drops the events of steps a resumed run writes again.
+    View with `tensorboard --logdir <logdir>`.
+
+    Args:
+        logdir: the directory of the event files (created if missing).
+
+    Returns:
+        A `Logger`: put it in a loop's tasks (`ciclo.every(1)`, after the step),
+        in `train_loop(callbacks=[...])`, or call `write(step, logs)` and
+        `close()` in a loop of your own. See `Logger`.
+
+    Raises:
+        ImportError: if tensorboardX is not installed.
+
+    Example:
+        >>> import tempfile
+        >>> import ciclo
+        >>> def train_step(state, batch):
+        ...     return ciclo.logs().add_loss("loss", 1.0 / (batch + 1)), state
+        >>> logdir = tempfile.mkdtemp()
+        >>> logger = ciclo.tensorboard(logdir)
+        >>> _ = ciclo.loop(None, range(3), {ciclo.every(1): [train_step, logger]})
+        >>> logger.callback_state()
+        {'step': 2}
+    """
+    return Logger(TensorBoardSink(logdir))
