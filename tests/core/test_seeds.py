@@ -173,7 +173,8 @@ def test_seed_manual_iteration(seed_variant, capsys):
     checkpoint.wait()
 
     assert len(history) == total_steps
-    assert checkpoint.all_steps() == [40]
+    # Saved in the step that starts at 40: numbered with the steps done once it ran, 41.
+    assert checkpoint.all_steps() == [41]
     assert f"{total_steps}/{total_steps}" in capsys.readouterr().out
 
 
@@ -214,7 +215,7 @@ def test_seed_001_training_loop_and_python_loop(capsys):
             break
     checkpoint.wait()
     assert len(history) == total_steps + 1  # this form checks the period after the step
-    assert checkpoint.latest_step() == 40
+    assert checkpoint.latest_step() == 41  # the state after the step that starts at 40
 
 
 def test_seed_001_callback_signatures():

@@ -284,24 +284,25 @@ def test_checkpoint_resumes_on_a_directory_ahead_of_its_snapshot(tmp_path, name,
     assert same(resumed.outcome(case.decisions), reference.outcome(case.decisions))
     resumed.callback.close()
 
-    # Without the snapshot, the resumed run takes the checkpoints of steps 4 to 7 for an older run's.
-    with caplog.at_level(logging.WARNING, logger="ciclo"):
-        unrestored = resume(split, case, unrestored_directory, None)
-    assert ["up to step 7" in record.getMessage() for record in caplog.records] == [True]
-    unrestored.callback.close()
+    # Without the snapshot, the resumed run takes the checkpoints there for another run's: it refuses
+    # to save among them (and deletes none).
+    before = sorted(name for name in os.listdir(unrestored_directory) if name.isdigit())
+    with pytest.raises(FileExistsError, match="another run"):
+        resume(split, case, unrestored_directory, None)
+    assert sorted(name for name in os.listdir(unrestored_directory) if name.isdigit()) == before
 
 
 def test_checkpoint_snapshot_keeps_the_newest_step_the_directory_lacks(tmp_path):
     ckpt = ciclo.checkpoint(tmp_path / "a", keep=None)
-    ckpt(ciclo.Elapsed.create(steps=5), initial_state())
+    ckpt.save(5, initial_state())
     snapshot = ckpt.callback_state()
     ckpt.close()
     # A save still in flight when the run was killed never reached the directory.
     resumed = ciclo.checkpoint(tmp_path / "b", keep=None)
     resumed.restore_callback_state(snapshot)
     assert resumed.callback_state() == {"newest_step": 5, "newest_at_start": None, "warned": False}
-    resumed(ciclo.Elapsed.create(steps=5), initial_state())  # the snapshot's run saved step 5 already
-    resumed(ciclo.Elapsed.create(steps=6), initial_state())
+    resumed.save(5, initial_state())  # the snapshot's run saved step 5 already
+    resumed.save(6, initial_state())
     assert resumed.all_steps() == [6]
     resumed.close()
 

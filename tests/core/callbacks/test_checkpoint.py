@@ -32,10 +32,10 @@ def zero():
 
 
 def monitored_run(ckpt, values, key="loss"):
-    """Manual iteration: at step i the state is {"v": values[i]}, logged under `key`."""
-    for elapsed, value in ciclo.elapse(values):
+    """Saves {"v": values[i]} as step i, with values[i] logged under `key`."""
+    for step, value in enumerate(values):
         logs = ciclo.logs().add_metric(key, value)
-        ckpt(elapsed, {"v": jnp.float32(value)}, logs)
+        ckpt.save(step, {"v": jnp.float32(value)}, logs)
     ckpt.wait()
 
 
@@ -43,20 +43,45 @@ def monitored_run(ckpt, values, key="loss"):
 
 
 @pytest.mark.parametrize("async_save", [True, False])
-@pytest.mark.parametrize(("keep", "expected"), [(2, [6, 9]), (1, [9]), (None, [0, 3, 6, 9])])
-def test_loop_saves_every_k_steps_and_keeps_the_last(tmp_path, keep, expected, async_save):
+@pytest.mark.parametrize(
+    ("schedule", "keep", "expected"),
+    [
+        # A plain every(3) fires in the steps that start at 0, 3, 6, 9: saved once they are done.
+        (ciclo.every, 2, [7, 10]),
+        (ciclo.every, 1, [10]),
+        (ciclo.every, None, [1, 4, 7, 10]),
+        (lambda k: ciclo.at_step_end(ciclo.every(k)), None, [3, 6, 9]),
+    ],
+)
+def test_loop_saves_every_k_steps_and_keeps_the_last(tmp_path, schedule, keep, expected, async_save):
     ckpt = ciclo.checkpoint(tmp_path / "model", keep=keep, async_save=async_save)
     state, _, elapsed = ciclo.loop(
-        zero(), range(100), {ciclo.every(1): [add_batch], ciclo.every(steps=3): [ckpt]}, stop=10
+        zero(), range(100), {ciclo.every(1): [add_batch], schedule(3): [ckpt]}, stop=10
     )
     assert elapsed.steps == 10 and float(state["w"]) == 45.0
     assert ckpt.all_steps() == expected
     assert committed_steps(tmp_path / "model") == expected
     assert ckpt.latest_step() == expected[-1]
-    # The checkpoint of step s holds the state after train_step ran at step s: sum(range(s + 1)).
+    # The checkpoint of step s holds the state after s updates: 0 + 1 + ... + (s - 1).
     for step in expected:
-        assert float(ckpt.restore(zero(), step=step)["w"]) == sum(range(step + 1))
-    assert float(ckpt.restore(zero())["w"]) == 45.0
+        assert float(ckpt.restore(zero(), step=step)["w"]) == sum(range(step))
+
+
+def test_checkpoint_number_is_the_managed_step(tmp_path):
+    # The finding: checkpoints were numbered 9 and 19 while the state they held had step 10 and 20.
+    def train_step(state, batch):
+        return None, {"step": state["step"] + 1}
+
+    ckpt = ciclo.checkpoint(tmp_path, keep=None)
+    ciclo.loop(
+        {"step": jnp.int32(0)},
+        range(100),
+        {ciclo.every(1): [train_step], ciclo.at_step_end(ciclo.every(10)): [ckpt]},
+        stop=20,
+    )
+    assert ckpt.all_steps() == [10, 20]
+    for step in ckpt.all_steps():
+        assert int(ckpt.restore({"step": jnp.int32(0)}, step=step)["step"]) == step
 
 
 def test_manual_iteration(tmp_path):
@@ -68,7 +93,8 @@ def test_manual_iteration(tmp_path):
         if call_checkpoint(elapsed):
             ckpt(elapsed, state)
     ckpt.wait()
-    assert ckpt.all_steps() == committed_steps(tmp_path) == [8, 12]
+    # Called in the steps that start at 0, 4, 8, 12: numbered with the steps done, 1, 5, 9, 13.
+    assert ckpt.all_steps() == committed_steps(tmp_path) == [9, 13]
     assert float(ciclo.restore_checkpoint(tmp_path, zero())["w"]) == sum(range(13))
 
 
@@ -90,8 +116,8 @@ def test_is_a_loop_callback_with_an_epoch_end_hook(tmp_path):
 def test_same_step_twice_saves_once(tmp_path):
     ckpt = ciclo.checkpoint(tmp_path, keep=None)
     elapsed = ciclo.Elapsed.create(steps=4)
-    ckpt(elapsed, {"w": jnp.float32(1)})
-    ckpt(elapsed, {"w": jnp.float32(2)})  # e.g. every(k) and on_epoch_end at the same step
+    ckpt.save(4, {"w": jnp.float32(1)})
+    ckpt.save(4, {"w": jnp.float32(2)})  # e.g. every(k) and on_epoch_end at the same step
 
     loop_state = ciclo.LoopState(
         state={"w": jnp.float32(3)},
@@ -163,7 +189,8 @@ def test_monitor_reads_the_accumulated_logs_of_the_loop(tmp_path):
         },
         stop=10,
     )
-    assert ckpt.all_steps() == [3]  # accuracy 0.8, logged at step 2
+    # accuracy 0.8, logged in the step that starts at 2; saved after the next one, with 4 steps done
+    assert ckpt.all_steps() == [4]
     assert float(ckpt.restore(zero(), step="best")["w"]) == sum(range(4))
     ckpt.close()
 
@@ -223,7 +250,7 @@ def test_restore_latest_into_nested_optax_and_dataclass_state(tmp_path):
         make_state(0), np.linspace(0.1, 1.0, 6), {ciclo.every(1): [train], ciclo.every(5): [ckpt]}
     )
     target = make_state(1)
-    for restored in (ckpt.restore(target), ciclo.restore_checkpoint(tmp_path, target, step=5)):
+    for restored in (ckpt.restore(target), ciclo.restore_checkpoint(tmp_path, target, step=6)):
         assert jax.tree.structure(restored) == jax.tree.structure(trained)
         assert isinstance(restored["opt_state"][0], optax.ScaleByAdamState)
         assert isinstance(restored["stats"], Stats)
@@ -238,7 +265,7 @@ def test_restore_latest_into_nested_optax_and_dataclass_state(tmp_path):
 @pytest.mark.parametrize("state", [7, jnp.float32(2.5), jnp.arange(3)])
 def test_single_leaf_state(tmp_path, state):
     ckpt = ciclo.checkpoint(tmp_path)
-    ckpt(ciclo.Elapsed.create(steps=1), state)
+    ckpt.save(1, state)
     restored = ckpt.restore(jax.tree.map(lambda x: x * 0, state))
     np.testing.assert_array_equal(np.asarray(restored), np.asarray(state))
     assert type(restored) is type(state)
@@ -254,7 +281,7 @@ def test_async_saves_are_complete_when_the_loop_returns(tmp_path):
     ckpt = ciclo.checkpoint(tmp_path, keep=None, async_save=True)
     ciclo.loop(big, range(4), {ciclo.every(1): [bump, ckpt]})
     # Read the directory behind the Checkpoint's back: every step must be finalised already.
-    assert committed_steps(tmp_path) == [0, 1, 2, 3]
+    assert committed_steps(tmp_path) == [1, 2, 3, 4]
     assert not [name for name in os.listdir(tmp_path) if "tmp" in name]
     restored = ciclo.restore_checkpoint(tmp_path, big)
     assert float(restored["w"][0]) == 4.0
@@ -318,17 +345,18 @@ def test_empty_directory_takes_the_new_settings(tmp_path):
 
 def test_resuming_skips_existing_steps_and_warns_about_older_ones(tmp_path, caplog):
     first = ciclo.checkpoint(tmp_path, keep=None)
-    first(ciclo.Elapsed.create(steps=10), {"w": jnp.float32(10)})
+    first.save(10, {"w": jnp.float32(10)})
     first.close()
 
     resumed = ciclo.checkpoint(tmp_path, keep=None)
+    assert float(resumed.restore(zero())["w"]) == 10.0  # resuming: restored from the directory
     with caplog.at_level(logging.WARNING, logger="ciclo"):
-        resumed(ciclo.Elapsed.create(steps=10), {"w": jnp.float32(-1)})  # the step resumed from
+        resumed.save(10, {"w": jnp.float32(-1)})  # the step resumed from
         assert not caplog.records
-        resumed(ciclo.Elapsed.create(steps=4), {"w": jnp.float32(-1)})  # an older step: a new run?
-        resumed(ciclo.Elapsed.create(steps=5), {"w": jnp.float32(-1)})
+        resumed.save(4, {"w": jnp.float32(-1)})  # an older step: a new run?
+        resumed.save(5, {"w": jnp.float32(-1)})
     assert len(caplog.records) == 1 and "up to step 10" in caplog.records[0].getMessage()
-    resumed(ciclo.Elapsed.create(steps=12), {"w": jnp.float32(12)})
+    resumed.save(12, {"w": jnp.float32(12)})
     assert resumed.all_steps() == [10, 12]
     assert float(resumed.restore(zero(), step=10)["w"]) == 10.0
     resumed.close()
@@ -337,7 +365,7 @@ def test_resuming_skips_existing_steps_and_warns_about_older_ones(tmp_path, capl
 def test_orbax_info_logs_are_filtered(tmp_path, caplog):
     with caplog.at_level(logging.DEBUG):
         ckpt = ciclo.checkpoint(tmp_path)
-        ckpt(ciclo.Elapsed.create(), zero())
+        ckpt.save(0, zero())
         ckpt.restore(zero())
         ckpt.close()
     assert [r for r in caplog.records if r.name == "absl"] == []
@@ -397,8 +425,8 @@ def test_restore_errors(tmp_path):
         ciclo.restore_checkpoint(tmp_path / "run", zero())
     assert ckpt.latest_step() is None and ckpt.best_step() is None
 
-    ckpt(ciclo.Elapsed.create(steps=2), zero())
-    ckpt(ciclo.Elapsed.create(steps=4), zero())
+    ckpt.save(2, zero())
+    ckpt.save(4, zero())
     with pytest.raises(FileNotFoundError, match=re.escape("step 3") + r".*\[2, 4\]"):
         ckpt.restore(zero(), step=3)
     with pytest.raises(FileNotFoundError, match=re.escape("step 3") + r".*\[2, 4\]"):
@@ -416,10 +444,10 @@ def test_restore_errors(tmp_path):
 
 def test_close_then_save_reopens(tmp_path):
     ckpt = ciclo.checkpoint(tmp_path, keep=None)
-    ckpt(ciclo.Elapsed.create(steps=0), zero())
+    ckpt.save(0, zero())
     ckpt.close()
     ckpt.close()  # idempotent
-    ckpt(ciclo.Elapsed.create(steps=1), {"w": jnp.float32(1)})
+    ckpt.save(1, {"w": jnp.float32(1)})
     assert ckpt.all_steps() == [0, 1]
     assert float(ckpt.restore(zero())["w"]) == 1.0
     ckpt.close()

@@ -54,7 +54,7 @@ def test_nan_is_never_an_improvement():
         ({"monitor": ""}, TypeError, "monitor"),
         ({"monitor": "a", "patience": -1}, ValueError, "-1"),
         ({"monitor": "a", "patience": 1.5}, TypeError, "1.5"),
-        ({"monitor": "a", "mode": "minimize"}, ValueError, "'minimize'"),
+        ({"monitor": "a", "mode": "minimize"}, ValueError, "'auto', 'min' or 'max', got 'minimize'"),
         ({"monitor": "a", "min_delta": -0.1}, ValueError, "-0.1"),
     ],
 )
@@ -84,3 +84,81 @@ def test_registers_on_epoch_end_in_train_loop():
         epoch_duration=5,
     )
     assert elapsed.steps == 15 and stopper.stopped
+
+
+# --- restore_best_weights however the loop ends ------------------------------------------------------
+
+
+def test_restore_best_weights_at_stop_without_firing():
+    # Patience is never exhausted: the loop ends at `stop`, and still returns the best state.
+    stopper = ciclo.early_stopping("loss", patience=10, restore_best_weights=True)
+    losses = iter([3.0, 1.0, 2.0, 2.5, 2.7, 2.8])
+
+    def log(state):
+        return ciclo.logs().add_metric("loss", next(losses)), state + 1
+
+    state, _, elapsed = ciclo.loop(0, range(100), {ciclo.every(1): [log, stopper]}, stop=6)
+    assert elapsed.steps == 6 and not stopper.stopped
+    assert state == 2  # the state after the second step, the best one
+
+
+def test_restore_best_weights_when_the_dataset_runs_out_in_train_loop():
+    losses = iter([2.0, 0.5, 1.0])
+
+    def test_step(state, batch):
+        return ciclo.logs().add_metric("loss", losses.__next__())
+
+    def train_step(state, batch):
+        return None, state + 1
+
+    stopper = ciclo.early_stopping("loss_test", patience=5, restore_best_weights=True)
+    state, _, elapsed = ciclo.train_loop(
+        0,
+        range(15),
+        {ciclo.train_step: [train_step], ciclo.on_test_step: [test_step]},
+        callbacks=[stopper],
+        test_dataset=lambda: [None],
+        epoch_duration=5,
+    )
+    assert elapsed.steps == 15 and not stopper.stopped
+    assert state == 10  # the state at the end of the second epoch, where loss_test was best
+
+
+def test_without_restore_best_weights_the_last_state_is_returned():
+    stopper = ciclo.early_stopping("loss", patience=10)
+    state, _, _ = run([3.0, 1.0, 2.0], stopper)
+    assert state == 3
+
+
+# --- mode="auto" --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("monitor", "mode"),
+    [
+        ("loss", "min"),
+        ("loss_test", "min"),
+        ("metrics.error_rate", "min"),
+        ("accumulated_loss", "min"),
+        ("accuracy", "max"),
+        ("metrics.accuracy_test", "max"),
+        ("val_acc", "max"),
+        ("AUC", "max"),
+        ("precision", "max"),
+        ("recall_test", "max"),
+        ("f1_score", "max"),
+        ("top_5_accuracy", "max"),
+        ("top5", "max"),
+        ("mean_iou", "max"),
+    ],
+)
+def test_auto_mode_from_the_name(monitor, mode):
+    assert ciclo.early_stopping(monitor).mode == mode
+    assert ciclo.early_stopping(monitor, mode="auto").mode == mode
+
+
+def test_auto_mode_keeps_training_while_accuracy_rises():
+    _, _, elapsed = run([0.1, 0.2, 0.3, 0.4], ciclo.early_stopping("accuracy", patience=0), key="accuracy")
+    assert elapsed.steps == 4
+    _, _, elapsed = run([0.4, 0.3, 0.2, 0.1], ciclo.early_stopping("accuracy", patience=0), key="accuracy")
+    assert elapsed.steps == 2

@@ -8,6 +8,14 @@ keeps the most recent or, with `monitor`, the best checkpoints.
 The monitored entry and mode are written to `ciclo_checkpoint.json` in the
 directory, so that "best" can be found later without restating them.
 
+Survival rules: a checkpoint is numbered with the steps completed, so the one of
+step N holds the state after N updates; a state whose monitored value (or,
+without `monitor`, whose `loss` entry) is NaN or infinite is never saved; Ctrl-C
+is held back while orbax starts or finishes a save; at start, unfinished
+`*.orbax-checkpoint-tmp*` directories are removed and `keep` is enforced; a run
+that neither resumed from a directory's checkpoints nor was told to overwrite
+them refuses to add its own.
+
 orbax logs about fifty INFO lines per save through absl; a filter on the
 `absl` logger drops orbax's records below WARNING, so a program that logs at
 INFO stays readable. Other absl users and orbax's warnings are not affected.
@@ -15,22 +23,30 @@ INFO stays readable. Other absl users and orbax's warnings are not affected.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
 import os
+import signal
+import threading
 import typing
-from collections.abc import Callable, Mapping
+import weakref
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import jax
+import numpy as np
 
+from ciclo._src.batches import steps_of
 from ciclo._src.callbacks._monitor import (
     Mode,
+    ModeLike,
     check_mode,
     monitored_value,
     optional_int,
     present_keys,
+    resolve_mode,
     snapshot_fields,
 )
 from ciclo._src.elapsed import Elapsed
@@ -50,6 +66,18 @@ SETTINGS_FILE = "ciclo_checkpoint.json"
 """Holds the monitor and mode the checkpoints of a directory were ranked with."""
 
 _STATE_KEYS = ("newest_step", "newest_at_start", "warned")
+
+_TMP_MARK = ".orbax-checkpoint-tmp"
+"""orbax writes a step into `<step>.orbax-checkpoint-tmp...` and renames it when the step is complete."""
+
+_LOSS = "loss"
+"""Without `monitor`, the entry whose non-finite value keeps a state from being saved."""
+
+_restored_directories: set[str] = set()
+"""Directories this process restored a checkpoint from: a run saving there resumes, it is no stranger."""
+
+_open_checkpoints: weakref.WeakSet[Checkpoint] = weakref.WeakSet()
+_exit_hook_installed = False
 
 _log = logging.getLogger("ciclo")
 
@@ -169,7 +197,8 @@ def _open_manager(
         best_mode=mode,
         preservation_policy=preservation,
     )
-    return ocp.CheckpointManager(directory, options=options)
+    # Naming the handler lets a manager opened later read a step's metadata (for the structure check).
+    return ocp.CheckpointManager(directory, options=options, item_handlers=ocp.StandardCheckpointHandler())
 
 
 def _read_settings(directory: str) -> tuple[str | None, Mode]:
@@ -191,10 +220,168 @@ def _read_settings(directory: str) -> tuple[str | None, Mode]:
 
 
 def _write_settings(directory: str, monitor: str | None, mode: Mode) -> None:
+    """Records the ranking, only when it changed, and atomically: a reader never sees half a file."""
     if jax.process_index() != 0:
         return
     settings = {"monitor": monitor, "mode": mode if monitor is not None else None}
-    (_epath(directory) / SETTINGS_FILE).write_text(json.dumps(settings, indent=2) + "\n")
+    text = json.dumps(settings, indent=2) + "\n"
+    path = _epath(directory) / SETTINGS_FILE
+    if path.exists() and path.read_text() == text:
+        return
+    if "://" in directory:
+        path.write_text(text)  # object stores replace whole objects: already atomic
+        return
+    tmp = os.path.join(directory, f".{SETTINGS_FILE}.{os.getpid()}.tmp")
+    with open(tmp, "w") as file:
+        file.write(text)
+        file.flush()
+        os.fsync(file.fileno())
+    os.replace(tmp, os.path.join(directory, SETTINGS_FILE))
+
+
+def _remove_unfinished(directory: str) -> None:
+    """Removes the `*.orbax-checkpoint-tmp*` directories of saves a killed run left unfinished."""
+    if jax.process_index() != 0:
+        return
+    for child in _epath(directory).iterdir():
+        if _TMP_MARK in child.name:
+            _log.warning("removing the unfinished checkpoint %s", child)
+            child.rmtree()
+
+
+def _remove_all(directory: str) -> None:
+    """Removes a directory's checkpoints and settings, for `overwrite=True`."""
+    if jax.process_index() != 0:
+        return
+    for child in _epath(directory).iterdir():
+        if child.name.isdigit() or _TMP_MARK in child.name:
+            child.rmtree()
+        elif child.name == SETTINGS_FILE:
+            child.unlink()
+
+
+@contextlib.contextmanager
+def _hold_interrupts() -> Iterator[None]:
+    """Holds Ctrl-C back while orbax starts, finishes or deletes a checkpoint, then delivers it.
+
+    A KeyboardInterrupt raised inside orbax's save or its wait leaves the step
+    half-registered: the save in flight is never finalised, and orbax may go on
+    to delete a finished checkpoint. Held here, the first Ctrl-C is delivered (to
+    whatever handler was installed before, the loop's included) as soon as the
+    save is started or finished; a second one raises at once (the step in flight
+    is then left as a tmp directory, removed by the next run; finished
+    checkpoints are kept). Only the main thread can handle signals: elsewhere,
+    nothing is held.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.getsignal(signal.SIGINT)
+    if previous is None:  # installed outside Python: cannot be put back
+        yield
+        return
+    held: list[int] = []
+
+    def hold(signum: int, frame: Any) -> None:
+        if held:
+            signal.signal(signal.SIGINT, previous)
+            raise KeyboardInterrupt
+        held.append(signum)
+
+    signal.signal(signal.SIGINT, hold)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if held:
+            signal.raise_signal(signal.SIGINT)
+
+
+def _finish_saves_at_exit() -> None:
+    """Finishes the saves in flight as the interpreter shuts down, before thread pools refuse work."""
+    for ckpt in list(_open_checkpoints):
+        with contextlib.suppress(Exception):
+            ckpt.wait()
+
+
+def _install_exit_hook() -> None:
+    global _exit_hook_installed
+    if _exit_hook_installed:
+        return
+    # orbax finalises a save on a thread that submits to a concurrent.futures pool; pools refuse work
+    # once threading's exit hooks ran ("cannot schedule new futures after interpreter shutdown").
+    # threading runs these hooks in reverse order, so one registered now runs before the pools' own.
+    register = getattr(threading, "_register_atexit", None)
+    if register is not None:
+        register(_finish_saves_at_exit)
+    _exit_hook_installed = True
+
+
+def _key_name(key: Any) -> str:
+    for attribute in ("key", "idx", "name"):
+        if hasattr(key, attribute):
+            return str(getattr(key, attribute))
+    return str(key)
+
+
+def _leaf_table(tree: Any) -> dict[tuple[str, ...], tuple[str, Any, Any]]:
+    """`{path: (printable path, shape, dtype)}` of a tree's leaves, paths compared by their key names.
+
+    orbax stores a dataclass or a NamedTuple as a dict of its fields, so the key
+    *names* (not the key types) are what a target and a checkpoint share.
+    """
+    table = {}
+    for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+        shape = getattr(leaf, "shape", None)
+        dtype = getattr(leaf, "dtype", None)
+        if shape is None:
+            shape = np.shape(leaf)
+            dtype = np.asarray(leaf).dtype
+        table[tuple(_key_name(k) for k in path)] = (
+            jax.tree_util.keystr(path) or "<root>",
+            tuple(shape),
+            np.dtype(dtype) if dtype is not None else None,
+        )
+    return table
+
+
+def _check_structure(manager: Any, directory: str, step: int, item: Any) -> None:
+    """Compares the target with the checkpoint's metadata before orbax reads anything.
+
+    Raises:
+        ValueError: naming the leaves that are missing on either side or whose
+            shapes differ, with the shapes and dtypes of both. (A dtype alone may
+            differ: orbax casts to the target's.)
+    """
+    try:
+        metadata = manager.item_metadata(step)
+    except Exception:  # no metadata to compare with (an older format): orbax's own checks remain
+        return
+    stored = _leaf_table(getattr(metadata, "tree", metadata))
+    wanted = _leaf_table(item)
+    problems = []
+    for path, (name, shape, dtype) in wanted.items():
+        if path not in stored:
+            problems.append(f"{name}: in the target ({shape}, {dtype}) but not in the checkpoint")
+        elif stored[path][1] != shape:
+            _, stored_shape, stored_dtype = stored[path]
+            problems.append(
+                f"{name}: the checkpoint holds shape {stored_shape} {stored_dtype}, "
+                f"the target has shape {shape} {dtype}"
+            )
+    problems += [
+        f"{name}: in the checkpoint ({shape}, {dtype}) but not in the target"
+        for path, (name, shape, dtype) in stored.items()
+        if path not in wanted
+    ]
+    if problems:
+        shown = "\n  ".join(problems[:10])
+        more = f"\n  ... and {len(problems) - 10} more" if len(problems) > 10 else ""
+        raise ValueError(
+            f"the checkpoint of step {step} in {directory} does not match the target state "
+            f"({len(problems)} difference(s)):\n  {shown}{more}\n"
+            "Restore into a state built like the one that was saved (same model, optimizer and shapes)."
+        )
 
 
 def _is_single_leaf(tree: Any) -> bool:
@@ -245,8 +432,33 @@ def _restore(manager: Any, directory: str, target: T, step: object, monitor: str
     # orbax's StandardSave takes only containers, so a single-leaf state is saved as {"state": leaf}.
     wrapped = _is_single_leaf(target)
     item = {"state": _abstract(target)} if wrapped else _abstract(target)
+    _check_structure(manager, directory, resolved, item)
     restored = manager.restore(resolved, args=ocp.args.StandardRestore(item))
+    _restored_directories.add(directory)
     return typing.cast(T, restored["state"] if wrapped else restored)
+
+
+def _loss_value(logs: LogsLike) -> float | None:
+    """The `loss` entry as a float, when the logs hold it as a scalar (else None: nothing to check)."""
+    if not logs:
+        return None
+    try:
+        return monitored_value(logs, _LOSS)
+    except ValueError:  # a loss of several values (per example, say) is not a monitor's business
+        return None
+
+
+def _steps_done(loop_state: LoopState[Any]) -> int:
+    """The steps completed once the current step is done: what a checkpoint is numbered with.
+
+    A task's `elapsed` holds the counts before its step (the step's batch is
+    added); in an `at_step_end` task it already holds them after.
+    """
+    elapsed = loop_state.elapsed
+    now = loop_state._now
+    if now is not None and elapsed.steps == now().steps:
+        return int(elapsed.steps) + steps_of(loop_state.batch)
+    return int(elapsed.steps)
 
 
 @typing.final
@@ -254,16 +466,26 @@ class Checkpoint:
     """Saves the loop's state with orbax and keeps the latest or the best checkpoints.
 
     Create one with `ciclo.checkpoint`. A `Checkpoint` is a callback: put it under
-    a schedule in `ciclo.loop` (`{ciclo.every(steps=1000): [ckpt]}`), pass it to
-    `ciclo.train_loop(callbacks=[...])` (it runs on `on_epoch_end`), or call
-    `ckpt(elapsed, state, logs)` in a hand-written loop. Each checkpoint is stored
-    under its step, `elapsed.steps`.
+    a schedule in `ciclo.loop` (`{ciclo.at_step_end(ciclo.every(steps=1000)): [ckpt]}`),
+    pass it to `ciclo.train_loop(callbacks=[...])` (it runs on `on_epoch_end`), or
+    call `ckpt(elapsed, state, logs)` in a hand-written loop. Each checkpoint is
+    numbered with the steps completed: the checkpoint of step N holds the state
+    after N updates (a managed state's `step`). In a loop's task that is the
+    task's `elapsed.steps` plus the step's batch (a plain `every(1000)` saves
+    after steps 1, 1001, ...; `at_step_end(every(1000))` after 1000, 2000, ...).
 
     A step at or before the newest checkpoint, in the directory or already saved,
     is skipped: calling it twice at one step saves once, and a resumed run does
-    not rewrite the checkpoint it resumed from. Saves run in the background; the
-    loop waits for them when it ends (`__loop_end__`), and `wait()` or `close()`
-    do the same in a hand-written loop.
+    not rewrite the checkpoint it resumed from. A state whose monitored value
+    (without `monitor`: its `loss` entry, when logged) is NaN or infinite is not
+    saved, so a diverged state never becomes the latest or the best.
+
+    Saves run in the background: `save()` returns once the state is copied off
+    the device, and the checkpoint is complete (durable, listed in a new
+    process) a little later (about 0.1 s for a small state). The loop waits for
+    them when it ends (`__loop_end__`), and `wait()` or `close()` do the same in
+    a hand-written loop; Ctrl-C is held back until a save in flight is started
+    or finished, so a finished checkpoint is never lost.
 
     Example:
         >>> import tempfile
@@ -274,7 +496,7 @@ class Checkpoint:
         ...     logs = ciclo.logs().add_metric("loss", loss)
         ...     ckpt(elapsed, {"loss": jnp.float32(loss)}, logs)
         >>> ckpt.all_steps(), ckpt.best_step()
-        ([1], 1)
+        ([2], 2)
         >>> ckpt.restore({"loss": jnp.float32(0)}, step="best")
         {'loss': Array(0.2, dtype=float32)}
         >>> ckpt.close()
@@ -289,7 +511,10 @@ class Checkpoint:
         "_mode",
         "_monitor",
         "_newest",
+        "_overwrite",
+        "_resumed",
         "_warned",
+        "__weakref__",
     )
 
     def __init__(
@@ -298,31 +523,43 @@ class Checkpoint:
         *,
         keep: int | None = 1,
         monitor: str | None = None,
-        mode: Mode = "min",
+        mode: ModeLike = "auto",
         async_save: bool = True,
+        overwrite: bool = False,
     ) -> None:
         """Validates the arguments, creates `directory` and opens it; see `ciclo.checkpoint`."""
         self._directory = _absolute_directory(directory)
         self._keep = _check_keep(keep)
         self._monitor = _check_monitor(monitor)
-        self._mode = check_mode(mode)
+        self._mode = resolve_mode(mode, self._monitor)
         if not isinstance(async_save, bool):
             raise TypeError(f"async_save must be a bool, got {async_save!r}")
+        if not isinstance(overwrite, bool):
+            raise TypeError(f"overwrite must be a bool, got {overwrite!r}")
         self._async_save = async_save
+        self._overwrite = overwrite
         path = _epath(self._directory)
         if path.exists() and not path.is_dir():
             raise NotADirectoryError(f"checkpoint directory {self._directory} exists and is not a directory")
-        self._manager: Any = self._open()
+        if path.exists():
+            if overwrite:
+                _remove_all(self._directory)
+            else:
+                _remove_unfinished(self._directory)
+        self._manager: Any = None
+        self._manager = self._open()
         steps = [int(s) for s in self._manager.all_steps()]
         if steps:
             self._check_settings_match()
+            steps = self._enforce_keep(steps)
         _write_settings(self._directory, self._monitor, self._mode)
         self._found_newest: int | None = max(steps, default=None)
         self._newest = self._found_newest
         self._warned = False
+        self._resumed = self._directory in _restored_directories
 
     def _open(self) -> Any:
-        return _open_manager(
+        manager = _open_manager(
             self._directory,
             keep=self._keep,
             monitor=self._monitor,
@@ -330,6 +567,29 @@ class Checkpoint:
             async_save=self._async_save,
             create=True,
         )
+        _install_exit_hook()
+        _open_checkpoints.add(self)
+        return manager
+
+    def _enforce_keep(self, steps: list[int]) -> list[int]:
+        """Deletes what `keep` does not allow, as a run killed between a save and its cleanup leaves more."""
+        if self._keep is None or len(steps) <= self._keep or jax.process_index() != 0:
+            return steps
+        if self._monitor is None:
+            ranked = sorted(steps)  # oldest first
+        else:
+            rank = _rank_fn(self._monitor, self._mode)
+            sign = -1.0 if self._mode == "min" else 1.0
+            # worst first; among equals, the oldest goes first
+            ranked = sorted(steps, key=lambda step: (sign * rank(self._manager.metrics(step) or {}), step))
+        drop = ranked[: len(steps) - self._keep]
+        with _hold_interrupts():
+            for step in drop:
+                self._manager.delete(step)
+        _log.warning(
+            "%s held more checkpoints than keep=%d: deleted steps %s", self._directory, self._keep, drop
+        )
+        return sorted(set(steps) - set(drop))
 
     def _check_settings_match(self) -> None:
         """Refuses to mix checkpoints ranked by different rules in one directory."""
@@ -342,8 +602,8 @@ class Checkpoint:
             self._manager.close()
             raise ValueError(
                 f"{self._directory} holds checkpoints saved with monitor={theirs[0]!r}, mode={theirs[1]!r}, "
-                f"but this checkpoint has monitor={mine[0]!r}, mode={mine[1]!r}; use another directory "
-                "or delete the old checkpoints"
+                f"but this checkpoint has monitor={mine[0]!r}, mode={mine[1]!r}; use another directory, "
+                "or pass overwrite=True to delete the old checkpoints"
             )
 
     def _get_manager(self) -> Any:
@@ -376,26 +636,42 @@ class Checkpoint:
         """Whether saves are written in the background."""
         return self._async_save
 
+    @property
+    def overwrite(self) -> bool:
+        """Whether the directory's old checkpoints were deleted when this object opened it."""
+        return self._overwrite
+
     def __repr__(self) -> str:
         return (
             f"Checkpoint({self._directory!r}, keep={self._keep!r}, monitor={self._monitor!r}, "
-            f"mode={self._mode!r}, async_save={self._async_save!r})"
+            f"mode={self._mode!r}, async_save={self._async_save!r}, overwrite={self._overwrite!r})"
         )
 
     def save(self, step: int, state: Any, logs: LogsLike | None = None) -> None:
         """Saves `state` as the checkpoint of `step`; a step already saved is skipped.
 
         Args:
-            step: the step number the checkpoint is stored under.
+            step: the step number the checkpoint is stored under (by convention,
+                the number of updates `state` holds).
             state: the pytree to save (arrays, numbers, and the containers JAX knows).
             logs: the logs to read the monitored entry from; needed with `monitor`.
+                Without `monitor`, a `loss` entry in them is checked too.
 
         Raises:
             KeyError: if `monitor` is set and `logs` lack it (the message lists the
                 entries present).
+            FileExistsError: at the first save, if the directory held checkpoints
+                when this object opened it, and this run neither restored from
+                them nor was created with `overwrite=True`.
         """
         if isinstance(step, bool) or not isinstance(step, int):
             raise TypeError(f"step must be an int, got {step!r}")
+        if self._found_newest is not None and not self._resumed:
+            raise FileExistsError(
+                f"{self._directory} holds the checkpoints of another run (steps {self.all_steps()}); "
+                "to resume it, restore from them first (ckpt.restore(...), ciclo.restore_checkpoint(...) "
+                "or a loop backup); to replace them, pass overwrite=True; or use another directory"
+            )
         if self._newest is not None and step <= self._newest:
             if self._found_newest is not None and step < self._found_newest and not self._warned:
                 self._warned = True
@@ -408,8 +684,8 @@ class Checkpoint:
                 )
             return
         metrics = None
+        source: LogsLike = {} if logs is None else logs
         if self._monitor is not None:
-            source: LogsLike = {} if logs is None else logs
             value = monitored_value(source, self._monitor)
             if value is None:
                 raise KeyError(
@@ -417,16 +693,35 @@ class Checkpoint:
                     f"present: {present_keys(source)}"
                 )
             metrics = {self._monitor: value}
+            guarded: tuple[str, float | None] = (self._monitor, value)
+        else:
+            guarded = (_LOSS, _loss_value(source))
+        if guarded[1] is not None and not math.isfinite(guarded[1]):
+            _log.warning(
+                "checkpoint of step %d not saved: %r is %s; the checkpoints kept are still those of steps %s",
+                step,
+                guarded[0],
+                guarded[1],
+                self.all_steps(),
+            )
+            return
         ocp = _orbax()
         wrapped = {"state": state} if _is_single_leaf(state) else state
-        self._get_manager().save(step, args=ocp.args.StandardSave(wrapped), metrics=metrics, force=True)
+        manager = self._get_manager()
+        with _hold_interrupts():
+            manager.save(step, args=ocp.args.StandardSave(wrapped), metrics=metrics, force=True)
         self._newest = step
 
     def __call__(self, elapsed: Elapsed, state: Any, logs: LogsLike | None = None) -> None:
-        """Saves `state` at step `elapsed.steps` (the hand-written loop form).
+        """Saves `state`, the result of the step `elapsed` describes (the hand-written loop form).
+
+        `elapsed` is the one `ciclo.elapse` yields with the batch just trained
+        on: the counts before that step. The checkpoint is numbered with the
+        steps completed, `elapsed.steps + 1`. To pick the number, call
+        `save(step, state, logs)`.
 
         Args:
-            elapsed: the `Elapsed` of the current step.
+            elapsed: the `Elapsed` of the step that produced `state`.
             state: the pytree to save.
             logs: the logs to read the monitored entry from; needed with `monitor`.
         """
@@ -434,11 +729,11 @@ class Checkpoint:
             raise TypeError(
                 f"the first argument must be a ciclo.Elapsed, got {elapsed!r}; call ckpt(elapsed, state)"
             )
-        self.save(int(elapsed.steps), state, logs)
+        self.save(int(elapsed.steps) + 1, state, logs)
 
     def __loop_callback__(self, loop_state: LoopState[S], /) -> CallbackOutput[S]:
-        """Saves the loop's state, reading the monitored entry from its accumulated logs."""
-        self.save(int(loop_state.elapsed.steps), loop_state.state, loop_state.accumulated_logs)
+        """Saves the loop's state under the steps done with this step (monitor: accumulated logs)."""
+        self.save(_steps_done(loop_state), loop_state.state, loop_state.accumulated_logs)
         return {}, loop_state.state
 
     def on_epoch_end(
@@ -467,7 +762,7 @@ class Checkpoint:
             >>> import tempfile
             >>> import ciclo
             >>> ckpt = ciclo.checkpoint(tempfile.mkdtemp(), keep=2)
-            >>> ckpt(ciclo.Elapsed.create(steps=3), {"w": 1.0})
+            >>> ckpt.save(3, {"w": 1.0})
             >>> ckpt.callback_state()
             {'newest_step': 3, 'newest_at_start': None, 'warned': False}
             >>> ckpt.close()
@@ -498,21 +793,27 @@ class Checkpoint:
         self._newest = newest
         self._found_newest = optional_int(fields["newest_at_start"])
         self._warned = bool(fields["warned"])
+        self._resumed = True
 
     def __loop_end__(self, loop_state: LoopState[Any], /) -> None:
-        """Waits for the saves in flight, so that the loop returns with every checkpoint written."""
+        """Waits for the saves in flight, so that the loop returns with every checkpoint written.
+
+        Also after an error or Ctrl-C: the save in flight is finished, never dropped.
+        """
         self.wait()
 
     def wait(self) -> None:
-        """Blocks until the saves in flight are written."""
+        """Blocks until the saves in flight are complete (durable, and visible to other processes)."""
         if self._manager is not None:
-            self._manager.wait_until_finished()
+            with _hold_interrupts():
+                self._manager.wait_until_finished()
 
     def close(self) -> None:
         """Waits for the saves in flight and releases orbax's threads; a later save reopens."""
         if self._manager is not None:
             manager, self._manager = self._manager, None
-            manager.close()
+            with _hold_interrupts():
+                manager.close()
 
     def all_steps(self) -> list[int]:
         """The steps of the checkpoints kept, in increasing order (saves in flight included)."""
@@ -544,11 +845,15 @@ class Checkpoint:
 
         Raises:
             FileNotFoundError: if there is no checkpoint, or none for `step`.
-            ValueError: if `step` is not valid, or is `"best"` without `monitor`.
+            ValueError: if `step` is not valid, or is `"best"` without `monitor`,
+                or if `target` does not match the checkpoint (the message names
+                the leaves, with their shapes and dtypes).
         """
         manager = self._get_manager()
-        manager.wait_until_finished()
-        return _restore(manager, self._directory, target, step, self._monitor)
+        self.wait()
+        restored = _restore(manager, self._directory, target, step, self._monitor)
+        self._resumed = True
+        return restored
 
 
 def checkpoint(
@@ -556,21 +861,33 @@ def checkpoint(
     *,
     keep: int | None = 1,
     monitor: str | None = None,
-    mode: Mode = "min",
+    mode: ModeLike = "auto",
     async_save: bool = True,
+    overwrite: bool = False,
 ) -> Checkpoint:
     """Creates a `Checkpoint` callback that saves the state in `directory` with orbax.
+
+    Each checkpoint is numbered with the steps completed: `restore(step=N)`
+    gives the state after N updates. A directory that already holds checkpoints
+    belongs to the run that wrote them: a new `Checkpoint` there saves only once
+    this process restored from them (resuming) or with `overwrite=True`.
 
     Args:
         directory: where to save; made absolute and created if missing. Each
             checkpoint is a sub-directory named after its step.
         keep: how many checkpoints to keep: the most recent ones, or with
-            `monitor` the best ones. None keeps them all.
+            `monitor` the best ones. None keeps them all. Enforced also on the
+            checkpoints found in `directory`.
         monitor: an entry of the logs (`"accuracy_test"` or a full path such as
             `"metrics.accuracy_test"`) that ranks the checkpoints. In a loop it is
             read from the entries logged so far (`loop_state.accumulated_logs`).
-        mode: `"min"` if lower monitored values are better, `"max"` if higher.
+        mode: `"min"` if lower monitored values are better, `"max"` if higher;
+            `"auto"` picks `"max"` for accuracy-like names (`accuracy`, `acc`,
+            `auc`, `precision`, `recall`, `f1`, `iou`, `top5`, ...) and `"min"`
+            otherwise.
         async_save: write in the background while training goes on.
+        overwrite: delete the checkpoints already in `directory` (another run's)
+            instead of refusing to save among them.
 
     Returns:
         The `Checkpoint`.
@@ -589,15 +906,17 @@ def checkpoint(
         >>> state, history, elapsed = ciclo.loop(
         ...     {"w": jnp.float32(0)},
         ...     range(100),
-        ...     {ciclo.every(1): [train_step], ciclo.every(steps=3): [ckpt]},
+        ...     {ciclo.every(1): [train_step], ciclo.at_step_end(ciclo.every(steps=3)): [ckpt]},
         ...     stop=10,
         ... )
         >>> ckpt.all_steps()
         [6, 9]
-        >>> ckpt.restore({"w": jnp.float32(0)})
-        {'w': Array(45., dtype=float32)}
+        >>> ckpt.restore({"w": jnp.float32(0)}, step=9)  # after 9 steps: 0 + 1 + ... + 8
+        {'w': Array(36., dtype=float32)}
     """
-    return Checkpoint(directory, keep=keep, monitor=monitor, mode=mode, async_save=async_save)
+    return Checkpoint(
+        directory, keep=keep, monitor=monitor, mode=mode, async_save=async_save, overwrite=overwrite
+    )
 
 
 def restore_checkpoint(directory: str | os.PathLike[str], target: T, *, step: StepLike = "latest") -> T:
@@ -620,17 +939,18 @@ def restore_checkpoint(directory: str | os.PathLike[str], target: T, *, step: St
         FileNotFoundError: if `directory` does not exist, holds no checkpoint, or
             none for `step`.
         ValueError: if `step` is not valid, or is `"best"` for checkpoints saved
-            without `monitor`.
+            without `monitor`, or if `target` does not match the checkpoint (the
+            message names the leaves, with their shapes and dtypes).
 
     Example:
         >>> import tempfile
         >>> import ciclo
         >>> import jax.numpy as jnp
         >>> directory = tempfile.mkdtemp()
-        >>> ckpt = ciclo.checkpoint(directory, keep=None, monitor="accuracy", mode="max")
-        >>> for step, accuracy in enumerate([0.6, 0.9, 0.7]):
+        >>> ckpt = ciclo.checkpoint(directory, keep=None, monitor="accuracy")  # mode "auto": max
+        >>> for step, accuracy in enumerate([0.6, 0.9, 0.7], start=1):
         ...     logs = ciclo.logs().add_metric("accuracy", accuracy)
-        ...     ckpt(ciclo.Elapsed.create(steps=step), {"accuracy": jnp.float32(accuracy)}, logs)
+        ...     ckpt.save(step, {"accuracy": jnp.float32(accuracy)}, logs)
         >>> ckpt.close()
         >>> ciclo.restore_checkpoint(directory, {"accuracy": jnp.float32(0)}, step="best")
         {'accuracy': Array(0.9, dtype=float32)}

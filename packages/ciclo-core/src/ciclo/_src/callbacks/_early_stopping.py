@@ -6,11 +6,12 @@ from typing import Any, Generic, final
 
 from ciclo._src.callbacks._monitor import (
     Mode,
-    check_mode,
+    ModeLike,
     is_improvement,
     monitored_value,
     optional_float,
     present_keys,
+    resolve_mode,
     snapshot_fields,
 )
 from ciclo._src.elapsed import Elapsed, Period
@@ -31,7 +32,7 @@ class EarlyStopping(Generic[S]):
         monitor: str,
         patience: int | Period,
         min_delta: float,
-        mode: Mode,
+        mode: ModeLike,
         baseline: float | None,
         restore_best_weights: bool,
     ) -> None:
@@ -46,7 +47,7 @@ class EarlyStopping(Generic[S]):
         self.monitor = monitor
         self.patience = patience
         self.min_delta = float(min_delta)
-        self.mode = check_mode(mode)
+        self.mode: Mode = resolve_mode(mode, monitor)
         self.baseline = None if baseline is None else float(baseline)
         self.restore_best_weights = restore_best_weights
         self.best: float | None = self.baseline
@@ -162,13 +163,23 @@ class EarlyStopping(Generic[S]):
         """Named hook: `train_loop` runs early stopping at the end of each epoch."""
         return self.__loop_callback__(loop_state)
 
+    def __loop_end__(self, loop_state: LoopState[S], /) -> None:
+        """With `restore_best_weights`, the loop returns the best state however it ends.
+
+        The loop returns `loop_state.state` after its end hooks run, so setting it
+        here covers the ends that early stopping does not decide: `stop`, the
+        dataset running out, another callback stopping the loop, Ctrl-C.
+        """
+        if self.restore_best_weights and self.best_state is not None:
+            loop_state.state = self.best_state
+
 
 def early_stopping(
     monitor: str,
     patience: int | Period = 0,
     *,
     min_delta: float = 0.0,
-    mode: Mode = "min",
+    mode: ModeLike = "auto",
     baseline: float | None = None,
     restore_best_weights: bool = False,
 ) -> EarlyStopping[Any]:
@@ -176,19 +187,27 @@ def early_stopping(
 
     Each call reads the latest value of `monitor` from the logs. A value
     improves when it beats the best so far by more than `min_delta` (lower is
-    better with `mode="min"`, higher with `"max"`); with a `baseline`, values
-    must also beat it. The loop stops once more than `patience` consecutive
-    checks bring no improvement (or, with a `Period`, once that much has elapsed
-    since the best value). In `train_loop(callbacks=[...])` it runs at the end
-    of each epoch.
+    better with `mode="min"`, higher with `"max"`; `"auto"` picks `"max"` for
+    accuracy-like names such as `accuracy_test`, `auc`, `f1` or `top5`, and
+    `"min"` for the rest, see the guide); with a `baseline`, values must also
+    beat it. A NaN never improves. The loop stops once more than `patience`
+    consecutive checks bring no improvement (or, with a `Period`, once that
+    much has elapsed since the best value). In `train_loop(callbacks=[...])` it
+    runs at the end of each epoch.
+
+    With `restore_best_weights=True` the loop returns the state of the best
+    check however it ends: when early stopping fires, and also at `stop`, when
+    the dataset runs out, or on Ctrl-C (before the first check, the state is
+    left as it is).
 
     Args:
         monitor: entry name or full path, e.g. `"loss_test"` or `"metrics.accuracy"`.
         patience: checks without improvement to tolerate (int), or a `ciclo.Period`.
         min_delta: minimum change that counts as an improvement.
-        mode: `"min"` or `"max"`.
+        mode: `"auto"` (from the name of `monitor`), `"min"` or `"max"`.
         baseline: a value to beat before anything counts as an improvement.
-        restore_best_weights: on stopping, return the state of the best check.
+        restore_best_weights: when the loop ends, for any reason, return the
+            state of the best check.
 
     Example:
         >>> import ciclo
@@ -200,4 +219,4 @@ def early_stopping(
         >>> elapsed.steps, stopper.best
         (4, 0.5)
     """
-    return EarlyStopping(monitor, patience, min_delta, check_mode(mode), baseline, restore_best_weights)
+    return EarlyStopping(monitor, patience, min_delta, mode, baseline, restore_best_weights)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -13,11 +14,50 @@ from ciclo._src.logs import Logs, LogsLike
 Mode = Literal["min", "max"]
 """Whether lower (`"min"`) or higher (`"max"`) values of a monitored entry are better."""
 
+ModeLike = Literal["auto", "min", "max"]
+"""A `Mode`, or `"auto"`: decided from the monitored entry's name by `auto_mode`."""
+
+_HIGHER_IS_BETTER = frozenset(
+    {"acc", "accuracy", "auc", "precision", "recall", "f1", "fbeta", "iou", "miou", "map", "dice", "r2"}
+)
+# top1, top5, topk, and the "top" of top_k_accuracy
+_TOP_K = re.compile(r"top\d*k?")
+
+
+def auto_mode(monitor: str) -> Mode:
+    """The mode `"auto"` stands for: `"max"` for accuracy-like names, `"min"` otherwise.
+
+    The entry's name (the part after the last `.`) is split into words at every
+    character that is not a letter or digit (`val_top_5_accuracy` gives `val`,
+    `top`, `5`, `accuracy`). The mode is `"max"` if a word is one of `acc`,
+    `accuracy`, `auc`, `precision`, `recall`, `f1`, `fbeta`, `iou`, `miou`,
+    `map`, `dice`, `r2`, or `top`, `top5`, `topk` and the like; otherwise
+    `"min"` (`loss`, `error`, `mae`, `perplexity`, ...). Case is ignored.
+
+    Example:
+        >>> from ciclo._src.callbacks._monitor import auto_mode
+        >>> [auto_mode(name) for name in ["loss_test", "metrics.accuracy_test", "val_top5", "mean_iou"]]
+        ['min', 'max', 'max', 'max']
+    """
+    words = re.split(r"[^a-z0-9]+", monitor.rsplit(".", 1)[-1].lower())
+    if any(word in _HIGHER_IS_BETTER or _TOP_K.fullmatch(word) for word in words):
+        return "max"
+    return "min"
+
 
 def check_mode(mode: str) -> Mode:
     """Validates `mode`, naming the valid values if it is wrong."""
     if mode not in ("min", "max"):
         raise ValueError(f"mode must be 'min' or 'max', got {mode!r}")
+    return mode  # type: ignore[return-value]
+
+
+def resolve_mode(mode: str, monitor: str | None) -> Mode:
+    """Validates `mode` (`"auto"`, `"min"` or `"max"`) and resolves `"auto"` with `auto_mode(monitor)`."""
+    if mode == "auto":
+        return "min" if monitor is None else auto_mode(monitor)
+    if mode not in ("min", "max"):
+        raise ValueError(f"mode must be 'auto', 'min' or 'max', got {mode!r}")
     return mode  # type: ignore[return-value]
 
 
