@@ -1,8 +1,8 @@
 """Train a flax CNN on scikit-learn's bundled digits with `ciclo.create_flax_state` and `ciclo.train_loop`.
 
-Run with `python examples/flax/digits_cnn.py` where ciclo-flax and
-scikit-learn are installed. Nothing is downloaded: the digits ship inside
-scikit-learn. The model is evaluated on the test set after each epoch, the
+Run with `python examples/flax/digits_cnn.py` where ciclo-flax, scikit-learn
+and `ciclo-core[checkpoint]` (orbax) are installed. Nothing is downloaded: the
+digits ship inside scikit-learn. The model is evaluated on the test set after each epoch, the
 checkpoint with the best test accuracy is kept, and it is restored at the end.
 """
 
