@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 from collections.abc import Callable, Mapping
 from typing import Any, Generic, TypeVar, cast, final, overload
 
@@ -20,6 +21,7 @@ from typing_extensions import Self, dataclass_transform
 
 from ciclo._src.batches import Stacked, is_stacked
 from ciclo._src.fused import as_logs_and_state, scan_steps
+from ciclo._src.learning_rate import learning_rate_logs, takes_value
 from ciclo._src.logs import Entries, Logs
 from ciclo._src.metrics import Metric
 from ciclo._src.roles import Role, field, fields_with_role, params_field, roles
@@ -129,11 +131,24 @@ class ManagedState:
         """A copy with some fields changed."""
         return dataclasses.replace(cast(Any, self), **changes)  # type: ignore[no-any-return]
 
-    def apply_gradients(self, *, grads: Any, **changes: Any) -> Self:
-        """Applies one optimizer update: new params and opt_state, `step + 1`."""
+    def apply_gradients(self, *, grads: Any, value: Any = None, **changes: Any) -> Self:
+        """Applies one optimizer update: new params and opt_state, `step + 1`.
+
+        Args:
+            grads: the gradients, shaped as the params.
+            value: the loss the gradients are of, passed on as `value=` to an
+                optimizer that takes extra arguments (an
+                `optax.GradientTransformationExtraArgs`), as
+                `optax.contrib.reduce_on_plateau` needs; `managed.train_step`
+                passes the step's total loss.
+            **changes: other fields to replace.
+        """
         name = params_field(type(self))
         params = getattr(self, name)
-        updates, opt_state = self.tx.update(grads, self.opt_state, params)
+        if value is not None and takes_value(self.tx):
+            updates, opt_state = self.tx.update(grads, self.opt_state, params, value=value)
+        else:
+            updates, opt_state = self.tx.update(grads, self.opt_state, params)
         new_params = optax.apply_updates(params, updates)
         return self.replace(step=self.step + 1, opt_state=opt_state, **{name: new_params}, **changes)
 
@@ -351,8 +366,12 @@ def step(
     return ManagedStep(fn, strategy, update=False)
 
 
-def _check_trainable(state: Any) -> tuple[str, tuple[str, ...]]:
-    """The names of the state's params field and of its fields to synchronise across devices."""
+def _check_trainable(state: Any) -> tuple[str, tuple[str, ...], bool]:
+    """The names of the state's params field and of its fields to synchronise across devices.
+
+    And whether its `apply_gradients` takes the loss as `value=` (a state of
+    one's own may define an `apply_gradients(*, grads)` without it).
+    """
     kind = type(state)
     missing = [name for name in ("apply_gradients", "replace") if not hasattr(state, name)]
     names = fields_with_role(kind, Role.PARAMS)
@@ -367,7 +386,8 @@ def _check_trainable(state: Any) -> tuple[str, tuple[str, ...]]:
                 else f"has {len(names)} params fields: {', '.join(names)}"
             )
         )
-    return names[0], fields_with_role(kind, Role.MODEL_STATE)
+    takes_loss = "value" in inspect.signature(state.apply_gradients).parameters
+    return names[0], fields_with_role(kind, Role.MODEL_STATE), takes_loss
 
 
 def _total_loss(logs: Logs, fn: StepBody) -> jax.Array:
@@ -390,19 +410,29 @@ def _total_loss(logs: Logs, fn: StepBody) -> jax.Array:
 
 
 def _train_body(
-    fn: StepBody, reductions: DeviceReductions | None, fields: tuple[str, tuple[str, ...]]
+    fn: StepBody, reductions: DeviceReductions | None, fields: tuple[str, tuple[str, ...], bool]
 ) -> Callable[[Any, Any], tuple[Logs, Any]]:
-    params_name, model_state_names = fields
+    params_name, model_state_names, takes_loss = fields
 
     def train(state: Any, batch: Any) -> tuple[Logs, Any]:
         def loss(params: Any) -> tuple[jax.Array, tuple[Logs, Any]]:
             logs, new_state = as_logs_and_state(fn, state.replace(**{params_name: params}), batch)
             return _total_loss(logs, fn), (logs, new_state)
 
-        (_, (logs, new_state)), grads = jax.value_and_grad(loss, has_aux=True)(getattr(state, params_name))
+        (total, (logs, new_state)), grads = jax.value_and_grad(loss, has_aux=True)(
+            getattr(state, params_name)
+        )
+        if reductions is not None:
+            grads = reductions.reduce_grads(grads)
+            # Every device's optimizer sees the same loss, as it sees the same gradients.
+            total = reductions.reduce_logs(Logs().add_loss("total", total)).losses.total
+        if takes_loss:
+            new_state = new_state.apply_gradients(grads=grads, value=total)
+        else:
+            new_state = new_state.apply_gradients(grads=grads)
+        logs = _with_learning_rate(logs, new_state)
         if reductions is None:
-            return _finish(logs, new_state.apply_gradients(grads=grads), None)
-        new_state = new_state.apply_gradients(grads=reductions.reduce_grads(grads))
+            return _finish(logs, new_state, None)
         synced = {
             name: reductions.reduce_model_state(getattr(new_state, name))
             for name in model_state_names
@@ -413,6 +443,14 @@ def _train_body(
         return _finish(logs, new_state, reductions)
 
     return train
+
+
+def _with_learning_rate(logs: Logs, state: Any) -> Logs:
+    """The step's logs with the optimizer's learning rate in `metrics`, unless the step logged one."""
+    rates = learning_rate_logs(getattr(state, "opt_state", None))
+    logged = {name for entries in logs.values() for name in entries}
+    rates = {name: rate for name, rate in rates.items() if name not in logged}
+    return Logs(logs).add_metrics(**rates) if rates else logs
 
 
 def _body(fn: StepBody, reductions: DeviceReductions | None) -> Callable[[Any, Any], tuple[Logs, Any]]:
