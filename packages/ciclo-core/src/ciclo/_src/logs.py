@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import functools
 import itertools
+import os
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import Any, NoReturn, final, overload
+from typing import TYPE_CHECKING, Any, NoReturn, final, overload
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from ciclo._src.elapsed import Elapsed
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 LogsLike = Mapping[str, Mapping[str, Any]]
 """Nested mapping `{collection: {entry: value}}`, e.g. `{"metrics": {"loss": 0.3}}`."""
@@ -569,6 +573,43 @@ class History(Sequence[Logs]):
                 else:
                     plan.append((False, paths.index(path)))
         return plan
+
+    def _entry_paths(self) -> tuple[tuple[str, str], ...]:
+        """Every `(collection, name)` some entry holds, in the order they first appeared."""
+        return tuple(dict.fromkeys(path for paths in dict.fromkeys(self._paths) for path in paths))
+
+    def plot(self, *entries: str, path: str | os.PathLike[str] | None = None) -> Figure:
+        """Draws entries against steps with matplotlib; one subplot per entry, its test curve with it.
+
+        Each subplot draws an entry (`"loss"`, or a full path `"losses.loss"`)
+        and, when the history has it, its test entry (`"loss_test"`, as
+        `train_loop` names what its evaluation logs). The figure is built without
+        `pyplot`, so it needs no screen; in a notebook, it shows as the cell's value.
+        Needs matplotlib (`pip install "ciclo-core[plot]"`).
+
+        Args:
+            *entries: the entries to draw; none draws every scalar entry.
+            path: where to save the figure (as PNG, or the format its suffix names).
+
+        Returns:
+            The `matplotlib.figure.Figure`.
+
+        Raises:
+            ImportError: if matplotlib is not installed.
+            KeyError: if an entry appears in no history entry.
+
+        Example:
+            >>> import ciclo
+            >>> history = ciclo.history()
+            >>> for step in range(3):
+            ...     history.append(step, step, 0.0, ciclo.logs().add_loss("loss", 1.0 / (step + 1)))
+            >>> figure = history.plot("loss")
+            >>> figure.axes[0].lines[0].get_ydata().tolist()
+            [1.0, 0.5, 0.3333333333333333]
+        """
+        from ciclo._src.plot import plot_history
+
+        return plot_history(self, entries, path)
 
 
 def history() -> History:
