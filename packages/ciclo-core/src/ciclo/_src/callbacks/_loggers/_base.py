@@ -208,7 +208,7 @@ class Logger:
         on_host = _rows_on_host(history) + _dropped(history)
         if on_host > self._next_row:
             self._next_row = self._drain(history, self._next_row, on_host, self._date_start)
-        return None, loop_state.state
+        return {}, loop_state.state
 
     def on_train_batch_end(self, state: Any, batch: Any, elapsed: Any, loop_state: LoopState[Any]) -> None:
         """The hook `train_loop(callbacks=[logger])` runs at the end of each step.

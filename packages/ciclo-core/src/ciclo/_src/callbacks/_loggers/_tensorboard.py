@@ -17,33 +17,33 @@ class TensorBoardSink:
     def __init__(self, logdir: str | os.PathLike[str]) -> None:
         if not isinstance(logdir, (str, os.PathLike)):
             raise TypeError(f"logdir must be a path, got {logdir!r}")
-        self._tbx = _import_tensorboardx()
+        # Imported when a logger is created: tensorboardX is an optional extra (with no type information).
+        self._files = import_extra("tensorboardX.event_file_writer", "tensorboard", "ciclo.tensorboard")
+        self._events = import_extra("tensorboardX.proto.event_pb2", "tensorboard", "ciclo.tensorboard")
+        self._summaries = import_extra("tensorboardX.proto.summary_pb2", "tensorboard", "ciclo.tensorboard")
         self.logdir = os.fspath(logdir)
         self._writer: Any = None
 
     def _open(self) -> Any:
-        from tensorboardX.event_file_writer import EventsWriter
-
         os.makedirs(self.logdir, exist_ok=True)
         # tensorboardX names files by the second: a writer opened again within one second (a
         # resumed run) would overwrite the first file. The nanosecond suffix keeps each file,
         # in the order TensorBoard reads them.
-        return EventsWriter(os.path.join(self.logdir, "events"), filename_suffix=f".{time.time_ns()}")
+        prefix = os.path.join(self.logdir, "events")
+        return self._files.EventsWriter(prefix, filename_suffix=f".{time.time_ns()}")
 
     def write(self, rows: Sequence[Row]) -> None:
         """Writes one event per row, holding all its scalars (TensorBoard stores them as float32)."""
-        from tensorboardX.proto.event_pb2 import Event
-        from tensorboardX.proto.summary_pb2 import Summary
-
+        event, summary = self._events.Event, self._summaries.Summary
         writer = self._writer
         if writer is None:
             writer = self._writer = self._open()
         # The synchronous writer: tensorboardX's default one pickles each event through a
         # multiprocessing queue, which costs the loop more than writing the file itself.
-        value = Summary.Value
+        value = summary.Value
         for row in rows:
-            summary = Summary(value=[value(tag=tag, simple_value=x) for tag, x in row.scalars.items()])
-            writer.write_event(Event(wall_time=row.wall_time, step=row.step, summary=summary))
+            values = [value(tag=tag, simple_value=x) for tag, x in row.scalars.items()]
+            writer.write_event(event(wall_time=row.wall_time, step=row.step, summary=summary(value=values)))
 
     def flush(self) -> None:
         """Flushes the event file."""
@@ -65,10 +65,6 @@ class TensorBoardSink:
 
     def __repr__(self) -> str:
         return f"TensorBoardSink({self.logdir!r})"
-
-
-def _import_tensorboardx() -> Any:
-    return import_extra("tensorboardX", "tensorboard", "ciclo.tensorboard")
 
 
 def tensorboard(logdir: str | os.PathLike[str]) -> Logger:

@@ -1,0 +1,445 @@
+"""The loggers write every scalar entry of the History, at its step, read back with each backend's own reader.
+
+One table of backends, each with how to make a logger and how to read back
+what it wrote: TensorBoard (tensorboard's `EventAccumulator`), CSV (`csv`),
+W&B offline (the run's `.wandb` records), MLflow (`MlflowClient.get_metric_history`
+on a `file:` store) and clu metric writers.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import glob
+import importlib
+import json
+import os
+import struct
+import sys
+import types
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import ciclo
+from ciclo._src.callbacks._loggers._base import scalars
+
+Written = list[tuple[int, str, float]]
+"""What a backend holds: (step, entry, value), in the order read."""
+
+
+@pytest.fixture(autouse=True)
+def offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wandb"))
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3: the file store is opt-in
+    monkeypatch.setenv("MLFLOW_DISABLE_TELEMETRY", "true")
+    monkeypatch.setenv("DO_NOT_TRACK", "true")
+    (tmp_path / "wandb").mkdir()
+    yield
+
+
+# ----------------------------------------------------------------------------- readers
+
+
+def read_tensorboard(path: Path, logger: ciclo.Logger) -> Written:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(path / "tb"), size_guidance={"scalars": 0})
+    events.Reload()
+    return [
+        (event.step, tag, event.value) for tag in events.Tags()["scalars"] for event in events.Scalars(tag)
+    ]
+
+
+def read_csv(path: Path, logger: ciclo.Logger) -> Written:
+    with open(path / "log.csv", newline="") as file:
+        rows = list(csv.DictReader(file))
+    return [
+        (int(row["step"]), name, float(value))
+        for row in rows
+        for name, value in row.items()
+        if name != "step" and value != ""
+    ]
+
+
+_WANDB_BLOCK = 32768
+
+
+def wandb_records(path: str) -> Iterator[bytes]:
+    """The records of a `.wandb` file: W&B's LevelDB-log format (7-byte header, 32 KiB blocks)."""
+    data = Path(path).read_bytes()
+    assert struct.unpack("<4sHB", data[:7]) == (b":W&B", 0xBEE1, 0)
+    position, pending = 7, b""
+    while position + 7 <= len(data):
+        left = _WANDB_BLOCK - position % _WANDB_BLOCK
+        if left < 7:  # a block's tail too short for a record header is padding
+            position += left
+            continue
+        _crc, length, kind = struct.unpack("<IHB", data[position : position + 7])
+        payload = data[position + 7 : position + 7 + length]
+        position += 7 + length
+        if kind == 0:  # zero padding up to the block's end
+            position += left - 7 - length
+            continue
+        pending += payload
+        if kind in (1, 4):  # FULL, LAST
+            yield pending
+            pending = b""
+
+
+def read_wandb(path: Path, logger: ciclo.Logger) -> Written:
+    from wandb.proto import wandb_internal_pb2
+
+    written: Written = []
+    for file in sorted(glob.glob(str(path / "wandb" / "**" / "offline-run-*" / "*.wandb"), recursive=True)):
+        for payload in wandb_records(file):
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(payload)
+            if record.WhichOneof("record_type") != "history":
+                continue
+            for item in record.history.item:
+                key = item.key or "/".join(item.nested_key)
+                if not key.startswith("_"):
+                    written.append((record.history.step.num, key, json.loads(item.value_json)))
+    return written
+
+
+def read_mlflow(path: Path, logger: ciclo.Logger) -> Written:
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=mlflow_uri(path))
+    run_id = logger.callback_state()["run_id"]
+    run = client.get_run(run_id)
+    assert run.info.status == "FINISHED"
+    return [
+        (metric.step, name, metric.value)
+        for name in run.data.metrics
+        for metric in client.get_metric_history(run_id, name)
+    ]
+
+
+def mlflow_uri(path: Path) -> str:
+    return "file:" + str(path / "mlruns")
+
+
+def clu_writers() -> Any:
+    """clu's metric_writers modules without the package's `__init__`, which imports TensorFlow."""
+    spec = importlib.util.find_spec("clu")
+    if spec is None or spec.submodule_search_locations is None:
+        pytest.skip("clu is not installed")
+    package = types.ModuleType("clu.metric_writers")
+    package.__path__ = [os.path.join(spec.submodule_search_locations[0], "metric_writers")]
+    return package
+
+
+@pytest.fixture
+def clu_interface(monkeypatch: pytest.MonkeyPatch) -> Any:
+    package = clu_writers()
+    for name in [name for name in sys.modules if name.startswith("clu.metric_writers")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "clu.metric_writers", package)
+    interface = importlib.import_module("clu.metric_writers.interface")
+    async_writer = importlib.import_module("clu.metric_writers.async_writer")
+    return interface, async_writer
+
+
+def recorder_class(interface: Any) -> type:
+    class Recorder(interface.MetricWriter):  # type: ignore[misc,name-defined]
+        """A clu MetricWriter that keeps what it is given."""
+
+        def __init__(self) -> None:
+            self.written: Written = []
+            self.flushes = 0
+
+        def write_scalars(self, step: int, scalars: Any) -> None:
+            self.written.extend((step, name, value) for name, value in scalars.items())
+
+        def flush(self) -> None:
+            self.flushes += 1
+
+        def write_summaries(self, *args: Any, **kwargs: Any) -> None: ...
+        def write_images(self, *args: Any, **kwargs: Any) -> None: ...
+        def write_videos(self, *args: Any, **kwargs: Any) -> None: ...
+        def write_audios(self, *args: Any, **kwargs: Any) -> None: ...
+        def write_texts(self, *args: Any, **kwargs: Any) -> None: ...
+        def write_histograms(self, *args: Any, **kwargs: Any) -> None: ...
+        def write_pointcloud(self, *args: Any, **kwargs: Any) -> None: ...
+        def write_hparams(self, *args: Any, **kwargs: Any) -> None: ...
+        def close(self) -> None: ...
+
+    return Recorder
+
+
+@dataclasses.dataclass(frozen=True)
+class Backend:
+    name: str
+    make: Callable[[Path], ciclo.Logger]
+    read: Callable[[Path, ciclo.Logger], Written]
+    module: str  # the reader's module: the case is skipped where it is not installed
+    float32: bool = False  # stores values as float32
+
+
+BACKENDS = [
+    Backend(
+        "tensorboard", lambda path: ciclo.tensorboard(path / "tb"), read_tensorboard, "tensorboard", True
+    ),
+    Backend("csv", lambda path: ciclo.csv_logger(path / "log.csv"), read_csv, "csv"),
+    Backend(
+        "wandb",
+        lambda path: ciclo.wandb_logger(project="ciclo", dir=str(path / "wandb")),
+        read_wandb,
+        "wandb",
+    ),
+    Backend(
+        "mlflow",
+        lambda path: ciclo.mlflow_logger("ciclo", run_name="run", tracking_uri=mlflow_uri(path)),
+        read_mlflow,
+        "mlflow",
+    ),
+]
+
+
+@pytest.fixture(params=BACKENDS, ids=[backend.name for backend in BACKENDS])
+def backend(request: pytest.FixtureRequest) -> Backend:
+    backend: Backend = request.param
+    pytest.importorskip(backend.module)
+    if backend.name == "tensorboard":
+        pytest.importorskip("tensorboardX")
+    return backend
+
+
+# ----------------------------------------------------------------------------- what is logged
+
+
+class Model:
+    """A state whose steps log device arrays, as a jitted step does: train and test entries."""
+
+    def __init__(self, seen: int = 0) -> None:
+        self.seen = seen
+
+    def train_step(self, batch: float) -> tuple[ciclo.Logs, Model]:
+        x = jnp.float32(batch)
+        logs = ciclo.logs().add_loss("loss", 1.0 / (x + 1.0), add_metric=True)
+        return logs.add_metric("accuracy", x / 1000.0).add_output("preds", jnp.ones(3)), Model(self.seen + 1)
+
+    def test_step(self, batch: float) -> tuple[ciclo.Logs, Model]:
+        return ciclo.logs().add_loss("loss", jnp.float32(batch) / 7.0), self
+
+    def reset_step(self) -> Model:
+        return self
+
+
+STEPS, EPOCH = 300, 100  # more than History's 2 × 128 rows: rows reach the host while the loop runs
+
+
+def train(logger: ciclo.Logger, start: int = 0, stop: int = STEPS) -> ciclo.History:
+    _, history, _ = ciclo.train_loop(
+        Model(),
+        (float(i) for i in range(start, stop)),
+        test_dataset=lambda: [1.0, 2.0, 3.0],
+        epoch_duration=EPOCH,
+        callbacks=[logger],
+        elapsed=ciclo.Elapsed.create(steps=start),
+    )
+    return history
+
+
+def expected(*histories: ciclo.History) -> Written:
+    return [
+        (entry["elapsed"]["steps"], name, value)
+        for history in histories
+        for entry in history
+        for name, value in scalars(entry).items()
+    ]
+
+
+def assert_same(written: Written, want: Written, backend: Backend) -> None:
+    keys = Counter((step, name) for step, name, _ in written)
+    assert [key for key, count in keys.items() if count > 1] == [], "a step written twice"
+    assert sorted(keys) == sorted((step, name) for step, name, _ in want)
+    values = {(step, name): value for step, name, value in written}
+    for step, name, value in want:
+        wanted = float(np.float32(value)) if backend.float32 else value
+        assert values[step, name] == wanted, (step, name)
+
+
+# ----------------------------------------------------------------------------- the contract
+
+
+def test_train_loop_writes_every_value_of_the_history(backend: Backend, tmp_path: Path) -> None:
+    logger = backend.make(tmp_path)
+    history = train(logger)
+    want = expected(history)
+    assert {name for _, name, _ in want} == {"loss", "accuracy", "loss_test"}
+    assert len(want) == 2 * STEPS + STEPS // EPOCH
+    assert_same(backend.read(tmp_path, logger), want, backend)
+    assert logger.callback_state()["step"] == STEPS - 1
+
+
+def test_a_resumed_logger_appends_after_its_step_without_duplicates(backend: Backend, tmp_path: Path) -> None:
+    first = backend.make(tmp_path)
+    history_1 = train(first, 0, 150)
+    saved = first.callback_state()
+    assert saved["step"] == 149
+
+    resumed = backend.make(tmp_path)
+    resumed.restore_callback_state(saved)
+    history_2 = train(resumed, 150, STEPS)
+    if "run_id" in saved:
+        assert resumed.callback_state()["run_id"] == saved["run_id"]
+    assert_same(backend.read(tmp_path, resumed), expected(history_1, history_2), backend)
+
+
+def test_a_resumed_run_skips_the_restored_rows_of_its_history(tmp_path: Path) -> None:
+    # A backup restores the history with the logger: rows up to the logger's step are not written again.
+    path = tmp_path / "log.csv"
+    logger = ciclo.csv_logger(path)
+    history = train(logger, 0, 50)
+    resumed = ciclo.csv_logger(path)
+    resumed.restore_callback_state({"step": 29})  # a backup taken before the last rows were written
+    ciclo.loop(None, [], {ciclo.every(1): [resumed]}, history=history)
+    assert_same(read_csv(tmp_path, resumed), expected(history), BACKENDS[1])
+
+
+@pytest.mark.parametrize("runner", ["loop", "hand"])
+def test_loop_tasks_and_hand_written_loops(runner: str, tmp_path: Path) -> None:
+    logger = ciclo.csv_logger(tmp_path / "log.csv")
+    history = ciclo.history()
+    state = Model()
+    if runner == "loop":
+
+        def step(state: Model, batch: float) -> Any:
+            return state.train_step(batch)
+
+        _, history, _ = ciclo.loop(state, (float(i) for i in range(STEPS)), {ciclo.every(1): [step, logger]})
+    else:
+        with logger:
+            for i in range(STEPS):
+                logs, state = state.train_step(float(i))
+                logger.write(i, logs)
+                history.append(i, 0, 0.0, logs)
+    assert_same(read_csv(tmp_path, logger), expected(history), BACKENDS[1])
+
+
+class Recording:
+    """A sink that records how it is called."""
+
+    def __init__(self) -> None:
+        self.batches: list[list[int]] = []
+        self.closed = 0
+
+    def write(self, rows: Any) -> None:
+        self.batches.append([row.step for row in rows])
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self.closed += 1
+
+    def state(self) -> dict[str, Any]:
+        return {}
+
+    def restore(self, state: Any, after_step: Any) -> None:
+        pass
+
+
+def test_rows_are_written_in_batches_from_the_host_not_at_each_step() -> None:
+    sink = Recording()
+    written_while_running: list[tuple[int, int]] = []
+
+    def step(state: None, batch: int, elapsed: Any, loop_state: ciclo.LoopState[None]) -> Any:
+        # What the sink has been given is never newer than what History holds on the host.
+        written = sum(len(batch) for batch in sink.batches)
+        written_while_running.append((written, loop_state.history._on_host))
+        return ciclo.logs().add_loss("loss", jnp.float32(batch))
+
+    ciclo.loop(None, range(1000), {ciclo.every(1): [step, ciclo.Logger(sink)]})
+    assert all(written <= on_host for written, on_host in written_while_running)
+    assert len(sink.batches) <= 1000 // 128 + 1  # a handful of writes, not one per step
+    assert all(len(batch) >= 128 for batch in sink.batches)
+    assert [step for batch in sink.batches for step in batch] == list(range(1000))
+    assert sink.closed == 1
+
+
+@pytest.mark.parametrize("backend_name", ["tensorboard", "csv"])
+def test_an_exception_still_writes_every_row_before_it(backend_name: str, tmp_path: Path) -> None:
+    backend = next(backend for backend in BACKENDS if backend.name == backend_name)
+    pytest.importorskip(backend.module)
+    logger = backend.make(tmp_path)
+
+    def step(state: None, batch: int) -> Any:
+        if batch == 200:
+            raise RuntimeError("boom")
+        return ciclo.logs().add_loss("loss", jnp.float32(batch) / 3)
+
+    history = ciclo.history()
+    with pytest.raises(RuntimeError, match="boom"):
+        ciclo.loop(None, range(300), {ciclo.every(1): [step, logger]}, history=history)
+    want = expected(history)
+    assert [step for step, _, _ in want] == list(range(200))
+    assert_same(backend.read(tmp_path, logger), want, backend)
+
+
+def test_csv_widens_its_header_when_new_entries_appear(tmp_path: Path) -> None:
+    history = train(ciclo.csv_logger(tmp_path / "log.csv"))
+    with open(tmp_path / "log.csv", newline="") as file:
+        rows = list(csv.reader(file))
+    assert rows[0] == ["step", "loss", "accuracy", "loss_test"]
+    assert len(rows) == 1 + len(history)
+    assert [row[3] != "" for row in rows[1:]].count(True) == STEPS // EPOCH
+    assert [name for name in os.listdir(tmp_path) if name.startswith(".ciclo-")] == []
+
+
+def test_loggers_are_stateful_callbacks(tmp_path: Path) -> None:
+    logger = ciclo.csv_logger(tmp_path / "log.csv")
+    assert isinstance(logger, ciclo.StatefulCallback)
+    assert logger.callback_state() == {"step": None}
+
+
+# ----------------------------------------------------------------------------- clu
+
+
+def test_metric_writer_logger_writes_through_clu_writers(clu_interface: Any) -> None:
+    interface, async_writer = clu_interface
+    recorder = recorder_class(interface)()
+    writer = async_writer.AsyncWriter(recorder)
+    history = train(ciclo.metric_writer_logger(writer))
+    writer.close()
+    assert_same(recorder.written, expected(history), BACKENDS[1])
+    assert recorder.flushes >= 1
+
+
+def test_metric_writer_logger_needs_a_writer() -> None:
+    with pytest.raises(TypeError, match="MetricWriter"):
+        ciclo.metric_writer_logger(object())
+
+
+# ----------------------------------------------------------------------------- missing extras
+
+
+@pytest.mark.parametrize(
+    ("make", "module", "extra"),
+    [
+        (lambda: ciclo.tensorboard("logs"), "tensorboardX", "tensorboard"),
+        (lambda: ciclo.wandb_logger(project="p"), "wandb", "wandb"),
+        (lambda: ciclo.mlflow_logger(), "mlflow", "mlflow"),
+    ],
+    ids=["tensorboard", "wandb", "mlflow"],
+)
+def test_a_missing_extra_names_what_to_install(
+    make: Callable[[], Any], module: str, extra: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A None entry in sys.modules makes `import module` (and its submodules) raise ImportError.
+    for name in [name for name in sys.modules if name.startswith(module + ".")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, module, None)
+    with pytest.raises(ImportError, match=f'pip install "ciclo-core\\[{extra}\\]"'):
+        make()
