@@ -31,6 +31,8 @@ from ciclo._src.callbacks._inner_loop import InnerLoop as InnerLoop
 from ciclo._src.callbacks._inner_loop import inner_loop as inner_loop
 from ciclo._src.callbacks._keras_bar import KerasBar as KerasBar
 from ciclo._src.callbacks._keras_bar import keras_bar as keras_bar
+from ciclo._src.callbacks._nan_guard import TerminateOnNaN as TerminateOnNaN
+from ciclo._src.callbacks._nan_guard import terminate_on_nan as terminate_on_nan
 from ciclo._src.callbacks._noop import NoOp as NoOp
 from ciclo._src.callbacks._noop import noop as noop
 from ciclo._src.callbacks._profile import Profile as Profile
@@ -169,6 +171,7 @@ __all__ = [
     "StatefulCallback",
     "Strategy",
     "SupportsToModel",
+    "TerminateOnNaN",
     "Throughput",
     "TqdmBar",
     "Trainable",
@@ -222,6 +225,7 @@ __all__ = [
     "stacked",
     "strategies",
     "strategy_names",
+    "terminate_on_nan",
     "test_loop",
     "test_step",
     "throughput",
