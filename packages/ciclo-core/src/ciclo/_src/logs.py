@@ -396,7 +396,15 @@ class History(Sequence[Logs]):
         ([0, 1, 2], [1.0, 0.5, 0.3333333333333333])
     """
 
-    def __init__(self) -> None:
+    def __init__(self, max_rows: int | None = None) -> None:
+        if max_rows is not None and (
+            isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 0
+        ):
+            raise ValueError(f"max_rows must be None (keep every row) or an int >= 0, got {max_rows!r}")
+        self.max_rows = max_rows
+        # rows dropped from the front by `max_rows`; `latest` still knows their newest values
+        self.dropped = 0
+        self._evicted_latest: dict[tuple[tuple[str, str], ...], tuple[Any, ...]] = {}
         self._paths: list[tuple[tuple[str, str], ...]] = []
         self._values: list[tuple[Any, ...]] = []
         self._elapsed: list[tuple[int, int, float]] = []
@@ -425,6 +433,8 @@ class History(Sequence[Logs]):
         self._elapsed.append((steps, samples, time))
         if len(values) - self._on_host >= 2 * _LAG:
             self._fetch(len(values) - _LAG)
+            if self.max_rows is not None:
+                self._drop_old_rows()
 
     def append_steps(
         self, steps: int, samples: int, time: float, per_step: Logs, rows: int, batch_size: int
@@ -448,6 +458,23 @@ class History(Sequence[Logs]):
         self._newest[paths] = first + rows - 1
         if len(self._values) - self._on_host >= 2 * _LAG:
             self._fetch(len(self._values) - _LAG)
+            if self.max_rows is not None:
+                self._drop_old_rows()
+
+    def _drop_old_rows(self) -> None:
+        """Drops the oldest host rows beyond `max_rows`; `latest` keeps the newest value of each entry."""
+        excess = min(len(self._values) - int(self.max_rows or 0), self._on_host)
+        if excess <= 0:
+            return
+        for paths, index in list(self._newest.items()):
+            if index < excess:
+                self._evicted_latest[paths] = self._values[index]
+                del self._newest[paths]
+            else:
+                self._newest[paths] = index - excess
+        del self._paths[:excess], self._values[:excess], self._elapsed[:excess]
+        self._on_host -= excess
+        self.dropped += excess
 
     def latest(self) -> Logs:
         """The newest value of every entry in the history (values may still be device arrays).
@@ -461,6 +488,9 @@ class History(Sequence[Logs]):
             {'metrics': {'a': 3}, 'losses': {'b': 2}}
         """
         logs = Logs()
+        for paths, row in self._evicted_latest.items():
+            for (collection, name), value in zip(paths, row, strict=True):
+                logs.add_entry(collection, name, value)
         for paths, index in sorted(self._newest.items(), key=lambda item: item[1]):
             for (collection, name), value in zip(paths, self._values[index], strict=True):
                 logs.add_entry(collection, name, value.value() if type(value) is _Step else value)
@@ -480,6 +510,28 @@ class History(Sequence[Logs]):
                         value.copy_to_host_async()
         self._values[start:upto] = _rows_to_host(rows, self._paths[start:upto])
         self._on_host = upto
+
+    def to_host(self) -> dict[str, Any]:
+        """Every row as plain host values: what a backup saves, and `History.from_host` reads back."""
+        self._fetch(len(self._values))
+        return {
+            "paths": list(self._paths),
+            "values": list(self._values),
+            "elapsed": list(self._elapsed),
+            "max_rows": self.max_rows,
+            "dropped": self.dropped,
+            "evicted_latest": dict(self._evicted_latest),
+        }
+
+    def load_host(self, rows: Mapping[str, Any]) -> None:
+        """Replaces this history's rows with those of `to_host()` (a resumed loop's history)."""
+        self._paths, self._values = list(rows["paths"]), list(rows["values"])
+        self._elapsed = list(rows["elapsed"])
+        self.dropped = int(rows["dropped"])
+        self._evicted_latest = dict(rows["evicted_latest"])
+        self._interned = {}  # new rows intern their paths again: equal paths are the same key
+        self._newest = {paths: index for index, paths in enumerate(self._paths)}
+        self._on_host = len(self._values)
 
     def __len__(self) -> int:
         return len(self._values)
@@ -612,15 +664,21 @@ class History(Sequence[Logs]):
         return plot_history(self, entries, path)
 
 
-def history() -> History:
+def history(max_rows: int | None = None) -> History:
     """Creates an empty `History`.
+
+    Args:
+        max_rows: keep at most about this many of the newest rows (older rows are
+            dropped once they are on the host; `latest()` still knows every
+            entry's newest value). `0` keeps none: for long runs that log
+            elsewhere. `None` (the default) keeps every row.
 
     Example:
         >>> import ciclo
         >>> len(ciclo.history())
         0
     """
-    return History()
+    return History(max_rows)
 
 
 # Flattened as (values, keys): unflattening a step's output builds each dict in one call,

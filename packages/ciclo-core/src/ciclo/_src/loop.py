@@ -10,10 +10,21 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import logging
+import os
+import signal
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Final, cast, final
 
+from ciclo._src.backup import (
+    Backup,
+    Preempted,
+    Session,
+    SignalGuard,
+    as_backup,
+    iterator_state,
+    position_dataset,
+)
 from ciclo._src.batches import BatchSizeFn, Stacked, count, is_stacked, steps_of
 from ciclo._src.elapsed import Clock, Elapsed, Period, PeriodLike, make_elapsed, to_period
 from ciclo._src.logs import History, Logs, StackedLogs
@@ -358,6 +369,8 @@ def run_phases(
     catch_keyboard_interrupt: bool = True,
     metadata: Any = None,
     batch_size_fn: BatchSizeFn | None = None,
+    backup: Backup | str | os.PathLike[str] | None = None,
+    backup_every: Any = None,
 ) -> tuple[S, History, Elapsed]:
     """The loop engine: runs `phases` in order at each step of `dataset`.
 
@@ -381,15 +394,24 @@ def run_phases(
         on_end: callback(s) run once after the last step.
         history: commit to this `History` instead of a new one.
         elapsed: resume counting from this `Elapsed`.
-        catch_keyboard_interrupt: on Ctrl-C, stop and return what was computed so
-            far instead of raising.
+        catch_keyboard_interrupt: on Ctrl-C, finish the step in flight, stop and
+            return what was computed so far instead of raising (a second
+            Ctrl-C raises at once).
         metadata: any value, available to callbacks as `loop_state.metadata`.
         batch_size_fn: counts the samples of a batch (default: leading dimension
             of its first array leaf).
+        backup: a directory or `ciclo.backup(...)`: save what the loop needs to
+            resume, and resume from it when it holds a backup (see `ciclo.backup`).
+        backup_every: how often to back up when `backup` does not say (a number
+            of steps, a `Period` or a schedule; default 1000 steps).
 
     Returns:
         `(state, history, elapsed)`: the final state, the history of logs, and
         the `Elapsed` after the last step.
+
+    Raises:
+        ciclo.Preempted: after saving the backup on SIGTERM (or on SIGINT with
+            `ciclo.backup(..., sigint=True)`).
 
     Example:
         >>> import ciclo
@@ -422,6 +444,27 @@ def run_phases(
     every_callback = [callback for task in tasks for callback in task.callbacks]
     owners = _owners([*start_callbacks, *every_callback, *end_callbacks])
     end_hooks = [hook for hook in (getattr(owner, "__loop_end__", None) for owner in owners) if hook]
+    try:
+        iterator = iter(dataset)
+    except TypeError:
+        raise TypeError(f"dataset must be an iterable of batches, got {dataset!r}") from None
+
+    spec = as_backup(backup)
+    session = None if spec is None else Session(spec, backup_every)
+    restored = None
+    if session is not None:
+        try:
+            restored = session.restore(state)
+        except BaseException:
+            session.close()
+            raise
+        if restored is not None:
+            state, elapsed = restored.state, restored.elapsed
+            history.load_host(restored.history)
+            _log.info("resumed from the backup at step %d in %s", restored.step, spec.directory)  # type: ignore[union-attr]
+            if restored.finished:
+                session.close()
+                return state, history, elapsed
 
     clock = Clock(elapsed, batch_size_fn)
     size_fn = clock.batch_size_fn
@@ -431,10 +474,33 @@ def run_phases(
         f"{index}:{type(owner).__name__}": owner
         for index, owner in enumerate(owner for owner in owners if isinstance(owner, StatefulCallback))
     }
-    try:
-        iterator = iter(dataset)
-    except TypeError:
-        raise TypeError(f"dataset must be an iterable of batches, got {dataset!r}") from None
+    drawn = 0  # batches taken from the dataset: its position, for backups
+    if restored is not None:
+        try:
+            loop_state.restore_callback_states(restored.callbacks)
+            iterator = position_dataset(iterator, dataset, restored)
+        except BaseException:
+            session.close()  # type: ignore[union-attr]
+            raise
+        drawn = restored.position
+    guard = SignalGuard(
+        sigterm=session is not None, sigint=catch_keyboard_interrupt or (spec is not None and spec.sigint)
+    )
+    watch = guard.active
+
+    def save(*, finished: bool, wait: bool) -> None:
+        assert session is not None
+        session.save(
+            loop_state.state,
+            clock.now(),
+            history,
+            loop_state.callback_states(),
+            drawn,
+            iterator_state(iterator),
+            finished=finished,
+            wait=wait,
+        )
+
     # Only a stop in steps alone is checked on the counters; other periods need an Elapsed.
     stop_steps = stop_period.steps if stop_period is not None else None
     stop_by_steps_only = stop_period is not None and (
@@ -454,6 +520,7 @@ def run_phases(
                 batch = next(iterator)
             except StopIteration:
                 break
+            drawn += 1
             loop_state.batch = batch
             loop_state._elapsed = None
             loop_state._logs = None
@@ -495,18 +562,33 @@ def run_phases(
             clock.advance(batch)
             if loop_state.stop_iteration:
                 break
+            if watch and guard.requested(clock.steps):
+                signum = guard.signum
+                if session is not None and (signum != signal.SIGINT or spec.sigint):  # type: ignore[union-attr]
+                    save(finished=False, wait=True)
+                    raise Preempted(signum, clock.steps)  # type: ignore[arg-type]
+                raise KeyboardInterrupt
+            if session is not None and session.due(clock.steps, clock.now):
+                save(finished=False, wait=False)
 
         loop_state._elapsed = clock.now()
         loop_state._logs = None
         _run_callbacks(loop_state, end_callbacks)
+        if session is not None:
+            save(finished=True, wait=True)
     except KeyboardInterrupt:
         if not catch_keyboard_interrupt:
             raise
         _log.warning("KeyboardInterrupt: loop stopped at step %d", clock.steps)
     finally:
+        guard.release()
         loop_state._elapsed = clock.now()
-        for hook in end_hooks:
-            hook(loop_state)
+        try:
+            for hook in end_hooks:
+                hook(loop_state)
+        finally:
+            if session is not None:
+                session.close()
     return loop_state.state, history, loop_state.elapsed
 
 
@@ -523,6 +605,7 @@ def loop(
     catch_keyboard_interrupt: bool = True,
     metadata: Any = None,
     batch_size_fn: BatchSizeFn | None = None,
+    backup: Backup | str | os.PathLike[str] | None = None,
 ) -> tuple[S, History, Elapsed]:
     """Runs `tasks` over `dataset`: at each step, the callbacks of each schedule that fires.
 
@@ -553,6 +636,9 @@ def loop(
         metadata: any value, available to callbacks as `loop_state.metadata`.
         batch_size_fn: counts the samples of a batch (default: leading dimension
             of its first array leaf).
+        backup: a directory or `ciclo.backup(directory, every=...)`: back up
+            (every 1000 steps by default, at the end and on SIGTERM) and resume
+            from the backup found there.
 
     Returns:
         `(state, history, elapsed)`: the final state, the history of logs, and
@@ -581,4 +667,5 @@ def loop(
         catch_keyboard_interrupt=catch_keyboard_interrupt,
         metadata=metadata,
         batch_size_fn=batch_size_fn,
+        backup=backup,
     )

@@ -1,0 +1,296 @@
+"""ciclo.backup: a loop that is stopped and started again equals one that never stopped."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import ciclo
+
+
+class Crash(Exception):
+    pass
+
+
+def crash_at(step: int):
+    def callback(state, batch, elapsed):
+        if elapsed.steps == step:
+            raise Crash(f"killed at step {step}")
+
+    return callback
+
+
+@jax.jit
+def sgd_step(params, batch):
+    x, y = batch
+
+    def loss_fn(p):
+        return jnp.mean((x @ p["w"] + p["b"] - y) ** 2)
+
+    loss, grads = jax.value_and_grad(loss_fn)(params)
+    params = jax.tree.map(lambda p, g: p - 0.1 * g, params, grads)
+    return ciclo.logs().add_loss("loss", loss).add_metric("w0", params["w"][0, 0]), params
+
+
+def batches(n=40):
+    rng = np.random.default_rng(0)
+    for _ in range(n):
+        x = rng.normal(size=(8, 3)).astype(np.float32)
+        yield x, x.sum(axis=1, keepdims=True).astype(np.float32)
+
+
+def init():
+    return {"w": jnp.zeros((3, 1)), "b": jnp.zeros((1, 1))}
+
+
+def run(directory, *extra, stop=30, every=5, dataset=None):
+    return ciclo.loop(
+        init(),
+        batches() if dataset is None else dataset,
+        {ciclo.every(1): [sgd_step, *extra]},
+        stop=stop,
+        backup=ciclo.backup(directory, every=every),
+    )
+
+
+def assert_same_run(a, b):
+    state_a, history_a, elapsed_a = a
+    state_b, history_b, elapsed_b = b
+    for x, y in zip(jax.tree.leaves(state_a), jax.tree.leaves(state_b), strict=True):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))  # bitwise
+    assert history_a.collect("steps", "loss", "w0") == history_b.collect("steps", "loss", "w0")
+    assert (elapsed_a.steps, elapsed_a.samples) == (elapsed_b.steps, elapsed_b.samples)
+
+
+@pytest.mark.parametrize("crash_step", [3, 5, 13, 29])
+def test_a_crashed_run_resumes_to_the_same_result(tmp_path, crash_step):
+    reference = ciclo.loop(init(), batches(), {ciclo.every(1): sgd_step}, stop=30)
+    with pytest.raises(Crash):
+        run(tmp_path / "b", crash_at(crash_step))
+    resumed = run(tmp_path / "b")
+    assert_same_run(reference, resumed)
+
+
+def test_a_finished_run_returns_its_results_at_once(tmp_path):
+    first = run(tmp_path)
+    calls = []
+
+    def count(state, batch):
+        calls.append(batch)
+
+    again = run(tmp_path, count)
+    assert calls == []
+    assert_same_run(first, again)
+
+
+def test_backups_are_numbered_by_completed_steps_and_rotated(tmp_path):
+    with pytest.raises(Crash):
+        run(tmp_path, crash_at(23), every=5)
+    steps = sorted(int(p.name) for p in tmp_path.iterdir() if p.name.isdigit())
+    assert steps == [15, 20]  # keep=2; step 20 holds the state after 20 updates
+
+
+class CountingIterator:
+    """An iterator with grain's get_state / set_state."""
+
+    def __init__(self):
+        self.position = 0
+        self.draws = 0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        self.position += 1
+        self.draws += 1
+        return np.float32(self.position)
+
+    def get_state(self):
+        return {"position": self.position}
+
+    def set_state(self, state):
+        self.position = state["position"]
+
+
+def add(state, batch):
+    return ciclo.logs().add_metric("batch", batch), state + batch
+
+
+def test_an_iterator_with_get_state_is_positioned_by_its_state(tmp_path):
+    spec = ciclo.backup(tmp_path, every=4)
+    with pytest.raises(Crash):
+        ciclo.loop(
+            jnp.float32(0), CountingIterator(), {ciclo.every(1): [add, crash_at(9)]}, stop=12, backup=spec
+        )
+    iterator = CountingIterator()
+    state, history, _ = ciclo.loop(jnp.float32(0), iterator, {ciclo.every(1): add}, stop=12, backup=spec)
+    assert iterator.draws == 4  # set_state moved it to batch 8: no batch was drawn to skip
+    assert history.collect("batch") == [float(i) for i in range(1, 13)]
+    assert float(state) == sum(range(1, 13))
+
+
+def test_any_other_dataset_is_iterated_again_skipping_the_used_batches(tmp_path):
+    spec = ciclo.backup(tmp_path, every=4)
+    with pytest.raises(Crash):
+        ciclo.loop(
+            jnp.float32(0),
+            np.arange(1, 20, dtype=np.float32),
+            {ciclo.every(1): [add, crash_at(9)]},
+            stop=12,
+            backup=spec,
+        )
+    state, history, _ = ciclo.loop(
+        jnp.float32(0), np.arange(1, 20, dtype=np.float32), {ciclo.every(1): add}, stop=12, backup=spec
+    )
+    assert history.collect("batch") == [float(i) for i in range(1, 13)]
+
+
+def test_a_partly_consumed_generator_is_refused(tmp_path):
+    spec = ciclo.backup(tmp_path, every=2)
+    with pytest.raises(Crash):
+        ciclo.loop(0, (i for i in range(10)), {ciclo.every(1): [add, crash_at(3)]}, backup=spec)
+    generator = (i for i in range(10))
+    next(generator)
+    with pytest.raises(ValueError, match="partly consumed"):
+        ciclo.loop(0, generator, {ciclo.every(1): add}, backup=spec)
+
+
+def test_a_dataset_shorter_than_the_backed_up_position_is_refused(tmp_path):
+    spec = ciclo.backup(tmp_path, every=2)
+    with pytest.raises(Crash):
+        ciclo.loop(0, range(10), {ciclo.every(1): [add, crash_at(5)]}, backup=spec)
+    with pytest.raises(ValueError, match="ended after 2 batches"):
+        ciclo.loop(0, range(2), {ciclo.every(1): add}, backup=spec)
+
+
+def test_a_directory_with_other_files_is_refused(tmp_path):
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(FileExistsError, match="holds no ciclo backup"):
+        ciclo.loop(0, range(3), {ciclo.every(1): add}, backup=tmp_path)
+    assert (tmp_path / "notes.txt").read_text() == "mine"
+
+
+def test_a_backup_of_another_model_names_the_leaf(tmp_path):
+    with pytest.raises(Crash):
+        run(tmp_path, crash_at(7))
+    other = {"w": jnp.zeros((4, 1)), "b": jnp.zeros((1, 1))}
+    with pytest.raises(ValueError, match=r"\['w'\].*\(3, 1\).*\(4, 1\)"):
+        ciclo.loop(
+            other, batches(), {ciclo.every(1): sgd_step}, stop=30, backup=ciclo.backup(tmp_path, every=5)
+        )
+
+
+def test_callback_states_are_restored(tmp_path):
+    # early stopping counts its patience across the restart: it stops where the uninterrupted run did
+    def worse_after_4(state, batch, elapsed):
+        return ciclo.logs().add_loss("loss", float(abs(elapsed.steps - 4))), state
+
+    def make_run(*extra, backup=None):
+        return ciclo.loop(
+            0,
+            range(100),
+            {ciclo.every(1): [worse_after_4, ciclo.early_stopping("loss", patience=5), *extra]},
+            backup=backup,
+        )
+
+    _, _, reference = make_run()
+    spec = ciclo.backup(tmp_path, every=1)
+    with pytest.raises(Crash):
+        make_run(crash_at(7), backup=spec)
+    _, _, elapsed = make_run(backup=spec)
+    assert elapsed.steps == reference.steps == 11  # best at step 4, then 5 steps without improvement
+
+
+def test_sigterm_saves_a_backup_and_raises_preempted(tmp_path):
+    def preempt(state, batch, elapsed):
+        if elapsed.steps == 11:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    with pytest.raises(ciclo.Preempted) as caught:
+        run(tmp_path, preempt, every=100)
+    assert caught.value.code == 143
+    assert caught.value.steps == 12  # the step in flight finished
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    reference = ciclo.loop(init(), batches(), {ciclo.every(1): sgd_step}, stop=30)
+    assert_same_run(reference, run(tmp_path, every=100))
+
+
+def test_ctrl_c_finishes_the_step_and_returns_a_consistent_result():
+    seen = []
+
+    def interrupt(state, batch, elapsed):
+        seen.append(elapsed.steps)
+        if elapsed.steps == 5:
+            os.kill(os.getpid(), signal.SIGINT)
+        return ciclo.logs().add_metric("step", elapsed.steps), state + 1
+
+    state, history, elapsed = ciclo.loop(0, range(100), {ciclo.every(1): interrupt})
+    assert state == elapsed.steps == len(history) == 6
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_ctrl_c_with_sigint_backup_saves_and_resumes(tmp_path):
+    def interrupt(state, batch, elapsed):
+        if elapsed.steps == 6:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    spec = ciclo.backup(tmp_path, every=100, sigint=True)
+    with pytest.raises(ciclo.Preempted) as caught:
+        ciclo.loop(init(), batches(), {ciclo.every(1): [sgd_step, interrupt]}, stop=30, backup=spec)
+    assert caught.value.code == 130
+    reference = ciclo.loop(init(), batches(), {ciclo.every(1): sgd_step}, stop=30)
+    assert_same_run(
+        reference, ciclo.loop(init(), batches(), {ciclo.every(1): sgd_step}, stop=30, backup=spec)
+    )
+
+
+def test_train_loop_resumes_with_epochs_and_fused_groups(tmp_path):
+    def train_step(state, batch):
+        return ciclo.logs().add_loss("loss", state * 0.5 + batch), state + batch
+
+    def test_step(state, batch):
+        return ciclo.logs().add_metric("value", state + batch)
+
+    def make(*extra, spe=1):
+        tasks = {ciclo.on_train_step: [train_step], ciclo.on_test_step: [test_step]}
+        if extra:
+            tasks[ciclo.every(1)] = list(extra)
+        return ciclo.train_loop(
+            jnp.float32(0),
+            np.arange(100, dtype=np.float32),
+            tasks,
+            test_dataset=lambda: np.arange(3, dtype=np.float32),
+            epoch_duration=4,
+            stop=20,
+            backup=tmp_path / f"spe{spe}",
+        )
+
+    reference = ciclo.train_loop(
+        jnp.float32(0),
+        np.arange(100, dtype=np.float32),
+        {ciclo.on_train_step: [train_step], ciclo.on_test_step: [test_step]},
+        test_dataset=lambda: np.arange(3, dtype=np.float32),
+        epoch_duration=4,
+        stop=20,
+    )
+    with pytest.raises(Crash):
+        make(crash_at(14))
+    resumed = make()
+    assert float(resumed[0]) == float(reference[0])
+    assert resumed[1].collect("steps", "loss") == reference[1].collect("steps", "loss")
+    assert resumed[1].collect("steps", "value_test") == reference[1].collect("steps", "value_test")
+
+
+def test_history_can_be_bounded():
+    history = ciclo.history(max_rows=10)
+    for step in range(2000):
+        history.append(step, step, 0.0, ciclo.logs().add_metric("x", float(step)))
+    assert len(history) <= 10 + 2 * 128
+    assert history.collect("steps")[-1] == 1999
+    assert history.latest()["metrics"]["x"] == 1999.0
+    assert history.dropped + len(history) == 2000
