@@ -25,7 +25,7 @@ def test_per_collection_aggregation_and_arrays():
     inner = ciclo.inner_loop(eval_loop([1.0, 3.0]), aggregation={"metrics": "mean", "outputs": "sum"})
     logs, _ = inner(0)
     assert logs["metrics"]["m"] == 2.0
-    assert logs["losses"]["l"] == -3.0  # not in the dict: last
+    assert logs["losses"]["l"] == -2.0  # not in the dict: a per-batch loss, so its mean
     np.testing.assert_array_equal(logs["outputs"]["o"], [4.0, 4.0])
 
 

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final
 
 from ciclo._src.batches import BatchSizeFn, stacked
-from ciclo._src.callbacks._inner_loop import inner_loop
+from ciclo._src.callbacks._inner_loop import AggregationLike, inner_loop
 from ciclo._src.elapsed import Elapsed, Period, PeriodLike
 from ciclo._src.logs import History
 from ciclo._src.loop import Phase, at_step_end, run_phases
@@ -72,8 +72,6 @@ PREDICT_NAMES: Final = (
     on_predict_begin,
     on_predict_end,
 )
-
-_DEFAULT_TEST_AGGREGATION: Final[Mapping[str, str]] = {"metrics": "mean", "losses": "mean"}
 
 Named = dict[str, list[Any]]
 
@@ -205,6 +203,7 @@ def train_loop(
     test_duration: PeriodLike | None = None,
     test_name: str = "test",
     inner_loop_kwargs: Mapping[str, Any] | None = None,
+    test_aggregation: AggregationLike | None = None,
     stop: PeriodLike | None = None,
     history: History | None = None,
     elapsed: Elapsed | None = None,
@@ -219,8 +218,8 @@ def train_loop(
     `train_step` and `on_train_step`; the scheduled tasks of `tasks` (e.g.
     `ciclo.every(20)`); after the step that completes an epoch, `reset_step`
     / `on_reset_step`, the test loop over `test_dataset()` (a `ciclo.test_loop`
-    whose logs are renamed with the `_test` suffix, losses averaged over the
-    test steps), and `on_epoch_end`; finally `on_train_batch_end` (where
+    whose logs are renamed with the `_test` suffix and reduced to one value
+    per entry, see `test_aggregation`), and `on_epoch_end`; finally `on_train_batch_end` (where
     progress bars go, so they show everything logged in the step).
     `on_train_begin` and `on_train_end` run once. It is `ciclo.run_phases`
     with these phases: build your own loop the same way.
@@ -241,11 +240,15 @@ def train_loop(
         test_duration: stop each test loop after this period (default: when
             `test_dataset()` is exhausted).
         test_name: suffix of the test entries (`accuracy_test`).
-        inner_loop_kwargs: passed to `ciclo.inner_loop` for the test loop, e.g.
-            `{"aggregation": "last"}`. Without an `aggregation` there, a state
-            class may declare its own default as the class attribute
-            `test_aggregation` (`ciclo.ModelState` keeps the last value of its
-            running metrics).
+        inner_loop_kwargs: passed to `ciclo.inner_loop` for the test loop.
+        test_aggregation: how the test loop's entries become one value each,
+            per entry (`{"accuracy": "mean", "top2": "last"}`), per collection
+            or for all (the `aggregation` of `ciclo.inner_loop`). Entries it
+            does not name follow the state's own `test_aggregation` attribute
+            (`ciclo.ModelState` keeps the last value of its running metrics),
+            else their kind: per-batch `metrics` and `losses` are averaged
+            weighted by each batch's samples, running `stateful_metrics` keep
+            their last value.
         stop: stop after this period or number of steps.
         history: commit to this `History`.
         elapsed: resume counting from this `Elapsed`.
@@ -320,8 +323,11 @@ def train_loop(
         at_epoch_end = _get(named, reset_step, on_reset_step)
         if test_dataset is not None:
             make_test_dataset = test_dataset
-            aggregation = getattr(type(state), "test_aggregation", _DEFAULT_TEST_AGGREGATION)
-            kwargs: dict[str, Any] = {"aggregation": aggregation, **(inner_loop_kwargs or {})}
+            kwargs: dict[str, Any] = dict(inner_loop_kwargs or {})
+            if test_aggregation is not None:
+                if "aggregation" in kwargs:
+                    raise TypeError("pass test_aggregation or inner_loop_kwargs['aggregation'], not both")
+                kwargs["aggregation"] = test_aggregation
 
             def run_test(current: Any) -> tuple[Any, History, Elapsed]:
                 return test_loop(

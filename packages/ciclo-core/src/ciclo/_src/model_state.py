@@ -12,7 +12,7 @@ state's strategy.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any, ClassVar, cast, final
+from typing import Any, cast, final
 
 import jax
 import jax.numpy as jnp
@@ -138,9 +138,10 @@ class ModelState(ManagedState):
         adapter: the `ciclo.ModelAdapter` (static).
         losses: the loss functions by name (static).
         key_impl: the PRNG implementation of `key` (static).
-        test_aggregation: how `train_loop`'s evaluation reduces the test steps'
-            logs: the mean of the per-batch losses, and the last (running) value
-            of the metrics.
+        test_aggregation: how an evaluation loop (`train_loop`'s, or a
+            `ciclo.inner_loop`) reduces what the metrics log: each keeps its
+            last, running value (`{"metrics.accuracy": "last"}`); other
+            entries, such as the per-batch losses, take their kind's default.
 
     Example:
         >>> import ciclo, jax, jax.numpy as jnp, optax
@@ -170,7 +171,16 @@ class ModelState(ManagedState):
     losses: NamedLosses = field(static=True)
     key_impl: Any = field(static=True, default=None)
 
-    test_aggregation: ClassVar[Mapping[str, str]] = {"losses": "mean", "metrics": "last"}
+    @property
+    def test_aggregation(self) -> dict[str, str]:
+        """`{"metrics.<entry>": "last"}` for each entry the running metrics log."""
+        entries: dict[str, str] = {}
+        for name, metric in self.metrics.items():
+            # Traced, not run: a metric whose compute() returns a dict logs its keys.
+            value = jax.eval_shape(_computed, metric)
+            for entry in value if isinstance(value, Mapping) else (name,):
+                entries[f"metrics.{entry}"] = "last"
+        return entries
 
     @property
     def model(self) -> Any:
@@ -271,6 +281,10 @@ class ModelState(ManagedState):
         """Returns the state with empty metrics, placed as before."""
         _, state = self._reset_metrics(None)
         return cast(ModelState, state)
+
+
+def _computed(metric: Metric) -> Any:
+    return metric.reset().compute()
 
 
 def _check_losses(losses: Mapping[str, Callable[..., Any]] | Callable[..., Any] | None) -> NamedLosses:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Generic, Literal, final
+from typing import Any, Final, Generic, Literal, final
 
 import numpy as np
 
@@ -17,18 +17,22 @@ Aggregation = AggregationName | Callable[[Sequence[Any]], Any]
 """How an entry's values over the inner loop's history become one value."""
 
 AggregationLike = Aggregation | Mapping[str, Aggregation]
-"""One aggregation for every collection, or `{collection: aggregation}` ("last" for the rest)."""
+"""One aggregation for every entry, or a dict keyed by entry (`"accuracy"`, `"metrics.accuracy"`)
+or by collection (`"metrics"`); entries it does not name take their kind's default."""
 
 LoopFn = Callable[[Any], tuple[Any, History, Elapsed]]
 
-_REDUCERS: dict[str, Callable[[Sequence[Any]], Any]] = {
-    "last": lambda values: values[-1],
-    "first": lambda values: values[0],
-    "mean": lambda values: _reduce(np.mean, values),
-    "sum": lambda values: _reduce(np.sum, values),
-    "min": lambda values: _reduce(np.min, values),
-    "max": lambda values: _reduce(np.max, values),
-}
+Reducer = Callable[[Sequence[Any], np.ndarray], Any]
+"""An aggregation as applied: `(values, samples per step) -> value`."""
+
+PER_BATCH_COLLECTIONS: Final = ("metrics", "losses")
+"""Collections whose entries are per-batch values by default: their mean, weighted by samples."""
+
+RUNNING_COLLECTION: Final = "stateful_metrics"
+"""The collection of running values (Keras' `stateful_metrics`): each value covers all batches so far."""
+
+# Collections a dict may name although the inner loop logged nothing there (a test step with no losses).
+_KNOWN_COLLECTIONS: Final = frozenset((*PER_BATCH_COLLECTIONS, RUNNING_COLLECTION, "outputs"))
 
 
 def _reduce(fn: Callable[..., Any], values: Sequence[Any]) -> Any:
@@ -36,14 +40,104 @@ def _reduce(fn: Callable[..., Any], values: Sequence[Any]) -> Any:
     return result.item() if np.ndim(result) == 0 else result
 
 
-def _check_aggregation(aggregation: Any, where: str) -> Callable[[Sequence[Any]], Any]:
-    if callable(aggregation):
-        return aggregation  # type: ignore[no-any-return]
-    if aggregation in _REDUCERS:
-        return _REDUCERS[aggregation]
+def _weighted_mean(values: Sequence[Any], samples: np.ndarray) -> Any:
+    stacked = np.stack([np.asarray(v) for v in values])
+    # Batches that count no samples (plain Python values count one each) weigh the same.
+    weights = samples if samples.sum() > 0 else None
+    result = np.average(stacked, axis=0, weights=weights)
+    if np.issubdtype(stacked.dtype, np.floating):
+        result = result.astype(stacked.dtype)
+    return result.item() if np.ndim(result) == 0 else result
+
+
+_REDUCERS: dict[str, Reducer] = {
+    "last": lambda values, _: values[-1],
+    "first": lambda values, _: values[0],
+    "mean": _weighted_mean,
+    "sum": lambda values, _: _reduce(np.sum, values),
+    "min": lambda values, _: _reduce(np.min, values),
+    "max": lambda values, _: _reduce(np.max, values),
+}
+
+
+def _check_aggregation(aggregation: Any, where: str) -> Reducer:
+    if isinstance(aggregation, str):
+        if aggregation in _REDUCERS:
+            return _REDUCERS[aggregation]
+    elif callable(aggregation):
+        fn = aggregation
+        return lambda values, _: fn(values)
     raise ValueError(
         f"{where}: unknown aggregation {aggregation!r}; use one of {sorted(_REDUCERS)} or a function"
     )
+
+
+class _Rules:
+    """An `AggregationLike` checked: one reducer for all, or reducers by path, name and collection."""
+
+    __slots__ = ("by_key", "every")
+
+    def __init__(self, aggregation: AggregationLike, where: str) -> None:
+        self.every: Reducer | None = None
+        self.by_key: dict[str, Reducer] = {}
+        if isinstance(aggregation, Mapping):
+            for key, agg in aggregation.items():
+                if not isinstance(key, str):
+                    raise TypeError(f"{where} keys are entry or collection names, got {key!r}")
+                self.by_key[key] = _check_aggregation(agg, f"{where}[{key!r}]")
+        else:
+            self.every = _check_aggregation(aggregation, where)
+
+    def find(self, collection: str, name: str) -> Reducer | None:
+        """The reducer of an entry: by full path, else by name, else by collection."""
+        if self.every is not None:
+            return self.every
+        by_key = self.by_key
+        return by_key.get(f"{collection}.{name}") or by_key.get(name) or by_key.get(collection)
+
+    def check_names(self, paths: Sequence[tuple[str, str]]) -> None:
+        """Refuses keys that name no entry, so that a misspelt name is not silently ignored."""
+        known = {f"{c}.{n}" for c, n in paths} | {n for _, n in paths} | {c for c, _ in paths}
+        unknown = [key for key in self.by_key if key not in known and key not in _KNOWN_COLLECTIONS]
+        if unknown:
+            present = sorted(f"{c}.{n}" for c, n in paths)
+            raise ValueError(
+                f"aggregation names {unknown[0]!r}, which is no entry or collection of the inner "
+                f"loop's logs; present: {present}"
+            )
+
+
+def default_aggregation(collection: str) -> AggregationName:
+    """The aggregation of an entry no rule names, by the kind its collection says it is.
+
+    Entries of `metrics` and `losses` are per-batch values: their mean over the
+    steps, each step weighted by its batch's samples, which does not depend on
+    how the data is cut into batches. Entries of `stateful_metrics` are running
+    values, each covering all the batches so far: the last one. Other
+    collections (`outputs`, ...) keep their last value.
+
+    Example:
+        >>> default_aggregation("metrics"), default_aggregation("stateful_metrics")
+        ('mean', 'last')
+    """
+    return "mean" if collection in PER_BATCH_COLLECTIONS else "last"
+
+
+def _samples_per_step(counts: list[tuple[int, int]], elapsed: Elapsed | None) -> np.ndarray:
+    """The samples of each history entry's step, from the entries' `(steps, samples)` counts.
+
+    An entry is committed with the counts before its step, so its step counted
+    the samples up to the next entry (or to `elapsed`, the loop's final counts,
+    for the last one); a gap of several steps is shared evenly among them.
+    """
+    if elapsed is not None:
+        counts = [*counts, (elapsed.steps, elapsed.samples)]
+    samples = np.ones(len(counts) - (elapsed is not None))
+    for i, ((steps, seen), (next_steps, next_seen)) in enumerate(zip(counts, counts[1:], strict=False)):
+        samples[i] = (next_seen - seen) / max(next_steps - steps, 1)
+    if elapsed is None and len(samples) > 1:
+        samples[-1] = samples[-2]  # the last step's batch is unknown: taken as the one before
+    return samples
 
 
 @final
@@ -55,7 +149,7 @@ class InnerLoop(Generic[S]):
         name: str | None,
         loop_fn: LoopFn,
         output_state: bool,
-        aggregation: AggregationLike,
+        aggregation: AggregationLike | None,
     ) -> None:
         if not callable(loop_fn):
             raise TypeError(
@@ -64,13 +158,7 @@ class InnerLoop(Generic[S]):
         self.name = name
         self.loop_fn = loop_fn
         self.output_state = output_state
-        self._default = _REDUCERS["last"]
-        self._per_collection: dict[str, Callable[[Sequence[Any]], Any]] = {}
-        if isinstance(aggregation, Mapping):
-            for collection, agg in aggregation.items():
-                self._per_collection[collection] = _check_aggregation(agg, f"aggregation[{collection!r}]")
-        else:
-            self._default = _check_aggregation(aggregation, "aggregation")
+        self._rules = None if aggregation is None else _Rules(aggregation, "aggregation")
 
     def __call__(self, state: S) -> CallbackOutput[S]:
         """Runs the inner loop from `state`; returns its aggregated logs and a state.
@@ -78,23 +166,51 @@ class InnerLoop(Generic[S]):
         The state is the inner loop's final state with `output_state=True`,
         else `state` unchanged.
         """
-        inner_state, inner_history, _ = self.loop_fn(state)
-        return self.aggregate(inner_history), (inner_state if self.output_state else state)
+        inner_state, inner_history, elapsed = self.loop_fn(state)
+        logs = self.aggregate(inner_history, elapsed=elapsed, state=state)
+        return logs, (inner_state if self.output_state else state)
 
-    def aggregate(self, history: History) -> Logs:
-        """Reduces a history to one `Logs`, renaming entries with the `_name` suffix."""
+    def aggregate(self, history: History, *, elapsed: Elapsed | None = None, state: Any = None) -> Logs:
+        """Reduces a history to one `Logs`, renaming entries with the `_name` suffix.
+
+        Each entry takes the first rule that names it: this callback's
+        `aggregation`, then the `test_aggregation` that `state` declares (see
+        `ciclo.inner_loop`), then its kind's default (`default_aggregation`).
+
+        Args:
+            history: the inner loop's history.
+            elapsed: the inner loop's final counts, which tell how many samples
+                its last step saw (for the weighted `"mean"`).
+            state: the state the inner loop started from.
+        """
         values: dict[tuple[str, str], list[Any]] = {}
-        for entry in history:
+        steps: dict[tuple[str, str], list[int]] = {}
+        counts: list[tuple[int, int]] = []
+        for index, entry in enumerate(history):
             for collection, entries in entry.items():
                 if collection == "elapsed":
+                    counts.append((entries["steps"], entries["samples"]))
                     continue
                 for key, value in entries.items():
                     values.setdefault((collection, key), []).append(value)
+                    steps.setdefault((collection, key), []).append(index)
+        if not values:
+            return Logs()
+        if self._rules is not None:
+            self._rules.check_names(list(values))
+        declared = getattr(state, "test_aggregation", None)
+        rules = [rule for rule in (self._rules, declared and _Rules(declared, "test_aggregation")) if rule]
+        samples = _samples_per_step(counts, elapsed)
         logs = Logs()
         suffix = f"_{self.name}" if self.name else ""
         for (collection, key), series in values.items():
-            reduce = self._per_collection.get(collection, self._default)
-            logs.add_entry(collection, key + suffix, reduce(series))
+            reduce = _REDUCERS[default_aggregation(collection)]
+            for rule in rules:
+                found = rule.find(collection, key)
+                if found is not None:
+                    reduce = found
+                    break
+            logs.add_entry(collection, key + suffix, reduce(series, samples[steps[(collection, key)]]))
         return logs
 
     def __loop_callback__(self, loop_state: LoopState[S]) -> CallbackOutput[S]:
@@ -107,35 +223,59 @@ def inner_loop(
     maybe_loop_fn: LoopFn | None = None,
     *,
     output_state: bool = False,
-    aggregation: AggregationLike = "last",
+    aggregation: AggregationLike | None = None,
 ) -> InnerLoop[Any]:
     """A callback that runs a whole loop, e.g. an evaluation loop during training.
 
     The loop function receives the current state and returns
     `(state, history, elapsed)`, as `ciclo.loop` and the predefined loops do.
-    Its history is reduced to one `Logs` per collection with `aggregation`, and
-    each entry is renamed `<entry>_<name>` when a name is given.
+    Its history is reduced to one value per entry, and each entry is renamed
+    `<entry>_<name>` when a name is given.
+
+    How an entry is reduced is decided per entry, by the first of:
+
+    1. `aggregation`: one aggregation for every entry, or a dict keyed by full
+       path (`"metrics.accuracy"`), entry name (`"accuracy"`) or collection
+       (`"metrics"`), tried in that order;
+    2. the state's `test_aggregation` attribute, in the same forms: how a state
+       class reduces what its own steps log (`ciclo.ModelState` keeps the last
+       value of each of its running metrics);
+    3. the entry's kind, from its collection: `metrics` and `losses` hold
+       per-batch values, reduced to their mean weighted by each step's samples,
+       which does not depend on the batch size; `stateful_metrics` holds
+       running values (each covering all the batches so far, as Keras'
+       `stateful_metrics`), reduced to the last one; other collections keep
+       their last value.
+
+    A hand-written running metric (a sum and a count kept in the state) is
+    logged in `stateful_metrics`, or named in `aggregation` as `"last"`: its
+    mean over the steps would be wrong.
 
     Args:
         name_or_loop_fn: the name used as suffix, or the loop function.
         maybe_loop_fn: the loop function when a name is given first.
         output_state: return the inner loop's final state (default: keep the
             outer state unchanged).
-        aggregation: `"last"`, `"first"`, `"mean"`, `"sum"`, `"min"`, `"max"`, a
-            function of the list of values, or a dict mapping collection names
-            to those (collections not in the dict use `"last"`).
+        aggregation: `"last"`, `"first"`, `"mean"` (weighted by each step's
+            samples), `"sum"`, `"min"`, `"max"`, a function of the list of
+            values, or a dict of those by entry or collection (see above).
+
+    Raises:
+        ValueError: for an unknown aggregation, and, when the inner loop has
+            run, for a dict key that names none of its entries or collections.
 
     Example:
-        >>> import ciclo
+        >>> import ciclo, numpy as np
         >>> def eval_step(state, batch):
-        ...     return ciclo.logs().add_metric("error", batch)
+        ...     return ciclo.logs().add_metric("error", float(batch.mean()))
+        >>> batches = [np.full(4, 1.0), np.full(4, 2.0), np.full(2, 4.0)]  # the last batch is short
         >>> evaluate = ciclo.inner_loop(
-        ...     "test",
-        ...     lambda state: ciclo.loop(state, [1.0, 2.0, 3.0], {ciclo.every(1): [eval_step]}),
-        ...     aggregation="mean",
+        ...     "test", lambda state: ciclo.loop(state, batches, {ciclo.every(1): [eval_step]})
         ... )
-        >>> evaluate(state=None)
+        >>> evaluate(state=None)  # the mean over the 10 samples
         ({'metrics': {'error_test': 2.0}}, None)
+        >>> ciclo.inner_loop("test", evaluate.loop_fn, aggregation={"error": "last"})(None)
+        ({'metrics': {'error_test': 4.0}}, None)
     """
     if isinstance(name_or_loop_fn, str):
         if maybe_loop_fn is None:
