@@ -30,7 +30,7 @@ class Adapter:
 
 
 TABLE = (
-    Adapter("jax", None, None),  # the plain-JAX adapter of docs/frameworks.md
+    Adapter("jax", None, None),  # the plain-JAX adapter of docs/adapter.md
     Adapter("flax_linen", "flax", "create_flax_state"),
     Adapter("flax_nnx", "flax", "create_flax_state"),
     Adapter("haiku", "haiku", "create_haiku_state"),

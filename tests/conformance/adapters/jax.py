@@ -1,4 +1,4 @@
-"""The plain-JAX adapter written in docs/frameworks.md ("A new framework in 50 lines")."""
+"""The plain-JAX adapter written in docs/adapter.md ("Writing an adapter: a new framework in 50 lines")."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ NAME = "jax"
 REQUIRES = None
 ENTRY_POINT = None
 
-_page = Session(DOCS / "frameworks.md")
+_page = Session(DOCS / "adapter.md")
 _page.run_upto(0)  # the first block defines the adapter
 MLP = _page.namespace["MLP"]
 

@@ -1,0 +1,231 @@
+"""The API reference pages, generated from the `__all__` of ciclo and of each adapter package.
+
+An mkdocs hook (`hooks:` in mkdocs.yml): `on_files` adds the pages under
+`reference/`, so a name added to an `__all__` is documented without editing a
+page. Each name goes to the page of the private module that defines it (a
+`from ciclo._src.schedules import every as every` line puts `every` on the
+schedules page); a name from a module no topic claims is listed on the
+reference's index page. The names are read from the sources with `ast`, so
+generating the pages imports neither ciclo nor JAX.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = {
+    "ciclo": ROOT / "packages/ciclo-core/src/ciclo",
+    "ciclo_flax": ROOT / "packages/ciclo-flax/src/ciclo_flax",
+    "ciclo_haiku": ROOT / "packages/ciclo-haiku/src/ciclo_haiku",
+    "ciclo_equinox": ROOT / "packages/ciclo-equinox/src/ciclo_equinox",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Topic:
+    """One reference page: the names whose defining module starts with one of `modules`."""
+
+    page: str
+    title: str
+    intro: str
+    modules: tuple[str, ...]
+
+
+TOPICS = [
+    Topic(
+        "loop.md",
+        "The loop",
+        "`ciclo.loop`, its engine `ciclo.run_phases` and what callbacks see. "
+        "Guide: [the loop language](../guide.md).",
+        ("ciclo._src.loop", "ciclo._src.loop_state", "ciclo._src.step_output"),
+    ),
+    Topic(
+        "loops.md",
+        "Predefined loops",
+        "`train_loop`, `test_loop`, `predict_loop` and their named schedules. "
+        "Guide: [predefined loops](../loops.md).",
+        ("ciclo._src.loops",),
+    ),
+    Topic(
+        "time.md",
+        "Time and schedules",
+        "Counting steps, samples and seconds, and deciding when a callback runs.",
+        ("ciclo._src.elapsed", "ciclo._src.schedules"),
+    ),
+    Topic("logs.md", "Logs and history", "What steps log and what the loop keeps.", ("ciclo._src.logs",)),
+    Topic(
+        "callbacks.md",
+        "Callbacks",
+        "Progress bars, checkpoints, early stopping, inner loops, loggers.",
+        ("ciclo._src.callbacks",),
+    ),
+    Topic(
+        "fused.md",
+        "Fused steps",
+        "Several steps per dispatch. Guide: [fused steps](../guide.md#fused-steps).",
+        ("ciclo._src.batches", "ciclo._src.fused"),
+    ),
+    Topic(
+        "states.md",
+        "Model states and metrics",
+        "Keras-like states for any model, and the metrics they accumulate. "
+        "Guides: [frameworks](../frameworks/index.md), [metrics](../metrics.md).",
+        ("ciclo._src.model_state", "ciclo._src.metrics", "ciclo._src.frameworks", "ciclo.metrics"),
+    ),
+    Topic(
+        "managed.md",
+        "The managed API",
+        "Steps that only compute losses. Guide: [strategies](../strategies.md).",
+        ("ciclo.managed", "ciclo._src.managed", "ciclo._src.roles"),
+    ),
+    Topic(
+        "strategies.md",
+        "Strategies",
+        "Where states and batches live and how steps compile. Guide: [strategies](../strategies.md).",
+        ("ciclo.strategies", "ciclo._src.strategies"),
+    ),
+    Topic(
+        "types.md",
+        "Protocols and types",
+        "The small protocols the pieces meet through.",
+        ("ciclo._src.types",),
+    ),
+    Topic(
+        "adapters.md",
+        "Framework adapters",
+        "The packages ciclo-flax, ciclo-haiku and ciclo-equinox. "
+        "Guide: [frameworks](../frameworks/index.md).",
+        ("ciclo_flax", "ciclo_haiku", "ciclo_equinox"),
+    ),
+]
+INDEX = "index.md"
+
+
+@dataclasses.dataclass(frozen=True)
+class Name:
+    """A public name: `path` is how users reach it, `source` the module that defines it."""
+
+    path: str
+    source: str
+    is_module: bool
+    original: str  # the name in `source` (an import may rename it)
+
+    @property
+    def identity(self) -> tuple[str, str]:
+        """The object this name reaches: `ciclo.ModelState` and `ciclo.managed.ModelState` are one."""
+        return (self.source, self.original) if not self.is_module else (self.source, "")
+
+
+def _module_file(module: str) -> Path:
+    package, *rest = module.split(".")
+    base = PACKAGES[package].joinpath(*rest)
+    return base / "__init__.py" if base.is_dir() else base.with_suffix(".py")
+
+
+def public_names(module: str) -> list[Name]:
+    """The names of `module.__all__`, in `__all__`'s order, with where each is defined.
+
+    The names of a public submodule listed in `__all__` (`ciclo.managed`) follow.
+    """
+    tree = ast.parse(_module_file(module).read_text(encoding="utf-8"))
+    sources: dict[str, tuple[str, bool, str]] = {}
+    exported: list[str] = []
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            for alias in node.names:
+                full = f"{node.module}.{alias.name}"
+                is_module = node.module.split(".")[0] in PACKAGES and _is_module(full)
+                source = full if is_module else node.module
+                sources[alias.asname or alias.name] = (source, is_module, alias.name)
+        elif isinstance(node, ast.Assign | ast.AnnAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                if isinstance(target, ast.Name) and target.id == "__all__":
+                    exported = list(ast.literal_eval(node.value))  # type: ignore[arg-type]
+                elif isinstance(target, ast.Name):
+                    sources.setdefault(target.id, (module, False, target.id))
+    names = [Name(f"{module}.{name}", *sources.get(name, (module, False, name))) for name in exported]
+    # A submodule's names come after all of the module's own, so that a name both export
+    # (`ciclo.get_strategy`, `ciclo.strategies.get_strategy`) is documented at the shorter path.
+    return names + [inner for name in names if name.is_module for inner in public_names(name.source)]
+
+
+def _is_module(module: str) -> bool:
+    try:
+        return _module_file(module).is_file()
+    except KeyError:
+        return False
+
+
+def topic_of(name: Name) -> Topic | None:
+    """The topic whose modules claim `name`'s source (the longest prefix wins), or None."""
+    matches = [
+        (len(prefix), topic)
+        for topic in TOPICS
+        for prefix in topic.modules
+        if name.source == prefix or name.source.startswith(prefix + ".")
+    ]
+    return max(matches, key=lambda match: match[0])[1] if matches else None
+
+
+def _directive(name: Name) -> str:
+    # A submodule gets its docstring only: its names follow, each under its own heading.
+    options = "\n    options:\n      members: false" if name.is_module else ""
+    return f"::: {name.path}{options}\n"
+
+
+def pages(packages: tuple[str, ...] = tuple(PACKAGES)) -> dict[str, str]:
+    """`{path under reference/: markdown}` for every public name of `packages`."""
+    by_topic: dict[str, list[Name]] = {topic.page: [] for topic in TOPICS}
+    unclaimed: list[Name] = []
+    everything: list[tuple[Name, str]] = []  # (name, where its documentation is: page#anchor)
+    documented: dict[tuple[str, str], str] = {}
+    for package in packages:
+        for name in public_names(package):
+            if name.path.endswith(".__version__"):
+                continue  # each package's version, read from its metadata: nothing to document
+            if name.identity in documented:  # the same object under a second path: link to the first
+                everything.append((name, documented[name.identity]))
+                continue
+            topic = topic_of(name)
+            if topic is None:
+                unclaimed.append(name)
+            else:
+                by_topic[topic.page].append(name)
+            documented[name.identity] = f"{topic.page if topic else INDEX}#{name.path}"
+            everything.append((name, documented[name.identity]))
+
+    result = {}
+    for topic in TOPICS:
+        blocks = [f"# {topic.title}\n", f"{topic.intro}\n"]
+        # Functions first (what users call: `ciclo.every`), then the classes they return.
+        names = sorted(by_topic[topic.page], key=lambda name: name.path.rsplit(".", 1)[1][0].isupper())
+        blocks += [_directive(name) for name in names]
+        result[topic.page] = "\n".join(blocks)
+
+    rows = [f"| [`{name.path}`]({target}) | {target.split('.md')[0]} |" for name, target in everything]
+    index = [
+        "# API reference\n",
+        "Every public name of `ciclo` and of the adapter packages, generated from their "
+        "docstrings. The pages follow the modules that define the names; this table "
+        "lists them all.\n",
+        "| name | page |\n|---|---|\n" + "\n".join(rows) + "\n",
+    ]
+    if unclaimed:
+        index.append("## Other names\n")
+        index += [_directive(name) for name in unclaimed]
+    result[INDEX] = "\n".join(index)
+    return result
+
+
+def on_files(files: Any, config: Any) -> Any:
+    """The mkdocs hook: adds the generated pages to the site's files."""
+    from mkdocs.structure.files import File
+
+    for path, text in pages().items():
+        files.append(File.generated(config, f"reference/{path}", content=text))
+    return files

@@ -1,0 +1,90 @@
+"""The API reference (docs/hooks/reference.py) documents every public name of ciclo and of the adapters.
+
+The pages are generated from each package's `__all__`, so a new name needs no
+edit; these tests check that the generator misses none, that each name lands on
+the page of the module that defines it, and that every page is in the site's nav.
+tests/docs_site checks the built site itself.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+from support.docs import DOCS
+from support.optional import optional
+
+import ciclo
+
+ADAPTERS = [module for name in ("ciclo_flax", "ciclo_haiku", "ciclo_equinox") if (module := optional(name))]
+
+
+def _load_hook() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("ciclo_docs_reference", DOCS / "hooks/reference.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
+    spec.loader.exec_module(module)
+    return module
+
+
+reference = _load_hook()
+PAGES = reference.pages()
+DIRECTIVES = {path: re.findall(r"^::: (\S+)$", text, re.MULTILINE) for path, text in PAGES.items()}
+DOCUMENTED = {name: path for path, names in DIRECTIVES.items() for name in names}
+
+
+@pytest.mark.parametrize("module", [ciclo, *ADAPTERS], ids=lambda module: module.__name__)
+def test_every_public_name_has_a_reference_entry(module: ModuleType) -> None:
+    missing = [
+        name
+        for name in module.__all__
+        if name != "__version__" and f"{module.__name__}.{name}" not in DOCUMENTED
+    ]
+    assert missing == []
+
+
+@pytest.mark.parametrize("module", [ciclo.managed, ciclo.metrics, ciclo.strategies], ids=str)
+def test_a_public_submodule_s_names_are_documented_once(module: ModuleType) -> None:
+    for name in module.__all__:
+        value = getattr(module, name)
+        documented_as = [path for path in DOCUMENTED if path.rsplit(".", 1)[1] == name]
+        # A name re-exported by ciclo too (ciclo.Metric, ciclo.metrics.Metric) is documented once.
+        assert len(documented_as) >= 1 or isinstance(value, type(None)), name
+        assert f"{module.__name__}.{name}" in DOCUMENTED or getattr(ciclo, name, None) is value, name
+        assert f"[`{module.__name__}.{name}`]" in PAGES["index.md"]  # and listed in the index table
+
+
+def test_no_object_is_documented_twice() -> None:
+    assert len(DOCUMENTED) == sum(len(names) for names in DIRECTIVES.values())
+    assert "ciclo.managed.ModelState" not in DOCUMENTED  # it is ciclo.ModelState, on the states page
+
+
+def test_names_land_on_the_page_of_their_module() -> None:
+    assert DOCUMENTED["ciclo.every"] == "time.md"
+    assert DOCUMENTED["ciclo.train_loop"] == "loops.md"
+    assert DOCUMENTED["ciclo.on_train_step"] == "loops.md"
+    assert DOCUMENTED["ciclo.keras_bar"] == "callbacks.md"
+    assert DOCUMENTED["ciclo.strategies.DataParallel"] == "strategies.md"
+    assert DOCUMENTED["ciclo.managed.train_step"] == "managed.md"
+    assert DOCUMENTED["ciclo_flax.create_flax_state"] == "adapters.md"
+
+
+def test_every_page_is_in_the_nav_and_every_nav_page_exists() -> None:
+    config = (DOCS.parent / "mkdocs.yml").read_text(encoding="utf-8")
+    nav = re.findall(r"^\s*- (?:[^:\n]+: )?(\S+\.md)$", config, re.MULTILINE)
+    generated = {f"reference/{path}" for path in PAGES}
+    written = {path.relative_to(DOCS).as_posix() for path in DOCS.rglob("*.md")}
+    assert generated <= set(nav)
+    assert set(nav) <= generated | written
+    assert written - set(nav) == set(), "pages missing from mkdocs.yml's nav"
+
+
+def test_the_reference_is_read_from_the_sources_without_importing() -> None:
+    names = reference.public_names("ciclo")
+    assert [name.path for name in names[:3]] == [f"ciclo.{name}" for name in ciclo.__all__[:3]]
+    assert Path(reference.PACKAGES["ciclo"], "__init__.py").is_file()
