@@ -16,6 +16,8 @@ Rows (implementations):
     bare                       a hand-written `for` loop over a `jax.jit`-ed step
     ciclo.loop                 the same step returning `ciclo.logs()`, in `ciclo.loop`
     ciclo.loop + keras_bar     the same, plus a `ciclo.keras_bar` redrawn as on a terminal
+    ciclo.loop + tensorboard logger
+                               the same, plus a `ciclo.tensorboard` logger writing event files
     train_loop + flax state    `ciclo.create_flax_state(..., strategy="jit")` in `ciclo.train_loop`
     flax state.train_step (hand loop)
                                the same flax state, trained by a hand-written
@@ -59,6 +61,7 @@ import os
 import platform
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -210,11 +213,13 @@ def run_bare(workload: Workload, steps: int) -> float:
     return timed(lambda: train(state, steps))
 
 
-def _ciclo_loop_row(workload: Workload, steps: int, with_bar: bool) -> float:
+def _ciclo_loop_row(workload: Workload, steps: int, with_bar: bool, logdir: str | None = None) -> float:
     def train(state: State, n: int) -> State:
         callbacks: list[Any] = [ciclo_step_jit]
         if with_bar:
             callbacks.append(ciclo.keras_bar(total=n, file=TerminalSink()))
+        if logdir is not None:
+            callbacks.append(ciclo.tensorboard(logdir))
         state, _history, _elapsed = ciclo.loop(
             state, data_iter(workload), {ciclo.every(1): callbacks}, stop=n
         )
@@ -237,6 +242,16 @@ def run_ciclo_loop(workload: Workload, steps: int) -> float:
 
 def run_ciclo_loop_keras_bar(workload: Workload, steps: int) -> float:
     return _ciclo_loop_row(workload, steps, with_bar=True)
+
+
+def run_ciclo_loop_tensorboard(workload: Workload, steps: int) -> float:
+    """`ciclo.loop` with a `ciclo.tensorboard` logger writing real event files, in a fresh directory."""
+    try:
+        ciclo.tensorboard("unused")  # imports tensorboardX; creates no file
+    except ImportError:
+        raise Unavailable("tensorboardX not installed (ciclo-core[tensorboard])") from None
+    with tempfile.TemporaryDirectory(prefix="ciclo-bench-tb-") as logdir:
+        return _ciclo_loop_row(workload, steps, with_bar=False, logdir=logdir)
 
 
 def run_fused(workload: Workload, steps: int) -> float:
@@ -396,6 +411,7 @@ IMPLEMENTATIONS: dict[str, Callable[[Workload, int], float]] = {
     "bare": run_bare,
     "ciclo.loop": run_ciclo_loop,
     "ciclo.loop + keras_bar": run_ciclo_loop_keras_bar,
+    "ciclo.loop + tensorboard logger": run_ciclo_loop_tensorboard,
     "train_loop + flax state": run_flax_train_loop,
     "flax state.train_step (hand loop)": run_flax_hand_loop,
     f"train_loop spe={GROUP} + flax state": run_flax_train_loop_spe,
@@ -446,6 +462,7 @@ class Target:
 TARGETS: dict[str, list[Target]] = {
     "ciclo.loop": [Target("tiny", 0.97)],
     "ciclo.loop + keras_bar": [Target("tiny", 0.95)],
+    "ciclo.loop + tensorboard logger": [Target("tiny", 0.95)],
     "train_loop + flax state": [Target("tiny", 0.90, relative_to=HAND_LOOP)],
     # The managed step alone: at most 1.15× the bare step's time.
     HAND_LOOP: [Target("tiny", 1 / MAX_STEP_TIME_OVER_BARE, per_step_time=True)],
