@@ -20,6 +20,7 @@ nox.options.sessions = [
     "conformance",
     "examples",
     "bench_smoke",
+    "docs",
 ]
 
 PYPROJECT = nox.project.load_toml("pyproject.toml")
@@ -157,3 +158,11 @@ def bench_smoke(session: nox.Session) -> None:
     """The benchmarks with tiny step counts: they run and print their table (not a measurement)."""
     session.install(CORE, "./packages/ciclo-flax", *_group("bench"))
     session.run("python", "benchmarks/bench.py", "--smoke", *session.posargs)
+
+
+@nox.session
+def docs(session: nox.Session) -> None:
+    """Builds the documentation site (mkdocs build --strict into site/) and checks its API reference."""
+    session.install(CORE, *ADAPTERS, *_group("docs"))
+    session.run("mkdocs", "build", "--strict", env={"NO_MKDOCS_2_WARNING": "1"})
+    session.run("pytest", "tests/docs_site", *session.posargs)
