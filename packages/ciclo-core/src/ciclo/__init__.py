@@ -98,6 +98,7 @@ from ciclo._src.schedules import piecewise as piecewise
 from ciclo._src.strategies._registry import get_strategy as get_strategy
 from ciclo._src.strategies._registry import register_strategy as register_strategy
 from ciclo._src.strategies._registry import strategy_names as strategy_names
+from ciclo._src.summary import summary as summary
 from ciclo._src.types import Batch as Batch
 from ciclo._src.types import CallbackOutput as CallbackOutput
 from ciclo._src.types import Evaluable as Evaluable
@@ -225,6 +226,7 @@ __all__ = [
     "stacked",
     "strategies",
     "strategy_names",
+    "summary",
     "terminate_on_nan",
     "test_loop",
     "test_step",
