@@ -36,6 +36,7 @@ class Framework:
     packages: list[str]  # installed besides core
     folders: list[str]  # test folders
     modules: list[str]  # import names whose doctests and coverage count
+    extras: tuple[str, ...] = ()  # ciclo-core extras besides CORE's
 
 
 FRAMEWORKS = {
@@ -50,7 +51,16 @@ FRAMEWORKS = {
     "equinox": Framework(
         ["./packages/ciclo-equinox"], ["tests/adapters/equinox", "tests/conformance"], ["ciclo_equinox"]
     ),
+    # The loggers' extras, tensorboard to read the event files back, clu for its metric writers.
+    "loggers": Framework(
+        ["tensorboard", "clu"],
+        ["tests/loggers"],
+        ["ciclo._src.callbacks._loggers"],
+        extras=("tensorboard", "wandb", "mlflow", "plot"),
+    ),
 }
+
+BENCH_CORE = CORE.replace("]", ",tensorboard]")  # the row with a TensorBoard logger
 
 EXAMPLES = [
     "examples/jax/digits_mlp.py",
@@ -71,7 +81,8 @@ def _group(name: str) -> list[str]:
 def tests(session: nox.Session, framework: str) -> None:
     """Unit tests, doctests and coverage of ciclo-core plus one adapter, and the conformance suite."""
     spec = FRAMEWORKS[framework]
-    session.install(CORE, *spec.packages, *_group("test"))
+    core = CORE.replace("]", "".join(f",{extra}" for extra in spec.extras) + "]")
+    session.install(core, *spec.packages, *_group("test"))
     session.run(
         "pytest",
         *spec.folders,
@@ -149,14 +160,14 @@ def examples(session: nox.Session) -> None:
 @nox.session
 def bench(session: nox.Session) -> None:
     """The loop-overhead benchmarks (benchmarks/README.md); pass options after `--`."""
-    session.install(CORE, "./packages/ciclo-flax", *_group("bench"))
+    session.install(BENCH_CORE, "./packages/ciclo-flax", *_group("bench"))
     session.run("python", "benchmarks/bench.py", *session.posargs)
 
 
 @nox.session
 def bench_smoke(session: nox.Session) -> None:
     """The benchmarks with tiny step counts: they run and print their table (not a measurement)."""
-    session.install(CORE, "./packages/ciclo-flax", *_group("bench"))
+    session.install(BENCH_CORE, "./packages/ciclo-flax", *_group("bench"))
     session.run("python", "benchmarks/bench.py", "--smoke", *session.posargs)
 
 

@@ -31,6 +31,12 @@ from ciclo._src.callbacks._inner_loop import InnerLoop as InnerLoop
 from ciclo._src.callbacks._inner_loop import inner_loop as inner_loop
 from ciclo._src.callbacks._keras_bar import KerasBar as KerasBar
 from ciclo._src.callbacks._keras_bar import keras_bar as keras_bar
+from ciclo._src.callbacks._loggers._base import Logger as Logger
+from ciclo._src.callbacks._loggers._csv import csv_logger as csv_logger
+from ciclo._src.callbacks._loggers._metric_writer import metric_writer_logger as metric_writer_logger
+from ciclo._src.callbacks._loggers._mlflow import mlflow_logger as mlflow_logger
+from ciclo._src.callbacks._loggers._tensorboard import tensorboard as tensorboard
+from ciclo._src.callbacks._loggers._wandb import wandb_logger as wandb_logger
 from ciclo._src.callbacks._nan_guard import TerminateOnNaN as TerminateOnNaN
 from ciclo._src.callbacks._nan_guard import terminate_on_nan as terminate_on_nan
 from ciclo._src.callbacks._noop import NoOp as NoOp
@@ -150,6 +156,7 @@ __all__ = [
     "History",
     "InnerLoop",
     "KerasBar",
+    "Logger",
     "Logs",
     "LogsLike",
     "LoopCallback",
@@ -184,6 +191,7 @@ __all__ = [
     "backup",
     "checkpoint",
     "create_model_state",
+    "csv_logger",
     "early_stopping",
     "elapse",
     "every",
@@ -195,7 +203,9 @@ __all__ = [
     "logs",
     "loop",
     "managed",
+    "metric_writer_logger",
     "metrics",
+    "mlflow_logger",
     "never",
     "noop",
     "on_epoch_end",
@@ -228,10 +238,12 @@ __all__ = [
     "strategy_names",
     "summary",
     "terminate_on_nan",
+    "tensorboard",
     "test_loop",
     "test_step",
     "throughput",
     "tqdm_bar",
     "train_loop",
     "train_step",
+    "wandb_logger",
 ]
