@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import io
+import re
+import sys
+import types
 from typing import Any
 
 import jax
@@ -70,3 +74,71 @@ def spy_on_host_copies(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
 
     monkeypatch.setattr(_progress, "host_floats", allowed_host_floats)
     return fetched
+
+
+class OutStream(io.TextIOBase):
+    """Stands in for `ipykernel.iostream.OutStream`, the stream a Jupyter kernel's output goes through.
+
+    Like the real one it is not a terminal (`isatty()` is False) and it keeps
+    what was written until the front end renders it (here: `getvalue`).
+    """
+
+    def __init__(self, name: str = "stdout") -> None:
+        self.name = name
+        self._written: list[str] = []
+
+    def write(self, text: str) -> int:
+        self._written.append(text)
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+    def isatty(self) -> bool:
+        return False
+
+    def writable(self) -> bool:
+        return True
+
+    def getvalue(self) -> str:
+        return "".join(self._written)
+
+
+class Shell:
+    """Stands in for the `IPython.get_ipython()` of a kernel (`kernel=True`) or of a terminal IPython."""
+
+    def __init__(self, kernel: bool) -> None:
+        self.config = (
+            {"IPKernelApp": {"connection_file": "kernel.json"}} if kernel else {"TerminalIPythonApp": {}}
+        )
+
+
+def in_notebook(monkeypatch: pytest.MonkeyPatch, *, kernel: bool = True) -> None:
+    """Makes this process look like a Jupyter kernel, or a terminal IPython: stand-in IPython, ipykernel."""
+    iostream = types.ModuleType("ipykernel.iostream")
+    iostream.OutStream = OutStream  # type: ignore[attr-defined]
+    ipython = types.ModuleType("IPython")
+    shell = Shell(kernel)
+    ipython.get_ipython = lambda: shell  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "IPython", ipython)
+    if kernel:
+        monkeypatch.setitem(sys.modules, "ipykernel", types.ModuleType("ipykernel"))
+        monkeypatch.setitem(sys.modules, "ipykernel.iostream", iostream)
+
+
+def rendered(text: str) -> list[str]:
+    """The lines a notebook shows for `text` written to an output stream, as Jupyter renders it.
+
+    Jupyter's front ends treat a carriage return as a terminal does: the text
+    after it is written over the line from its start, covering only as many
+    characters as it has (`fixCarriageReturn` in JupyterLab's `rendermime`).
+    """
+    lines = []
+    for line in re.sub("\r+\n", "\n", text).split("\n"):
+        shown = ""
+        for part in line.split("\r"):
+            shown = part + shown[len(part) :]
+        lines.append(shown)
+    if lines and lines[-1] == "":
+        lines.pop()
+    return lines

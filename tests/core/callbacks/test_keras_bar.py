@@ -3,15 +3,17 @@ from __future__ import annotations
 import datetime
 import io
 import sys
+import types
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from support.bars import Clock, Tripwire, loop_state, spy_on_host_copies
+from support.bars import Clock, OutStream, Tripwire, in_notebook, loop_state, rendered, spy_on_host_copies
 
 import ciclo
+from ciclo._src.callbacks._keras_bar import is_notebook_stream
 from ciclo._src.loop import LoopState
 
 
@@ -431,10 +433,88 @@ def test_not_a_terminal_when_isatty_fails() -> None:
     assert "\r" not in buffer.getvalue()
 
 
-def test_ipykernel_stdout_counts_as_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+# --- notebooks --------------------------------------------------------------------------------
+
+
+def test_notebook_stream_redraws_in_place_and_shows_one_line(
+    clock: Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    in_notebook(monkeypatch)
+    stream = OutStream()
+    bar = ciclo.keras_bar(total=100, file=stream, interval=0)
+    run(bar, clock, 100, seconds_per_step=0.53)
+    output = stream.getvalue()
+    assert output.count("\r") == 100 and output.count("\n") == 1  # every call redrew, in place
+    # What the notebook shows: the final line alone, no line per redraw or per tenth.
+    assert [line.rstrip() for line in rendered(output)] == [
+        "100/100 [==============================] - 52s 530ms/step - loss: 0.0100 - accuracy: 0.9900"
+    ]
+
+
+@pytest.mark.parametrize("stream", ["stdout", "stderr"])
+def test_kernel_stdout_and_stderr_redraw_in_place(
+    clock: Clock, monkeypatch: pytest.MonkeyPatch, stream: str
+) -> None:
+    in_notebook(monkeypatch)
+    # The kernel's streams are recognised as such even when not ipykernel's class (another kernel).
+    buffer = io.StringIO()
+    monkeypatch.setattr(sys, stream, buffer)
+    bar = ciclo.keras_bar(total=10, file=None if stream == "stdout" else sys.stderr, interval=0)
+    run(bar, clock, 10)
+    assert buffer.getvalue().count("\r") == 10
+    assert len(rendered(buffer.getvalue())) == 1
+
+
+def test_stdout_in_a_notebook_cell(clock: Clock, monkeypatch: pytest.MonkeyPatch) -> None:
+    in_notebook(monkeypatch)
+    stdout = OutStream()
+    monkeypatch.setattr(sys, "stdout", stdout)
+    bar = ciclo.keras_bar(total=20, interval=0)  # sys.stdout by default
+    ciclo.loop(0, range(20), {ciclo.every(1): [lambda: {"metrics": {"x": 1.0}}, bar]})
+    assert stdout.getvalue().count("\r") == 20
+    lines = rendered(stdout.getvalue())
+    assert len(lines) == 1 and lines[0].startswith("20/20 [==============================] - ")
+
+
+def test_terminal_ipython_with_a_log_stream_writes_lines(
+    clock: Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    in_notebook(monkeypatch, kernel=False)
+    stdout = io.StringIO()  # e.g. IPython's output piped to a file
+    monkeypatch.setattr(sys, "stdout", stdout)
+    bar = ciclo.keras_bar(total=100, interval=0)
+    run(bar, clock, 100)
+    assert "\r" not in stdout.getvalue() and len(rendered(stdout.getvalue())) == 10
+
+
+def test_another_file_in_a_kernel_writes_lines(clock: Clock, monkeypatch: pytest.MonkeyPatch) -> None:
+    in_notebook(monkeypatch)
+    log = io.StringIO()  # a log file opened in a notebook is not shown by the notebook
+    bar = ciclo.keras_bar(total=100, file=log, interval=0)
+    run(bar, clock, 100)
+    assert "\r" not in log.getvalue() and len(log.getvalue().splitlines()) == 10
+
+
+def test_ipykernel_imported_without_a_kernel_is_not_a_notebook(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A script that imported ipykernel (or IPython) but runs outside a kernel.
     stdout = io.StringIO()
     monkeypatch.setattr(sys, "stdout", stdout)
-    monkeypatch.setitem(sys.modules, "ipykernel", object())
+    monkeypatch.setitem(sys.modules, "ipykernel", types.ModuleType("ipykernel"))
+    ipython = types.ModuleType("IPython")
+    ipython.get_ipython = lambda: None  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "IPython", ipython)
     bar = ciclo.keras_bar(total=10)
     bar(ciclo.Elapsed.create())
-    assert stdout.getvalue().startswith("\r")
+    bar.close()
+    assert "\r" not in stdout.getvalue()
+
+
+def test_unusable_ipython_is_not_a_notebook(monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken() -> None:
+        raise RuntimeError("torn down")
+
+    ipython = types.ModuleType("IPython")
+    ipython.get_ipython = broken  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "IPython", ipython)
+    monkeypatch.setattr(sys, "stdout", io.StringIO())
+    assert not is_notebook_stream(sys.stdout)

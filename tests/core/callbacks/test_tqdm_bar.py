@@ -2,13 +2,14 @@ from __future__ import annotations
 
 import io
 import sys
+import types
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from support.bars import Clock, Tripwire, loop_state, spy_on_host_copies
+from support.bars import Clock, OutStream, Tripwire, in_notebook, loop_state, rendered, spy_on_host_copies
 
 import ciclo
 
@@ -162,8 +163,65 @@ def test_close_without_updates_closes_tqdm() -> None:
     assert bar.finished and bar.tqdm.disable and bar.tqdm.n == 0
 
 
+# --- notebooks --------------------------------------------------------------------------------
+
+
+def test_draws_with_tqdm_auto(monkeypatch: pytest.MonkeyPatch) -> None:
+    created: list[dict[str, Any]] = []
+
+    class NotebookTqdm:
+        """Stands in for the widget bar `tqdm.auto` picks in a notebook."""
+
+        def __init__(self, **kwargs: Any) -> None:
+            created.append(kwargs)
+            self.n = 0
+
+        def update(self, n: float) -> None:
+            self.n += n
+
+        def set_postfix(self, postfix: dict[str, str], refresh: bool) -> None:
+            self.postfix = postfix
+
+        def close(self) -> None:
+            self.closed = True
+
+    auto = types.ModuleType("tqdm.auto")
+    auto.tqdm = NotebookTqdm  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "tqdm.auto", auto)
+    bar = ciclo.tqdm_bar(3, interval=0, desc="train")
+    for elapsed, batch in ciclo.elapse([0.5, 0.25, 0.125]):
+        bar(elapsed, ciclo.logs().add_metric("loss", batch))
+    assert type(bar.tqdm) is NotebookTqdm and created == [{"total": 3, "desc": "train", "unit": "step"}]
+    assert bar.tqdm.n == 3 and bar.tqdm.postfix == {"loss": "0.1250"} and bar.tqdm.closed
+
+
+def test_outside_a_notebook_the_bar_is_tqdm_auto_text_bar() -> None:
+    import tqdm.auto
+    import tqdm.std
+
+    bar = quiet_bar(3)
+    assert isinstance(bar.tqdm, tqdm.auto.tqdm) and isinstance(bar.tqdm, tqdm.std.tqdm)
+    bar.close()
+
+
+def test_text_bar_on_a_notebook_stream_shows_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    # In a kernel without ipywidgets, tqdm.auto falls back to the text bar, which redraws in place.
+    in_notebook(monkeypatch)
+    stream = OutStream("stderr")
+    monkeypatch.setattr(sys, "stderr", stream)  # where tqdm writes by default
+    # position=0: a bar another test left open would push this one a line down (tqdm's nesting).
+    bar = ciclo.tqdm_bar(50, interval=0, mininterval=0, position=0, bar_format="{n}/{total}{postfix}")
+    ciclo.loop(
+        0, range(50), {ciclo.every(1): [lambda state, batch: ciclo.logs().add_metric("x", batch / 10), bar]}
+    )
+    output = stream.getvalue()
+    assert output.count("\r") > 10 and output.count("\n") == 1
+    assert [line.rstrip() for line in rendered(output)] == ["50/50, x=4.9000"]
+
+
 def test_missing_tqdm_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "tqdm", None)
+    monkeypatch.setitem(sys.modules, "tqdm.auto", None)
     with pytest.raises(ImportError, match=r'pip install "ciclo-core\[tqdm\]"'):
         ciclo.tqdm_bar(10)
 

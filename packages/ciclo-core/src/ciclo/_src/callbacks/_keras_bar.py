@@ -23,15 +23,44 @@ _LOG_PERIOD = 30.0
 """Without a terminal and with an unknown total, a bar writes a line at most this often (seconds)."""
 
 
-def _is_terminal(file: TextIO) -> bool:
+def _in_kernel() -> bool:
+    """Whether this process is a Jupyter kernel, asked of IPython as tqdm and Keras do."""
+    # Looked up, never imported: a kernel has imported IPython before running any cell.
+    get_ipython = getattr(sys.modules.get("IPython"), "get_ipython", None)
+    if not callable(get_ipython):
+        return False
+    try:
+        shell = get_ipython()
+        config = getattr(shell, "config", None) or {}
+        return "IPKernelApp" in config or any(
+            cls.__name__ == "ZMQInteractiveShell" for cls in type(shell).__mro__
+        )
+    except Exception:  # a stand-in IPython, or one half torn down
+        return False
+
+
+def is_notebook_stream(file: object) -> bool:
+    """Whether `file` is a Jupyter kernel's output stream, which a notebook shows.
+
+    That is `ipykernel`'s `OutStream`, or `sys.stdout` or `sys.stderr` in a
+    kernel. A notebook renders their carriage returns as a terminal does (a line
+    written after a carriage return covers the one before), although they are
+    not terminals (`isatty()` is False).
+    """
+    out_stream = getattr(sys.modules.get("ipykernel.iostream"), "OutStream", None)
+    if isinstance(out_stream, type) and isinstance(file, out_stream):
+        return True
+    return (file is sys.stdout or file is sys.stderr) and _in_kernel()
+
+
+def _redraws_in_place(file: TextIO) -> bool:
     isatty = getattr(file, "isatty", None)
     try:
         if callable(isatty) and isatty():
             return True
     except (OSError, ValueError):  # a closed or detached stream
         return False
-    # Notebooks render carriage returns although their output streams are not terminals.
-    return (file is sys.stdout or file is sys.stderr) and "ipykernel" in sys.modules
+    return is_notebook_stream(file)
 
 
 @typing.final
@@ -44,9 +73,12 @@ class KerasBar(ProgressCallback):
     `on_train_batch_end` hook of the predefined loops, or by hand as
     `bar(elapsed, logs)`.
 
-    On a terminal the line is redrawn in place at most once per `interval`
-    seconds; elsewhere (log files, pipes) a full line is written at each tenth
-    of the total, or every 30 seconds if the total is unknown. Between redraws
+    On a terminal, and in a Jupyter notebook (the stream is `ipykernel`'s
+    output stream, or the kernel's `sys.stdout` or `sys.stderr`), the line is
+    redrawn in place with a carriage return at most once per `interval`
+    seconds, so a cell shows one line; elsewhere (log files, pipes) a full line
+    is written at each tenth of the total, or every 30 seconds if the total is
+    unknown. Between redraws
     a call reads no logged value, so it never waits for the device; the values
     shown are copied to the host, all at once, only when a line is drawn.
 
@@ -83,7 +115,7 @@ class KerasBar(ProgressCallback):
         super().__init__(total)
         self._width = width
         self._file = file
-        self._terminal = _is_terminal(file)
+        self._terminal = _redraws_in_place(file)
         self._drawn_width = 0
 
     def _refresh(self, now: float, count: float, steps: float, first: bool) -> None:
@@ -155,7 +187,7 @@ def keras_bar(
         total: where the bar is full: an int (steps), a `ciclo.Period` counting
             steps, samples or time (the bar counts in that unit), or None if
             unknown.
-        interval: on a terminal, the least number of seconds between two
+        interval: on a terminal or in a notebook, the least number of seconds between two
             redraws. Each redraw copies the values shown from the device.
         width: the number of characters of the bar itself.
         file: where to write; `sys.stdout` (as it is when the bar is created)

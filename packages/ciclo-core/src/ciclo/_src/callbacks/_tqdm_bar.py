@@ -13,20 +13,24 @@ from ciclo._src.elapsed import PeriodLike
 
 def _import_tqdm() -> Any:
     # Imported when a bar is created: tqdm is an optional extra (and ships no type information).
+    # `tqdm.auto` draws an ipywidgets bar in a Jupyter notebook (where ipywidgets is installed)
+    # and the text bar elsewhere.
     try:
-        return importlib.import_module("tqdm")
+        return importlib.import_module("tqdm.auto")
     except ImportError as error:
         raise ImportError('ciclo.tqdm_bar needs tqdm: pip install "ciclo-core[tqdm]"') from error
 
 
 @typing.final
 class TqdmBar(ProgressCallback):
-    """A progress bar drawn by `tqdm.tqdm`, with the latest metrics as its postfix.
+    """A progress bar drawn by `tqdm.auto.tqdm`, with the latest metrics as its postfix.
 
     Create one with `ciclo.tqdm_bar`; it runs as a loop callback (put it after
     the step whose metrics it shows), as the `on_train_batch_end` hook of the
     predefined loops, or by hand as `bar(elapsed, logs)`. The tqdm bar counts
-    steps, samples or whole seconds, as `total` says.
+    steps, samples or whole seconds, as `total` says. In a Jupyter notebook
+    `tqdm.auto` draws a widget (if ipywidgets is installed; otherwise the text
+    bar, which the notebook redraws in place).
 
     The count and the postfix (the scalar entries of the `losses`, `metrics`
     and `stateful_metrics` collections) are passed to tqdm at most once per
@@ -64,7 +68,7 @@ class TqdmBar(ProgressCallback):
 
     @property
     def tqdm(self) -> Any:
-        """The underlying `tqdm.tqdm` bar (to set its description, for instance)."""
+        """The underlying `tqdm.auto.tqdm` bar (to set its description, for instance)."""
         return self._tqdm
 
     def _refresh(self, now: float, count: float, steps: float, first: bool) -> None:
@@ -103,7 +107,7 @@ def tqdm_bar(total: PeriodLike | None = None, *, interval: float = 0.1, **tqdm_k
             unknown.
         interval: the least number of seconds between two updates of the tqdm
             bar. Each update copies the metrics shown from the device.
-        **tqdm_kwargs: passed to `tqdm.tqdm` (`desc`, `file`, `leave`,
+        **tqdm_kwargs: passed to `tqdm.auto.tqdm` (`desc`, `file`, `leave`,
             `bar_format`, ...); `unit` defaults to the unit counted.
 
     Returns:
