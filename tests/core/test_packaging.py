@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import ast
 import builtins
+import functools
 import importlib.metadata
 import os
 import re
 import subprocess
 import sys
 import textwrap
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -63,8 +65,13 @@ def import_name(distribution: str) -> str:
     return "ciclo" if distribution == "ciclo-core" else distribution.replace("-", "_")
 
 
+@functools.cache
+def _installed_distributions() -> Mapping[str, list[str]]:
+    return importlib.metadata.packages_distributions()
+
+
 def distributions_of(module: str) -> set[str]:
-    installed = importlib.metadata.packages_distributions().get(module, [])
+    installed = _installed_distributions().get(module, [])
     known = [DISTRIBUTION_OF[module]] if module in DISTRIBUTION_OF else []
     return {canonicalize_name(name) for name in [*installed, *known, module]}
 
