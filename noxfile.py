@@ -44,7 +44,8 @@ class Framework:
 
 
 FRAMEWORKS = {
-    "core": Framework([], ["tests/core", "tests/conformance"], ["ciclo"]),
+    # History.plot's doctest and the docs' plotting block draw with matplotlib (the plot extra).
+    "core": Framework([], ["tests/core", "tests/conformance"], ["ciclo"], extras=("plot",)),
     # clu's metrics need flax, so ciclo's clu support is tested with flax.
     "flax": Framework(
         ["./packages/ciclo-flax", "clu"], ["tests/adapters/flax", "tests/conformance"], ["ciclo_flax"]
@@ -65,6 +66,8 @@ FRAMEWORKS = {
 }
 
 BENCH_CORE = CORE.replace("]", ",tensorboard]")  # the row with a TensorBoard logger
+# The flax demo writes TensorBoard events and plots its history into --logdir.
+DEMO_CORE = CORE.replace("]", ",tensorboard,plot]")
 
 EXAMPLES = [
     "examples/jax/digits_mlp.py",
@@ -110,6 +113,8 @@ def multidevice(session: nox.Session) -> None:
         "tests/core/strategies",
         "tests/core/test_managed.py",
         "tests/core/test_fused.py",
+        "tests/core/test_learning_rate.py",
+        "tests/core/test_summary.py",
         "tests/multidevice",
         *session.posargs,
         env={"XLA_FLAGS": f"--xla_force_host_platform_device_count={MULTIDEVICE_COUNT}"},
@@ -149,14 +154,14 @@ def typecheck(session: nox.Session) -> None:
 @nox.session
 def demo(session: nox.Session) -> None:
     """Trains a small CNN on scikit-learn's bundled digits with ciclo-flax and ciclo.train_loop."""
-    session.install(CORE, "./packages/ciclo-flax", *_group("demo"))
+    session.install(DEMO_CORE, "./packages/ciclo-flax", *_group("demo"))
     session.run("python", "examples/flax/digits_cnn.py", *session.posargs)
 
 
 @nox.session
 def examples(session: nox.Session) -> None:
     """Runs every example script (each trains on scikit-learn's digits and prints its test accuracy)."""
-    session.install(CORE, *ADAPTERS, *_group("demo"))
+    session.install(DEMO_CORE, *ADAPTERS, *_group("demo"))
     for example in EXAMPLES:
         session.run("python", example, *session.posargs)
 

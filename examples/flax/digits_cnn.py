@@ -4,11 +4,19 @@ Run with `python examples/flax/digits_cnn.py` where ciclo-flax, scikit-learn
 and `ciclo-core[checkpoint]` (orbax) are installed. Nothing is downloaded: the
 digits ship inside scikit-learn. The model is evaluated on the test set after each epoch, the
 checkpoint with the best test accuracy is kept, and it is restored at the end.
+
+With `--logdir DIR`, everything the run leaves is in DIR: the checkpoints,
+TensorBoard event files (`tensorboard --logdir DIR`), the logs as
+`history.csv`, and the curves as `history.png` (`History.plot`). The
+learning rate follows a cosine decay, injected with `optax.inject_hyperparams`,
+so ciclo logs it every step. Besides `checkpoint`, the run needs the
+ciclo-core extras `tensorboard` (tensorboardX) and `plot` (matplotlib).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import tempfile
 import time
 from collections.abc import Iterator
@@ -86,14 +94,19 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=600)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--strategy", default="jit", help="a ciclo strategy: jit, data_parallel, ...")
-    parser.add_argument("--logdir", default=None, help="where to checkpoint (default: a temporary directory)")
+    parser.add_argument(
+        "--logdir",
+        default=None,
+        help="where to write checkpoints, TensorBoard events, history.csv and history.png "
+        "(default: a temporary directory)",
+    )
     args = parser.parse_args()
 
     train, test = load_data()
     state = ciclo.create_flax_state(
         CNN(),
         inputs=jnp.zeros((1, 8, 8, 1)),
-        tx=optax.adam(3e-3),
+        tx=optax.inject_hyperparams(optax.adam)(learning_rate=optax.cosine_decay_schedule(3e-3, args.steps)),
         losses={"loss": optax.softmax_cross_entropy_with_integer_labels},
         metrics={"accuracy": accuracy},
         strategy=args.strategy,
@@ -109,6 +122,8 @@ def main() -> None:
         callbacks=[
             ciclo.keras_bar(total=args.steps),
             ciclo.checkpoint(logdir, monitor="accuracy_test", mode="max"),
+            ciclo.tensorboard(logdir),
+            ciclo.csv_logger(os.path.join(logdir, "history.csv")),
         ],
         test_dataset=lambda: batches(test, 64, seed=None),
         epoch_duration=steps_per_epoch,
@@ -120,6 +135,8 @@ def main() -> None:
     print(f"trained {elapsed.steps} steps ({elapsed.samples} samples) in {seconds:.1f}s")
     print(f"last epoch's test accuracy: {history.collect('accuracy_test')[-1]:.4f}")
     print(f"final test accuracy (best checkpoint, restored from {logdir}): {evaluate(best, test):.4f}")
+    history.plot("loss", "accuracy", "learning_rate", path=os.path.join(logdir, "history.png"))
+    print(f"TensorBoard events, history.csv and history.png are in {logdir}")
 
 
 if __name__ == "__main__":
