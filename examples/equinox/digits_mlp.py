@@ -1,12 +1,13 @@
 """Train an equinox MLP with batch norm and dropout on scikit-learn's bundled digits with `ciclo.train_loop`.
 
-Run with `python examples/equinox/digits_mlp.py` where ciclo-core, ciclo-equinox
-and scikit-learn are installed. Nothing is downloaded: the digits ship inside
-scikit-learn. The model is evaluated on the test set after each epoch, the
-checkpoint with the best test accuracy is kept and restored at the end, and
-`best.model` gives back the trained equinox `(module, state)`, which is run on
-the test set the equinox way (`jax.vmap` and `eqx.nn.inference_mode`). The
-script exits with an error when the final test accuracy is under `--min-accuracy`.
+Run with `python examples/equinox/digits_mlp.py` where `ciclo-core[checkpoint]`
+(orbax), ciclo-equinox and scikit-learn are installed. Nothing is downloaded:
+the digits ship inside scikit-learn. The model is evaluated on the test set
+after each epoch, the checkpoint with the best test accuracy is kept and
+restored at the end, and `best.model` gives back the trained equinox
+`(module, state)`, which is run on the test set the equinox way (`jax.vmap` and
+`eqx.nn.inference_mode`). The script exits with an error when the final test
+accuracy is under `--min-accuracy`.
 """
 
 from __future__ import annotations

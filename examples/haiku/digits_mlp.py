@@ -1,12 +1,13 @@
 """Train a haiku MLP on scikit-learn's bundled digits with `ciclo.create_haiku_state` and `ciclo.train_loop`.
 
-Run with `python examples/haiku/digits_mlp.py` where ciclo-haiku and
-scikit-learn are installed. Nothing is downloaded: the digits ship inside
-scikit-learn. The model is evaluated on the test set after each epoch, the
-checkpoint with the best test accuracy is kept and restored at the end, and
-`best.model` gives back the trained haiku `(params, state)`, which the
-transformed function's own `apply` runs on the test set. The script exits with
-an error when the final test accuracy is under `--min-accuracy`.
+Run with `python examples/haiku/digits_mlp.py` where ciclo-haiku,
+`ciclo-core[checkpoint]` (orbax) and scikit-learn are installed. Nothing is
+downloaded: the digits ship inside scikit-learn. The model is evaluated on the
+test set after each epoch, the checkpoint with the best test accuracy is kept
+and restored at the end, and `best.model` gives back the trained haiku
+`(params, state)`, which the transformed function's own `apply` runs on the test set. The
+script exits with an error when the final test accuracy is under
+`--min-accuracy`.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """Train a plain-JAX MLP on scikit-learn's bundled digits through a `ciclo.ModelAdapter` of its own.
 
-Run with `python examples/jax/digits_mlp.py` where ciclo-core and scikit-learn
-are installed. Nothing is downloaded: the digits ship inside scikit-learn.
+Run with `python examples/jax/digits_mlp.py` where `ciclo-core[checkpoint]`
+(orbax) and scikit-learn are installed. Nothing is downloaded: the digits ship
+inside scikit-learn.
 
 The model is three functions of plain JAX, made a `ciclo.ModelAdapter` by a
 class with `init` and `apply` (and `to_model`, which gives the trained model

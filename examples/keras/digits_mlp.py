@@ -1,8 +1,8 @@
 """Train a Keras 3 model on scikit-learn's bundled digits with ciclo, through `stateless_call`.
 
-Run with `python examples/keras/digits_mlp.py` where ciclo-core, keras>=3 and
-scikit-learn are installed; Keras runs on its JAX backend. Nothing is
-downloaded: the digits ship inside scikit-learn.
+Run with `python examples/keras/digits_mlp.py` where `ciclo-core[checkpoint]`
+(orbax), keras>=3 and scikit-learn are installed; Keras runs on its JAX backend.
+Nothing is downloaded: the digits ship inside scikit-learn.
 
 Keras 3 runs a model as a pure function with `model.stateless_call`: a
 `ciclo.ModelAdapter` of a dozen lines gives its trainable variables to the
