@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import math
 from time import perf_counter
 from typing import Any, final
 
-from ciclo._src.elapsed import Elapsed, Period, PeriodLike, make_elapsed, to_period
+from ciclo._src.elapsed import Elapsed, Period, PeriodLike, to_period
 from ciclo._src.logs import Logs, LogsLike
 from ciclo._src.loop_state import LoopState
 from ciclo._src.step_output import NO_LOGS
@@ -54,10 +55,14 @@ class Throughput:
         [2, 4]
     """
 
-    __slots__ = ("_start", "_window")
+    __slots__ = ("_limits", "_start", "_window")
 
     def __init__(self, window: PeriodLike = 100) -> None:
-        self._window = _check_window(window)
+        self._window = window = _check_window(window)
+        # (steps, samples, seconds) any of which closes a window; inf where the window does not count it.
+        self._limits = tuple(
+            math.inf if limit is None else limit for limit in (window.steps, window.samples, window.time)
+        )
         # (host time, steps, samples) where the current window started; None before the first call.
         self._start: tuple[float, int, int] | None = None
 
@@ -101,14 +106,15 @@ class Throughput:
             return NO_LOGS
         start_time, start_steps, start_samples = start
         seconds = now - start_time
-        done = make_elapsed(steps - start_steps, samples - start_samples, seconds, 0.0)
-        if seconds <= 0 or not done >= self._window:
+        steps_done, samples_done = steps - start_steps, samples - start_samples
+        max_steps, max_samples, max_seconds = self._limits
+        if seconds <= 0 or (steps_done < max_steps and samples_done < max_samples and seconds < max_seconds):
             return NO_LOGS
         self._start = (now, steps, samples)
         return {
             "metrics": {
-                STEPS_PER_SECOND: done.steps / seconds,
-                SAMPLES_PER_SECOND: done.samples / seconds,
+                STEPS_PER_SECOND: steps_done / seconds,
+                SAMPLES_PER_SECOND: samples_done / seconds,
             }
         }
 
@@ -139,8 +145,10 @@ def throughput(window: PeriodLike = 100) -> Throughput:
     Put it after the step in `ciclo.loop`'s callbacks
     (`{ciclo.every(1): [train_step, ciclo.throughput()]}`), or in
     `train_loop(callbacks=[...])`, where it runs as the `on_train_step` hook,
-    after the training step and before the progress bars. It can also be called
-    by hand as `meter(elapsed)`, which returns the logs.
+    after the training step and before the progress bars (it is not run by the
+    evaluation loop inside `train_loop`). In `test_loop` or `predict_loop`, put
+    it in the tasks dict under `ciclo.every(1)`. It can also be called by hand
+    as `meter(elapsed)`, which returns the logs.
 
     Args:
         window: how long each measurement lasts: an int (steps) or a
