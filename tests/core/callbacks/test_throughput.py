@@ -148,6 +148,41 @@ def test_in_train_loop_callbacks_runs_after_the_step_and_before_the_bar(host_clo
     assert meter.on_train_step is not None and not hasattr(meter, "on_test_step")
 
 
+def test_not_run_by_the_evaluation_inside_train_loop(host_clock: Clock) -> None:
+    class Evaluated(Counter):
+        def train_step(self, batch: Any) -> tuple[ciclo.Logs, Evaluated]:
+            self.clock.now += 0.25
+            return ciclo.logs(), Evaluated(self.clock, self.count + 1)
+
+        def test_step(self, batch: Any) -> ciclo.Logs:
+            self.clock.now += 1.0  # evaluation is wall-clock time of the loop too
+            return ciclo.logs().add_metric("count", float(self.count))
+
+    _, history, _ = ciclo.train_loop(
+        Evaluated(host_clock),
+        batches(12),
+        callbacks=[ciclo.throughput(window=4)],
+        test_dataset=lambda: batches(2),
+        epoch_duration=6,
+    )
+    assert "steps_per_second_test" not in history.latest().get("metrics", {})
+    # Steps 1-4 take 1 s; steps 5-8 take 1 s plus the 2 s evaluation after step 5.
+    assert history.collect("steps", "steps_per_second") == ([4, 8], [4.0, pytest.approx(4 / 3)])
+
+
+def test_in_predict_loop_tasks(host_clock: Clock) -> None:
+    def predict_step(state: None, batch: np.ndarray) -> ciclo.Logs:
+        host_clock.now += 0.5
+        return ciclo.logs().add_output("y", batch)
+
+    _, history, _ = ciclo.predict_loop(
+        None,
+        batches(5),
+        {ciclo.on_predict_step: [predict_step], ciclo.every(1): [ciclo.throughput(window=2)]},
+    )
+    assert history.collect("steps", "samples_per_second") == ([2, 4], [16.0, 16.0])
+
+
 def test_each_loop_starts_a_new_window(host_clock: Clock) -> None:
     meter = ciclo.throughput(window=2)
     step = timed_step(host_clock, 1.0)
