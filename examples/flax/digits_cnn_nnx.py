@@ -2,12 +2,12 @@
 
 Run with `python examples/flax/digits_cnn_nnx.py` where ciclo-flax,
 `ciclo-core[checkpoint]` (orbax) and scikit-learn are installed. Nothing is
-downloaded: the digits ship inside scikit-learn. The model is evaluated on the test set after each epoch, the
-checkpoint with the best test accuracy is kept and restored at the end, and
-`best.model` gives back the trained nnx module, which is called on the test
-set like any nnx module. The script exits with an error when the final test
-accuracy is under `--min-accuracy`. (The same CNN in flax linen is
-examples/flax/digits_cnn.py.)
+downloaded: the digits ship inside scikit-learn. The model is evaluated on the
+test set after each epoch, the checkpoint with the best test accuracy is kept
+and restored at the end, and `best.model` gives back the trained nnx module,
+which is called on the test set like any nnx module. The script exits with an
+error when the final test accuracy is under `--min-accuracy`. (The same CNN in
+flax linen is examples/flax/digits_cnn.py.)
 """
 
 from __future__ import annotations
