@@ -38,8 +38,12 @@ CASES = [
     for index in range(runnable(page))
 ]
 
-# Keras adds biases with implicit rank promotion, which the test suite otherwise forbids.
-CONTEXTS = {"keras": lambda: jax.numpy_rank_promotion("allow")}
+# Keras adds biases with implicit rank promotion, which the test suite otherwise forbids; haiku's
+# BatchNorm (`decay**counter`) and hk.dropout (a bool mask times float32) need standard dtype promotion.
+CONTEXTS = {
+    "keras": lambda: jax.numpy_rank_promotion("allow"),
+    "haiku": lambda: jax.numpy_dtype_promotion("standard"),
+}
 
 
 @pytest.fixture(scope="module")
