@@ -20,6 +20,7 @@ nox.options.sessions = [
     "typecheck",
     "tests",
     "multidevice",
+    "faults",
     "conformance",
     "examples",
     "bench_smoke",
@@ -102,6 +103,13 @@ def tests(session: nox.Session, framework: str) -> None:
         *session.posargs,
         env={"CICLO_TEST_FRAMEWORK": framework},
     )
+
+
+@nox.session
+def faults(session: nox.Session) -> None:
+    """Kill and resume: real training scripts killed by SIGKILL and SIGTERM, 1 and 2 processes."""
+    session.install(CORE, "./packages/ciclo-flax", *_group("test"))
+    session.run("pytest", "tests/faults", *session.posargs)
 
 
 @nox.session

@@ -1,0 +1,167 @@
+"""Real processes killed with real signals resume to the same result, bit for bit (`nox -s faults`).
+
+Each test runs `worker.py` once without interruption (the reference), then
+again in another directory, killing it at seeded random moments (some right as
+a backup starts) and starting it again until it finishes. The parameters and
+the History it ends with must equal the reference exactly.
+"""
+
+from __future__ import annotations
+
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from support import processes
+
+WORKER = Path(__file__).with_name("worker.py")
+TIMEOUT = 600
+KILLS_PER_MODE = 6
+
+
+def start(mode: str, directory: Path, *extra: str) -> subprocess.Popen[str]:
+    directory.mkdir(exist_ok=True)
+    with open(directory / "stderr.log", "a") as log:  # the child keeps its own copy
+        return subprocess.Popen(
+            [sys.executable, str(WORKER), mode, str(directory), *extra],
+            env=processes.clean_env(),
+            stdout=subprocess.PIPE,
+            stderr=log,
+            text=True,
+        )
+
+
+def finish(proc: subprocess.Popen[str], directory: Path) -> None:
+    """Lets the process run to its end; it must succeed."""
+    proc.communicate(timeout=TIMEOUT)
+    assert proc.returncode == 0, (directory / "stderr.log").read_text()
+
+
+def run_uninterrupted(mode: str, directory: Path) -> dict[str, np.ndarray]:
+    finish(start(mode, directory), directory)
+    return dict(np.load(directory / "result_0.npz"))
+
+
+def kill_when(proc: subprocess.Popen[str], prefix: str, count: int, delay: float, signum: int) -> bool:
+    """Sends `signum` `delay` seconds after the `count`-th output line starting with `prefix`.
+
+    Returns whether the process was still running when the signal was sent.
+    """
+    assert proc.stdout is not None
+    seen = 0
+    for line in proc.stdout:
+        if line.startswith(prefix):
+            seen += 1
+            if seen == count:
+                time.sleep(delay)
+                alive = proc.poll() is None
+                if alive:
+                    proc.send_signal(signum)
+                proc.communicate(timeout=TIMEOUT)
+                return alive
+    proc.wait(timeout=TIMEOUT)
+    return False
+
+
+def assert_equal_results(actual: dict[str, np.ndarray], expected: dict[str, np.ndarray]) -> None:
+    assert sorted(actual) == sorted(expected)
+    assert any(key.startswith("history_") for key in expected)
+    for key, value in expected.items():
+        np.testing.assert_array_equal(actual[key], value, err_msg=key)  # bitwise
+
+
+@pytest.mark.parametrize(("mode", "seed", "span"), [("loop", 1, 8), ("train_loop", 2, 14)])
+def test_sigkill_at_random_moments_then_resume(mode: str, seed: int, span: int, tmp_path: Path) -> None:
+    reference = run_uninterrupted(mode, tmp_path / "reference")
+    rng = random.Random(seed)
+    directory = tmp_path / "killed"
+    kills = []
+    for i in range(KILLS_PER_MODE):
+        proc = start(mode, directory)
+        if i % 2 == 0:
+            # During a save: right as the first backup of this run starts.
+            spec = ("saving", 1, rng.uniform(0.0, 0.05))
+        else:
+            spec = ("step", rng.randint(1, span), rng.uniform(0.0, 0.3))
+        if kill_when(proc, *spec, signum=signal.SIGKILL):
+            assert proc.returncode == -signal.SIGKILL
+            kills.append(spec)
+    assert len(kills) == KILLS_PER_MODE, kills
+    finish(start(mode, directory), directory)
+    assert_equal_results(dict(np.load(directory / "result_0.npz")), reference)
+    # No orbax temporary directory is left behind, and at most `keep` backups are.
+    backups = sorted(p.name for p in (directory / "backup").iterdir())
+    assert not [name for name in backups if "tmp" in name], backups
+    assert len([name for name in backups if name.isdigit()]) <= 2, backups
+
+
+def test_sigterm_saves_then_exits_143_and_resumes(tmp_path: Path) -> None:
+    reference = run_uninterrupted("loop", tmp_path / "reference")
+    directory = tmp_path / "preempted"
+    proc = start("loop", directory)
+    assert kill_when(proc, "step", 7, 0.0, signal.SIGTERM)
+    assert proc.returncode == 143, (directory / "stderr.log").read_text()
+    assert not (directory / "result_0.npz").exists()
+    finish(start("loop", directory), directory)
+    assert_equal_results(dict(np.load(directory / "result_0.npz")), reference)
+
+
+def run_two(mode: str, directory: Path, *, signum: int | None = None, after: int = 0) -> list[int]:
+    """Runs both processes of a 2-process run; optionally sends `signum` to process 0 after its
+    `after`-th step line. Returns the exit codes."""
+    port = str(processes.free_port())
+    procs = [start(mode, directory, str(i), port) for i in range(2)]
+    try:
+        if signum is not None:
+            kill_when(procs[0], "step", after, 0.0, signum)
+        for proc in procs:
+            proc.communicate(timeout=TIMEOUT)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    return [proc.returncode for proc in procs]
+
+
+@pytest.mark.parametrize("strategy", ["data_parallel", "fsdp"])
+def test_two_processes_preempted_by_sigterm_to_one_resume_together(strategy: str, tmp_path: Path) -> None:
+    mode = f"distributed_{strategy}"
+    assert run_two(mode, tmp_path / "reference") == [0, 0], (
+        tmp_path / "reference" / "stderr.log"
+    ).read_text()
+    directory = tmp_path / "preempted"
+    codes = run_two(mode, directory, signum=signal.SIGTERM, after=12)
+    log = (directory / "stderr.log").read_text()
+    # Both stop at the step they agreed on, after saving their shards.
+    assert codes == [143, 143], log
+    assert run_two(mode, directory) == [0, 0], (directory / "stderr.log").read_text()
+    for process in range(2):
+        assert_equal_results(
+            dict(np.load(directory / f"result_{process}.npz")),
+            dict(np.load(tmp_path / "reference" / f"result_{process}.npz")),
+        )
+
+
+def test_two_processes_killed_together_resume(tmp_path: Path) -> None:
+    mode = "distributed_fsdp"
+    assert run_two(mode, tmp_path / "reference") == [0, 0], (
+        tmp_path / "reference" / "stderr.log"
+    ).read_text()
+    directory = tmp_path / "killed"
+    port = str(processes.free_port())
+    procs = [start(mode, directory, str(i), port) for i in range(2)]
+    kill_when(procs[0], "step", 13, 0.0, signal.SIGKILL)
+    procs[1].kill()
+    procs[1].wait()
+    assert run_two(mode, directory) == [0, 0], (directory / "stderr.log").read_text()
+    for process in range(2):
+        assert_equal_results(
+            dict(np.load(directory / f"result_{process}.npz")),
+            dict(np.load(tmp_path / "reference" / f"result_{process}.npz")),
+        )

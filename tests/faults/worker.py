@@ -1,0 +1,182 @@
+"""A training script that backs itself up: the fault tests kill it and run it again.
+
+Usage: python worker.py MODE DIRECTORY [PROCESS_ID PORT]
+
+MODE is `loop` (a hand-written jitted step in `ciclo.loop`), `train_loop` (a
+flax state with dropout and Adam, a test loop each epoch, early stopping and a
+best checkpoint), or `distributed_<strategy>` (2 processes under
+`jax.distributed`, `ciclo.loop` over a managed state). The script prints
+`saving <step>` just before each backup and `step <n>` after each step, and
+when it finishes writes `DIRECTORY/result_<process>.npz` (parameters and
+History). Run again after a kill, it resumes from `DIRECTORY/backup`.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+MODE = sys.argv[1]
+DIRECTORY = sys.argv[2]
+if MODE.startswith("distributed_"):
+    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+import ciclo  # noqa: E402
+
+STOP = 60
+EVERY = 5
+
+
+def announce(every: int):
+    """A backup schedule that prints `saving <step>` when a backup is due, before it is written."""
+
+    def schedule(elapsed: ciclo.Elapsed) -> bool:
+        if elapsed.steps % every == 0:
+            print(f"saving {elapsed.steps}", flush=True)
+            return True
+        return False
+
+    return schedule
+
+
+def progress(state, batch, elapsed):
+    print(f"step {elapsed.steps + 1}", flush=True)
+
+
+def regression_batches(n: int = STOP, batch: int = 16, features: int = 8):
+    rng = np.random.default_rng(0)
+    out = []
+    for _ in range(n):
+        x = rng.normal(size=(batch, features)).astype(np.float32)
+        out.append((x, np.sin(x[:, :1]) + x[:, 1:2] * x[:, 2:3]))
+    return out
+
+
+def save_result(params, history, process: int = 0) -> None:
+    leaves = {f"param_{i}": np.asarray(leaf) for i, leaf in enumerate(jax.tree.leaves(params))}
+    columns = {}
+    for key in ("loss", "loss_test", "accuracy_test", "losses.mse"):
+        try:
+            steps, values = history.collect("steps", key)
+        except KeyError:
+            continue
+        columns[f"history_{key}_steps"] = np.asarray(steps)
+        columns[f"history_{key}"] = np.asarray(values)
+    path = os.path.join(DIRECTORY, f"result_{process}.npz")
+    np.savez(path + ".tmp.npz", **leaves, **columns)
+    os.replace(path + ".tmp.npz", path)
+
+
+def hand_written_loop() -> None:
+    key = jax.random.key(0)
+    k1, k2 = jax.random.split(key)
+    params = {
+        "w1": jax.random.normal(k1, (8, 256)) / 3.0,
+        "w2": jax.random.normal(k2, (256, 1)) / 16.0,
+    }
+
+    @jax.jit
+    def train_step(params, batch):
+        x, y = batch
+
+        def loss_fn(p):
+            hidden = x
+            for _ in range(8):  # a slower step: the kills land at many different points
+                hidden = jnp.tanh(hidden @ p["w1"]) @ p["w1"].T
+            return jnp.mean((jnp.tanh(hidden @ p["w1"]) @ p["w2"] - y) ** 2)
+
+        loss, grads = jax.value_and_grad(loss_fn)(params)
+        params = jax.tree.map(lambda p, g: p - 0.05 * g, params, grads)
+        return ciclo.logs().add_loss("loss", loss), params
+
+    params, history, _ = ciclo.loop(
+        params,
+        regression_batches(),
+        {ciclo.every(1): [train_step, progress]},
+        stop=STOP,
+        backup=ciclo.backup(os.path.join(DIRECTORY, "backup"), every=announce(EVERY)),
+    )
+    save_result(params, history)
+
+
+def flax_train_loop() -> None:
+    import flax.linen as nn
+    import optax
+
+    class MLP(nn.Module):
+        @nn.compact
+        def __call__(self, x, training: bool = False):
+            x = nn.relu(nn.Dense(64)(x))
+            x = nn.Dropout(0.2, deterministic=not training)(x)
+            return nn.Dense(10)(x)
+
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    x = (digits.data / 16.0).astype(np.float32)
+    y = digits.target.astype(np.int32)
+    train = [(x[i : i + 32], y[i : i + 32]) for i in range(0, 32 * STOP, 32)]
+    test = [(x[i : i + 64], y[i : i + 64]) for i in range(1400, 1784, 64)]
+
+    state = ciclo.create_flax_state(
+        MLP(),
+        inputs=x[:1],
+        tx=optax.adam(1e-2),
+        losses={"loss": optax.softmax_cross_entropy_with_integer_labels},
+        metrics={"accuracy": lambda logits, labels: jnp.argmax(logits, -1) == labels},
+        key=0,
+    )
+    epoch = 10
+    state, history, _ = ciclo.train_loop(
+        state,
+        train,
+        {ciclo.every(1): [progress]},
+        callbacks=[
+            ciclo.early_stopping("loss_test", patience=3),
+            ciclo.checkpoint(os.path.join(DIRECTORY, "best"), monitor="accuracy_test", keep=1),
+        ],
+        test_dataset=lambda: test,
+        epoch_duration=epoch,
+        stop=STOP,
+        backup=ciclo.backup(os.path.join(DIRECTORY, "backup"), every=announce(epoch)),
+    )
+    save_result(state.params, history)
+
+
+def distributed(strategy: str, process_id: int, port: int) -> None:
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(
+        coordinator_address=f"127.0.0.1:{port}",
+        num_processes=2,
+        process_id=process_id,
+        initialization_timeout=120,
+    )
+    from support import training
+
+    rows = slice(process_id * training.BATCH // 2, (process_id + 1) * training.BATCH // 2)
+    data = [(x[rows], y[rows]) for x, y in training.batches(STOP)]
+    state = training.managed_state("mlp", strategy)
+    state, history, _ = ciclo.loop(
+        state,
+        data,
+        {ciclo.every(1): [training.train_step, progress]},
+        stop=STOP,
+        backup=ciclo.backup(os.path.join(DIRECTORY, "backup"), every=EVERY),
+    )
+    params = state.with_strategy("eager").params
+    save_result(params, history, process_id)
+
+
+if __name__ == "__main__":
+    if MODE == "loop":
+        hand_written_loop()
+    elif MODE == "train_loop":
+        flax_train_loop()
+    elif MODE.startswith("distributed_"):
+        distributed(MODE.removeprefix("distributed_"), int(sys.argv[3]), int(sys.argv[4]))
+    else:
+        raise SystemExit(f"unknown mode {MODE!r}")
