@@ -4,9 +4,11 @@ import json
 import logging
 import os
 import re
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import jax
 import jax.numpy as jnp
@@ -452,3 +454,176 @@ def test_close_then_save_reopens(tmp_path):
     assert float(ckpt.restore(zero())["w"]) == 1.0
     ckpt.close()
     assert "monitor=None" in repr(ckpt)
+
+
+# --- surviving: non-finite values, Ctrl-C, kills, another run's directory ---------------------------
+
+
+def test_a_non_finite_monitored_value_is_never_saved(tmp_path, caplog):
+    ckpt = ciclo.checkpoint(tmp_path, keep=1, monitor="loss")
+    with caplog.at_level(logging.WARNING, logger="ciclo"):
+        monitored_run(ckpt, [0.5, 0.4, float("nan"), float("inf"), 0.45])
+    assert ckpt.all_steps() == [1] and ckpt.best_step() == 1  # keep=1 kept the last finite best
+    messages = [record.getMessage() for record in caplog.records]
+    assert sum("not saved" in m and "'loss'" in m for m in messages) == 2
+    ckpt.close()
+
+
+def test_settings_file_is_written_atomically_and_only_when_changed(tmp_path):
+    ciclo.checkpoint(tmp_path, monitor="loss").close()
+    settings = tmp_path / SETTINGS_FILE
+    before = settings.stat()
+    ciclo.checkpoint(tmp_path, monitor="loss", keep=3).close()
+    after = settings.stat()
+    assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+    assert [name for name in os.listdir(tmp_path) if name.endswith(".tmp")] == []
+
+
+def test_unfinished_saves_are_removed_and_keep_holds_at_start(tmp_path, caplog):
+    ckpt = ciclo.checkpoint(tmp_path, keep=None)
+    for step in (10, 20, 30):
+        ckpt.save(step, {"w": jnp.float32(step)})
+    ckpt.close()
+    # What a run killed mid-save and before orbax's cleanup leaves: a tmp directory and one step too many.
+    (tmp_path / "40.orbax-checkpoint-tmp-1234").mkdir()
+    with caplog.at_level(logging.WARNING, logger="ciclo"):
+        resumed = ciclo.checkpoint(tmp_path, keep=2)
+    assert committed_steps(tmp_path) == resumed.all_steps() == [20, 30]
+    assert not [name for name in os.listdir(tmp_path) if "tmp" in name]
+    assert any("keep=2" in record.getMessage() for record in caplog.records)
+    resumed.close()
+
+
+def test_keep_at_start_drops_the_worst_with_a_monitor(tmp_path):
+    ckpt = ciclo.checkpoint(tmp_path, keep=None, monitor="accuracy")
+    monitored_run(ckpt, [0.7, 0.9, 0.6, 0.8], key="accuracy")
+    ckpt.close()
+    resumed = ciclo.checkpoint(tmp_path, keep=2, monitor="accuracy")
+    assert resumed.all_steps() == [1, 3] and resumed.best_step() == 1
+    resumed.close()
+
+
+def test_another_runs_directory_is_refused_unless_resumed_or_overwritten(tmp_path):
+    first = ciclo.checkpoint(tmp_path, keep=None)
+    first.save(5, {"w": jnp.float32(5)})
+    first.close()
+
+    stranger = ciclo.checkpoint(tmp_path, keep=None)
+    with pytest.raises(FileExistsError, match=r"another run \(steps \[5\]\).*overwrite=True"):
+        stranger.save(3, {"w": jnp.float32(-1)})
+    assert committed_steps(tmp_path) == [5]
+    stranger.close()
+
+    # Restored through the module function before the Checkpoint exists: this process resumes the run.
+    ciclo.restore_checkpoint(tmp_path, zero())
+    resumer = ciclo.checkpoint(tmp_path, keep=None)
+    resumer.save(6, {"w": jnp.float32(6)})
+    assert resumer.all_steps() == [5, 6]
+    resumer.close()
+
+    fresh = ciclo.checkpoint(tmp_path, keep=None, overwrite=True)
+    assert committed_steps(tmp_path) == []
+    fresh.save(1, {"w": jnp.float32(1)})
+    assert fresh.all_steps() == [1]
+    fresh.close()
+
+
+def test_restoring_into_another_structure_names_the_leaves(tmp_path):
+    ckpt = ciclo.checkpoint(tmp_path)
+    ckpt.save(1, {"params": {"w": jnp.zeros((4, 3)), "b": jnp.zeros(3)}, "step": jnp.int32(1)})
+    ckpt.wait()
+    target = {"params": {"w": jnp.zeros((4, 5)), "b": jnp.zeros(3)}, "count": jnp.int32(0)}
+    for restore in (ckpt.restore, lambda t: ciclo.restore_checkpoint(tmp_path, t)):
+        with pytest.raises(ValueError) as info:
+            restore(target)
+        message = str(info.value)
+        assert (
+            "['params']['w']: the checkpoint holds shape (4, 3) float32, the target has shape (4, 5) float32"
+            in (message)
+        )
+        assert "['count']: in the target ((), int32) but not in the checkpoint" in message
+        assert "['step']: in the checkpoint ((), int32) but not in the target" in message
+        assert "strict" not in message and "partial_restore" not in message
+    ckpt.close()
+
+
+SIGINT_CHILD = """
+import os, sys, threading, time
+import jax.numpy as jnp
+import ciclo
+
+directory, gate = sys.argv[1], sys.argv[2]
+main = threading.main_thread().ident
+
+def inside_orbax_save(step):
+    frame = sys._current_frames().get(main)
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name == "save" and code.co_filename.endswith("checkpoint_manager.py"):
+            return frame.f_locals.get("step") == step
+        frame = frame.f_back
+    return False
+
+def watch():
+    # Tells the parent when the main thread is inside orbax's save of step 30 (an 80 MB state: it
+    # stays there for a while), and waits until the SIGINT is sent.
+    while not inside_orbax_save(30):
+        time.sleep(0.0005)
+    open(os.path.join(gate, "saving"), "w").close()
+    while not os.path.exists(os.path.join(gate, "sent")):
+        time.sleep(0.001)
+
+threading.Thread(target=watch, daemon=True).start()
+
+def train_step(state, batch):
+    return None, {"w": state["w"] + batch}
+
+ckpt = ciclo.checkpoint(directory, keep=2)
+state, _, elapsed = ciclo.loop(
+    {"w": jnp.zeros((20_000_000,), jnp.float32)},
+    range(100),
+    {ciclo.every(1): [train_step], ciclo.after(9).every(10): [ckpt]},
+    catch_keyboard_interrupt=CATCH,
+)
+print("steps", ckpt.all_steps(), "stopped at", elapsed.steps, flush=True)
+"""
+
+
+@pytest.mark.parametrize("catch", [True, False])
+def test_ctrl_c_during_a_save_loses_no_checkpoint(tmp_path, catch):
+    from support.processes import clean_env
+
+    directory, gate = tmp_path / "ckpt", tmp_path / "gate"
+    gate.mkdir()
+    script = tmp_path / "child.py"
+    script.write_text(SIGINT_CHILD.replace("CATCH", str(catch)))
+    child = subprocess.Popen(
+        [sys.executable, str(script), str(directory), str(gate)],
+        env=clean_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not (gate / "saving").exists():
+            assert child.poll() is None, child.communicate()
+            assert time.monotonic() < deadline, "the child never started the save of step 30"
+            time.sleep(0.001)
+        child.send_signal(signal.SIGINT)
+        (gate / "sent").touch()
+        out, err = child.communicate(timeout=120)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    # The save of step 30 was finished (held Ctrl-C), and the older ones were not lost.
+    assert committed_steps(directory) == [20, 30], (out, err)
+    assert not [name for name in os.listdir(directory) if "tmp" in name]
+    assert "cannot schedule new futures" not in err
+    if catch:
+        assert child.returncode == 0 and out.split()[:3] == ["steps", "[20,", "30]"], (out, err)
+    else:
+        assert child.returncode != 0 and "KeyboardInterrupt" in err
+    restored = ciclo.restore_checkpoint(directory, {"w": jnp.zeros((20_000_000,), jnp.float32)})
+    assert float(restored["w"][0]) == sum(range(30))
