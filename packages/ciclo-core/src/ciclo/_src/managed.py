@@ -16,6 +16,7 @@ from typing import Any, Generic, TypeVar, cast, final, overload
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from typing_extensions import Self, dataclass_transform
 
@@ -117,14 +118,23 @@ class ManagedState:
             apply_fn: the model's apply function, kept for the steps' use.
             strategy: a strategy or its name (see `ciclo.get_strategy`).
             **fields: the values of a subclass's own fields.
+
+        Raises:
+            TypeError: if `params` has a leaf that is not an array (a function,
+                as in an equinox module): the message says how to keep it in a
+                static field.
         """
+        check_params(params)
+        # Static fields are configuration: they go around the strategy's placement and jax.jit.
+        static = {f.name for f in dataclasses.fields(cast(Any, cls)) if f.metadata.get("static")}
         return create_state(
             cls,
             lambda values: values,
-            {"params": params, **fields},
+            {"params": params, **{name: value for name, value in fields.items() if name not in static}},
             tx=tx,
             apply_fn=apply_fn,
             strategy=strategy,
+            **{name: value for name, value in fields.items() if name in static},
         )
 
     def replace(self, **changes: Any) -> Self:
@@ -194,6 +204,7 @@ def create_state(
     def init(*args: Any) -> S:
         values = dict(fields(*args))
         params = values.pop("params")
+        check_params(params)
         return cls(  # type: ignore[call-arg]
             step=jnp.zeros((), jnp.int32),
             opt_state=tx.init(params),
@@ -209,6 +220,43 @@ def create_state(
 
 
 jax.tree_util.register_dataclass(ManagedState)
+
+_ARRAY_LEAVES = (jax.Array, np.ndarray, np.generic, bool, int, float, complex)
+
+
+def check_params(params: Any) -> None:
+    """Refuses parameters with a leaf that is not an array, before optax or `jax.jit` meet it.
+
+    optax cannot make an optimizer state for a function (`zeros_like` fails deep
+    inside it) and `jax.jit` cannot take one, so a model that keeps its
+    activation functions as leaves (an equinox module) must be split first.
+
+    Raises:
+        TypeError: naming the first such leaf by its path, and how to split the model.
+
+    Example:
+        >>> import jax
+        >>> check_params({"w": jax.numpy.ones(2), "activation": jax.nn.relu})
+        Traceback (most recent call last):
+        TypeError: params['activation'] is ... not an array: ...
+    """
+    found = [
+        (path, leaf)
+        for path, leaf in jax.tree_util.tree_leaves_with_path(params)
+        if not isinstance(leaf, _ARRAY_LEAVES)
+    ]
+    if not found:
+        return
+    path, leaf = found[0]
+    more = f" (and {len(found) - 1} more leaves)" if len(found) > 1 else ""
+    raise TypeError(
+        f"params{jax.tree_util.keystr(path)} is {leaf!r}{more}, not an array: optax cannot train it "
+        "and jax.jit cannot take it. Train only the arrays and keep the rest in a static field: for an "
+        "equinox module, ciclo.create_equinox_state(model, ...) does it; by hand, "
+        "`params, static = eqx.partition(model, eqx.is_array)`, a field "
+        "`static: Any = managed.field(static=True)` given `static=static`, and "
+        "`eqx.combine(state.params, state.static)` in the step"
+    )
 
 
 @final
