@@ -9,9 +9,11 @@ of the objects in `callbacks=[...]` (`keras_bar` has `on_train_batch_end`,
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final
 
+from ciclo._src.backup import Backup
 from ciclo._src.batches import BatchSizeFn, stacked
 from ciclo._src.callbacks._inner_loop import AggregationLike, inner_loop
 from ciclo._src.elapsed import Elapsed, Period, PeriodLike
@@ -210,6 +212,7 @@ def train_loop(
     catch_keyboard_interrupt: bool = True,
     metadata: Any = None,
     batch_size_fn: BatchSizeFn | None = None,
+    backup: Backup | str | os.PathLike[str] | None = None,
     steps_per_execution: int = 1,
 ) -> tuple[S, History, Elapsed]:
     """A training loop with epochs and an evaluation loop at the end of each epoch.
@@ -255,6 +258,9 @@ def train_loop(
         catch_keyboard_interrupt: on Ctrl-C return what was computed so far.
         metadata: available to callbacks as `loop_state.metadata`.
         batch_size_fn: counts the samples of a batch.
+        backup: a directory or `ciclo.backup(...)`: back up the run (by default
+            at each epoch's end) and resume from the backup found there (see
+            `ciclo.backup`).
         steps_per_execution: run this many training steps per dispatch, as one
             compiled `jax.lax.scan` (Keras' `steps_per_execution`): the batches
             are grouped with `ciclo.stacked`, cut so that no group crosses an
@@ -357,6 +363,8 @@ def train_loop(
         catch_keyboard_interrupt=catch_keyboard_interrupt,
         metadata=metadata,
         batch_size_fn=batch_size_fn,
+        backup=backup,
+        backup_every=epoch,  # by default, a backup at each epoch's end
     )
 
 
@@ -372,6 +380,7 @@ def test_loop(
     catch_keyboard_interrupt: bool = True,
     metadata: Any = None,
     batch_size_fn: BatchSizeFn | None = None,
+    backup: Backup | str | os.PathLike[str] | None = None,
 ) -> tuple[S, History, Elapsed]:
     """An evaluation loop: `test_step` on each batch, after `reset_step` at the start.
 
@@ -391,6 +400,8 @@ def test_loop(
         catch_keyboard_interrupt: on Ctrl-C return what was computed so far.
         metadata: available to callbacks as `loop_state.metadata`.
         batch_size_fn: counts the samples of a batch.
+        backup: a directory or `ciclo.backup(...)`: back up the run and resume
+            from the backup found there (see `ciclo.backup`).
 
     Raises:
         TypeError: if the state is not a `ciclo.Evaluable` and `tasks` hold no step.
@@ -418,6 +429,7 @@ def test_loop(
         catch_keyboard_interrupt=catch_keyboard_interrupt,
         metadata=metadata,
         batch_size_fn=batch_size_fn,
+        backup=backup,
     )
 
 
@@ -437,6 +449,7 @@ def predict_loop(
     catch_keyboard_interrupt: bool = True,
     metadata: Any = None,
     batch_size_fn: BatchSizeFn | None = None,
+    backup: Backup | str | os.PathLike[str] | None = None,
 ) -> tuple[S, History, Elapsed]:
     """An inference loop: `predict_step` on each batch; collect outputs from the history.
 
@@ -456,6 +469,8 @@ def predict_loop(
         catch_keyboard_interrupt: on Ctrl-C return what was computed so far.
         metadata: available to callbacks as `loop_state.metadata`.
         batch_size_fn: counts the samples of a batch.
+        backup: a directory or `ciclo.backup(...)`: back up the run and resume
+            from the backup found there (see `ciclo.backup`).
 
     Raises:
         TypeError: if the state is not a `ciclo.Predictable` and `tasks` hold no step.
@@ -485,4 +500,5 @@ def predict_loop(
         catch_keyboard_interrupt=catch_keyboard_interrupt,
         metadata=metadata,
         batch_size_fn=batch_size_fn,
+        backup=backup,
     )
