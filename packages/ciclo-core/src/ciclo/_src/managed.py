@@ -322,9 +322,18 @@ class ManagedStep(Generic[S]):
             body = _train_body(self.__wrapped__, reductions, _check_trainable(state))
         else:
             body = _body(self.__wrapped__, reductions)
+            # The state an evaluation reads stays valid: a train loop trains on from it after a test pass.
+            strategy = _without_donation(strategy)
         if fused:
             return strategy.compile(lambda state, stacked: scan_steps(body, state, stacked.batches))
         return strategy.compile(body)
+
+
+def _without_donation(strategy: Strategy) -> Strategy:
+    """`strategy` with `donate=False` when it is a dataclass that donates (`jit_donate`, ...)."""
+    if dataclasses.is_dataclass(strategy) and getattr(strategy, "donate", False):
+        return cast(Strategy, dataclasses.replace(strategy, donate=False))
+    return strategy
 
 
 @overload
