@@ -337,7 +337,7 @@ def _leaf_table(tree: Any) -> dict[tuple[str, ...], tuple[str, Any, Any]]:
         if shape is None:
             shape = np.shape(leaf)
             dtype = np.asarray(leaf).dtype
-        elif dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
+        elif dtype is not None and jax.numpy.issubdtype(dtype, jax.dtypes.prng_key):
             # orbax stores a typed key (an nnx module's rng streams) as its raw uint32 data.
             data = jax.eval_shape(jax.random.key_data, leaf)
             shape, dtype = data.shape, data.dtype
