@@ -443,3 +443,35 @@ def test_a_missing_extra_names_what_to_install(
     monkeypatch.setitem(sys.modules, module, None)
     with pytest.raises(ImportError, match=f'pip install "ciclo-core\\[{extra}\\]"'):
         make()
+
+
+def test_scalars_takes_numbers_only() -> None:
+    logs = ciclo.logs().add_metrics(
+        a=np.float32(0.5), b=np.array(2), c=True, d="text", e=np.ones(2), f=None, g=jnp.int32(3)
+    )
+    logs.add_loss("a", 0.25)  # another value under the same name: both kept, by collection
+    assert scalars(logs) == {"metrics.a": 0.5, "losses.a": 0.25, "b": 2, "c": 1, "g": 3}
+
+
+def test_flush_writes_the_rows_given_so_far(tmp_path: Path) -> None:
+    logger = ciclo.csv_logger(tmp_path / "log.csv")
+    logger.write(0, ciclo.logs().add_loss("loss", jnp.float32(0.5)))
+    logger.flush()
+    logger.write(1, {"losses": {"loss": 0.25}})
+    logger.close()
+    assert read_csv(tmp_path, logger) == [(0, "loss", 0.5), (1, "loss", 0.25)]
+    assert repr(logger) == f"Logger(CsvSink({str(tmp_path / 'log.csv')!r}))"
+
+
+def test_arguments_are_checked() -> None:
+    with pytest.raises(TypeError, match="path"):
+        ciclo.csv_logger(3)  # type: ignore[arg-type]
+    pytest.importorskip("tensorboardX")
+    with pytest.raises(TypeError, match="logdir"):
+        ciclo.tensorboard(None)  # type: ignore[arg-type]
+    pytest.importorskip("mlflow")
+    with pytest.raises(TypeError, match="experiment_name"):
+        ciclo.mlflow_logger("")
+    pytest.importorskip("wandb")
+    with pytest.raises(TypeError, match="not both"):
+        ciclo.wandb_logger(run=object(), project="p")
