@@ -84,6 +84,19 @@ def _group(name: str) -> list[str]:
     return list(nox.project.dependency_groups(PYPROJECT, name))
 
 
+def _coverage_source(session: nox.Session, module: str) -> str:
+    """A package's name, or a subpackage's installed directory.
+
+    Given a dotted name, coverage imports the parent packages (and so jax) when it
+    starts, and jaxlib then aborts ("SetTimeZone() has already been called").
+    """
+    if "." not in module:
+        return module
+    code = f"import importlib.util as u; print(u.find_spec({module!r}).submodule_search_locations[0])"
+    output = session.run("python", "-c", code, silent=True)
+    return str(output).strip().splitlines()[-1]
+
+
 @nox.session
 @nox.parametrize("framework", list(FRAMEWORKS), ids=list(FRAMEWORKS))
 def tests(session: nox.Session, framework: str) -> None:
@@ -97,7 +110,7 @@ def tests(session: nox.Session, framework: str) -> None:
         "--doctest-modules",
         "--pyargs",
         *spec.modules,
-        *(f"--cov={module}" for module in spec.modules),
+        *(f"--cov={_coverage_source(session, module)}" for module in spec.modules),
         "--cov-report=term-missing:skip-covered",
         "--cov-fail-under=90",
         *session.posargs,
