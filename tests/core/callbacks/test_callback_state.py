@@ -139,6 +139,7 @@ STATELESS = {
     "InnerLoop": "aggregates within one call; its loop function is the user's",
     "KerasBar": "draws from the loop's elapsed; its clock and redraw marks belong to one process's display",
     "TqdmBar": "the same, through tqdm",
+    "TerminateOnNaN": "a resumed run starts from a finite state: nothing found so far is worth keeping",
     "NoOp": "does nothing",
 }
 """Public callbacks without the hook, and why they need none."""
