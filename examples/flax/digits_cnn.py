@@ -3,7 +3,10 @@
 Run with `python examples/flax/digits_cnn.py` where ciclo-flax, scikit-learn
 and `ciclo-core[checkpoint]` (orbax) are installed. Nothing is downloaded: the
 digits ship inside scikit-learn. The model is evaluated on the test set after each epoch, the
-checkpoint with the best test accuracy is kept, and it is restored at the end.
+checkpoint with the best test accuracy is kept, and it is restored at the end;
+`best.model` gives back its linen variables, which `CNN().apply` runs on the
+test set. The script exits with an error when the final test accuracy is under
+`--min-accuracy`.
 
 With `--logdir DIR`, everything the run leaves is in DIR: the checkpoints,
 TensorBoard event files (`tensorboard --logdir DIR`), the logs as
@@ -100,6 +103,7 @@ def main() -> None:
         help="where to write checkpoints, TensorBoard events, history.csv and history.png "
         "(default: a temporary directory)",
     )
+    parser.add_argument("--min-accuracy", type=float, default=0.95, help="fail under this test accuracy")
     args = parser.parse_args()
 
     train, test = load_data()
@@ -132,11 +136,20 @@ def main() -> None:
     seconds = time.perf_counter() - start
 
     best = ciclo.restore_checkpoint(logdir, state, step="best")
+    test_accuracy = evaluate(best, test)
+    # `best.model` is the trained variables dict, {"params": ..., "batch_stats": ...}, for flax's apply.
+    logits = CNN().apply(best.model, test["inputs"], training=False)
+    model_accuracy = float(np.mean(np.asarray(logits).argmax(-1) == test["target"]))
     print(f"trained {elapsed.steps} steps ({elapsed.samples} samples) in {seconds:.1f}s")
     print(f"last epoch's test accuracy: {history.collect('accuracy_test')[-1]:.4f}")
-    print(f"final test accuracy (best checkpoint, restored from {logdir}): {evaluate(best, test):.4f}")
+    print(f"final test accuracy (best checkpoint, restored from {logdir}): {test_accuracy:.4f}")
+    print(f"test accuracy of best.model through CNN().apply: {model_accuracy:.4f}")
     history.plot("loss", "accuracy", "learning_rate", path=os.path.join(logdir, "history.png"))
     print(f"TensorBoard events, history.csv and history.png are in {logdir}")
+    if min(test_accuracy, model_accuracy) < args.min_accuracy:
+        raise SystemExit(
+            f"test accuracy {min(test_accuracy, model_accuracy):.4f} is under {args.min_accuracy}"
+        )
 
 
 if __name__ == "__main__":
