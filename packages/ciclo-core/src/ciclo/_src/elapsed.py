@@ -133,9 +133,14 @@ def to_period(value: PeriodLike | None, *, name: str = "stop") -> Period | None:
         return value
     if isinstance(value, int) and not isinstance(value, bool):
         if value < 0:
-            raise ValueError(f"{name} must be >= 0 steps, got {value!r}")
+            raise ValueError(f"{name} must be >= 0 steps, got {value!r}: pass a count of steps or a Period")
         return Period(steps=value)
-    raise TypeError(f"{name} must be an int (steps) or a ciclo.Period, got {value!r}")
+    hint = "pass a count of steps such as 100, or a period such as ciclo.at(samples=...)"
+    if isinstance(value, str) and value.strip().isdigit():
+        hint = f"pass the int {name}={int(value)}, not the string {value!r}"
+    elif isinstance(value, float) and value.is_integer():
+        hint = f"pass the int {name}={int(value)}"
+    raise TypeError(f"{name} must be an int (steps) or a ciclo.Period, got {value!r}; {hint}")
 
 
 @jax.tree_util.register_dataclass

@@ -24,6 +24,10 @@ LogsLike = Mapping[str, Mapping[str, Any]]
 ELAPSED_KEYS = ("steps", "samples", "time")
 
 
+_NUMERIC_COLLECTIONS = frozenset({"metrics", "losses", "stateful_metrics"})
+"""Collections whose entries bars, loggers and aggregation treat as numbers."""
+
+
 class Entries(dict[str, Any]):
     """The entries of one collection; entries are also readable as attributes."""
 
@@ -82,7 +86,16 @@ class Logs(dict[str, Entries]):
             self.merge(updates)
 
     def add_entry(self, collection: str, name: str, value: Any) -> Logs:
-        """Sets `self[collection][name] = value`, creating the collection; returns self."""
+        """Sets `self[collection][name] = value`, creating the collection; returns self.
+
+        Raises:
+            TypeError: for a string as a metric or a loss (they must be numbers or arrays).
+        """
+        if isinstance(value, (str, bytes)) and collection in _NUMERIC_COLLECTIONS:
+            raise TypeError(
+                f"{collection}.{name} is the {type(value).__name__} {value!r}: metrics and losses must be "
+                "numbers or arrays (log text as an output: logs.add_output(name, text))"
+            )
         entries = self.get(collection)
         if entries is None:
             entries = self[collection] = Entries()

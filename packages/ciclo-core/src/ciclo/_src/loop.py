@@ -13,6 +13,7 @@ import logging
 import os
 import signal
 import sys
+import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Final, cast, final
 
@@ -26,6 +27,7 @@ from ciclo._src.backup import (
     position_dataset,
 )
 from ciclo._src.batches import BatchSizeFn, Stacked, count, is_stacked, steps_of
+from ciclo._src.checks import DataWarning
 from ciclo._src.elapsed import Clock, Elapsed, Period, PeriodLike, make_elapsed, to_period
 from ciclo._src.logs import History, Logs, StackedLogs
 from ciclo._src.loop_state import LoopState as LoopState
@@ -306,10 +308,19 @@ def _run_callbacks(loop_state: LoopState[Any], callbacks: list[_Callback]) -> No
         except Exception as error:
             _annotate(error, callback, loop_state)
             raise
-        if type(out) is tuple and len(out) == 2 and out[0] is not None and out[1] is not None:
+        if (
+            type(out) is tuple
+            and len(out) == 2
+            and type(out[0]) is Logs
+            and type(out[1]) is type(loop_state.state)
+        ):
             new_logs, loop_state.state = out  # what step_output would return, without the call
         else:
-            new_logs, loop_state.state = step_output(out, loop_state.state, callback.source)
+            try:
+                new_logs, loop_state.state = step_output(out, loop_state.state, callback.source)
+            except (TypeError, ValueError) as error:
+                _annotate(error, callback, loop_state)
+                raise
         if new_logs:
             if type(new_logs) is StackedLogs:
                 _hold_steps(loop_state, new_logs)
@@ -333,6 +344,33 @@ def _hold_steps(loop_state: LoopState[Any], logs: StackedLogs) -> None:
         return  # a step that stacks logs of its own: its last step's logs stand for the step
     held = loop_state._per_step
     loop_state._per_step = logs.per_step if held is None else Logs(held).merge(logs.per_step)
+
+
+def _annotate_dataset_error(error: BaseException, steps: int, drawn: int) -> None:
+    add_note = getattr(error, "add_note", None)  # Python >= 3.11
+    if add_note is not None:
+        add_note(
+            f"raised by the dataset when the loop asked for the batch of step {steps} "
+            f"({drawn} batches drawn before it in this run); the loop stopped there"
+        )
+
+
+def _warn_dataset_ended(drawn: int, steps: int, stop: Any) -> None:
+    """Warns when the dataset yielded nothing, or ran out before `stop`."""
+    if drawn == 0:
+        warnings.warn(
+            "the dataset yielded no batch, so the loop ran no step; check the dataset (an iterator or "
+            "generator already used by an earlier loop is empty: create a fresh one for each loop)",
+            DataWarning,
+            stacklevel=4,
+        )
+    elif stop is not None:
+        warnings.warn(
+            f"the dataset ended after {steps} steps, before stop={stop!r}: the loop stopped there; "
+            "pass a longer or repeating dataset (one that repeats for several epochs), or a smaller stop",
+            DataWarning,
+            stacklevel=4,
+        )
 
 
 def _commit(history: History, loop_state: LoopState[Any], clock: Clock, logs: Any) -> None:
@@ -431,6 +469,11 @@ def run_phases(
         (2, [0, 1, 2, 3], [0, 2])
     """
     stop_period = to_period(stop)
+    if stop_period is not None and stop_period == Period(steps=0):
+        raise ValueError(
+            "stop=0 would run no step: pass the number of steps to run (>= 1), a period such as "
+            "ciclo.at(samples=...), or stop=None to run until the dataset ends"
+        )
     if isinstance(phases, Phase) or not isinstance(phases, Sequence):
         raise TypeError(f"phases must be a list of ciclo.Phase, got {phases!r}")
     tasks = [task for phase in phases for task in _compile_phase(phase)]
@@ -487,6 +530,12 @@ def run_phases(
         sigterm=session is not None, sigint=catch_keyboard_interrupt or (spec is not None and spec.sigint)
     )
     watch = guard.active
+    if session is not None and restored is None:
+        # A backup of the start: a run killed before its first periodic backup resumes as a
+        # resumed run too (its checkpoint callbacks then know the checkpoints are their own).
+        session.save(
+            state, clock.now(), history, loop_state.callback_states(), 0, None, finished=False, wait=False
+        )
 
     def save(*, finished: bool, wait: bool) -> None:
         assert session is not None
@@ -508,6 +557,7 @@ def run_phases(
     )
     pending_start = start_callbacks
     append = history.append
+    first_drawn, exhausted = drawn, False
     try:
         while True:
             if stop_period is not None:
@@ -519,7 +569,11 @@ def run_phases(
             try:
                 batch = next(iterator)
             except StopIteration:
+                exhausted = True
                 break
+            except Exception as error:
+                _annotate_dataset_error(error, clock.steps, drawn - first_drawn)
+                raise
             drawn += 1
             loop_state.batch = batch
             loop_state._elapsed = None
@@ -571,8 +625,11 @@ def run_phases(
             if session is not None and session.due(clock.steps, clock.now):
                 save(finished=False, wait=False)
 
+        if exhausted:
+            _warn_dataset_ended(drawn - first_drawn, clock.steps, stop)
         loop_state._elapsed = clock.now()
         loop_state._logs = None
+        loop_state._ended = True
         _run_callbacks(loop_state, end_callbacks)
         if session is not None:
             save(finished=True, wait=True)
@@ -581,14 +638,18 @@ def run_phases(
             raise
         _log.warning("KeyboardInterrupt: loop stopped at step %d", clock.steps)
     finally:
-        guard.release()
         loop_state._elapsed = clock.now()
+        loop_state._ended = True
         try:
             for hook in end_hooks:
                 hook(loop_state)
         finally:
-            if session is not None:
-                session.close()
+            try:
+                if session is not None:
+                    session.close()
+            finally:
+                # Released last: a Ctrl-C while the end hooks or the last save finish only sets the flag.
+                guard.release()
     return loop_state.state, history, loop_state.elapsed
 
 

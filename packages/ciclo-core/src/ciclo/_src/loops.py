@@ -10,12 +10,14 @@ of the objects in `callbacks=[...]` (`keras_bar` has `on_train_batch_end`,
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final
 
 from ciclo._src.backup import Backup
 from ciclo._src.batches import BatchSizeFn, stacked
 from ciclo._src.callbacks._inner_loop import AggregationLike, inner_loop
+from ciclo._src.checks import DataWarning, TestData, check_positive
 from ciclo._src.elapsed import Elapsed, Period, PeriodLike
 from ciclo._src.logs import History
 from ciclo._src.loop import Phase, at_step_end, run_phases
@@ -304,6 +306,8 @@ def train_loop(
     _register_state_methods(named, state, TRAIN_NAMES)
     epoch = Period.of(epoch_duration, name="epoch_duration")
     test_period = Period.of(test_duration, name="test_duration")
+    check_positive(epoch, "epoch_duration", "pass the number of steps per epoch, e.g. epoch_duration=100")
+    check_positive(test_period, "test_duration", "pass test_duration=None to test on every test batch")
     if test_dataset is not None and not callable(test_dataset):
         raise TypeError(
             f"test_dataset must be a zero-argument function returning the test batches, "
@@ -328,7 +332,7 @@ def train_loop(
     if epoch is not None:
         at_epoch_end = _get(named, reset_step, on_reset_step)
         if test_dataset is not None:
-            make_test_dataset = test_dataset
+            make_test_dataset = TestData(test_dataset, bounded=test_period is not None)
             kwargs: dict[str, Any] = dict(inner_loop_kwargs or {})
             if test_aggregation is not None:
                 if "aggregation" in kwargs:
@@ -336,15 +340,27 @@ def train_loop(
                 kwargs["aggregation"] = test_aggregation
 
             def run_test(current: Any) -> tuple[Any, History, Elapsed]:
-                return test_loop(
-                    current,
-                    make_test_dataset(),
-                    test_tasks,
-                    stop=test_period,
-                    catch_keyboard_interrupt=False,
-                    metadata=metadata,
-                    batch_size_fn=batch_size_fn,
-                )
+                data = make_test_dataset()
+                with warnings.catch_warnings():
+                    # A test set shorter than test_duration is no news; an empty one is warned below.
+                    warnings.simplefilter("ignore", DataWarning)
+                    result = test_loop(
+                        current,
+                        data,
+                        test_tasks,
+                        stop=test_period,
+                        catch_keyboard_interrupt=False,
+                        metadata=metadata,
+                        batch_size_fn=batch_size_fn,
+                    )
+                if result[2].steps == 0:
+                    warnings.warn(
+                        f"a test pass yielded no batch: test_dataset() returned {type(data).__name__} "
+                        f"{data!r:.60} with nothing in it; return the test batches (fresh on each call)",
+                        DataWarning,
+                        stacklevel=2,
+                    )
+                return result
 
             at_epoch_end.append(inner_loop(test_name, run_test, **kwargs))
         at_epoch_end += _get(named, on_epoch_end)

@@ -154,10 +154,20 @@ def _positive_period(
     if steps is None and samples is None and time is None:
         raise ValueError(f"{name}() needs one of steps=, samples= or time=")
     for label, value in (("steps", steps), ("samples", samples)):
-        if value is not None and not isinstance(value, bool) and isinstance(value, int) and value <= 0:
-            raise ValueError(f"{name}({label}={value!r}): the interval must be a positive int")
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(
+                f"{name}({label}={value!r}): the interval must be a positive int number of {label}, "
+                f"such as {name}({label}=10) (an interval in seconds is {name}(time=...))"
+            )
+        if value <= 0:
+            raise ValueError(
+                f"{name}({label}={value!r}): the interval must be a positive int, such as {name}({label}=1) "
+                "to fire at every one"
+            )
     if time is not None and _seconds("time", time) <= 0:
-        raise ValueError(f"{name}(time={time!r}): the interval must be positive")
+        raise ValueError(f"{name}(time={time!r}): the interval must be positive, such as {name}(time=60)")
     return Period(steps=steps, samples=samples, time=time)  # type: ignore[arg-type]
 
 

@@ -10,6 +10,7 @@ import numpy as np
 from ciclo._src.elapsed import Elapsed
 from ciclo._src.logs import History, Logs
 from ciclo._src.loop import LoopState
+from ciclo._src.step_output import describe
 from ciclo._src.types import CallbackOutput, S
 
 AggregationName = Literal["last", "first", "mean", "sum", "min", "max"]
@@ -159,6 +160,10 @@ class InnerLoop(Generic[S]):
         self.loop_fn = loop_fn
         self.output_state = output_state
         self._rules = None if aggregation is None else _Rules(aggregation, "aggregation")
+
+    def __repr__(self) -> str:
+        # Named in the notes of errors raised inside the inner loop ("raised by callback ...").
+        return f"inner_loop({self.name!r}, {describe(self.loop_fn)})"
 
     def __call__(self, state: S) -> CallbackOutput[S]:
         """Runs the inner loop from `state`; returns its aggregated logs and a state.
