@@ -47,6 +47,7 @@ from ciclo._src.callbacks._throughput import Throughput as Throughput
 from ciclo._src.callbacks._throughput import throughput as throughput
 from ciclo._src.callbacks._tqdm_bar import TqdmBar as TqdmBar
 from ciclo._src.callbacks._tqdm_bar import tqdm_bar as tqdm_bar
+from ciclo._src.checks import DataWarning as DataWarning
 from ciclo._src.elapsed import Elapsed as Elapsed
 from ciclo._src.elapsed import Period as Period
 from ciclo._src.elapsed import at as at
@@ -147,6 +148,7 @@ __all__ = [
     "Batch",
     "CallbackOutput",
     "Checkpoint",
+    "DataWarning",
     "EarlyStopping",
     "Elapsed",
     "Entries",
