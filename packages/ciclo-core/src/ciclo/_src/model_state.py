@@ -225,9 +225,17 @@ class ModelState(ManagedState):
 
     def _run_model(self, batch: Any, *, training: bool) -> tuple[Logs, ModelState]:
         inputs, target = split_batch(batch)
-        preds, model_state = self.adapter.apply(
-            self.params, self.model_state, inputs, key=self.step_key(), training=training
-        )
+        try:
+            preds, model_state = self.adapter.apply(
+                self.params, self.model_state, inputs, key=self.step_key(), training=training
+            )
+        except (TypeError, ValueError) as error:
+            _add_note(
+                error,
+                f"the model failed on inputs {_shapes(inputs)}: give every step (train, test, predict) "
+                "batches shaped like those the state was created with",
+            )
+            raise
         available: dict[str, Any] = {
             "preds": preds,
             "logits": preds,
@@ -240,7 +248,16 @@ class ModelState(ManagedState):
         logs = Logs()
         total = jnp.zeros((), jnp.float32)
         for name, fn in self.losses.items():
-            value = jnp.mean(call_with_available(fn, **available))
+            try:
+                value = jnp.mean(call_with_available(fn, **available))
+            except (TypeError, ValueError) as error:
+                _add_note(
+                    error,
+                    f"loss {name!r} failed on preds {_shapes(preds)} and target {_shapes(target)}; "
+                    "integer-label losses (optax.softmax_cross_entropy_with_integer_labels) need int "
+                    "labels, e.g. labels.astype(np.int32)",
+                )
+                raise
             logs.add_loss(name, value)
             total = total + value
         metrics = {
@@ -281,6 +298,21 @@ class ModelState(ManagedState):
         """Returns the state with empty metrics, placed as before."""
         _, state = self._reset_metrics(None)
         return cast(ModelState, state)
+
+
+def _shapes(tree: Any) -> str:
+    """`float32[4,8]`-style shapes and dtypes of a batch's arrays, for error notes."""
+    leaves = [
+        f"{getattr(x, 'dtype', type(x).__name__)}{list(getattr(x, 'shape', ()))}"
+        for x in jax.tree.leaves(tree)
+    ]
+    return ", ".join(leaves) or "(none)"
+
+
+def _add_note(error: BaseException, note: str) -> None:
+    add_note = getattr(error, "add_note", None)  # Python >= 3.11
+    if add_note is not None:
+        add_note(note)
 
 
 def _computed(metric: Metric) -> Any:
@@ -384,6 +416,11 @@ def create_model_state(
             "create_model_state needs sample `inputs` to initialise the model with (e.g. "
             "inputs=jnp.empty((1, 28, 28, 1))), or the `variables` of a model built initialised; "
             + ("got neither" if inputs is None else "got both")
+        )
+    if isinstance(inputs, (tuple, list)) and inputs and all(type(n) is int for n in inputs):
+        raise TypeError(
+            f"inputs={tuple(inputs)!r} looks like a shape: inputs must be an example batch, e.g. "
+            f"inputs=jnp.zeros({tuple(inputs)!r}), from which the model's shapes are inferred"
         )
     loss_fns = _check_losses(losses)
     running = _check_metrics(metrics)

@@ -108,6 +108,12 @@ class TerminateOnNaN(Generic[S]):
             loop_state.stop()
         return {}, loop_state.state
 
+    def on_train_batch_end(
+        self, state: S, batch: Any, elapsed: Any, loop_state: LoopState[S]
+    ) -> CallbackOutput[S]:
+        """Named hook: in `train_loop(callbacks=[...])` the guard checks each training step's logs."""
+        return self.__loop_callback__(loop_state)
+
     def __loop_end__(self, loop_state: LoopState[S], /) -> None:
         """Reads what the last steps left on the device, so that a late NaN is reported too."""
         if self._pending and self.step is None:
@@ -133,7 +139,8 @@ def terminate_on_nan(monitor: str | Sequence[str] = "loss", *, check_every: int 
     (Python or NumPy numbers) are checked at once. The warning it logs on the
     `ciclo` logger names the entry and the step whose logs held it; the
     attributes `step` and `entry` hold them too. Put it after the step that logs
-    the entry, under `ciclo.every(1)`.
+    the entry, under `ciclo.every(1)`, or in `train_loop(callbacks=[...])`,
+    where it runs at the end of each training step.
 
     Args:
         monitor: an entry name (`"loss"`, `"losses.loss"`) or a list of them.
