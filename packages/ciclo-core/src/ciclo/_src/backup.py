@@ -34,6 +34,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from ciclo._src.checks import check_directory
 from ciclo._src.elapsed import Elapsed, Period, make_elapsed
 from ciclo._src.schedules import Every
 
@@ -136,7 +137,9 @@ def backup(
     if not isinstance(sigint, bool):
         raise TypeError(f"sigint must be a bool, got {sigint!r}")
     _schedule(every)  # checked now, not at the first step
-    return Backup(os.path.abspath(os.fspath(directory)), every, keep, sigint)
+    path = os.path.abspath(os.fspath(directory))
+    check_directory(path, "backup directory")
+    return Backup(path, every, keep, sigint)
 
 
 def as_backup(value: Any) -> Backup | None:

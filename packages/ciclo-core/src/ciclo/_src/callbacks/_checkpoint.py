@@ -49,6 +49,7 @@ from ciclo._src.callbacks._monitor import (
     resolve_mode,
     snapshot_fields,
 )
+from ciclo._src.checks import check_directory
 from ciclo._src.elapsed import Elapsed
 from ciclo._src.logs import LogsLike
 from ciclo._src.types import CallbackOutput
@@ -542,6 +543,7 @@ class Checkpoint:
             raise TypeError(f"overwrite must be a bool, got {overwrite!r}")
         self._async_save = async_save
         self._overwrite = overwrite
+        check_directory(self._directory, "checkpoint directory")
         path = _epath(self._directory)
         if path.exists() and not path.is_dir():
             raise NotADirectoryError(f"checkpoint directory {self._directory} exists and is not a directory")
