@@ -158,7 +158,7 @@ def test_two_processes_killed_together_resume(tmp_path: Path) -> None:
     procs = [start(mode, directory, str(i), port) for i in range(2)]
     kill_when(procs[0], "step", 13, 0.0, signal.SIGKILL)
     procs[1].kill()
-    procs[1].wait()
+    procs[1].communicate(timeout=TIMEOUT)
     assert run_two(mode, directory) == [0, 0], (directory / "stderr.log").read_text()
     for process in range(2):
         assert_equal_results(

@@ -160,15 +160,23 @@ def distributed(strategy: str, process_id: int, port: int) -> None:
     rows = slice(process_id * training.BATCH // 2, (process_id + 1) * training.BATCH // 2)
     data = [(x[rows], y[rows]) for x, y in training.batches(STOP)]
     state = training.managed_state("mlp", strategy)
+    checkpoints = os.path.join(DIRECTORY, "checkpoints")
     state, history, _ = ciclo.loop(
         state,
         data,
-        {ciclo.every(1): [training.train_step, progress]},
+        {
+            ciclo.every(1): [training.train_step, progress],
+            ciclo.at_step_end(ciclo.every(10)): ciclo.checkpoint(checkpoints, keep=2),
+        },
         stop=STOP,
         backup=ciclo.backup(os.path.join(DIRECTORY, "backup"), every=EVERY),
     )
+    # Each process wrote its own shards of the checkpoints; restoring puts them back on the mesh.
+    restored = ciclo.restore_checkpoint(checkpoints, state, step=50)
+    assert restored.params[1]["w"].sharding == state.params[1]["w"].sharding
     params = state.with_strategy("eager").params
-    save_result(params, history, process_id)
+    checkpointed = restored.with_strategy("eager").params
+    save_result({"final": params, "checkpoint_50": checkpointed}, history, process_id)
 
 
 if __name__ == "__main__":

@@ -627,3 +627,10 @@ def test_ctrl_c_during_a_save_loses_no_checkpoint(tmp_path, catch):
         assert child.returncode != 0 and "KeyboardInterrupt" in err
     restored = ciclo.restore_checkpoint(directory, {"w": jnp.zeros((20_000_000,), jnp.float32)})
     assert float(restored["w"][0]) == sum(range(30))
+
+
+def test_a_checkpoint_in_on_end_is_numbered_by_the_steps_done(tmp_path):
+    ckpt = ciclo.checkpoint(tmp_path, async_save=False)
+    ciclo.loop(0, range(10), {ciclo.every(1): lambda s, b: (None, s + 1)}, stop=5, on_end=[ckpt])
+    assert ckpt.all_steps() == [5]
+    assert ciclo.restore_checkpoint(tmp_path, 0) == 5

@@ -234,7 +234,11 @@ class Session:
             cleanup_tmp_directories=True,
             create=True,
         )
-        self.manager = ocp.CheckpointManager(spec.directory, options=options, item_names=("state", "loop"))
+        self.manager = ocp.CheckpointManager(
+            spec.directory,
+            options=options,
+            item_handlers={"state": ocp.StandardCheckpointHandler(), "loop": ocp.JsonCheckpointHandler()},
+        )
         self.last_saved: int | None = None
 
     def _check_marker(self) -> None:
@@ -268,15 +272,18 @@ class Session:
         loop_item = self.manager.restore(step, args=ocp.args.Composite(loop=ocp.args.JsonRestore()))["loop"]
         if loop_item.get("format") != _FORMAT:
             raise ValueError(f"the backup at step {step} in {self.spec.directory} has an unknown format")
+        # Compared before orbax reads anything: its own errors name no leaf.
+        mismatch = _mismatch(self.manager, step, target)
         try:
+            if mismatch:
+                raise ValueError(mismatch)
             restored = self.manager.restore(
                 step, args=ocp.args.Composite(state=ocp.args.StandardRestore({"state": _abstract(target)}))
             )["state"]["state"]
-        except (ValueError, KeyError, TypeError) as error:
+        except Exception as error:  # noqa: BLE001 - orbax and tensorstore raise plain Exceptions
             raise ValueError(
                 f"the backup at step {step} in {self.spec.directory} does not fit this loop's state: "
-                f"{_mismatch(self.manager, step, target) or error}. Was it written by another model? "
-                "Give backup= another directory to start afresh."
+                f"{error}. Was it written by another model? Give backup= another directory to start afresh."
             ) from None
         payload = _decode(loop_item["payload"])
         self.last_saved = step
@@ -350,22 +357,27 @@ def _is_array_metadata(x: Any) -> bool:
     return hasattr(x, "shape") and hasattr(x, "dtype")
 
 
+def _path_name(path: Any) -> str:
+    # By key names: orbax stores a dataclass as a dict, so `.params` on one side is `['params']` on the other.
+    from ciclo._src.callbacks._checkpoint import _key_name
+
+    return "".join(f"[{_key_name(key)!r}]" for key in path)
+
+
 def _mismatch(manager: Any, step: int, target: Any) -> str:
     """The first leaf whose path, shape or dtype differs between the backup and `target`."""
     try:
         metadata = manager.item_metadata(step)["state"]
         tree = metadata.tree if hasattr(metadata, "tree") else metadata
         saved = {
-            jax.tree_util.keystr(path): leaf
+            _path_name(path): leaf
             for path, leaf in jax.tree_util.tree_flatten_with_path(tree["state"], is_leaf=_is_array_metadata)[
                 0
             ]
         }
     except Exception:  # noqa: BLE001 - only used to improve the message
         return ""
-    wanted = {
-        jax.tree_util.keystr(path): leaf for path, leaf in jax.tree_util.tree_flatten_with_path(target)[0]
-    }
+    wanted = {_path_name(path): leaf for path, leaf in jax.tree_util.tree_flatten_with_path(target)[0]}
     for key in sorted(set(saved) | set(wanted)):
         if key not in saved:
             return f"the state has a leaf {key} that the backup lacks"

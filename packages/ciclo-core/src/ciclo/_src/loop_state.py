@@ -42,6 +42,7 @@ class LoopState(Generic[S]):
         "_accumulated",
         "_callback_objects",
         "_elapsed",
+        "_ended",
         "_logs",
         "_now",
         "_owns_logs",
@@ -76,6 +77,7 @@ class LoopState(Generic[S]):
         self._owns_logs = False  # whether `_logs` is the loop's own copy, safe to merge into
         self._accumulated = accumulated_logs
         self._callback_objects: dict[str, Any] = {}
+        self._ended = False  # the steps are over: on_end callbacks and end hooks run
 
     @property
     def elapsed(self) -> Elapsed:

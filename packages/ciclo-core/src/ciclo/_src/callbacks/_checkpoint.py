@@ -461,6 +461,8 @@ def _steps_done(loop_state: LoopState[Any]) -> int:
     """
     elapsed = loop_state.elapsed
     now = loop_state._now
+    if loop_state._ended:  # on_end: no step in flight
+        return int(elapsed.steps)
     if now is not None and elapsed.steps == now().steps:
         return int(elapsed.steps) + steps_of(loop_state.batch)
     return int(elapsed.steps)
