@@ -229,7 +229,7 @@ class ModelState(ManagedState):
             preds, model_state = self.adapter.apply(
                 self.params, self.model_state, inputs, key=self.step_key(), training=training
             )
-        except (TypeError, ValueError) as error:
+        except Exception as error:  # any framework's own error (flax's ScopeParamShapeError, ...)
             _add_note(
                 error,
                 f"the model failed on inputs {_shapes(inputs)}: give every step (train, test, predict) "
