@@ -138,7 +138,7 @@ def to_period(value: PeriodLike | None, *, name: str = "stop") -> Period | None:
     hint = "pass a count of steps such as 100, or a period such as ciclo.at(samples=...)"
     if isinstance(value, str) and value.strip().isdigit():
         hint = f"pass the int {name}={int(value)}, not the string {value!r}"
-    elif isinstance(value, float) and value.is_integer():
+    elif isinstance(value, float) and float.is_integer(value):  # a float despite the annotation
         hint = f"pass the int {name}={int(value)}"
     raise TypeError(f"{name} must be an int (steps) or a ciclo.Period, got {value!r}; {hint}")
 
