@@ -290,7 +290,21 @@ def test_history_can_be_bounded():
     history = ciclo.history(max_rows=10)
     for step in range(2000):
         history.append(step, step, 0.0, ciclo.logs().add_metric("x", float(step)))
-    assert len(history) <= 10 + 2 * 128
+    assert len(history) <= 10 + 3 * 128
     assert history.collect("steps")[-1] == 1999
     assert history.latest()["metrics"]["x"] == 1999.0
     assert history.dropped + len(history) == 2000
+
+
+def test_a_bounded_history_still_feeds_every_row_to_a_logger(tmp_path):
+    logger = ciclo.csv_logger(tmp_path / "log.csv")
+
+    def step(state, batch):
+        return ciclo.logs().add_metric("x", jnp.float32(batch)), state
+
+    _, history, _ = ciclo.loop(
+        0, range(1000), {ciclo.every(1): [step, logger]}, history=ciclo.history(max_rows=0)
+    )
+    assert history.dropped > 0
+    rows = (tmp_path / "log.csv").read_text().splitlines()[1:]
+    assert [float(row.split(",")[-1]) for row in rows] == [float(i) for i in range(1000)]

@@ -133,7 +133,17 @@ CASES = {
     ),
 }
 
-CHECKPOINT_CASES = [name for name, case in CASES.items() if case.writes_directory]
+
+def csv_decisions(logger, directory):
+    logger.flush()
+    return {"rows": (directory / "log.csv").read_text().splitlines()}
+
+
+CASES["csv_logger"] = Case(
+    lambda d: ciclo.csv_logger(d / "log.csv"), csv_decisions, writes_directory=True, snapshot_matters=False
+)
+
+CHECKPOINT_CASES = [name for name in CASES if name.startswith("checkpoint")]
 
 STATELESS = {
     "InnerLoop": "aggregates within one call; its loop function is the user's",
@@ -141,10 +151,12 @@ STATELESS = {
     "TqdmBar": "the same, through tqdm",
     "TerminateOnNaN": "a resumed run starts from a finite state: nothing found so far is worth keeping",
     "NoOp": "does nothing",
+    "Throughput": "measures one process's host clock over a window that starts again in each loop",
+    "Profile": "traces steps of one process; a resumed run traces its own chosen steps",
 }
 """Public callbacks without the hook, and why they need none."""
 
-STATEFUL = {"EarlyStopping": "early_stopping", "Checkpoint": "checkpoint"}
+STATEFUL = {"EarlyStopping": "early_stopping", "Checkpoint": "checkpoint", "Logger": "csv_logger"}
 """Public stateful callback classes, and the prefix of their cases in `CASES`."""
 
 

@@ -476,7 +476,9 @@ class History(Sequence[Logs]):
 
     def _drop_old_rows(self) -> None:
         """Drops the oldest host rows beyond `max_rows`; `latest` keeps the newest value of each entry."""
-        excess = min(len(self._values) - int(self.max_rows or 0), self._on_host)
+        # The newest rows copied to the host stay for one more batch, so that a logger reading the
+        # history at every step sees each row before it goes.
+        excess = min(len(self._values) - int(self.max_rows or 0), self._on_host - _LAG)
         if excess <= 0:
             return
         for paths, index in list(self._newest.items()):
@@ -523,6 +525,15 @@ class History(Sequence[Logs]):
                         value.copy_to_host_async()
         self._values[start:upto] = _rows_to_host(rows, self._paths[start:upto])
         self._on_host = upto
+
+    @property
+    def on_host(self) -> int:
+        """How many of the first rows are on the host: reading them never waits on the device.
+
+        Rows are copied in batches, a few hundred steps behind the newest; a
+        logger that writes these rows as they come never forces a sync.
+        """
+        return self._on_host
 
     def to_host(self) -> dict[str, Any]:
         """Every row as plain host values: what a backup saves, and `History.from_host` reads back."""

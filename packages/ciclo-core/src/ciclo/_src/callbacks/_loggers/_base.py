@@ -17,6 +17,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple, Protocol, final
 
+from ciclo._src.callbacks._monitor import snapshot_fields
 from ciclo._src.logs import History, Logs, LogsLike
 from ciclo._src.loop_state import LoopState
 from ciclo._src.types import CallbackOutput, S
@@ -307,6 +308,8 @@ class Logger:
 
     def restore_callback_state(self, state: Mapping[str, Any]) -> None:
         """Appends after `state["step"]`: earlier steps are skipped, the backend's later rows dropped."""
+        # The same keys as this logger's own snapshot: a snapshot of another callback is refused.
+        state = snapshot_fields(state, tuple(self.callback_state()), "logger")
         step = state.get("step")
         self._last_step = self._resume_after = None if step is None else int(step)
         self._sink.restore({key: value for key, value in state.items() if key != "step"}, self._resume_after)
@@ -317,9 +320,9 @@ class Logger:
 
 def _rows_on_host(history: History) -> int:
     """How many of `history`'s first rows hold no device arrays: reading them never waits."""
-    return history._on_host
+    return history.on_host
 
 
 def _dropped(history: History) -> int:
     """Rows a bounded History dropped from its front (0 for an unbounded one)."""
-    return int(getattr(history, "dropped", 0))
+    return history.dropped
