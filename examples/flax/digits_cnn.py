@@ -125,7 +125,8 @@ def main() -> None:
         batches(train, args.batch_size, seed=0),
         callbacks=[
             ciclo.keras_bar(total=args.steps),
-            ciclo.checkpoint(logdir, monitor="accuracy_test", mode="max"),
+            # overwrite=True: running again with the same --logdir replaces the last run's checkpoints.
+            ciclo.checkpoint(logdir, monitor="accuracy_test", mode="max", overwrite=True),
             ciclo.tensorboard(logdir),
             ciclo.csv_logger(os.path.join(logdir, "history.csv")),
         ],
