@@ -39,7 +39,8 @@ def test_output_state_and_loop_callback():
 
 
 def test_empty_inner_history():
-    logs, _ = ciclo.inner_loop("t", eval_loop([]))(0)
+    with pytest.warns(ciclo.DataWarning, match="yielded no batch"):  # an empty dataset is warned about
+        logs, _ = ciclo.inner_loop("t", eval_loop([]))(0)
     assert logs == {}
 
 
