@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ciclo._src.elapsed import Elapsed
+from ciclo._src.entry_paths import entry_path as _entry_path
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -178,19 +179,6 @@ class Logs(dict[str, Entries]):
             present = sorted(f"{c}.{n}" for c, entries in self.items() for n in entries)
             raise KeyError(f"{key!r} not found in logs; present: {present}")
         return self[path[0]][path[1]]
-
-
-def _entry_path(key: str, paths: set[tuple[str, str]] | frozenset[tuple[str, str]]) -> tuple[str, str] | None:
-    if not isinstance(key, str):
-        raise TypeError(f"log keys are strings, got {key!r}")
-    collection, dot, name = key.partition(".")
-    if dot:
-        return (collection, name) if (collection, name) in paths else None
-    found = sorted(path for path in paths if path[1] == key)
-    if len(found) > 1:
-        options = " and ".join(f"'{c}.{n}'" for c, n in found)
-        raise ValueError(f"key {key!r} is ambiguous: found {options}; use the full path")
-    return found[0] if found else None
 
 
 def collapse_leading_axis(logs: Logs, index: int) -> Logs:

@@ -12,16 +12,23 @@ import importlib
 import math
 import os
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from ciclo._src.logs import _entry_path
+from ciclo._src.entry_paths import entry_path as _entry_path
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-    from ciclo._src.logs import History
+
+class _Columns(Protocol):
+    """What drawing needs of a `History` (which calls this module, so is not imported here)."""
+
+    def _entry_paths(self) -> tuple[tuple[str, str], ...]: ...
+
+    def collect(self, key: str, key2: str, /) -> tuple[list[Any], ...]: ...
+
 
 TEST_SUFFIX = "_test"
 """The suffix `train_loop` gives test entries: `loss_test` is drawn with `loss`."""
@@ -42,7 +49,7 @@ def _is_number(value: Any) -> bool:
     )
 
 
-def _curves(history: History, entries: Sequence[str]) -> list[tuple[str, list[str]]]:
+def _curves(history: _Columns, entries: Sequence[str]) -> list[tuple[str, list[str]]]:
     """The subplots to draw: a title and the keys of the curves drawn in it."""
     ordered = history._entry_paths()
     present = frozenset(ordered)
@@ -69,7 +76,7 @@ def _curves(history: History, entries: Sequence[str]) -> list[tuple[str, list[st
     return plots
 
 
-def plot_history(history: History, entries: Sequence[str], path: str | os.PathLike[str] | None) -> Figure:
+def plot_history(history: _Columns, entries: Sequence[str], path: str | os.PathLike[str] | None) -> Figure:
     """Draws `entries` of `history` (all scalar entries when empty) against steps; see `History.plot`."""
     figure_module, backend = _matplotlib()
     drawn: list[tuple[str, list[tuple[str, list[Any], list[Any]]]]] = []

@@ -55,7 +55,7 @@ from ciclo._src.logs import LogsLike
 from ciclo._src.types import CallbackOutput
 
 if TYPE_CHECKING:
-    from ciclo._src.loop import LoopState
+    from ciclo._src.loop_state import LoopState
 
 S = TypeVar("S")
 T = TypeVar("T")
