@@ -279,6 +279,13 @@ def test_readme_has_no_relative_links(distribution: str) -> None:
     assert not links, f"relative links in {distribution}'s README: {links}"
 
 
+@pytest.mark.parametrize("distribution", DISTRIBUTIONS)
+def test_project_urls_are_absolute(distribution: str) -> None:
+    urls = pyproject(distribution).get("urls", {})
+    assert urls, f"{distribution} sets no [project.urls]"
+    assert all(url.startswith("https://") for url in urls.values()), urls
+
+
 def test_core_readme_runs() -> None:
     namespace = run_readme("ciclo-core")
     assert int(namespace["elapsed"].steps) == 30
