@@ -211,7 +211,8 @@ class Session:
     """One loop's use of a `Backup`: opens the orbax manager, restores, saves on schedule."""
 
     def __init__(self, spec: Backup, default_every: Any) -> None:
-        from ciclo._src.callbacks._checkpoint import _orbax  # the one place orbax is imported
+        # the one place orbax is imported
+        from ciclo._src.callbacks._checkpoint import _orbax, barrier_prefix
 
         self.spec = spec
         interval, schedule = _schedule(spec.every if spec.every is not None else default_every)
@@ -233,6 +234,11 @@ class Session:
             enable_async_checkpointing=True,
             cleanup_tmp_directories=True,
             create=True,
+            # Under several processes orbax names its barriers by step: a prefix of this directory's
+            # own keeps a backup and a checkpoint of the same step from waiting on each other.
+            multiprocessing_options=ocp.options.MultiprocessingOptions(
+                barrier_sync_key_prefix=barrier_prefix("ciclo_backup", spec.directory)
+            ),
         )
         self.manager = ocp.CheckpointManager(
             spec.directory,

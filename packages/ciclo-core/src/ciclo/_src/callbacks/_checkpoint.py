@@ -24,6 +24,7 @@ INFO stays readable. Other absl users and orbax's warnings are not affected.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import logging
 import math
@@ -178,6 +179,11 @@ def _rank_fn(monitor: str, mode: Mode) -> Callable[[Any], float]:
     return rank
 
 
+def barrier_prefix(kind: str, directory: str) -> str:
+    """A name for orbax's multi-process barriers, the same in every process that saves to `directory`."""
+    return f"{kind}_{hashlib.sha1(os.path.abspath(directory).encode()).hexdigest()[:12]}"
+
+
 def _open_manager(
     directory: str, *, keep: int | None, monitor: str | None, mode: Mode, async_save: bool, create: bool
 ) -> Any:
@@ -197,6 +203,10 @@ def _open_manager(
         best_fn=best_fn,
         best_mode=mode,
         preservation_policy=preservation,
+        # Barriers of its own under several processes (see barrier_prefix).
+        multiprocessing_options=ocp.options.MultiprocessingOptions(
+            barrier_sync_key_prefix=barrier_prefix("ciclo_checkpoint", directory)
+        ),
     )
     # Naming the handler lets a manager opened later read a step's metadata (for the structure check).
     return ocp.CheckpointManager(directory, options=options, item_handlers=ocp.StandardCheckpointHandler())
