@@ -308,3 +308,9 @@ def test_a_bounded_history_still_feeds_every_row_to_a_logger(tmp_path):
     assert history.dropped > 0
     rows = (tmp_path / "log.csv").read_text().splitlines()[1:]
     assert [float(row.split(",")[-1]) for row in rows] == [float(i) for i in range(1000)]
+
+
+def test_a_marker_left_half_written_by_a_kill_is_not_another_run(tmp_path):
+    (tmp_path / "ciclo_backup.json.tmp").write_text("")
+    state, _, elapsed = ciclo.loop(0, range(3), {ciclo.every(1): add}, backup=tmp_path)
+    assert (state, elapsed.steps) == (3, 3)

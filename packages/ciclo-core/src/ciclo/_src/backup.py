@@ -26,6 +26,7 @@ import dataclasses
 import inspect
 import os
 import pickle
+import re
 import signal
 import threading
 from collections.abc import Iterator
@@ -249,9 +250,15 @@ class Session:
 
     def _check_marker(self) -> None:
         path = os.path.join(self.spec.directory, _MARKER)
-        entries = [e for e in os.listdir(self.spec.directory) if e != _MARKER]
         if os.path.exists(path):
             return
+        # The marker's temporary file is ours (a kill between its write and its rename). Under several
+        # processes, process 0 writes the marker and may already be saving: the others leave the
+        # check of orbax's step directories to it.
+        ours = re.compile(
+            r"ciclo_backup\.json\.tmp" if jax.process_index() == 0 else r"ciclo_backup\.json\.tmp|\d+(\..*)?"
+        )
+        entries = [e for e in os.listdir(self.spec.directory) if not ours.fullmatch(e)]
         if entries:
             raise FileExistsError(
                 f"{self.spec.directory} is not empty and holds no ciclo backup ({sorted(entries)[:5]}...): "
