@@ -28,4 +28,3 @@ def test_the_page_names_every_built_in_strategy() -> None:
     text = PAGE.read_text(encoding="utf-8")
     for name in sorted(built_in):
         assert f"`{name}`" in text, name
-
