@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import functools
+import importlib.util
+import signal
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -38,10 +40,34 @@ optax.tree.bias_correction = _with_standard_promotion(optax.tree.bias_correction
 STANDARD_PROMOTION_DOCTESTS = ("ciclo_haiku",)
 
 
+# Doctests of modules behind an optional extra run where the extra is installed (`tests(loggers)`).
+DOCTEST_REQUIRES = {"ciclo._src.callbacks._loggers._tensorboard": "tensorboardX"}
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if isinstance(item, pytest.DoctestItem) and item.name.startswith(STANDARD_PROMOTION_DOCTESTS):
             item.runtest = _with_standard_promotion(item.runtest)  # type: ignore[method-assign]
+        if isinstance(item, pytest.DoctestItem):
+            for module, needed in DOCTEST_REQUIRES.items():
+                if item.name.startswith(module) and importlib.util.find_spec(needed) is None:
+                    item.add_marker(pytest.mark.skip(reason=f"needs {needed} (a ciclo-core extra)"))
+
+
+@pytest.fixture(autouse=True, scope="session")
+def ctrl_c_as_on_a_terminal() -> Iterator[None]:
+    """SIGINT raises KeyboardInterrupt, as in a terminal, also where the suite was started with it ignored.
+
+    A shell starts background jobs (and some CI runners start their steps) with SIGINT ignored, and
+    Python then installs no handler: the tests that send a real SIGINT, and the processes they start,
+    would see nothing. With the handler set here, child processes start with SIGINT at its default.
+    """
+    previous = signal.getsignal(signal.SIGINT)
+    if previous is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    if previous is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, previous)
 
 
 @pytest.fixture
