@@ -530,12 +530,6 @@ def run_phases(
         sigterm=session is not None, sigint=catch_keyboard_interrupt or (spec is not None and spec.sigint)
     )
     watch = guard.active
-    if session is not None and restored is None:
-        # A backup of the start: a run killed before its first periodic backup resumes as a
-        # resumed run too (its checkpoint callbacks then know the checkpoints are their own).
-        session.save(
-            state, clock.now(), history, loop_state.callback_states(), 0, None, finished=False, wait=False
-        )
 
     def save(*, finished: bool, wait: bool) -> None:
         assert session is not None
@@ -549,6 +543,11 @@ def run_phases(
             finished=finished,
             wait=wait,
         )
+
+    if session is not None and restored is None:
+        # A backup of the start: a run killed before its first periodic backup resumes as a
+        # resumed run too (its checkpoint callbacks then know the checkpoints are their own).
+        save(finished=False, wait=False)
 
     # Only a stop in steps alone is checked on the counters; other periods need an Elapsed.
     stop_steps = stop_period.steps if stop_period is not None else None
