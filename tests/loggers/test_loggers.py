@@ -133,7 +133,7 @@ def clu_writers() -> Any:
     """clu's metric_writers modules without the package's `__init__`, which imports TensorFlow."""
     spec = importlib.util.find_spec("clu")
     if spec is None or spec.submodule_search_locations is None:
-        pytest.skip("clu is not installed")
+        pytest.skip('clu is not installed: nox -s "tests(loggers)" installs it and runs this test')
     package = types.ModuleType("clu.metric_writers")
     package.__path__ = [os.path.join(spec.submodule_search_locations[0], "metric_writers")]
     return package
