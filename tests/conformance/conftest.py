@@ -71,10 +71,30 @@ def accuracy(preds: jax.Array, target: jax.Array) -> jax.Array:
     return preds.argmax(-1) == target
 
 
+TX = optax.adam(1e-2)
+"""One optimizer for every state: it is a static field, and a new one would be a new program to trace."""
+
+_SHARED: dict[tuple[str, str, str], ciclo.ModelState] = {}
+
+
 def build(adapter: ModuleType, kind: str = "mlp", *, strategy: str, **overrides: Any) -> ciclo.ModelState:
-    """The state of model `kind` of `adapter` under `strategy`, with the suite's defaults."""
+    """The state of model `kind` of `adapter` under `strategy`, with the suite's defaults.
+
+    A state with the defaults is built once per adapter, model and strategy of
+    `STRATEGIES` (none of which donates its buffers) and shared by the tests, so
+    its steps compile once; a state with `overrides` is built from nothing.
+    """
+    if not overrides and strategy in STRATEGIES:
+        key = (adapter.NAME, kind, strategy)
+        if key not in _SHARED:
+            _SHARED[key] = _build(adapter, kind, strategy=strategy)
+        return _SHARED[key]
+    return _build(adapter, kind, strategy=strategy, **overrides)
+
+
+def _build(adapter: ModuleType, kind: str, *, strategy: str, **overrides: Any) -> ciclo.ModelState:
     settings: dict[str, Any] = {
-        "tx": optax.adam(1e-2),
+        "tx": TX,
         "losses": {"loss": optax.softmax_cross_entropy_with_integer_labels},
         "metrics": {"accuracy": accuracy},
         "strategy": strategy,
