@@ -1,20 +1,32 @@
 """The test matrix: `nox` runs the whole suite, `nox -s demo` trains the demo model.
 
-Every session installs the packages non-editable into a fresh virtualenv, so the
-tests run against what users install.
+Every session installs the packages non-editable, so the tests run against what
+users install. Environments are made with uv where it is installed (`pip install
+"nox[uv]"`) and kept between runs: a second `nox` reuses them and reinstalls only
+ciclo's own packages. JAX's persistent compilation cache (`.nox/jax-cache`) is
+shared by every session and by the processes the tests start. Each test case runs
+in one session: the conformance suite in `conformance`, the several-device cases
+in `multidevice`, each package's own tests in its `tests(...)` session.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
+import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
 import nox
 
-nox.options.default_venv_backend = "venv"
+ROOT = Path(__file__).resolve().parent
+
+nox.options.default_venv_backend = "uv|venv"
 nox.options.error_on_missing_interpreters = True
+# A second `nox` reuses the environments of the first: `nox --reuse-venv=no` makes them anew.
+nox.options.reuse_venv = "yes"
 nox.options.sessions = [
     "lint",
     "typecheck",
@@ -27,11 +39,29 @@ nox.options.sessions = [
     "docs",
     "package",
 ]
+"""The default sessions, in order; README.md's Development table times each (tests/core/test_noxfile.py)."""
+
+# uv installs without compiling bytecode; the first import would then compile every module under
+# the tests' `-W error`, where a third-party SyntaxWarning (jax_metrics' docstrings) is an error.
+os.environ.setdefault("UV_COMPILE_BYTECODE", "1")
+# JAX's persistent compilation cache, for every session and every process the tests start: a
+# program compiled once (by another test, session or process) is read back instead of compiled.
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(ROOT / ".nox" / "jax-cache"))
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "-1")
 
 PYPROJECT = nox.project.load_toml("pyproject.toml")
 # The tests, docs and examples use tqdm bars and orbax checkpoints, both optional extras.
 CORE = "./packages/ciclo-core[tqdm,checkpoint]"
 ADAPTERS = ["./packages/ciclo-flax", "./packages/ciclo-haiku", "./packages/ciclo-equinox"]
+OWN = ["ciclo-core", "ciclo-flax", "ciclo-haiku", "ciclo-equinox"]
+"""The distributions built from this repository: reinstalled at each run of a reused environment."""
+
+WORKERS = str(max(1, min(4, os.cpu_count() or 1)))
+"""pytest-xdist workers for the sessions whose tests are independent of each other."""
+
+DURATIONS = "--durations=10"
+"""Every pytest run prints its ten slowest tests."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,17 +76,11 @@ class Framework:
 
 FRAMEWORKS = {
     # History.plot's doctest and the docs' plotting block draw with matplotlib (the plot extra).
-    "core": Framework([], ["tests/core", "tests/conformance"], ["ciclo"], extras=("plot",)),
+    "core": Framework([], ["tests/core"], ["ciclo"], extras=("plot",)),
     # clu's metrics need flax, so ciclo's clu support is tested with flax.
-    "flax": Framework(
-        ["./packages/ciclo-flax", "clu"], ["tests/adapters/flax", "tests/conformance"], ["ciclo_flax"]
-    ),
-    "haiku": Framework(
-        ["./packages/ciclo-haiku"], ["tests/adapters/haiku", "tests/conformance"], ["ciclo_haiku"]
-    ),
-    "equinox": Framework(
-        ["./packages/ciclo-equinox"], ["tests/adapters/equinox", "tests/conformance"], ["ciclo_equinox"]
-    ),
+    "flax": Framework(["./packages/ciclo-flax", "clu"], ["tests/adapters/flax"], ["ciclo_flax"]),
+    "haiku": Framework(["./packages/ciclo-haiku"], ["tests/adapters/haiku"], ["ciclo_haiku"]),
+    "equinox": Framework(["./packages/ciclo-equinox"], ["tests/adapters/equinox"], ["ciclo_equinox"]),
     # The loggers' extras, tensorboard to read the event files back, clu for its metric writers.
     "loggers": Framework(
         ["tensorboard", "clu"],
@@ -81,10 +105,29 @@ EXAMPLES = {
 """One example per framework path, and the test accuracy under which it fails (exit status 1)."""
 
 MULTIDEVICE_COUNT = 4
+MULTIDEVICE_ENV = {"XLA_FLAGS": f"--xla_force_host_platform_device_count={MULTIDEVICE_COUNT}"}
 
 
 def _group(name: str) -> list[str]:
     return list(nox.project.dependency_groups(PYPROJECT, name))
+
+
+def _install(session: nox.Session, *packages: str) -> None:
+    """`session.install`, rebuilding this repository's packages in a reused environment.
+
+    uv keeps a local package's built wheel while its pyproject.toml is unchanged, so
+    a reused environment would otherwise keep testing the sources of its first run.
+    """
+    rebuild = [f"--reinstall-package={name}" for name in OWN] if session.venv_backend == "uv" else []
+    session.install(*rebuild, *packages)
+
+
+def _pytest(
+    session: nox.Session, *args: str, parallel: bool = True, env: dict[str, str] | None = None
+) -> None:
+    """pytest with the slowest tests shown, on `WORKERS` processes where `parallel`."""
+    workers = ["-n", WORKERS] if parallel else []
+    session.run("pytest", *workers, DURATIONS, *args, *session.posargs, env=env or {})
 
 
 def _coverage_source(session: nox.Session, module: str) -> str:
@@ -103,12 +146,12 @@ def _coverage_source(session: nox.Session, module: str) -> str:
 @nox.session
 @nox.parametrize("framework", list(FRAMEWORKS), ids=list(FRAMEWORKS))
 def tests(session: nox.Session, framework: str) -> None:
-    """Unit tests, doctests and coverage of ciclo-core plus one adapter, and the conformance suite."""
+    """Unit tests, doctests and coverage of ciclo-core, one adapter, or the loggers."""
     spec = FRAMEWORKS[framework]
     core = CORE.replace("]", "".join(f",{extra}" for extra in spec.extras) + "]")
-    session.install(core, *spec.packages, *_group("test"))
-    session.run(
-        "pytest",
+    _install(session, core, *spec.packages, *_group("test"))
+    _pytest(
+        session,
         *spec.folders,
         "--doctest-modules",
         "--pyargs",
@@ -116,101 +159,149 @@ def tests(session: nox.Session, framework: str) -> None:
         *(f"--cov={_coverage_source(session, module)}" for module in spec.modules),
         "--cov-report=term-missing:skip-covered",
         "--cov-fail-under=90",
-        *session.posargs,
-        env={"CICLO_TEST_FRAMEWORK": framework},
     )
 
 
 @nox.session
 def faults(session: nox.Session) -> None:
     """Kill and resume: real training scripts killed by SIGKILL and SIGTERM, 1 and 2 processes."""
-    session.install(CORE, "./packages/ciclo-flax", *_group("test"))
-    session.run("pytest", "tests/faults", *session.posargs)
+    _install(session, CORE, "./packages/ciclo-flax", *_group("test"))
+    _pytest(session, "tests/faults")
 
 
 @nox.session
 def multidevice(session: nox.Session) -> None:
-    """Strategy and managed-API tests on 4 CPU devices, and a 2-process `jax.distributed` run."""
-    session.install(CORE, *_group("test"))
-    session.run(
-        "pytest",
+    """What needs several devices: the sharded strategies' cases on 4 CPU devices, and 2-process runs.
+
+    The strategy-parametrised tests of tests/core run here for `data_parallel`, `fsdp`
+    and `pmap` only (`--sharded-only`): their single-device cases ran in `tests(core)`.
+    """
+    _install(session, CORE, *_group("test"))
+    _pytest(
+        session,
         "tests/core/strategies",
         "tests/core/test_managed.py",
         "tests/core/test_fused.py",
         "tests/core/test_learning_rate.py",
         "tests/core/test_summary.py",
         "tests/multidevice",
-        *session.posargs,
-        env={"XLA_FLAGS": f"--xla_force_host_platform_device_count={MULTIDEVICE_COUNT}"},
+        "--sharded-only",
+        env=MULTIDEVICE_ENV,
     )
 
 
 @nox.session
 def conformance(session: nox.Session) -> None:
     """Every adapter at once on 4 CPU devices: the conformance suite and the Keras guide example."""
-    session.install(CORE, *ADAPTERS, "keras>=3", *_group("test"))
-    session.run(
-        "pytest",
-        "tests/conformance",
-        "tests/docs_keras",
-        *session.posargs,
-        env={"XLA_FLAGS": f"--xla_force_host_platform_device_count={MULTIDEVICE_COUNT}"},
-    )
+    _install(session, CORE, *ADAPTERS, "keras>=3", *_group("test"))
+    _pytest(session, "tests/conformance", "tests/docs_keras", env=MULTIDEVICE_ENV)
 
 
 @nox.session
 def lint(session: nox.Session) -> None:
     """ruff check and ruff format --check over the whole repository."""
-    session.install(*_group("lint"))
+    _install(session, *_group("lint"))
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
 
 
+TYPED = {
+    "ciclo-core": "packages/ciclo-core/src/ciclo",
+    "ciclo-flax": "packages/ciclo-flax/src",
+    "ciclo-haiku": "packages/ciclo-haiku/src",
+    "ciclo-equinox": "packages/ciclo-equinox/src",
+}
+"""What mypy checks of each package."""
+
+
 @nox.session
 def typecheck(session: nox.Session) -> None:
-    """mypy --strict on ciclo-core and the adapters."""
+    """mypy --strict on ciclo-core and the adapters (or on the packages named after `--`)."""
+    unknown = sorted(set(session.posargs) - set(TYPED))
+    if unknown:
+        session.error(f"typecheck takes package names ({', '.join(TYPED)}), not {unknown}")
     # matplotlib's Figure appears in History.plot's signature: the plot extra gives mypy its types.
-    session.install("./packages/ciclo-core[tqdm,checkpoint,plot]", *ADAPTERS, *_group("typecheck"))
-    session.run("mypy", "packages/ciclo-core/src/ciclo")
-    for adapter in ADAPTERS:
-        session.run("mypy", f"{adapter}/src")
+    _install(session, "./packages/ciclo-core[tqdm,checkpoint,plot]", *ADAPTERS, *_group("typecheck"))
+    for package in session.posargs or TYPED:
+        session.run("mypy", TYPED[package])
+
+
+def _changed_packages() -> list[str]:
+    """The packages with sources changed since the last commit (or not yet committed)."""
+    listings = [["git", "diff", "--name-only", "HEAD"], ["git", "ls-files", "--others", "--exclude-standard"]]
+    paths = [
+        path
+        for command in listings
+        for path in subprocess.run(command, cwd=ROOT, capture_output=True, text=True).stdout.splitlines()
+    ]
+    return sorted(
+        {path.split("/")[1] for path in paths if path.startswith("packages/") and path.count("/") > 1}
+    )
+
+
+@nox.session(reuse_venv=True)
+def quick(session: nox.Session) -> None:
+    """The developer's loop: lint, the tests of ciclo-core without coverage, then mypy on what changed.
+
+    mypy runs in the `typecheck` session, queued after this one, on the packages
+    whose sources changed since the last commit (ciclo-core when none did).
+    """
+    _install(session, "./packages/ciclo-core[tqdm,checkpoint,plot]", *_group("test"), *_group("lint"))
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+    _pytest(session, "tests/core", "--doctest-modules", "--pyargs", "ciclo")
+    session.notify("typecheck", posargs=_changed_packages() or ["ciclo-core"])
 
 
 @nox.session
 def demo(session: nox.Session) -> None:
     """Trains a small CNN on scikit-learn's bundled digits with ciclo-flax and ciclo.train_loop."""
-    session.install(DEMO_CORE, "./packages/ciclo-flax", *_group("demo"))
+    _install(session, DEMO_CORE, "./packages/ciclo-flax", *_group("demo"))
     session.run("python", "examples/flax/digits_cnn.py", *session.posargs)
 
 
 @nox.session
 def examples(session: nox.Session) -> None:
-    """Runs every example script: each trains on scikit-learn's digits and fails under its accuracy floor."""
-    session.install(DEMO_CORE, *ADAPTERS, "keras>=3", *_group("demo"))
-    for example, floor in EXAMPLES.items():
-        session.run("python", example, f"--min-accuracy={floor}", *session.posargs)
+    """Runs every example script: each trains on scikit-learn's digits and fails under its accuracy floor.
+
+    `WORKERS` scripts run at a time; each one's output is shown when it ends.
+    """
+    _install(session, DEMO_CORE, *ADAPTERS, "keras>=3", *_group("demo"))
+    python = str(Path(session.bin) / "python")
+    commands = [
+        [python, script, f"--min-accuracy={floor}", *session.posargs] for script, floor in EXAMPLES.items()
+    ]
+    with concurrent.futures.ThreadPoolExecutor(int(WORKERS)) as pool:
+        done = list(
+            pool.map(lambda command: subprocess.run(command, capture_output=True, text=True), commands)
+        )
+    for command, result in zip(commands, done, strict=True):
+        session.log(f"{command[1]}: exit {result.returncode}\n{result.stdout}{result.stderr}")
+    failed = [command[1] for command, result in zip(commands, done, strict=True) if result.returncode != 0]
+    if failed:
+        session.error(f"examples failed: {', '.join(failed)}")
 
 
 @nox.session
 def bench(session: nox.Session) -> None:
     """The loop-overhead benchmarks (benchmarks/README.md); pass options after `--`."""
-    session.install(BENCH_CORE, "./packages/ciclo-flax", *_group("bench"))
+    _install(session, BENCH_CORE, "./packages/ciclo-flax", *_group("bench"))
     session.run("python", "benchmarks/bench.py", *session.posargs)
 
 
 @nox.session
 def bench_smoke(session: nox.Session) -> None:
     """The benchmarks with tiny step counts: they run and print their table (not a measurement)."""
-    session.install(BENCH_CORE, "./packages/ciclo-flax", *_group("bench"))
+    _install(session, BENCH_CORE, "./packages/ciclo-flax", *_group("bench"))
     session.run("python", "benchmarks/bench.py", "--smoke", *session.posargs)
 
 
 @nox.session
 def docs(session: nox.Session) -> None:
     """Builds the documentation site (mkdocs build --strict into site/) and checks its API reference."""
-    session.install(CORE, *ADAPTERS, *_group("docs"))
+    _install(session, CORE, *ADAPTERS, *_group("docs"))
     session.run("mkdocs", "build", "--strict", env={"NO_MKDOCS_2_WARNING": "1"})
-    session.run("pytest", "tests/docs_site", *session.posargs)
+    _pytest(session, "tests/docs_site", parallel=False)
 
 
 @nox.session
@@ -221,7 +312,7 @@ def package(session: nox.Session) -> None:
     checkpoints and `create_flax_state` name what to install), then the adapters'
     wheels: `ciclo.create_flax_state` trains a tiny linen model for one step.
     """
-    session.install(*_group("package"))
+    _install(session, *_group("package"))
     tmp = Path(session.create_tmp())
     dist = tmp / "dist"
     shutil.rmtree(dist, ignore_errors=True)

@@ -44,7 +44,32 @@ STANDARD_PROMOTION_DOCTESTS = ("ciclo_haiku",)
 DOCTEST_REQUIRES = {"ciclo._src.callbacks._loggers._tensorboard": "tensorboardX"}
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+SHARDED_STRATEGIES = ("data_parallel", "fsdp", "pmap")
+"""The strategies whose cases mean something more on several devices than on one."""
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--sharded-only",
+        action="store_true",
+        help="outside tests/multidevice, keep only the cases of the sharded strategies "
+        f"({', '.join(SHARDED_STRATEGIES)}): `nox -s multidevice` runs them on 4 devices, "
+        "after `tests(core)` ran every case on one",
+    )
+
+
+def _runs_on_several_devices(item: pytest.Item) -> bool:
+    if "multidevice" in item.path.parts:
+        return True
+    callspec = getattr(item, "callspec", None)
+    return callspec is not None and callspec.params.get("strategy") in SHARDED_STRATEGIES
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.getoption("--sharded-only"):
+        deselected = [item for item in items if not _runs_on_several_devices(item)]
+        items[:] = [item for item in items if _runs_on_several_devices(item)]
+        config.hook.pytest_deselected(items=deselected)
     for item in items:
         if isinstance(item, pytest.DoctestItem) and item.name.startswith(STANDARD_PROMOTION_DOCTESTS):
             item.runtest = _with_standard_promotion(item.runtest)  # type: ignore[method-assign]
