@@ -314,3 +314,26 @@ def test_a_marker_left_half_written_by_a_kill_is_not_another_run(tmp_path):
     (tmp_path / "ciclo_backup.json.tmp").write_text("")
     state, _, elapsed = ciclo.loop(0, range(3), {ciclo.every(1): add}, backup=tmp_path)
     assert (state, elapsed.steps) == (3, 3)
+
+
+@pytest.mark.parametrize("process", [0, 1])
+def test_a_marker_written_by_a_peer_while_this_process_looks_is_not_another_run(
+    tmp_path, monkeypatch, process
+):
+    # Under several processes, process 0 writes the marker while process 1 checks the directory:
+    # process 1 looks for the marker (not there yet), then lists the directory, which now holds it.
+    import ciclo._src.backup as backup_module
+
+    (tmp_path / "ciclo_backup.json").write_text('{"format": 1}\n')
+    looked = []
+
+    def exists(path):
+        looked.append(path)
+        return False if path.endswith("ciclo_backup.json") else os.path.lexists(path)
+
+    monkeypatch.setattr(backup_module.os.path, "exists", exists)
+    monkeypatch.setattr(backup_module.jax, "process_index", lambda: process)
+    session = object.__new__(backup_module.Session)
+    session.spec = ciclo.backup(tmp_path)
+    session._check_marker()  # no FileExistsError: the marker is a ciclo backup's own file
+    assert looked

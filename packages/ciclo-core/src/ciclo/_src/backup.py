@@ -254,9 +254,11 @@ class Session:
             return
         # The marker's temporary file is ours (a kill between its write and its rename). Under several
         # processes, process 0 writes the marker and may already be saving: the others leave the
-        # check of orbax's step directories to it.
+        # check of orbax's step directories to it, and may see the marker appear after looking for it.
         ours = re.compile(
-            r"ciclo_backup\.json\.tmp" if jax.process_index() == 0 else r"ciclo_backup\.json\.tmp|\d+(\..*)?"
+            r"ciclo_backup\.json(\.tmp)?"
+            if jax.process_index() == 0
+            else r"ciclo_backup\.json(\.tmp)?|\d+(\..*)?"
         )
         entries = [e for e in os.listdir(self.spec.directory) if not ours.fullmatch(e)]
         if entries:
