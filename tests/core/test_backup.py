@@ -337,3 +337,24 @@ def test_a_marker_written_by_a_peer_while_this_process_looks_is_not_another_run(
     session.spec = ciclo.backup(tmp_path)
     session._check_marker()  # no FileExistsError: the marker is a ciclo backup's own file
     assert looked
+
+
+def test_a_state_holding_a_typed_key_resumes_bit_for_bit(tmp_path):
+    # jax.random.key(0) (JAX's recommended keys, and every nnx module's rng streams) is stored by orbax
+    # as its raw uint32 data: the backup's structure check compares it as such.
+    def step(state, batch):
+        key, sub = jax.random.split(state["key"])
+        return ciclo.logs(), {"key": key, "w": state["w"] + jax.random.normal(sub, (3,))}
+
+    start = {"key": jax.random.key(0), "w": jnp.zeros(3)}
+    expected, _, _ = ciclo.loop(start, range(6), {ciclo.every(1): step})
+    with pytest.raises(Crash):
+        ciclo.loop(
+            start, range(6), {ciclo.every(1): [step, crash_at(4)]}, backup=ciclo.backup(tmp_path, every=2)
+        )
+    resumed, _, elapsed = ciclo.loop(
+        start, range(6), {ciclo.every(1): step}, backup=ciclo.backup(tmp_path, every=2)
+    )
+    assert elapsed.steps == 6
+    np.testing.assert_array_equal(jax.random.key_data(resumed["key"]), jax.random.key_data(expected["key"]))
+    np.testing.assert_array_equal(resumed["w"], expected["w"])

@@ -617,8 +617,8 @@ def test_a_backup_of_another_model_is_refused_and_kept(tmp_path: Any) -> None:
     other = model_state(inputs=jnp.zeros((1, 5)))
     with pytest.raises(
         ValueError,
-        match=r"does not fit this loop's state: leaf \['params'\]\['w'\] has shape \(8, 3\) in the backup "
-        r"and \(5, 3\)[\s\S]*another directory",
+        match=r"the backup at step 3 in .* does not match the target state[\s\S]*params\W*\['w'\]: "
+        r"the backup holds shape \(8, 3\) float32, the target has shape \(5, 3\)[\s\S]*another directory",
     ):
         ciclo.loop(other, [(np.ones((4, 5), np.float32), Y)] * 3, tasks, backup=tmp_path / "bk")
     after = sorted(

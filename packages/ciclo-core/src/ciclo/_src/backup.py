@@ -281,25 +281,31 @@ class Session:
         step = self.latest_step()
         if step is None:
             return None
-        from ciclo._src.callbacks._checkpoint import _abstract
+        from ciclo._src.callbacks._checkpoint import _abstract, check_structure
 
         ocp = self._ocp
         loop_item = self.manager.restore(step, args=ocp.args.Composite(loop=ocp.args.JsonRestore()))["loop"]
         if loop_item.get("format") != _FORMAT:
             raise ValueError(f"the backup at step {step} in {self.spec.directory} has an unknown format")
-        # Compared before orbax reads anything: its own errors name no leaf.
-        mismatch = _mismatch(self.manager, step, target)
+        where = f"the backup at step {step} in {self.spec.directory}"
+        advice = "Was it written by another model? Give backup= another directory to start afresh."
         try:
-            if mismatch:
-                raise ValueError(mismatch)
+            stored = self.manager.item_metadata(step)["state"]
+            stored = getattr(stored, "tree", stored)["state"]
+        except Exception:  # noqa: BLE001 - no metadata to compare with: orbax's own checks remain
+            stored = None
+        if stored is not None:
+            # Compared before orbax reads anything: its own errors name no leaf.
+            try:
+                check_structure(stored, _abstract(target), where)
+            except ValueError as error:
+                raise ValueError(f"{error}\n{advice}") from None
+        try:
             restored = self.manager.restore(
                 step, args=ocp.args.Composite(state=ocp.args.StandardRestore({"state": _abstract(target)}))
             )["state"]["state"]
         except Exception as error:  # noqa: BLE001 - orbax and tensorstore raise plain Exceptions
-            raise ValueError(
-                f"the backup at step {step} in {self.spec.directory} does not fit this loop's state: "
-                f"{error}. Was it written by another model? Give backup= another directory to start afresh."
-            ) from None
+            raise ValueError(f"{where} does not fit this loop's state: {error}. {advice}") from None
         payload = _decode(loop_item["payload"])
         self.last_saved = step
         return Restored(
@@ -366,48 +372,6 @@ class Session:
         """Finishes the pending save (also after Ctrl-C or an error) and releases the manager."""
         self.manager.wait_until_finished()
         self.manager.close()
-
-
-def _is_array_metadata(x: Any) -> bool:
-    return hasattr(x, "shape") and hasattr(x, "dtype")
-
-
-def _path_name(path: Any) -> str:
-    # By key names: orbax stores a dataclass as a dict, so `.params` on one side is `['params']` on the other.
-    from ciclo._src.callbacks._checkpoint import _key_name
-
-    return "".join(f"[{_key_name(key)!r}]" for key in path)
-
-
-def _mismatch(manager: Any, step: int, target: Any) -> str:
-    """The first leaf whose path, shape or dtype differs between the backup and `target`."""
-    try:
-        metadata = manager.item_metadata(step)["state"]
-        tree = metadata.tree if hasattr(metadata, "tree") else metadata
-        saved = {
-            _path_name(path): leaf
-            for path, leaf in jax.tree_util.tree_flatten_with_path(tree["state"], is_leaf=_is_array_metadata)[
-                0
-            ]
-        }
-    except Exception:  # noqa: BLE001 - only used to improve the message
-        return ""
-    wanted = {_path_name(path): leaf for path, leaf in jax.tree_util.tree_flatten_with_path(target)[0]}
-    for key in sorted(set(saved) | set(wanted)):
-        if key not in saved:
-            return f"the state has a leaf {key} that the backup lacks"
-        if key not in wanted:
-            return f"the backup has a leaf {key} that the state lacks"
-        a, b = saved[key], wanted[key]
-        shape_a, shape_b = getattr(a, "shape", None), np.shape(b)
-        dtype_a, dtype_b = getattr(a, "dtype", None), getattr(b, "dtype", None)
-        if shape_a is not None and tuple(shape_a) != tuple(shape_b):
-            return f"leaf {key} has shape {tuple(shape_a)} in the backup and {tuple(shape_b)} in the state"
-        if dtype_a is not None and dtype_b is not None and np.dtype(dtype_a) != np.dtype(dtype_b):
-            return (
-                f"leaf {key} has dtype {np.dtype(dtype_a)} in the backup and {np.dtype(dtype_b)} in the state"
-            )
-    return ""
 
 
 def position_dataset(iterator: Iterator[Any], dataset: Any, restored: Restored) -> Iterator[Any]:

@@ -364,39 +364,64 @@ def _check_structure(manager: Any, directory: str, step: int, item: Any) -> None
     """Compares the target with the checkpoint's metadata before orbax reads anything.
 
     Raises:
-        ValueError: naming the leaves that are missing on either side or whose
-            shapes differ, with the shapes and dtypes of both. (A dtype alone may
-            differ: orbax casts to the target's.)
+        ValueError: see `check_structure`.
     """
     try:
         metadata = manager.item_metadata(step)
     except Exception:  # no metadata to compare with (an older format): orbax's own checks remain
         return
-    stored = _leaf_table(getattr(metadata, "tree", metadata))
+    check_structure(
+        getattr(metadata, "tree", metadata), item, f"the checkpoint of step {step} in {directory}"
+    )
+
+
+def check_structure(stored: Any, item: Any, what: str) -> None:
+    """Compares a target tree with the metadata tree orbax stored, leaf by leaf.
+
+    The one structure check of checkpoints and backups: paths are compared by key
+    names, and a typed PRNG key (`jax.random.key`, an nnx module's rng streams) as
+    the raw data orbax stores.
+
+    Args:
+        stored: the tree of array metadata orbax gives for the saved item.
+        item: the target tree (arrays or `jax.ShapeDtypeStruct`s).
+        what: names the saved item in the error, e.g. "the checkpoint of step 3 in /runs".
+
+    Raises:
+        ValueError: naming the leaves that are missing on either side or whose
+            shapes differ, with the shapes and dtypes of both. (A dtype alone may
+            differ: orbax casts to the target's.)
+    """
+    stored_table = _leaf_table(stored)
     wanted = _leaf_table(item)
     problems = []
     for path, (name, shape, dtype) in wanted.items():
-        if path not in stored:
-            problems.append(f"{name}: in the target ({shape}, {dtype}) but not in the checkpoint")
-        elif stored[path][1] != shape:
-            _, stored_shape, stored_dtype = stored[path]
+        if path not in stored_table:
+            problems.append(f"{name}: in the target ({shape}, {dtype}) but not in {_short(what)}")
+        elif stored_table[path][1] != shape:
+            _, stored_shape, stored_dtype = stored_table[path]
             problems.append(
-                f"{name}: the checkpoint holds shape {stored_shape} {stored_dtype}, "
+                f"{name}: {_short(what)} holds shape {stored_shape} {stored_dtype}, "
                 f"the target has shape {shape} {dtype}"
             )
     problems += [
-        f"{name}: in the checkpoint ({shape}, {dtype}) but not in the target"
-        for path, (name, shape, dtype) in stored.items()
+        f"{name}: in {_short(what)} ({shape}, {dtype}) but not in the target"
+        for path, (name, shape, dtype) in stored_table.items()
         if path not in wanted
     ]
     if problems:
         shown = "\n  ".join(problems[:10])
         more = f"\n  ... and {len(problems) - 10} more" if len(problems) > 10 else ""
         raise ValueError(
-            f"the checkpoint of step {step} in {directory} does not match the target state "
+            f"{what} does not match the target state "
             f"({len(problems)} difference(s)):\n  {shown}{more}\n"
             "Restore into a state built like the one that was saved (same model, optimizer and shapes)."
         )
+
+
+def _short(what: str) -> str:
+    """The item's kind: "the checkpoint" of "the checkpoint of step 3 in /runs"."""
+    return " ".join(what.split()[:2])
 
 
 def _is_single_leaf(tree: Any) -> bool:
