@@ -358,3 +358,111 @@ def test_a_state_holding_a_typed_key_resumes_bit_for_bit(tmp_path):
     assert elapsed.steps == 6
     np.testing.assert_array_equal(jax.random.key_data(resumed["key"]), jax.random.key_data(expected["key"]))
     np.testing.assert_array_equal(resumed["w"], expected["w"])
+
+
+class _Linear:
+    """A pure-JAX ModelAdapter: a linear classifier."""
+
+    def init(self, key, inputs):
+        return {"w": jnp.zeros((inputs.shape[-1], 3)), "b": jnp.zeros((3,))}, None
+
+    def apply(self, params, model_state, inputs, *, key, training):
+        return inputs @ params["w"] + params["b"][None], model_state
+
+
+def test_early_stopping_best_weights_of_an_optax_state_are_backed_up_and_restored(tmp_path):
+    # The best state holds optax's closures in its static fields: the backup saves its arrays with
+    # orbax, and the resumed run rebuilds it in the structure of its own state (no pickle).
+    import optax
+
+    state = ciclo.create_model_state(
+        _Linear(),
+        inputs=jnp.zeros((1, 8)),
+        tx=optax.adam(0.1),
+        losses={"loss": optax.softmax_cross_entropy_with_integer_labels},
+    )
+    rng = np.random.default_rng(0)
+    data = [
+        (rng.normal(size=(4, 8)).astype(np.float32), rng.integers(0, 3, 4).astype(np.int32))
+        for _ in range(12)
+    ]
+
+    def worse_after_3(state, batch, elapsed):
+        return ciclo.logs().add_metric("score", float(abs(elapsed.steps - 3))), state
+
+    def run(*extra, backup=None):
+        stopper = ciclo.early_stopping("score", patience=3, mode="min", restore_best_weights=True)
+        tasks = {
+            ciclo.every(1): [lambda state, batch: state.train_step(batch), worse_after_3, stopper, *extra]
+        }
+        return ciclo.loop(state, data, tasks, backup=backup)
+
+    reference, _, reference_elapsed = run()
+    spec = ciclo.backup(tmp_path, every=1)
+    with pytest.raises(Crash):
+        run(crash_at(5), backup=spec)
+    assert not list(tmp_path.rglob("*.pkl"))
+    resumed, _, elapsed = run(backup=spec)
+    assert elapsed.steps == reference_elapsed.steps
+    assert int(resumed.step) == int(reference.step) == 4  # the best state: after step 3, 4 updates
+    np.testing.assert_array_equal(resumed.params["w"], reference.params["w"])
+
+
+def _loop_document(directory):
+    """The newest backup's loop document (what a resume reads first)."""
+    newest = max((p for p in directory.iterdir() if p.name.isdigit()), key=lambda p: int(p.name))
+    return newest / "loop" / "metadata"
+
+
+def _small_run(directory):
+    return ciclo.loop(0, range(4), {ciclo.every(1): add}, backup=ciclo.backup(directory, every=2), stop=3)
+
+
+def test_a_backup_is_read_as_data_and_a_pickle_in_it_never_runs(tmp_path):
+    import base64
+    import json
+    import pickle
+
+    _small_run(tmp_path)
+    document = _loop_document(tmp_path)
+    marker = tmp_path / "ran"
+
+    class Payload:
+        def __reduce__(self):
+            return (open, (str(marker), "w"))
+
+    item = json.loads(document.read_text())
+    old = {"format": 1, "finished": False, "payload": base64.b64encode(pickle.dumps(Payload())).decode()}
+    document.write_text(json.dumps(old))
+    with pytest.raises(ValueError, match=r"earlier ciclo, whose backups held a pickle: it is not read"):
+        _small_run(tmp_path)
+    assert not marker.exists()
+    document.write_text(json.dumps(item))
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("position", 10**12, r"position is 1000000000000, not a number of batches from 0 to the 3 steps"),
+        ("position", -1, r"position is -1"),
+        ("elapsed", [-3, 0, 0.0, 0.0], r"elapsed is \[-3, 0, 0.0, 0.0\]"),
+        ("extra", 1, r"unknown fields \['extra'\]"),
+        ("callbacks", [], r"callbacks is a list, not a dict"),
+        (
+            "history",
+            {"$array": {"dtype": "object", "shape": [], "scalar": True, "data": ""}},
+            r"dtype object",
+        ),
+    ],
+)
+def test_a_damaged_or_crafted_backup_names_its_file_and_field(tmp_path, field, value, message):
+    import json
+
+    _small_run(tmp_path)
+    document = _loop_document(tmp_path)
+    item = json.loads(document.read_text())
+    item[field] = value
+    document.write_text(json.dumps(item))
+    with pytest.raises(ValueError, match=message) as caught:
+        _small_run(tmp_path)
+    assert str(document.parent) in str(caught.value)

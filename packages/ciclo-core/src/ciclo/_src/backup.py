@@ -7,8 +7,10 @@ holding two items:
 
 - `state`: the loop state, saved by orbax (each process writes its own shards),
 - `loop`: a JSON document with the `Elapsed`, the History rows, every stateful
-  callback's `callback_state()`, and the position in the dataset (a pickle,
-  base64-encoded: these are host values only).
+  callback's `callback_state()`, and the position in the dataset: plain data
+  (`ciclo._src.host_json`), checked field by field when it is read, never code,
+- `kept` (when a callback holds one): trees shaped like the state, such as an
+  early stopping's best state, saved by orbax like the state.
 
 When the directory holds a backup at start, the loop restores all of it and
 continues; a backup written at the loop's end is marked finished, and a loop
@@ -21,11 +23,9 @@ last `keep` (at least 2) are kept.
 
 from __future__ import annotations
 
-import base64
 import dataclasses
 import inspect
 import os
-import pickle
 import re
 import signal
 import threading
@@ -33,13 +33,14 @@ from collections.abc import Iterator
 from typing import Any
 
 import jax
-import numpy as np
 
 from ciclo._src.checks import check_directory
 from ciclo._src.elapsed import Elapsed, Period, make_elapsed
+from ciclo._src.host_json import from_json, to_json
 from ciclo._src.schedules import Every
 
-_FORMAT = 1
+_FORMAT = 2
+"""The loop item's format: 2 is plain JSON data (format 1 held a pickle, which is never read)."""
 _MARKER = "ciclo_backup.json"
 """Written next to the checkpoints: says the directory holds ciclo backups."""
 
@@ -185,27 +186,62 @@ class Restored:
     finished: bool
 
 
-def _encode(value: Any) -> str:
-    return base64.b64encode(pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)).decode("ascii")
+_LOOP_FIELDS = ("format", "finished", "elapsed", "history", "callbacks", "position", "iterator_state", "kept")
 
 
-def _decode(text: str) -> Any:
-    return pickle.loads(base64.b64decode(text.encode("ascii")))  # noqa: S301 - our own files
+def _checked_loop_item(item: Any, step: int, where: str) -> dict[str, Any]:
+    """The loop item's fields, each checked: a backup is data, and a damaged or crafted one is named."""
+    if not isinstance(item, dict):
+        raise ValueError(f"{where} holds a {type(item).__name__}, not the loop's JSON document")
+    if item.get("format") == 1:
+        raise ValueError(
+            f"{where} was written by an earlier ciclo, whose backups held a pickle: it is not read, as "
+            "loading a backup never runs code from the directory. Give backup= another directory to "
+            "start afresh"
+        )
+    if item.get("format") != _FORMAT:
+        raise ValueError(f"{where} has format {item.get('format')!r}; this ciclo reads format {_FORMAT}")
+    unknown, missing = sorted(set(item) - set(_LOOP_FIELDS)), sorted(set(_LOOP_FIELDS) - set(item))
+    if unknown or missing:
+        raise ValueError(f"{where}: unknown fields {unknown}, missing fields {missing}")
+    if not isinstance(item["finished"], bool):
+        raise ValueError(f"{where}: finished is {item['finished']!r}, not true or false")
+    elapsed = item["elapsed"]
+    if (
+        not isinstance(elapsed, list)
+        or len(elapsed) != 4
+        or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in elapsed[:2])
+        or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in elapsed[2:])
+    ):
+        raise ValueError(f"{where}: elapsed is {elapsed!r}, not [steps, samples, time, date_start]")
+    if elapsed[0] != step:
+        raise ValueError(f"{where}: elapsed counts {elapsed[0]} steps, but the backup is numbered {step}")
+    position = item["position"]
+    if not isinstance(position, int) or isinstance(position, bool) or not 0 <= position <= step:
+        raise ValueError(
+            f"{where}: position is {position!r}, not a number of batches from 0 to the {step} steps completed"
+        )
+    kept = item["kept"]
+    if not isinstance(kept, list) or not all(isinstance(name, str) for name in kept):
+        raise ValueError(f"{where}: kept is {kept!r}, not a list of names")
+    if not isinstance(item["callbacks"], dict):
+        raise ValueError(f"{where}: callbacks is a {type(item['callbacks']).__name__}, not a dict")
+    return dict(item)
 
 
-def _to_host(tree: Any) -> Any:
-    """Callback states on the host: arrays become numpy (gathered from every process if sharded)."""
+_HISTORY_FIELDS = {"paths", "values", "elapsed", "max_rows", "dropped", "evicted_latest"}
 
-    def leaf(x: Any) -> Any:
-        if isinstance(x, jax.Array):
-            if not x.is_fully_addressable:
-                from jax.experimental import multihost_utils
 
-                return np.asarray(multihost_utils.process_allgather(x, tiled=True))
-            return np.asarray(x)
-        return x
-
-    return jax.tree.map(leaf, tree)
+def _check_history(history: Any, where: str) -> None:
+    if not isinstance(history, dict) or set(history) != _HISTORY_FIELDS:
+        raise ValueError(f"{where} does not have the fields {sorted(_HISTORY_FIELDS)}")
+    rows = [history[name] for name in ("paths", "values", "elapsed")]
+    if not all(isinstance(column, list) for column in rows) or len({len(column) for column in rows}) != 1:
+        raise ValueError(f"{where}: paths, values and elapsed are not lists of one length")
+    if not isinstance(history["dropped"], int) or history["dropped"] < 0:
+        raise ValueError(f"{where}: dropped is {history['dropped']!r}, not a count")
+    if not isinstance(history["evicted_latest"], dict):
+        raise ValueError(f"{where}: evicted_latest is not a dict")
 
 
 class Session:
@@ -244,7 +280,11 @@ class Session:
         self.manager = ocp.CheckpointManager(
             spec.directory,
             options=options,
-            item_handlers={"state": ocp.StandardCheckpointHandler(), "loop": ocp.JsonCheckpointHandler()},
+            item_handlers={
+                "state": ocp.StandardCheckpointHandler(),
+                "kept": ocp.StandardCheckpointHandler(),
+                "loop": ocp.JsonCheckpointHandler(),
+            },
         )
         self.last_saved: int | None = None
 
@@ -285,8 +325,7 @@ class Session:
 
         ocp = self._ocp
         loop_item = self.manager.restore(step, args=ocp.args.Composite(loop=ocp.args.JsonRestore()))["loop"]
-        if loop_item.get("format") != _FORMAT:
-            raise ValueError(f"the backup at step {step} in {self.spec.directory} has an unknown format")
+        fields = _checked_loop_item(loop_item, step, os.path.join(self.spec.directory, str(step), "loop"))
         where = f"the backup at step {step} in {self.spec.directory}"
         advice = "Was it written by another model? Give backup= another directory to start afresh."
         try:
@@ -306,17 +345,30 @@ class Session:
             )["state"]["state"]
         except Exception as error:  # noqa: BLE001 - orbax and tensorstore raise plain Exceptions
             raise ValueError(f"{where} does not fit this loop's state: {error}. {advice}") from None
-        payload = _decode(loop_item["payload"])
+        states = {}
+        if fields["kept"]:
+            # Trees shaped like the loop's state (an early stopping's best state), saved by orbax.
+            abstract = _abstract(restored)
+            states = self.manager.restore(
+                step,
+                args=ocp.args.Composite(
+                    kept=ocp.args.StandardRestore({name: abstract for name in fields["kept"]})
+                ),
+            )["kept"]
+        where = os.path.join(self.spec.directory, str(step), "loop")
+        callbacks = from_json(fields["callbacks"], f"{where}: callbacks", states=states)
+        history = from_json(fields["history"], f"{where}: history")
+        _check_history(history, f"{where}: history")
         self.last_saved = step
         return Restored(
             step=step,
             state=restored,
-            elapsed=make_elapsed(*payload["elapsed"]),
-            history=payload["history"],
-            callbacks=payload["callbacks"],
-            position=payload["position"],
-            iterator_state=payload["iterator_state"],
-            finished=bool(loop_item["finished"]),
+            elapsed=make_elapsed(*fields["elapsed"]),
+            history=history,
+            callbacks=callbacks,
+            position=fields["position"],
+            iterator_state=from_json(fields["iterator_state"], f"{where}: iterator_state"),
+            finished=fields["finished"],
         )
 
     def due(self, steps: int, now: Any) -> bool:
@@ -342,14 +394,32 @@ class Session:
         step = int(elapsed.steps)
         if step == self.last_saved and not finished:
             return
-        payload = {
-            "elapsed": (elapsed.steps, elapsed.samples, elapsed.time, elapsed.date_start),
-            "history": history.to_host(),
-            "callbacks": _to_host(callbacks),
-            "position": position,
-            "iterator_state": iterator_state,
+        structure = jax.tree.structure(state)
+        kept: dict[str, Any] = {}
+        callbacks_data = {
+            name: to_json(
+                value,
+                f"the state of callback {name}",
+                state_structure=None if jax.tree_util.treedef_is_leaf(structure) else structure,
+                kept=kept,
+            )
+            for name, value in callbacks.items()
         }
-        loop_item = {"format": _FORMAT, "finished": finished, "payload": _encode(payload)}
+        loop_item = {
+            "format": _FORMAT,
+            "finished": finished,
+            "elapsed": [
+                int(elapsed.steps),
+                int(elapsed.samples),
+                float(elapsed.time),
+                float(elapsed.date_start),
+            ],
+            "history": to_json(history.to_host(), "the history"),
+            "callbacks": callbacks_data,
+            "position": int(position),
+            "iterator_state": to_json(iterator_state, "the dataset iterator's get_state()"),
+            "kept": sorted(kept),
+        }
         ocp = self._ocp
         if step == self.last_saved:
             # Same step, now finished: replace the backup in place of a second one.
@@ -361,6 +431,7 @@ class Session:
                 # Wrapped: orbax refuses a state that is a single leaf at the root.
                 state=ocp.args.StandardSave({"state": state}),
                 loop=ocp.args.JsonSave(loop_item),
+                **({"kept": ocp.args.StandardSave(kept)} if kept else {}),
             ),
             force=True,
         )
