@@ -466,3 +466,25 @@ def test_a_damaged_or_crafted_backup_names_its_file_and_field(tmp_path, field, v
     with pytest.raises(ValueError, match=message) as caught:
         _small_run(tmp_path)
     assert str(document.parent) in str(caught.value)
+
+
+def test_after_a_nan_the_newest_finite_backup_is_the_resume_point(tmp_path):
+    # The poisoned run turns NaN at step 7 and terminate_on_nan stops it; no backup holds the NaN and
+    # none is marked finished, so the run with the data fixed resumes from step 6 and equals a clean run.
+    def step(state, batch):
+        x = jnp.float32(jnp.nan) if batch == "poison" else jnp.float32(batch)
+        new = state + x
+        return ciclo.logs().add_loss("loss", new), new
+
+    clean = list(range(12))
+    poisoned = [*range(7), "poison", *range(8, 12)]
+    guard = ciclo.terminate_on_nan("loss", check_every=1)
+    spec = ciclo.backup(tmp_path, every=2)
+    stopped, _, _ = ciclo.loop(jnp.float32(0), poisoned, {ciclo.every(1): [step, guard]}, backup=spec)
+    assert np.isnan(stopped)
+    saved = sorted(int(p.name) for p in tmp_path.iterdir() if p.name.isdigit())
+    assert saved == [4, 6]
+    resumed, _, elapsed = ciclo.loop(jnp.float32(0), clean, {ciclo.every(1): step}, backup=spec)
+    reference, _, _ = ciclo.loop(jnp.float32(0), clean, {ciclo.every(1): step})
+    assert elapsed.steps == 12
+    assert float(resumed) == float(reference) == float(sum(clean))

@@ -634,3 +634,19 @@ def test_a_checkpoint_in_on_end_is_numbered_by_the_steps_done(tmp_path):
     ciclo.loop(0, range(10), {ciclo.every(1): lambda s, b: (None, s + 1)}, stop=5, on_end=[ckpt])
     assert ckpt.all_steps() == [5]
     assert ciclo.restore_checkpoint(tmp_path, 0) == 5
+
+
+def test_a_state_holding_nan_behind_a_finite_loss_is_not_kept(tmp_path):
+    # The RMSE of an all-zero batch: sqrt(0) has a finite value and a NaN gradient, so the step's loss
+    # is finite while the updated state is NaN. keep=1 must still hold the last finite state.
+    def step(state, batch):
+        w = state["w"] + (jnp.float32(jnp.nan) if batch == 3 else jnp.float32(1))
+        return ciclo.logs().add_loss("loss", jnp.float32(0.5)), {"w": w}
+
+    ckpt = ciclo.checkpoint(tmp_path, keep=1)
+    state, _, _ = ciclo.loop(zero(), range(5), {ciclo.every(1): [step, ckpt]})
+    assert np.isnan(state["w"])
+    ckpt.wait()
+    assert ckpt.all_steps() == [3]
+    assert float(ciclo.restore_checkpoint(tmp_path, zero())["w"]) == 3.0
+    ckpt.close()

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import logging
 import os
 import re
 import signal
@@ -36,8 +37,11 @@ import jax
 
 from ciclo._src.checks import check_directory
 from ciclo._src.elapsed import Elapsed, Period, make_elapsed
+from ciclo._src.finite import all_finite
 from ciclo._src.host_json import from_json, to_json
 from ciclo._src.schedules import Every
+
+_log = logging.getLogger("ciclo")
 
 _FORMAT = 2
 """The loop item's format: 2 is plain JSON data (format 1 held a pickle, which is never read)."""
@@ -390,9 +394,21 @@ class Session:
         finished: bool,
         wait: bool,
     ) -> None:
-        """Saves a backup numbered by the steps completed; `wait` blocks until it is on disk."""
+        """Saves a backup numbered by the steps completed; `wait` blocks until it is on disk.
+
+        A state holding NaN or inf is not saved (nor marked finished): the newest
+        finite backup stays the resume point, and no rotation deletes it.
+        """
         step = int(elapsed.steps)
         if step == self.last_saved and not finished:
+            return
+        if not all_finite(state):
+            _log.warning(
+                "backup of step %d not saved: the state holds NaN or inf; running the script again resumes "
+                "from the newest finite backup (%s)",
+                step,
+                "none yet" if self.last_saved is None else f"step {self.last_saved}",
+            )
             return
         structure = jax.tree.structure(state)
         kept: dict[str, Any] = {}

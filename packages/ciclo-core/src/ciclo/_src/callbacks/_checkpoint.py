@@ -52,6 +52,7 @@ from ciclo._src.callbacks._monitor import (
 )
 from ciclo._src.checks import check_directory
 from ciclo._src.elapsed import Elapsed
+from ciclo._src.finite import all_finite
 from ciclo._src.logs import LogsLike
 from ciclo._src.types import CallbackOutput
 
@@ -745,6 +746,15 @@ class Checkpoint:
                 step,
                 guarded[0],
                 guarded[1],
+                self.all_steps(),
+            )
+            return
+        if not all_finite(state):
+            # A finite loss can come with a NaN update (the gradient of sqrt at 0): the state decides.
+            _log.warning(
+                "checkpoint of step %d not saved: the state holds NaN or inf; the checkpoints kept are still "
+                "those of steps %s",
+                step,
                 self.all_steps(),
             )
             return

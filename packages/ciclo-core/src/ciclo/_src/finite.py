@@ -1,0 +1,41 @@
+"""Whether a state is fit to resume from: every floating-point value finite.
+
+Checkpoints and backups ask before they save: a state holding NaN or inf is
+never kept as a resume point. The check is one reduction on the devices, run
+only at save time, and read back as a single bool.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def _is_float(leaf: Any) -> bool:
+    dtype = getattr(leaf, "dtype", None)
+    if dtype is None:
+        dtype = np.asarray(leaf).dtype
+    return bool(jnp.issubdtype(dtype, jnp.floating) or jnp.issubdtype(dtype, jnp.complexfloating))
+
+
+@jax.jit
+def _all_finite(leaves: list[Any]) -> jax.Array:
+    flags = [jnp.all(jnp.isfinite(leaf)) for leaf in leaves]
+    return jnp.all(jnp.stack(flags)) if flags else jnp.array(True)
+
+
+def all_finite(tree: Any) -> bool:
+    """True when every floating-point leaf of `tree` is finite (integer leaves and keys are skipped).
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> all_finite({"w": jnp.ones(3), "step": 4}), all_finite({"w": jnp.array([1.0, jnp.nan])})
+        (True, False)
+    """
+    leaves = [leaf for leaf in jax.tree.leaves(tree) if _is_float(leaf)]
+    if not leaves:
+        return True
+    return bool(_all_finite(leaves))
