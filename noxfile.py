@@ -318,7 +318,8 @@ def package(session: nox.Session) -> None:
     shutil.rmtree(dist, ignore_errors=True)
     for package in ["./packages/ciclo-core", *ADAPTERS]:
         # Builds the sdist, then the wheel from the sdist: a file missing from the sdist fails here.
-        session.run("python", "-m", "build", "--outdir", str(dist), package)
+        # uv makes the isolated build environments (build[uv]); the users' install below is pip's.
+        session.run("python", "-m", "build", "--installer=uv", "--outdir", str(dist), package)
     built = sorted(dist.iterdir())
     session.run("twine", "check", "--strict", *map(str, built))
     wheels = {path.name.split("-")[0]: str(path) for path in built if path.suffix == ".whl"}
