@@ -180,3 +180,10 @@ def test_history_copies_columns_of_scalars_to_python_numbers():
     assert [v.shape for v in vector] == [(1 + step // logs_module._LAG,) for step in range(n)]
     assert placed == [float(step) for step in range(n)]
     assert history.collect("extra") == list(range(0, n, 5))
+
+
+@pytest.mark.parametrize("name", [123, "", None, ("a",)])
+def test_an_entry_name_must_be_a_non_empty_string(name):
+    # A number as a name gave CSV a column "123" and made TensorBoard raise a TypeError later.
+    with pytest.raises(TypeError, match=r"a log entry's name must be a non-empty string, got .* for metrics"):
+        ciclo.logs().add_metric(name, 1.0)

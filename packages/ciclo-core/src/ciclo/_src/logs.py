@@ -90,8 +90,14 @@ class Logs(dict[str, Entries]):
         """Sets `self[collection][name] = value`, creating the collection; returns self.
 
         Raises:
-            TypeError: for a string as a metric or a loss (they must be numbers or arrays).
+            TypeError: for a name that is not a non-empty string, or a string as a
+                metric or a loss (they must be numbers or arrays).
         """
+        if not isinstance(name, str) or not name:
+            raise TypeError(
+                f"a log entry's name must be a non-empty string, got {name!r} for {collection} "
+                f"(e.g. logs.add_metric('accuracy', value))"
+            )
         if isinstance(value, (str, bytes)) and collection in _NUMERIC_COLLECTIONS:
             raise TypeError(
                 f"{collection}.{name} is the {type(value).__name__} {value!r}: metrics and losses must be "
