@@ -249,6 +249,38 @@ def test_ctrl_c_with_sigint_backup_saves_and_resumes(tmp_path):
     )
 
 
+def test_a_second_ctrl_c_during_the_preemption_save_raises_whatever_catch_keyboard_interrupt_says(
+    tmp_path, monkeypatch
+):
+    # The second Ctrl-C arrives while the backup of the first is being written: the loop must raise
+    # KeyboardInterrupt (exit 130), not return as if it had finished (exit 0, and no requeue).
+    import ciclo._src.backup as backup_module
+
+    def interrupt(state, batch, elapsed):
+        if elapsed.steps == 6:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    save = backup_module.Session.save
+
+    def save_interrupted(self, *args, wait, **kwargs):
+        if wait:
+            os.kill(os.getpid(), signal.SIGINT)
+        return save(self, *args, wait=wait, **kwargs)
+
+    monkeypatch.setattr(backup_module.Session, "save", save_interrupted)
+    spec = ciclo.backup(tmp_path, every=100, sigint=True)
+    with pytest.raises(KeyboardInterrupt):
+        ciclo.loop(
+            init(),
+            batches(),
+            {ciclo.every(1): [sgd_step, interrupt]},
+            stop=30,
+            backup=spec,
+            catch_keyboard_interrupt=True,
+        )
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
 def test_train_loop_resumes_with_epochs_and_fused_groups(tmp_path):
     def train_step(state, batch):
         return ciclo.logs().add_loss("loss", state * 0.5 + batch), state + batch

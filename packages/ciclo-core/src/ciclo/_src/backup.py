@@ -504,6 +504,8 @@ class SignalGuard:
 
     def __init__(self, *, sigterm: bool, sigint: bool) -> None:
         self.signum: int | None = None
+        self.forced = False
+        """Whether a second Ctrl-C raised: that KeyboardInterrupt always propagates."""
         self._previous: dict[int, Any] = {}
         self.sync_point = sigterm and jax.process_count() > 1
         if threading.current_thread() is not threading.main_thread():
@@ -519,6 +521,7 @@ class SignalGuard:
 
     def _handle(self, signum: int, frame: Any) -> None:
         if self.signum is not None and signum == signal.SIGINT:
+            self.forced = True
             raise KeyboardInterrupt  # a second Ctrl-C stops at once
         self.signum = signum
 

@@ -633,7 +633,8 @@ def run_phases(
         if session is not None:
             save(finished=True, wait=True)
     except KeyboardInterrupt:
-        if not catch_keyboard_interrupt:
+        # A second Ctrl-C (during a preemption save, say) is the user insisting: it is never caught.
+        if not catch_keyboard_interrupt or guard.forced:
             raise
         _log.warning("KeyboardInterrupt: loop stopped at step %d", clock.steps)
     finally:
