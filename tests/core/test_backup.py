@@ -520,3 +520,40 @@ def test_after_a_nan_the_newest_finite_backup_is_the_resume_point(tmp_path):
     reference, _, _ = ciclo.loop(jnp.float32(0), clean, {ciclo.every(1): step})
     assert elapsed.steps == 12
     assert float(resumed) == float(reference) == float(sum(clean))
+
+
+def test_test_loop_resumed_keeps_the_metrics_accumulated_before_the_backup(tmp_path):
+    # reset_step runs at the start of test_loop; run again at the resume, it zeroed the first half.
+    def count(state, batch):
+        new = {"seen": state["seen"] + 1, "total": state["total"] + batch}
+        return ciclo.logs().add_metric("mean", new["total"] / new["seen"]), new
+
+    def reset(state):
+        return None, {"seen": jnp.float32(0), "total": jnp.float32(0)}
+
+    def tasks(*extra):
+        return {ciclo.on_test_step: [count, *extra], ciclo.reset_step: [reset]}
+
+    start = {"seen": jnp.float32(99), "total": jnp.float32(99)}  # reset_step must clear this once
+    data = [float(i) for i in range(10)]
+    spec = ciclo.backup(tmp_path, every=2)
+    with pytest.raises(Crash):
+        ciclo.test_loop(start, data, tasks(crash_at(7)), backup=spec)
+    state, history, _ = ciclo.test_loop(start, data, tasks(), backup=spec)
+    assert float(state["seen"]) == 10 and float(state["total"]) == sum(data)
+    assert history.collect("mean")[-1] == pytest.approx(np.mean(data))
+
+
+def test_predict_loop_resumed_keeps_the_predictions_gathered_before_the_kill(tmp_path):
+    def predict(state, batch):
+        return ciclo.logs().add_output("preds", np.full((2,), batch, np.float32)), state
+
+    def tasks(*extra):
+        return {ciclo.on_predict_step: [predict, *extra]}
+
+    data = list(range(8))
+    spec = ciclo.backup(tmp_path, every=3)
+    with pytest.raises(Crash):
+        ciclo.predict_loop(0, data, tasks(crash_at(5)), backup=spec)
+    _, history, _ = ciclo.predict_loop(0, data, tasks(), backup=spec)
+    np.testing.assert_array_equal(np.stack(history.collect("preds"))[:, 0], np.arange(8, dtype=np.float32))

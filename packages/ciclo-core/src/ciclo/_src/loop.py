@@ -428,7 +428,8 @@ def run_phases(
         phases: the `ciclo.Phase`s of a step, in the order they run.
         stop: stop when this `Period` (or number of steps) is reached; otherwise
             when the dataset ends or a callback stops the loop.
-        on_start: callback(s) run once, before the first step's phases.
+        on_start: callback(s) run once, before the first step's phases (not again
+            when the run resumes from a backup taken after its first step).
         on_end: callback(s) run once after the last step.
         history: commit to this `History` instead of a new one.
         elapsed: resume counting from this `Elapsed`.
@@ -554,7 +555,9 @@ def run_phases(
     stop_by_steps_only = stop_period is not None and (
         stop_period.samples is None and stop_period.time is None and stop_period.date is None
     )
-    pending_start = start_callbacks
+    # A run resumed after its first step does not run them again: the backed-up state is what they made
+    # (test_loop's reset_step would zero the metrics accumulated before the backup).
+    pending_start = start_callbacks if restored is None or restored.step == 0 else []
     append = history.append
     first_drawn, exhausted = drawn, False
     try:
