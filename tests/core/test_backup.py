@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from support.training import LinearClassifier
 
 import ciclo
 
@@ -392,23 +393,13 @@ def test_a_state_holding_a_typed_key_resumes_bit_for_bit(tmp_path):
     np.testing.assert_array_equal(resumed["w"], expected["w"])
 
 
-class _Linear:
-    """A pure-JAX ModelAdapter: a linear classifier."""
-
-    def init(self, key, inputs):
-        return {"w": jnp.zeros((inputs.shape[-1], 3)), "b": jnp.zeros((3,))}, None
-
-    def apply(self, params, model_state, inputs, *, key, training):
-        return inputs @ params["w"] + params["b"][None], model_state
-
-
 def test_early_stopping_best_weights_of_an_optax_state_are_backed_up_and_restored(tmp_path):
     # The best state holds optax's closures in its static fields: the backup saves its arrays with
     # orbax, and the resumed run rebuilds it in the structure of its own state (no pickle).
     import optax
 
     state = ciclo.create_model_state(
-        _Linear(),
+        LinearClassifier(),
         inputs=jnp.zeros((1, 8)),
         tx=optax.adam(0.1),
         losses={"loss": optax.softmax_cross_entropy_with_integer_labels},

@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from support.training import LinearClassifier
 
 import ciclo
 
@@ -76,19 +77,9 @@ class NoHooks:
     pass
 
 
-class Linear:
-    """A pure-JAX ModelAdapter: a linear classifier over the last axis of the inputs."""
-
-    def init(self, key: Any, inputs: Any) -> tuple[Any, Any]:
-        return {"w": jnp.zeros((inputs.shape[-1], 3)), "b": jnp.zeros((3,))}, None
-
-    def apply(self, params: Any, model_state: Any, inputs: Any, *, key: Any, training: bool) -> Any:
-        return inputs @ params["w"] + params["b"][None], model_state
-
-
 def model_state(inputs: Any = None, **kwargs: Any) -> ciclo.ModelState:
     return ciclo.create_model_state(
-        Linear(),
+        LinearClassifier(),
         inputs=jnp.zeros((1, 8)) if inputs is None else inputs,
         tx=kwargs.pop("tx", optax.sgd(0.1)),
         losses=kwargs.pop("losses", {"loss": optax.softmax_cross_entropy_with_integer_labels}),

@@ -59,6 +59,16 @@ MODELS: dict[str, tuple[Callable[[jax.Array], Any], Callable[[Any, jax.Array], j
 }
 
 
+class LinearClassifier:
+    """A pure-JAX `ciclo.ModelAdapter`: a 3-class linear classifier over the last axis of the inputs."""
+
+    def init(self, key: Any, inputs: Any) -> tuple[Any, Any]:
+        return {"w": jnp.zeros((inputs.shape[-1], 3)), "b": jnp.zeros((3,))}, None
+
+    def apply(self, params: Any, model_state: Any, inputs: Any, *, key: Any, training: bool) -> Any:
+        return inputs @ params["w"] + params["b"][None], model_state
+
+
 def optimizer() -> optax.GradientTransformation:
     return optax.adam(1e-2)
 
