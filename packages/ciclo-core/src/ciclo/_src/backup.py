@@ -329,9 +329,11 @@ class Session:
 
         ocp = self._ocp
         loop_item = self.manager.restore(step, args=ocp.args.Composite(loop=ocp.args.JsonRestore()))["loop"]
-        fields = _checked_loop_item(loop_item, step, os.path.join(self.spec.directory, str(step), "loop"))
-        where = f"the backup at step {step} in {self.spec.directory}"
+        document = os.path.join(self.spec.directory, str(step), "loop")
+        fields = _checked_loop_item(loop_item, step, document)
+        where = f"at step {step} in {self.spec.directory}"
         advice = "Was it written by another model? Give backup= another directory to start afresh."
+        abstract = _abstract(target)
         try:
             stored = self.manager.item_metadata(step)["state"]
             stored = getattr(stored, "tree", stored)["state"]
@@ -340,29 +342,29 @@ class Session:
         if stored is not None:
             # Compared before orbax reads anything: its own errors name no leaf.
             try:
-                check_structure(stored, _abstract(target), where)
+                check_structure(stored, abstract, "the backup", where)
             except ValueError as error:
                 raise ValueError(f"{error}\n{advice}") from None
         try:
             restored = self.manager.restore(
-                step, args=ocp.args.Composite(state=ocp.args.StandardRestore({"state": _abstract(target)}))
+                step, args=ocp.args.Composite(state=ocp.args.StandardRestore({"state": abstract}))
             )["state"]["state"]
         except Exception as error:  # noqa: BLE001 - orbax and tensorstore raise plain Exceptions
-            raise ValueError(f"{where} does not fit this loop's state: {error}. {advice}") from None
+            raise ValueError(
+                f"the backup {where} does not fit this loop's state: {error}. {advice}"
+            ) from None
         states = {}
         if fields["kept"]:
             # Trees shaped like the loop's state (an early stopping's best state), saved by orbax.
-            abstract = _abstract(restored)
             states = self.manager.restore(
                 step,
                 args=ocp.args.Composite(
                     kept=ocp.args.StandardRestore({name: abstract for name in fields["kept"]})
                 ),
             )["kept"]
-        where = os.path.join(self.spec.directory, str(step), "loop")
-        callbacks = from_json(fields["callbacks"], f"{where}: callbacks", states=states)
-        history = from_json(fields["history"], f"{where}: history")
-        _check_history(history, f"{where}: history")
+        callbacks = from_json(fields["callbacks"], f"{document}: callbacks", states=states)
+        history = from_json(fields["history"], f"{document}: history")
+        _check_history(history, f"{document}: history")
         self.last_saved = step
         return Restored(
             step=step,
@@ -371,7 +373,7 @@ class Session:
             history=history,
             callbacks=callbacks,
             position=fields["position"],
-            iterator_state=from_json(fields["iterator_state"], f"{where}: iterator_state"),
+            iterator_state=from_json(fields["iterator_state"], f"{document}: iterator_state"),
             finished=fields["finished"],
         )
 

@@ -23,8 +23,7 @@ def _is_float(leaf: Any) -> bool:
 
 @jax.jit
 def _all_finite(leaves: list[Any]) -> jax.Array:
-    flags = [jnp.all(jnp.isfinite(leaf)) for leaf in leaves]
-    return jnp.all(jnp.stack(flags)) if flags else jnp.array(True)
+    return jnp.all(jnp.stack([jnp.all(jnp.isfinite(leaf)) for leaf in leaves]))
 
 
 def all_finite(tree: Any) -> bool:

@@ -372,11 +372,11 @@ def _check_structure(manager: Any, directory: str, step: int, item: Any) -> None
     except Exception:  # no metadata to compare with (an older format): orbax's own checks remain
         return
     check_structure(
-        getattr(metadata, "tree", metadata), item, f"the checkpoint of step {step} in {directory}"
+        getattr(metadata, "tree", metadata), item, "the checkpoint", f"of step {step} in {directory}"
     )
 
 
-def check_structure(stored: Any, item: Any, what: str) -> None:
+def check_structure(stored: Any, item: Any, kind: str, where: str) -> None:
     """Compares a target tree with the metadata tree orbax stored, leaf by leaf.
 
     The one structure check of checkpoints and backups: paths are compared by key
@@ -386,7 +386,8 @@ def check_structure(stored: Any, item: Any, what: str) -> None:
     Args:
         stored: the tree of array metadata orbax gives for the saved item.
         item: the target tree (arrays or `jax.ShapeDtypeStruct`s).
-        what: names the saved item in the error, e.g. "the checkpoint of step 3 in /runs".
+        kind: names the saved item in the error, e.g. "the checkpoint".
+        where: says which one, e.g. "of step 3 in /runs".
 
     Raises:
         ValueError: naming the leaves that are missing on either side or whose
@@ -398,15 +399,15 @@ def check_structure(stored: Any, item: Any, what: str) -> None:
     problems = []
     for path, (name, shape, dtype) in wanted.items():
         if path not in stored_table:
-            problems.append(f"{name}: in the target ({shape}, {dtype}) but not in {_short(what)}")
+            problems.append(f"{name}: in the target ({shape}, {dtype}) but not in {kind}")
         elif stored_table[path][1] != shape:
             _, stored_shape, stored_dtype = stored_table[path]
             problems.append(
-                f"{name}: {_short(what)} holds shape {stored_shape} {stored_dtype}, "
+                f"{name}: {kind} holds shape {stored_shape} {stored_dtype}, "
                 f"the target has shape {shape} {dtype}"
             )
     problems += [
-        f"{name}: in {_short(what)} ({shape}, {dtype}) but not in the target"
+        f"{name}: in {kind} ({shape}, {dtype}) but not in the target"
         for path, (name, shape, dtype) in stored_table.items()
         if path not in wanted
     ]
@@ -414,15 +415,10 @@ def check_structure(stored: Any, item: Any, what: str) -> None:
         shown = "\n  ".join(problems[:10])
         more = f"\n  ... and {len(problems) - 10} more" if len(problems) > 10 else ""
         raise ValueError(
-            f"{what} does not match the target state "
+            f"{kind} {where} does not match the target state "
             f"({len(problems)} difference(s)):\n  {shown}{more}\n"
             "Restore into a state built like the one that was saved (same model, optimizer and shapes)."
         )
-
-
-def _short(what: str) -> str:
-    """The item's kind: "the checkpoint" of "the checkpoint of step 3 in /runs"."""
-    return " ".join(what.split()[:2])
 
 
 def _is_single_leaf(tree: Any) -> bool:
