@@ -10,11 +10,13 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from jax.experimental import io_callback
 from support import training
 
 import ciclo
 from ciclo import managed
 from ciclo._src.strategies import _local, _pmap
+from ciclo._src.strategies._in_flight import MAX_STEPS_IN_FLIGHT
 
 
 def _specs(tree: Any) -> list[str]:
@@ -147,3 +149,48 @@ def test_mesh_strategies_reshard_device_to_device(monkeypatch: pytest.MonkeyPatc
 
     _, trained = training.train_step(fsdp, training.batches(1)[0])  # and it still trains
     assert int(trained.with_strategy("eager").step) == 1
+
+
+def _over_devices(strategy: Any, value: jax.Array) -> jax.Array:
+    """`value`'s mean over every device's rows: an all-reduce, the collective XLA:CPU deadlocked on."""
+    value = value.mean()
+    return jax.lax.pmean(value, strategy.axis_name) if isinstance(strategy, _pmap.PMap) else value
+
+
+def _record_step(strategy: Any, seen: set[int]) -> Any:
+    def record(index: np.ndarray) -> np.ndarray:
+        seen.add(int(index))
+        return np.zeros((), np.float32)
+
+    def step(state: jax.Array, batch: jax.Array) -> tuple[ciclo.Logs, jax.Array]:
+        work = jnp.tanh(jnp.outer(batch, batch).astype(jnp.float32) @ jnp.ones((batch.shape[0], 64)))
+        done = io_callback(record, jax.ShapeDtypeStruct((), jnp.float32), batch[0])
+        return ciclo.Logs(), state + work.sum() + _over_devices(strategy, batch) + done
+
+    return step
+
+
+@pytest.mark.parametrize("name", ["data_parallel", "fsdp", "pmap"])
+def test_a_step_returns_once_the_step_max_in_flight_calls_back_has_run(name: str) -> None:
+    strategy = ciclo.get_strategy(name)
+    seen: set[int] = set()
+    step = strategy.compile(_record_step(strategy, seen))
+    state = strategy.place(jnp.zeros((), jnp.float32))
+    for index in range(MAX_STEPS_IN_FLIGHT + 3):
+        batch = strategy.lift_batch(np.full((jax.device_count(),), index, np.int32))
+        _, state = step(state, batch)
+        # The token of step `index - MAX_STEPS_IN_FLIGHT` was waited for: that step ran whole.
+        assert set(range(index - MAX_STEPS_IN_FLIGHT + 1)) <= seen
+
+
+@pytest.mark.parametrize("name", ["data_parallel", "pmap"])
+def test_hundreds_of_steps_dispatched_without_a_wait_do_not_deadlock_xla_cpu(name: str) -> None:
+    # Unbounded, XLA:CPU aborted the process ("Termination timeout for `all reduce`") once about
+    # 32 of these were queued on the 4 devices.
+    strategy = ciclo.get_strategy(name)
+    step = strategy.compile(lambda state, batch: (ciclo.Logs(), state * 0.5 + _over_devices(strategy, batch)))
+    state = strategy.place(jnp.zeros((), jnp.float32))
+    batch = strategy.lift_batch(np.ones((jax.device_count(),), np.float32))
+    for _ in range(300):
+        _, state = step(state, batch)
+    assert np.allclose(np.asarray(state), 2.0)

@@ -15,6 +15,7 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 from ciclo._src.batches import is_stacked, split_rows
 from ciclo._src.logs import Entries, Logs, collapse_leading_axis
 from ciclo._src.roles import Role, fields_with_role
+from ciclo._src.strategies._in_flight import bounded, needs_bound, with_token
 from ciclo._src.strategies._placement import check_divisible, check_placeable, gather
 from ciclo._src.types import StepFn
 
@@ -92,7 +93,12 @@ class PMap:
             raise
 
     def compile(self, step: StepFn, /) -> StepFn:
-        mapped = jax.pmap(step, axis_name=self.axis_name, donate_argnums=(0,) if self.donate else ())
+        donate_argnums = (0,) if self.donate else ()
+        mapped: StepFn = (
+            bounded(jax.pmap(with_token(step), axis_name=self.axis_name, donate_argnums=donate_argnums))
+            if needs_bound(jax.local_devices())
+            else jax.pmap(step, axis_name=self.axis_name, donate_argnums=donate_argnums)
+        )
 
         def run(state: Any, batch: Any) -> tuple[Logs, Any]:
             logs, state = mapped(state, batch)

@@ -22,6 +22,7 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from ciclo._src.batches import Stacked, is_stacked
 from ciclo._src.logs import Entries, Logs
+from ciclo._src.strategies._in_flight import bounded, needs_bound, with_token
 from ciclo._src.strategies._placement import check_divisible, check_placeable, place, unaliased
 from ciclo._src.types import StepFn
 
@@ -123,7 +124,12 @@ class _MeshStrategy(abc.ABC):
             shardings = jax.tree.map(lambda leaf: self._state_sharding(np.shape(leaf)), state)
             return logs, jax.lax.with_sharding_constraint(state, shardings)
 
-        compiled = jax.jit(constrained, donate_argnums=(0,) if self.donate else ())
+        donate_argnums = (0,) if self.donate else ()
+        compiled: StepFn = (
+            bounded(jax.jit(with_token(constrained), donate_argnums=donate_argnums))
+            if needs_bound(list(self.mesh.devices.flat))
+            else jax.jit(constrained, donate_argnums=donate_argnums)
+        )
         if not self._multi_process:
             return compiled
 
