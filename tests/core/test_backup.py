@@ -207,6 +207,93 @@ def test_callback_states_are_restored(tmp_path):
     assert elapsed.steps == reference.steps == 11  # best at step 4, then 5 steps without improvement
 
 
+def _worse_after_4(state, batch, elapsed):
+    return ciclo.logs().add_loss("loss", float(abs(elapsed.steps - 4))), state
+
+
+class Counter:
+    """A user's stateful callback, keyed by its class's name."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def __call__(self, state):
+        self.calls += 1
+
+    def callback_state(self):
+        return {"calls": self.calls}
+
+    def restore_callback_state(self, state):
+        self.calls = int(state["calls"])
+
+
+@pytest.mark.parametrize("edit", ["logger_added_before", "reordered"])
+def test_callback_states_are_found_by_key_after_the_loop_is_edited(tmp_path, edit, caplog):
+    # Keyed by position ("0:EarlyStopping"), either edit made the resume raise KeyError.
+    spec = ciclo.backup(tmp_path / "backup", every=1)
+
+    def make_run(callbacks):
+        return ciclo.loop(0, range(100), {ciclo.every(1): [_worse_after_4, *callbacks]}, backup=spec)
+
+    counter = Counter()
+    with pytest.raises(Crash):
+        make_run([ciclo.early_stopping("loss", patience=5), counter, crash_at(7)])
+    stopper, counter = ciclo.early_stopping("loss", patience=5), Counter()
+    if edit == "logger_added_before":
+        logger = ciclo.csv_logger(tmp_path / "logs")
+        callbacks = [logger, stopper, counter]
+    else:
+        callbacks = [counter, stopper]
+    with caplog.at_level("WARNING", logger="ciclo"):
+        _, _, elapsed = make_run(callbacks)
+    assert elapsed.steps == 11  # the early stopping's best (step 4) and patience came back
+    # 7 calls before the crash (steps 0-6), then steps 7-10; at step 10 the early stopping ends the
+    # loop before a callback after it runs.
+    assert counter.calls == (11 if callbacks.index(counter) < callbacks.index(stopper) else 10)
+    if edit == "logger_added_before":
+        assert "has no saved state: it starts afresh" in caplog.text
+        assert logger.state_key in caplog.text
+
+
+def test_a_callback_state_no_callback_claims_is_dropped_with_a_warning(tmp_path, caplog):
+    spec = ciclo.backup(tmp_path, every=1)
+    with pytest.raises(Crash):
+        ciclo.loop(0, range(10), {ciclo.every(1): [Counter(), crash_at(3)]}, backup=spec)
+    with caplog.at_level("WARNING", logger="ciclo"):
+        _, _, elapsed = ciclo.loop(0, range(10), {ciclo.every(1): [lambda state: state]}, backup=spec)
+    assert elapsed.steps == 10
+    assert "dropping the saved state of callback 'Counter'" in caplog.text
+
+
+def test_two_callbacks_with_one_state_key_are_refused_before_the_first_step():
+    ran = []
+    with pytest.raises(ValueError, match=r"under the key 'EarlyStopping\(loss, min\)'.*another name="):
+        ciclo.loop(
+            0,
+            range(3),
+            {
+                ciclo.every(1): [
+                    lambda state: ran.append(1),
+                    ciclo.early_stopping("loss", patience=1),
+                    ciclo.early_stopping("loss", patience=3),
+                ]
+            },
+        )
+    assert ran == []
+    # name= tells them apart
+    ciclo.loop(
+        0,
+        range(3),
+        {
+            ciclo.every(1): [
+                _worse_after_4,
+                ciclo.early_stopping("loss", patience=1),
+                ciclo.early_stopping("loss", patience=3, name="patient"),
+            ]
+        },
+    )
+
+
 def test_sigterm_saves_a_backup_and_raises_preempted(tmp_path):
     def preempt(state, batch, elapsed):
         if elapsed.steps == 11:

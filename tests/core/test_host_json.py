@@ -93,6 +93,6 @@ def test_a_callback_state_that_is_not_data_is_refused_before_the_first_step(tmp_
         steps.append(batch)
         return None, state
 
-    with pytest.raises(TypeError, match=r"the state of callback 0:Unsaveable\['handle'\] is of type object"):
+    with pytest.raises(TypeError, match=r"the state of callback Unsaveable\['handle'\] is of type object"):
         ciclo.loop(0, range(3), {ciclo.every(1): [step, Unsaveable()]}, backup=tmp_path)
     assert steps == []

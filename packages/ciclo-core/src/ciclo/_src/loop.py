@@ -31,6 +31,7 @@ from ciclo._src.checks import DataWarning
 from ciclo._src.elapsed import Clock, Elapsed, Period, PeriodLike, make_elapsed, to_period
 from ciclo._src.logs import History, Logs, StackedLogs
 from ciclo._src.loop_state import LoopState as LoopState
+from ciclo._src.loop_state import keyed_callbacks
 from ciclo._src.schedules import Every, ScheduleBase
 from ciclo._src.step_output import describe, step_output
 from ciclo._src.types import S, Schedule, StatefulCallback, Tasks
@@ -96,7 +97,7 @@ class Phase:
     `ciclo.at_step_end` is checked on the counts that include the step.
 
     Attributes:
-        name: names the phase in errors and in `LoopState.callback_states()`.
+        name: names the phase in errors.
         tasks: `(schedule, callback or list of callbacks)` pairs, or a dict of them.
 
     Example:
@@ -488,6 +489,7 @@ def run_phases(
     every_callback = [callback for task in tasks for callback in task.callbacks]
     owners = _owners([*start_callbacks, *every_callback, *end_callbacks])
     end_hooks = [hook for hook in (getattr(owner, "__loop_end__", None) for owner in owners) if hook]
+    stateful = keyed_callbacks(owner for owner in owners if isinstance(owner, StatefulCallback))
     try:
         iterator = iter(dataset)
     except TypeError:
@@ -514,10 +516,7 @@ def run_phases(
     size_fn = clock.batch_size_fn
     loop_state: LoopState[S] = LoopState(state, history=history, metadata=metadata)
     loop_state._now = clock.now
-    loop_state._callback_objects = {
-        f"{index}:{type(owner).__name__}": owner
-        for index, owner in enumerate(owner for owner in owners if isinstance(owner, StatefulCallback))
-    }
+    loop_state._callback_objects = stateful
     drawn = 0  # batches taken from the dataset: its position, for backups
     if restored is not None:
         try:

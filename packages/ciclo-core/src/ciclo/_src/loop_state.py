@@ -2,13 +2,50 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import logging
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Generic, TypeVar
 
 from ciclo._src.elapsed import Elapsed
 from ciclo._src.logs import History, Logs, LogsLike
 
 S = TypeVar("S")
+
+_log = logging.getLogger("ciclo")
+
+
+def state_key(callback: Any) -> str:
+    """The name a stateful callback's snapshot is saved under: its `state_key`, else its class's name.
+
+    Example:
+        >>> import ciclo
+        >>> state_key(ciclo.early_stopping("val_loss", patience=3))
+        'EarlyStopping(val_loss, min)'
+        >>> state_key(ciclo.early_stopping("val_loss", patience=3, name="stopper"))
+        'stopper'
+    """
+    key = getattr(callback, "state_key", None)
+    if key is None:
+        return type(callback).__qualname__
+    if not isinstance(key, str) or not key:
+        name = type(callback).__qualname__
+        raise TypeError(f"{name}.state_key must be a non-empty str, got {type(key).__name__}")
+    return key
+
+
+def keyed_callbacks(callbacks: Iterable[Any]) -> dict[str, Any]:
+    """Stateful `callbacks` by `state_key`; two with one key are refused, before any step runs."""
+    keyed: dict[str, Any] = {}
+    for callback in callbacks:
+        key = state_key(callback)
+        if key in keyed:
+            raise ValueError(
+                f"two stateful callbacks of this loop save their state under the key {key!r}: "
+                f"{type(keyed[key]).__qualname__} and {type(callback).__qualname__}; give one of them "
+                "another name= (or, for your own callback, a state_key attribute)"
+            )
+        keyed[key] = callback
+    return keyed
 
 
 class LoopState(Generic[S]):
@@ -128,11 +165,13 @@ class LoopState(Generic[S]):
         self.stop_iteration = True
 
     def callback_states(self) -> dict[str, Any]:
-        """The `callback_state()` of every stateful callback of this loop, by a stable name.
+        """The `callback_state()` of every stateful callback of this loop, by its `state_key`.
 
-        The names are the callbacks' positions and types in the loop
-        (`"0:EarlyStopping"`), so the same loop built again gets the same names.
-        See `ciclo.StatefulCallback`.
+        A callback's key is its `state_key` attribute when it has one (ciclo's
+        callbacks derive it from their class and configuration, or take
+        `name=`), else its class's name; see `ciclo.StatefulCallback`. So the
+        snapshot of an early stopping outlives a logger added before it, or
+        two callbacks swapped, between a run and its resume.
 
         Example:
             >>> import ciclo
@@ -142,22 +181,22 @@ class LoopState(Generic[S]):
             >>> def grab(state, batch, elapsed, loop_state):
             ...     return None, loop_state.callback_states()
             >>> state, _, _ = ciclo.loop(None, [0, 1], {ciclo.every(1): [step, stopper, grab]})
-            >>> list(state), state["0:EarlyStopping"]["best"]
-            (['0:EarlyStopping'], 0.5)
+            >>> list(state), state["EarlyStopping(loss, min)"]["best"]
+            (['EarlyStopping(loss, min)'], 0.5)
         """
-        return {name: obj.callback_state() for name, obj in self._callback_objects.items()}
+        return {key: obj.callback_state() for key, obj in self._callback_objects.items()}
 
     def restore_callback_states(self, states: Mapping[str, Any]) -> None:
-        """Hands each stateful callback of this loop its snapshot from `callback_states()`.
+        """Hands each stateful callback of this loop its snapshot from `callback_states()`, by key.
 
-        Raises:
-            KeyError: if `states` names a callback this loop does not have, or
-                lacks one it has (the message lists both sets of names).
+        A callback with no snapshot in `states` (one added since) keeps its fresh
+        state, and a snapshot no callback here claims (one removed since) is
+        dropped; each with a warning on the `ciclo` logger.
         """
-        if set(states) != set(self._callback_objects):
-            raise KeyError(
-                f"the callback states name {sorted(states)}, but this loop's stateful callbacks are "
-                f"{sorted(self._callback_objects)}: was the loop built with other callbacks?"
-            )
-        for name, obj in self._callback_objects.items():
-            obj.restore_callback_state(states[name])
+        for key in sorted(set(states) - set(self._callback_objects)):
+            _log.warning("dropping the saved state of callback %r: no callback here has that key", key)
+        for key, obj in self._callback_objects.items():
+            if key in states:
+                obj.restore_callback_state(states[key])
+            else:
+                _log.warning("callback %r has no saved state: it starts afresh", key)

@@ -81,7 +81,12 @@ class StatefulCallback(Protocol):
     (dicts, lists and tuples of them), a snapshot that later steps do not
     change. `restore_callback_state(callback_state())` on a fresh callback built
     with the same arguments must give a callback that behaves the same.
-    ciclo's stateful callbacks: `early_stopping` and `checkpoint`.
+    ciclo's stateful callbacks: `early_stopping`, `checkpoint` and the loggers.
+
+    A backup saves the snapshot under the callback's `state_key` attribute
+    when it has one (a non-empty str), else under its class's name, and a
+    resumed loop hands it back by that key, wherever the callback now sits in
+    the loop. Two stateful callbacks of one loop need two keys.
 
     Example:
         >>> import ciclo

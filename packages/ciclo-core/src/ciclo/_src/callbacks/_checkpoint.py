@@ -553,6 +553,7 @@ class Checkpoint:
         "_overwrite",
         "_resumed",
         "_warned",
+        "_name",
         "__weakref__",
     )
 
@@ -565,8 +566,12 @@ class Checkpoint:
         mode: ModeLike = "auto",
         async_save: bool = True,
         overwrite: bool = False,
+        name: str | None = None,
     ) -> None:
         """Validates the arguments, creates `directory` and opens it; see `ciclo.checkpoint`."""
+        if name is not None and (not isinstance(name, str) or not name):
+            raise TypeError(f"name must be a non-empty str or None, got {type(name).__name__}")
+        self._name = name
         self._directory = _absolute_directory(directory)
         self._keep = _check_keep(keep)
         self._monitor = _check_monitor(monitor)
@@ -792,6 +797,13 @@ class Checkpoint:
         self.save(int(elapsed.steps), state, loop_state.accumulated_logs)
         return {}, state
 
+    @property
+    def state_key(self) -> str:
+        """What its saved state is found by on resume: `name`, else `"Checkpoint(monitor, mode)"`."""
+        if self._name:
+            return self._name
+        return f"Checkpoint({self._monitor}, {self._mode})" if self._monitor else "Checkpoint(latest)"
+
     def callback_state(self) -> dict[str, Any]:
         """A snapshot of what decides which steps are saved, for `restore_callback_state`.
 
@@ -913,6 +925,7 @@ def checkpoint(
     mode: ModeLike = "auto",
     async_save: bool = True,
     overwrite: bool = False,
+    name: str | None = None,
 ) -> Checkpoint:
     """Creates a `Checkpoint` callback that saves the state in `directory` with orbax.
 
@@ -937,6 +950,9 @@ def checkpoint(
         async_save: write in the background while training goes on.
         overwrite: delete the checkpoints already in `directory` (another run's)
             instead of refusing to save among them.
+        name: the key its state is saved under in a backup (`state_key`); by
+            default `"Checkpoint(monitor, mode)"`, or `"Checkpoint(latest)"`.
+            Needed only to tell two checkpoints with one monitor apart.
 
     Returns:
         The `Checkpoint`.
@@ -964,7 +980,13 @@ def checkpoint(
         {'w': Array(36., dtype=float32)}
     """
     return Checkpoint(
-        directory, keep=keep, monitor=monitor, mode=mode, async_save=async_save, overwrite=overwrite
+        directory,
+        keep=keep,
+        monitor=monitor,
+        mode=mode,
+        async_save=async_save,
+        overwrite=overwrite,
+        name=name,
     )
 
 

@@ -35,7 +35,10 @@ class EarlyStopping(Generic[S]):
         mode: ModeLike,
         baseline: float | None,
         restore_best_weights: bool,
+        name: str | None = None,
     ) -> None:
+        if name is not None and (not isinstance(name, str) or not name):
+            raise TypeError(f"name must be a non-empty str or None, got {type(name).__name__}")
         if not isinstance(monitor, str) or not monitor:
             raise TypeError(f"monitor must be the name of a logged entry, got {monitor!r}")
         if isinstance(patience, bool) or not isinstance(patience, (int, Period)):
@@ -55,6 +58,12 @@ class EarlyStopping(Generic[S]):
         self.wait = 0
         self.stopped = False
         self._best_elapsed: Elapsed | None = None
+        self._name = name
+
+    @property
+    def state_key(self) -> str:
+        """What its saved state is found by on resume: `name`, else `"EarlyStopping(monitor, mode)"`."""
+        return self._name or f"EarlyStopping({self.monitor}, {self.mode})"
 
     def __call__(self, elapsed: Elapsed, state: S, logs: LogsLike) -> tuple[bool, S]:
         """Checks the monitored value; returns `(stop, state)`.
@@ -182,6 +191,7 @@ def early_stopping(
     mode: ModeLike = "auto",
     baseline: float | None = None,
     restore_best_weights: bool = False,
+    name: str | None = None,
 ) -> EarlyStopping[Any]:
     """Stops the loop when `monitor` has stopped improving.
 
@@ -208,6 +218,9 @@ def early_stopping(
         baseline: a value to beat before anything counts as an improvement.
         restore_best_weights: when the loop ends, for any reason, return the
             state of the best check.
+        name: the key its state is saved under in a backup (`state_key`); by
+            default `"EarlyStopping(monitor, mode)"`. Needed only to tell two
+            early stoppings on one monitor apart.
 
     Example:
         >>> import ciclo
@@ -219,4 +232,4 @@ def early_stopping(
         >>> elapsed.steps, stopper.best
         (4, 0.5)
     """
-    return EarlyStopping(monitor, patience, min_delta, mode, baseline, restore_best_weights)
+    return EarlyStopping(monitor, patience, min_delta, mode, baseline, restore_best_weights, name)

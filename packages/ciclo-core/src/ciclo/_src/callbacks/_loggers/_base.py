@@ -302,6 +302,11 @@ class Logger:
 
     # ------------------------------------------------------------------ resumption
 
+    @property
+    def state_key(self) -> str:
+        """What its saved state is found by on resume: the logger and where it writes, as in its repr."""
+        return repr(self)
+
     def callback_state(self) -> dict[str, Any]:
         """The last step written (`step`, None before any) and what the backend needs to resume."""
         return {"step": self._last_step, **self._sink.state()}
