@@ -350,3 +350,33 @@ def test_the_loop_never_changes_logs_a_callback_returned():
     _, history, _ = ciclo.loop(None, [1, 2], {ciclo.every(1): [first, reader]})
     assert constant == {"metrics": {"a": 1.0}}
     assert history.collect("a", "c") == ([1.0, 1.0], [3.0, 3.0])
+
+
+def test_a_function_gets_its_arguments_by_parameter_name():
+    seen = []
+
+    def by_name(elapsed, logs, loop_state, batch, state):
+        seen.append((elapsed.steps, dict(logs), type(loop_state).__name__, batch, state))
+
+    def only_elapsed(elapsed):  # was handed the state: the first positional value
+        return ciclo.logs().add_metric("seen_steps", elapsed.steps)
+
+    state, history, _ = ciclo.loop(7, [10, 11], {ciclo.every(1): [only_elapsed, by_name]})
+    assert history.collect("seen_steps") == [0, 1]
+    assert seen[1][0] == 1 and seen[1][2:] == ("LoopState", 11, 7)
+    assert seen[1][1] == {"metrics": {"seen_steps": 1}}
+
+
+def test_other_names_are_passed_by_position_as_in_ciclo_0_1():
+    def train_step(params, data):
+        return None, params + data
+
+    assert ciclo.loop(0, [1, 2], {ciclo.every(1): [train_step]})[0] == 3
+
+
+def test_a_known_name_in_another_position_is_refused_before_the_first_step():
+    def misnamed(params, elapsed):  # positionally, `elapsed` would get the batch
+        raise AssertionError("never called")
+
+    with pytest.raises(TypeError, match=r"takes 'elapsed' as argument 2, where the loop passes 'batch'"):
+        ciclo.loop(0, [1], {ciclo.every(1): [misnamed]})

@@ -194,3 +194,17 @@ def test_hundreds_of_steps_dispatched_without_a_wait_do_not_deadlock_xla_cpu(nam
     for _ in range(300):
         _, state = step(state, batch)
     assert np.allclose(np.asarray(state), 2.0)
+
+
+@pytest.mark.parametrize(
+    "strategy",
+    [ciclo.strategies.DataParallel(donate=True), ciclo.strategies.FSDP(donate=True), _pmap.PMap(donate=True)],
+    ids=lambda strategy: type(strategy).__name__,
+)
+def test_restore_best_weights_returns_live_weights_under_a_donating_mesh(strategy: Any) -> None:
+    init, apply = training.MODELS["linear"]
+    state = managed.ManagedState.create(
+        params=init(jax.random.key(0)), tx=training.optimizer(), apply_fn=apply, strategy=strategy
+    )
+    state, expected = training.best_weights_run(state)
+    training.assert_trees_close(state.with_strategy("eager").params, expected)

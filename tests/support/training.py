@@ -118,3 +118,15 @@ def assert_trees_close(actual: Any, expected: Any, rtol: float = 1e-5, atol: flo
     assert jax.tree.structure(actual) == jax.tree.structure(expected)
     for a, e in zip(jax.tree.leaves(actual), jax.tree.leaves(expected), strict=True):
         np.testing.assert_allclose(np.asarray(a), np.asarray(e), rtol=rtol, atol=atol)
+
+
+def best_weights_run(state: managed.ManagedState) -> tuple[managed.ManagedState, Any]:
+    """Trains 4 steps; the score gets worse after step 0, so early stopping keeps the state of step 0."""
+
+    def score(elapsed: ciclo.Elapsed) -> ciclo.Logs:
+        return ciclo.logs().add_metric("score", float(elapsed.steps))
+
+    stopper = ciclo.early_stopping("score", patience=2, restore_best_weights=True)
+    state, _, elapsed = ciclo.loop(state, batches(), {ciclo.every(1): [train_step, score, stopper]})
+    assert elapsed.steps == 4  # best at step 0, then 3 checks without improvement
+    return state, reference_params("linear", batches()[:1])

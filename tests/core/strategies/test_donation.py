@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import jax
 import numpy as np
 import pytest
 from support import training
@@ -25,3 +26,11 @@ def test_train_loop_with_a_test_pass_under_donation(strategy: str) -> None:
     expected = training.reference_params("linear", training.batches()[:10])
     training.assert_trees_close(state.with_strategy("eager").params, expected)
     assert np.isfinite(np.asarray(state.params["w"])).all()  # still readable
+
+
+@pytest.mark.parametrize("strategy", ["jit", "jit_donate"])
+def test_restore_best_weights_returns_live_weights_under_donation(strategy: str) -> None:
+    # The best state was the input of the next, donated, step: "Array has been deleted" on first use.
+    state, expected = training.best_weights_run(training.managed_state("linear", strategy))
+    training.assert_trees_close(state.with_strategy("eager").params, expected)
+    assert all(not leaf.is_deleted() for leaf in jax.tree.leaves(state))

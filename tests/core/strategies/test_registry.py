@@ -59,7 +59,7 @@ def test_built_in_classes_are_final_frozen_strategies(instance: ciclo.Strategy) 
 
 def test_an_object_that_is_not_a_strategy_is_refused() -> None:
     class Old:
-        def compile(self, step: object) -> object:
+        def compile(self, step: object, *, donate: bool = False) -> object:
             return step
 
     with pytest.raises(TypeError, match="is not a strategy: it has no create, place, unplace, lift_batch"):

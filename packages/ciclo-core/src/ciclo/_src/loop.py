@@ -123,7 +123,25 @@ class _Callback:
         return describe(self.source)
 
 
-def _positional_arity(fn: Callable[..., Any]) -> int:
+_BY_NAME: Final[dict[str, Callable[[LoopState[Any]], Any]]] = {
+    "state": lambda loop_state: loop_state.state,
+    "batch": lambda loop_state: loop_state.batch,
+    "elapsed": lambda loop_state: loop_state.elapsed,
+    "loop_state": lambda loop_state: loop_state,
+    "logs": lambda loop_state: loop_state.logs,
+}
+"""What a plain function's parameter gets, by its name."""
+
+
+def _plain_function(fn: Callable[..., Any]) -> _Callback:
+    """`fn` in the form the engine calls: its arguments chosen by parameter name, else by position.
+
+    A function whose positional parameters all have names of `_BY_NAME`
+    (`def log(elapsed, logs)`) gets those values. Any other gets the first of
+    `(state, batch, elapsed, loop_state)` positionally, as in ciclo 0.1
+    (`def step(params, batch)`), unless one of its names would then get
+    another value: that is refused.
+    """
     try:
         signature = inspect.signature(fn)
     except (TypeError, ValueError) as error:
@@ -131,11 +149,12 @@ def _positional_arity(fn: Callable[..., Any]) -> int:
             f"cannot read the signature of callback {fn!r}; wrap it in a function "
             "such as `lambda state, batch: ...`"
         ) from error
-    positional = required = 0
+    names: list[str] = []
+    required = 0
     variadic = False
     for parameter in signature.parameters.values():
         if parameter.kind in (parameter.POSITIONAL_ONLY, parameter.POSITIONAL_OR_KEYWORD):
-            positional += 1
+            names.append(parameter.name)
             required += parameter.default is parameter.empty
         elif parameter.kind is parameter.VAR_POSITIONAL:
             variadic = True
@@ -145,12 +164,25 @@ def _positional_arity(fn: Callable[..., Any]) -> int:
                 f"{parameter.name!r}; the loop passes only positional arguments "
                 f"{_ARGUMENT_NAMES}"
             )
+    if variadic:
+        return _Callback(len(_ARGUMENT_NAMES), fn, fn)
+    if names and all(name in _BY_NAME for name in names) and names != list(_ARGUMENT_NAMES[: len(names)]):
+        getters = tuple(_BY_NAME[name] for name in names)
+        return _Callback(_OBJECT, lambda loop_state: fn(*(get(loop_state) for get in getters)), fn)
     if required > len(_ARGUMENT_NAMES):
         raise TypeError(
             f"callback {describe(fn)} requires {required} positional arguments, but the "
             f"loop passes at most {len(_ARGUMENT_NAMES)}: {', '.join(_ARGUMENT_NAMES)}"
         )
-    return len(_ARGUMENT_NAMES) if variadic else min(positional, len(_ARGUMENT_NAMES))
+    arity = min(len(names), len(_ARGUMENT_NAMES))
+    for index, name in enumerate(names[:arity]):
+        if name in _BY_NAME and name != _ARGUMENT_NAMES[index]:
+            raise TypeError(
+                f"callback {describe(fn)} takes {name!r} as argument {index + 1}, where the loop "
+                f"passes {_ARGUMENT_NAMES[index]!r}: name every parameter after what it gets "
+                f"({', '.join(_BY_NAME)}) to have them passed by name, or none of them"
+            )
+    return _Callback(arity, fn, fn)
 
 
 def _is_periodic_action(obj: Any) -> bool:
@@ -184,9 +216,10 @@ def as_callback(obj: Any) -> _Callback:
     if not callable(obj):
         raise TypeError(
             f"{obj!r} of type {type(obj).__name__} is not a callback: pass a callable taking "
-            f"0 to 4 of {_ARGUMENT_NAMES}, or an object with __loop_callback__(loop_state)"
+            f"0 to 4 of {_ARGUMENT_NAMES} (or any of {tuple(_BY_NAME)} by name), or an object "
+            "with __loop_callback__(loop_state)"
         )
-    return _Callback(_positional_arity(obj), obj, obj)
+    return _plain_function(obj)
 
 
 def as_callback_list(value: Any, where: str) -> list[_Callback]:

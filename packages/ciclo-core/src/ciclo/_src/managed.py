@@ -322,18 +322,14 @@ class ManagedStep(Generic[S]):
             body = _train_body(self.__wrapped__, reductions, _check_trainable(state))
         else:
             body = _body(self.__wrapped__, reductions)
-            # The state an evaluation reads stays valid: a train loop trains on from it after a test pass.
-            strategy = _without_donation(strategy)
+        # Only training consumes the state: the state an evaluation reads stays valid, since a train
+        # loop trains on from it after a test pass.
+        donate = self._update
         if fused:
-            return strategy.compile(lambda state, stacked: scan_steps(body, state, stacked.batches))
-        return strategy.compile(body)
-
-
-def _without_donation(strategy: Strategy) -> Strategy:
-    """`strategy` with `donate=False` when it is a dataclass that donates (`jit_donate`, ...)."""
-    if dataclasses.is_dataclass(strategy) and getattr(strategy, "donate", False):
-        return cast(Strategy, dataclasses.replace(strategy, donate=False))
-    return strategy
+            return strategy.compile(
+                lambda state, stacked: scan_steps(body, state, stacked.batches), donate=donate
+            )
+        return strategy.compile(body, donate=donate)
 
 
 @overload

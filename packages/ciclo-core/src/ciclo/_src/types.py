@@ -222,11 +222,19 @@ class Strategy(Protocol):
         """Places one batch (this process's part of it) for the compiled step."""
         ...
 
-    def compile(self, step: StepFn, /) -> StepFn:
+    def compile(self, step: StepFn, /, *, donate: bool = False) -> StepFn:
         """Transforms `step(state, batch) -> (logs, state)` to run under this strategy.
 
         The compiled step returns the logs this process reports (e.g. its own
         rows of the outputs) and never waits on the device to do so.
+
+        Args:
+            step: the step to compile.
+            donate: whether the compiled step may consume the buffers of the
+                state passed in. Managed training steps pass True; evaluation
+                steps pass False, so the state a test pass reads stays valid. A
+                strategy that donates (`jit_donate`, `donate=True`) donates only
+                when this is True; one that never donates ignores it.
         """
         ...
 

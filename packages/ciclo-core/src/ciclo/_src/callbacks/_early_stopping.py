@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Generic, final
 
+import jax
+
 from ciclo._src.callbacks._monitor import (
     Mode,
     ModeLike,
@@ -21,6 +23,12 @@ from ciclo._src.types import CallbackOutput, S
 
 _STATE_KEYS = ("best", "wait", "best_elapsed", "stopped", "best_state")
 _ELAPSED_KEYS = ("steps", "samples", "time", "date_start")
+
+
+def _kept(state: S) -> S:
+    """A copy of `state`'s arrays that outlives the step: a later donating step consumes the originals."""
+    kept: S = jax.tree.map(lambda leaf: leaf.copy() if isinstance(leaf, jax.Array) else leaf, state)
+    return kept
 
 
 @final
@@ -83,7 +91,7 @@ class EarlyStopping(Generic[S]):
             self.wait = 0
             self._best_elapsed = elapsed
             if self.restore_best_weights:
-                self.best_state = state
+                self.best_state = _kept(state)
         else:
             self.wait += 1
         if isinstance(self.patience, Period):

@@ -44,7 +44,7 @@ class Eager(_OneDevice):
         Eager()
     """
 
-    def compile(self, step: StepFn, /) -> StepFn:
+    def compile(self, step: StepFn, /, *, donate: bool = False) -> StepFn:
         return step
 
 
@@ -71,5 +71,5 @@ class JIT(_OneDevice):
         # Copies first: moving the arrays can give one buffer two new Python objects.
         return gather(unaliased(state) if self.donate else state)
 
-    def compile(self, step: StepFn, /) -> StepFn:
-        return jax.jit(step, donate_argnums=(0,) if self.donate else ())
+    def compile(self, step: StepFn, /, *, donate: bool = False) -> StepFn:
+        return jax.jit(step, donate_argnums=(0,) if donate and self.donate else ())

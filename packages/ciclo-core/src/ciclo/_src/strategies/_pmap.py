@@ -92,8 +92,8 @@ class PMap:
             check_divisible(batch, devices, "pmap")
             raise
 
-    def compile(self, step: StepFn, /) -> StepFn:
-        donate_argnums = (0,) if self.donate else ()
+    def compile(self, step: StepFn, /, *, donate: bool = False) -> StepFn:
+        donate_argnums = (0,) if donate and self.donate else ()
         mapped: StepFn = (
             bounded(jax.pmap(with_token(step), axis_name=self.axis_name, donate_argnums=donate_argnums))
             if needs_bound(jax.local_devices())

@@ -118,13 +118,13 @@ class _MeshStrategy(abc.ABC):
     def _stacked_rows(self) -> NamedSharding:
         return NamedSharding(self.mesh, PartitionSpec(None, self.axis_name))
 
-    def compile(self, step: StepFn, /) -> StepFn:
+    def compile(self, step: StepFn, /, *, donate: bool = False) -> StepFn:
         def constrained(state: Any, batch: Any) -> tuple[Logs, Any]:
             logs, state = step(state, batch)
             shardings = jax.tree.map(lambda leaf: self._state_sharding(np.shape(leaf)), state)
             return logs, jax.lax.with_sharding_constraint(state, shardings)
 
-        donate_argnums = (0,) if self.donate else ()
+        donate_argnums = (0,) if donate and self.donate else ()
         compiled: StepFn = (
             bounded(jax.jit(with_token(constrained), donate_argnums=donate_argnums))
             if needs_bound(list(self.mesh.devices.flat))
