@@ -514,9 +514,11 @@ def test_another_runs_directory_is_refused_unless_resumed_or_overwritten(tmp_pat
     assert committed_steps(tmp_path) == [5]
     stranger.close()
 
-    # Restored through the module function before the Checkpoint exists: this process resumes the run.
+    # Restoring through the module function says nothing about who saves next: resuming is explicit.
     ciclo.restore_checkpoint(tmp_path, zero())
-    resumer = ciclo.checkpoint(tmp_path, keep=None)
+    with pytest.raises(FileExistsError, match="resume=True"):
+        ciclo.checkpoint(tmp_path, keep=None).save(6, {"w": jnp.float32(6)})
+    resumer = ciclo.checkpoint(tmp_path, keep=None, resume=True)
     resumer.save(6, {"w": jnp.float32(6)})
     assert resumer.all_steps() == [5, 6]
     resumer.close()
@@ -526,6 +528,30 @@ def test_another_runs_directory_is_refused_unless_resumed_or_overwritten(tmp_pat
     fresh.save(1, {"w": jnp.float32(1)})
     assert fresh.all_steps() == [1]
     fresh.close()
+
+
+def test_another_runs_directory_is_refused_before_the_first_step(tmp_path):
+    first = ciclo.checkpoint(tmp_path, keep=None)
+    first.save(5, {"w": jnp.float32(5)})
+    first.close()
+    steps = []
+
+    def step(state, elapsed):
+        steps.append(elapsed.steps)
+        return None, state
+
+    ckpt = ciclo.checkpoint(tmp_path, keep=None)
+    with pytest.raises(FileExistsError, match=r"another run \(steps \[5\]\)"):
+        ciclo.train_loop(zero(), range(10), {ciclo.on_train_step: step}, callbacks=[ckpt], epoch_duration=5)
+    assert steps == []  # refused before any compute was spent
+    ckpt.close()
+
+    ckpt = ciclo.checkpoint(tmp_path, keep=None, resume=True)
+    ciclo.train_loop(zero(), range(10), {ciclo.on_train_step: step}, callbacks=[ckpt], epoch_duration=5)
+    assert ckpt.all_steps() == [5, 10]  # step 5 was the earlier run's: skipped, not rewritten
+    ckpt.close()
+    with pytest.raises(ValueError, match="not both"):
+        ciclo.checkpoint(tmp_path, resume=True, overwrite=True)
 
 
 def test_restoring_into_another_structure_names_the_leaves(tmp_path):

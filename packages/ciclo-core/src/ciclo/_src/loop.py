@@ -521,6 +521,7 @@ def run_phases(
 
     every_callback = [callback for task in tasks for callback in task.callbacks]
     owners = _owners([*start_callbacks, *every_callback, *end_callbacks])
+    start_hooks = [hook for hook in (getattr(owner, "__loop_start__", None) for owner in owners) if hook]
     end_hooks = [hook for hook in (getattr(owner, "__loop_end__", None) for owner in owners) if hook]
     stateful = keyed_callbacks(owner for owner in owners if isinstance(owner, StatefulCallback))
     try:
@@ -551,14 +552,17 @@ def run_phases(
     loop_state._now = clock.now
     loop_state._callback_objects = stateful
     drawn = 0  # batches taken from the dataset: its position, for backups
-    if restored is not None:
-        try:
+    try:
+        if restored is not None:
             loop_state.restore_callback_states(restored.callbacks)
             iterator = position_dataset(iterator, dataset, restored)
-        except BaseException:
-            session.close()  # type: ignore[union-attr]
-            raise
-        drawn = restored.position
+            drawn = restored.position
+        for hook in start_hooks:  # each refuses what it can know before the first step
+            hook(loop_state)
+    except BaseException:
+        if session is not None:
+            session.close()
+        raise
     guard = SignalGuard(
         sigterm=session is not None, sigint=catch_keyboard_interrupt or (spec is not None and spec.sigint)
     )

@@ -54,12 +54,17 @@ class Schedule(Protocol):
 class LoopCallback(Protocol[S]):
     """A callback object: the loop hands it the whole `LoopState`.
 
-    Plain functions are callbacks too: any callable taking 0 to 4 of
-    `(state, batch, elapsed, loop_state)` (in that order) and returning
-    `(logs, state)`, `logs` (a dict), `state`, or `None`. An object may also
-    define `__loop_end__(loop_state)`, which the loop calls once when it ends
-    (progress bars use it to draw their last line; checkpointers to finish
-    writing).
+    Plain functions are callbacks too: a function whose parameters are named
+    after what it wants (any of `state`, `batch`, `elapsed`, `loop_state`,
+    `logs`), or any callable taking 0 to 4 of `(state, batch, elapsed,
+    loop_state)` in that order; each returns `(logs, state)`, `logs` (a dict),
+    `state`, or `None`. Any callback object (a `LoopCallback`, or a function's
+    owner such as a bar whose bound method is the callback) may also define
+    `__loop_start__(loop_state)`, which the loop calls once before the first
+    step, after a resumed run handed back the callbacks' states (a checkpoint
+    refuses another run's directory there), and `__loop_end__(loop_state)`,
+    which it calls once when it ends, also on an error (progress bars draw
+    their last line; checkpointers finish writing).
     """
 
     def __loop_callback__(self, loop_state: LoopState[S], /) -> CallbackOutput[S]:

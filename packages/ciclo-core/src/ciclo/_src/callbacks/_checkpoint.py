@@ -76,9 +76,6 @@ _TMP_MARK = ".orbax-checkpoint-tmp"
 _LOSS = "loss"
 """Without `monitor`, the entry whose non-finite value keeps a state from being saved."""
 
-_restored_directories: set[str] = set()
-"""Directories this process restored a checkpoint from: a run saving there resumes, it is no stranger."""
-
 _open_checkpoints: weakref.WeakSet[Checkpoint] = weakref.WeakSet()
 _exit_hook_installed = False
 
@@ -471,7 +468,6 @@ def _restore(manager: Any, directory: str, target: T, step: object, monitor: str
     item = {"state": _abstract(target)} if wrapped else _abstract(target)
     _check_structure(manager, directory, resolved, item)
     restored = manager.restore(resolved, args=ocp.args.StandardRestore(item))
-    _restored_directories.add(directory)
     return typing.cast(T, restored["state"] if wrapped else restored)
 
 
@@ -566,9 +562,14 @@ class Checkpoint:
         mode: ModeLike = "auto",
         async_save: bool = True,
         overwrite: bool = False,
+        resume: bool = False,
         name: str | None = None,
     ) -> None:
         """Validates the arguments, creates `directory` and opens it; see `ciclo.checkpoint`."""
+        if not isinstance(resume, bool):
+            raise TypeError(f"resume must be a bool, got {type(resume).__name__}")
+        if resume and overwrite:
+            raise ValueError("pass resume=True (save after the checkpoints) or overwrite=True, not both")
         if name is not None and (not isinstance(name, str) or not name):
             raise TypeError(f"name must be a non-empty str or None, got {type(name).__name__}")
         self._name = name
@@ -601,7 +602,7 @@ class Checkpoint:
         self._found_newest: int | None = max(steps, default=None)
         self._newest = self._found_newest
         self._warned = False
-        self._resumed = self._directory in _restored_directories
+        self._resumed = resume
 
     def _open(self) -> Any:
         manager = _open_manager(
@@ -705,18 +706,13 @@ class Checkpoint:
         Raises:
             KeyError: if `monitor` is set and `logs` lack it (the message lists the
                 entries present).
-            FileExistsError: at the first save, if the directory held checkpoints
-                when this object opened it, and this run neither restored from
-                them nor was created with `overwrite=True`.
+            FileExistsError: if the directory held checkpoints when this object
+                opened it, and this run neither restored from them nor was
+                created with `resume=True` or `overwrite=True`.
         """
         if isinstance(step, bool) or not isinstance(step, int):
             raise TypeError(f"step must be an int, got {step!r}")
-        if self._found_newest is not None and not self._resumed:
-            raise FileExistsError(
-                f"{self._directory} holds the checkpoints of another run (steps {self.all_steps()}); "
-                "to resume it, restore from them first (ckpt.restore(...), ciclo.restore_checkpoint(...) "
-                "or a loop backup); to replace them, pass overwrite=True; or use another directory"
-            )
+        self._refuse_another_run()
         if self._newest is not None and step <= self._newest:
             if self._found_newest is not None and step < self._found_newest and not self._warned:
                 self._warned = True
@@ -856,6 +852,24 @@ class Checkpoint:
         self._warned = bool(fields["warned"])
         self._resumed = True
 
+    def _refuse_another_run(self) -> None:
+        if self._found_newest is not None and not self._resumed:
+            raise FileExistsError(
+                f"{self._directory} holds the checkpoints of another run (steps {self.all_steps()}); "
+                "to go on with that run, pass resume=True (or restore from this Checkpoint first, or "
+                "resume the loop's backup); to replace them, pass overwrite=True; or use another directory"
+            )
+
+    def __loop_start__(self, loop_state: LoopState[Any], /) -> None:
+        """Refuses another run's directory before the first step, rather than at the first save.
+
+        Raises:
+            FileExistsError: if the directory held checkpoints when this object
+                opened it, and neither `resume=True`, nor a restore from this
+                object, nor a resumed backup made them this run's.
+        """
+        self._refuse_another_run()
+
     def __loop_end__(self, loop_state: LoopState[Any], /) -> None:
         """Waits for the saves in flight, so that the loop returns with every checkpoint written.
 
@@ -925,14 +939,17 @@ def checkpoint(
     mode: ModeLike = "auto",
     async_save: bool = True,
     overwrite: bool = False,
+    resume: bool = False,
     name: str | None = None,
 ) -> Checkpoint:
     """Creates a `Checkpoint` callback that saves the state in `directory` with orbax.
 
     Each checkpoint is numbered with the steps completed: `restore(step=N)`
     gives the state after N updates. A directory that already holds checkpoints
-    belongs to the run that wrote them: a new `Checkpoint` there saves only once
-    this process restored from them (resuming) or with `overwrite=True`.
+    belongs to the run that wrote them: a new `Checkpoint` there saves only with
+    `resume=True` (or once it restored from them, or a resumed backup handed it
+    its state) or with `overwrite=True`; otherwise a loop refuses it before its
+    first step.
 
     Args:
         directory: where to save; made absolute and created if missing. Each
@@ -950,6 +967,9 @@ def checkpoint(
         async_save: write in the background while training goes on.
         overwrite: delete the checkpoints already in `directory` (another run's)
             instead of refusing to save among them.
+        resume: the checkpoints already in `directory` are this run's: save
+            after them. Restoring through this `Checkpoint` (`restore`) or
+            resuming a loop `backup` that holds its state does the same.
         name: the key its state is saved under in a backup (`state_key`); by
             default `"Checkpoint(monitor, mode)"`, or `"Checkpoint(latest)"`.
             Needed only to tell two checkpoints with one monitor apart.
@@ -986,6 +1006,7 @@ def checkpoint(
         mode=mode,
         async_save=async_save,
         overwrite=overwrite,
+        resume=resume,
         name=name,
     )
 
