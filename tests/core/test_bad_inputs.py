@@ -633,3 +633,27 @@ def test_an_unwritable_checkpoint_directory_is_refused_at_once(tmp_path: Any) ->
             ciclo.checkpoint(locked / "ck")
     finally:
         locked.chmod(0o700)
+
+
+_BATCHES = [(np.zeros((8, 64), np.float32), np.zeros(8, np.int32)) for _ in range(200)]
+
+
+@pytest.mark.parametrize(
+    "misuse",
+    [
+        # The error quoted the whole list: 434,046 characters.
+        lambda: ciclo.train_loop(
+            0, _BATCHES, {ciclo.on_train_step: lambda state: state}, test_dataset=_BATCHES, stop=2
+        ),
+        lambda: ciclo.loop(0, _BATCHES, {ciclo.every(1): [_BATCHES]}),
+        lambda: ciclo.loop(0, _BATCHES, {ciclo.every(1): [lambda state: state]}, stop=_BATCHES),
+        lambda: ciclo.loop(_BATCHES, _BATCHES, {ciclo.every(1): [lambda state: 0.5]}, stop=1),
+    ],
+    ids=["test_dataset", "callback", "stop", "callback_result"],
+)
+def test_no_error_quotes_a_200_batch_list_at_length(misuse) -> None:
+    with pytest.raises((TypeError, ValueError)) as info:
+        misuse()
+    message = "\n".join([str(info.value), *getattr(info.value, "__notes__", [])])
+    assert len(message) <= 2000, message[:300]
+    assert "ndarray of shape (8, 64) and dtype float32" in message or "list" in message

@@ -93,6 +93,7 @@ from ciclo._src.loops import train_step as train_step
 from ciclo._src.metrics import Metric as Metric
 from ciclo._src.model_state import ModelState as ModelState
 from ciclo._src.model_state import create_model_state as create_model_state
+from ciclo._src.reprs import short
 from ciclo._src.schedules import After as After
 from ciclo._src.schedules import Every as Every
 from ciclo._src.schedules import Piecewise as Piecewise
@@ -136,7 +137,7 @@ if TYPE_CHECKING:
 def __getattr__(name: str) -> Any:
     """Resolves `ciclo.create_flax_state` and the other adapters' functions on first use."""
     if name.startswith("__"):
-        raise AttributeError(f"module 'ciclo' has no attribute {name!r}")
+        raise AttributeError(f"module 'ciclo' has no attribute {short(name)}")
     value = _frameworks.resolve(name)
     globals()[name] = value
     return value

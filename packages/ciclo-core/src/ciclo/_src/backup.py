@@ -39,6 +39,7 @@ from ciclo._src.checks import check_directory
 from ciclo._src.elapsed import Elapsed, Period, make_elapsed
 from ciclo._src.finite import all_finite
 from ciclo._src.host_json import from_json, to_json
+from ciclo._src.reprs import short
 from ciclo._src.schedules import Every
 
 _log = logging.getLogger("ciclo")
@@ -137,11 +138,11 @@ def backup(
         (15, 6, 6)
     """
     if not isinstance(directory, (str, os.PathLike)):
-        raise TypeError(f"backup directory must be a path, got {directory!r}")
+        raise TypeError(f"backup directory must be a path, got {short(directory)}")
     if isinstance(keep, bool) or not isinstance(keep, int) or keep < 2:
-        raise ValueError(f"keep must be an int >= 2 (a kill during a save must leave one), got {keep!r}")
+        raise ValueError(f"keep must be an int >= 2 (a kill during a save must leave one), got {short(keep)}")
     if not isinstance(sigint, bool):
-        raise TypeError(f"sigint must be a bool, got {sigint!r}")
+        raise TypeError(f"sigint must be a bool, got {short(sigint)}")
     _schedule(every)  # checked now, not at the first step
     path = os.path.abspath(os.fspath(directory))
     check_directory(path, "backup directory")
@@ -154,7 +155,7 @@ def as_backup(value: Any) -> Backup | None:
         return value
     if isinstance(value, (str, os.PathLike)):
         return backup(value)
-    raise TypeError(f"backup must be a directory or ciclo.backup(directory, ...), got {value!r}")
+    raise TypeError(f"backup must be a directory or ciclo.backup(directory, ...), got {short(value)}")
 
 
 def _schedule(every: Any) -> Any:
@@ -162,10 +163,10 @@ def _schedule(every: Any) -> Any:
     if every is None:
         return None, None
     if isinstance(every, bool):
-        raise TypeError(f"every must be a number of steps, a ciclo.Period or a schedule, got {every!r}")
+        raise TypeError(f"every must be a number of steps, a ciclo.Period or a schedule, got {short(every)}")
     if isinstance(every, int):
         if every < 1:
-            raise ValueError(f"every must be >= 1 step, got {every!r}")
+            raise ValueError(f"every must be >= 1 step, got {short(every)}")
         return every, None
     if isinstance(every, Period):
         if every.steps is not None and every == Period(steps=every.steps):
@@ -173,7 +174,7 @@ def _schedule(every: Any) -> Any:
         return None, Every(every)
     if callable(every):
         return None, every
-    raise TypeError(f"every must be a number of steps, a ciclo.Period or a schedule, got {every!r}")
+    raise TypeError(f"every must be a number of steps, a ciclo.Period or a schedule, got {short(every)}")
 
 
 @dataclasses.dataclass
@@ -204,12 +205,12 @@ def _checked_loop_item(item: Any, step: int, where: str) -> dict[str, Any]:
             "start afresh"
         )
     if item.get("format") != _FORMAT:
-        raise ValueError(f"{where} has format {item.get('format')!r}; this ciclo reads format {_FORMAT}")
+        raise ValueError(f"{where} has format {short(item.get('format'))}; this ciclo reads format {_FORMAT}")
     unknown, missing = sorted(set(item) - set(_LOOP_FIELDS)), sorted(set(_LOOP_FIELDS) - set(item))
     if unknown or missing:
         raise ValueError(f"{where}: unknown fields {unknown}, missing fields {missing}")
     if not isinstance(item["finished"], bool):
-        raise ValueError(f"{where}: finished is {item['finished']!r}, not true or false")
+        raise ValueError(f"{where}: finished is {short(item['finished'])}, not true or false")
     elapsed = item["elapsed"]
     if (
         not isinstance(elapsed, list)
@@ -217,17 +218,18 @@ def _checked_loop_item(item: Any, step: int, where: str) -> dict[str, Any]:
         or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in elapsed[:2])
         or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in elapsed[2:])
     ):
-        raise ValueError(f"{where}: elapsed is {elapsed!r}, not [steps, samples, time, date_start]")
+        raise ValueError(f"{where}: elapsed is {short(elapsed)}, not [steps, samples, time, date_start]")
     if elapsed[0] != step:
         raise ValueError(f"{where}: elapsed counts {elapsed[0]} steps, but the backup is numbered {step}")
     position = item["position"]
     if not isinstance(position, int) or isinstance(position, bool) or not 0 <= position <= step:
         raise ValueError(
-            f"{where}: position is {position!r}, not a number of batches from 0 to the {step} steps completed"
+            f"{where}: position is {short(position)}, not a number of batches from 0 to the {step} steps "
+            "completed"
         )
     kept = item["kept"]
     if not isinstance(kept, list) or not all(isinstance(name, str) for name in kept):
-        raise ValueError(f"{where}: kept is {kept!r}, not a list of names")
+        raise ValueError(f"{where}: kept is {short(kept)}, not a list of names")
     if not isinstance(item["callbacks"], dict):
         raise ValueError(f"{where}: callbacks is a {type(item['callbacks']).__name__}, not a dict")
     return dict(item)
@@ -243,7 +245,7 @@ def _check_history(history: Any, where: str) -> None:
     if not all(isinstance(column, list) for column in rows) or len({len(column) for column in rows}) != 1:
         raise ValueError(f"{where}: paths, values and elapsed are not lists of one length")
     if not isinstance(history["dropped"], int) or history["dropped"] < 0:
-        raise ValueError(f"{where}: dropped is {history['dropped']!r}, not a count")
+        raise ValueError(f"{where}: dropped is {short(history['dropped'])}, not a count")
     if not isinstance(history["evicted_latest"], dict):
         raise ValueError(f"{where}: evicted_latest is not a dict")
 
@@ -264,7 +266,7 @@ class Session:
         if schedule is not None and jax.process_count() > 1:
             raise ValueError(
                 "under several processes, backup(every=...) must be a number of steps: all processes "
-                f"must save at the same step, and a schedule in time would not agree; got {spec.every!r}"
+                f"must save at the same step, and a schedule in time would not agree; got {short(spec.every)}"
             )
         ocp = _orbax()
         self._ocp = ocp

@@ -15,6 +15,8 @@ from typing import Any, Generic, TypeVar, final
 import jax
 import numpy as np
 
+from ciclo._src.reprs import short
+
 B = TypeVar("B")
 
 BatchSizeFn = Callable[[Any], int]
@@ -78,9 +80,9 @@ def stacked(
     """
     for name, value, least in (("steps", steps, 1), ("align", align, 1), ("start", start, 0)):
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < least):
-            raise ValueError(f"{name} must be an int >= {least}, got {value!r}")
+            raise ValueError(f"{name} must be an int >= {least}, got {short(value)}")
     if total is not None and (not isinstance(total, int) or total < 0):
-        raise ValueError(f"total must be an int >= 0, got {total!r}")
+        raise ValueError(f"total must be an int >= 0, got {short(total)}")
     size = leading_dim if batch_size_fn is None else batch_size_fn
     iterator = iter(dataset)
     position, left = start, total

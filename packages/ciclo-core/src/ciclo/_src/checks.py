@@ -7,6 +7,8 @@ import operator
 import os
 from typing import Any
 
+from ciclo._src.reprs import short
+
 
 class DataWarning(UserWarning):
     """A loop was given data that is probably not what was meant.
@@ -88,7 +90,7 @@ def check_positive(period: Any, name: str, remedy: str) -> None:
         return
     if any(value is not None and value > 0 for value in (period.steps, period.samples, period.time)):
         return
-    raise ValueError(f"{name} is zero ({period!r}), which would never end or never run; {remedy}")
+    raise ValueError(f"{name} is zero ({short(period)}), which would never end or never run; {remedy}")
 
 
 class TestData:

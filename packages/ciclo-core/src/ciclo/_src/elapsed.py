@@ -11,24 +11,25 @@ from typing import Any, TypeVar
 import jax
 
 from ciclo._src.batches import BatchSizeFn, count, leading_dim
+from ciclo._src.reprs import short
 
 B = TypeVar("B")
 
 
 def _check_count(name: str, value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {value!r} of type {type(value).__name__}")
+        raise TypeError(f"{name} must be an int, got {short(value)} of type {type(value).__name__}")
     if value < 0:
-        raise ValueError(f"{name} must be >= 0, got {value!r}")
+        raise ValueError(f"{name} must be >= 0, got {short(value)}")
 
 
 def _seconds(name: str, value: object) -> float:
     if isinstance(value, datetime.timedelta):
         value = value.total_seconds()
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number of seconds or a timedelta, got {value!r}")
+        raise TypeError(f"{name} must be a number of seconds or a timedelta, got {short(value)}")
     if value < 0:
-        raise ValueError(f"{name} must be >= 0, got {value!r}")
+        raise ValueError(f"{name} must be >= 0, got {short(value)}")
     return float(value)
 
 
@@ -133,14 +134,16 @@ def to_period(value: PeriodLike | None, *, name: str = "stop") -> Period | None:
         return value
     if isinstance(value, int) and not isinstance(value, bool):
         if value < 0:
-            raise ValueError(f"{name} must be >= 0 steps, got {value!r}: pass a count of steps or a Period")
+            raise ValueError(
+                f"{name} must be >= 0 steps, got {short(value)}: pass a count of steps or a Period"
+            )
         return Period(steps=value)
     hint = "pass a count of steps such as 100, or a period such as ciclo.at(samples=...)"
     if isinstance(value, str) and value.strip().isdigit():
-        hint = f"pass the int {name}={int(value)}, not the string {value!r}"
+        hint = f"pass the int {name}={int(value)}, not the string {short(value)}"
     elif isinstance(value, float) and float.is_integer(value):  # a float despite the annotation
         hint = f"pass the int {name}={int(value)}"
-    raise TypeError(f"{name} must be an int (steps) or a ciclo.Period, got {value!r}; {hint}")
+    raise TypeError(f"{name} must be an int (steps) or a ciclo.Period, got {short(value)}; {hint}")
 
 
 @jax.tree_util.register_dataclass
@@ -199,7 +202,7 @@ class Elapsed:
 
     def _reached(self, period: Period, strict: bool) -> bool:
         if not isinstance(period, Period):
-            raise TypeError(f"Elapsed can only be compared with a ciclo.Period, got {period!r}")
+            raise TypeError(f"Elapsed can only be compared with a ciclo.Period, got {short(period)}")
         if strict:
             return (
                 (period.steps is not None and self.steps > period.steps)
@@ -258,7 +261,7 @@ class Clock:
         if initial is None:
             initial = Elapsed.create()
         elif not isinstance(initial, Elapsed):
-            raise TypeError(f"elapsed must be a ciclo.Elapsed, got {initial!r}")
+            raise TypeError(f"elapsed must be a ciclo.Elapsed, got {short(initial)}")
         self.steps = int(initial.steps)
         self.samples = int(initial.samples)
         self.date_start = float(initial.date_start)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from ciclo._src.reprs import short
+
 
 def entry_path(key: str, paths: set[tuple[str, str]] | frozenset[tuple[str, str]]) -> tuple[str, str] | None:
     """The `(collection, name)` path of `key` among `paths`, or None if absent.
@@ -15,12 +17,12 @@ def entry_path(key: str, paths: set[tuple[str, str]] | frozenset[tuple[str, str]
         ('losses', 'loss')
     """
     if not isinstance(key, str):
-        raise TypeError(f"log keys are strings, got {key!r}")
+        raise TypeError(f"log keys are strings, got {short(key)}")
     collection, dot, name = key.partition(".")
     if dot:
         return (collection, name) if (collection, name) in paths else None
     found = sorted(path for path in paths if path[1] == key)
     if len(found) > 1:
         options = " and ".join(f"'{c}.{n}'" for c, n in found)
-        raise ValueError(f"key {key!r} is ambiguous: found {options}; use the full path")
+        raise ValueError(f"key {short(key)} is ambiguous: found {options}; use the full path")
     return found[0] if found else None

@@ -15,6 +15,8 @@ from __future__ import annotations
 from importlib.metadata import entry_points
 from typing import Any
 
+from ciclo._src.reprs import short
+
 ENTRY_POINT_GROUP = "ciclo.frameworks"
 """The entry point group adapter packages register their `create_*_state` functions in."""
 
@@ -58,4 +60,4 @@ def resolve(name: str) -> Any:
             f"ciclo.{name} is provided by the {package} package, which is not installed: "
             f"pip install {package}"
         )
-    raise AttributeError(f"module 'ciclo' has no attribute {name!r}")
+    raise AttributeError(f"module 'ciclo' has no attribute {short(name)}")

@@ -26,6 +26,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ciclo._src.reprs import short
+
 _TAGS = ("$array", "$bytes", "$dict", "$float", "$key", "$state", "$tuple")
 _NON_FINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
 
@@ -90,14 +92,14 @@ def to_json(
     if isinstance(value, dict):
         if all(isinstance(key, str) and not key.startswith("$") for key in value):
             return {
-                key: to_json(v, f"{where}[{key!r}]", state_structure=state_structure, kept=kept)
+                key: to_json(v, f"{where}[{short(key)}]", state_structure=state_structure, kept=kept)
                 for key, v in value.items()
             }
         return {
             "$dict": [
                 [
-                    to_json(key, f"{where} key {key!r}"),
-                    to_json(v, f"{where}[{key!r}]", state_structure=state_structure, kept=kept),
+                    to_json(key, f"{where} key {short(key)}"),
+                    to_json(v, f"{where}[{short(key)}]", state_structure=state_structure, kept=kept),
                 ]
                 for key, v in value.items()
             ]
@@ -119,7 +121,7 @@ def from_json(data: Any, where: str, *, states: Mapping[str, Any] | None = None)
         raise ValueError(f"{where} holds a {type(data).__name__}, which no backup writes")
     tags = [key for key in data if key.startswith("$")]
     if not tags:
-        return {key: from_json(v, f"{where}[{key!r}]", states=states) for key, v in data.items()}
+        return {key: from_json(v, f"{where}[{short(key)}]", states=states) for key, v in data.items()}
     if len(data) != 1 or tags[0] not in _TAGS:
         raise ValueError(f"{where} holds unknown fields {sorted(data)[:5]}")
     tag, body = tags[0], data[tags[0]]
@@ -131,19 +133,19 @@ def from_json(data: Any, where: str, *, states: Mapping[str, Any] | None = None)
             raise ValueError(f"{where} holds a $dict whose items are not [key, value] pairs")
         return {
             _hashable(from_json(k, f"{where} key", states=states), where): from_json(
-                v, f"{where}[{k!r}]", states=states
+                v, f"{where}[{short(k)}]", states=states
             )
             for k, v in pairs
         }
     if tag == "$float":
         if body not in _NON_FINITE:
-            raise ValueError(f"{where} holds a $float of {body!r}, not nan, inf or -inf")
+            raise ValueError(f"{where} holds a $float of {short(body)}, not nan, inf or -inf")
         return _NON_FINITE[body]
     if tag == "$bytes":
         return _base64(body, where)
     if tag == "$state":
         if states is None or body not in states:
-            raise ValueError(f"{where} refers to a kept state {body!r} that the backup does not hold")
+            raise ValueError(f"{where} refers to a kept state {short(body)} that the backup does not hold")
         return states[body]
     if tag == "$key":
         if not isinstance(body, dict) or set(body) != {"impl", "data"} or not isinstance(body["impl"], str):
@@ -167,11 +169,11 @@ def _array(body: Any, where: str) -> np.ndarray | np.generic:
         raise ValueError(f"{where} holds an $array without exactly dtype, shape, scalar and data")
     shape = body["shape"]
     if not isinstance(shape, list) or not all(isinstance(n, int) and n >= 0 for n in shape):
-        raise ValueError(f"{where} holds an $array of shape {shape!r}, not a list of sizes")
+        raise ValueError(f"{where} holds an $array of shape {short(shape)}, not a list of sizes")
     try:
         dtype = np.dtype(jnp.dtype(body["dtype"]))
     except TypeError:
-        raise ValueError(f"{where} holds an $array of unknown dtype {body['dtype']!r}") from None
+        raise ValueError(f"{where} holds an $array of unknown dtype {short(body['dtype'])}") from None
     if not _is_data_dtype(dtype):
         raise ValueError(f"{where} holds an $array of dtype {dtype}, which no backup writes")
     raw = _base64(body["data"], where)

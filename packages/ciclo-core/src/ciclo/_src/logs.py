@@ -15,6 +15,7 @@ import numpy as np
 
 from ciclo._src.elapsed import Elapsed
 from ciclo._src.entry_paths import entry_path as _entry_path
+from ciclo._src.reprs import short
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -38,7 +39,7 @@ class Entries(dict[str, Any]):
         try:
             return self[name]
         except KeyError:
-            raise AttributeError(f"no entry {name!r}; entries are {sorted(self)}") from None
+            raise AttributeError(f"no entry {short(name)}; entries are {sorted(self)}") from None
 
 
 class Logs(dict[str, Entries]):
@@ -70,7 +71,9 @@ class Logs(dict[str, Entries]):
         try:
             return self[collection]
         except KeyError:
-            raise AttributeError(f"no collection {collection!r}; collections are {sorted(self)}") from None
+            raise AttributeError(
+                f"no collection {short(collection)}; collections are {sorted(self)}"
+            ) from None
 
     @property
     def updates(self) -> NoReturn:
@@ -95,12 +98,13 @@ class Logs(dict[str, Entries]):
         """
         if not isinstance(name, str) or not name:
             raise TypeError(
-                f"a log entry's name must be a non-empty string, got {name!r} for {collection} "
+                f"a log entry's name must be a non-empty string, got {short(name)} for {collection} "
                 f"(e.g. logs.add_metric('accuracy', value))"
             )
         if isinstance(value, (str, bytes)) and collection in _NUMERIC_COLLECTIONS:
             raise TypeError(
-                f"{collection}.{name} is the {type(value).__name__} {value!r}: metrics and losses must be "
+                f"{collection}.{name} is the {type(value).__name__} {short(value)}: metrics and losses "
+                "must be "
                 "numbers or arrays (log text as an output: logs.add_output(name, text))"
             )
         entries = self.get(collection)
@@ -156,7 +160,7 @@ class Logs(dict[str, Entries]):
             if type(entries) is not Entries and not isinstance(entries, Mapping):
                 raise TypeError(
                     f"logs must map collection -> {{entry: value}}, but collection "
-                    f"{collection!r} holds {entries!r}"
+                    f"{short(collection)} holds {short(entries)}"
                 )
             mine = self.get(collection)
             if mine is None:
@@ -183,7 +187,7 @@ class Logs(dict[str, Entries]):
         path = self.entry_path(key)
         if path is None:
             present = sorted(f"{c}.{n}" for c, entries in self.items() for n in entries)
-            raise KeyError(f"{key!r} not found in logs; present: {present}")
+            raise KeyError(f"{short(key)} not found in logs; present: {present}")
         return self[path[0]][path[1]]
 
 
@@ -407,7 +411,7 @@ class History(Sequence[Logs]):
         if max_rows is not None and (
             isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 0
         ):
-            raise ValueError(f"max_rows must be None (keep every row) or an int >= 0, got {max_rows!r}")
+            raise ValueError(f"max_rows must be None (keep every row) or an int >= 0, got {short(max_rows)}")
         self.max_rows = max_rows
         # rows dropped from the front by `max_rows`; `latest` still knows their newest values
         self.dropped = 0
@@ -620,7 +624,7 @@ class History(Sequence[Logs]):
         if missing:
             present = sorted({f"{c}.{n}" for paths in self._interned.values() for c, n in paths})
             raise KeyError(
-                f"{missing[0]!r} appears in no history entry; present: {present} "
+                f"{short(missing[0])} appears in no history entry; present: {present} "
                 f"and the elapsed keys {list(ELAPSED_KEYS)}"
             )
         return columns[0] if len(keys) == 1 else columns

@@ -32,6 +32,7 @@ from ciclo._src.elapsed import Clock, Elapsed, Period, PeriodLike, make_elapsed,
 from ciclo._src.logs import History, Logs, StackedLogs
 from ciclo._src.loop_state import LoopState as LoopState
 from ciclo._src.loop_state import keyed_callbacks
+from ciclo._src.reprs import short
 from ciclo._src.schedules import Every, ScheduleBase
 from ciclo._src.step_output import describe, step_output
 from ciclo._src.types import S, Schedule, StatefulCallback, Tasks
@@ -83,7 +84,7 @@ def at_step_end(schedule: Schedule) -> AtStepEnd:
         [3, 6]
     """
     if not callable(schedule):
-        raise TypeError(f"at_step_end needs a schedule (elapsed -> bool), got {schedule!r}")
+        raise TypeError(f"at_step_end needs a schedule (elapsed -> bool), got {short(schedule)}")
     return AtStepEnd(schedule)
 
 
@@ -146,7 +147,7 @@ def _plain_function(fn: Callable[..., Any]) -> _Callback:
         signature = inspect.signature(fn)
     except (TypeError, ValueError) as error:
         raise TypeError(
-            f"cannot read the signature of callback {fn!r}; wrap it in a function "
+            f"cannot read the signature of callback {short(fn)}; wrap it in a function "
             "such as `lambda state, batch: ...`"
         ) from error
     names: list[str] = []
@@ -161,7 +162,7 @@ def _plain_function(fn: Callable[..., Any]) -> _Callback:
         elif parameter.kind is parameter.KEYWORD_ONLY and parameter.default is parameter.empty:
             raise TypeError(
                 f"callback {describe(fn)} has a required keyword-only argument "
-                f"{parameter.name!r}; the loop passes only positional arguments "
+                f"{short(parameter.name)}; the loop passes only positional arguments "
                 f"{_ARGUMENT_NAMES}"
             )
     if variadic:
@@ -178,8 +179,8 @@ def _plain_function(fn: Callable[..., Any]) -> _Callback:
     for index, name in enumerate(names[:arity]):
         if name in _BY_NAME and name != _ARGUMENT_NAMES[index]:
             raise TypeError(
-                f"callback {describe(fn)} takes {name!r} as argument {index + 1}, where the loop "
-                f"passes {_ARGUMENT_NAMES[index]!r}: name every parameter after what it gets "
+                f"callback {describe(fn)} takes {short(name)} as argument {index + 1}, where the loop "
+                f"passes {short(_ARGUMENT_NAMES[index])}: name every parameter after what it gets "
                 f"({', '.join(_BY_NAME)}) to have them passed by name, or none of them"
             )
     return _Callback(arity, fn, fn)
@@ -212,10 +213,10 @@ def as_callback(obj: Any) -> _Callback:
     if _is_periodic_action(obj):
         return _Callback(_OBJECT, _periodic_action(obj), obj)
     if isinstance(obj, str):
-        raise TypeError(f"{obj!r} is a string, not a callback")
+        raise TypeError(f"{short(obj)} is a string, not a callback")
     if not callable(obj):
         raise TypeError(
-            f"{obj!r} of type {type(obj).__name__} is not a callback: pass a callable taking "
+            f"{short(obj)} of type {type(obj).__name__} is not a callback: pass a callable taking "
             f"0 to 4 of {_ARGUMENT_NAMES} (or any of {tuple(_BY_NAME)} by name), or an object "
             "with __loop_callback__(loop_state)"
         )
@@ -271,24 +272,26 @@ def _fires_every_step(schedule: Any) -> bool:
 
 def _compile_phase(phase: Phase) -> list[_Task]:
     if not isinstance(phase, Phase):
-        raise TypeError(f"phases must be ciclo.Phase objects, got {phase!r}")
+        raise TypeError(f"phases must be ciclo.Phase objects, got {short(phase)}")
     items = phase.tasks.items() if isinstance(phase.tasks, Mapping) else phase.tasks
     tasks = []
     for item in items:
         if not (isinstance(item, tuple) and len(item) == 2):
-            raise TypeError(f"phase {phase.name!r}: a task is a (schedule, callbacks) pair, got {item!r}")
+            raise TypeError(
+                f"phase {short(phase.name)}: a task is a (schedule, callbacks) pair, got {short(item)}"
+            )
         schedule, callbacks = item
         if isinstance(schedule, str):
             raise ValueError(
-                f"named schedule {schedule!r} is only understood by ciclo.train_loop, "
+                f"named schedule {short(schedule)} is only understood by ciclo.train_loop, "
                 "test_loop and predict_loop; ciclo.loop takes schedules such as ciclo.every(1)"
             )
         if not callable(schedule):
             raise TypeError(
-                f"task key {schedule!r} is not a schedule: use a callable elapsed -> bool "
+                f"task key {short(schedule)} is not a schedule: use a callable elapsed -> bool "
                 "such as ciclo.every(1)"
             )
-        compiled = as_callback_list(callbacks, f"phase {phase.name!r}, task {schedule!r}")
+        compiled = as_callback_list(callbacks, f"phase {short(phase.name)}, task {short(schedule)}")
         if not compiled:
             continue
         after = type(schedule) is AtStepEnd
@@ -400,7 +403,7 @@ def _warn_dataset_ended(drawn: int, steps: int, stop: Any) -> None:
         )
     elif stop is not None:
         warnings.warn(
-            f"the dataset ended after {steps} steps, before stop={stop!r}: the loop stopped there; "
+            f"the dataset ended after {steps} steps, before stop={short(stop)}: the loop stopped there; "
             "pass a longer or repeating dataset (one that repeats for several epochs), or a smaller stop",
             DataWarning,
             stacklevel=4,
@@ -510,14 +513,14 @@ def run_phases(
             "ciclo.at(samples=...), or stop=None to run until the dataset ends"
         )
     if isinstance(phases, Phase) or not isinstance(phases, Sequence):
-        raise TypeError(f"phases must be a list of ciclo.Phase, got {phases!r}")
+        raise TypeError(f"phases must be a list of ciclo.Phase, got {short(phases)}")
     tasks = [task for phase in phases for task in _compile_phase(phase)]
     start_callbacks = as_callback_list(on_start, "on_start")
     end_callbacks = as_callback_list(on_end, "on_end")
     if history is None:
         history = History()
     elif not isinstance(history, History):
-        raise TypeError(f"history must be a ciclo.History, got {history!r}")
+        raise TypeError(f"history must be a ciclo.History, got {short(history)}")
 
     every_callback = [callback for task in tasks for callback in task.callbacks]
     owners = _owners([*start_callbacks, *every_callback, *end_callbacks])
@@ -527,7 +530,7 @@ def run_phases(
     try:
         iterator = iter(dataset)
     except TypeError:
-        raise TypeError(f"dataset must be an iterable of batches, got {dataset!r}") from None
+        raise TypeError(f"dataset must be an iterable of batches, got {short(dataset)}") from None
 
     spec = as_backup(backup)
     session = None if spec is None else Session(spec, backup_every)
@@ -754,7 +757,7 @@ def loop(
         (6, 4, [0, 1, 3, 6])
     """
     if not isinstance(tasks, Mapping):
-        raise TypeError(f"tasks must be a dict of schedule -> callbacks, got {tasks!r}")
+        raise TypeError(f"tasks must be a dict of schedule -> callbacks, got {short(tasks)}")
     return run_phases(
         state,
         dataset,

@@ -8,6 +8,7 @@ from typing import Any, Generic, TypeVar
 
 from ciclo._src.elapsed import Elapsed
 from ciclo._src.logs import History, Logs, LogsLike
+from ciclo._src.reprs import short
 
 S = TypeVar("S")
 
@@ -40,7 +41,7 @@ def keyed_callbacks(callbacks: Iterable[Any]) -> dict[str, Any]:
         key = state_key(callback)
         if key in keyed:
             raise ValueError(
-                f"two stateful callbacks of this loop save their state under the key {key!r}: "
+                f"two stateful callbacks of this loop save their state under the key {short(key)}: "
                 f"{type(keyed[key]).__qualname__} and {type(callback).__qualname__}; give one of them "
                 "another name= (or, for your own callback, a state_key attribute)"
             )

@@ -21,6 +21,7 @@ from ciclo._src.checks import DataWarning, TestData, check_positive
 from ciclo._src.elapsed import Elapsed, Period, PeriodLike
 from ciclo._src.logs import History
 from ciclo._src.loop import Phase, at_step_end, run_phases
+from ciclo._src.reprs import short
 from ciclo._src.schedules import Every, every
 from ciclo._src.types import Evaluable, Predictable, S, Tasks, Trainable
 
@@ -85,14 +86,15 @@ def _split_tasks(tasks: Tasks | None, names: tuple[str, ...], loop_name: str) ->
     if tasks is None:
         return {}, {}
     if not isinstance(tasks, Mapping):
-        raise TypeError(f"tasks must be a dict of schedule -> callbacks, got {tasks!r}")
+        raise TypeError(f"tasks must be a dict of schedule -> callbacks, got {short(tasks)}")
     named: Named = {}
     scheduled: dict[Any, Any] = {}
     for key, callbacks in tasks.items():
         if isinstance(key, str):
             if key not in names:
                 raise ValueError(
-                    f"{loop_name} does not know the named schedule {key!r}; valid names: {', '.join(names)}"
+                    f"{loop_name} does not know the named schedule {short(key)}; valid names: "
+                    f"{', '.join(names)}"
                 )
             named[key] = list(callbacks) if isinstance(callbacks, (list, tuple)) else [callbacks]
         else:
@@ -121,12 +123,12 @@ def _register_callbacks(named: Named, callbacks: Iterable[Any] | None, names: tu
     if callbacks is None:
         return
     if not isinstance(callbacks, (list, tuple)):
-        raise TypeError(f"callbacks must be a list of callback objects, got {callbacks!r}")
+        raise TypeError(f"callbacks must be a list of callback objects, got {short(callbacks)}")
     for callback in callbacks:
         hooks = [getattr(callback, name) for name in names if callable(getattr(callback, name, None))]
         if not hooks:
             raise ValueError(
-                f"callback {callback!r} has none of the hooks this loop runs: {', '.join(names)}; "
+                f"callback {short(callback)} has none of the hooks this loop runs: {', '.join(names)}; "
                 "put it in the tasks dict under a schedule instead"
             )
         for name in names:
@@ -183,12 +185,12 @@ def _grouped(
 ) -> Iterable[Any]:
     """The batches in `ciclo.stacked` groups of `steps`, cut at every epoch end and at `stop`."""
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"steps_per_execution must be a positive int, got {steps!r}")
+        raise ValueError(f"steps_per_execution must be a positive int, got {short(steps)}")
     for name, period in (("epoch_duration", epoch), ("stop", stop)):
         if period is not None and (period.steps is None or period != Period(steps=period.steps)):
             raise ValueError(
                 f"steps_per_execution cuts its groups at the epoch ends and at stop, so {name} must be "
-                f"a number of steps, got {period!r}"
+                f"a number of steps, got {short(period)}"
             )
     start = 0 if elapsed is None else elapsed.steps
     total = None if stop is None or stop.steps is None else max(stop.steps - start, 0)
@@ -311,7 +313,7 @@ def train_loop(
     if test_dataset is not None and not callable(test_dataset):
         raise TypeError(
             f"test_dataset must be a zero-argument function returning the test batches, "
-            f"e.g. `test_dataset=lambda: get_test_batches()`; got {test_dataset!r}"
+            f"e.g. `test_dataset=lambda: get_test_batches()`; got {short(test_dataset)}"
         )
     if epoch is None and (test_dataset is not None or epoch_tasks):
         raise ValueError(
@@ -319,7 +321,7 @@ def train_loop(
             "pass epoch_duration (steps or a ciclo.Period)"
         )
     if not isinstance(test_name, str):
-        raise TypeError(f"test_name must be a string, got {test_name!r}")
+        raise TypeError(f"test_name must be a string, got {short(test_name)}")
     _check_runs_something(state, named, scheduled, Trainable, "train_loop", (train_step, on_train_step))
     if steps_per_execution != 1:
         dataset = _grouped(dataset, steps_per_execution, epoch, Period.of(stop), elapsed, batch_size_fn)

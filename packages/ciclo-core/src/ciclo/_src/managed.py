@@ -25,6 +25,7 @@ from ciclo._src.fused import as_logs_and_state, scan_steps
 from ciclo._src.learning_rate import learning_rate_logs, takes_value
 from ciclo._src.logs import Entries, Logs
 from ciclo._src.metrics import Metric
+from ciclo._src.reprs import short
 from ciclo._src.roles import Role, field, fields_with_role, params_field, roles
 from ciclo._src.strategies._local import Eager
 from ciclo._src.strategies._registry import get_strategy
@@ -250,7 +251,7 @@ def check_params(params: Any) -> None:
     path, leaf = found[0]
     more = f" (and {len(found) - 1} more leaves)" if len(found) > 1 else ""
     raise TypeError(
-        f"params{jax.tree_util.keystr(path)} is {leaf!r}{more}, not an array: optax cannot train it "
+        f"params{jax.tree_util.keystr(path)} is {short(leaf)}{more}, not an array: optax cannot train it "
         "and jax.jit cannot take it. Train only the arrays and keep the rest in a static field: for an "
         "equinox module, ciclo.create_equinox_state(model, ...) does it; by hand, "
         "`params, static = eqx.partition(model, eqx.is_array)`, a field "
@@ -447,7 +448,7 @@ def _total_loss(logs: Logs, fn: StepBody) -> jax.Array:
     losses = logs.get("losses")
     if not losses:
         raise ValueError(
-            f"managed.train_step: {getattr(fn, '__name__', fn)!r} logged no losses (collections: "
+            f"managed.train_step: {short(getattr(fn, '__name__', fn))} logged no losses (collections: "
             f"{sorted(logs)}); add the loss to differentiate with logs.add_loss('loss', value)"
         )
     total = jnp.zeros((), jnp.float32)
@@ -455,7 +456,7 @@ def _total_loss(logs: Logs, fn: StepBody) -> jax.Array:
         shape = jnp.shape(value)
         if shape != ():
             raise ValueError(
-                f"managed.train_step: loss {name!r} has shape {shape}, but losses must be scalars; "
+                f"managed.train_step: loss {short(name)} has shape {shape}, but losses must be scalars; "
                 "reduce it over the batch first, e.g. with .mean()"
             )
         total = total + value

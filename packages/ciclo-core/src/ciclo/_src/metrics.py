@@ -11,6 +11,8 @@ import jax
 import jax.numpy as jnp
 from typing_extensions import Self
 
+from ciclo._src.reprs import short
+
 T = TypeVar("T")
 
 
@@ -293,4 +295,4 @@ def as_metric(obj: object) -> Metric:
         return CluMetric(obj, type(obj))
     if callable(obj):
         return Mean(obj)
-    raise TypeError(f"as_metric() got {obj!r} of type {type(obj).__qualname__}; it accepts {_ACCEPTED}")
+    raise TypeError(f"as_metric() got {short(obj)} of type {type(obj).__qualname__}; it accepts {_ACCEPTED}")

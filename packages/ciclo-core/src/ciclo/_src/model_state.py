@@ -22,6 +22,7 @@ from ciclo._src import managed as _managed
 from ciclo._src.logs import Logs
 from ciclo._src.managed import ManagedState, create_state
 from ciclo._src.metrics import Metric, as_metric, call_with_available
+from ciclo._src.reprs import short
 from ciclo._src.roles import Role, field
 from ciclo._src.types import ModelAdapter, Strategy, SupportsToModel
 
@@ -87,7 +88,7 @@ def split_batch(batch: Any) -> tuple[Any, Any]:
         for inputs, target in BATCH_KEYS:
             if inputs in batch:
                 return batch[inputs], batch.get(target)
-        pairs = ", ".join(f"{inputs!r}/{target!r}" for inputs, target in BATCH_KEYS)
+        pairs = ", ".join(f"{short(inputs)}/{short(target)}" for inputs, target in BATCH_KEYS)
         raise KeyError(f"a batch given as a mapping needs the keys {pairs}; it has {sorted(batch)}")
     if isinstance(batch, (tuple, list)):
         if len(batch) > 2:
@@ -253,7 +254,7 @@ class ModelState(ManagedState):
             except (TypeError, ValueError) as error:
                 _add_note(
                     error,
-                    f"loss {name!r} failed on preds {_shapes(preds)} and target {_shapes(target)}; "
+                    f"loss {short(name)} failed on preds {_shapes(preds)} and target {_shapes(target)}; "
                     "integer-label losses (optax.softmax_cross_entropy_with_integer_labels) need int "
                     "labels, e.g. labels.astype(np.int32)",
                 )
@@ -325,10 +326,10 @@ def _check_losses(losses: Mapping[str, Callable[..., Any]] | Callable[..., Any] 
     if callable(losses) and not isinstance(losses, Mapping):
         return NamedLosses({"loss": losses})
     if not isinstance(losses, Mapping):
-        raise TypeError(f"losses must be a dict of name -> function (or one function), got {losses!r}")
+        raise TypeError(f"losses must be a dict of name -> function (or one function), got {short(losses)}")
     for name, fn in losses.items():
         if not isinstance(name, str) or not callable(fn):
-            raise TypeError(f"losses must map names to functions; entry {name!r} is {fn!r}")
+            raise TypeError(f"losses must map names to functions; entry {short(name)} is {short(fn)}")
     return NamedLosses(losses)
 
 
@@ -336,15 +337,15 @@ def _check_metrics(metrics: Mapping[str, Any] | None) -> dict[str, Metric]:
     if metrics is None:
         return {}
     if not isinstance(metrics, Mapping):
-        raise TypeError(f"metrics must be a dict of name -> metric or function, got {metrics!r}")
+        raise TypeError(f"metrics must be a dict of name -> metric or function, got {short(metrics)}")
     checked: dict[str, Metric] = {}
     for name, metric in metrics.items():
         if not isinstance(name, str):
-            raise TypeError(f"metric names must be strings, got {name!r}")
+            raise TypeError(f"metric names must be strings, got {short(name)}")
         try:
             checked[name] = as_metric(metric).reset()
         except TypeError as error:
-            raise TypeError(f"metric {name!r}: {error}") from None
+            raise TypeError(f"metric {short(name)}: {error}") from None
     return checked
 
 
@@ -355,7 +356,7 @@ def _as_key(key: jax.Array | int) -> jax.Array:
         return key
     if isinstance(key, jax.Array) and key.shape == (2,) and key.dtype == jnp.uint32:
         return cast(jax.Array, jax.random.wrap_key_data(key))
-    raise TypeError(f"key must be an int seed or a jax.random.key, got {key!r}")
+    raise TypeError(f"key must be an int seed or a jax.random.key, got {short(key)}")
 
 
 def create_model_state(
@@ -410,7 +411,7 @@ def create_model_state(
         Array([0., 1., 2.], dtype=float32)
     """
     if not (hasattr(tx, "init") and hasattr(tx, "update")):
-        raise TypeError(f"tx must be an optax optimizer (e.g. optax.adam(1e-3)), got {tx!r}")
+        raise TypeError(f"tx must be an optax optimizer (e.g. optax.adam(1e-3)), got {short(tx)}")
     if (inputs is None) == (variables is None):
         raise TypeError(
             "create_model_state needs sample `inputs` to initialise the model with (e.g. "
@@ -419,8 +420,8 @@ def create_model_state(
         )
     if isinstance(inputs, (tuple, list)) and inputs and all(type(n) is int for n in inputs):
         raise TypeError(
-            f"inputs={tuple(inputs)!r} looks like a shape: inputs must be an example batch, e.g. "
-            f"inputs=jnp.zeros({tuple(inputs)!r}), from which the model's shapes are inferred"
+            f"inputs={short(tuple(inputs))} looks like a shape: inputs must be an example batch, e.g. "
+            f"inputs=jnp.zeros({short(tuple(inputs))}), from which the model's shapes are inferred"
         )
     loss_fns = _check_losses(losses)
     running = _check_metrics(metrics)

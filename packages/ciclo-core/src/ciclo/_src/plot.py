@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from ciclo._src.entry_paths import entry_path as _entry_path
+from ciclo._src.reprs import short
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -59,7 +60,7 @@ def _curves(history: _Columns, entries: Sequence[str]) -> list[tuple[str, list[s
         for entry in entries:
             if _entry_path(entry, present) is None:
                 raise KeyError(
-                    f"{entry!r} appears in no history entry; present: {[f'{c}.{n}' for c, n in ordered]}"
+                    f"{short(entry)} appears in no history entry; present: {[f'{c}.{n}' for c, n in ordered]}"
                 )
             test = entry + TEST_SUFFIX
             plots.append((entry, [entry, test] if _entry_path(test, present) is not None else [entry]))
@@ -86,7 +87,7 @@ def plot_history(history: _Columns, entries: Sequence[str], path: str | os.PathL
             steps, values = history.collect("steps", key)
             if not all(_is_number(value) for value in values):
                 if entries:
-                    raise ValueError(f"History.plot draws scalar entries; {key!r} holds arrays")
+                    raise ValueError(f"History.plot draws scalar entries; {short(key)} holds arrays")
                 break  # outputs and other arrays: not curves
             curves.append((key, steps, [float(value) for value in values]))
         else:

@@ -13,6 +13,8 @@ import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from ciclo._src.reprs import short
+
 ROLE_KEY = "ciclo.role"
 """The dataclass field metadata key that holds a field's `Role`."""
 
@@ -76,7 +78,7 @@ def field(
         metadata["static"] = True
     if role is not None:
         if not isinstance(role, Role):
-            raise TypeError(f"role must be a managed.Role, got {role!r}")
+            raise TypeError(f"role must be a managed.Role, got {short(role)}")
         metadata[ROLE_KEY] = role
     return dataclasses.field(default=default, default_factory=default_factory, metadata=metadata)
 

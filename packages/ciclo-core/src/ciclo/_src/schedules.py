@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping
 from typing import final
 
 from ciclo._src.elapsed import Elapsed, Period, PeriodLike, _seconds, to_period
+from ciclo._src.reprs import short
 
 ScheduleFn = Callable[[Elapsed], bool]
 
@@ -49,7 +50,7 @@ class ScheduleBase(abc.ABC):
 
 def _check_schedule(value: object) -> ScheduleFn:
     if not callable(value):
-        raise TypeError(f"a schedule must be callable as schedule(elapsed) -> bool, got {value!r}")
+        raise TypeError(f"a schedule must be callable as schedule(elapsed) -> bool, got {short(value)}")
     return value
 
 
@@ -158,16 +159,19 @@ def _positive_period(
             continue
         if isinstance(value, bool) or not isinstance(value, int):
             raise TypeError(
-                f"{name}({label}={value!r}): the interval must be a positive int number of {label}, "
+                f"{name}({label}={short(value)}): the interval must be a positive int number of {label}, "
                 f"such as {name}({label}=10) (an interval in seconds is {name}(time=...))"
             )
         if value <= 0:
             raise ValueError(
-                f"{name}({label}={value!r}): the interval must be a positive int, such as {name}({label}=1) "
+                f"{name}({label}={short(value)}): the interval must be a positive int, such as "
+                f"{name}({label}=1) "
                 "to fire at every one"
             )
     if time is not None and _seconds("time", time) <= 0:
-        raise ValueError(f"{name}(time={time!r}): the interval must be positive, such as {name}(time=60)")
+        raise ValueError(
+            f"{name}(time={short(time)}): the interval must be positive, such as {name}(time=60)"
+        )
     return Period(steps=steps, samples=samples, time=time)  # type: ignore[arg-type]
 
 

@@ -10,6 +10,7 @@ import jax
 import numpy as np
 
 from ciclo._src.logs import Logs, LogsLike, StackedLogs
+from ciclo._src.reprs import short
 
 S = TypeVar("S")
 
@@ -20,7 +21,7 @@ NO_LOGS: LogsLike = MappingProxyType({})
 def describe(obj: Any) -> str:
     """A short name for a callback or step in error messages: its qualified name, else its repr."""
     name = getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None)
-    return name if isinstance(name, str) else repr(obj)
+    return name if isinstance(name, str) else short(obj)
 
 
 def _is_value(x: Any) -> bool:
@@ -37,7 +38,8 @@ def check_logs(logs: Any, source: Any) -> None:
     for collection, entries in logs.items():
         if not isinstance(entries, Mapping):
             raise TypeError(
-                f"{describe(source)} returned logs whose collection {collection!r} holds {entries!r}; "
+                f"{describe(source)} returned logs whose collection {short(collection)} holds "
+                f"{short(entries)}; "
                 "logs map collection -> {entry: value}, e.g. {'metrics': {'accuracy': acc}} "
                 "(build them with ciclo.logs().add_metric(name, value))"
             )
@@ -45,7 +47,7 @@ def check_logs(logs: Any, source: Any) -> None:
             for name, value in entries.items():
                 if isinstance(value, (str, bytes)):
                     raise TypeError(
-                        f"{describe(source)} logged the {type(value).__name__} {value!r} as "
+                        f"{describe(source)} logged the {type(value).__name__} {short(value)} as "
                         f"{collection}.{name}; metrics and losses must be numbers or arrays "
                         "(log text as an output: logs.add_output(name, text))"
                     )
@@ -76,9 +78,7 @@ def check_new_state(new_state: Any, state: Any, source: Any) -> None:
 
 
 def _short(value: Any) -> str:
-    text = repr(value)
-    text = text if len(text) <= 60 else text[:57] + "..."
-    return f"{text} of type {type(value).__name__}"
+    return f"{short(value, 60)} of type {type(value).__name__}"
 
 
 def step_output(output: Any, state: S, source: Any) -> tuple[LogsLike, S]:

@@ -54,6 +54,7 @@ from ciclo._src.checks import check_directory
 from ciclo._src.elapsed import Elapsed
 from ciclo._src.finite import all_finite
 from ciclo._src.logs import LogsLike
+from ciclo._src.reprs import short
 from ciclo._src.types import CallbackOutput
 
 if TYPE_CHECKING:
@@ -134,7 +135,7 @@ def _absolute_directory(directory: object) -> str:
     if not isinstance(directory, str):
         raise TypeError(
             "directory must be a str or os.PathLike[str], "
-            f"got {directory!r} of type {type(directory).__name__}"
+            f"got {short(directory)} of type {type(directory).__name__}"
         )
     if not directory:
         raise ValueError("directory must not be empty")
@@ -147,9 +148,9 @@ def _check_keep(keep: object) -> int | None:
     if keep is None:
         return None
     if isinstance(keep, bool) or not isinstance(keep, int):
-        raise TypeError(f"keep must be an int >= 1 or None, got {keep!r}")
+        raise TypeError(f"keep must be an int >= 1 or None, got {short(keep)}")
     if keep < 1:
-        raise ValueError(f"keep must be >= 1 (or None to keep every checkpoint), got {keep!r}")
+        raise ValueError(f"keep must be >= 1 (or None to keep every checkpoint), got {short(keep)}")
     return keep
 
 
@@ -157,7 +158,9 @@ def _check_monitor(monitor: object) -> str | None:
     if monitor is None:
         return None
     if not isinstance(monitor, str):
-        raise TypeError(f"monitor must be an entry name such as 'loss' or 'metrics.loss', got {monitor!r}")
+        raise TypeError(
+            f"monitor must be an entry name such as 'loss' or 'metrics.loss', got {short(monitor)}"
+        )
     if not monitor:
         raise ValueError("monitor must be an entry name such as 'loss' or 'metrics.loss', got ''")
     return monitor
@@ -222,7 +225,7 @@ def _read_settings(directory: str) -> tuple[str | None, Mode]:
         if monitor is None:
             return None, "min"
         if not isinstance(monitor, str):
-            raise TypeError(f"monitor is {monitor!r}")
+            raise TypeError(f"monitor is {short(monitor)}")
         return monitor, check_mode(mode)
     except (ValueError, TypeError, KeyError) as error:
         raise ValueError(f"cannot read the checkpoint settings in {path}: {error}") from error
@@ -437,9 +440,9 @@ def _abstract(tree: Any) -> Any:
 def _resolve_step(manager: Any, directory: str, step: object, monitor: str | None) -> int:
     if isinstance(step, str):
         if step not in ("latest", "best"):
-            raise ValueError(f"step must be an int, 'latest' or 'best', got {step!r}")
+            raise ValueError(f"step must be an int, 'latest' or 'best', got {short(step)}")
     elif isinstance(step, bool) or not isinstance(step, int):
-        raise TypeError(f"step must be an int, 'latest' or 'best', got {step!r}")
+        raise TypeError(f"step must be an int, 'latest' or 'best', got {short(step)}")
     steps = sorted(int(s) for s in manager.all_steps())
     if not steps:
         raise FileNotFoundError(f"no checkpoint in {directory}")
@@ -453,7 +456,7 @@ def _resolve_step(manager: Any, directory: str, step: object, monitor: str | Non
             )
         best = manager.best_step()
         if best is None:
-            raise FileNotFoundError(f"no checkpoint in {directory} has a value for {monitor!r}")
+            raise FileNotFoundError(f"no checkpoint in {directory} has a value for {short(monitor)}")
         return int(best)
     if step not in steps:
         raise FileNotFoundError(f"no checkpoint for step {step} in {directory}; steps present: {steps}")
@@ -578,9 +581,9 @@ class Checkpoint:
         self._monitor = _check_monitor(monitor)
         self._mode = resolve_mode(mode, self._monitor)
         if not isinstance(async_save, bool):
-            raise TypeError(f"async_save must be a bool, got {async_save!r}")
+            raise TypeError(f"async_save must be a bool, got {short(async_save)}")
         if not isinstance(overwrite, bool):
-            raise TypeError(f"overwrite must be a bool, got {overwrite!r}")
+            raise TypeError(f"overwrite must be a bool, got {short(overwrite)}")
         self._async_save = async_save
         self._overwrite = overwrite
         check_directory(self._directory, "checkpoint directory")
@@ -647,8 +650,10 @@ class Checkpoint:
         if mine != theirs:
             self._manager.close()
             raise ValueError(
-                f"{self._directory} holds checkpoints saved with monitor={theirs[0]!r}, mode={theirs[1]!r}, "
-                f"but this checkpoint has monitor={mine[0]!r}, mode={mine[1]!r}; use another directory, "
+                f"{self._directory} holds checkpoints saved with monitor={short(theirs[0])}, "
+                f"mode={short(theirs[1])}, "
+                f"but this checkpoint has monitor={short(mine[0])}, mode={short(mine[1])}; use another "
+                "directory, "
                 "or pass overwrite=True to delete the old checkpoints"
             )
 
@@ -711,7 +716,7 @@ class Checkpoint:
                 created with `resume=True` or `overwrite=True`.
         """
         if isinstance(step, bool) or not isinstance(step, int):
-            raise TypeError(f"step must be an int, got {step!r}")
+            raise TypeError(f"step must be an int, got {short(step)}")
         self._refuse_another_run()
         if self._newest is not None and step <= self._newest:
             if self._found_newest is not None and step < self._found_newest and not self._warned:
@@ -730,7 +735,7 @@ class Checkpoint:
             value = monitored_value(source, self._monitor)
             if value is None:
                 raise KeyError(
-                    f"checkpoint monitor {self._monitor!r} not found in the logs at step {step}; "
+                    f"checkpoint monitor {short(self._monitor)} not found in the logs at step {step}; "
                     f"present: {present_keys(source)}"
                 )
             metrics = {self._monitor: value}
@@ -777,7 +782,7 @@ class Checkpoint:
         """
         if not isinstance(elapsed, Elapsed):
             raise TypeError(
-                f"the first argument must be a ciclo.Elapsed, got {elapsed!r}; call ckpt(elapsed, state)"
+                f"the first argument must be a ciclo.Elapsed, got {short(elapsed)}; call ckpt(elapsed, state)"
             )
         self.save(int(elapsed.steps) + 1, state, logs)
 

@@ -19,6 +19,7 @@ from ciclo._src.callbacks._monitor import (
 from ciclo._src.elapsed import Elapsed, Period
 from ciclo._src.logs import LogsLike
 from ciclo._src.loop import LoopState
+from ciclo._src.reprs import short
 from ciclo._src.types import CallbackOutput, S
 
 _STATE_KEYS = ("best", "wait", "best_elapsed", "stopped", "best_state")
@@ -48,13 +49,13 @@ class EarlyStopping(Generic[S]):
         if name is not None and (not isinstance(name, str) or not name):
             raise TypeError(f"name must be a non-empty str or None, got {type(name).__name__}")
         if not isinstance(monitor, str) or not monitor:
-            raise TypeError(f"monitor must be the name of a logged entry, got {monitor!r}")
+            raise TypeError(f"monitor must be the name of a logged entry, got {short(monitor)}")
         if isinstance(patience, bool) or not isinstance(patience, (int, Period)):
-            raise TypeError(f"patience must be an int (checks) or a ciclo.Period, got {patience!r}")
+            raise TypeError(f"patience must be an int (checks) or a ciclo.Period, got {short(patience)}")
         if isinstance(patience, int) and patience < 0:
-            raise ValueError(f"patience must be >= 0, got {patience!r}")
+            raise ValueError(f"patience must be >= 0, got {short(patience)}")
         if min_delta < 0:
-            raise ValueError(f"min_delta must be >= 0, got {min_delta!r}")
+            raise ValueError(f"min_delta must be >= 0, got {short(min_delta)}")
         self.monitor = monitor
         self.patience = patience
         self.min_delta = float(min_delta)
@@ -81,7 +82,7 @@ class EarlyStopping(Generic[S]):
         value = monitored_value(logs, self.monitor)
         if value is None:
             raise KeyError(
-                f"early_stopping monitors {self.monitor!r}, which is not in the logs; "
+                f"early_stopping monitors {short(self.monitor)}, which is not in the logs; "
                 f"present: {present_keys(logs)}"
             )
         if self._best_elapsed is None:

@@ -10,6 +10,7 @@ import numpy as np
 from ciclo._src.elapsed import Elapsed
 from ciclo._src.logs import History, Logs
 from ciclo._src.loop import LoopState
+from ciclo._src.reprs import short
 from ciclo._src.step_output import describe
 from ciclo._src.types import CallbackOutput, S
 
@@ -69,7 +70,7 @@ def _check_aggregation(aggregation: Any, where: str) -> Reducer:
         fn = aggregation
         return lambda values, _: fn(values)
     raise ValueError(
-        f"{where}: unknown aggregation {aggregation!r}; use one of {sorted(_REDUCERS)} or a function"
+        f"{where}: unknown aggregation {short(aggregation)}; use one of {sorted(_REDUCERS)} or a function"
     )
 
 
@@ -84,8 +85,8 @@ class _Rules:
         if isinstance(aggregation, Mapping):
             for key, agg in aggregation.items():
                 if not isinstance(key, str):
-                    raise TypeError(f"{where} keys are entry or collection names, got {key!r}")
-                self.by_key[key] = _check_aggregation(agg, f"{where}[{key!r}]")
+                    raise TypeError(f"{where} keys are entry or collection names, got {short(key)}")
+                self.by_key[key] = _check_aggregation(agg, f"{where}[{short(key)}]")
         else:
             self.every = _check_aggregation(aggregation, where)
 
@@ -103,7 +104,7 @@ class _Rules:
         if unknown:
             present = sorted(f"{c}.{n}" for c, n in paths)
             raise ValueError(
-                f"aggregation names {unknown[0]!r}, which is no entry or collection of the inner "
+                f"aggregation names {short(unknown[0])}, which is no entry or collection of the inner "
                 f"loop's logs; present: {present}"
             )
 
@@ -154,7 +155,7 @@ class InnerLoop(Generic[S]):
     ) -> None:
         if not callable(loop_fn):
             raise TypeError(
-                f"inner_loop needs a function state -> (state, history, elapsed), got {loop_fn!r}"
+                f"inner_loop needs a function state -> (state, history, elapsed), got {short(loop_fn)}"
             )
         self.name = name
         self.loop_fn = loop_fn
@@ -284,7 +285,7 @@ def inner_loop(
     """
     if isinstance(name_or_loop_fn, str):
         if maybe_loop_fn is None:
-            raise TypeError(f"inner_loop({name_or_loop_fn!r}, ...) also needs the loop function")
+            raise TypeError(f"inner_loop({short(name_or_loop_fn)}, ...) also needs the loop function")
         return InnerLoop(name_or_loop_fn, maybe_loop_fn, output_state, aggregation)
     if maybe_loop_fn is not None:
         raise TypeError("inner_loop takes (name, loop_fn) or (loop_fn), not two loop functions")

@@ -15,6 +15,7 @@ from ciclo._src.callbacks._progress import (
     format_value,
 )
 from ciclo._src.elapsed import PeriodLike
+from ciclo._src.reprs import short
 
 _LOG_LINES = 10
 """Without a terminal, a bar with a known total writes a line at each tenth of it."""
@@ -105,13 +106,13 @@ class KerasBar(ProgressCallback):
     ) -> None:
         self._interval = check_interval(interval)
         if isinstance(width, bool) or not isinstance(width, int):
-            raise TypeError(f"width must be an int, got {width!r}")
+            raise TypeError(f"width must be an int, got {short(width)}")
         if width < 1:
-            raise ValueError(f"width must be >= 1, got {width!r}")
+            raise ValueError(f"width must be >= 1, got {short(width)}")
         if file is None:
             file = sys.stdout
         if not callable(getattr(file, "write", None)):
-            raise TypeError(f"file must be a text stream with a write method, got {file!r}")
+            raise TypeError(f"file must be a text stream with a write method, got {short(file)}")
         super().__init__(total)
         self._width = width
         self._file = file

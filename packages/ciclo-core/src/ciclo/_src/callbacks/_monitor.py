@@ -10,6 +10,7 @@ from typing import Any, Literal
 import numpy as np
 
 from ciclo._src.logs import Logs, LogsLike
+from ciclo._src.reprs import short
 
 Mode = Literal["min", "max"]
 """Whether lower (`"min"`) or higher (`"max"`) values of a monitored entry are better."""
@@ -48,7 +49,7 @@ def auto_mode(monitor: str) -> Mode:
 def check_mode(mode: str) -> Mode:
     """Validates `mode`, naming the valid values if it is wrong."""
     if mode not in ("min", "max"):
-        raise ValueError(f"mode must be 'min' or 'max', got {mode!r}")
+        raise ValueError(f"mode must be 'min' or 'max', got {short(mode)}")
     return mode  # type: ignore[return-value]
 
 
@@ -57,7 +58,7 @@ def resolve_mode(mode: str, monitor: str | None) -> Mode:
     if mode == "auto":
         return "min" if monitor is None else auto_mode(monitor)
     if mode not in ("min", "max"):
-        raise ValueError(f"mode must be 'auto', 'min' or 'max', got {mode!r}")
+        raise ValueError(f"mode must be 'auto', 'min' or 'max', got {short(mode)}")
     return mode  # type: ignore[return-value]
 
 
@@ -73,7 +74,7 @@ def monitored_value(logs: LogsLike, key: str) -> float | None:
     value: Any = source[path[0]][path[1]]
     array = np.asarray(value)
     if array.size != 1:
-        raise ValueError(f"monitored entry {key!r} must be a scalar, got shape {array.shape}")
+        raise ValueError(f"monitored entry {short(key)} must be a scalar, got shape {array.shape}")
     return float(array.reshape(()))
 
 
@@ -106,7 +107,8 @@ def snapshot_fields(snapshot: Any, names: tuple[str, ...], owner: str) -> Mappin
     """
     if not isinstance(snapshot, Mapping):
         raise TypeError(
-            f"{owner}.restore_callback_state takes the dict that callback_state() returned, got {snapshot!r}"
+            f"{owner}.restore_callback_state takes the dict that callback_state() returned, got "
+            f"{short(snapshot)}"
         )
     missing = [name for name in names if name not in snapshot]
     unknown = sorted(str(key) for key in snapshot if key not in names)

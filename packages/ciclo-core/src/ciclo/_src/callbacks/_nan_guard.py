@@ -12,6 +12,7 @@ import numpy as np
 
 from ciclo._src.logs import Logs
 from ciclo._src.loop_state import LoopState
+from ciclo._src.reprs import short
 from ciclo._src.types import CallbackOutput, S
 
 _log = logging.getLogger("ciclo")
@@ -34,9 +35,9 @@ class TerminateOnNaN(Generic[S]):
     def __init__(self, monitor: str | Sequence[str], check_every: int) -> None:
         names = (monitor,) if isinstance(monitor, str) else tuple(monitor)
         if not names or not all(isinstance(name, str) and name for name in names):
-            raise TypeError(f"monitor must be an entry name or a list of them, got {monitor!r}")
+            raise TypeError(f"monitor must be an entry name or a list of them, got {short(monitor)}")
         if isinstance(check_every, bool) or not isinstance(check_every, int) or check_every < 1:
-            raise ValueError(f"check_every must be an int >= 1, got {check_every!r}")
+            raise ValueError(f"check_every must be an int >= 1, got {short(check_every)}")
         self.monitor = names
         self.check_every = check_every
         self.step: int | None = None

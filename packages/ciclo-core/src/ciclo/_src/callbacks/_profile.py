@@ -10,6 +10,7 @@ import jax
 from ciclo._src.batches import steps_of
 from ciclo._src.elapsed import Elapsed
 from ciclo._src.loop_state import LoopState
+from ciclo._src.reprs import short
 from ciclo._src.step_output import NO_LOGS
 from ciclo._src.types import CallbackOutput, S
 
@@ -21,9 +22,11 @@ _Status = Literal["waiting", "tracing", "done"]
 
 def _check_step(value: object, what: str, steps: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"steps must be a step number or a (first, last) pair of step numbers, got {steps!r}")
+        raise TypeError(
+            f"steps must be a step number or a (first, last) pair of step numbers, got {short(steps)}"
+        )
     if value < 0:
-        raise ValueError(f"the {what} step to profile must be >= 0, got {steps!r}")
+        raise ValueError(f"the {what} step to profile must be >= 0, got {short(steps)}")
     return value
 
 
@@ -31,7 +34,7 @@ def _check_steps(steps: int | tuple[int, int]) -> tuple[int, int]:
     if isinstance(steps, tuple) and len(steps) == 2:
         first, last = _check_step(steps[0], "first", steps), _check_step(steps[1], "last", steps)
         if last < first:
-            raise ValueError(f"steps must be (first, last) with first <= last, got {steps!r}")
+            raise ValueError(f"steps must be (first, last) with first <= last, got {short(steps)}")
         return first, last
     step = _check_step(steps, "", steps)
     return step, step
@@ -64,7 +67,7 @@ class Profile:
         try:
             self._logdir = os.fspath(logdir)
         except TypeError:
-            raise TypeError(f"logdir must be a path (a str or os.PathLike), got {logdir!r}") from None
+            raise TypeError(f"logdir must be a path (a str or os.PathLike), got {short(logdir)}") from None
         self._first, self._last = _check_steps(steps)
         self._perfetto = bool(perfetto)
         self._status: _Status = "waiting"

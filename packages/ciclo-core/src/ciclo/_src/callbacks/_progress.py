@@ -23,6 +23,7 @@ import numpy as np
 from ciclo._src.elapsed import Elapsed, PeriodLike, to_period
 from ciclo._src.logs import Logs, LogsLike
 from ciclo._src.loop_state import LoopState
+from ciclo._src.reprs import short
 from ciclo._src.types import CallbackOutput, S
 
 Field = Literal["steps", "samples", "time"]
@@ -73,7 +74,8 @@ def resolve_total(total: PeriodLike | None, *, name: str = "total") -> Unit:
     if period.time is not None:
         return Unit("time", "s", period.time)
     raise ValueError(
-        f"{name} must count steps, samples or time; a progress bar cannot count toward a date, got {total!r}"
+        f"{name} must count steps, samples or time; a progress bar cannot count toward a date, got "
+        f"{short(total)}"
     )
 
 
@@ -224,9 +226,9 @@ def format_rate(seconds_per_unit: float, label: str) -> str:
 def check_interval(interval: object) -> float:
     """Validates a redraw interval in seconds, naming the value if it is wrong."""
     if isinstance(interval, bool) or not isinstance(interval, (int, float)):
-        raise TypeError(f"interval must be a number of seconds, got {interval!r}")
+        raise TypeError(f"interval must be a number of seconds, got {short(interval)}")
     if not interval >= 0:  # also refuses NaN
-        raise ValueError(f"interval must be >= 0 seconds, got {interval!r}")
+        raise ValueError(f"interval must be >= 0 seconds, got {short(interval)}")
     return float(interval)
 
 

@@ -9,6 +9,7 @@ from typing import Any, final
 from ciclo._src.elapsed import Elapsed, Period, PeriodLike, to_period
 from ciclo._src.logs import Logs, LogsLike
 from ciclo._src.loop_state import LoopState
+from ciclo._src.reprs import short
 from ciclo._src.step_output import NO_LOGS
 from ciclo._src.types import CallbackOutput, S
 
@@ -26,10 +27,10 @@ def _check_window(window: PeriodLike) -> Period:
     if period.date is not None:
         raise ValueError(
             f"window must count steps, samples or time: a throughput window is a duration, not a date; "
-            f"got {window!r}"
+            f"got {short(window)}"
         )
     if not (period.steps or period.samples or period.time):
-        raise ValueError(f"window must be longer than zero, got {window!r}")
+        raise ValueError(f"window must be longer than zero, got {short(window)}")
     return period
 
 

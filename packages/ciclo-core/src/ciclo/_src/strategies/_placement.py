@@ -10,6 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import multihost_utils
 
+from ciclo._src.reprs import short
+
 T = TypeVar("T")
 
 
@@ -26,7 +28,7 @@ def check_placeable(tree: Any, what: str, strategy: str) -> None:
     for path, leaf in jax.tree_util.tree_leaves_with_path(tree):
         if not isinstance(leaf, (jax.Array, np.ndarray, *_SCALARS)):
             raise TypeError(
-                f"strategy {strategy!r} cannot place {what} leaf {_name(path)} on devices: it is a "
+                f"strategy {short(strategy)} cannot place {what} leaf {_name(path)} on devices: it is a "
                 f"{type(leaf).__name__}, not an array. Make it an array, or, if it is "
                 "configuration, a static field: managed.field(static=True)."
             )
@@ -85,7 +87,7 @@ def check_divisible(batch: Any, devices: int, strategy: str) -> None:
         shape = np.shape(leaf)
         if shape and shape[0] % devices:
             raise ValueError(
-                f"strategy {strategy!r} splits each batch over the {devices} devices of this process, "
+                f"strategy {short(strategy)} splits each batch over the {devices} devices of this process, "
                 f"but batch leaf {_name(path)} has {shape[0]} rows (shape {shape}), not a multiple of "
                 f"{devices}. Use a batch size that is a multiple of {devices} (drop or pad the last, "
                 "smaller batch), or a strategy that runs on one device such as 'jit'."

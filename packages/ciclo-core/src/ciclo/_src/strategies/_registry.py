@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import overload
 
+from ciclo._src.reprs import short
 from ciclo._src.strategies._local import JIT, Eager
 from ciclo._src.strategies._pmap import PMap
 from ciclo._src.strategies._sharding import FSDP, DataParallel
@@ -69,7 +70,7 @@ def register_strategy(
 
     def register(factory: StrategyFactory) -> StrategyFactory:
         if key in _BUILT_IN or key in _registered:
-            raise ValueError(f"a strategy named {name!r} is already registered")
+            raise ValueError(f"a strategy named {short(name)} is already registered")
         _registered[key] = factory
         return factory
 
@@ -95,14 +96,16 @@ def get_strategy(strategy: str | Strategy) -> Strategy:
         if not isinstance(strategy, Strategy):
             missing = [name for name in _METHODS if not callable(getattr(strategy, name, None))]
             raise TypeError(
-                f"{strategy!r} is not a strategy: it has no {', '.join(missing)} (see ciclo.Strategy: "
+                f"{short(strategy)} is not a strategy: it has no {', '.join(missing)} (see ciclo.Strategy: "
                 f"{', '.join(_METHODS)})"
             )
         return strategy
     key = _key(strategy)
     factory = _BUILT_IN.get(key) or _registered.get(key)
     if factory is None:
-        raise ValueError(f"unknown strategy {strategy!r}; known strategies: {', '.join(strategy_names())}")
+        raise ValueError(
+            f"unknown strategy {short(strategy)}; known strategies: {', '.join(strategy_names())}"
+        )
     return factory()
 
 

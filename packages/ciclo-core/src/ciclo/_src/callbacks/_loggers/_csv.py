@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, final
 
 from ciclo._src.callbacks._loggers._base import Logger, Row
+from ciclo._src.reprs import short
 
 STEP = "step"
 """The first column: the History's step."""
@@ -20,7 +21,7 @@ class CsvSink:
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         if not isinstance(path, (str, os.PathLike)):
-            raise TypeError(f"path must be a file path, got {path!r}")
+            raise TypeError(f"path must be a file path, got {short(path)}")
         self.path = os.fspath(path)
         self._columns: list[str] | None = None  # None: the file is not opened yet
         self._after_step: int | None = None

@@ -6,6 +6,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, final
 
 from ciclo._src.callbacks._loggers._base import Logger, Row
+from ciclo._src.reprs import short
 
 
 @final
@@ -16,7 +17,7 @@ class MetricWriterSink:
         if not all(callable(getattr(writer, name, None)) for name in ("write_scalars", "flush")):
             raise TypeError(
                 f"metric_writer_logger needs a clu.metric_writers.MetricWriter "
-                f"(write_scalars and flush), got {writer!r}"
+                f"(write_scalars and flush), got {short(writer)}"
             )
         self.writer = writer
 

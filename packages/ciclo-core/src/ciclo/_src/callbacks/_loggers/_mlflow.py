@@ -6,6 +6,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, final
 
 from ciclo._src.callbacks._loggers._base import Logger, Row, import_extra
+from ciclo._src.reprs import short
 
 _BATCH = 1000
 """The most metric values MLflow takes in one `log_batch` call."""
@@ -119,5 +120,5 @@ def mlflow_logger(
         ImportError: if MLflow is not installed.
     """
     if not isinstance(experiment_name, str) or not experiment_name:
-        raise TypeError(f"experiment_name must be a non-empty string, got {experiment_name!r}")
+        raise TypeError(f"experiment_name must be a non-empty string, got {short(experiment_name)}")
     return Logger(MlflowSink(experiment_name, run_name, tracking_uri, run_id, tags))

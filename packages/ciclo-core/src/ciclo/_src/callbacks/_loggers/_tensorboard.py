@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, final
 
 from ciclo._src.callbacks._loggers._base import Logger, Row, import_extra
+from ciclo._src.reprs import short
 
 
 @final
@@ -16,7 +17,7 @@ class TensorBoardSink:
 
     def __init__(self, logdir: str | os.PathLike[str]) -> None:
         if not isinstance(logdir, (str, os.PathLike)):
-            raise TypeError(f"logdir must be a path, got {logdir!r}")
+            raise TypeError(f"logdir must be a path, got {short(logdir)}")
         # Imported when a logger is created: tensorboardX is an optional extra (with no type information).
         self._files = import_extra("tensorboardX.event_file_writer", "tensorboard", "ciclo.tensorboard")
         self._events = import_extra("tensorboardX.proto.event_pb2", "tensorboard", "ciclo.tensorboard")

@@ -1,0 +1,63 @@
+"""Bounded reprs of user values, for error messages and notes.
+
+An error that quotes a 200-batch dataset whole is 400,000 characters of noise
+around one useful sentence. `short` keeps small values as `repr` shows them and
+cuts large ones: containers to their first items, arrays to their type, shape
+and dtype.
+"""
+
+from __future__ import annotations
+
+import reprlib
+from typing import Any
+
+LIMIT = 300
+"""Characters a value takes in a message at most."""
+
+_ARRAY_ITEMS = 16
+"""An array with more elements than this is shown by type, shape and dtype."""
+
+
+class _Short(reprlib.Repr):
+    def __init__(self) -> None:
+        super().__init__()
+        self.maxlevel = 3
+        self.maxlist = self.maxtuple = self.maxdict = self.maxset = self.maxfrozenset = self.maxdeque = 8
+        self.maxstring = 160
+        self.maxlong = 60
+        self.maxother = 160
+
+    def repr1(self, x: Any, level: int) -> str:
+        shape, dtype = getattr(x, "shape", None), getattr(x, "dtype", None)
+        if isinstance(shape, tuple) and dtype is not None and _size(shape) > _ARRAY_ITEMS:
+            return f"{type(x).__name__} of shape {shape} and dtype {dtype}"
+        return super().repr1(x, level)
+
+
+def _size(shape: tuple[Any, ...]) -> int:
+    size = 1
+    for dimension in shape:
+        size *= dimension if isinstance(dimension, int) else 1
+    return size
+
+
+_SHORT = _Short()
+
+
+def short(value: Any, limit: int = LIMIT) -> str:
+    """`repr(value)`, cut to at most `limit` characters; large arrays as type, shape and dtype.
+
+    Example:
+        >>> import numpy as np
+        >>> short("a"), short([1, 2])
+        ("'a'", '[1, 2]')
+        >>> short(list(range(1000)))
+        '[0, 1, 2, 3, 4, 5, 6, 7, ...]'
+        >>> short(np.zeros((200, 64), np.float32))
+        'ndarray of shape (200, 64) and dtype float32'
+    """
+    try:
+        text = _SHORT.repr(value)
+    except Exception:  # a broken __repr__ must not hide the error being reported
+        text = f"<{type(value).__name__} object>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
