@@ -518,10 +518,9 @@ def test_early_stopping_best_weights_of_an_optax_state_are_backed_up_and_restore
     np.testing.assert_array_equal(resumed.params["w"], reference.params["w"])
 
 
-def _loop_document(directory):
-    """The newest backup's loop document (what a resume reads first)."""
-    newest = max((p for p in directory.iterdir() if p.name.isdigit()), key=lambda p: int(p.name))
-    return newest / "loop" / "metadata"
+def _steps(directory):
+    """The backups' step directories, newest first."""
+    return sorted((p for p in directory.iterdir() if p.name.isdigit()), key=lambda p: -int(p.name))
 
 
 def _small_run(directory):
@@ -534,20 +533,18 @@ def test_a_backup_is_read_as_data_and_a_pickle_in_it_never_runs(tmp_path):
     import pickle
 
     _small_run(tmp_path)
-    document = _loop_document(tmp_path)
     marker = tmp_path / "ran"
 
     class Payload:
         def __reduce__(self):
             return (open, (str(marker), "w"))
 
-    item = json.loads(document.read_text())
     old = {"format": 1, "finished": False, "payload": base64.b64encode(pickle.dumps(Payload())).decode()}
-    document.write_text(json.dumps(old))
+    for step in _steps(tmp_path):
+        (step / "loop" / "metadata").write_text(json.dumps(old))
     with pytest.raises(ValueError, match=r"earlier ciclo, whose backups held a pickle: it is not read"):
         _small_run(tmp_path)
     assert not marker.exists()
-    document.write_text(json.dumps(item))
 
 
 @pytest.mark.parametrize(
@@ -569,13 +566,48 @@ def test_a_damaged_or_crafted_backup_names_its_file_and_field(tmp_path, field, v
     import json
 
     _small_run(tmp_path)
-    document = _loop_document(tmp_path)
-    item = json.loads(document.read_text())
-    item[field] = value
-    document.write_text(json.dumps(item))
+    steps = _steps(tmp_path)
+    for step in steps:  # every backup: none is left to fall back to
+        document = step / "loop" / "metadata"
+        item = json.loads(document.read_text())
+        item[field] = value
+        document.write_text(json.dumps(item))
     with pytest.raises(ValueError, match=message) as caught:
         _small_run(tmp_path)
-    assert str(document.parent) in str(caught.value)
+    assert f"no backup in {tmp_path} can be resumed from" in str(caught.value)
+    for step in steps:
+        assert f"- step {step.name}: {step / 'loop'}" in str(caught.value)
+    assert [step.name for step in _steps(tmp_path)] == [step.name for step in steps]  # none deleted
+
+
+def _truncate_loop_document(step):
+    document = step / "loop" / "metadata"
+    document.write_text(document.read_text()[:20])
+
+
+def _zero_state_files(step):
+    for path in (step / "state").rglob("*"):
+        if path.is_file():
+            path.write_bytes(bytes(path.stat().st_size))
+
+
+@pytest.mark.parametrize("damage", [_truncate_loop_document, _zero_state_files])
+def test_a_damaged_newest_backup_is_warned_about_and_the_one_before_resumed(tmp_path, damage, caplog):
+    reference = _small_run(tmp_path / "reference")
+    _small_run(tmp_path / "run")
+    newest, previous = _steps(tmp_path / "run")[:2]
+    damage(newest)
+    with caplog.at_level("WARNING", logger="ciclo"):
+        resumed = _small_run(tmp_path / "run")
+    assert f"cannot resume from the backup at step {newest.name} in {tmp_path / 'run'}" in caplog.text
+    assert resumed[0] == reference[0] == 3
+    assert resumed[2].steps == reference[2].steps == 3
+    assert resumed[1].collect("steps") == reference[1].collect("steps")
+    # The damaged backup was replaced by the resumed run's own: a third run returns at once.
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="ciclo"):
+        assert _small_run(tmp_path / "run")[0] == 3
+    assert "cannot resume" not in caplog.text
 
 
 def test_after_a_nan_the_newest_finite_backup_is_the_resume_point(tmp_path):

@@ -323,10 +323,42 @@ class Session:
         return None if step is None else int(step)
 
     def restore(self, target: Any) -> Restored | None:
-        """The newest backup, restored into the structure, shapes and shardings of `target`."""
-        step = self.latest_step()
-        if step is None:
+        """The newest backup that can be read, restored into the structure, shapes and shardings of `target`.
+
+        A newer backup that cannot be read (a damaged file, a document that is
+        not ciclo's) is warned about with what failed, then deleted once an
+        older one is restored, so that the run saves its steps again.
+
+        Raises:
+            ValueError: if no backup in the directory can be read, naming each
+                one and what failed.
+        """
+        failures: list[tuple[int, Exception]] = []
+        for step in sorted((int(step) for step in self.manager.all_steps()), reverse=True):
+            try:
+                restored = self._restore_step(step, target)
+            except Exception as error:  # noqa: BLE001 - orbax, tensorstore and json raise anything
+                failures.append((step, error))
+                _log.warning(
+                    "cannot resume from the backup at step %d in %s: %s; trying the one before",
+                    step,
+                    self.spec.directory,
+                    error,
+                )
+                continue
+            for damaged, _ in failures:
+                self.manager.delete(damaged)
+            return restored
+        if not failures:
             return None
+        errors = "\n".join(f"- step {step}: {error}" for step, error in failures)
+        raise ValueError(
+            f"no backup in {self.spec.directory} can be resumed from:\n{errors}\nIf the loop's state "
+            "changed (another model), give backup= another directory to start afresh."
+        )
+
+    def _restore_step(self, step: int, target: Any) -> Restored:
+        """The backup of `step`, checked field by field; raises if any part of it cannot be read."""
         from ciclo._src.callbacks._checkpoint import _abstract, check_structure
 
         ocp = self._ocp
@@ -334,7 +366,6 @@ class Session:
         document = os.path.join(self.spec.directory, str(step), "loop")
         fields = _checked_loop_item(loop_item, step, document)
         where = f"at step {step} in {self.spec.directory}"
-        advice = "Was it written by another model? Give backup= another directory to start afresh."
         abstract = _abstract(target)
         try:
             stored = self.manager.item_metadata(step)["state"]
@@ -343,18 +374,13 @@ class Session:
             stored = None
         if stored is not None:
             # Compared before orbax reads anything: its own errors name no leaf.
-            try:
-                check_structure(stored, abstract, "the backup", where)
-            except ValueError as error:
-                raise ValueError(f"{error}\n{advice}") from None
+            check_structure(stored, abstract, "the backup", where)
         try:
             restored = self.manager.restore(
                 step, args=ocp.args.Composite(state=ocp.args.StandardRestore({"state": abstract}))
             )["state"]["state"]
         except Exception as error:  # noqa: BLE001 - orbax and tensorstore raise plain Exceptions
-            raise ValueError(
-                f"the backup {where} does not fit this loop's state: {error}. {advice}"
-            ) from None
+            raise ValueError(f"the backup {where} does not fit this loop's state: {error}") from None
         states = {}
         if fields["kept"]:
             # Trees shaped like the loop's state (an early stopping's best state), saved by orbax.
