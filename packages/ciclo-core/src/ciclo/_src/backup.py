@@ -318,10 +318,6 @@ class Session:
                 f.write(f'{{"format": {_FORMAT}}}\n')
             os.replace(tmp, path)
 
-    def latest_step(self) -> int | None:
-        step = self.manager.latest_step()
-        return None if step is None else int(step)
-
     def restore(self, target: Any) -> Restored | None:
         """The newest backup that can be read, restored into the structure, shapes and shardings of `target`.
 

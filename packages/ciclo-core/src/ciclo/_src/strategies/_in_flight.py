@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import jax
 import jax.numpy as jnp
@@ -50,6 +50,20 @@ def with_token(step: Step) -> TokenedStep:
         return logs, state, jnp.zeros((), jnp.bool_)
 
     return tokened
+
+
+def compile_bounded(compile: Callable[[Any], Any], step: Step, devices: list[jax.Device]) -> Step:
+    """`compile(step)`, bounded with a token when `devices` need it (see `needs_bound`).
+
+    Example:
+        >>> import jax, jax.numpy as jnp
+        >>> step = compile_bounded(jax.jit, lambda s, b: ({}, s + b), jax.local_devices()[:1])
+        >>> step(jnp.zeros(()), 1.0)[1]
+        Array(1., dtype=float32)
+    """
+    if needs_bound(devices):
+        return bounded(compile(with_token(step)))
+    return cast(Step, compile(step))
 
 
 def bounded(compiled: TokenedStep, limit: int = MAX_STEPS_IN_FLIGHT) -> Step:

@@ -15,7 +15,7 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 from ciclo._src.batches import is_stacked, split_rows
 from ciclo._src.logs import Entries, Logs, collapse_leading_axis
 from ciclo._src.roles import Role, fields_with_role
-from ciclo._src.strategies._in_flight import bounded, needs_bound, with_token
+from ciclo._src.strategies._in_flight import compile_bounded
 from ciclo._src.strategies._placement import check_divisible, check_placeable, gather
 from ciclo._src.types import StepFn
 
@@ -94,10 +94,10 @@ class PMap:
 
     def compile(self, step: StepFn, /, *, donate: bool = False) -> StepFn:
         donate_argnums = (0,) if donate and self.donate else ()
-        mapped: StepFn = (
-            bounded(jax.pmap(with_token(step), axis_name=self.axis_name, donate_argnums=donate_argnums))
-            if needs_bound(jax.local_devices())
-            else jax.pmap(step, axis_name=self.axis_name, donate_argnums=donate_argnums)
+        mapped = compile_bounded(
+            functools.partial(jax.pmap, axis_name=self.axis_name, donate_argnums=donate_argnums),
+            step,
+            jax.local_devices(),
         )
 
         def run(state: Any, batch: Any) -> tuple[Logs, Any]:

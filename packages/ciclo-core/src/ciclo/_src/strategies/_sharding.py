@@ -22,7 +22,7 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from ciclo._src.batches import Stacked, is_stacked
 from ciclo._src.logs import Entries, Logs
-from ciclo._src.strategies._in_flight import bounded, needs_bound, with_token
+from ciclo._src.strategies._in_flight import compile_bounded
 from ciclo._src.strategies._placement import check_divisible, check_placeable, place, unaliased
 from ciclo._src.types import StepFn
 
@@ -125,10 +125,10 @@ class _MeshStrategy(abc.ABC):
             return logs, jax.lax.with_sharding_constraint(state, shardings)
 
         donate_argnums = (0,) if donate and self.donate else ()
-        compiled: StepFn = (
-            bounded(jax.jit(with_token(constrained), donate_argnums=donate_argnums))
-            if needs_bound(list(self.mesh.devices.flat))
-            else jax.jit(constrained, donate_argnums=donate_argnums)
+        compiled = compile_bounded(
+            functools.partial(jax.jit, donate_argnums=donate_argnums),
+            constrained,
+            list(self.mesh.devices.flat),
         )
         if not self._multi_process:
             return compiled
