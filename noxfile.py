@@ -165,7 +165,10 @@ def tests(session: nox.Session, framework: str) -> None:
 @nox.session
 def faults(session: nox.Session) -> None:
     """Kill and resume: real training scripts killed by SIGKILL and SIGTERM, 1 and 2 processes."""
-    _install(session, CORE, "./packages/ciclo-flax", *_group("test"))
+    # The train_loop worker logs to TensorBoard (tensorboardX) and the test reads it back (tensorboard).
+    _install(
+        session, CORE.replace("]", ",tensorboard]"), "./packages/ciclo-flax", "tensorboard", *_group("test")
+    )
     _pytest(session, "tests/faults")
 
 

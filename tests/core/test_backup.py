@@ -667,3 +667,144 @@ def test_predict_loop_resumed_keeps_the_predictions_gathered_before_the_kill(tmp
         ciclo.predict_loop(0, data, tasks(crash_at(5)), backup=spec)
     _, history, _ = ciclo.predict_loop(0, data, tasks(), backup=spec)
     np.testing.assert_array_equal(np.stack(history.collect("preds"))[:, 0], np.arange(8, dtype=np.float32))
+
+
+# ------------------------------------------------------------------------- a resume checks what it resumes
+
+
+def test_a_larger_stop_goes_on_from_a_finished_run(tmp_path):
+    reference = run(tmp_path / "reference", stop=30)
+    run(tmp_path / "run", stop=20)
+    calls = []
+    longer = run(tmp_path / "run", lambda state, batch: calls.append(1), stop=30)
+    assert len(calls) == 10  # the 10 steps after the finished run's 20
+    assert_same_run(reference, longer)
+    # The same stop again: finished, returned at once.
+    assert_same_run(reference, run(tmp_path / "run", lambda state, batch: calls.append(1), stop=30))
+    assert len(calls) == 10
+
+
+def test_another_loop_kind_is_refused_before_any_step(tmp_path):
+    _small_run(tmp_path)
+    ran = []
+    with pytest.raises(
+        ValueError, match=r"written by loop, and this loop is predict_loop.*directory of this"
+    ):
+        ciclo.predict_loop(
+            0, range(4), {ciclo.on_predict_step: lambda state, batch: ran.append(batch)}, backup=tmp_path
+        )
+    assert ran == []
+
+
+def sized_batches(size, n):
+    rng = np.random.default_rng(0)
+    for _ in range(n):
+        x = rng.normal(size=(size, 3)).astype(np.float32)
+        yield x, x.sum(axis=1, keepdims=True).astype(np.float32)
+
+
+def test_another_batch_size_is_refused_before_any_step(tmp_path):
+    with pytest.raises(Crash):
+        run(tmp_path, crash_at(13), dataset=sized_batches(8, 40))
+    ran = []
+    with pytest.raises(ValueError, match=r"drawn 10 batches holding 80 samples.*hold 40: another batch size"):
+        run(tmp_path, lambda state, batch: ran.append(1), dataset=sized_batches(4, 80))
+    assert ran == []
+    # The batch size of the backed-up run resumes.
+    assert run(tmp_path, dataset=sized_batches(8, 40))[2].samples == 30 * 8
+
+
+LOCK_HOLDER = """
+import sys, time
+sys.path.insert(0, {support!r})
+import ciclo
+
+def wait_for_release(state, batch):
+    while not __import__("os").path.exists({release!r}):
+        time.sleep(0.01)
+
+ciclo.loop(0, range(2), {{ciclo.every(1): wait_for_release}}, backup={directory!r})
+"""
+
+
+def test_a_second_process_on_one_backup_directory_is_refused_with_the_owners_name(tmp_path):
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    directory, release = tmp_path / "backup", tmp_path / "release"
+    script = LOCK_HOLDER.format(support=os.getcwd(), release=str(release), directory=str(directory))
+    child = subprocess.Popen([sys.executable, "-c", script])
+    try:
+        lock = directory / "ciclo_backup.lock"
+        while not lock.exists():  # the child holds the directory once its loop has started
+            assert child.poll() is None, "the lock holder exited"
+            time.sleep(0.05)
+        with pytest.raises(
+            FileExistsError, match=rf"in use by process {child.pid} on host '{socket.gethostname()}'"
+        ):
+            _small_run(directory)
+    finally:
+        release.touch()
+        assert child.wait(timeout=120) == 0
+    assert not lock.exists()  # released when the loop ended
+    assert _small_run(directory)[2].steps == 3  # then usable: it goes on from the 2 steps of the other run
+
+
+def test_a_lock_left_by_a_killed_process_is_taken_over(tmp_path, caplog):
+    import json
+    import socket
+    import subprocess
+    import sys
+
+    gone = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    _small_run(tmp_path)
+    (tmp_path / "ciclo_backup.lock").write_text(
+        json.dumps({"pid": int(gone.stdout), "host": socket.gethostname()})
+    )
+    with caplog.at_level("WARNING", logger="ciclo"):
+        assert _small_run(tmp_path)[0] == 3
+    assert "which is gone" in caplog.text
+    assert not (tmp_path / "ciclo_backup.lock").exists()
+
+
+class FailingEnd:
+    """An object whose end hook fails, as a kill would between the last step and the loggers' end flush."""
+
+    def __loop_callback__(self, loop_state):
+        return {}, loop_state.state
+
+    def __loop_end__(self, loop_state):
+        raise Crash("end hook")
+
+
+def test_the_finished_backup_is_written_after_the_loggers_flushed(tmp_path):
+    import csv
+
+    def csv_steps():
+        with open(tmp_path / "log.csv") as file:
+            return [int(row["step"]) for row in csv.DictReader(file)]
+
+    def once(*extra):
+        return ciclo.loop(
+            0,
+            range(12),
+            {ciclo.every(1): [add, *extra, ciclo.csv_logger(tmp_path / "log.csv")]},
+            backup=ciclo.backup(tmp_path / "backup", every=5),
+        )
+
+    with pytest.raises(Crash):
+        once(FailingEnd())
+    assert not any(json_finished(step) for step in _steps(tmp_path / "backup"))  # nothing claimed finished
+    state, history, _ = once()
+    assert state == sum(range(12))
+    assert csv_steps() == list(range(12))  # each step once
+
+
+def json_finished(step):
+    import json
+
+    return json.loads((step / "loop" / "metadata").read_text())["finished"]

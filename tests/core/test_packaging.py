@@ -25,7 +25,7 @@ from support import processes
 from support.readme import run_readme
 
 import ciclo
-from ciclo._src.callbacks import _checkpoint
+from ciclo._src import orbax_io
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -225,7 +225,7 @@ def test_checkpoints_without_the_extra_say_what_to_install(tmp_path: Path) -> No
     with pytest.raises(ImportError, match=EXTRA_HINT):
         ciclo.restore_checkpoint(tmp_path, {"w": 0})
     with pytest.raises(ImportError, match=EXTRA_HINT):
-        _checkpoint._orbax()
+        orbax_io.orbax()
     assert not (tmp_path / "run").exists()
 
 

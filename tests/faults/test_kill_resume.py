@@ -8,12 +8,14 @@ the History it ends with must equal the reference exactly.
 
 from __future__ import annotations
 
+import csv
 import random
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -21,7 +23,6 @@ from support import processes
 
 WORKER = Path(__file__).with_name("worker.py")
 TIMEOUT = 600
-KILLS_PER_MODE = 6
 
 
 def start(mode: str, directory: Path, *extra: str) -> subprocess.Popen[str]:
@@ -75,13 +76,36 @@ def assert_equal_results(actual: dict[str, np.ndarray], expected: dict[str, np.n
         np.testing.assert_array_equal(actual[key], value, err_msg=key)  # bitwise
 
 
-@pytest.mark.parametrize(("mode", "seed", "span"), [("loop", 1, 8), ("train_loop", 2, 14)])
-def test_sigkill_at_random_moments_then_resume(mode: str, seed: int, span: int, tmp_path: Path) -> None:
+def read_loggers(directory: Path) -> dict[str, list[tuple[int, str, float]]]:
+    """What the TensorBoard and CSV loggers hold, each read as its own reader reads it."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(directory / "tb"), size_guidance={"scalars": 0})
+    events.Reload()  # a whole run directory, every event file in order, as TensorBoard reads it
+    tensorboard = [(e.step, tag, e.value) for tag in events.Tags()["scalars"] for e in events.Scalars(tag)]
+    with open(directory / "log.csv", newline="") as file:
+        rows = list(csv.DictReader(file))
+    table = [(int(row["step"]), k, float(v)) for row in rows for k, v in row.items() if k != "step" and v]
+    return {"tensorboard": sorted(tensorboard), "csv": sorted(table)}
+
+
+def assert_each_step_once(actual: dict[str, list[tuple[int, str, float]]], expected: dict[str, Any]) -> None:
+    for backend, written in actual.items():
+        keys = [(step, name) for step, name, _ in written]
+        assert len(keys) == len(set(keys)), f"{backend}: a step written twice"
+        # Every step, with the uninterrupted run's values (NaN included: compared by repr).
+        assert [(s, n, repr(v)) for s, n, v in written] == [(s, n, repr(v)) for s, n, v in expected[backend]]
+
+
+@pytest.mark.parametrize(("mode", "seed", "span", "kills"), [("loop", 1, 8, 6), ("train_loop", 2, 14, 10)])
+def test_sigkill_at_random_moments_then_resume(
+    mode: str, seed: int, span: int, kills: int, tmp_path: Path
+) -> None:
     reference = run_uninterrupted(mode, tmp_path / "reference")
     rng = random.Random(seed)
     directory = tmp_path / "killed"
-    kills = []
-    for i in range(KILLS_PER_MODE):
+    done = []
+    for i in range(kills):
         proc = start(mode, directory)
         if i % 2 == 0:
             # During a save: right as the first backup of this run starts.
@@ -90,10 +114,12 @@ def test_sigkill_at_random_moments_then_resume(mode: str, seed: int, span: int, 
             spec = ("step", rng.randint(1, span), rng.uniform(0.0, 0.3))
         if kill_when(proc, *spec, signum=signal.SIGKILL):
             assert proc.returncode == -signal.SIGKILL
-            kills.append(spec)
-    assert len(kills) == KILLS_PER_MODE, kills
+            done.append(spec)
+    assert len(done) == kills, done
     finish(start(mode, directory), directory)
     assert_equal_results(dict(np.load(directory / "result_0.npz")), reference)
+    if mode == "train_loop":  # with every file logger attached: each holds each step once
+        assert_each_step_once(read_loggers(directory), read_loggers(tmp_path / "reference"))
     # No orbax temporary directory is left behind, and at most `keep` backups are.
     backups = sorted(p.name for p in (directory / "backup").iterdir())
     assert not [name for name in backups if "tmp" in name], backups

@@ -5,7 +5,8 @@ Usage: python worker.py MODE DIRECTORY [PROCESS_ID PORT]
 MODE is `loop` (a hand-written jitted step in `ciclo.loop`), `train_loop` (a
 flax state with dropout and Adam, a test loop each epoch, early stopping and a
 best checkpoint), or `distributed_<strategy>` (2 processes under
-`jax.distributed`, `ciclo.loop` over a managed state). The script prints
+`jax.distributed`, `ciclo.loop` over a managed state). `train_loop` also logs
+to TensorBoard (`DIRECTORY/tb`) and CSV (`DIRECTORY/log.csv`). The script prints
 `saving <step>` just before each backup and `step <n>` after each step, and
 when it finishes writes `DIRECTORY/result_<process>.npz` (parameters and
 History). Run again after a kill, it resumes from `DIRECTORY/backup`.
@@ -138,6 +139,8 @@ def flax_train_loop() -> None:
         callbacks=[
             ciclo.early_stopping("loss_test", patience=3),
             ciclo.checkpoint(os.path.join(DIRECTORY, "best"), monitor="accuracy_test", keep=1),
+            ciclo.tensorboard(os.path.join(DIRECTORY, "tb")),
+            ciclo.csv_logger(os.path.join(DIRECTORY, "log.csv")),
         ],
         test_dataset=lambda: test,
         epoch_duration=epoch,

@@ -305,7 +305,9 @@ def test_a_resumed_run_skips_the_restored_rows_of_its_history(tmp_path: Path) ->
     resumed = ciclo.csv_logger(path)
     resumed.restore_callback_state({"step": 29})  # a backup taken before the last rows were written
     with pytest.warns(ciclo.DataWarning, match="no batch"):  # no step: the loop's end writes the rest
-        ciclo.loop(None, [], {ciclo.every(1): [resumed]}, history=history)
+        ciclo.loop(
+            None, [], {ciclo.every(1): [resumed]}, history=history, elapsed=ciclo.Elapsed.create(steps=50)
+        )
     assert_same(read_csv(tmp_path, resumed), expected(history), BACKENDS[1])
 
 
@@ -477,3 +479,42 @@ def test_arguments_are_checked() -> None:
     pytest.importorskip("wandb")
     with pytest.raises(TypeError, match="not both"):
         ciclo.wandb_logger(run=object(), project="p")
+
+
+def test_a_logger_reused_by_a_new_loop_is_refused_before_its_first_step(tmp_path: Path) -> None:
+    logger = ciclo.csv_logger(tmp_path / "log.csv")
+    history = train(logger, 0, 150)
+    with pytest.raises(ValueError, match=r"already wrote steps up to 149, and this loop starts at step 0"):
+        train(logger, 0, 150)
+    # Going on counting from the earlier loop writes each step once.
+    history_2 = train(logger, 150, STEPS)
+    assert_same(read_csv(tmp_path, logger), expected(history, history_2), BACKENDS[1])
+
+
+@pytest.mark.parametrize("backend_name", ["tensorboard", "csv"])
+def test_the_saved_state_claims_only_rows_already_on_disk(backend_name: str, tmp_path: Path) -> None:
+    backend = next(b for b in BACKENDS if b.name == backend_name)
+    pytest.importorskip(backend.module)
+    logger = backend.make(tmp_path)
+    for step in range(400):  # a hand-written loop: rows reach the sink as they reach the host
+        logger.write(step, ciclo.logs().add_metric("x", float(step)))
+    claimed = logger.callback_state()["step"]
+    assert claimed is not None and claimed >= 100
+    # Read while the logger is still open, as the files are after a SIGKILL.
+    on_disk = {step for step, _, _ in backend.read(tmp_path, logger)}
+    assert set(range(claimed + 1)) <= on_disk
+    logger.close()
+
+
+def test_a_resumed_tensorboard_run_marks_its_start_so_later_events_of_the_killed_run_are_dropped(
+    tmp_path: Path,
+) -> None:
+    pytest.importorskip("tensorboard")
+    first = ciclo.tensorboard(tmp_path / "tb")
+    history_1 = train(first, 0, 150)
+    saved = {**first.callback_state(), "step": 99}  # a backup at step 100; the killed run wrote on to 149
+    resumed = ciclo.tensorboard(tmp_path / "tb")
+    resumed.restore_callback_state(saved)
+    history_2 = train(resumed, 100, STEPS)
+    want = [row for row in expected(history_1) if row[0] < 100] + expected(history_2)
+    assert_same(read_tensorboard(tmp_path, resumed), want, BACKENDS[0])

@@ -487,10 +487,15 @@ def test_unfinished_saves_are_removed_and_keep_holds_at_start(tmp_path, caplog):
     # What a run killed mid-save and before orbax's cleanup leaves: a tmp directory and one step too many.
     (tmp_path / "40.orbax-checkpoint-tmp-1234").mkdir()
     with caplog.at_level(logging.WARNING, logger="ciclo"):
-        resumed = ciclo.checkpoint(tmp_path, keep=2)
+        resumed = ciclo.checkpoint(tmp_path, keep=2, resume=True)
     assert committed_steps(tmp_path) == resumed.all_steps() == [20, 30]
-    assert not [name for name in os.listdir(tmp_path) if "tmp" in name]
     assert any("keep=2" in record.getMessage() for record in caplog.records)
+    assert any("unfinished save" in record.getMessage() for record in caplog.records)
+    # orbax's own cleanup removes the tmp directory; a save waits for it.
+    resumed.save(50, {"w": jnp.float32(50)})
+    resumed.wait()
+    assert not [name for name in os.listdir(tmp_path) if "tmp" in name]
+    assert committed_steps(tmp_path) == [30, 50]
     resumed.close()
 
 

@@ -23,31 +23,37 @@ last `keep` (at least 2) are kept.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
+import json
 import logging
 import os
 import re
 import signal
-import threading
+import socket
 from collections.abc import Iterator
 from typing import Any
 
 import jax
 
+from ciclo._src.batches import BatchSizeFn, count
 from ciclo._src.checks import check_directory
 from ciclo._src.elapsed import Elapsed, Period, make_elapsed
 from ciclo._src.finite import all_finite
 from ciclo._src.host_json import from_json, to_json
+from ciclo._src.orbax_io import abstract, check_structure, open_manager, orbax, stored_tree
 from ciclo._src.reprs import short
-from ciclo._src.schedules import Every
+from ciclo._src.schedules import Every, crossed
 
 _log = logging.getLogger("ciclo")
 
-_FORMAT = 2
-"""The loop item's format: 2 is plain JSON data (format 1 held a pickle, which is never read)."""
+_FORMAT = 3
+"""The loop item's format: 3 records the loop (kind, stop, samples drawn); 1 held a pickle, never read."""
 _MARKER = "ciclo_backup.json"
 """Written next to the checkpoints: says the directory holds ciclo backups."""
+_LOCK = "ciclo_backup.lock"
+"""Held while a loop uses the directory: the owner's pid and host, so that a second one is refused."""
 
 
 class Preempted(SystemExit):
@@ -189,9 +195,44 @@ class Restored:
     position: int
     iterator_state: Any
     finished: bool
+    kind: str
+    stop: Period | None
+    samples: int
 
 
-_LOOP_FIELDS = ("format", "finished", "elapsed", "history", "callbacks", "position", "iterator_state", "kept")
+_LOOP_FIELDS = (
+    "format",
+    "kind",
+    "stop",
+    "finished",
+    "elapsed",
+    "history",
+    "callbacks",
+    "position",
+    "samples",
+    "iterator_state",
+    "kept",
+)
+
+
+def stop_fields(stop: Period | None) -> list[Any] | None:
+    """`stop` as the loop document records it: `[steps, samples, time, date]` or None."""
+    return None if stop is None else [stop.steps, stop.samples, stop.time, stop.date]
+
+
+def _stop_period(fields: Any, where: str) -> Period | None:
+    if fields is None:
+        return None
+    if (
+        not isinstance(fields, list)
+        or len(fields) != 4
+        or not all(x is None or (isinstance(x, (int, float)) and not isinstance(x, bool)) for x in fields)
+    ):
+        raise ValueError(f"{where}: stop is {short(fields)}, not null or [steps, samples, time, date]")
+    try:
+        return Period(*fields)
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"{where}: stop is {short(fields)}: {error}") from None
 
 
 def _checked_loop_item(item: Any, step: int, where: str) -> dict[str, Any]:
@@ -227,6 +268,11 @@ def _checked_loop_item(item: Any, step: int, where: str) -> dict[str, Any]:
             f"{where}: position is {short(position)}, not a number of batches from 0 to the {step} steps "
             "completed"
         )
+    samples = item["samples"]
+    if not isinstance(samples, int) or isinstance(samples, bool) or samples < 0:
+        raise ValueError(f"{where}: samples is {short(samples)}, not a count")
+    if not isinstance(item["kind"], str):
+        raise ValueError(f"{where}: kind is {short(item['kind'])}, not the name of a loop")
     kept = item["kept"]
     if not isinstance(kept, list) or not all(isinstance(name, str) for name in kept):
         raise ValueError(f"{where}: kept is {short(kept)}, not a list of names")
@@ -253,11 +299,10 @@ def _check_history(history: Any, where: str) -> None:
 class Session:
     """One loop's use of a `Backup`: opens the orbax manager, restores, saves on schedule."""
 
-    def __init__(self, spec: Backup, default_every: Any) -> None:
-        # the one place orbax is imported
-        from ciclo._src.callbacks._checkpoint import _orbax, barrier_prefix
-
+    def __init__(self, spec: Backup, default_every: Any, *, kind: str, stop: Period | None) -> None:
         self.spec = spec
+        self.kind = kind
+        self.stop = stop
         interval, schedule = _schedule(spec.every if spec.every is not None else default_every)
         if interval is None and schedule is None:
             interval = 1000
@@ -268,29 +313,20 @@ class Session:
                 "under several processes, backup(every=...) must be a number of steps: all processes "
                 f"must save at the same step, and a schedule in time would not agree; got {short(spec.every)}"
             )
-        ocp = _orbax()
+        ocp = orbax()
         self._ocp = ocp
         os.makedirs(spec.directory, exist_ok=True)
         self._check_marker()
-        options = ocp.CheckpointManagerOptions(
-            max_to_keep=spec.keep,
-            enable_async_checkpointing=True,
-            cleanup_tmp_directories=True,
-            create=True,
-            # Under several processes orbax names its barriers by step: a prefix of this directory's
-            # own keeps a backup and a checkpoint of the same step from waiting on each other.
-            multiprocessing_options=ocp.options.MultiprocessingOptions(
-                barrier_sync_key_prefix=barrier_prefix("ciclo_backup", spec.directory)
-            ),
-        )
-        self.manager = ocp.CheckpointManager(
+        self._locked = _lock(spec.directory)
+        self.manager = open_manager(
             spec.directory,
-            options=options,
+            "ciclo_backup",
             item_handlers={
                 "state": ocp.StandardCheckpointHandler(),
                 "kept": ocp.StandardCheckpointHandler(),
                 "loop": ocp.JsonCheckpointHandler(),
             },
+            max_to_keep=spec.keep,
         )
         self.last_saved: int | None = None
 
@@ -302,9 +338,9 @@ class Session:
         # processes, process 0 writes the marker and may already be saving: the others leave the
         # check of orbax's step directories to it, and may see the marker appear after looking for it.
         ours = re.compile(
-            r"ciclo_backup\.json(\.tmp)?"
+            r"ciclo_backup\.(json|lock)(\.tmp)?"
             if jax.process_index() == 0
-            else r"ciclo_backup\.json(\.tmp)?|\d+(\..*)?"
+            else r"ciclo_backup\.(json|lock)(\.tmp)?|\d+(\..*)?"
         )
         entries = [e for e in os.listdir(self.spec.directory) if not ours.fullmatch(e)]
         if entries:
@@ -355,25 +391,18 @@ class Session:
 
     def _restore_step(self, step: int, target: Any) -> Restored:
         """The backup of `step`, checked field by field; raises if any part of it cannot be read."""
-        from ciclo._src.callbacks._checkpoint import _abstract, check_structure
-
         ocp = self._ocp
         loop_item = self.manager.restore(step, args=ocp.args.Composite(loop=ocp.args.JsonRestore()))["loop"]
         document = os.path.join(self.spec.directory, str(step), "loop")
         fields = _checked_loop_item(loop_item, step, document)
         where = f"at step {step} in {self.spec.directory}"
-        abstract = _abstract(target)
-        try:
-            stored = self.manager.item_metadata(step)["state"]
-            stored = getattr(stored, "tree", stored)["state"]
-        except Exception:  # noqa: BLE001 - no metadata to compare with: orbax's own checks remain
-            stored = None
-        if stored is not None:
-            # Compared before orbax reads anything: its own errors name no leaf.
-            check_structure(stored, abstract, "the backup", where)
+        target_tree = abstract(target)
+        stored = stored_tree(self.manager, step, "state")
+        # Compared before orbax reads anything: its own errors name no leaf.
+        check_structure(None if stored is None else stored["state"], target_tree, "the backup", where)
         try:
             restored = self.manager.restore(
-                step, args=ocp.args.Composite(state=ocp.args.StandardRestore({"state": abstract}))
+                step, args=ocp.args.Composite(state=ocp.args.StandardRestore({"state": target_tree}))
             )["state"]["state"]
         except Exception as error:  # noqa: BLE001 - orbax and tensorstore raise plain Exceptions
             raise ValueError(f"the backup {where} does not fit this loop's state: {error}") from None
@@ -383,7 +412,7 @@ class Session:
             states = self.manager.restore(
                 step,
                 args=ocp.args.Composite(
-                    kept=ocp.args.StandardRestore({name: abstract for name in fields["kept"]})
+                    kept=ocp.args.StandardRestore({name: target_tree for name in fields["kept"]})
                 ),
             )["kept"]
         callbacks = from_json(fields["callbacks"], f"{document}: callbacks", states=states)
@@ -399,13 +428,15 @@ class Session:
             position=fields["position"],
             iterator_state=from_json(fields["iterator_state"], f"{document}: iterator_state"),
             finished=fields["finished"],
+            kind=fields["kind"],
+            stop=_stop_period(fields["stop"], document),
+            samples=fields["samples"],
         )
 
     def due(self, steps: int, now: Any) -> bool:
         """Whether the schedule asks for a backup after a step that ended at `steps`."""
         if self.interval is not None:
-            last = self.last_saved or 0
-            return steps // self.interval > last // self.interval
+            return crossed(self.last_saved or 0, steps, self.interval)
         return bool(self.schedule(now()))
 
     def save(
@@ -415,6 +446,7 @@ class Session:
         history: Any,
         callbacks: dict[str, Any],
         position: int,
+        samples: int,
         iterator_state: Any,
         *,
         finished: bool,
@@ -449,6 +481,8 @@ class Session:
         }
         loop_item = {
             "format": _FORMAT,
+            "kind": self.kind,
+            "stop": stop_fields(self.stop),
             "finished": finished,
             "elapsed": [
                 int(elapsed.steps),
@@ -459,6 +493,7 @@ class Session:
             "history": to_json(history.to_host(), "the history"),
             "callbacks": callbacks_data,
             "position": int(position),
+            "samples": int(samples),
             "iterator_state": to_json(iterator_state, "the dataset iterator's get_state()"),
             "kept": sorted(kept),
         }
@@ -482,13 +517,24 @@ class Session:
             self.manager.wait_until_finished()
 
     def close(self) -> None:
-        """Finishes the pending save (also after Ctrl-C or an error) and releases the manager."""
-        self.manager.wait_until_finished()
-        self.manager.close()
+        """Finishes the pending save (also after Ctrl-C or an error), releases the manager and the lock."""
+        try:
+            self.manager.wait_until_finished()
+            self.manager.close()
+        finally:
+            if self._locked:
+                _unlock(self.spec.directory)
 
 
-def position_dataset(iterator: Iterator[Any], dataset: Any, restored: Restored) -> Iterator[Any]:
-    """`iterator` moved to where the backed-up run stopped drawing batches."""
+def position_dataset(
+    iterator: Iterator[Any], dataset: Any, restored: Restored, batch_size_fn: BatchSizeFn
+) -> Iterator[Any]:
+    """`iterator` moved to where the backed-up run stopped drawing batches.
+
+    Batches are skipped by number, so their samples are counted too: a dataset
+    whose first `position` batches hold another number of samples (another
+    batch size) would resume misaligned, and is refused.
+    """
     if restored.iterator_state is not None:
         iterator.set_state(restored.iterator_state)  # type: ignore[attr-defined]
         return iterator
@@ -500,14 +546,22 @@ def position_dataset(iterator: Iterator[Any], dataset: Any, restored: Restored) 
             f"and the run must skip the {restored.position} batches it used. Pass a fresh generator, or an "
             "iterator with get_state()/set_state()"
         )
+    samples = 0
     for index in range(restored.position):
         try:
-            next(iterator)
+            samples += count(next(iterator), batch_size_fn)[1]
         except StopIteration:
             raise ValueError(
                 f"cannot resume from the backup: the dataset ended after {index} batches, but the backed-up "
                 f"run had used {restored.position}. Resuming needs the same batches in the same order"
             ) from None
+    if samples != restored.samples:
+        raise ValueError(
+            f"cannot resume from the backup: the backed-up run had drawn {restored.position} batches holding "
+            f"{restored.samples} samples, but the first {restored.position} batches of this dataset hold "
+            f"{samples}: another batch size would resume at another sample. Resume with the batch size of "
+            "the backed-up run, or give backup= another directory to start afresh"
+        )
     return iterator
 
 
@@ -518,53 +572,65 @@ def iterator_state(iterator: Any) -> Any:
     return None
 
 
-class SignalGuard:
-    """Turns SIGTERM and SIGINT into a request to stop after the step in flight, for one loop.
+def _lock(directory: str) -> bool:
+    """Takes the directory's lock for this process (process 0 of several); False where another holds it.
 
-    A signal is only caught where Python still has its default handler for it
-    and in the main thread, so a loop inside another (or a program with its own
-    handlers) leaves them alone. A second SIGINT raises `KeyboardInterrupt` at
-    once. Under several processes SIGTERM is JAX's preemption notice: every
-    process stops at the same step, its sync point.
+    A lock left by a process of this host that is gone (a SIGKILL) is taken over.
+
+    Raises:
+        FileExistsError: if a live process (or one on another host) holds it,
+            naming its pid and host.
     """
-
-    def __init__(self, *, sigterm: bool, sigint: bool) -> None:
-        self.signum: int | None = None
-        self.forced = False
-        """Whether a second Ctrl-C raised: that KeyboardInterrupt always propagates."""
-        self._previous: dict[int, Any] = {}
-        self.sync_point = sigterm and jax.process_count() > 1
-        if threading.current_thread() is not threading.main_thread():
-            return
-        if sigterm and not self.sync_point and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
-            self._previous[signal.SIGTERM] = signal.signal(signal.SIGTERM, self._handle)
-        if sigint and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-            self._previous[signal.SIGINT] = signal.signal(signal.SIGINT, self._handle)
-
-    @property
-    def active(self) -> bool:
-        return bool(self._previous) or self.sync_point
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        if self.signum is not None and signum == signal.SIGINT:
-            self.forced = True
-            raise KeyboardInterrupt  # a second Ctrl-C stops at once
-        self.signum = signum
-
-    def requested(self, steps: int) -> bool:
-        """Whether to stop after the step that ended at `steps`."""
-        if self.signum is not None:
-            return True
-        if self.sync_point:
-            from jax.experimental import multihost_utils
-
-            if multihost_utils.reached_preemption_sync_point(steps):
-                self.signum = signal.SIGTERM
-                return True
+    if jax.process_index() != 0:
         return False
+    path = os.path.join(directory, _LOCK)
+    owner = {"pid": os.getpid(), "host": socket.gethostname()}
+    for _ in range(2):
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            holder = _lock_holder(path)
+            if holder is not None and holder.get("host") == owner["host"] and not _alive(holder.get("pid")):
+                _log.warning(
+                    "taking over the lock of %s left by process %s, which is gone", directory, holder
+                )
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+                continue
+            pid = short(holder and holder.get("pid"))
+            raise FileExistsError(
+                f"the backup directory {directory} is in use by process {pid} "
+                f"on host {short(holder and holder.get('host'))} ({path}): two runs on one backup would "
+                "overwrite each other's steps. Give this run another directory; if that process is gone, "
+                f"delete {path}"
+            ) from None
+        with os.fdopen(fd, "w", encoding="utf-8") as file:
+            json.dump(owner, file)
+        return True
+    return False
 
-    def release(self) -> None:
-        """Gives the signals back to the handlers they had."""
-        for signum, previous in self._previous.items():
-            signal.signal(signum, previous)
-        self._previous = {}
+
+def _lock_holder(path: str) -> dict[str, Any] | None:
+    try:
+        with open(path, encoding="utf-8") as file:
+            holder = json.load(file)
+    except (OSError, ValueError):
+        return None
+    return holder if isinstance(holder, dict) else None
+
+
+def _alive(pid: Any) -> bool:
+    if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _unlock(directory: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(os.path.join(directory, _LOCK))

@@ -11,21 +11,12 @@ import dataclasses
 import inspect
 import logging
 import os
-import signal
 import sys
 import warnings
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Final, cast, final
 
-from ciclo._src.backup import (
-    Backup,
-    Preempted,
-    Session,
-    SignalGuard,
-    as_backup,
-    iterator_state,
-    position_dataset,
-)
+from ciclo._src.backup import Backup
 from ciclo._src.batches import BatchSizeFn, Stacked, count, is_stacked, steps_of
 from ciclo._src.checks import DataWarning
 from ciclo._src.elapsed import Clock, Elapsed, Period, PeriodLike, make_elapsed, to_period
@@ -33,8 +24,9 @@ from ciclo._src.logs import History, Logs, StackedLogs
 from ciclo._src.loop_state import LoopState as LoopState
 from ciclo._src.loop_state import keyed_callbacks
 from ciclo._src.reprs import short
-from ciclo._src.schedules import Every, ScheduleBase
+from ciclo._src.schedules import Every, ScheduleBase, crossed
 from ciclo._src.step_output import describe, step_output
+from ciclo._src.survival import Survival
 from ciclo._src.types import S, Schedule, StatefulCallback, Tasks
 
 _log = logging.getLogger("ciclo")
@@ -262,10 +254,6 @@ def _steps_only(period: Period) -> bool:
     return period.steps is not None and period == Period(steps=period.steps)
 
 
-def _boundaries_upto(steps: int, offset: int, period: int) -> int:
-    return 0 if steps < offset else (steps - offset) // period + 1
-
-
 def _fires_every_step(schedule: Any) -> bool:
     return type(schedule) is Every and schedule.period.steps == 1 and schedule.offset is None
 
@@ -399,14 +387,14 @@ def _warn_dataset_ended(drawn: int, steps: int, stop: Any) -> None:
             "the dataset yielded no batch, so the loop ran no step; check the dataset (an iterator or "
             "generator already used by an earlier loop is empty: create a fresh one for each loop)",
             DataWarning,
-            stacklevel=4,
+            stacklevel=5,
         )
     elif stop is not None:
         warnings.warn(
             f"the dataset ended after {steps} steps, before stop={short(stop)}: the loop stopped there; "
             "pass a longer or repeating dataset (one that repeats for several epochs), or a smaller stop",
             DataWarning,
-            stacklevel=4,
+            stacklevel=5,
         )
 
 
@@ -431,6 +419,70 @@ def _after_step(before: Elapsed, batch: Any, batch_size_fn: BatchSizeFn) -> Elap
     return make_elapsed(before.steps + steps, before.samples + samples, before.time, before.date_start)
 
 
+@dataclasses.dataclass
+class _Plan:
+    """A loop's callbacks, compiled once when it is built: tasks, start and end callbacks, hooks."""
+
+    tasks: list[_Task]
+    start_callbacks: list[_Callback]
+    end_callbacks: list[_Callback]
+    start_hooks: list[Callable[[LoopState[Any]], None]]
+    end_hooks: list[Callable[[LoopState[Any]], None]]
+    stateful: dict[str, Any]
+
+    @classmethod
+    def build(cls, phases: Sequence[Phase], on_start: Any, on_end: Any) -> _Plan:
+        if isinstance(phases, Phase) or not isinstance(phases, Sequence):
+            raise TypeError(f"phases must be a list of ciclo.Phase, got {short(phases)}")
+        tasks = [task for phase in phases for task in _compile_phase(phase)]
+        start, end = as_callback_list(on_start, "on_start"), as_callback_list(on_end, "on_end")
+        owners = _owners([*start, *(callback for task in tasks for callback in task.callbacks), *end])
+        hooks = {name: [getattr(o, name) for o in owners if hasattr(o, name)] for name in _HOOKS}
+        stateful = keyed_callbacks(owner for owner in owners if isinstance(owner, StatefulCallback))
+        return cls(tasks, start, end, hooks["__loop_start__"], hooks["__loop_end__"], stateful)
+
+    def run_end_hooks(self, loop_state: LoopState[Any], clock: Clock) -> None:
+        """Runs every end hook (loggers flush, checkpoints finish) even after one fails; raises the first."""
+        loop_state._elapsed = clock.now()
+        loop_state._ended = True
+        error: BaseException | None = None
+        for hook in self.end_hooks:
+            try:
+                hook(loop_state)
+            except BaseException as raised:  # noqa: BLE001 - re-raised once the other hooks ran
+                error = error or raised
+        if error is not None:
+            raise error
+
+
+_HOOKS = ("__loop_start__", "__loop_end__")
+
+
+def _check_stop(stop: PeriodLike | None) -> Period | None:
+    period = to_period(stop)
+    if period is not None and period == Period(steps=0):
+        raise ValueError(
+            "stop=0 would run no step: pass the number of steps to run (>= 1), a period such as "
+            "ciclo.at(samples=...), or stop=None to run until the dataset ends"
+        )
+    return period
+
+
+def _as_history(history: History | None) -> History:
+    if history is None:
+        return History()
+    if not isinstance(history, History):
+        raise TypeError(f"history must be a ciclo.History, got {short(history)}")
+    return history
+
+
+def _iterate(dataset: Iterable[Any]) -> Iterator[Any]:
+    try:
+        return iter(dataset)
+    except TypeError:
+        raise TypeError(f"dataset must be an iterable of batches, got {short(dataset)}") from None
+
+
 def run_phases(
     state: S,
     dataset: Iterable[Any],
@@ -446,18 +498,15 @@ def run_phases(
     batch_size_fn: BatchSizeFn | None = None,
     backup: Backup | str | os.PathLike[str] | None = None,
     backup_every: Any = None,
+    kind: str = "run_phases",
 ) -> tuple[S, History, Elapsed]:
     """The loop engine: runs `phases` in order at each step of `dataset`.
 
-    At each step, each phase runs its tasks in order: the callbacks of each
-    schedule that fires (see `ciclo.Phase`). Each callback may return new logs
-    (merged into the step's logs) and a new state. Steps that logged anything
-    are committed to the history. The loop never waits for the device: logged
-    arrays stay on it until they are shown or collected.
-
-    `ciclo.loop`, `train_loop`, `test_loop` and `predict_loop` are all this
-    engine with their own phases; a loop of your own (a GAN alternating a
-    discriminator phase and a generator phase, say) is built the same way.
+    Each phase runs the callbacks of each of its schedules that fires (see
+    `ciclo.Phase`); their logs are merged into the step's logs and committed to
+    the history, without waiting for the device. `ciclo.loop` and the
+    predefined loops are this engine with their own phases, as a loop of your
+    own (a GAN alternating two phases, say) is.
 
     Args:
         state: the initial state (any pytree).
@@ -465,25 +514,22 @@ def run_phases(
         phases: the `ciclo.Phase`s of a step, in the order they run.
         stop: stop when this `Period` (or number of steps) is reached; otherwise
             when the dataset ends or a callback stops the loop.
-        on_start: callback(s) run once, before the first step's phases (not again
-            when the run resumes from a backup taken after its first step).
+        on_start: callback(s) run once before the first step (not again when
+            the run resumes from a backup taken after it).
         on_end: callback(s) run once after the last step.
         history: commit to this `History` instead of a new one.
         elapsed: resume counting from this `Elapsed`.
-        catch_keyboard_interrupt: on Ctrl-C, finish the step in flight, stop and
-            return what was computed so far instead of raising (a second
-            Ctrl-C raises at once).
+        catch_keyboard_interrupt: on Ctrl-C, finish the step in flight and
+            return what was computed (a second Ctrl-C raises at once).
         metadata: any value, available to callbacks as `loop_state.metadata`.
-        batch_size_fn: counts the samples of a batch (default: leading dimension
-            of its first array leaf).
+        batch_size_fn: counts a batch's samples (default: its leading dimension).
         backup: a directory or `ciclo.backup(...)`: save what the loop needs to
-            resume, and resume from it when it holds a backup (see `ciclo.backup`).
-        backup_every: how often to back up when `backup` does not say (a number
-            of steps, a `Period` or a schedule; default 1000 steps).
+            resume, and resume from it (see `ciclo.backup`).
+        backup_every: how often to back up when `backup` does not say.
+        kind: the loop's name in its backups: a backup of another kind is refused.
 
     Returns:
-        `(state, history, elapsed)`: the final state, the history of logs, and
-        the `Elapsed` after the last step.
+        `(state, history, elapsed)` after the last step.
 
     Raises:
         ciclo.Preempted: after saving the backup on SIGTERM (or on SIGINT with
@@ -506,193 +552,125 @@ def run_phases(
         >>> state, history.collect("d"), history.collect("g")
         (2, [0, 1, 2, 3], [0, 2])
     """
-    stop_period = to_period(stop)
-    if stop_period is not None and stop_period == Period(steps=0):
-        raise ValueError(
-            "stop=0 would run no step: pass the number of steps to run (>= 1), a period such as "
-            "ciclo.at(samples=...), or stop=None to run until the dataset ends"
-        )
-    if isinstance(phases, Phase) or not isinstance(phases, Sequence):
-        raise TypeError(f"phases must be a list of ciclo.Phase, got {short(phases)}")
-    tasks = [task for phase in phases for task in _compile_phase(phase)]
-    start_callbacks = as_callback_list(on_start, "on_start")
-    end_callbacks = as_callback_list(on_end, "on_end")
-    if history is None:
-        history = History()
-    elif not isinstance(history, History):
-        raise TypeError(f"history must be a ciclo.History, got {short(history)}")
-
-    every_callback = [callback for task in tasks for callback in task.callbacks]
-    owners = _owners([*start_callbacks, *every_callback, *end_callbacks])
-    start_hooks = [hook for hook in (getattr(owner, "__loop_start__", None) for owner in owners) if hook]
-    end_hooks = [hook for hook in (getattr(owner, "__loop_end__", None) for owner in owners) if hook]
-    stateful = keyed_callbacks(owner for owner in owners if isinstance(owner, StatefulCallback))
-    try:
-        iterator = iter(dataset)
-    except TypeError:
-        raise TypeError(f"dataset must be an iterable of batches, got {short(dataset)}") from None
-
-    spec = as_backup(backup)
-    session = None if spec is None else Session(spec, backup_every)
-    restored = None
-    if session is not None:
-        try:
-            restored = session.restore(state)
-        except BaseException:
-            session.close()
-            raise
-        if restored is not None:
-            state, elapsed = restored.state, restored.elapsed
-            history.load_host(restored.history)
-            _log.info("resumed from the backup at step %d in %s", restored.step, spec.directory)  # type: ignore[union-attr]
-            if restored.finished:
-                session.close()
-                return state, history, elapsed
-
+    stop_period = _check_stop(stop)
+    plan = _Plan.build(phases, on_start, on_end)
+    history = _as_history(history)
+    iterator = _iterate(dataset)
+    survival = Survival(
+        backup, backup_every, kind=kind, stop=stop_period, catch_keyboard_interrupt=catch_keyboard_interrupt
+    )
+    restored = survival.restore(state, history)
+    if restored is not None:
+        state, elapsed = restored.state, restored.elapsed
+        if survival.done:
+            survival.close()
+            return state, history, elapsed
     clock = Clock(elapsed, batch_size_fn)
-    size_fn = clock.batch_size_fn
     loop_state: LoopState[S] = LoopState(state, history=history, metadata=metadata)
     loop_state._now = clock.now
-    loop_state._callback_objects = stateful
-    drawn = 0  # batches taken from the dataset: its position, for backups
+    loop_state._callback_objects = plan.stateful
+    iterator, drawn = survival.start(loop_state, clock, iterator, dataset, plan.start_hooks)
+    # Not again after a backup past the first step: test_loop's reset_step would zero its metrics.
+    start_callbacks = plan.start_callbacks if restored is None or restored.step == 0 else []
+    hooks_ran = False
     try:
-        if restored is not None:
-            loop_state.restore_callback_states(restored.callbacks)
-            iterator = position_dataset(iterator, dataset, restored)
-            drawn = restored.position
-        for hook in start_hooks:  # each refuses what it can know before the first step
-            hook(loop_state)
-    except BaseException:
-        if session is not None:
-            session.close()
-        raise
-    guard = SignalGuard(
-        sigterm=session is not None, sigint=catch_keyboard_interrupt or (spec is not None and spec.sigint)
-    )
-    watch = guard.active
-
-    def save(*, finished: bool, wait: bool) -> None:
-        assert session is not None
-        session.save(
-            loop_state.state,
-            clock.now(),
-            history,
-            loop_state.callback_states(),
-            drawn,
-            iterator_state(iterator),
-            finished=finished,
-            wait=wait,
-        )
-
-    if session is not None and restored is None:
-        # A backup of the start: a run killed before its first periodic backup resumes as a
-        # resumed run too (its checkpoint callbacks then know the checkpoints are their own).
-        save(finished=False, wait=False)
-
-    # Only a stop in steps alone is checked on the counters; other periods need an Elapsed.
-    stop_steps = stop_period.steps if stop_period is not None else None
-    stop_by_steps_only = stop_period is not None and (
-        stop_period.samples is None and stop_period.time is None and stop_period.date is None
-    )
-    # A run resumed after its first step does not run them again: the backed-up state is what they made
-    # (test_loop's reset_step would zero the metrics accumulated before the backup).
-    pending_start = start_callbacks if restored is None or restored.step == 0 else []
-    append = history.append
-    first_drawn, exhausted = drawn, False
-    try:
-        while True:
-            if stop_period is not None:
-                if stop_by_steps_only:
-                    if clock.steps >= stop_steps:  # type: ignore[operator]
-                        break
-                elif clock.now() >= stop_period:
-                    break
-            try:
-                batch = next(iterator)
-            except StopIteration:
-                exhausted = True
-                break
-            except Exception as error:
-                _annotate_dataset_error(error, clock.steps, drawn - first_drawn)
-                raise
-            drawn += 1
-            loop_state.batch = batch
-            loop_state._elapsed = None
-            loop_state._logs = None
-            loop_state._owns_logs = False
-            if pending_start:
-                _run_callbacks(loop_state, pending_start)
-                pending_start = []
-            before: Elapsed | None = None
-            for task in tasks:
-                if task.after_step:
-                    boundary = task.steps_boundary
-                    if boundary is not None:
-                        period, offset = boundary
-                        done = clock.steps + steps_of(batch)
-                        if _boundaries_upto(done, offset, period) <= _boundaries_upto(
-                            clock.steps, offset, period
-                        ):
-                            continue
-                    if before is None:
-                        before = loop_state.elapsed
-                    after = _after_step(before, batch, size_fn)
-                    if boundary is None and task.check is not None and not task.check(after):
-                        continue
-                    loop_state._elapsed = after
-                    _run_callbacks(loop_state, task.callbacks)
-                    loop_state._elapsed = before
-                else:
-                    if task.check is not None and not task.check(loop_state.elapsed):
-                        continue
-                    _run_callbacks(loop_state, task.callbacks)
-                if loop_state.stop_iteration:
-                    break
-            step_logs = loop_state._logs
-            if step_logs:
-                if loop_state._per_step is None and loop_state._elapsed is None:
-                    append(clock.steps, clock.samples, clock.seconds(), step_logs)
-                else:
-                    _commit(history, loop_state, clock, step_logs)
-            clock.advance(batch)
-            if loop_state.stop_iteration:
-                break
-            if watch and guard.requested(clock.steps):
-                signum = guard.signum
-                if session is not None and (signum != signal.SIGINT or spec.sigint):  # type: ignore[union-attr]
-                    save(finished=False, wait=True)
-                    raise Preempted(signum, clock.steps)  # type: ignore[arg-type]
-                raise KeyboardInterrupt
-            if session is not None and session.due(clock.steps, clock.now):
-                save(finished=False, wait=False)
-
-        if exhausted:
-            _warn_dataset_ended(drawn - first_drawn, clock.steps, stop)
-        loop_state._elapsed = clock.now()
-        loop_state._logs = None
-        loop_state._ended = True
-        _run_callbacks(loop_state, end_callbacks)
-        if session is not None:
-            save(finished=True, wait=True)
+        drawn = _run_steps(plan, loop_state, clock, iterator, survival, drawn, stop_period, start_callbacks)
+        loop_state._elapsed, loop_state._logs, loop_state._ended = clock.now(), None, True
+        _run_callbacks(loop_state, plan.end_callbacks)
+        hooks_ran = True
+        plan.run_end_hooks(loop_state, clock)  # loggers flush before the finished backup claims their rows
+        survival.finish(loop_state, clock, drawn)
     except KeyboardInterrupt:
         # A second Ctrl-C (during a preemption save, say) is the user insisting: it is never caught.
-        if not catch_keyboard_interrupt or guard.forced:
+        if not catch_keyboard_interrupt or survival.forced:
             raise
         _log.warning("KeyboardInterrupt: loop stopped at step %d", clock.steps)
     finally:
-        loop_state._elapsed = clock.now()
-        loop_state._ended = True
         try:
-            for hook in end_hooks:
-                hook(loop_state)
+            if not hooks_ran:
+                plan.run_end_hooks(loop_state, clock)
         finally:
-            try:
-                if session is not None:
-                    session.close()
-            finally:
-                # Released last: a Ctrl-C while the end hooks or the last save finish only sets the flag.
-                guard.release()
+            survival.close()
+    loop_state._elapsed = clock.now()
     return loop_state.state, history, loop_state.elapsed
+
+
+def _run_steps(
+    plan: _Plan,
+    loop_state: LoopState[Any],
+    clock: Clock,
+    iterator: Iterator[Any],
+    survival: Survival,
+    drawn: int,
+    stop: Period | None,
+    start_callbacks: list[_Callback],
+) -> int:
+    """The steps: draws each batch, runs the tasks, commits the logs; returns the batches drawn."""
+    # Only a stop in steps alone is checked on the counters; other periods need an Elapsed.
+    steps_only = stop is not None and (stop.samples, stop.time, stop.date) == (None, None, None)
+    stop_steps = stop.steps if steps_only else None  # type: ignore[union-attr]
+    stop_at = None if stop is None or stop_steps is not None else stop
+    append, history, watching = loop_state.history.append, loop_state.history, survival.watching
+    first_drawn, tasks = drawn, plan.tasks
+    while True:
+        if (stop_steps is not None and clock.steps >= stop_steps) or (
+            stop_at is not None and clock.now() >= stop_at
+        ):
+            return drawn
+        try:
+            batch = next(iterator)
+        except StopIteration:
+            _warn_dataset_ended(drawn - first_drawn, clock.steps, stop if stop_steps is None else stop_steps)
+            return drawn
+        except Exception as error:
+            _annotate_dataset_error(error, clock.steps, drawn - first_drawn)
+            raise
+        drawn += 1
+        loop_state.batch = batch
+        loop_state._elapsed = None
+        loop_state._logs = None
+        loop_state._owns_logs = False
+        if start_callbacks:
+            _run_callbacks(loop_state, start_callbacks)
+            start_callbacks = []
+        _run_tasks(tasks, loop_state, clock, batch)
+        step_logs = loop_state._logs
+        if step_logs:
+            if loop_state._per_step is None and loop_state._elapsed is None:
+                append(clock.steps, clock.samples, clock.seconds(), step_logs)
+            else:
+                _commit(history, loop_state, clock, step_logs)
+        clock.advance(batch)
+        if loop_state.stop_iteration:
+            return drawn
+        if watching:
+            survival.after_step(loop_state, clock, drawn)
+
+
+def _run_tasks(tasks: list[_Task], loop_state: LoopState[Any], clock: Clock, batch: Any) -> None:
+    """One step's tasks: those whose schedule fires, on the counts before the step (at_step_end: after)."""
+    before: Elapsed | None = None
+    for task in tasks:
+        if task.after_step:
+            boundary = task.steps_boundary
+            if boundary is not None:
+                period, offset = boundary
+                if not crossed(clock.steps, clock.steps + steps_of(batch), period, offset):
+                    continue
+            if before is None:
+                before = loop_state.elapsed
+            after = _after_step(before, batch, clock.batch_size_fn)
+            if boundary is None and task.check is not None and not task.check(after):
+                continue
+            loop_state._elapsed = after
+            _run_callbacks(loop_state, task.callbacks)
+            loop_state._elapsed = before
+        else:
+            if task.check is not None and not task.check(loop_state.elapsed):
+                continue
+            _run_callbacks(loop_state, task.callbacks)
+        if loop_state.stop_iteration:
+            return
 
 
 def loop(
@@ -771,4 +749,5 @@ def loop(
         metadata=metadata,
         batch_size_fn=batch_size_fn,
         backup=backup,
+        kind="loop",
     )

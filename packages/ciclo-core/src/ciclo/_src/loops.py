@@ -382,6 +382,7 @@ def train_loop(
         metadata=metadata,
         batch_size_fn=batch_size_fn,
         backup=backup,
+        kind="train_loop",
         backup_every=epoch,  # by default, a backup at each epoch's end
     )
 
@@ -448,6 +449,7 @@ def test_loop(
         metadata=metadata,
         batch_size_fn=batch_size_fn,
         backup=backup,
+        kind="test_loop",
     )
 
 
@@ -519,4 +521,5 @@ def predict_loop(
         metadata=metadata,
         batch_size_fn=batch_size_fn,
         backup=backup,
+        kind="predict_loop",
     )

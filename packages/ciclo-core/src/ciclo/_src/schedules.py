@@ -5,7 +5,6 @@ from __future__ import annotations
 import abc
 import dataclasses
 import datetime
-import math
 from collections.abc import Callable, Mapping
 from typing import final
 
@@ -84,10 +83,24 @@ class _Not(ScheduleBase):
 
 
 def _boundaries_upto(value: float, offset: float, interval: float) -> int:
-    """How many of the boundaries offset, offset + interval, ... are <= value."""
+    """How many of the boundaries offset, offset + interval, ... are <= value (exact for ints)."""
     if value < offset:
         return 0
-    return math.floor((value - offset) / interval) + 1
+    return int((value - offset) // interval) + 1
+
+
+def crossed(before: float, after: float, interval: float, offset: float = 0) -> bool:
+    """Whether a boundary `offset + k * interval` (k >= 0) lies in `(before, after]`.
+
+    The one "boundary crossed" rule: `Every`, the loop's epoch ends and
+    `backup(every=N)` all fire when a count crosses a boundary, also when it
+    jumps over several at once (fused steps).
+
+    Example:
+        >>> crossed(7, 8, 4), crossed(8, 9, 4), crossed(3, 12, 4, offset=1)
+        (True, False, True)
+    """
+    return _boundaries_upto(after, offset, interval) > _boundaries_upto(before, offset, interval)
 
 
 @final
@@ -137,9 +150,7 @@ class Every(ScheduleBase):
                     hit = value >= start and (value - start) % interval == 0
             else:
                 assert last is not None
-                hit = _boundaries_upto(value, start, interval) > _boundaries_upto(
-                    last[index], start, interval
-                )
+                hit = crossed(last[index], value, interval, start)
             fired = fired or hit
         self._last = current
         self._last_result = fired

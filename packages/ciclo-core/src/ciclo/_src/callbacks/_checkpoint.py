@@ -12,32 +12,25 @@ Survival rules: a checkpoint is numbered with the steps completed, so the one of
 step N holds the state after N updates; a state whose monitored value (or,
 without `monitor`, whose `loss` entry) is NaN or infinite is never saved; Ctrl-C
 is held back while orbax starts or finishes a save; at start, unfinished
-`*.orbax-checkpoint-tmp*` directories are removed and `keep` is enforced; a run
+`*.orbax-checkpoint-tmp*` directories are removed (by orbax) and `keep` is enforced; a run
 that neither resumed from a directory's checkpoints nor was told to overwrite
 them refuses to add its own.
 
-orbax logs about fifty INFO lines per save through absl; a filter on the
-`absl` logger drops orbax's records below WARNING, so a program that logs at
-INFO stays readable. Other absl users and orbax's warnings are not affected.
+Everything orbax-specific (importing it, the manager's options, the structure
+check) is `ciclo._src.orbax_io`, shared with backups.
 """
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
 import json
 import logging
 import math
 import os
-import signal
-import threading
 import typing
-import weakref
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import jax
-import numpy as np
 
 from ciclo._src.batches import steps_of
 from ciclo._src.callbacks._monitor import (
@@ -54,7 +47,18 @@ from ciclo._src.checks import check_directory
 from ciclo._src.elapsed import Elapsed
 from ciclo._src.finite import all_finite
 from ciclo._src.logs import LogsLike
+from ciclo._src.orbax_io import (
+    TMP_MARK,
+    abstract,
+    check_structure,
+    epath,
+    is_single_leaf,
+    open_manager,
+    orbax,
+    stored_tree,
+)
 from ciclo._src.reprs import short
+from ciclo._src.signals import held_interrupts
 from ciclo._src.types import CallbackOutput
 
 if TYPE_CHECKING:
@@ -71,62 +75,10 @@ SETTINGS_FILE = "ciclo_checkpoint.json"
 
 _STATE_KEYS = ("newest_step", "newest_at_start", "warned")
 
-_TMP_MARK = ".orbax-checkpoint-tmp"
-"""orbax writes a step into `<step>.orbax-checkpoint-tmp...` and renames it when the step is complete."""
-
 _LOSS = "loss"
 """Without `monitor`, the entry whose non-finite value keeps a state from being saved."""
 
-_open_checkpoints: weakref.WeakSet[Checkpoint] = weakref.WeakSet()
-_exit_hook_installed = False
-
 _log = logging.getLogger("ciclo")
-
-_ORBAX_PATH_PART = f"{os.sep}orbax{os.sep}checkpoint{os.sep}"
-
-
-class _DropOrbaxInfo(logging.Filter):
-    """Drops orbax's records below WARNING; lets everything else through."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return record.levelno >= logging.WARNING or _ORBAX_PATH_PART not in record.pathname
-
-
-def _missing_extra(error: ImportError) -> ImportError:
-    return ImportError(
-        f'ciclo\'s checkpoints need orbax-checkpoint ({error}): pip install "ciclo-core[checkpoint]"'
-    )
-
-
-def _orbax() -> Any:
-    """Imports orbax on first use: it takes about half a second, which `import ciclo` should not pay.
-
-    orbax-checkpoint (with absl-py and etils, which ciclo imports too) is the
-    optional `checkpoint` extra; without it this raises an ImportError that says
-    what to install.
-    """
-    try:
-        # absl.logging must create the "absl" logger itself: a plain logger made first by
-        # logging.getLogger("absl") would report absl's own file as the origin of every record.
-        from absl import logging as absl_logging
-
-        absl_logger = absl_logging.get_absl_logger()
-        if not any(isinstance(f, _DropOrbaxInfo) for f in absl_logger.filters):
-            # Installed before importing orbax, which logs too.
-            absl_logger.addFilter(_DropOrbaxInfo())
-        import orbax.checkpoint as ocp  # type: ignore[import-untyped]
-    except ImportError as error:
-        raise _missing_extra(error) from error
-    return ocp
-
-
-def _epath(path: str) -> Any:
-    """An `etils.epath.Path` (orbax's path type), so that remote URLs work like local paths."""
-    try:
-        from etils import epath  # type: ignore[import-untyped]
-    except ImportError as error:
-        raise _missing_extra(error) from error
-    return epath.Path(path)
 
 
 def _absolute_directory(directory: object) -> str:
@@ -180,15 +132,10 @@ def _rank_fn(monitor: str, mode: Mode) -> Callable[[Any], float]:
     return rank
 
 
-def barrier_prefix(kind: str, directory: str) -> str:
-    """A name for orbax's multi-process barriers, the same in every process that saves to `directory`."""
-    return f"{kind}_{hashlib.sha1(os.path.abspath(directory).encode()).hexdigest()[:12]}"
-
-
 def _open_manager(
     directory: str, *, keep: int | None, monitor: str | None, mode: Mode, async_save: bool, create: bool
 ) -> Any:
-    ocp = _orbax()
+    ocp = orbax()
     policies = ocp.checkpoint_managers
     if monitor is None:
         best_fn = None
@@ -197,25 +144,23 @@ def _open_manager(
         best_fn = _rank_fn(monitor, mode)
         # orbax keeps the last `n` after an ascending sort; "min" sorts descending to keep the lowest.
         preservation = policies.BestN(get_metric_fn=best_fn, reverse=mode == "min", n=keep)
-    options = ocp.CheckpointManagerOptions(
+    # Naming the handler lets a manager opened later read a step's metadata (for the structure check).
+    return open_manager(
+        directory,
+        "ciclo_checkpoint",
+        item_handlers=ocp.StandardCheckpointHandler(),
+        async_save=async_save,
         create=create,
-        enable_async_checkpointing=async_save,
         # best_fn and best_mode still drive `best_step()` and whether metrics are written.
         best_fn=best_fn,
         best_mode=mode,
         preservation_policy=preservation,
-        # Barriers of its own under several processes (see barrier_prefix).
-        multiprocessing_options=ocp.options.MultiprocessingOptions(
-            barrier_sync_key_prefix=barrier_prefix("ciclo_checkpoint", directory)
-        ),
     )
-    # Naming the handler lets a manager opened later read a step's metadata (for the structure check).
-    return ocp.CheckpointManager(directory, options=options, item_handlers=ocp.StandardCheckpointHandler())
 
 
 def _read_settings(directory: str) -> tuple[str | None, Mode]:
     """The monitor and mode recorded in `directory`; `(None, "min")` if none were."""
-    path = _epath(directory) / SETTINGS_FILE
+    path = epath(directory) / SETTINGS_FILE
     if not path.exists():
         return None, "min"
     try:
@@ -237,7 +182,7 @@ def _write_settings(directory: str, monitor: str | None, mode: Mode) -> None:
         return
     settings = {"monitor": monitor, "mode": mode if monitor is not None else None}
     text = json.dumps(settings, indent=2) + "\n"
-    path = _epath(directory) / SETTINGS_FILE
+    path = epath(directory) / SETTINGS_FILE
     if path.exists() and path.read_text() == text:
         return
     if "://" in directory:
@@ -251,190 +196,15 @@ def _write_settings(directory: str, monitor: str | None, mode: Mode) -> None:
     os.replace(tmp, os.path.join(directory, SETTINGS_FILE))
 
 
-def _remove_unfinished(directory: str) -> None:
-    """Removes the `*.orbax-checkpoint-tmp*` directories of saves a killed run left unfinished."""
-    if jax.process_index() != 0:
-        return
-    for child in _epath(directory).iterdir():
-        if _TMP_MARK in child.name:
-            _log.warning("removing the unfinished checkpoint %s", child)
-            child.rmtree()
-
-
 def _remove_all(directory: str) -> None:
     """Removes a directory's checkpoints and settings, for `overwrite=True`."""
     if jax.process_index() != 0:
         return
-    for child in _epath(directory).iterdir():
-        if child.name.isdigit() or _TMP_MARK in child.name:
+    for child in epath(directory).iterdir():
+        if child.name.isdigit() or TMP_MARK in child.name:
             child.rmtree()
         elif child.name == SETTINGS_FILE:
             child.unlink()
-
-
-@contextlib.contextmanager
-def _hold_interrupts() -> Iterator[None]:
-    """Holds Ctrl-C back while orbax starts, finishes or deletes a checkpoint, then delivers it.
-
-    A KeyboardInterrupt raised inside orbax's save or its wait leaves the step
-    half-registered: the save in flight is never finalised, and orbax may go on
-    to delete a finished checkpoint. Held here, the first Ctrl-C is delivered (to
-    whatever handler was installed before, the loop's included) as soon as the
-    save is started or finished; a second one raises at once (the step in flight
-    is then left as a tmp directory, removed by the next run; finished
-    checkpoints are kept). Only the main thread can handle signals: elsewhere,
-    nothing is held.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.getsignal(signal.SIGINT)
-    if previous is None:  # installed outside Python: cannot be put back
-        yield
-        return
-    held: list[int] = []
-
-    def hold(signum: int, frame: Any) -> None:
-        if held:
-            signal.signal(signal.SIGINT, previous)
-            raise KeyboardInterrupt
-        held.append(signum)
-
-    signal.signal(signal.SIGINT, hold)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-        if held:
-            signal.raise_signal(signal.SIGINT)
-
-
-def _finish_saves_at_exit() -> None:
-    """Finishes the saves in flight as the interpreter shuts down, before thread pools refuse work."""
-    for ckpt in list(_open_checkpoints):
-        with contextlib.suppress(Exception):
-            ckpt.wait()
-
-
-def _install_exit_hook() -> None:
-    global _exit_hook_installed
-    if _exit_hook_installed:
-        return
-    # orbax finalises a save on a thread that submits to a concurrent.futures pool; pools refuse work
-    # once threading's exit hooks ran ("cannot schedule new futures after interpreter shutdown").
-    # threading runs these hooks in reverse order, so one registered now runs before the pools' own.
-    register = getattr(threading, "_register_atexit", None)
-    if register is not None:
-        register(_finish_saves_at_exit)
-    _exit_hook_installed = True
-
-
-def _key_name(key: Any) -> str:
-    for attribute in ("key", "idx", "name"):
-        if hasattr(key, attribute):
-            return str(getattr(key, attribute))
-    return str(key)
-
-
-def _leaf_table(tree: Any) -> dict[tuple[str, ...], tuple[str, Any, Any]]:
-    """`{path: (printable path, shape, dtype)}` of a tree's leaves, paths compared by their key names.
-
-    orbax stores a dataclass or a NamedTuple as a dict of its fields, so the key
-    *names* (not the key types) are what a target and a checkpoint share.
-    """
-    table = {}
-    for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
-        shape = getattr(leaf, "shape", None)
-        dtype = getattr(leaf, "dtype", None)
-        if shape is None:
-            shape = np.shape(leaf)
-            dtype = np.asarray(leaf).dtype
-        elif dtype is not None and jax.numpy.issubdtype(dtype, jax.dtypes.prng_key):
-            # orbax stores a typed key (an nnx module's rng streams) as its raw uint32 data.
-            data = jax.eval_shape(jax.random.key_data, leaf)
-            shape, dtype = data.shape, data.dtype
-        table[tuple(_key_name(k) for k in path)] = (
-            jax.tree_util.keystr(path) or "<root>",
-            tuple(shape),
-            np.dtype(dtype) if dtype is not None else None,
-        )
-    return table
-
-
-def _check_structure(manager: Any, directory: str, step: int, item: Any) -> None:
-    """Compares the target with the checkpoint's metadata before orbax reads anything.
-
-    Raises:
-        ValueError: see `check_structure`.
-    """
-    try:
-        metadata = manager.item_metadata(step)
-    except Exception:  # no metadata to compare with (an older format): orbax's own checks remain
-        return
-    check_structure(
-        getattr(metadata, "tree", metadata), item, "the checkpoint", f"of step {step} in {directory}"
-    )
-
-
-def check_structure(stored: Any, item: Any, kind: str, where: str) -> None:
-    """Compares a target tree with the metadata tree orbax stored, leaf by leaf.
-
-    The one structure check of checkpoints and backups: paths are compared by key
-    names, and a typed PRNG key (`jax.random.key`, an nnx module's rng streams) as
-    the raw data orbax stores.
-
-    Args:
-        stored: the tree of array metadata orbax gives for the saved item.
-        item: the target tree (arrays or `jax.ShapeDtypeStruct`s).
-        kind: names the saved item in the error, e.g. "the checkpoint".
-        where: says which one, e.g. "of step 3 in /runs".
-
-    Raises:
-        ValueError: naming the leaves that are missing on either side or whose
-            shapes differ, with the shapes and dtypes of both. (A dtype alone may
-            differ: orbax casts to the target's.)
-    """
-    stored_table = _leaf_table(stored)
-    wanted = _leaf_table(item)
-    problems = []
-    for path, (name, shape, dtype) in wanted.items():
-        if path not in stored_table:
-            problems.append(f"{name}: in the target ({shape}, {dtype}) but not in {kind}")
-        elif stored_table[path][1] != shape:
-            _, stored_shape, stored_dtype = stored_table[path]
-            problems.append(
-                f"{name}: {kind} holds shape {stored_shape} {stored_dtype}, "
-                f"the target has shape {shape} {dtype}"
-            )
-    problems += [
-        f"{name}: in {kind} ({shape}, {dtype}) but not in the target"
-        for path, (name, shape, dtype) in stored_table.items()
-        if path not in wanted
-    ]
-    if problems:
-        shown = "\n  ".join(problems[:10])
-        more = f"\n  ... and {len(problems) - 10} more" if len(problems) > 10 else ""
-        raise ValueError(
-            f"{kind} {where} does not match the target state "
-            f"({len(problems)} difference(s)):\n  {shown}{more}\n"
-            "Restore into a state built like the one that was saved (same model, optimizer and shapes)."
-        )
-
-
-def _is_single_leaf(tree: Any) -> bool:
-    # True for None too, which orbax also refuses at the root.
-    return jax.tree_util.treedef_is_leaf(jax.tree.structure(tree))
-
-
-def _abstract(tree: Any) -> Any:
-    """Shape, dtype and sharding of the target's arrays, so that restoring never reads their values."""
-
-    def leaf(x: Any) -> Any:
-        if isinstance(x, jax.Array):
-            return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding)  # type: ignore[no-untyped-call]
-        return x
-
-    return jax.tree.map(leaf, tree)
 
 
 def _resolve_step(manager: Any, directory: str, step: object, monitor: str | None) -> int:
@@ -465,11 +235,13 @@ def _resolve_step(manager: Any, directory: str, step: object, monitor: str | Non
 
 def _restore(manager: Any, directory: str, target: T, step: object, monitor: str | None) -> T:
     resolved = _resolve_step(manager, directory, step, monitor)
-    ocp = _orbax()
+    ocp = orbax()
     # orbax's StandardSave takes only containers, so a single-leaf state is saved as {"state": leaf}.
-    wrapped = _is_single_leaf(target)
-    item = {"state": _abstract(target)} if wrapped else _abstract(target)
-    _check_structure(manager, directory, resolved, item)
+    wrapped = is_single_leaf(target)
+    item = {"state": abstract(target)} if wrapped else abstract(target)
+    check_structure(
+        stored_tree(manager, resolved), item, "the checkpoint", f"of step {resolved} in {directory}"
+    )
     restored = manager.restore(resolved, args=ocp.args.StandardRestore(item))
     return typing.cast(T, restored["state"] if wrapped else restored)
 
@@ -587,14 +359,12 @@ class Checkpoint:
         self._async_save = async_save
         self._overwrite = overwrite
         check_directory(self._directory, "checkpoint directory")
-        path = _epath(self._directory)
+        path = epath(self._directory)
         if path.exists() and not path.is_dir():
             raise NotADirectoryError(f"checkpoint directory {self._directory} exists and is not a directory")
         if path.exists():
             if overwrite:
                 _remove_all(self._directory)
-            else:
-                _remove_unfinished(self._directory)
         self._manager: Any = None
         self._manager = self._open()
         steps = [int(s) for s in self._manager.all_steps()]
@@ -616,8 +386,6 @@ class Checkpoint:
             async_save=self._async_save,
             create=True,
         )
-        _install_exit_hook()
-        _open_checkpoints.add(self)
         return manager
 
     def _enforce_keep(self, steps: list[int]) -> list[int]:
@@ -632,7 +400,7 @@ class Checkpoint:
             # worst first; among equals, the oldest goes first
             ranked = sorted(steps, key=lambda step: (sign * rank(self._manager.metrics(step) or {}), step))
         drop = ranked[: len(steps) - self._keep]
-        with _hold_interrupts():
+        with held_interrupts():
             for step in drop:
                 self._manager.delete(step)
         _log.warning(
@@ -642,7 +410,7 @@ class Checkpoint:
 
     def _check_settings_match(self) -> None:
         """Refuses to mix checkpoints ranked by different rules in one directory."""
-        if not (_epath(self._directory) / SETTINGS_FILE).exists():
+        if not (epath(self._directory) / SETTINGS_FILE).exists():
             return
         monitor, mode = _read_settings(self._directory)
         mine = (self._monitor, self._mode if self._monitor is not None else None)
@@ -760,10 +528,10 @@ class Checkpoint:
                 self.all_steps(),
             )
             return
-        ocp = _orbax()
-        wrapped = {"state": state} if _is_single_leaf(state) else state
+        ocp = orbax()
+        wrapped = {"state": state} if is_single_leaf(state) else state
         manager = self._get_manager()
-        with _hold_interrupts():
+        with held_interrupts():
             manager.save(step, args=ocp.args.StandardSave(wrapped), metrics=metrics, force=True)
         self._newest = step
 
@@ -885,14 +653,14 @@ class Checkpoint:
     def wait(self) -> None:
         """Blocks until the saves in flight are complete (durable, and visible to other processes)."""
         if self._manager is not None:
-            with _hold_interrupts():
+            with held_interrupts():
                 self._manager.wait_until_finished()
 
     def close(self) -> None:
         """Waits for the saves in flight and releases orbax's threads; a later save reopens."""
         if self._manager is not None:
             manager, self._manager = self._manager, None
-            with _hold_interrupts():
+            with held_interrupts():
                 manager.close()
 
     def all_steps(self) -> list[int]:
@@ -1055,7 +823,7 @@ def restore_checkpoint(directory: str | os.PathLike[str], target: T, *, step: St
         {'accuracy': Array(0.7, dtype=float32)}
     """
     path = _absolute_directory(directory)
-    if not _epath(path).is_dir():
+    if not epath(path).is_dir():
         raise FileNotFoundError(f"checkpoint directory {path} does not exist")
     monitor, mode = _read_settings(path)
     manager = _open_manager(path, keep=None, monitor=monitor, mode=mode, async_save=False, create=False)

@@ -220,6 +220,21 @@ class Logger:
         """
         self.__loop_callback__(loop_state)
 
+    def __loop_start__(self, loop_state: LoopState[Any]) -> None:
+        """Refuses a loop that would write steps this logger already wrote (a logger reused by a new loop).
+
+        Raises:
+            ValueError: if the loop starts at or before the last step written,
+                unless the loop resumed this logger's own run from a backup.
+        """
+        last, start = self._last_step, loop_state.elapsed.steps
+        if last is not None and start <= last:
+            raise ValueError(
+                f"{self!r} already wrote steps up to {last}, and this loop starts at step {start}: it would "
+                "write those steps again. Create a new logger for each loop, or go on counting from the "
+                "earlier loop (elapsed= its Elapsed)"
+            )
+
     def __loop_end__(self, loop_state: LoopState[Any]) -> None:
         """Copies the rows left on the device (one batched copy), writes them and closes the backend."""
         history = loop_state.history
@@ -308,7 +323,12 @@ class Logger:
         return repr(self)
 
     def callback_state(self) -> dict[str, Any]:
-        """The last step written (`step`, None before any) and what the backend needs to resume."""
+        """The last step written (`step`, None before any) and what the backend needs to resume.
+
+        The backend is flushed first (to disk, for the file backends): a backup
+        holding this state claims only rows that survive a kill.
+        """
+        self._sink.flush()
         return {"step": self._last_step, **self._sink.state()}
 
     def restore_callback_state(self, state: Mapping[str, Any]) -> None:

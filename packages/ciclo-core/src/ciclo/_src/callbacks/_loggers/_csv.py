@@ -83,7 +83,10 @@ class CsvSink:
             writer.writerows([row.step, *(row.scalars.get(name, "") for name in entries)] for row in rows)
 
     def flush(self) -> None:
-        """Nothing to do: each `write` closes the file."""
+        """Syncs the file to disk (each `write` closes it, so the rows are already out of this process)."""
+        if self._columns is not None:
+            with open(self.path, "rb") as file:
+                os.fsync(file.fileno())
 
     def close(self) -> None:
         """Nothing to hold: a later write appends to the same file."""

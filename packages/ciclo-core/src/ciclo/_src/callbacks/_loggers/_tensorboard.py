@@ -24,6 +24,7 @@ class TensorBoardSink:
         self._summaries = import_extra("tensorboardX.proto.summary_pb2", "tensorboard", "ciclo.tensorboard")
         self.logdir = os.fspath(logdir)
         self._writer: Any = None
+        self._resume_step: int | None = None  # a resumed run's first step: marked in its new file
 
     def _open(self) -> Any:
         os.makedirs(self.logdir, exist_ok=True)
@@ -31,7 +32,16 @@ class TensorBoardSink:
         # resumed run) would overwrite the first file. The nanosecond suffix keeps each file,
         # in the order TensorBoard reads them.
         prefix = os.path.join(self.logdir, "events")
-        return self._files.EventsWriter(prefix, filename_suffix=f".{time.time_ns()}")
+        writer = self._files.EventsWriter(prefix, filename_suffix=f".{time.time_ns()}")
+        if self._resume_step is not None:
+            # TensorBoard's reader drops the events of earlier files at this step and after: those a
+            # killed run wrote after its backup, which the resumed run writes again.
+            start = self._events.SessionLog(status=self._events.SessionLog.START)
+            writer.write_event(
+                self._events.Event(wall_time=time.time(), step=self._resume_step, session_log=start)
+            )
+            self._resume_step = None
+        return writer
 
     def write(self, rows: Sequence[Row]) -> None:
         """Writes one event per row, holding all its scalars (TensorBoard stores them as float32)."""
@@ -62,7 +72,12 @@ class TensorBoardSink:
         return {}
 
     def restore(self, state: Mapping[str, Any], after_step: int | None) -> None:
-        """Nothing to restore: TensorBoard drops by itself the events of steps a resumed run writes again."""
+        """Marks the new event file with a `SessionLog.START` at the step after `after_step`.
+
+        TensorBoard then drops the events of earlier files from that step on (what
+        a killed run wrote after its backup), so each step is read once.
+        """
+        self._resume_step = 0 if after_step is None else after_step + 1
 
     def __repr__(self) -> str:
         return f"TensorBoardSink({self.logdir!r})"
@@ -76,7 +91,8 @@ def tensorboard(logdir: str | os.PathLike[str]) -> Logger:
     step is one event holding its scalar entries (`loss`, `accuracy`,
     `loss_test`, ...) at the History's step. Each time the logger opens (a loop,
     a resumed run) it starts a new event file in `logdir`; TensorBoard reads
-    them all, and drops the events of steps a resumed run writes again.
+    them all. A resumed run's file starts with a `SessionLog.START` at its first
+    step, so TensorBoard drops what the killed run wrote from there on.
     View with `tensorboard --logdir <logdir>`.
 
     Args:

@@ -1,0 +1,269 @@
+"""The one orbax layer: importing orbax, opening managers, and checking a target against what was saved.
+
+`ciclo.checkpoint` and `ciclo.backup` both save through orbax's
+`CheckpointManager`; everything they share lives here, and they use nothing
+else of each other:
+
+- `orbax()` imports orbax on first use (half a second `import ciclo` should not
+  pay), with absl's INFO records of orbax filtered out, or raises an ImportError
+  naming the `checkpoint` extra;
+- `open_manager` builds a manager with ciclo's options: barriers named after
+  the directory (so a backup and a checkpoint of one step never wait on each
+  other under several processes), unfinished `*.orbax-checkpoint-tmp*` steps of
+  a killed run removed by orbax's own `cleanup_tmp_directories`, and a hook that
+  finishes the saves in flight as the interpreter exits;
+- `check_structure` compares a target with the tree orbax stored, leaf by leaf,
+  before orbax reads anything (typed PRNG keys compared as the raw data orbax
+  stores, so nnx `Rngs` and `jax.random.key` states restore);
+- `abstract` turns a target into shapes, dtypes and shardings.
+
+orbax logs about fifty INFO lines per save through absl; the filter drops
+orbax's records below WARNING, so a program that logs at INFO stays readable.
+Other absl users and orbax's warnings are not affected.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+import threading
+import weakref
+from typing import Any
+
+import jax
+import numpy as np
+
+_log = logging.getLogger("ciclo")
+
+TMP_MARK = ".orbax-checkpoint-tmp"
+"""orbax writes a step into `<step>.orbax-checkpoint-tmp...` and renames it when the step is complete."""
+
+_ORBAX_PATH_PART = f"{os.sep}orbax{os.sep}checkpoint{os.sep}"
+
+_open_managers: weakref.WeakSet[Any] = weakref.WeakSet()
+_exit_hook_installed = False
+
+
+class _DropOrbaxInfo(logging.Filter):
+    """Drops orbax's records below WARNING; lets everything else through."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.WARNING or _ORBAX_PATH_PART not in record.pathname
+
+
+def missing_extra(error: ImportError) -> ImportError:
+    """The ImportError to raise when orbax (or etils) is missing: it names the extra to install."""
+    return ImportError(
+        f'ciclo\'s checkpoints need orbax-checkpoint ({error}): pip install "ciclo-core[checkpoint]"'
+    )
+
+
+def orbax() -> Any:
+    """`orbax.checkpoint`, imported on first use.
+
+    orbax-checkpoint (with absl-py and etils) is the optional `checkpoint`
+    extra; without it this raises an ImportError that says what to install.
+    """
+    try:
+        # absl.logging must create the "absl" logger itself: a plain logger made first by
+        # logging.getLogger("absl") would report absl's own file as the origin of every record.
+        from absl import logging as absl_logging
+
+        absl_logger = absl_logging.get_absl_logger()
+        if not any(isinstance(f, _DropOrbaxInfo) for f in absl_logger.filters):
+            # Installed before importing orbax, which logs too.
+            absl_logger.addFilter(_DropOrbaxInfo())
+        import orbax.checkpoint as ocp  # type: ignore[import-untyped]
+    except ImportError as error:
+        raise missing_extra(error) from error
+    return ocp
+
+
+def epath(path: str) -> Any:
+    """An `etils.epath.Path` (orbax's path type), so that remote URLs work like local paths."""
+    try:
+        from etils import epath as etils_epath  # type: ignore[import-untyped]
+    except ImportError as error:
+        raise missing_extra(error) from error
+    return etils_epath.Path(path)
+
+
+def barrier_prefix(kind: str, directory: str) -> str:
+    """A name for orbax's multi-process barriers, the same in every process that saves to `directory`."""
+    return f"{kind}_{hashlib.sha1(os.path.abspath(directory).encode()).hexdigest()[:12]}"
+
+
+def unfinished_steps(directory: str) -> list[str]:
+    """The names of the steps a killed run left half-written in `directory` (orbax removes them)."""
+    return sorted(child.name for child in epath(directory).iterdir() if TMP_MARK in child.name)
+
+
+def open_manager(
+    directory: str,
+    kind: str,
+    *,
+    item_handlers: Any,
+    async_save: bool = True,
+    create: bool = True,
+    **options: Any,
+) -> Any:
+    """An orbax `CheckpointManager` on `directory` with ciclo's options.
+
+    Args:
+        directory: where the steps are.
+        kind: names the manager's barriers with the directory ("ciclo_backup",
+            "ciclo_checkpoint"): two kinds of save of one step never wait on
+            each other.
+        item_handlers: orbax's handler (or dict of handlers), named so that a
+            manager opened later can read a step's metadata.
+        async_save: whether `save` returns before the step is written.
+        create: create the directory if missing.
+        **options: more `CheckpointManagerOptions` (`max_to_keep`,
+            `preservation_policy`, `best_fn`, ...).
+    """
+    ocp = orbax()
+    for name in unfinished_steps(directory) if create and os.path.isdir(directory) else []:
+        _log.warning("removing the unfinished save %s", os.path.join(directory, name))
+    manager_options = ocp.CheckpointManagerOptions(
+        create=create,
+        enable_async_checkpointing=async_save,
+        cleanup_tmp_directories=create,
+        multiprocessing_options=ocp.options.MultiprocessingOptions(
+            barrier_sync_key_prefix=barrier_prefix(kind, directory)
+        ),
+        **options,
+    )
+    manager = ocp.CheckpointManager(directory, options=manager_options, item_handlers=item_handlers)
+    _install_exit_hook()
+    _open_managers.add(manager)
+    return manager
+
+
+def _finish_saves_at_exit() -> None:
+    """Finishes the saves in flight as the interpreter shuts down, before thread pools refuse work."""
+    for manager in list(_open_managers):
+        with contextlib.suppress(Exception):
+            manager.wait_until_finished()
+
+
+def _install_exit_hook() -> None:
+    global _exit_hook_installed
+    if _exit_hook_installed:
+        return
+    # orbax finalises a save on a thread that submits to a concurrent.futures pool; pools refuse work
+    # once threading's exit hooks ran ("cannot schedule new futures after interpreter shutdown", the
+    # traceback a double Ctrl-C used to print). threading runs these hooks in reverse order, so one
+    # registered now runs before the pools' own.
+    register = getattr(threading, "_register_atexit", None)
+    if register is not None:
+        register(_finish_saves_at_exit)
+    _exit_hook_installed = True
+
+
+def _key_name(key: Any) -> str:
+    for attribute in ("key", "idx", "name"):
+        if hasattr(key, attribute):
+            return str(getattr(key, attribute))
+    return str(key)
+
+
+def _leaf_table(tree: Any) -> dict[tuple[str, ...], tuple[str, Any, Any]]:
+    """`{path: (printable path, shape, dtype)}` of a tree's leaves, paths compared by their key names.
+
+    orbax stores a dataclass or a NamedTuple as a dict of its fields, so the key
+    *names* (not the key types) are what a target and a checkpoint share.
+    """
+    table = {}
+    for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+        shape = getattr(leaf, "shape", None)
+        dtype = getattr(leaf, "dtype", None)
+        if shape is None:
+            shape = np.shape(leaf)
+            dtype = np.asarray(leaf).dtype
+        elif dtype is not None and jax.numpy.issubdtype(dtype, jax.dtypes.prng_key):
+            # orbax stores a typed key (an nnx module's rng streams) as its raw uint32 data.
+            data = jax.eval_shape(jax.random.key_data, leaf)
+            shape, dtype = data.shape, data.dtype
+        table[tuple(_key_name(k) for k in path)] = (
+            jax.tree_util.keystr(path) or "<root>",
+            tuple(shape),
+            np.dtype(dtype) if dtype is not None else None,
+        )
+    return table
+
+
+def stored_tree(manager: Any, step: int, item: str | None = None) -> Any:
+    """The tree of array metadata orbax stored for `step` (its `item`), or None where it has none."""
+    try:
+        metadata = manager.item_metadata(step)
+        if item is not None:
+            metadata = metadata[item]
+        return getattr(metadata, "tree", metadata)
+    except Exception:  # noqa: BLE001 - no metadata to compare with (an older format): orbax's own checks remain
+        return None
+
+
+def check_structure(stored: Any, item: Any, kind: str, where: str) -> None:
+    """Compares a target tree with the metadata tree orbax stored, leaf by leaf.
+
+    The one structure check of checkpoints and backups: paths are compared by key
+    names, and a typed PRNG key (`jax.random.key`, an nnx module's rng streams) as
+    the raw data orbax stores. `stored=None` (no metadata) checks nothing.
+
+    Args:
+        stored: the tree of array metadata orbax gives for the saved item
+            (`stored_tree`).
+        item: the target tree (arrays or `jax.ShapeDtypeStruct`s).
+        kind: names the saved item in the error, e.g. "the checkpoint".
+        where: says which one, e.g. "of step 3 in /runs".
+
+    Raises:
+        ValueError: naming the leaves that are missing on either side or whose
+            shapes differ, with the shapes and dtypes of both. (A dtype alone may
+            differ: orbax casts to the target's.)
+    """
+    if stored is None:
+        return
+    stored_table = _leaf_table(stored)
+    wanted = _leaf_table(item)
+    problems = []
+    for path, (name, shape, dtype) in wanted.items():
+        if path not in stored_table:
+            problems.append(f"{name}: in the target ({shape}, {dtype}) but not in {kind}")
+        elif stored_table[path][1] != shape:
+            _, stored_shape, stored_dtype = stored_table[path]
+            problems.append(
+                f"{name}: {kind} holds shape {stored_shape} {stored_dtype}, "
+                f"the target has shape {shape} {dtype}"
+            )
+    problems += [
+        f"{name}: in {kind} ({shape}, {dtype}) but not in the target"
+        for path, (name, shape, dtype) in stored_table.items()
+        if path not in wanted
+    ]
+    if problems:
+        shown = "\n  ".join(problems[:10])
+        more = f"\n  ... and {len(problems) - 10} more" if len(problems) > 10 else ""
+        raise ValueError(
+            f"{kind} {where} does not match the target state "
+            f"({len(problems)} difference(s)):\n  {shown}{more}\n"
+            "Restore into a state built like the one that was saved (same model, optimizer and shapes)."
+        )
+
+
+def is_single_leaf(tree: Any) -> bool:
+    """Whether orbax would refuse `tree` at the root (a single leaf, or None): it is saved wrapped."""
+    return jax.tree_util.treedef_is_leaf(jax.tree.structure(tree))
+
+
+def abstract(tree: Any) -> Any:
+    """Shape, dtype and sharding of the target's arrays, so that restoring never reads their values."""
+
+    def leaf(x: Any) -> Any:
+        if isinstance(x, jax.Array):
+            return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding)  # type: ignore[no-untyped-call]
+        return x
+
+    return jax.tree.map(leaf, tree)
