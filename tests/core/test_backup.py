@@ -808,3 +808,42 @@ def json_finished(step):
     import json
 
     return json.loads((step / "loop" / "metadata").read_text())["finished"]
+
+
+# ----------------------------------------------------------------------------- the History, incrementally
+
+
+def _chunks(directory):
+    """The History chunk files of a backup directory, as (first, end) row ranges."""
+    names = os.listdir(directory / "history")
+    return sorted(tuple(int(x) for x in name[len("rows-") : -len(".json")].split("-")) for name in names)
+
+
+def test_each_backup_writes_only_the_rows_since_the_one_before(tmp_path):
+    run(tmp_path, stop=30, every=5)
+    chunks = _chunks(tmp_path)
+    assert chunks == [(i, i + 5) for i in range(0, 30, 5)]  # each row once, five per backup
+    newest = _steps(tmp_path)[0] / "loop" / "metadata"
+    assert '"chunks"' in newest.read_text() and len(newest.read_text()) < 2000  # no row in the document
+    assert_same_run(run(tmp_path / "reference", stop=30), run(tmp_path, stop=30))
+
+
+def test_a_bounded_history_backs_up_and_resumes_without_its_dropped_rows(tmp_path):
+    def once(directory, *extra):
+        return ciclo.loop(
+            0,
+            range(3000),
+            {ciclo.every(1): [add, *extra]},
+            history=ciclo.history(max_rows=10),
+            backup=ciclo.backup(directory, every=500),
+        )
+
+    reference = once(tmp_path / "reference")
+    with pytest.raises(Crash):
+        once(tmp_path / "run", crash_at(2200))
+    resumed = once(tmp_path / "run")
+    assert resumed[0] == reference[0]
+    assert resumed[1].collect("steps") == reference[1].collect("steps")
+    assert resumed[1].dropped == reference[1].dropped > 0
+    # Chunks wholly dropped by every kept backup are deleted: the files do not grow with the run.
+    assert sum(end - first for first, end in _chunks(tmp_path / "run")) < 3 * 500 + 2 * 384

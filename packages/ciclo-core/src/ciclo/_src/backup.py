@@ -6,11 +6,16 @@ steps elsewhere), at its end and when it is preempted, one orbax checkpoint
 holding two items:
 
 - `state`: the loop state, saved by orbax (each process writes its own shards),
-- `loop`: a JSON document with the `Elapsed`, the History rows, every stateful
-  callback's `callback_state()`, and the position in the dataset: plain data
-  (`ciclo._src.host_json`), checked field by field when it is read, never code,
+- `loop`: a JSON document with the `Elapsed`, the History's counts and the
+  chunks of rows it spans, every stateful callback's `callback_state()`, and
+  the position in the dataset: plain data (`ciclo._src.host_json`), checked
+  field by field when it is read, never code,
 - `kept` (when a callback holds one): trees shaped like the state, such as an
   early stopping's best state, saved by orbax like the state.
+
+The History's rows are in `history/rows-<first>-<end>.json` beside the steps:
+each backup writes the rows since the one before, so its cost does not grow
+with the run; chunks no kept backup refers to are deleted.
 
 When the directory holds a backup at start, the loop restores all of it and
 continues; a backup written at the loop's end is marked finished, and a loop
@@ -52,6 +57,9 @@ _FORMAT = 3
 """The loop item's format: 3 records the loop (kind, stop, samples drawn); 1 held a pickle, never read."""
 _MARKER = "ciclo_backup.json"
 """Written next to the checkpoints: says the directory holds ciclo backups."""
+_HISTORY_DIR = "history"
+"""The History's rows, in files `rows-<first>-<end>.json`: each backup writes only the rows since the last."""
+_CHUNK = re.compile(r"rows-(\d+)-(\d+)\.json")
 _LOCK = "ciclo_backup.lock"
 """Held while a loop uses the directory: the owner's pid and host, so that a second one is refused."""
 
@@ -282,6 +290,26 @@ def _checked_loop_item(item: Any, step: int, where: str) -> dict[str, Any]:
 
 
 _HISTORY_FIELDS = {"paths", "values", "elapsed", "max_rows", "dropped", "evicted_latest"}
+_HISTORY_ITEM_FIELDS = {"chunks", "max_rows", "dropped", "evicted_latest"}
+_COLUMNS = ("paths", "values", "elapsed")
+
+
+def _checked_chunks(item: Any, where: str) -> list[tuple[int, int]]:
+    """The document's history chunks, `[[first, end], ...]`, checked to follow each other."""
+    if not isinstance(item, dict) or set(item) != _HISTORY_ITEM_FIELDS:
+        raise ValueError(f"{where} does not have the fields {sorted(_HISTORY_ITEM_FIELDS)}")
+    chunks, dropped = item["chunks"], item["dropped"]
+    if not isinstance(dropped, int) or isinstance(dropped, bool) or dropped < 0:
+        raise ValueError(f"{where}: dropped is {short(dropped)}, not a count")
+    if not isinstance(chunks, list) or not all(
+        isinstance(c, list) and len(c) == 2 and all(type(x) is int and x >= 0 for x in c) for c in chunks
+    ):
+        raise ValueError(f"{where}: chunks is {short(chunks)}, not a list of [first, end] rows")
+    ranges = [(first, end) for first, end in chunks]
+    follows = all(a[1] == b[0] for a, b in zip(ranges, ranges[1:], strict=False))
+    if not all(first < end for first, end in ranges) or not follows or (ranges and ranges[0][0] > dropped):
+        raise ValueError(f"{where}: chunks {short(chunks)} do not cover the rows from {dropped} on, in order")
+    return ranges
 
 
 def _check_history(history: Any, where: str) -> None:
@@ -329,6 +357,8 @@ class Session:
             max_to_keep=spec.keep,
         )
         self.last_saved: int | None = None
+        self._chunks: list[tuple[int, int]] = []  # the History chunks of the newest backup
+        self._recent: list[list[tuple[int, int]]] = []  # those of the backups that may still be kept
 
     def _check_marker(self) -> None:
         path = os.path.join(self.spec.directory, _MARKER)
@@ -338,9 +368,9 @@ class Session:
         # processes, process 0 writes the marker and may already be saving: the others leave the
         # check of orbax's step directories to it, and may see the marker appear after looking for it.
         ours = re.compile(
-            r"ciclo_backup\.(json|lock)(\.tmp)?"
+            r"ciclo_backup\.(json|lock)(\.tmp)?|history"
             if jax.process_index() == 0
-            else r"ciclo_backup\.(json|lock)(\.tmp)?|\d+(\..*)?"
+            else r"ciclo_backup\.(json|lock)(\.tmp)?|history|\d+(\..*)?"
         )
         entries = [e for e in os.listdir(self.spec.directory) if not ours.fullmatch(e)]
         if entries:
@@ -416,9 +446,12 @@ class Session:
                 ),
             )["kept"]
         callbacks = from_json(fields["callbacks"], f"{document}: callbacks", states=states)
-        history = from_json(fields["history"], f"{document}: history")
-        _check_history(history, f"{document}: history")
+        item = from_json(fields["history"], f"{document}: history")
+        chunks = _checked_chunks(item, f"{document}: history")
+        history = self._read_history(item, chunks, f"{document}: history")
         self.last_saved = step
+        self._chunks = chunks
+        self._recent = [chunks]
         return Restored(
             step=step,
             state=restored,
@@ -432,6 +465,66 @@ class Session:
             stop=_stop_period(fields["stop"], document),
             samples=fields["samples"],
         )
+
+    def _read_history(
+        self, item: dict[str, Any], chunks: list[tuple[int, int]], where: str
+    ) -> dict[str, Any]:
+        """The History rows of `chunks`, from the chunk files, as `History.to_host()` gives them."""
+        rows: dict[str, list[Any]] = {name: [] for name in _COLUMNS}
+        for first, end in chunks:
+            path = os.path.join(self.spec.directory, _HISTORY_DIR, f"rows-{first}-{end}.json")
+            try:
+                with open(path, encoding="utf-8") as file:
+                    part = from_json(json.load(file), path)
+            except (OSError, ValueError) as error:
+                raise ValueError(f"{where}: the rows {first} to {end} cannot be read: {error}") from None
+            if not isinstance(part, dict) or set(part) != set(_COLUMNS):
+                raise ValueError(f"{path} does not have the fields {list(_COLUMNS)}")
+            if not all(isinstance(part[name], list) and len(part[name]) == end - first for name in _COLUMNS):
+                raise ValueError(f"{path}: paths, values and elapsed are not lists of {end - first} rows")
+            for name in _COLUMNS:
+                rows[name] += part[name]
+        skip = item["dropped"] - chunks[0][0] if chunks else 0  # rows a bounded History dropped since
+        history = {name: column[skip:] for name, column in rows.items()}
+        history.update(
+            max_rows=item["max_rows"], dropped=item["dropped"], evicted_latest=item["evicted_latest"]
+        )
+        _check_history(history, where)
+        return history
+
+    def _history_item(self, history: Any) -> dict[str, Any]:
+        """The document's history field; writes the rows since the last backup as a new chunk."""
+        dropped, total = history.dropped, history.dropped + len(history)
+        chunks = [chunk for chunk in self._chunks if chunk[1] > dropped]
+        written = chunks[-1][1] if chunks else dropped
+        rows = history.to_host(max(written, dropped))
+        if total > written:
+            if jax.process_index() == 0:
+                part = to_json({name: rows[name] for name in _COLUMNS}, "the history")
+                _write_json(
+                    os.path.join(self.spec.directory, _HISTORY_DIR), f"rows-{written}-{total}.json", part
+                )
+            chunks.append((written, total))
+        self._chunks = chunks
+        self._recent = [*self._recent, chunks][-(self.spec.keep + 1) :]
+        return {
+            "chunks": [list(chunk) for chunk in chunks],
+            "max_rows": rows["max_rows"],
+            "dropped": dropped,
+            "evicted_latest": rows["evicted_latest"],
+        }
+
+    def _delete_unused_chunks(self) -> None:
+        """Deletes the chunk files no kept backup refers to (a bounded History's old rows, a killed run's)."""
+        directory = os.path.join(self.spec.directory, _HISTORY_DIR)
+        if jax.process_index() != 0 or not os.path.isdir(directory):
+            return
+        used = {chunk for chunks in self._recent for chunk in chunks}
+        for name in os.listdir(directory):
+            match = _CHUNK.fullmatch(name)
+            if match is None or (int(match[1]), int(match[2])) not in used:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(os.path.join(directory, name))
 
     def due(self, steps: int, now: Any) -> bool:
         """Whether the schedule asks for a backup after a step that ended at `steps`."""
@@ -490,7 +583,7 @@ class Session:
                 float(elapsed.time),
                 float(elapsed.date_start),
             ],
-            "history": to_json(history.to_host(), "the history"),
+            "history": to_json(self._history_item(history), "the history"),
             "callbacks": callbacks_data,
             "position": int(position),
             "samples": int(samples),
@@ -513,6 +606,7 @@ class Session:
             force=True,
         )
         self.last_saved = step
+        self._delete_unused_chunks()
         if wait:
             self.manager.wait_until_finished()
 
@@ -634,3 +728,15 @@ def _alive(pid: Any) -> bool:
 def _unlock(directory: str) -> None:
     with contextlib.suppress(FileNotFoundError):
         os.unlink(os.path.join(directory, _LOCK))
+
+
+def _write_json(directory: str, name: str, document: Any) -> None:
+    """Writes `document` to `directory/name` atomically and durably: a reader sees all of it or nothing."""
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, name)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w", encoding="utf-8") as file:
+        json.dump(document, file)
+        file.flush()
+        os.fsync(file.fileno())
+    os.replace(tmp, path)

@@ -533,13 +533,20 @@ class History(Sequence[Logs]):
         """
         return self._on_host
 
-    def to_host(self) -> dict[str, Any]:
-        """Every row as plain host values: what a backup saves, and `History.from_host` reads back."""
+    def to_host(self, first: int | None = None) -> dict[str, Any]:
+        """The rows as plain host values: what a backup saves, and `load_host` reads back.
+
+        Args:
+            first: only the rows from this one on, counted from the first row
+                ever (dropped rows counted): a backup saves the rows since its
+                last one. Default: every row kept.
+        """
         self._fetch(len(self._values))
+        start = 0 if first is None else max(first - self.dropped, 0)
         return {
-            "paths": list(self._paths),
-            "values": list(self._values),
-            "elapsed": list(self._elapsed),
+            "paths": self._paths[start:],
+            "values": self._values[start:],
+            "elapsed": self._elapsed[start:],
             "max_rows": self.max_rows,
             "dropped": self.dropped,
             "evicted_latest": dict(self._evicted_latest),
