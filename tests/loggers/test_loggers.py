@@ -506,15 +506,17 @@ def test_the_saved_state_claims_only_rows_already_on_disk(backend_name: str, tmp
     logger.close()
 
 
-def test_a_resumed_tensorboard_run_marks_its_start_so_later_events_of_the_killed_run_are_dropped(
-    tmp_path: Path,
+@pytest.mark.parametrize("backend_name", ["tensorboard", "csv", "mlflow"])
+def test_a_run_killed_after_its_backup_then_resumed_holds_each_step_once(
+    backend_name: str, tmp_path: Path
 ) -> None:
-    pytest.importorskip("tensorboard")
-    first = ciclo.tensorboard(tmp_path / "tb")
-    history_1 = train(first, 0, 150)
-    saved = {**first.callback_state(), "step": 99}  # a backup at step 100; the killed run wrote on to 149
-    resumed = ciclo.tensorboard(tmp_path / "tb")
+    backend = next(b for b in BACKENDS if b.name == backend_name)
+    pytest.importorskip(backend.module)
+    first = backend.make(tmp_path)
+    history_1 = train(first, 0, 150)  # written on to step 149 ...
+    saved = {**first.callback_state(), "step": 99}  # ... after a backup that claimed steps up to 99
+    resumed = backend.make(tmp_path)
     resumed.restore_callback_state(saved)
-    history_2 = train(resumed, 100, STEPS)
+    history_2 = train(resumed, 100, STEPS)  # the resumed run computes steps 100-149 again
     want = [row for row in expected(history_1) if row[0] < 100] + expected(history_2)
-    assert_same(read_tensorboard(tmp_path, resumed), want, BACKENDS[0])
+    assert_same(backend.read(tmp_path, resumed), want, backend)

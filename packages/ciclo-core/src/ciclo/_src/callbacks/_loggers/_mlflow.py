@@ -33,6 +33,8 @@ class MlflowSink:
         self._owned = run_id is None  # a run the sink created: it marks it finished when closed
         self._client: Any = None
         self._active = False
+        self._resumed = False  # restored: the run's own newest step decides what is written again
+        self._skip_through: dict[str, int] = {}  # per metric, the newest step the run already holds
 
     def _open(self) -> Any:
         client = self._client
@@ -49,17 +51,26 @@ class MlflowSink:
             self.run_id = run.info.run_id
         elif self._owned:
             client.update_run(self.run_id, status="RUNNING")  # written again: a resumed run
+        if self._resumed:
+            # MLflow deletes no single metric value: the steps a killed run logged after its backup
+            # stay, and the resumed run skips them, so the run holds each step once.
+            metrics = client.get_run(self.run_id).data.metrics
+            self._skip_through = {
+                name: max(m.step for m in client.get_metric_history(self.run_id, name)) for name in metrics
+            }
+            self._resumed = False
         self._active = True
         return client
 
     def write(self, rows: Sequence[Row]) -> None:
         """Logs each scalar of each row at its step and time, in batches of 1000."""
         client = self._client if self._active else self._open()
-        metric = self._mlflow.entities.Metric
+        metric, held = self._mlflow.entities.Metric, self._skip_through
         metrics = [
             metric(name, float(value), int(row.wall_time * 1000), row.step)
             for row in rows
             for name, value in row.scalars.items()
+            if row.step > held.get(name, -1)
         ]
         for start in range(0, len(metrics), _BATCH):
             client.log_batch(self.run_id, metrics=metrics[start : start + _BATCH], synchronous=True)
@@ -78,11 +89,12 @@ class MlflowSink:
         return {"run_id": self.run_id}
 
     def restore(self, state: Mapping[str, Any], after_step: int | None) -> None:
-        """Logs to the run `state["run_id"]` (the steps after `after_step` it holds stay in it)."""
+        """Logs to the run `state["run_id"]`, skipping the steps it already holds (a killed run's)."""
         run_id = state.get("run_id")
         if run_id is not None:
             self.run_id = str(run_id)
             self._active = False
+            self._resumed = True
 
     def __repr__(self) -> str:
         return f"MlflowSink(run_id={self.run_id!r})"
