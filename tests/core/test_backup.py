@@ -220,10 +220,10 @@ class Counter:
     def __call__(self, state):
         self.calls += 1
 
-    def callback_state(self):
+    def state_dict(self):
         return {"calls": self.calls}
 
-    def restore_callback_state(self, state):
+    def load_state_dict(self, state):
         self.calls = int(state["calls"])
 
 
@@ -777,7 +777,7 @@ class FailingEnd:
     def __loop_callback__(self, loop_state):
         return {}, loop_state.state
 
-    def __loop_end__(self, loop_state):
+    def on_end(self, loop_state, error):
         raise Crash("end hook")
 
 

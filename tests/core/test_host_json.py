@@ -79,10 +79,10 @@ class Unsaveable:
     def __call__(self, state):
         return None, state
 
-    def callback_state(self):
+    def state_dict(self):
         return {"handle": object()}
 
-    def restore_callback_state(self, state):
+    def load_state_dict(self, state):
         pass
 
 

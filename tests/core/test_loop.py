@@ -222,13 +222,15 @@ def test_loop_callback_objects_and_end_hooks():
             self.calls += 1
             return {"metrics": {"calls": self.calls}}, loop_state.state
 
-        def __loop_end__(self, loop_state):
+        def on_end(self, loop_state, error):
             self.ended += 1
+            self.error = error
 
     counter = Counter()
     assert isinstance(counter, ciclo.LoopCallback)
     _, history, _ = ciclo.loop(0, range(4), {ciclo.every(1): [counter], ciclo.every(2): [counter]})
     assert counter.calls == 6 and counter.ended == 1
+    assert counter.error is None  # the loop ended by itself
     assert history.collect("calls") == [2, 3, 5, 6]
 
 
@@ -239,12 +241,12 @@ def test_end_hooks_run_for_bound_method_owners_even_on_error():
         def hook(self, state):
             raise RuntimeError("boom")
 
-        def __loop_end__(self, loop_state):
-            Owner.ended = True
+        def on_end(self, loop_state, error):
+            Owner.ended = error
 
     with pytest.raises(RuntimeError, match="boom") as info:
         ciclo.loop(0, range(3), {ciclo.every(1): [Owner().hook]})
-    assert Owner.ended
+    assert Owner.ended is info.value  # the hook sees what ended the loop
     if sys.version_info >= (3, 11):
         assert any("Owner.hook" in note and "step 0" in note for note in info.value.__notes__)
 

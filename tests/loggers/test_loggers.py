@@ -115,7 +115,7 @@ def read_mlflow(path: Path, logger: ciclo.Logger) -> Written:
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=mlflow_uri(path))
-    run_id = logger.callback_state()["run_id"]
+    run_id = logger.state_dict()["run_id"]
     run = client.get_run(run_id)
     assert run.info.status == "FINISHED"
     return [
@@ -280,20 +280,20 @@ def test_train_loop_writes_every_value_of_the_history(backend: Backend, tmp_path
     assert {name for _, name, _ in want} == {"loss", "accuracy", "loss_test"}
     assert len(want) == 2 * STEPS + STEPS // EPOCH
     assert_same(backend.read(tmp_path, logger), want, backend)
-    assert logger.callback_state()["step"] == STEPS - 1
+    assert logger.state_dict()["step"] == STEPS - 1
 
 
 def test_a_resumed_logger_appends_after_its_step_without_duplicates(backend: Backend, tmp_path: Path) -> None:
     first = backend.make(tmp_path)
     history_1 = train(first, 0, 150)
-    saved = first.callback_state()
+    saved = first.state_dict()
     assert saved["step"] == 149
 
     resumed = backend.make(tmp_path)
-    resumed.restore_callback_state(saved)
+    resumed.load_state_dict(saved)
     history_2 = train(resumed, 150, STEPS)
     if "run_id" in saved:
-        assert resumed.callback_state()["run_id"] == saved["run_id"]
+        assert resumed.state_dict()["run_id"] == saved["run_id"]
     assert_same(backend.read(tmp_path, resumed), expected(history_1, history_2), backend)
 
 
@@ -303,7 +303,7 @@ def test_a_resumed_run_skips_the_restored_rows_of_its_history(tmp_path: Path) ->
     logger = ciclo.csv_logger(path)
     history = train(logger, 0, 50)
     resumed = ciclo.csv_logger(path)
-    resumed.restore_callback_state({"step": 29})  # a backup taken before the last rows were written
+    resumed.load_state_dict({"step": 29})  # a backup taken before the last rows were written
     with pytest.warns(ciclo.DataWarning, match="no batch"):  # no step: the loop's end writes the rest
         ciclo.loop(
             None, [], {ciclo.every(1): [resumed]}, history=history, elapsed=ciclo.Elapsed.create(steps=50)
@@ -404,7 +404,7 @@ def test_csv_widens_its_header_when_new_entries_appear(tmp_path: Path) -> None:
 def test_loggers_are_stateful_callbacks(tmp_path: Path) -> None:
     logger = ciclo.csv_logger(tmp_path / "log.csv")
     assert isinstance(logger, ciclo.StatefulCallback)
-    assert logger.callback_state() == {"step": None}
+    assert logger.state_dict() == {"step": None}
 
 
 # ----------------------------------------------------------------------------- clu
@@ -498,7 +498,7 @@ def test_the_saved_state_claims_only_rows_already_on_disk(backend_name: str, tmp
     logger = backend.make(tmp_path)
     for step in range(400):  # a hand-written loop: rows reach the sink as they reach the host
         logger.write(step, ciclo.logs().add_metric("x", float(step)))
-    claimed = logger.callback_state()["step"]
+    claimed = logger.state_dict()["step"]
     assert claimed is not None and claimed >= 100
     # Read while the logger is still open, as the files are after a SIGKILL.
     on_disk = {step for step, _, _ in backend.read(tmp_path, logger)}
@@ -514,9 +514,9 @@ def test_a_run_killed_after_its_backup_then_resumed_holds_each_step_once(
     pytest.importorskip(backend.module)
     first = backend.make(tmp_path)
     history_1 = train(first, 0, 150)  # written on to step 149 ...
-    saved = {**first.callback_state(), "step": 99}  # ... after a backup that claimed steps up to 99
+    saved = {**first.state_dict(), "step": 99}  # ... after a backup that claimed steps up to 99
     resumed = backend.make(tmp_path)
-    resumed.restore_callback_state(saved)
+    resumed.load_state_dict(saved)
     history_2 = train(resumed, 100, STEPS)  # the resumed run computes steps 100-149 again
     want = [row for row in expected(history_1) if row[0] < 100] + expected(history_2)
     assert_same(backend.read(tmp_path, resumed), want, backend)

@@ -1,7 +1,7 @@
 """The callback-state hook: a fresh callback given another's snapshot goes on exactly as the other did.
 
 Every case runs a loop for `SPLIT` steps with callback A and takes
-`A.callback_state()`; A goes on to `TOTAL`; a fresh B built with the same
+`A.state_dict()`; A goes on to `TOTAL`; a fresh B built with the same
 arguments takes the snapshot back and runs the same continuation from the same
 state. A checkpointer's directory is copied at the snapshot, as a backup taken
 then would find it.
@@ -174,7 +174,7 @@ class Run:
             "steps": self.elapsed.steps,
             "state": host(self.state),
             "decisions": decisions(self.callback, self.directory),
-            "callback_state": host(self.callback.callback_state()),
+            "state_dict": host(self.callback.state_dict()),
         }
 
 
@@ -182,7 +182,7 @@ def start(case, directory):
     """Runs a fresh callback for `SPLIT` steps; returns the run and its snapshot."""
     callback = case.make(directory)
     state, _, elapsed = run(callback, initial_state(), None, SPLIT)
-    return Run(callback, directory, state, elapsed), callback.callback_state()
+    return Run(callback, directory, state, elapsed), callback.state_dict()
 
 
 def go_on(split, callback, directory, stop=TOTAL):
@@ -195,7 +195,7 @@ def resume(split, case, directory, snapshot):
     """A fresh callback on `directory`, given `snapshot` unless None, runs the continuation of `split`."""
     callback = case.make(directory)
     if snapshot is not None:
-        callback.restore_callback_state(snapshot)
+        callback.load_state_dict(snapshot)
     return go_on(split, callback, directory)
 
 
@@ -244,7 +244,7 @@ def test_a_snapshot_does_not_change_when_the_callback_goes_on(tmp_path, name):
     frozen = host(snapshot)
     go_on(split, split.callback, split.directory)
     assert same(snapshot, frozen)
-    assert not same(host(split.callback.callback_state()), frozen)  # the callback itself did go on
+    assert not same(host(split.callback.state_dict()), frozen)  # the callback itself did go on
 
 
 PLAIN = (jax.Array, np.ndarray, np.generic, bool, int, float, str)
@@ -254,9 +254,9 @@ PLAIN = (jax.Array, np.ndarray, np.generic, bool, int, float, str)
 def test_a_snapshot_is_a_pytree_of_plain_values(tmp_path, name):
     callback = CASES[name].make(tmp_path)
     assert isinstance(callback, ciclo.StatefulCallback)
-    snapshots = [callback.callback_state()]  # before any step
+    snapshots = [callback.state_dict()]  # before any step
     run(callback, initial_state(), None, SPLIT)
-    snapshots.append(callback.callback_state())
+    snapshots.append(callback.state_dict())
     for snapshot in snapshots:
         assert isinstance(snapshot, dict)
         leaves = jax.tree.leaves(snapshot)
@@ -308,12 +308,12 @@ def test_checkpoint_resumes_on_a_directory_ahead_of_its_snapshot(tmp_path, name,
 def test_checkpoint_snapshot_keeps_the_newest_step_the_directory_lacks(tmp_path):
     ckpt = ciclo.checkpoint(tmp_path / "a", keep=None)
     ckpt.save(5, initial_state())
-    snapshot = ckpt.callback_state()
+    snapshot = ckpt.state_dict()
     ckpt.close()
     # A save still in flight when the run was killed never reached the directory.
     resumed = ciclo.checkpoint(tmp_path / "b", keep=None)
-    resumed.restore_callback_state(snapshot)
-    assert resumed.callback_state() == {"newest_step": 5, "newest_at_start": None, "warned": False}
+    resumed.load_state_dict(snapshot)
+    assert resumed.state_dict() == {"newest_step": 5, "newest_at_start": None, "warned": False}
     resumed.save(5, initial_state())  # the snapshot's run saved step 5 already
     resumed.save(6, initial_state())
     assert resumed.all_steps() == [6]
@@ -327,20 +327,20 @@ def test_checkpoint_snapshot_keeps_the_newest_step_the_directory_lacks(tmp_path)
 def test_a_snapshot_of_another_callback_is_refused(tmp_path, name):
     callback = CASES[name].make(tmp_path)
     if isinstance(callback, ciclo.Checkpoint):
-        foreign = ciclo.early_stopping("loss").callback_state()
+        foreign = ciclo.early_stopping("loss").state_dict()
     else:
         foreign = {"newest_step": 3, "newest_at_start": None, "warned": False}
     with pytest.raises(ValueError, match=r"missing: \[.+unknown: \[."):
-        callback.restore_callback_state(foreign)
-    with pytest.raises(TypeError, match="callback_state"):
-        callback.restore_callback_state([1, 2])
+        callback.load_state_dict(foreign)
+    with pytest.raises(TypeError, match="state_dict"):
+        callback.load_state_dict([1, 2])
 
 
 # --- the guide's example ----------------------------------------------------------------------------
 
 
 def test_the_guide_example_runs():
-    blocks = [code for code, _ in python_blocks(DOCS / "guide.md") if "restore_callback_state" in code]
+    blocks = [code for code, _ in python_blocks(DOCS / "guide.md") if "load_state_dict" in code]
     assert len(blocks) == 1
     exec(
         compile(blocks[0], "guide.md[callback state]", "exec", dont_inherit=True), {"__name__": "docs_guide"}

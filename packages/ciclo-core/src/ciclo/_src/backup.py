@@ -7,7 +7,7 @@ holding two items:
 
 - `state`: the loop state, saved by orbax (each process writes its own shards),
 - `loop`: a JSON document with the `Elapsed`, the History's counts and the
-  chunks of rows it spans, every stateful callback's `callback_state()`, and
+  chunks of rows it spans, every stateful callback's `state_dict()`, and
   the position in the dataset: plain data (`ciclo._src.host_json`), checked
   field by field when it is read, never code,
 - `kept` (when a callback holds one): trees shaped like the state, such as an

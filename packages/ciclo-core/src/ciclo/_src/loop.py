@@ -427,7 +427,7 @@ class _Plan:
     start_callbacks: list[_Callback]
     end_callbacks: list[_Callback]
     start_hooks: list[Callable[[LoopState[Any]], None]]
-    end_hooks: list[Callable[[LoopState[Any]], None]]
+    end_hooks: list[Callable[[LoopState[Any], BaseException | None], None]]
     stateful: dict[str, Any]
 
     @classmethod
@@ -439,23 +439,27 @@ class _Plan:
         owners = _owners([*start, *(callback for task in tasks for callback in task.callbacks), *end])
         hooks = {name: [getattr(o, name) for o in owners if hasattr(o, name)] for name in _HOOKS}
         stateful = keyed_callbacks(owner for owner in owners if isinstance(owner, StatefulCallback))
-        return cls(tasks, start, end, hooks["__loop_start__"], hooks["__loop_end__"], stateful)
+        return cls(tasks, start, end, hooks["on_start"], hooks["on_end"], stateful)
 
-    def run_end_hooks(self, loop_state: LoopState[Any], clock: Clock) -> None:
-        """Runs every end hook (loggers flush, checkpoints finish) even after one fails; raises the first."""
+    def run_end_hooks(self, loop_state: LoopState[Any], clock: Clock, error: BaseException | None) -> None:
+        """Runs every `on_end(loop_state, error)` (loggers flush, checkpoints finish), even after one fails.
+
+        `error` is what ended the loop (None when it ended by itself); the first
+        error a hook raises is raised once every hook ran.
+        """
         loop_state._elapsed = clock.now()
         loop_state._ended = True
-        error: BaseException | None = None
+        failed: BaseException | None = None
         for hook in self.end_hooks:
             try:
-                hook(loop_state)
+                hook(loop_state, error)
             except BaseException as raised:  # noqa: BLE001 - re-raised once the other hooks ran
-                error = error or raised
-        if error is not None:
-            raise error
+                failed = failed or raised
+        if failed is not None:
+            raise failed
 
 
-_HOOKS = ("__loop_start__", "__loop_end__")
+_HOOKS = ("on_start", "on_end")
 
 
 def _check_stop(stop: PeriodLike | None) -> Period | None:
@@ -572,23 +576,26 @@ def run_phases(
     iterator, drawn = survival.start(loop_state, clock, iterator, dataset, plan.start_hooks)
     # Not again after a backup past the first step: test_loop's reset_step would zero its metrics.
     start_callbacks = plan.start_callbacks if restored is None or restored.step == 0 else []
-    hooks_ran = False
+    hooks_ran, error = False, cast(BaseException | None, None)
     try:
         drawn = _run_steps(plan, loop_state, clock, iterator, survival, drawn, stop_period, start_callbacks)
         loop_state._elapsed, loop_state._logs, loop_state._ended = clock.now(), None, True
         _run_callbacks(loop_state, plan.end_callbacks)
         hooks_ran = True
-        plan.run_end_hooks(loop_state, clock)  # loggers flush before the finished backup claims their rows
+        plan.run_end_hooks(loop_state, clock, None)  # loggers flush before the finished backup claims rows
         survival.finish(loop_state, clock, drawn)
-    except KeyboardInterrupt:
-        # A second Ctrl-C (during a preemption save, say) is the user insisting: it is never caught.
+    except KeyboardInterrupt as interrupt:
+        error = interrupt  # the end hooks see it; a second Ctrl-C (the user insisting) is never caught
         if not catch_keyboard_interrupt or survival.forced:
             raise
         _log.warning("KeyboardInterrupt: loop stopped at step %d", clock.steps)
+    except BaseException as raised:
+        error = raised
+        raise
     finally:
         try:
             if not hooks_ran:
-                plan.run_end_hooks(loop_state, clock)
+                plan.run_end_hooks(loop_state, clock, error)
         finally:
             survival.close()
     loop_state._elapsed = clock.now()

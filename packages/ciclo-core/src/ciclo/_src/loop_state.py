@@ -165,8 +165,8 @@ class LoopState(Generic[S]):
         """Ends the loop once the current callback returns."""
         self.stop_iteration = True
 
-    def callback_states(self) -> dict[str, Any]:
-        """The `callback_state()` of every stateful callback of this loop, by its `state_key`.
+    def state_dicts(self) -> dict[str, Any]:
+        """The `state_dict()` of every stateful callback of this loop, by its `state_key`.
 
         A callback's key is its `state_key` attribute when it has one (ciclo's
         callbacks derive it from their class and configuration, or take
@@ -180,15 +180,15 @@ class LoopState(Generic[S]):
             >>> def step(state, batch):
             ...     return ciclo.logs().add_loss("loss", 1.0 / (batch + 1)), state
             >>> def grab(state, batch, elapsed, loop_state):
-            ...     return None, loop_state.callback_states()
+            ...     return None, loop_state.state_dicts()
             >>> state, _, _ = ciclo.loop(None, [0, 1], {ciclo.every(1): [step, stopper, grab]})
             >>> list(state), state["EarlyStopping(loss, min)"]["best"]
             (['EarlyStopping(loss, min)'], 0.5)
         """
-        return {key: obj.callback_state() for key, obj in self._callback_objects.items()}
+        return {key: obj.state_dict() for key, obj in self._callback_objects.items()}
 
-    def restore_callback_states(self, states: Mapping[str, Any]) -> None:
-        """Hands each stateful callback of this loop its snapshot from `callback_states()`, by key.
+    def load_state_dicts(self, states: Mapping[str, Any]) -> None:
+        """Hands each stateful callback of this loop its snapshot from `state_dicts()`, by key.
 
         A callback with no snapshot in `states` (one added since) keeps its fresh
         state, and a snapshot no callback here claims (one removed since) is
@@ -198,6 +198,6 @@ class LoopState(Generic[S]):
             _log.warning("dropping the saved state of callback %r: no callback here has that key", key)
         for key, obj in self._callback_objects.items():
             if key in states:
-                obj.restore_callback_state(states[key])
+                obj.load_state_dict(states[key])
             else:
                 _log.warning("callback %r has no saved state: it starts afresh", key)

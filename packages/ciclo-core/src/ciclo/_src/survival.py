@@ -125,7 +125,7 @@ class Survival:
         drawn = 0
         try:
             if restored is not None:
-                loop_state.restore_callback_states(restored.callbacks)
+                loop_state.load_state_dicts(restored.callbacks)
                 iterator = position_dataset(iterator, dataset, restored, clock.batch_size_fn)
                 drawn = restored.position
                 self._samples_before = restored.elapsed.samples - restored.samples
@@ -179,7 +179,7 @@ class Survival:
             loop_state.state,
             clock.now(),
             loop_state.history,
-            loop_state.callback_states(),
+            loop_state.state_dicts(),
             drawn,
             clock.samples - self._samples_before,
             iterator_state(self._iterator),

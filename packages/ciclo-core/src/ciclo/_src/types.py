@@ -60,11 +60,15 @@ class LoopCallback(Protocol[S]):
     loop_state)` in that order; each returns `(logs, state)`, `logs` (a dict),
     `state`, or `None`. Any callback object (a `LoopCallback`, or a function's
     owner such as a bar whose bound method is the callback) may also define
-    `__loop_start__(loop_state)`, which the loop calls once before the first
+    `on_start(loop_state)`, which the loop calls once before the first
     step, after a resumed run handed back the callbacks' states (a checkpoint
-    refuses another run's directory there), and `__loop_end__(loop_state)`,
-    which it calls once when it ends, also on an error (progress bars draw
-    their last line; checkpointers finish writing).
+    refuses another run's directory there), and `on_end(loop_state, error)`,
+    which it calls once when it ends, also on an error: `error` is the
+    exception that ended the loop (a Ctrl-C, a preemption, a failed step), or
+    None when it ended by itself (progress bars draw their last line;
+    checkpointers finish writing; loggers flush). A callback that keeps state
+    across steps adds `state_dict()` / `load_state_dict(state)` and a
+    `state_key` (see `StatefulCallback`).
     """
 
     def __loop_callback__(self, loop_state: LoopState[S], /) -> CallbackOutput[S]:
@@ -78,13 +82,13 @@ class StatefulCallback(Protocol):
 
     Early stopping keeps its best value and wait count, a checkpointer its
     ranking, a logger its position. A loop that is backed up saves
-    `callback_state()` with the training state, and a resumed loop hands it
-    back with `restore_callback_state` before its first step, so the resumed
+    `state_dict()` with the training state, and a resumed loop hands it
+    back with `load_state_dict` before its first step, so the resumed
     run goes on exactly as the uninterrupted one would have.
 
-    `callback_state()` returns a pytree of arrays, numbers, strings and `None`
+    `state_dict()` returns a pytree of arrays, numbers, strings and `None`
     (dicts, lists and tuples of them), a snapshot that later steps do not
-    change. `restore_callback_state(callback_state())` on a fresh callback built
+    change. `load_state_dict(state_dict())` on a fresh callback built
     with the same arguments must give a callback that behaves the same.
     ciclo's stateful callbacks: `early_stopping`, `checkpoint` and the loggers.
 
@@ -100,22 +104,22 @@ class StatefulCallback(Protocol):
         ...         self.calls = 0
         ...     def __call__(self, state):
         ...         self.calls += 1
-        ...     def callback_state(self):
+        ...     def state_dict(self):
         ...         return {"calls": self.calls}
-        ...     def restore_callback_state(self, state):
+        ...     def load_state_dict(self, state):
         ...         self.calls = state["calls"]
         >>> counter = CountCalls()
         >>> _ = ciclo.loop(None, range(3), {ciclo.every(1): counter})
-        >>> isinstance(counter, ciclo.StatefulCallback), counter.callback_state()
+        >>> isinstance(counter, ciclo.StatefulCallback), counter.state_dict()
         (True, {'calls': 3})
     """
 
-    def callback_state(self) -> Any:
+    def state_dict(self) -> Any:
         """A snapshot of the state this callback keeps across steps, as a pytree."""
         ...
 
-    def restore_callback_state(self, state: Any, /) -> None:
-        """Takes back a snapshot made by `callback_state` (of this or an equal callback)."""
+    def load_state_dict(self, state: Any, /) -> None:
+        """Takes back a snapshot made by `state_dict` (of this or an equal callback)."""
         ...
 
 

@@ -293,7 +293,7 @@ class Checkpoint:
     Saves run in the background: `save()` returns once the state is copied off
     the device, and the checkpoint is complete (durable, listed in a new
     process) a little later (about 0.1 s for a small state). The loop waits for
-    them when it ends (`__loop_end__`), and `wait()` or `close()` do the same in
+    them when it ends (`on_end`), and `wait()` or `close()` do the same in
     a hand-written loop; Ctrl-C is held back until a save in flight is started
     or finished, so a finished checkpoint is never lost.
 
@@ -573,8 +573,8 @@ class Checkpoint:
             return self._name
         return f"Checkpoint({self._monitor}, {self._mode})" if self._monitor else "Checkpoint(latest)"
 
-    def callback_state(self) -> dict[str, Any]:
-        """A snapshot of what decides which steps are saved, for `restore_callback_state`.
+    def state_dict(self) -> dict[str, Any]:
+        """A snapshot of what decides which steps are saved, for `load_state_dict`.
 
         The ranking is not in it: orbax writes each checkpoint's monitored value
         next to it, and a `Checkpoint` opened on the directory ranks what it finds
@@ -593,14 +593,14 @@ class Checkpoint:
             >>> import ciclo
             >>> ckpt = ciclo.checkpoint(tempfile.mkdtemp(), keep=2)
             >>> ckpt.save(3, {"w": 1.0})
-            >>> ckpt.callback_state()
+            >>> ckpt.state_dict()
             {'newest_step': 3, 'newest_at_start': None, 'warned': False}
             >>> ckpt.close()
         """
         return {"newest_step": self._newest, "newest_at_start": self._found_newest, "warned": self._warned}
 
-    def restore_callback_state(self, state: Any, /) -> None:
-        """Takes back a snapshot made by `callback_state`, before the first save of a resumed run.
+    def load_state_dict(self, state: Any, /) -> None:
+        """Takes back a snapshot made by `state_dict`, before the first save of a resumed run.
 
         The directory may hold checkpoints newer than the snapshot (the run went on
         after it was taken): they are kept, and their steps are skipped, as the
@@ -609,7 +609,7 @@ class Checkpoint:
         checkpoints for those of an earlier run.
 
         Args:
-            state: the dict `callback_state()` returned, possibly with its numbers
+            state: the dict `state_dict()` returned, possibly with its numbers
                 turned into 0-d arrays by storage.
 
         Raises:
@@ -633,7 +633,7 @@ class Checkpoint:
                 "resume the loop's backup); to replace them, pass overwrite=True; or use another directory"
             )
 
-    def __loop_start__(self, loop_state: LoopState[Any], /) -> None:
+    def on_start(self, loop_state: LoopState[Any], /) -> None:
         """Refuses another run's directory before the first step, rather than at the first save.
 
         Raises:
@@ -643,7 +643,7 @@ class Checkpoint:
         """
         self._refuse_another_run()
 
-    def __loop_end__(self, loop_state: LoopState[Any], /) -> None:
+    def on_end(self, loop_state: LoopState[Any], error: BaseException | None, /) -> None:
         """Waits for the saves in flight, so that the loop returns with every checkpoint written.
 
         Also after an error or Ctrl-C: the save in flight is finished, never dropped.

@@ -105,8 +105,8 @@ class EarlyStopping(Generic[S]):
                 state = self.best_state
         return exhausted, state
 
-    def callback_state(self) -> dict[str, Any]:
-        """A snapshot of what decides when to stop, for `restore_callback_state`.
+    def state_dict(self) -> dict[str, Any]:
+        """A snapshot of what decides when to stop, for `load_state_dict`.
 
         Returns:
             A dict: `best` (the best value, or the baseline, or None), `wait`
@@ -122,11 +122,11 @@ class EarlyStopping(Generic[S]):
             ...     return ciclo.logs().add_metric("loss", next(losses)), state
             >>> stopper = ciclo.early_stopping("loss", patience=1)
             >>> _ = ciclo.loop(0, range(3), {ciclo.every(1): [log_loss, stopper]})
-            >>> snapshot = stopper.callback_state()
+            >>> snapshot = stopper.state_dict()
             >>> snapshot["best"], snapshot["wait"], snapshot["best_elapsed"]["steps"]
             (0.5, 1, 1)
             >>> resumed = ciclo.early_stopping("loss", patience=1)
-            >>> resumed.restore_callback_state(snapshot)
+            >>> resumed.load_state_dict(snapshot)
             >>> resumed.best, resumed.wait
             (0.5, 1)
         """
@@ -142,11 +142,11 @@ class EarlyStopping(Generic[S]):
             "best_state": self.best_state,
         }
 
-    def restore_callback_state(self, state: Any, /) -> None:
-        """Takes back a snapshot made by `callback_state`, before the first check of a resumed run.
+    def load_state_dict(self, state: Any, /) -> None:
+        """Takes back a snapshot made by `state_dict`, before the first check of a resumed run.
 
         Args:
-            state: the dict `callback_state()` returned, possibly with its numbers
+            state: the dict `state_dict()` returned, possibly with its numbers
                 turned into 0-d arrays by storage.
 
         Raises:
@@ -181,7 +181,7 @@ class EarlyStopping(Generic[S]):
         """Named hook: `train_loop` runs early stopping at the end of each epoch."""
         return self.__loop_callback__(loop_state)
 
-    def __loop_end__(self, loop_state: LoopState[S], /) -> None:
+    def on_end(self, loop_state: LoopState[S], error: BaseException | None, /) -> None:
         """With `restore_best_weights`, the loop returns the best state however it ends.
 
         The loop returns `loop_state.state` after its end hooks run, so setting it

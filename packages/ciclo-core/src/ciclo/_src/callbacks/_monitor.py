@@ -90,11 +90,11 @@ def is_improvement(value: float, best: float | None, mode: Mode, min_delta: floa
 
 
 def snapshot_fields(snapshot: Any, names: tuple[str, ...], owner: str) -> Mapping[str, Any]:
-    """Checks that a snapshot given to `restore_callback_state` has exactly the keys `names`.
+    """Checks that a snapshot given to `load_state_dict` has exactly the keys `names`.
 
     Args:
-        snapshot: what `restore_callback_state` received.
-        names: the keys `callback_state()` writes.
+        snapshot: what `load_state_dict` received.
+        names: the keys `state_dict()` writes.
         owner: the callback's name, for the error message.
 
     Returns:
@@ -107,8 +107,7 @@ def snapshot_fields(snapshot: Any, names: tuple[str, ...], owner: str) -> Mappin
     """
     if not isinstance(snapshot, Mapping):
         raise TypeError(
-            f"{owner}.restore_callback_state takes the dict that callback_state() returned, got "
-            f"{short(snapshot)}"
+            f"{owner}.load_state_dict takes the dict that state_dict() returned, got {short(snapshot)}"
         )
     missing = [name for name in names if name not in snapshot]
     unknown = sorted(str(key) for key in snapshot if key not in names)

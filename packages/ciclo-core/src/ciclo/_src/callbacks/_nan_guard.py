@@ -115,7 +115,7 @@ class TerminateOnNaN(Generic[S]):
         """Named hook: in `train_loop(callbacks=[...])` the guard checks each training step's logs."""
         return self.__loop_callback__(loop_state)
 
-    def __loop_end__(self, loop_state: LoopState[S], /) -> None:
+    def on_end(self, loop_state: LoopState[S], error: BaseException | None, /) -> None:
         """Reads what the last steps left on the device, so that a late NaN is reported too."""
         if self._pending and self.step is None:
             self._read_pending()

@@ -112,7 +112,7 @@ class Profile:
         if elapsed.steps + steps_of(batch) > self._last:
             self._stop(state)
 
-    def __loop_end__(self, loop_state: LoopState[Any]) -> None:
+    def on_end(self, loop_state: LoopState[Any], error: BaseException | None) -> None:
         # The loop ended inside the window (the data ran out, `stop`, an error): the trace
         # still covers the steps that ran.
         if self._status == "tracing":

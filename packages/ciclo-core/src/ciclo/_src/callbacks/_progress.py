@@ -305,7 +305,7 @@ class ProgressCallback(abc.ABC):
         """Named hook of the predefined loops: updates the bar after each training step."""
         self._update(elapsed, loop_state)
 
-    def __loop_end__(self, loop_state: LoopState[Any]) -> None:
+    def on_end(self, loop_state: LoopState[Any], error: BaseException | None) -> None:
         if self._finished:
             return
         self._logs = loop_state.accumulated_logs

@@ -93,7 +93,7 @@ class Throughput:
         """Named hook of the predefined loops: measures after each training step."""
         return self._measure(elapsed.steps, elapsed.samples)
 
-    def __loop_end__(self, loop_state: LoopState[Any]) -> None:
+    def on_end(self, loop_state: LoopState[Any], error: BaseException | None) -> None:
         # The next loop starts a new window: the time between two loops is not throughput.
         self._start = None
 

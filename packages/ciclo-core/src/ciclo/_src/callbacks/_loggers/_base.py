@@ -145,9 +145,9 @@ class Logger:
     copied then and written, and the backend is closed. A logger used in a later
     loop opens its backend again.
 
-    A logger is a `ciclo.StatefulCallback`: `callback_state()` holds the last
+    A logger is a `ciclo.StatefulCallback`: `state_dict()` holds the last
     step written (and the run id of W&B and MLflow), and a fresh logger given it
-    with `restore_callback_state` skips the steps already written and appends
+    with `load_state_dict` skips the steps already written and appends
     after them, to the same file or run.
 
     Example:
@@ -169,7 +169,7 @@ class Logger:
         0 {'loss': 1.0}
         1 {'loss': 0.5}
         2 {'loss': 0.3333333333333333}
-        >>> logger.callback_state()
+        >>> logger.state_dict()
         {'step': 2}
     """
 
@@ -220,7 +220,7 @@ class Logger:
         """
         self.__loop_callback__(loop_state)
 
-    def __loop_start__(self, loop_state: LoopState[Any]) -> None:
+    def on_start(self, loop_state: LoopState[Any]) -> None:
         """Refuses a loop that would write steps this logger already wrote (a logger reused by a new loop).
 
         Raises:
@@ -235,7 +235,7 @@ class Logger:
                 "earlier loop (elapsed= its Elapsed)"
             )
 
-    def __loop_end__(self, loop_state: LoopState[Any]) -> None:
+    def on_end(self, loop_state: LoopState[Any], error: BaseException | None) -> None:
         """Copies the rows left on the device (one batched copy), writes them and closes the backend."""
         history = loop_state.history
         if history is not self._history:
@@ -322,7 +322,7 @@ class Logger:
         """What its saved state is found by on resume: the logger and where it writes, as in its repr."""
         return repr(self)
 
-    def callback_state(self) -> dict[str, Any]:
+    def state_dict(self) -> dict[str, Any]:
         """The last step written (`step`, None before any) and what the backend needs to resume.
 
         The backend is flushed first (to disk, for the file backends): a backup
@@ -331,10 +331,10 @@ class Logger:
         self._sink.flush()
         return {"step": self._last_step, **self._sink.state()}
 
-    def restore_callback_state(self, state: Mapping[str, Any]) -> None:
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Appends after `state["step"]`: earlier steps are skipped, the backend's later rows dropped."""
         # The same keys as this logger's own snapshot: a snapshot of another callback is refused.
-        state = snapshot_fields(state, tuple(self.callback_state()), "logger")
+        state = snapshot_fields(state, tuple(self.state_dict()), "logger")
         step = state.get("step")
         self._last_step = self._resume_after = None if step is None else int(step)
         self._sink.restore({key: value for key, value in state.items() if key != "step"}, self._resume_after)

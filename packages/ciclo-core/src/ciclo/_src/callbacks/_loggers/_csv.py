@@ -118,7 +118,7 @@ def csv_logger(path: str | os.PathLike[str]) -> Logger:
     library's `csv` writes it: no extra needed.
 
     A new logger starts a new file (replacing one at `path`); one restored with
-    `restore_callback_state` appends to it, after dropping any rows of steps
+    `load_state_dict` appends to it, after dropping any rows of steps
     after the restored step.
 
     Args:

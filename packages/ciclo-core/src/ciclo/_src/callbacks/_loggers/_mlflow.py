@@ -115,7 +115,7 @@ def mlflow_logger(
     server through its own `MlflowClient`, so it neither needs nor changes
     `mlflow.start_run`'s active run. The run is created on the first write and
     marked finished when the loop ends; a logger restored with
-    `restore_callback_state` logs to the same run again.
+    `load_state_dict` logs to the same run again.
 
     Args:
         experiment_name: the experiment of the new run (created if missing).

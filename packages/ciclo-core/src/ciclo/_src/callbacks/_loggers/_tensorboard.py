@@ -114,7 +114,7 @@ def tensorboard(logdir: str | os.PathLike[str]) -> Logger:
         >>> logdir = tempfile.mkdtemp()
         >>> logger = ciclo.tensorboard(logdir)
         >>> _ = ciclo.loop(None, range(3), {ciclo.every(1): [train_step, logger]})
-        >>> logger.callback_state()
+        >>> logger.state_dict()
         {'step': 2}
     """
     return Logger(TensorBoardSink(logdir))

@@ -65,7 +65,7 @@ def wandb_logger(run: Any = None, **init_kwargs: Any) -> Logger:
     Needs wandb (`pip install "ciclo-core[wandb]"`). With no `run`, the logger
     starts one with `wandb.init(**init_kwargs)` on its first write and
     finishes it when the loop ends; a logger restored with
-    `restore_callback_state` resumes the same run (`wandb.init(id=...,
+    `load_state_dict` resumes the same run (`wandb.init(id=...,
     resume="allow")`). A `run` you started yourself is written to and left
     running. W&B's own settings apply: `WANDB_MODE=offline` writes the run to
     `WANDB_DIR` without a network, for `wandb sync` later.
