@@ -11,13 +11,13 @@ import dataclasses
 import inspect
 import logging
 import os
-import sys
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Final, cast, final
 
 from ciclo._src.backup import Backup
 from ciclo._src.batches import BatchSizeFn, Stacked, count, is_stacked, steps_of
+from ciclo._src.callbacks._clu import as_loop_callback as clu_callback
 from ciclo._src.checks import DataWarning
 from ciclo._src.elapsed import Clock, Elapsed, Period, PeriodLike, make_elapsed, to_period
 from ciclo._src.logs import History, Logs, StackedLogs
@@ -178,19 +178,6 @@ def _plain_function(fn: Callable[..., Any]) -> _Callback:
     return _Callback(arity, fn, fn)
 
 
-def _is_periodic_action(obj: Any) -> bool:
-    # Look clu up only if the user already imported it: ciclo never imports clu.
-    module = sys.modules.get("clu.periodic_actions")
-    return module is not None and isinstance(obj, module.PeriodicAction)
-
-
-def _periodic_action(action: Any) -> Callable[[LoopState[Any]], None]:
-    def invoke(loop_state: LoopState[Any]) -> None:
-        action(loop_state.elapsed.steps)
-
-    return invoke
-
-
 def as_callback(obj: Any) -> _Callback:
     """Turns a callback object or function into the form the engine calls.
 
@@ -200,10 +187,9 @@ def as_callback(obj: Any) -> _Callback:
     """
     if isinstance(obj, _Callback):
         return obj
+    obj = clu_callback(obj) or obj  # adapters: a clu PeriodicAction becomes a callback object
     if getattr(type(obj), "__loop_callback__", None) is not None:
         return _Callback(_OBJECT, obj.__loop_callback__, obj)
-    if _is_periodic_action(obj):
-        return _Callback(_OBJECT, _periodic_action(obj), obj)
     if isinstance(obj, str):
         raise TypeError(f"{short(obj)} is a string, not a callback")
     if not callable(obj):
