@@ -379,10 +379,7 @@ class Session:
                 "give backup= a directory of its own (a checkpoint directory cannot double as one)"
             )
         if jax.process_index() == 0:
-            tmp = path + ".tmp"
-            with open(tmp, "w", encoding="utf-8") as f:
-                f.write(f'{{"format": {_FORMAT}}}\n')
-            os.replace(tmp, path)
+            _write_json(self.spec.directory, _MARKER, {"format": _FORMAT})
 
     def restore(self, target: Any) -> Restored | None:
         """The newest backup that can be read, restored into the structure, shapes and shardings of `target`.
@@ -497,7 +494,7 @@ class Session:
         dropped, total = history.dropped, history.dropped + len(history)
         chunks = [chunk for chunk in self._chunks if chunk[1] > dropped]
         written = chunks[-1][1] if chunks else dropped
-        rows = history.to_host(max(written, dropped))
+        rows = history.to_host(written)
         if total > written:
             if jax.process_index() == 0:
                 part = to_json({name: rows[name] for name in _COLUMNS}, "the history")
@@ -734,7 +731,7 @@ def _write_json(directory: str, name: str, document: Any) -> None:
     """Writes `document` to `directory/name` atomically and durably: a reader sees all of it or nothing."""
     os.makedirs(directory, exist_ok=True)
     path = os.path.join(directory, name)
-    tmp = f"{path}.{os.getpid()}.tmp"
+    tmp = f"{path}.tmp"  # one writer per file: process 0 (a kill leaves it; the next write replaces it)
     with open(tmp, "w", encoding="utf-8") as file:
         json.dump(document, file)
         file.flush()
