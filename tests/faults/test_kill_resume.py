@@ -102,6 +102,8 @@ def test_sigkill_at_random_moments_then_resume(
     mode: str, seed: int, span: int, kills: int, tmp_path: Path
 ) -> None:
     reference = run_uninterrupted(mode, tmp_path / "reference")
+    # A finite run: a non-finite state is never backed up, and the kills would resume from before it.
+    assert np.isfinite(reference["history_loss"]).all()
     rng = random.Random(seed)
     directory = tmp_path / "killed"
     done = []
