@@ -99,7 +99,7 @@ EXAMPLES = {
     "examples/flax/digits_cnn_nnx.py": 0.95,
     "examples/haiku/digits_mlp.py": 0.95,
     "examples/equinox/digits_mlp.py": 0.95,
-    "examples/jax/digits_mlp.py": 0.95,  # plain JAX through a ciclo.ModelAdapter
+    "examples/jax/digits_mlp.py": 0.95,  # plain JAX through a ciclo.types.ModelAdapter
     "examples/keras/digits_mlp.py": 0.95,  # Keras 3 through stateless_call
 }
 """One example per framework path, and the test accuracy under which it fails (exit status 1)."""

@@ -179,7 +179,7 @@ def bare_step(state: State, batch: Batch) -> tuple[dict[str, jax.Array], State]:
     return {"loss": loss, "accuracy": accuracy}, state
 
 
-def ciclo_step(state: State, batch: Batch) -> tuple[ciclo.Logs, State]:
+def ciclo_step(state: State, batch: Batch) -> tuple[ciclo.types.Logs, State]:
     loss, accuracy, state = update(state, batch)
     return ciclo.logs().add_loss("loss", loss).add_metric("accuracy", accuracy), state
 

@@ -46,9 +46,9 @@ TOPICS = [
     Topic(
         "loops.md",
         "Predefined loops",
-        "`train_loop`, `test_loop`, `predict_loop` and their named schedules. "
+        "`train_loop`, `test_loop`, `predict_loop` and the hook vocabulary they run. "
         "Guide: [predefined loops](../loops.md).",
-        ("ciclo._src.loops",),
+        ("ciclo._src.loops", "ciclo._src.hooks", "ciclo.hooks"),
     ),
     Topic(
         "time.md",
@@ -92,7 +92,7 @@ TOPICS = [
         "types.md",
         "Protocols and types",
         "The small protocols the pieces meet through.",
-        ("ciclo._src.types",),
+        ("ciclo._src.types", "ciclo.types"),
     ),
     Topic(
         "adapters.md",
@@ -116,7 +116,7 @@ class Name:
 
     @property
     def identity(self) -> tuple[str, str]:
-        """The object this name reaches: `ciclo.ModelState` and `ciclo.managed.ModelState` are one."""
+        """The object this name reaches: `ciclo.on_epoch_end` and `ciclo.hooks.on_epoch_end` are one."""
         return (self.source, self.original) if not self.is_module else (self.source, "")
 
 
@@ -150,7 +150,7 @@ def public_names(module: str) -> list[Name]:
                     sources.setdefault(target.id, (module, False, target.id))
     names = [Name(f"{module}.{name}", *sources.get(name, (module, False, name))) for name in exported]
     # A submodule's names come after all of the module's own, so that a name both export
-    # (`ciclo.get_strategy`, `ciclo.strategies.get_strategy`) is documented at the shorter path.
+    # (`ciclo.strategies.get_strategy`, `ciclo.strategies.get_strategy`) is documented at the shorter path.
     return names + [inner for name in names if name.is_module for inner in public_names(name.source)]
 
 

@@ -42,7 +42,7 @@ def load_data(seed: int = 0) -> tuple[dict[str, np.ndarray], dict[str, np.ndarra
     order = np.random.default_rng(seed).permutation(len(images))
     split = int(0.8 * len(images))
     train, test = order[:split], order[split:]
-    # ciclo.ModelState reads a mapping batch's "inputs" and "target".
+    # ciclo.types.ModelState reads a mapping batch's "inputs" and "target".
     return (
         {"inputs": images[train], "target": labels[train]},
         {"inputs": images[test], "target": labels[test]},
@@ -82,7 +82,7 @@ def accuracy(logits: jax.Array, labels: jax.Array) -> jax.Array:
     return jnp.argmax(logits, -1) == labels
 
 
-def evaluate(state: ciclo.ModelState, test: dict[str, np.ndarray]) -> float:
+def evaluate(state: ciclo.types.ModelState, test: dict[str, np.ndarray]) -> float:
     """The accuracy of `state` over the whole test set."""
     state = state.reset_step()
     logs = None

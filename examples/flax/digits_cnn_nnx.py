@@ -35,7 +35,7 @@ def load_data(seed: int = 0) -> tuple[dict[str, np.ndarray], dict[str, np.ndarra
     order = np.random.default_rng(seed).permutation(len(images))
     split = int(0.8 * len(images))
     train, test = order[:split], order[split:]
-    # ciclo.ModelState reads a mapping batch's "inputs" and "target".
+    # ciclo.types.ModelState reads a mapping batch's "inputs" and "target".
     return (
         {"inputs": images[train], "target": labels[train]},
         {"inputs": images[test], "target": labels[test]},

@@ -1,10 +1,10 @@
-"""Train a plain-JAX MLP on scikit-learn's bundled digits through a `ciclo.ModelAdapter` of its own.
+"""Train a plain-JAX MLP on scikit-learn's bundled digits through a `ciclo.types.ModelAdapter` of its own.
 
 Run with `python examples/jax/digits_mlp.py` where `ciclo-core[checkpoint]`
 (orbax) and scikit-learn are installed. Nothing is downloaded: the digits ship
 inside scikit-learn.
 
-The model is three functions of plain JAX, made a `ciclo.ModelAdapter` by a
+The model is three functions of plain JAX, made a `ciclo.types.ModelAdapter` by a
 class with `init` and `apply` (and `to_model`, which gives the trained model
 back as a function). `ciclo.create_model_state` turns it into a training state
 whose steps `ciclo.train_loop` runs: the model is evaluated on the test set
@@ -41,7 +41,7 @@ def load_data(seed: int = 0) -> tuple[dict[str, np.ndarray], dict[str, np.ndarra
     order = np.random.default_rng(seed).permutation(len(images))
     split = int(0.8 * len(images))
     train, test = order[:split], order[split:]
-    # ciclo.ModelState reads a mapping batch's "inputs" and "target".
+    # ciclo.types.ModelState reads a mapping batch's "inputs" and "target".
     return (
         {"inputs": images[train], "target": labels[train]},
         {"inputs": images[test], "target": labels[test]},
@@ -78,7 +78,7 @@ def forward(params: Params, images: jax.Array, mean: jax.Array, var: jax.Array) 
 
 @dataclasses.dataclass(frozen=True, eq=False)  # hashable: the adapter is a static field of the state
 class MLP:
-    """A `ciclo.ModelAdapter`: an MLP with batch norm and dropout, in plain JAX."""
+    """A `ciclo.types.ModelAdapter`: an MLP with batch norm and dropout, in plain JAX."""
 
     hidden: int = 128
     classes: int = 10

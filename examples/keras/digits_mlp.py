@@ -5,7 +5,7 @@ Run with `python examples/keras/digits_mlp.py` where `ciclo-core[checkpoint]`
 Nothing is downloaded: the digits ship inside scikit-learn.
 
 Keras 3 runs a model as a pure function with `model.stateless_call`: a
-`ciclo.ModelAdapter` of a dozen lines gives its trainable variables to the
+`ciclo.types.ModelAdapter` of a dozen lines gives its trainable variables to the
 optimizer as params and keeps the rest (batch statistics, the dropout seed) as
 model state. The model is evaluated on the test set after each epoch, the
 checkpoint with the best test accuracy is kept and restored at the end, and
@@ -45,7 +45,7 @@ def load_data(seed: int = 0) -> tuple[dict[str, np.ndarray], dict[str, np.ndarra
     order = np.random.default_rng(seed).permutation(len(images))
     split = int(0.8 * len(images))
     train, test = order[:split], order[split:]
-    # ciclo.ModelState reads a mapping batch's "inputs" and "target".
+    # ciclo.types.ModelState reads a mapping batch's "inputs" and "target".
     return (
         {"inputs": images[train], "target": labels[train]},
         {"inputs": images[test], "target": labels[test]},
@@ -71,7 +71,7 @@ def batches(
 
 @dataclasses.dataclass(frozen=True, eq=False)  # hashable: the adapter is a static field of the state
 class KerasAdapter:
-    """A `ciclo.ModelAdapter` for any Keras 3 model on the JAX backend."""
+    """A `ciclo.types.ModelAdapter` for any Keras 3 model on the JAX backend."""
 
     model: keras.Model
 

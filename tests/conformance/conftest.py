@@ -74,10 +74,12 @@ def accuracy(preds: jax.Array, target: jax.Array) -> jax.Array:
 TX = optax.adam(1e-2)
 """One optimizer for every state: it is a static field, and a new one would be a new program to trace."""
 
-_SHARED: dict[tuple[str, str, str], ciclo.ModelState] = {}
+_SHARED: dict[tuple[str, str, str], ciclo.types.ModelState] = {}
 
 
-def build(adapter: ModuleType, kind: str = "mlp", *, strategy: str, **overrides: Any) -> ciclo.ModelState:
+def build(
+    adapter: ModuleType, kind: str = "mlp", *, strategy: str, **overrides: Any
+) -> ciclo.types.ModelState:
     """The state of model `kind` of `adapter` under `strategy`, with the suite's defaults.
 
     A state with the defaults is built once per adapter, model and strategy of
@@ -92,7 +94,7 @@ def build(adapter: ModuleType, kind: str = "mlp", *, strategy: str, **overrides:
     return _build(adapter, kind, strategy=strategy, **overrides)
 
 
-def _build(adapter: ModuleType, kind: str, *, strategy: str, **overrides: Any) -> ciclo.ModelState:
+def _build(adapter: ModuleType, kind: str, *, strategy: str, **overrides: Any) -> ciclo.types.ModelState:
     settings: dict[str, Any] = {
         "tx": TX,
         "losses": {"loss": optax.softmax_cross_entropy_with_integer_labels},
@@ -105,6 +107,6 @@ def _build(adapter: ModuleType, kind: str, *, strategy: str, **overrides: Any) -
 
 
 @pytest.fixture
-def make_state(adapter: ModuleType, strategy: str) -> Callable[..., ciclo.ModelState]:
+def make_state(adapter: ModuleType, strategy: str) -> Callable[..., ciclo.types.ModelState]:
     """`make_state(kind, **overrides)` for the adapter and strategy under test, with the suite's defaults."""
     return functools.partial(build, adapter, strategy=strategy)

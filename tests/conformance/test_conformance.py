@@ -20,7 +20,7 @@ from support.optional import optional
 
 import ciclo
 
-MakeState = Callable[..., ciclo.ModelState]
+MakeState = Callable[..., ciclo.types.ModelState]
 
 TRAIN, TEST = blobs(150, seed=0), blobs(8, seed=1)
 
@@ -32,7 +32,7 @@ STATEFUL_ACCURACIES: dict[str, Callable[[], Any]] = {
 }
 """Stateful accuracy metrics, checked against the plain callable `accuracy` (jax_metrics where installed)."""
 
-OTHER_STRATEGIES = [name for name in ciclo.strategy_names() if name not in STRATEGIES]
+OTHER_STRATEGIES = [name for name in ciclo.strategies.strategy_names() if name not in STRATEGIES]
 """The built-in strategies the rest of the suite leaves out (jit_donate, pmap): each adapter still trains."""
 
 
@@ -72,7 +72,7 @@ def test_table_covers_every_installed_adapter_and_strategy() -> None:
             )
             if row.entry_point is not None:
                 assert row.entry_point in entry_points, f"{row.entry_point} has no entry point"
-    assert set(STRATEGIES) <= set(ciclo.strategy_names())
+    assert set(STRATEGIES) <= set(ciclo.strategies.strategy_names())
 
 
 def test_each_installed_adapter_package_is_reached_through_its_entry_point() -> None:
@@ -91,7 +91,7 @@ def test_each_installed_adapter_package_is_reached_through_its_entry_point() -> 
 
 
 def protocol_call(method: Callable[..., Any]) -> tuple[list[str], dict[str, str]]:
-    """Placeholder arguments of the shape ciclo calls a `ciclo.ModelAdapter` method with."""
+    """Placeholder arguments of the shape ciclo calls a `ciclo.types.ModelAdapter` method with."""
     parameters = list(inspect.signature(method).parameters.values())[1:]  # without self
     args = [p.name for p in parameters if p.kind is inspect.Parameter.POSITIONAL_ONLY]
     kwargs = {p.name: p.name for p in parameters if p.kind is inspect.Parameter.KEYWORD_ONLY}
@@ -101,13 +101,13 @@ def protocol_call(method: Callable[..., Any]) -> tuple[list[str], dict[str, str]
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_adapter_implements_the_model_adapter_protocol(adapter: ModuleType, kind: str) -> None:
-    # ciclo.ModelAdapter is not runtime_checkable (the core never calls isinstance on it), so its
+    # ciclo.types.ModelAdapter is not runtime_checkable (the core never calls isinstance on it), so its
     # methods are checked here: each takes the arguments ciclo passes, by position and by keyword.
     model_adapter = build(adapter, kind, strategy="jit").adapter
     for name in ("init", "apply"):
         method = getattr(model_adapter, name, None)
         assert callable(method), f"{type(model_adapter).__name__} has no method {name}"
-        args, kwargs = protocol_call(getattr(ciclo.ModelAdapter, name))
+        args, kwargs = protocol_call(getattr(ciclo.types.ModelAdapter, name))
         inspect.signature(method).bind(*args, **kwargs)
     # The adapter is a static field of the state: jit hashes it.
     assert hash(model_adapter) == hash(model_adapter)
@@ -199,9 +199,9 @@ def test_predict_step_returns_predictions_of_the_right_shape(make_state: MakeSta
 @pytest.mark.parametrize("stateful", list(STATEFUL_ACCURACIES))
 def test_a_stateful_metric_and_a_plain_callable_agree(make_state: MakeState, stateful: str) -> None:
     metric = STATEFUL_ACCURACIES[stateful]()
-    assert isinstance(metric, ciclo.Metric)
+    assert isinstance(metric, ciclo.metrics.Metric)
     state = make_state(metrics={"stateful": metric, "callable": accuracy})
-    assert all(isinstance(held, ciclo.Metric) for held in state.metrics.values())
+    assert all(isinstance(held, ciclo.metrics.Metric) for held in state.metrics.values())
     state, history, _ = ciclo.train_loop(state, TRAIN[:20])
     np.testing.assert_allclose(history.collect("stateful"), history.collect("callable"), rtol=1e-6)
     _, history, _ = ciclo.test_loop(state, TEST)
@@ -265,7 +265,7 @@ def test_backup_resumes_bit_for_bit(adapter: ModuleType, tmp_path: Any) -> None:
     state = build(adapter, "bn_dropout", strategy="jit")
     expected, _, _ = ciclo.train_loop(state, TRAIN[:6])
 
-    def crash(state: Any, batch: Any, elapsed: ciclo.Elapsed) -> None:
+    def crash(state: Any, batch: Any, elapsed: ciclo.types.Elapsed) -> None:
         if elapsed.steps == 4:
             raise _Crash
 

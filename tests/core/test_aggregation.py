@@ -1,7 +1,7 @@
 """How evaluation loops reduce their steps' logs to one value per entry (issue 12, items 4 and 5).
 
 Per-batch values (`metrics`, `losses`) take their mean weighted by each batch's
-samples, running values (`stateful_metrics`, a `ciclo.ModelState`'s metrics)
+samples, running values (`stateful_metrics`, a `ciclo.types.ModelState`'s metrics)
 their last value, and `aggregation=` names the rule of any entry.
 """
 
@@ -53,7 +53,7 @@ def batch_accuracy(state, batch):
     return ciclo.logs().add_metric("batch_accuracy", float(np.mean(guess == target)))
 
 
-def model_state(strategy: str = "jit") -> ciclo.ModelState:
+def model_state(strategy: str = "jit") -> ciclo.types.ModelState:
     return ciclo.create_model_state(
         Guesses(),
         inputs=jnp.zeros(4),

@@ -95,7 +95,7 @@ class Gate:
                     self.reached = self.last_step
         return np.zeros((), np.float32)
 
-    def __call__(self, state: Any, batch: Any, elapsed: ciclo.Elapsed) -> None:
+    def __call__(self, state: Any, batch: Any, elapsed: ciclo.types.Elapsed) -> None:
         step = elapsed.steps
         self.last_step = step
         if step == GATED - 1:
@@ -162,7 +162,7 @@ def step_batches() -> list[dict[str, np.ndarray]]:
 
 def make_train_step(gate: Gate) -> Any:
     @jax.jit
-    def train_step(state: jax.Array, batch: dict[str, Any]) -> tuple[ciclo.Logs, jax.Array]:
+    def train_step(state: jax.Array, batch: dict[str, Any]) -> tuple[ciclo.types.Logs, jax.Array]:
         held = io_callback(gate.hold, jax.ShapeDtypeStruct((), jnp.float32), batch["step"])
         out = jnp.tanh(batch["x"] @ state) + held  # the step's outputs wait for the callback
         logs = ciclo.logs().add_loss("loss", jnp.mean(out**2)).add_metric("norm", jnp.abs(out).max())

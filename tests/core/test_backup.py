@@ -299,7 +299,7 @@ def test_sigterm_saves_a_backup_and_raises_preempted(tmp_path):
         if elapsed.steps == 11:
             os.kill(os.getpid(), signal.SIGTERM)
 
-    with pytest.raises(ciclo.Preempted) as caught:
+    with pytest.raises(ciclo.types.Preempted) as caught:
         run(tmp_path, preempt, every=100)
     assert caught.value.code == 143
     assert caught.value.steps == 12  # the step in flight finished
@@ -328,7 +328,7 @@ def test_ctrl_c_with_sigint_backup_saves_and_resumes(tmp_path):
             os.kill(os.getpid(), signal.SIGINT)
 
     spec = ciclo.backup(tmp_path, every=100, sigint=True)
-    with pytest.raises(ciclo.Preempted) as caught:
+    with pytest.raises(ciclo.types.Preempted) as caught:
         ciclo.loop(init(), batches(), {ciclo.every(1): [sgd_step, interrupt]}, stop=30, backup=spec)
     assert caught.value.code == 130
     reference = ciclo.loop(init(), batches(), {ciclo.every(1): sgd_step}, stop=30)
@@ -642,7 +642,7 @@ def test_test_loop_resumed_keeps_the_metrics_accumulated_before_the_backup(tmp_p
         return None, {"seen": jnp.float32(0), "total": jnp.float32(0)}
 
     def tasks(*extra):
-        return {ciclo.on_test_step: [count, *extra], ciclo.reset_step: [reset]}
+        return {ciclo.on_test_step: [count, *extra], ciclo.hooks.reset_step: [reset]}
 
     start = {"seen": jnp.float32(99), "total": jnp.float32(99)}  # reset_step must clear this once
     data = [float(i) for i in range(10)]
@@ -659,7 +659,7 @@ def test_predict_loop_resumed_keeps_the_predictions_gathered_before_the_kill(tmp
         return ciclo.logs().add_output("preds", np.full((2,), batch, np.float32)), state
 
     def tasks(*extra):
-        return {ciclo.on_predict_step: [predict, *extra]}
+        return {ciclo.hooks.on_predict_step: [predict, *extra]}
 
     data = list(range(8))
     spec = ciclo.backup(tmp_path, every=3)
@@ -691,7 +691,10 @@ def test_another_loop_kind_is_refused_before_any_step(tmp_path):
         ValueError, match=r"written by loop, and this loop is predict_loop.*directory of this"
     ):
         ciclo.predict_loop(
-            0, range(4), {ciclo.on_predict_step: lambda state, batch: ran.append(batch)}, backup=tmp_path
+            0,
+            range(4),
+            {ciclo.hooks.on_predict_step: lambda state, batch: ran.append(batch)},
+            backup=tmp_path,
         )
     assert ran == []
 

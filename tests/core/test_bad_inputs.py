@@ -31,17 +31,17 @@ TIMEOUT = 120.0  # seconds: generous on a loaded machine; a hang fails the case
 ran: list[int] = []  # steps that ran in the current case
 
 
-def step(state: int, batch: Any) -> tuple[ciclo.Logs, int]:
+def step(state: int, batch: Any) -> tuple[ciclo.types.Logs, int]:
     ran.append(1)
     return ciclo.logs().add_metric("x", 1.0), state + 1
 
 
-def dict_step(state: dict[str, int], batch: Any) -> tuple[ciclo.Logs, dict[str, int]]:
+def dict_step(state: dict[str, int], batch: Any) -> tuple[ciclo.types.Logs, dict[str, int]]:
     ran.append(1)
     return ciclo.logs().add_metric("x", 1.0), {"n": state["n"] + 1}
 
 
-def evaluate(state: Any, batch: Any) -> ciclo.Logs:
+def evaluate(state: Any, batch: Any) -> ciclo.types.Logs:
     return ciclo.logs().add_metric("t", batch)
 
 
@@ -77,7 +77,7 @@ class NoHooks:
     pass
 
 
-def model_state(inputs: Any = None, **kwargs: Any) -> ciclo.ModelState:
+def model_state(inputs: Any = None, **kwargs: Any) -> ciclo.types.ModelState:
     return ciclo.create_model_state(
         LinearClassifier(),
         inputs=jnp.zeros((1, 8)) if inputs is None else inputs,
@@ -130,12 +130,12 @@ CASES: list[tuple[str, Callable[[Any], Any], type, str, int | None]] = [
         r"only understood by ciclo.train_loop.*such as ciclo.every\(1\)",
         0,
     ),
-    ("history={}", lambda p: loop(history={}), TypeError, r"history must be a ciclo.History", 0),
-    ("elapsed=5", lambda p: loop(elapsed=5), TypeError, r"elapsed must be a ciclo.Elapsed", 0),
+    ("history={}", lambda p: loop(history={}), TypeError, r"history must be a ciclo.types.History", 0),
+    ("elapsed=5", lambda p: loop(elapsed=5), TypeError, r"elapsed must be a ciclo.types.Elapsed", 0),
     (
         "empty dataset",
         lambda p: loop(dataset=[]),
-        ciclo.DataWarning,
+        ciclo.types.DataWarning,
         r"yielded no batch.*create a fresh one",
         0,
     ),
@@ -149,7 +149,7 @@ CASES: list[tuple[str, Callable[[Any], Any], type, str, int | None]] = [
     (
         "dataset ending before stop",
         lambda p: loop(dataset=range(3), stop=10),
-        ciclo.DataWarning,
+        ciclo.types.DataWarning,
         r"dataset ended after 3 steps, before stop=10.*longer or repeating dataset.*or a smaller stop",
         3,
     ),
@@ -338,7 +338,7 @@ CASES: list[tuple[str, Callable[[Any], Any], type, str, int | None]] = [
     (
         "empty test set",
         lambda p: train(epoch_duration=2, test_dataset=lambda: []),
-        ciclo.DataWarning,
+        ciclo.types.DataWarning,
         r"a test pass yielded no batch.*return the test batches",
         6,
     ),
@@ -436,7 +436,7 @@ CASES: list[tuple[str, Callable[[Any], Any], type, str, int | None]] = [
         "strategy=42",
         lambda p: model_state(strategy=42),
         TypeError,
-        r"42 is not a strategy: it has no create.*see ciclo.Strategy",
+        r"42 is not a strategy: it has no create.*see ciclo.strategies.Strategy",
         0,
     ),
     (

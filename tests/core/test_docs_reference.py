@@ -48,12 +48,14 @@ def test_every_public_name_has_a_reference_entry(module: ModuleType) -> None:
     assert missing == []
 
 
-@pytest.mark.parametrize("module", [ciclo.managed, ciclo.metrics, ciclo.strategies], ids=str)
+@pytest.mark.parametrize(
+    "module", [ciclo.hooks, ciclo.managed, ciclo.metrics, ciclo.strategies, ciclo.types], ids=str
+)
 def test_a_public_submodule_s_names_are_documented_once(module: ModuleType) -> None:
     for name in module.__all__:
         value = getattr(module, name)
         documented_as = [path for path in DOCUMENTED if path.rsplit(".", 1)[1] == name]
-        # A name re-exported by ciclo too (ciclo.Metric, ciclo.metrics.Metric) is documented once.
+        # A name re-exported by ciclo too (ciclo.metrics.Metric, ciclo.metrics.Metric) is documented once.
         assert len(documented_as) >= 1 or isinstance(value, type(None)), name
         assert f"{module.__name__}.{name}" in DOCUMENTED or getattr(ciclo, name, None) is value, name
         assert f"[`{module.__name__}.{name}`]" in PAGES["index.md"]  # and listed in the index table
@@ -61,7 +63,7 @@ def test_a_public_submodule_s_names_are_documented_once(module: ModuleType) -> N
 
 def test_no_object_is_documented_twice() -> None:
     assert len(DOCUMENTED) == sum(len(names) for names in DIRECTIVES.values())
-    assert "ciclo.managed.ModelState" not in DOCUMENTED  # it is ciclo.ModelState, on the states page
+    assert "ciclo.managed.ModelState" not in DOCUMENTED  # it is ciclo.types.ModelState, on the states page
 
 
 def test_names_land_on_the_page_of_their_module() -> None:

@@ -23,7 +23,7 @@ def test_the_page_has_runnable_and_skipped_blocks() -> None:
 
 
 def test_the_page_names_every_built_in_strategy() -> None:
-    built_in = set(BUILT_IN) & set(ciclo.strategy_names())
+    built_in = set(BUILT_IN) & set(ciclo.strategies.strategy_names())
     assert built_in == set(BUILT_IN)
     text = PAGE.read_text(encoding="utf-8")
     for name in sorted(built_in):

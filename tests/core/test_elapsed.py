@@ -9,10 +9,10 @@ import ciclo
 
 
 def test_elapsed_is_a_pytree_usable_under_jit():
-    elapsed = ciclo.Elapsed.create(steps=3, samples=12)
+    elapsed = ciclo.types.Elapsed.create(steps=3, samples=12)
 
     @jax.jit
-    def f(e: ciclo.Elapsed) -> jax.Array:
+    def f(e: ciclo.types.Elapsed) -> jax.Array:
         return e.steps * 10 + e.samples
 
     assert int(f(elapsed)) == 42
@@ -23,14 +23,14 @@ def test_elapsed_is_a_pytree_usable_under_jit():
 @pytest.mark.parametrize(
     ("period", "elapsed", "reached"),
     [
-        (ciclo.at(10), ciclo.Elapsed(9, 0, 0.0, 0.0), False),
-        (ciclo.at(10), ciclo.Elapsed(10, 0, 0.0, 0.0), True),
-        (ciclo.at(samples=100), ciclo.Elapsed(1, 99, 0.0, 0.0), False),
-        (ciclo.at(samples=100), ciclo.Elapsed(1, 128, 0.0, 0.0), True),
-        (ciclo.at(time=1.5), ciclo.Elapsed(0, 0, 1.4, 0.0), False),
-        (ciclo.at(time=datetime.timedelta(seconds=1)), ciclo.Elapsed(0, 0, 1.0, 0.0), True),
-        (ciclo.at(steps=100, samples=10), ciclo.Elapsed(1, 10, 0.0, 0.0), True),  # any field
-        (ciclo.at(date=1000.0), ciclo.Elapsed(0, 0, 1.0, 999.5), True),
+        (ciclo.at(10), ciclo.types.Elapsed(9, 0, 0.0, 0.0), False),
+        (ciclo.at(10), ciclo.types.Elapsed(10, 0, 0.0, 0.0), True),
+        (ciclo.at(samples=100), ciclo.types.Elapsed(1, 99, 0.0, 0.0), False),
+        (ciclo.at(samples=100), ciclo.types.Elapsed(1, 128, 0.0, 0.0), True),
+        (ciclo.at(time=1.5), ciclo.types.Elapsed(0, 0, 1.4, 0.0), False),
+        (ciclo.at(time=datetime.timedelta(seconds=1)), ciclo.types.Elapsed(0, 0, 1.0, 0.0), True),
+        (ciclo.at(steps=100, samples=10), ciclo.types.Elapsed(1, 10, 0.0, 0.0), True),  # any field
+        (ciclo.at(date=1000.0), ciclo.types.Elapsed(0, 0, 1.0, 999.5), True),
     ],
 )
 def test_period_comparisons(period, elapsed, reached):
@@ -39,7 +39,7 @@ def test_period_comparisons(period, elapsed, reached):
 
 
 def test_period_strict_comparisons():
-    elapsed = ciclo.Elapsed(10, 0, 0.0, 0.0)
+    elapsed = ciclo.types.Elapsed(10, 0, 0.0, 0.0)
     assert not elapsed > ciclo.at(10)
     assert elapsed <= ciclo.at(10)
     assert elapsed > ciclo.at(9)
@@ -58,11 +58,11 @@ def test_period_strict_comparisons():
 )
 def test_period_rejects_bad_values(kwargs, error, match):
     with pytest.raises(error, match=match):
-        ciclo.Period(**kwargs)
+        ciclo.types.Period(**kwargs)
 
 
 def test_period_create_is_at():
-    assert ciclo.Period.create(5) == ciclo.at(5)
+    assert ciclo.types.Period.create(5) == ciclo.at(5)
     assert ciclo.at(date=datetime.datetime.fromtimestamp(100.0)).date == 100.0
 
 
@@ -81,7 +81,7 @@ def test_elapse_stops_without_reading_past_the_stop(batches):
 def test_elapse_resumes_from_initial(batches):
     first = list(ciclo.elapse(batches, stop=3))
     last_elapsed = first[-1][0]
-    resumed = ciclo.Elapsed(last_elapsed.steps + 1, last_elapsed.samples + 4, last_elapsed.time, 0.0)
+    resumed = ciclo.types.Elapsed(last_elapsed.steps + 1, last_elapsed.samples + 4, last_elapsed.time, 0.0)
     steps = [e.steps for e, _ in ciclo.elapse(batches, initial=resumed, stop=5)]
     assert steps == [3, 4]
 
@@ -112,8 +112,8 @@ def test_elapse_with_jax_arrays_counts_leading_dim():
 
 
 def test_elapsed_subtraction_and_dict():
-    a = ciclo.Elapsed(10, 40, 2.0, 5.0)
-    b = ciclo.Elapsed(4, 16, 0.5, 5.0)
+    a = ciclo.types.Elapsed(10, 40, 2.0, 5.0)
+    b = ciclo.types.Elapsed(4, 16, 0.5, 5.0)
     diff = a - b
     assert (diff.steps, diff.samples, diff.time) == (6, 24, 1.5)
     assert a.to_dict() == {"steps": 10, "samples": 40, "time": 2.0}
@@ -122,10 +122,10 @@ def test_elapsed_subtraction_and_dict():
 
 def test_elapsed_compare_with_non_period_fails():
     with pytest.raises(TypeError, match="Period"):
-        _ = ciclo.Elapsed.create() >= 3  # type: ignore[operator]
+        _ = ciclo.types.Elapsed.create() >= 3  # type: ignore[operator]
 
 
 def test_elapsed_create_validates():
     with pytest.raises(ValueError, match="-2"):
-        ciclo.Elapsed.create(steps=-2)
-    assert np.isclose(ciclo.Elapsed.create().time, 0.0)
+        ciclo.types.Elapsed.create(steps=-2)
+    assert np.isclose(ciclo.types.Elapsed.create().time, 0.0)

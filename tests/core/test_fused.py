@@ -22,7 +22,7 @@ def hand_written_step() -> tuple[Any, Any]:
     tx = training.optimizer()
 
     @jax.jit
-    def train_step(state: Any, batch: Any) -> tuple[ciclo.Logs, Any]:
+    def train_step(state: Any, batch: Any) -> tuple[ciclo.types.Logs, Any]:
         params, opt_state = state
         loss, grads = jax.value_and_grad(lambda p: training.mse(apply, p, batch))(params)
         updates, opt_state = tx.update(grads, opt_state, params)
@@ -58,7 +58,7 @@ def test_fused_logs_are_the_last_steps_with_every_step_stacked() -> None:
     train_step, state0 = hand_written_step()
     group = next(ciclo.stacked(training.batches(), K))
     logs, _ = ciclo.fuse(train_step)(state0, group)
-    assert isinstance(logs, ciclo.StackedLogs)
+    assert isinstance(logs, ciclo.types.StackedLogs)
     assert logs.per_step.losses.mse.shape == (K,) and logs.per_step.outputs.preds.shape == (
         K,
         training.BATCH,
@@ -109,7 +109,7 @@ def test_train_loop_with_stacked_batches_keeps_epochs_exact() -> None:
     epochs: list[int] = []
 
     class Epochs:
-        def on_epoch_end(self, state: Any, batch: Any, elapsed: ciclo.Elapsed) -> None:
+        def on_epoch_end(self, state: Any, batch: Any, elapsed: ciclo.types.Elapsed) -> None:
             epochs.append(elapsed.steps)
 
     state, history, elapsed = ciclo.train_loop(
@@ -128,7 +128,7 @@ def test_train_loop_with_stacked_batches_keeps_epochs_exact() -> None:
 def test_fused_steps_compile_once() -> None:
     traces = []
 
-    def step(state: jax.Array, batch: jax.Array) -> tuple[ciclo.Logs, jax.Array]:
+    def step(state: jax.Array, batch: jax.Array) -> tuple[ciclo.types.Logs, jax.Array]:
         traces.append(1)
         return ciclo.logs().add_metric("s", state), state + batch.sum()
 

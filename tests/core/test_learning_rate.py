@@ -124,7 +124,7 @@ def _rates(state: managed.ManagedState) -> dict[str, float]:
 
 
 @managed.train_step
-def logs_its_own_rate(state: managed.ManagedState, batch: Any) -> ciclo.Logs:
+def logs_its_own_rate(state: managed.ManagedState, batch: Any) -> ciclo.types.Logs:
     return (
         ciclo.logs().add_loss("loss", jnp.sum(state.params**2)).add_output("learning_rate", jnp.float32(-1))
     )

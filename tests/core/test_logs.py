@@ -67,10 +67,10 @@ def test_logs_are_pytrees_returned_from_jit():
         return ciclo.logs().add_metric("double", 2 * x).add_loss("x", x)
 
     out = step(jnp.float32(3.0))
-    assert isinstance(out, ciclo.Logs) and isinstance(out.metrics, ciclo.Entries)
+    assert isinstance(out, ciclo.types.Logs) and isinstance(out.metrics, ciclo.types.Entries)
     assert float(out.metrics.double) == 6.0
     doubled = jax.tree.map(lambda v: v * 2, out)
-    assert isinstance(doubled, ciclo.Logs) and float(doubled.losses.x) == 6.0
+    assert isinstance(doubled, ciclo.types.Logs) and float(doubled.losses.x) == 6.0
 
 
 def test_logs_copy_and_pickle():
@@ -81,7 +81,7 @@ def test_logs_copy_and_pickle():
 
 def commit_steps(history, values, key="loss", collection="metrics"):
     for step, value in enumerate(values):
-        history.commit(ciclo.Elapsed(step, step * 4, step * 0.1, 0.0), {collection: {key: value}})
+        history.commit(ciclo.types.Elapsed(step, step * 4, step * 0.1, 0.0), {collection: {key: value}})
 
 
 def test_history_collect_single_and_several():
@@ -95,15 +95,15 @@ def test_history_collect_single_and_several():
 
 def test_history_collect_only_entries_with_all_keys():
     history = ciclo.history()
-    history.commit(ciclo.Elapsed(0, 0, 0.0, 0.0), {"metrics": {"loss": 1.0}})
-    history.commit(ciclo.Elapsed(1, 0, 0.0, 0.0), {"metrics": {"loss": 2.0, "acc": 0.5}})
+    history.commit(ciclo.types.Elapsed(0, 0, 0.0, 0.0), {"metrics": {"loss": 1.0}})
+    history.commit(ciclo.types.Elapsed(1, 0, 0.0, 0.0), {"metrics": {"loss": 2.0, "acc": 0.5}})
     assert history.collect("steps", "acc") == ([1], [0.5])
     assert history.collect("loss") == [1.0, 2.0]
 
 
 def test_history_collect_errors():
     history = ciclo.history()
-    history.commit(ciclo.Elapsed(0, 0, 0.0, 0.0), {"metrics": {"loss": 1.0}, "losses": {"loss": 1.0}})
+    history.commit(ciclo.types.Elapsed(0, 0, 0.0, 0.0), {"metrics": {"loss": 1.0}, "losses": {"loss": 1.0}})
     with pytest.raises(ValueError, match="'losses.loss' and 'metrics.loss'"):
         history.collect("loss")
     with pytest.raises(KeyError, match="'accuracy'.*metrics.loss"):
@@ -138,7 +138,7 @@ def test_history_holds_device_arrays_only_briefly():
 
 def test_history_keeps_arrays_as_numpy():
     history = ciclo.history()
-    history.commit(ciclo.Elapsed(0, 0, 0.0, 0.0), {"outputs": {"preds": jnp.ones((2, 3))}})
+    history.commit(ciclo.types.Elapsed(0, 0, 0.0, 0.0), {"outputs": {"preds": jnp.ones((2, 3))}})
     (preds,) = history.collect("preds")
     assert isinstance(preds, np.ndarray) and preds.shape == (2, 3)
 
@@ -152,7 +152,7 @@ def test_history_commit_does_not_read_recent_values():
 
     history = ciclo.history()
     for step in range(logs_module._LAG):
-        history.commit(ciclo.Elapsed(step, 0, 0.0, 0.0), {"metrics": {"loss": Tripwire()}})
+        history.commit(ciclo.types.Elapsed(step, 0, 0.0, 0.0), {"metrics": {"loss": Tripwire()}})
     assert len(history) == logs_module._LAG
 
 
@@ -172,7 +172,7 @@ def test_history_copies_columns_of_scalars_to_python_numbers():
         )
         if step % 5 == 0:
             logs.add_output("extra", step)  # rows with another schema
-        history.commit(ciclo.Elapsed(step, 0, 0.0, 0.0), logs)
+        history.commit(ciclo.types.Elapsed(step, 0, 0.0, 0.0), logs)
     loss, correct, best, vector, placed = history.collect("loss", "correct", "best", "vector", "placed")
     assert loss == [step / 2 for step in range(n)] and all(type(v) is float for v in loss)
     assert correct == list(range(n)) and all(type(v) is int for v in correct)

@@ -36,7 +36,7 @@ def test_callbacks_of_every_arity_receive_their_arguments(arity):
     if arity >= 3:
         assert [args[2].steps for args in received] == [0, 1]
     if arity == 4:
-        assert isinstance(received[0][3], ciclo.LoopState)
+        assert isinstance(received[0][3], ciclo.types.LoopState)
 
 
 def test_defaults_and_varargs_are_accepted():
@@ -116,8 +116,8 @@ def test_unreadable_signature_is_reported(monkeypatch):
         ({"tasks": [lambda: None]}, TypeError, "tasks must be a dict"),
         ({"tasks": {}, "stop": -1}, ValueError, "stop must be >= 0 steps, got -1"),
         ({"tasks": {}, "stop": "10"}, TypeError, "'10'"),
-        ({"tasks": {}, "history": []}, TypeError, "history must be a ciclo.History"),
-        ({"tasks": {}, "elapsed": 3}, TypeError, "elapsed must be a ciclo.Elapsed"),
+        ({"tasks": {}, "history": []}, TypeError, "history must be a ciclo.types.History"),
+        ({"tasks": {}, "elapsed": 3}, TypeError, "elapsed must be a ciclo.types.Elapsed"),
         ({"tasks": {}, "on_start": [1]}, TypeError, "in on_start"),
     ],
 )
@@ -176,7 +176,7 @@ def test_loop_state_stop_and_accumulated_logs():
         if elapsed.steps == 0:
             return {"metrics": {"first": 1}}
 
-    def watch(state, batch, elapsed, loop_state: ciclo.LoopState):
+    def watch(state, batch, elapsed, loop_state: ciclo.types.LoopState):
         seen.append(dict(loop_state.accumulated_logs.get("metrics", {})))
         if loop_state.elapsed.steps == 2:
             loop_state.stop()
@@ -227,7 +227,7 @@ def test_loop_callback_objects_and_end_hooks():
             self.error = error
 
     counter = Counter()
-    assert isinstance(counter, ciclo.LoopCallback)
+    assert isinstance(counter, ciclo.types.LoopCallback)
     _, history, _ = ciclo.loop(0, range(4), {ciclo.every(1): [counter], ciclo.every(2): [counter]})
     assert counter.calls == 6 and counter.ended == 1
     assert counter.error is None  # the loop ended by itself

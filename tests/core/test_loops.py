@@ -67,7 +67,7 @@ def test_named_schedules_in_tasks_and_order():
         range(10),
         {
             ciclo.on_train_batch_begin: named("batch_begin"),
-            ciclo.train_step: named("train_step"),
+            ciclo.hooks.train_step: named("train_step"),
             ciclo.on_train_step: [named("on_train_step")],
             ciclo.every(2): [named("every2")],
             ciclo.on_epoch_end: [named("epoch_end")],
@@ -181,7 +181,10 @@ def test_predict_loop_hooks():
     ciclo.predict_loop(
         None,
         [1],
-        {ciclo.on_predict_begin: lambda: begun.append("b"), ciclo.on_predict_end: lambda: begun.append("e")},
+        {
+            ciclo.hooks.on_predict_begin: lambda: begun.append("b"),
+            ciclo.hooks.on_predict_end: lambda: begun.append("e"),
+        },
     )
     assert begun == ["b", "e"]
 
@@ -217,9 +220,9 @@ def test_bad_arguments(call, error, match):
 @pytest.mark.parametrize(
     ("run", "protocol"),
     [
-        (lambda: ciclo.train_loop({"w": 1}, range(3)), "ciclo.Trainable"),
-        (lambda: ciclo.test_loop({"w": 1}, range(3)), "ciclo.Evaluable"),
-        (lambda: ciclo.predict_loop({"w": 1}, range(3)), "ciclo.Predictable"),
+        (lambda: ciclo.train_loop({"w": 1}, range(3)), "ciclo.types.Trainable"),
+        (lambda: ciclo.test_loop({"w": 1}, range(3)), "ciclo.types.Evaluable"),
+        (lambda: ciclo.predict_loop({"w": 1}, range(3)), "ciclo.types.Predictable"),
     ],
 )
 def test_a_state_without_steps_and_no_tasks_is_refused(run, protocol):
@@ -229,10 +232,10 @@ def test_a_state_without_steps_and_no_tasks_is_refused(run, protocol):
 
 def test_user_state_classes_satisfy_the_state_protocols():
     state = CounterState()
-    assert isinstance(state, ciclo.Trainable)
-    assert isinstance(state, ciclo.Evaluable)
-    assert isinstance(state, ciclo.Predictable)
-    assert not isinstance({"w": 1}, ciclo.Trainable | ciclo.Evaluable | ciclo.Predictable)
+    assert isinstance(state, ciclo.types.Trainable)
+    assert isinstance(state, ciclo.types.Evaluable)
+    assert isinstance(state, ciclo.types.Predictable)
+    assert not isinstance({"w": 1}, ciclo.types.Trainable | ciclo.types.Evaluable | ciclo.types.Predictable)
 
 
 def test_a_plain_state_runs_with_tasks_only():

@@ -27,7 +27,7 @@ def test_train_step_matches_a_hand_written_loop(strategy: str, model: str) -> No
         logs, state = training.train_step(state, batch)
         losses.append(float(logs.losses.mse))
 
-    assert state.strategy == ciclo.get_strategy(strategy)
+    assert state.strategy == ciclo.strategies.get_strategy(strategy)
     assert int(state.with_strategy("eager").step) == training.STEPS
     params = state.with_strategy("eager").params
     training.assert_trees_close(params, training.reference_params(model, data))
@@ -63,7 +63,7 @@ def running_batch_mean(data: list[Any]) -> np.ndarray:
 
 
 @managed.train_step
-def counted_step(state: Counted, batch: Any) -> tuple[ciclo.Logs, Counted]:
+def counted_step(state: Counted, batch: Any) -> tuple[ciclo.types.Logs, Counted]:
     x, y = batch
     loss = jnp.mean((x @ state.params - y[:, 0]) ** 2)
     # Per-device batch means differ under pmap; synchronisation must make them global.
@@ -97,7 +97,7 @@ def test_compiles_once_per_strategy(strategy: str) -> None:
     traces = []
 
     @managed.train_step
-    def step(state: managed.ManagedState, batch: Any) -> ciclo.Logs:
+    def step(state: managed.ManagedState, batch: Any) -> ciclo.types.Logs:
         traces.append(1)
         x, y = batch
         return ciclo.logs().add_loss("loss", jnp.mean((x @ state.params - y[:, 0]) ** 2))
@@ -114,7 +114,7 @@ def test_decorator_strategy_applies_to_states_without_one() -> None:
     traces: list[Any] = []
 
     @managed.step(strategy="eager")
-    def count(state: dict[str, Any], batch: jax.Array) -> tuple[ciclo.Logs, dict[str, Any]]:
+    def count(state: dict[str, Any], batch: jax.Array) -> tuple[ciclo.types.Logs, dict[str, Any]]:
         traces.append(type(batch))
         return ciclo.logs().add_metric("n", batch.sum()), {"n": state["n"] + batch.sum()}
 
@@ -129,18 +129,18 @@ def test_a_state_field_overrides_the_decorator_strategy() -> None:
     step = managed.train_step(lambda state, batch: ciclo.logs().add_loss("l", state.params**2), "eager")
     state = managed.ManagedState.create(params=jnp.ones(()), tx=optax.sgd(0.25), strategy="jit")
     _, state = step(state, None)
-    assert list(step._compiled) == [ciclo.get_strategy("jit")]
+    assert list(step._compiled) == [ciclo.strategies.get_strategy("jit")]
     assert float(state.params) == 0.5
 
 
 class WithMethods(managed.ManagedState):
     @managed.train_step
-    def train_step(self, batch: Any) -> ciclo.Logs:
+    def train_step(self, batch: Any) -> ciclo.types.Logs:
         x, y = batch
         return ciclo.logs().add_loss("loss", jnp.mean((x @ self.params - y[:, 0]) ** 2))
 
     @managed.step
-    def test_step(self, batch: Any) -> ciclo.Logs:
+    def test_step(self, batch: Any) -> ciclo.types.Logs:
         x, y = batch
         return ciclo.logs().add_metric("loss", jnp.mean((x @ self.params - y[:, 0]) ** 2))
 
@@ -244,7 +244,7 @@ class Scored(managed.ManagedState):
 
 
 @managed.step
-def score_step(state: Scored, batch: Any) -> tuple[ciclo.Logs, Scored]:
+def score_step(state: Scored, batch: Any) -> tuple[ciclo.types.Logs, Scored]:
     logits, target = batch
     state = state.replace(
         accuracy=state.accuracy.update(preds=logits, target=target),
@@ -302,7 +302,7 @@ class Renamed(managed.ManagedState):
 
 
 @managed.train_step
-def renamed_step(state: Renamed, batch: Any) -> tuple[ciclo.Logs, Renamed]:
+def renamed_step(state: Renamed, batch: Any) -> tuple[ciclo.types.Logs, Renamed]:
     x, y = batch
     rng, noise_key = jax.random.split(state.rng)
     noise = jax.random.uniform(noise_key, ())

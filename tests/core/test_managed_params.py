@@ -53,7 +53,7 @@ class WithActivation(managed.ManagedState):
 
 
 @managed.train_step
-def activated_step(state: WithActivation, batch: jax.Array) -> ciclo.Logs:
+def activated_step(state: WithActivation, batch: jax.Array) -> ciclo.types.Logs:
     return ciclo.logs().add_loss("loss", jnp.mean(state.activation(batch @ state.params["w"]) ** 2))
 
 

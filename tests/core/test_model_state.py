@@ -1,4 +1,4 @@
-"""ciclo.ModelState and create_model_state, with framework-free adapters."""
+"""ciclo.types.ModelState and create_model_state, with framework-free adapters."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ class Linear:
 BATCH = (jnp.array([[1.0, 0.0], [0.0, 1.0]]), jnp.array([2.0, -1.0]))
 
 
-def make(**overrides: Any) -> ciclo.ModelState:
+def make(**overrides: Any) -> ciclo.types.ModelState:
     settings: dict[str, Any] = {
         "inputs": jnp.ones((1, 2)),
         "tx": optax.sgd(0.3),
@@ -44,7 +44,7 @@ def make(**overrides: Any) -> ciclo.ModelState:
 
 
 def test_adapters_satisfy_the_protocol() -> None:
-    adapter: ciclo.ModelAdapter = Linear()
+    adapter: ciclo.types.ModelAdapter = Linear()
     assert callable(adapter.init) and callable(adapter.apply)
 
 
@@ -197,7 +197,7 @@ def test_train_loop_without_epochs_does_not_need_reset_step() -> None:
 
 
 def test_model_state_declares_the_roles_of_its_fields() -> None:
-    roles = {role: managed.fields_with_role(ciclo.ModelState, role) for role in managed.Role}
+    roles = {role: managed.fields_with_role(ciclo.types.ModelState, role) for role in managed.Role}
     assert roles == {
         managed.Role.PARAMS: ("params",),
         managed.Role.MODEL_STATE: ("model_state",),

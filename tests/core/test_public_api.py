@@ -3,6 +3,9 @@
 import importlib.metadata
 import subprocess
 import sys
+from typing import Any
+
+import pytest
 
 import ciclo
 
@@ -35,17 +38,85 @@ def test_import_ciclo_imports_no_framework_nor_orbax():
 def test_builtins_satisfy_their_protocols():
     callbacks = [
         ciclo.noop,
-        ciclo.inner_loop(lambda s: (s, ciclo.history(), ciclo.Elapsed.create())),
+        ciclo.inner_loop(lambda s: (s, ciclo.history(), ciclo.types.Elapsed.create())),
         ciclo.early_stopping("loss"),
         ciclo.keras_bar(total=10),
     ]
     for callback in callbacks:
-        assert isinstance(callback, ciclo.LoopCallback), callback
-    schedules: list[ciclo.Schedule] = [ciclo.every(1), ciclo.after(2), ciclo.always(), ciclo.never()]
+        assert isinstance(callback, ciclo.types.LoopCallback), callback
+    schedules: list[ciclo.types.Schedule] = [ciclo.every(1), ciclo.after(2), ciclo.always(), ciclo.never()]
     assert all(callable(schedule) for schedule in schedules)
 
 
 def test_named_schedules_are_their_names():
     assert ciclo.on_train_step == "on_train_step"
     assert ciclo.on_epoch_end == "on_epoch_end"
-    assert ciclo.predict_step == "predict_step"
+    assert ciclo.hooks.predict_step == "predict_step"
+
+
+NAMESPACES = [ciclo.hooks, ciclo.managed, ciclo.metrics, ciclo.strategies, ciclo.types]
+# ciclo 0.1.9's hook names: on `ciclo`, as 0.1 had them, and in the vocabulary `ciclo.hooks`.
+HOOKS_OF_0_1 = {
+    "on_epoch_end",
+    "on_reset_step",
+    "on_test_batch_begin",
+    "on_test_batch_end",
+    "on_test_begin",
+    "on_test_end",
+    "on_test_step",
+    "on_train_batch_begin",
+    "on_train_batch_end",
+    "on_train_begin",
+    "on_train_end",
+    "on_train_step",
+}
+
+
+def test_the_surface_is_small_and_exports_each_object_once():
+    assert len(ciclo.__all__) <= 70
+    homes: dict[int, list[str]] = {}
+    for module in [ciclo, *NAMESPACES]:
+        for name in module.__all__:
+            value = getattr(module, name)
+            # ciclo.types.State and Batch are both typing.Any: two names for documentation's sake.
+            if name not in HOOKS_OF_0_1 and name != "__version__" and value is not Any:
+                homes.setdefault(id(value), []).append(f"{module.__name__}.{name}")
+    assert [where for where in homes.values() if len(where) > 1] == []
+    assert all(getattr(ciclo, name) is getattr(ciclo.hooks, name) for name in HOOKS_OF_0_1)
+    assert HOOKS_OF_0_1 <= set(ciclo.__all__)
+
+
+def test_ciclo_exports_what_you_call_and_types_what_you_annotate_with():
+    classes = [name for name in ciclo.__all__ if isinstance(getattr(ciclo, name), type)]
+    assert classes == []
+    assert not [
+        name
+        for name in ciclo.types.__all__
+        if callable(getattr(ciclo.types, name))
+        and not isinstance(getattr(ciclo.types, name), type)
+        and not hasattr(getattr(ciclo.types, name), "__origin__")
+    ]
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        ("History", ciclo.types.History),
+        ("ModelState", ciclo.types.ModelState),
+        ("Strategy", ciclo.strategies.Strategy),
+        ("get_strategy", ciclo.strategies.get_strategy),
+        ("Metric", ciclo.metrics.Metric),
+        ("train_step", ciclo.hooks.train_step),
+        ("on_predict_step", ciclo.hooks.on_predict_step),
+    ],
+)
+def test_a_moved_name_still_resolves_with_a_warning_naming_its_place(old, new):
+    with pytest.warns(DeprecationWarning, match=rf"ciclo\.{old} is now ciclo\.\w+\.{old}") as caught:
+        assert getattr(ciclo, old) is new
+    assert "migration" in str(caught[0].message)
+
+
+def test_every_moved_name_has_a_home():
+    for old, namespace in ciclo._MOVED.items():
+        assert old in getattr(ciclo, namespace).__all__, old
+        assert old not in ciclo.__all__, old

@@ -9,7 +9,7 @@ def fired(schedule, steps, samples_per_step=0, times=None):
     out = []
     for i, s in enumerate(steps):
         t = times[i] if times is not None else 0.0
-        if schedule(ciclo.Elapsed(s, s * samples_per_step, t, 0.0)):
+        if schedule(ciclo.types.Elapsed(s, s * samples_per_step, t, 0.0)):
             out.append(s)
     return out
 
@@ -49,8 +49,8 @@ def test_every_time():
 
 def test_every_is_idempotent_for_the_same_elapsed():
     schedule = ciclo.every(3)
-    elapsed = ciclo.Elapsed(3, 0, 0.0, 0.0)
-    schedule(ciclo.Elapsed(2, 0, 0.0, 0.0))
+    elapsed = ciclo.types.Elapsed(3, 0, 0.0, 0.0)
+    schedule(ciclo.types.Elapsed(2, 0, 0.0, 0.0))
     assert schedule(elapsed) and schedule(elapsed)
 
 
@@ -99,7 +99,7 @@ def test_combinators_keep_stateful_schedules_in_step():
     schedule = ciclo.never() & ciclo.every(3)
     inner = schedule.parts[1]
     fired(schedule, range(7))
-    assert inner(ciclo.Elapsed(6, 0, 0.0, 0.0))
+    assert inner(ciclo.types.Elapsed(6, 0, 0.0, 0.0))
 
 
 def test_combinator_rejects_non_callable():

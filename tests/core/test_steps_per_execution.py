@@ -17,7 +17,7 @@ FEATURES, CLASSES = 4, 3
 
 
 class Linear:
-    """A plain-JAX `ciclo.ModelAdapter`: logits of a linear layer."""
+    """A plain-JAX `ciclo.types.ModelAdapter`: logits of a linear layer."""
 
     def init(self, key: jax.Array, inputs: jax.Array) -> tuple[Any, None]:
         return {"w": 0.1 * jax.random.normal(key, (FEATURES, CLASSES)), "b": jnp.zeros(CLASSES)}, None
@@ -28,7 +28,7 @@ class Linear:
         return inputs @ params["w"] + params["b"][None, :], model_state
 
 
-def model_state(strategy: str) -> ciclo.ModelState:
+def model_state(strategy: str) -> ciclo.types.ModelState:
     return ciclo.create_model_state(
         Linear(),
         inputs=jnp.ones((1, FEATURES)),
@@ -47,7 +47,9 @@ def data(steps: int, seed: int = 0) -> list[tuple[np.ndarray, np.ndarray]]:
     ]
 
 
-def run(strategy: str, steps_per_execution: int, **kwargs: Any) -> tuple[Any, ciclo.History, ciclo.Elapsed]:
+def run(
+    strategy: str, steps_per_execution: int, **kwargs: Any
+) -> tuple[Any, ciclo.types.History, ciclo.types.Elapsed]:
     test = data(3, seed=1)
     return ciclo.train_loop(
         model_state(strategy),
@@ -94,7 +96,7 @@ def test_a_resumed_loop_keeps_its_groups_on_the_epochs() -> None:
         {ciclo.on_train_batch_begin: [lambda state, batch: sizes.append(batch.steps)]},
         epoch_duration=10,
         stop=20,
-        elapsed=ciclo.Elapsed.create(steps=7),
+        elapsed=ciclo.types.Elapsed.create(steps=7),
         steps_per_execution=4,
     )
     assert sizes == [3, 4, 4, 2]

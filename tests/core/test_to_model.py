@@ -38,7 +38,7 @@ class WithoutToModel:
         return params * inputs, model_state
 
 
-def trained(strategy: str) -> ciclo.ModelState:
+def trained(strategy: str) -> ciclo.types.ModelState:
     state = ciclo.create_model_state(
         Affine(),
         inputs=jnp.zeros((1, 3)),
@@ -77,8 +77,8 @@ def test_pmap_gives_the_variables_without_the_device_axis() -> None:
 
 def test_an_adapter_without_to_model_says_what_to_add() -> None:
     state = ciclo.create_model_state(WithoutToModel(), inputs=jnp.ones(2), tx=optax.sgd(0.1))
-    assert not isinstance(state.adapter, ciclo.SupportsToModel)
+    assert not isinstance(state.adapter, ciclo.types.SupportsToModel)
     with pytest.raises(AttributeError, match=r"WithoutToModel has no to_model\(params, model_state\)"):
         state.model  # noqa: B018
     assert not hasattr(state, "model")
-    assert isinstance(Affine(), ciclo.SupportsToModel)
+    assert isinstance(Affine(), ciclo.types.SupportsToModel)

@@ -35,7 +35,7 @@ EVERY = 5
 def announce(every: int):
     """A backup schedule that prints `saving <step>` when a backup is due, before it is written."""
 
-    def schedule(elapsed: ciclo.Elapsed) -> bool:
+    def schedule(elapsed: ciclo.types.Elapsed) -> bool:
         if elapsed.steps % every == 0:
             print(f"saving {elapsed.steps}", flush=True)
             return True

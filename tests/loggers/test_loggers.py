@@ -48,7 +48,7 @@ def offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 # ----------------------------------------------------------------------------- readers
 
 
-def read_tensorboard(path: Path, logger: ciclo.Logger) -> Written:
+def read_tensorboard(path: Path, logger: ciclo.types.Logger) -> Written:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     events = EventAccumulator(str(path / "tb"), size_guidance={"scalars": 0})
@@ -58,7 +58,7 @@ def read_tensorboard(path: Path, logger: ciclo.Logger) -> Written:
     ]
 
 
-def read_csv(path: Path, logger: ciclo.Logger) -> Written:
+def read_csv(path: Path, logger: ciclo.types.Logger) -> Written:
     with open(path / "log.csv", newline="") as file:
         rows = list(csv.DictReader(file))
     return [
@@ -94,7 +94,7 @@ def wandb_records(path: str) -> Iterator[bytes]:
             pending = b""
 
 
-def read_wandb(path: Path, logger: ciclo.Logger) -> Written:
+def read_wandb(path: Path, logger: ciclo.types.Logger) -> Written:
     from wandb.proto import wandb_internal_pb2
 
     written: Written = []
@@ -111,7 +111,7 @@ def read_wandb(path: Path, logger: ciclo.Logger) -> Written:
     return written
 
 
-def read_mlflow(path: Path, logger: ciclo.Logger) -> Written:
+def read_mlflow(path: Path, logger: ciclo.types.Logger) -> Written:
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=mlflow_uri(path))
@@ -180,8 +180,8 @@ def recorder_class(interface: Any) -> type:
 @dataclasses.dataclass(frozen=True)
 class Backend:
     name: str
-    make: Callable[[Path], ciclo.Logger]
-    read: Callable[[Path, ciclo.Logger], Written]
+    make: Callable[[Path], ciclo.types.Logger]
+    read: Callable[[Path, ciclo.types.Logger], Written]
     module: str  # the reader's module: the case is skipped where it is not installed
     float32: bool = False  # stores values as float32
 
@@ -224,12 +224,12 @@ class Model:
     def __init__(self, seen: int = 0) -> None:
         self.seen = seen
 
-    def train_step(self, batch: float) -> tuple[ciclo.Logs, Model]:
+    def train_step(self, batch: float) -> tuple[ciclo.types.Logs, Model]:
         x = jnp.float32(batch)
         logs = ciclo.logs().add_loss("loss", 1.0 / (x + 1.0), add_metric=True)
         return logs.add_metric("accuracy", x / 1000.0).add_output("preds", jnp.ones(3)), Model(self.seen + 1)
 
-    def test_step(self, batch: float) -> tuple[ciclo.Logs, Model]:
+    def test_step(self, batch: float) -> tuple[ciclo.types.Logs, Model]:
         return ciclo.logs().add_loss("loss", jnp.float32(batch) / 7.0), self
 
     def reset_step(self) -> Model:
@@ -239,19 +239,19 @@ class Model:
 STEPS, EPOCH = 300, 100  # more than History's 2 × 128 rows: rows reach the host while the loop runs
 
 
-def train(logger: ciclo.Logger, start: int = 0, stop: int = STEPS) -> ciclo.History:
+def train(logger: ciclo.types.Logger, start: int = 0, stop: int = STEPS) -> ciclo.types.History:
     _, history, _ = ciclo.train_loop(
         Model(),
         (float(i) for i in range(start, stop)),
         test_dataset=lambda: [1.0, 2.0, 3.0],
         epoch_duration=EPOCH,
         callbacks=[logger],
-        elapsed=ciclo.Elapsed.create(steps=start),
+        elapsed=ciclo.types.Elapsed.create(steps=start),
     )
     return history
 
 
-def expected(*histories: ciclo.History) -> Written:
+def expected(*histories: ciclo.types.History) -> Written:
     return [
         (entry["elapsed"]["steps"], name, value)
         for history in histories
@@ -304,9 +304,13 @@ def test_a_resumed_run_skips_the_restored_rows_of_its_history(tmp_path: Path) ->
     history = train(logger, 0, 50)
     resumed = ciclo.csv_logger(path)
     resumed.load_state_dict({"step": 29})  # a backup taken before the last rows were written
-    with pytest.warns(ciclo.DataWarning, match="no batch"):  # no step: the loop's end writes the rest
+    with pytest.warns(ciclo.types.DataWarning, match="no batch"):  # no step: the loop's end writes the rest
         ciclo.loop(
-            None, [], {ciclo.every(1): [resumed]}, history=history, elapsed=ciclo.Elapsed.create(steps=50)
+            None,
+            [],
+            {ciclo.every(1): [resumed]},
+            history=history,
+            elapsed=ciclo.types.Elapsed.create(steps=50),
         )
     assert_same(read_csv(tmp_path, resumed), expected(history), BACKENDS[1])
 
@@ -358,13 +362,13 @@ def test_rows_are_written_in_batches_from_the_host_not_at_each_step() -> None:
     sink = Recording()
     written_while_running: list[tuple[int, int]] = []
 
-    def step(state: None, batch: int, elapsed: Any, loop_state: ciclo.LoopState[None]) -> Any:
+    def step(state: None, batch: int, elapsed: Any, loop_state: ciclo.types.LoopState[None]) -> Any:
         # What the sink has been given is never newer than what History holds on the host.
         written = sum(len(batch) for batch in sink.batches)
         written_while_running.append((written, loop_state.history._on_host))
         return ciclo.logs().add_loss("loss", jnp.float32(batch))
 
-    ciclo.loop(None, range(1000), {ciclo.every(1): [step, ciclo.Logger(sink)]})
+    ciclo.loop(None, range(1000), {ciclo.every(1): [step, ciclo.types.Logger(sink)]})
     assert all(written <= on_host for written, on_host in written_while_running)
     assert len(sink.batches) <= 1000 // 128 + 1  # a handful of writes, not one per step
     assert all(len(batch) >= 128 for batch in sink.batches)
@@ -403,7 +407,7 @@ def test_csv_widens_its_header_when_new_entries_appear(tmp_path: Path) -> None:
 
 def test_loggers_are_stateful_callbacks(tmp_path: Path) -> None:
     logger = ciclo.csv_logger(tmp_path / "log.csv")
-    assert isinstance(logger, ciclo.StatefulCallback)
+    assert isinstance(logger, ciclo.types.StatefulCallback)
     assert logger.state_dict() == {"step": None}
 
 

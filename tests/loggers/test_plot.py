@@ -16,7 +16,7 @@ from ciclo import managed
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
-def fake_run() -> ciclo.History:
+def fake_run() -> ciclo.types.History:
     """Train entries every step, test entries every third step, as `train_loop` logs them."""
     history = ciclo.history()
     for step in range(7):

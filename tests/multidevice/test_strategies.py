@@ -162,17 +162,17 @@ def _record_step(strategy: Any, seen: set[int]) -> Any:
         seen.add(int(index))
         return np.zeros((), np.float32)
 
-    def step(state: jax.Array, batch: jax.Array) -> tuple[ciclo.Logs, jax.Array]:
+    def step(state: jax.Array, batch: jax.Array) -> tuple[ciclo.types.Logs, jax.Array]:
         work = jnp.tanh(jnp.outer(batch, batch).astype(jnp.float32) @ jnp.ones((batch.shape[0], 64)))
         done = io_callback(record, jax.ShapeDtypeStruct((), jnp.float32), batch[0])
-        return ciclo.Logs(), state + work.sum() + _over_devices(strategy, batch) + done
+        return ciclo.types.Logs(), state + work.sum() + _over_devices(strategy, batch) + done
 
     return step
 
 
 @pytest.mark.parametrize("name", ["data_parallel", "fsdp", "pmap"])
 def test_a_step_returns_once_the_step_max_in_flight_calls_back_has_run(name: str) -> None:
-    strategy = ciclo.get_strategy(name)
+    strategy = ciclo.strategies.get_strategy(name)
     seen: set[int] = set()
     step = strategy.compile(_record_step(strategy, seen))
     state = strategy.place(jnp.zeros((), jnp.float32))
@@ -187,8 +187,10 @@ def test_a_step_returns_once_the_step_max_in_flight_calls_back_has_run(name: str
 def test_hundreds_of_steps_dispatched_without_a_wait_do_not_deadlock_xla_cpu(name: str) -> None:
     # Unbounded, XLA:CPU aborted the process ("Termination timeout for `all reduce`") once about
     # 32 of these were queued on the 4 devices.
-    strategy = ciclo.get_strategy(name)
-    step = strategy.compile(lambda state, batch: (ciclo.Logs(), state * 0.5 + _over_devices(strategy, batch)))
+    strategy = ciclo.strategies.get_strategy(name)
+    step = strategy.compile(
+        lambda state, batch: (ciclo.types.Logs(), state * 0.5 + _over_devices(strategy, batch))
+    )
     state = strategy.place(jnp.zeros((), jnp.float32))
     batch = strategy.lift_batch(np.ones((jax.device_count(),), np.float32))
     for _ in range(300):

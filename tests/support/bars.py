@@ -47,7 +47,7 @@ class Tripwire:
         return self.value
 
 
-def loop_state(elapsed: ciclo.Elapsed, logs: ciclo.Logs) -> LoopState[Any]:
+def loop_state(elapsed: ciclo.types.Elapsed, logs: ciclo.types.Logs) -> LoopState[Any]:
     return LoopState(
         state="state",
         batch=None,

@@ -60,7 +60,7 @@ MODELS: dict[str, tuple[Callable[[jax.Array], Any], Callable[[Any, jax.Array], j
 
 
 class LinearClassifier:
-    """A pure-JAX `ciclo.ModelAdapter`: a 3-class linear classifier over the last axis of the inputs."""
+    """A pure-JAX `ciclo.types.ModelAdapter`: a 3-class linear classifier over the last axis of the inputs."""
 
     def init(self, key: Any, inputs: Any) -> tuple[Any, Any]:
         return {"w": jnp.zeros((inputs.shape[-1], 3)), "b": jnp.zeros((3,))}, None
@@ -99,14 +99,14 @@ def managed_state(model: str, strategy: str) -> managed.ManagedState:
 
 
 @managed.train_step
-def train_step(state: managed.ManagedState, batch: Any) -> tuple[ciclo.Logs, managed.ManagedState]:
+def train_step(state: managed.ManagedState, batch: Any) -> tuple[ciclo.types.Logs, managed.ManagedState]:
     assert state.apply_fn is not None
     loss = mse(state.apply_fn, state.params, batch)
     return ciclo.logs().add_loss("mse", loss).add_metric("mse", loss), state
 
 
 @managed.step
-def eval_step(state: managed.ManagedState, batch: Any) -> tuple[ciclo.Logs, managed.ManagedState]:
+def eval_step(state: managed.ManagedState, batch: Any) -> tuple[ciclo.types.Logs, managed.ManagedState]:
     assert state.apply_fn is not None
     x, y = batch
     preds = state.apply_fn(state.params, x)
@@ -123,7 +123,7 @@ def assert_trees_close(actual: Any, expected: Any, rtol: float = 1e-5, atol: flo
 def best_weights_run(state: managed.ManagedState) -> tuple[managed.ManagedState, Any]:
     """Trains 4 steps; the score gets worse after step 0, so early stopping keeps the state of step 0."""
 
-    def score(elapsed: ciclo.Elapsed) -> ciclo.Logs:
+    def score(elapsed: ciclo.types.Elapsed) -> ciclo.types.Logs:
         return ciclo.logs().add_metric("score", float(elapsed.steps))
 
     stopper = ciclo.early_stopping("score", patience=2, restore_best_weights=True)

@@ -1,7 +1,7 @@
 """ciclo-equinox specifics: partitioning, eqx.nn.State, vmap and keys, and errors.
 
 What every adapter must do (learning, batch norm, dropout, compiling once,
-checkpoints, the package and the `ciclo.ModelAdapter` protocol) is checked by
+checkpoints, the package and the `ciclo.types.ModelAdapter` protocol) is checked by
 the conformance suite, tests/conformance.
 """
 
@@ -69,7 +69,7 @@ MODELS: dict[str, Callable[[], Any]] = {"mlp": mlp, "bn_dropout": bn_dropout}
 """Model builders by name: a module, or the (module, state) pair of eqx.nn.make_with_state."""
 
 
-def make_state(kind: str, **kwargs: Any) -> ciclo.ModelState:
+def make_state(kind: str, **kwargs: Any) -> ciclo.types.ModelState:
     settings: dict[str, Any] = {"tx": optax.adam(1e-2), "losses": LOSSES, "metrics": METRICS, **kwargs}
     return ciclo.create_equinox_state(MODELS[kind](), **settings)
 

@@ -30,7 +30,7 @@ class State(managed.ManagedState):
 
 
 @managed.train_step
-def train_step(state: State, batch: Any) -> tuple[ciclo.Logs, State]:
+def train_step(state: State, batch: Any) -> tuple[ciclo.types.Logs, State]:
     x, y = batch
     model = eqx.combine(state.params, state.static)
     loss = jnp.mean((jax.vmap(model)(x)[:, 0] - y) ** 2)

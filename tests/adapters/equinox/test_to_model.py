@@ -26,7 +26,7 @@ def layers() -> list[eqx.Module]:
     ]
 
 
-def train(state: ciclo.ModelState) -> ciclo.ModelState:
+def train(state: ciclo.types.ModelState) -> ciclo.types.ModelState:
     for _ in range(3):
         _, state = state.train_step((X, Y))
     return state

@@ -20,7 +20,7 @@ Y = np.array([0, 1, 2, 0], np.int32)
 LOSS = {"loss": optax.softmax_cross_entropy_with_integer_labels}
 
 
-def linen(**kwargs: Any) -> ciclo.ModelState:
+def linen(**kwargs: Any) -> ciclo.types.ModelState:
     kwargs.setdefault("inputs", jnp.zeros((1, 8)))
     return ciclo.create_flax_state(nn.Dense(3), tx=optax.sgd(0.1), losses=LOSS, **kwargs)
 
@@ -43,9 +43,14 @@ CASES: list[tuple[str, Callable[[], Any], type[BaseException], str]] = [
         "a model that is not a flax module",
         lambda: ciclo.create_flax_state(lambda x: x, tx=optax.sgd(0.1)),
         TypeError,
-        r"takes a flax.linen.Module or a flax.nnx.Module.*ciclo.ModelAdapter",
+        r"takes a flax.linen.Module or a flax.nnx.Module.*ciclo.types.ModelAdapter",
     ),
-    ("strategy=42", lambda: linen(strategy=42), TypeError, r"42 is not a strategy.*see ciclo.Strategy"),
+    (
+        "strategy=42",
+        lambda: linen(strategy=42),
+        TypeError,
+        r"42 is not a strategy.*see ciclo.strategies.Strategy",
+    ),
     (
         "test batches of another shape",
         lambda: ciclo.train_loop(

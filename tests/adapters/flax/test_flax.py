@@ -57,7 +57,7 @@ class NnxModel(nnx.Module):
         return self.out(self.dropout(self.norm(self.dense(x))))
 
 
-def make(kind: str, **overrides: Any) -> ciclo.ModelState:
+def make(kind: str, **overrides: Any) -> ciclo.types.ModelState:
     settings: dict[str, Any] = {"tx": optax.sgd(0.0), "losses": LOSSES, "strategy": "jit", **overrides}
     if kind == "nnx":
         return ciclo.create_flax_state(NnxModel(nnx.Rngs(0)), **settings)
@@ -150,7 +150,7 @@ def test_clu_metrics_work_unwrapped() -> None:
             "mean_loss": clu_metrics.Average.from_output("loss"),
         },
     )
-    assert all(isinstance(metric, ciclo.Metric) for metric in state.metrics.values())
+    assert all(isinstance(metric, ciclo.metrics.Metric) for metric in state.metrics.values())
     _, history, _ = ciclo.test_loop(state, [(X, Y), (X[:4], Y[:4])])
     np.testing.assert_allclose(history.collect("clu_accuracy"), history.collect("accuracy"), rtol=1e-6)
     np.testing.assert_allclose(

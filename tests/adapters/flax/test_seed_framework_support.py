@@ -46,7 +46,7 @@ def library(request: pytest.FixtureRequest) -> Iterator[str]:
         yield request.param
 
 
-def create_state(library: str) -> ciclo.ModelState:
+def create_state(library: str) -> ciclo.types.ModelState:
     loss, accuracy = loss_and_accuracy(library)  # the snippet's Crossentropy() and Accuracy()
     model = nn.Sequential(
         [

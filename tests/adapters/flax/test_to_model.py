@@ -34,7 +34,7 @@ class Nnx(nnx.Module):
         return self.out(self.dropout(self.norm(self.dense(x))))
 
 
-def train(state: ciclo.ModelState) -> ciclo.ModelState:
+def train(state: ciclo.types.ModelState) -> ciclo.types.ModelState:
     for _ in range(3):
         _, state = state.train_step((X, Y))
     return state
@@ -45,7 +45,7 @@ def test_linen_gives_the_variables_dict() -> None:
     initial = ciclo.create_flax_state(module, inputs=X[:1], **SETTINGS)
     state = train(initial)
     variables = state.model
-    assert isinstance(state.adapter, ciclo.SupportsToModel) and isinstance(state.adapter, LinenAdapter)
+    assert isinstance(state.adapter, ciclo.types.SupportsToModel) and isinstance(state.adapter, LinenAdapter)
     assert sorted(variables) == ["batch_stats", "params"]
     assert not np.allclose(
         variables["batch_stats"]["BatchNorm_0"]["mean"],

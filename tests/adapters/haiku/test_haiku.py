@@ -1,7 +1,7 @@
 """ciclo-haiku specifics: the forms of haiku functions, their training flag, rngs and errors.
 
 What every adapter must do (learning, batch norm, dropout, compiling once,
-checkpoints, the package and the `ciclo.ModelAdapter` protocol) is checked by
+checkpoints, the package and the `ciclo.types.ModelAdapter` protocol) is checked by
 the conformance suite, tests/conformance.
 """
 
@@ -73,7 +73,7 @@ WRAPPERS: dict[str, Callable[[Callable[..., Any]], Any]] = {
 """Every form `create_haiku_state` takes a function in."""
 
 
-def make_state(kind: str, wrapper: str = "function", **kwargs: Any) -> ciclo.ModelState:
+def make_state(kind: str, wrapper: str = "function", **kwargs: Any) -> ciclo.types.ModelState:
     settings: dict[str, Any] = {
         "inputs": jnp.zeros((1, FEATURES)),
         "tx": optax.adam(1e-2),
@@ -260,7 +260,7 @@ class CallableObject:
 @pytest.mark.parametrize(
     ("model", "hint"),
     [
-        (3, "implement ciclo.ModelAdapter"),
+        (3, "implement ciclo.types.ModelAdapter"),
         (CallableObject(), "wrap another callable with hk.transform_with_state"),
         (hk.nets.MLP, r"lambda x: hk.nets.MLP\(\[64, 10\]\)\(x\)"),
         (hk.multi_transform(lambda: ((), (mlp,))), "an hk.multi_transform has several apply functions"),

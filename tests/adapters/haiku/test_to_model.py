@@ -24,7 +24,7 @@ def forward(x: jax.Array, is_training: bool) -> jax.Array:
     return hk.Linear(3)(x)
 
 
-def train(state: ciclo.ModelState) -> ciclo.ModelState:
+def train(state: ciclo.types.ModelState) -> ciclo.types.ModelState:
     for _ in range(3):
         _, state = state.train_step((X, Y))
     return state

@@ -28,7 +28,7 @@ def _model_keys(key: Any, count: int) -> jax.Array:
 
 def make_state(
     kind: str, *, features: int, classes: int, tx: Any, losses: Any, metrics: Any, strategy: Any, key: Any
-) -> ciclo.ModelState:
+) -> ciclo.types.ModelState:
     """Builds the suite's model `kind` (`"mlp"` or `"bn_dropout"`) and its state through the entry point."""
     # Imported here: the suite reads REQUIRES before it knows equinox is installed.
     import equinox as eqx

@@ -32,7 +32,7 @@ class BatchNormDropout(nn.Module):
         return nn.Dense(self.classes)(x)
 
 
-def make_state(kind: str, *, features: int, classes: int, **settings: Any) -> ciclo.ModelState:
+def make_state(kind: str, *, features: int, classes: int, **settings: Any) -> ciclo.types.ModelState:
     models = {"mlp": MLP, "bn_dropout": BatchNormDropout}
     if kind not in models:
         raise ValueError(f"unknown model kind {kind!r}")

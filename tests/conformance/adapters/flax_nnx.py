@@ -36,7 +36,7 @@ class BatchNormDropout(nnx.Module):
 
 def make_state(
     kind: str, *, features: int, classes: int, key: jax.Array, **settings: Any
-) -> ciclo.ModelState:
+) -> ciclo.types.ModelState:
     models = {"mlp": MLP, "bn_dropout": BatchNormDropout}
     if kind not in models:
         raise ValueError(f"unknown model kind {kind!r}")

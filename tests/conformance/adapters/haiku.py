@@ -19,7 +19,7 @@ DROPOUT = 0.3
 
 def make_state(
     kind: str, *, features: int, classes: int, tx: Any, losses: Any, metrics: Any, strategy: Any, key: Any
-) -> ciclo.ModelState:
+) -> ciclo.types.ModelState:
     """Builds the suite's model `kind` (`"mlp"` or `"bn_dropout"`) and its state through the entry point."""
     # Imported here: the suite reads REQUIRES before it knows haiku is installed.
     import haiku as hk

@@ -18,7 +18,7 @@ _page.run_upto(0)  # the first block defines the adapter
 MLP = _page.namespace["MLP"]
 
 
-def make_state(kind: str, *, features: int, classes: int, **settings: Any) -> ciclo.ModelState:
+def make_state(kind: str, *, features: int, classes: int, **settings: Any) -> ciclo.types.ModelState:
     if kind not in ("mlp", "bn_dropout"):
         raise ValueError(f"unknown model kind {kind!r}")
     bn_dropout = kind == "bn_dropout"

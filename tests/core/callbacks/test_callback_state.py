@@ -253,7 +253,7 @@ PLAIN = (jax.Array, np.ndarray, np.generic, bool, int, float, str)
 @pytest.mark.parametrize("name", list(CASES))
 def test_a_snapshot_is_a_pytree_of_plain_values(tmp_path, name):
     callback = CASES[name].make(tmp_path)
-    assert isinstance(callback, ciclo.StatefulCallback)
+    assert isinstance(callback, ciclo.types.StatefulCallback)
     snapshots = [callback.state_dict()]  # before any step
     run(callback, initial_state(), None, SPLIT)
     snapshots.append(callback.state_dict())
@@ -266,12 +266,13 @@ def test_a_snapshot_is_a_pytree_of_plain_values(tmp_path, name):
 def test_every_public_callback_is_classified():
     classes = {
         name: obj
-        for name in ciclo.__all__
-        if inspect.isclass(obj := getattr(ciclo, name)) and obj.__module__.startswith("ciclo._src.callbacks.")
+        for name in ciclo.types.__all__
+        if inspect.isclass(obj := getattr(ciclo.types, name))
+        and obj.__module__.startswith("ciclo._src.callbacks.")
     }
     assert set(classes) == set(STATEFUL) | set(STATELESS)
     for name, cls in classes.items():
-        assert issubclass(cls, ciclo.StatefulCallback) == (name in STATEFUL), name
+        assert issubclass(cls, ciclo.types.StatefulCallback) == (name in STATEFUL), name
     for prefix in STATEFUL.values():
         assert any(case.startswith(prefix) for case in CASES), prefix
 
@@ -326,7 +327,7 @@ def test_checkpoint_snapshot_keeps_the_newest_step_the_directory_lacks(tmp_path)
 @pytest.mark.parametrize("name", list(CASES))
 def test_a_snapshot_of_another_callback_is_refused(tmp_path, name):
     callback = CASES[name].make(tmp_path)
-    if isinstance(callback, ciclo.Checkpoint):
+    if isinstance(callback, ciclo.types.Checkpoint):
         foreign = ciclo.early_stopping("loss").state_dict()
     else:
         foreign = {"newest_step": 3, "newest_at_start": None, "warned": False}

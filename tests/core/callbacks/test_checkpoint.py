@@ -110,18 +110,18 @@ def test_directory_is_made_absolute_and_created(tmp_path, monkeypatch):
 
 def test_is_a_loop_callback_with_an_epoch_end_hook(tmp_path):
     ckpt = ciclo.checkpoint(tmp_path)
-    assert isinstance(ckpt, ciclo.LoopCallback)
+    assert isinstance(ckpt, ciclo.types.LoopCallback)
     parameters = list(inspect.signature(ckpt.on_epoch_end).parameters)
     assert parameters == ["state", "batch", "elapsed", "loop_state"]
 
 
 def test_same_step_twice_saves_once(tmp_path):
     ckpt = ciclo.checkpoint(tmp_path, keep=None)
-    elapsed = ciclo.Elapsed.create(steps=4)
+    elapsed = ciclo.types.Elapsed.create(steps=4)
     ckpt.save(4, {"w": jnp.float32(1)})
     ckpt.save(4, {"w": jnp.float32(2)})  # e.g. every(k) and on_epoch_end at the same step
 
-    loop_state = ciclo.LoopState(
+    loop_state = ciclo.types.LoopState(
         state={"w": jnp.float32(3)},
         batch=None,
         history=ciclo.history(),
@@ -135,7 +135,7 @@ def test_same_step_twice_saves_once(tmp_path):
     assert float(ckpt.restore(zero())["w"]) == 1.0  # the first save of the step wins
 
     # The epoch-end hook saves a new step like the schedule does.
-    later = ciclo.Elapsed.create(steps=5)
+    later = ciclo.types.Elapsed.create(steps=5)
     ckpt.on_epoch_end({"w": jnp.float32(5)}, None, later, loop_state)
     assert ckpt.all_steps() == [4, 5]
     assert float(ckpt.restore(zero())["w"]) == 5.0
@@ -201,9 +201,9 @@ def test_missing_monitor_entry_raises_key_error_naming_it(tmp_path):
     ckpt = ciclo.checkpoint(tmp_path, monitor="accuracy")
     logs = ciclo.logs().add_metric("loss", 0.1)
     with pytest.raises(KeyError, match=r"'accuracy'.*metrics\.loss"):
-        ckpt(ciclo.Elapsed.create(), zero(), logs)
+        ckpt(ciclo.types.Elapsed.create(), zero(), logs)
     with pytest.raises(KeyError, match=r"'accuracy'.*present: \[\]"):
-        ckpt(ciclo.Elapsed.create(), zero())
+        ckpt(ciclo.types.Elapsed.create(), zero())
     with pytest.raises(KeyError, match=r"'accuracy'.*metrics\.loss"):
         ciclo.loop(
             zero(),
@@ -410,8 +410,8 @@ def test_directory_that_is_a_file(tmp_path):
 
 def test_call_needs_an_elapsed(tmp_path):
     ckpt = ciclo.checkpoint(tmp_path)
-    with pytest.raises(TypeError, match=r"ciclo\.Elapsed.*\{'w'"):
-        ckpt({"w": 1.0}, ciclo.Elapsed.create())
+    with pytest.raises(TypeError, match=r"ciclo\.types\.Elapsed.*\{'w'"):
+        ckpt({"w": 1.0}, ciclo.types.Elapsed.create())
     ckpt.close()
 
 

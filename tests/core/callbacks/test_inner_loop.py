@@ -39,7 +39,7 @@ def test_output_state_and_loop_callback():
 
 
 def test_empty_inner_history():
-    with pytest.warns(ciclo.DataWarning, match="yielded no batch"):  # an empty dataset is warned about
+    with pytest.warns(ciclo.types.DataWarning, match="yielded no batch"):  # an empty dataset is warned about
         logs, _ = ciclo.inner_loop("t", eval_loop([]))(0)
     assert logs == {}
 

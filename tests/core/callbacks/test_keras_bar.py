@@ -24,7 +24,9 @@ class Terminal(io.StringIO):
         return True
 
 
-def run(bar: ciclo.KerasBar, clock: Clock, steps: int, seconds_per_step: float = 0.5, start: int = 0) -> None:
+def run(
+    bar: ciclo.types.KerasBar, clock: Clock, steps: int, seconds_per_step: float = 0.5, start: int = 0
+) -> None:
     """Calls `bar` by hand as the seeds do, after each of `steps` steps taking `seconds_per_step`."""
     for elapsed, batch in ciclo.elapse(range(start, start + steps)):
         clock.now += seconds_per_step
@@ -33,7 +35,7 @@ def run(bar: ciclo.KerasBar, clock: Clock, steps: int, seconds_per_step: float =
 
 
 @jax.jit
-def jit_step(state: jax.Array, batch: jax.Array) -> tuple[ciclo.Logs, jax.Array]:
+def jit_step(state: jax.Array, batch: jax.Array) -> tuple[ciclo.types.Logs, jax.Array]:
     state = state + batch
     logs = ciclo.logs().add_loss("loss", 1.0 / state, add_metric=True).add_metric("total", state)
     return logs, state
@@ -78,7 +80,7 @@ def test_total_in_time_counts_seconds(clock: Clock) -> None:
     bar = ciclo.keras_bar(ciclo.at(time=10), file=buffer, interval=0)
     for step in range(12):
         clock.now = step
-        bar(ciclo.Elapsed(steps=step, samples=step, time=float(step), date_start=0.0))
+        bar(ciclo.types.Elapsed(steps=step, samples=step, time=float(step), date_start=0.0))
     draws = buffer.getvalue().split("\r")[1:]
     # A time bar's remaining count is its remaining time.
     assert draws[4].rstrip() == " 4/10 [===========>..................] - ETA: 6s"
@@ -111,7 +113,7 @@ def test_terminal_pads_a_shorter_line_over_a_longer_one(clock: Clock) -> None:
     buffer = Terminal()
     bar = ciclo.keras_bar(total=10, file=buffer, interval=0)
     for step, loss in enumerate([1.0, 12345.0, 1.0]):
-        bar(ciclo.Elapsed.create(steps=step), {"metrics": {"loss": loss}})
+        bar(ciclo.types.Elapsed.create(steps=step), {"metrics": {"loss": loss}})
     _, longer, shorter = buffer.getvalue().split("\r")[1:]
     assert longer.endswith("loss: 12345.0000")
     assert shorter.rstrip().endswith("loss: 1.0000")
@@ -148,7 +150,7 @@ def test_values_formatting_and_selection() -> None:
         .add_output("pred", 1.0)  # not a shown collection
         .add_entry("stateful_metrics", "count", jnp.int32(12))
     )
-    bar(ciclo.Elapsed.create(), logs)
+    bar(ciclo.types.Elapsed.create(), logs)
     assert buffer.getvalue().split(" - ", 2)[2] == (
         "loss: 0.2500 - tiny: 2.5000e-05 - huge: 3.0000e+07 - single: 7.0000 - count: 12.0000\n"
     )
@@ -230,18 +232,18 @@ def test_no_value_is_read_between_redraws(clock: Clock, terminal: bool) -> None:
     loss = Tripwire(0.5)
     logs = ciclo.logs().add_metric("loss", loss)
     accumulated = ciclo.logs().add_metric("loss", loss)
-    bar(ciclo.Elapsed.create(), logs)
+    bar(ciclo.types.Elapsed.create(), logs)
     first_reads = loss.reads
     assert first_reads == (1 if terminal else 0)  # a terminal shows the first step at once
     for step in range(1, 9):  # below the first tenth, so no log line either
         clock.now += 1.0
-        bar(ciclo.Elapsed.create(steps=step), logs)
-        bar.__loop_callback__(loop_state(ciclo.Elapsed.create(steps=step), accumulated))
+        bar(ciclo.types.Elapsed.create(steps=step), logs)
+        bar.__loop_callback__(loop_state(ciclo.types.Elapsed.create(steps=step), accumulated))
         bar.on_train_batch_end(
             "state",
             None,
-            ciclo.Elapsed.create(steps=step),
-            loop_state(ciclo.Elapsed.create(steps=step), accumulated),
+            ciclo.types.Elapsed.create(steps=step),
+            loop_state(ciclo.types.Elapsed.create(steps=step), accumulated),
         )
     assert loss.reads == first_reads
     bar.close()
@@ -318,7 +320,7 @@ def test_loop_end_draws_the_final_line_when_the_loop_stops_early(
     buffer = Terminal()
     bar = ciclo.keras_bar(total=100, file=buffer)
 
-    def step(state: int, batch: int) -> tuple[ciclo.Logs, int]:
+    def step(state: int, batch: int) -> tuple[ciclo.types.Logs, int]:
         clock.now += 0.5
         return ciclo.logs().add_metric("batch", batch), state + 1
 
@@ -335,7 +337,7 @@ def test_loop_end_after_a_callback_stops_the_loop(clock: Clock) -> None:
     def tick() -> None:
         clock.now += 1.0
 
-    def stopper(state: Any, batch: Any, elapsed: ciclo.Elapsed, loop_state: LoopState[Any]) -> None:
+    def stopper(state: Any, batch: Any, elapsed: ciclo.types.Elapsed, loop_state: LoopState[Any]) -> None:
         if elapsed.steps == 9:
             loop_state.stop()
 
@@ -356,8 +358,8 @@ def test_on_train_batch_end_hook(clock: Clock) -> None:
         bar.on_train_batch_end(
             "state",
             None,
-            ciclo.Elapsed.create(steps=step),
-            loop_state(ciclo.Elapsed.create(steps=step), accumulated),
+            ciclo.types.Elapsed.create(steps=step),
+            loop_state(ciclo.types.Elapsed.create(steps=step), accumulated),
         )
     assert (
         buffer.getvalue().splitlines()[-1]
@@ -380,13 +382,13 @@ def test_bound_hook_in_a_loop_draws_at_loop_end(clock: Clock) -> None:
 
 def test_loop_callback_returns_no_logs_and_the_state() -> None:
     bar = ciclo.keras_bar(total=10, file=io.StringIO())
-    logs, state = bar.__loop_callback__(loop_state(ciclo.Elapsed.create(), ciclo.logs()))
+    logs, state = bar.__loop_callback__(loop_state(ciclo.types.Elapsed.create(), ciclo.logs()))
     assert dict(logs) == {} and state == "state"
 
 
 def test_is_a_loop_callback() -> None:
-    bar: ciclo.LoopCallback[Any] = ciclo.keras_bar(file=io.StringIO())
-    assert isinstance(bar, ciclo.LoopCallback) and isinstance(bar, ciclo.KerasBar)
+    bar: ciclo.types.LoopCallback[Any] = ciclo.keras_bar(file=io.StringIO())
+    assert isinstance(bar, ciclo.types.LoopCallback) and isinstance(bar, ciclo.types.KerasBar)
 
 
 def test_close_without_any_update_writes_nothing() -> None:
@@ -431,7 +433,7 @@ def test_not_a_terminal_when_isatty_fails() -> None:
 
     buffer = Closed()
     bar = ciclo.keras_bar(total=1, file=buffer)
-    bar(ciclo.Elapsed.create())
+    bar(ciclo.types.Elapsed.create())
     assert "\r" not in buffer.getvalue()
 
 
@@ -506,7 +508,7 @@ def test_ipykernel_imported_without_a_kernel_is_not_a_notebook(monkeypatch: pyte
     ipython.get_ipython = lambda: None  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "IPython", ipython)
     bar = ciclo.keras_bar(total=10)
-    bar(ciclo.Elapsed.create())
+    bar(ciclo.types.Elapsed.create())
     bar.close()
     assert "\r" not in stdout.getvalue()
 

@@ -14,18 +14,18 @@ import ciclo
 
 
 @jax.jit
-def jit_step(state: jax.Array, batch: jax.Array) -> tuple[ciclo.Logs, jax.Array]:
+def jit_step(state: jax.Array, batch: jax.Array) -> tuple[ciclo.types.Logs, jax.Array]:
     state = state + batch.sum()
     return ciclo.logs().add_loss("loss", 1.0 / state), state
 
 
 class Model:
-    """A `ciclo.Trainable` state around `jit_step`."""
+    """A `ciclo.types.Trainable` state around `jit_step`."""
 
     def __init__(self, value: jax.Array) -> None:
         self.value = value
 
-    def train_step(self, batch: jax.Array) -> tuple[ciclo.Logs, Model]:
+    def train_step(self, batch: jax.Array) -> tuple[ciclo.types.Logs, Model]:
         logs, value = jit_step(self.value, batch)
         return logs, Model(value)
 
@@ -118,7 +118,9 @@ def test_loop_ending_inside_the_window_writes_the_trace(tmp_path: pathlib.Path, 
 
 
 def test_callback_stopping_the_loop_inside_the_window(tmp_path: pathlib.Path) -> None:
-    def stopper(state: Any, batch: Any, elapsed: ciclo.Elapsed, loop_state: ciclo.LoopState[Any]) -> None:
+    def stopper(
+        state: Any, batch: Any, elapsed: ciclo.types.Elapsed, loop_state: ciclo.types.LoopState[Any]
+    ) -> None:
         if elapsed.steps == 4:
             loop_state.stop()
 
@@ -128,7 +130,7 @@ def test_callback_stopping_the_loop_inside_the_window(tmp_path: pathlib.Path) ->
 
 
 def test_a_step_raising_inside_the_window_still_stops_the_trace(tmp_path: pathlib.Path) -> None:
-    def failing(state: jax.Array, batch: jax.Array, elapsed: ciclo.Elapsed) -> None:
+    def failing(state: jax.Array, batch: jax.Array, elapsed: ciclo.types.Elapsed) -> None:
         if elapsed.steps == 4:
             raise RuntimeError("boom")
 
@@ -149,7 +151,7 @@ def test_window_never_reached_writes_nothing(tmp_path: pathlib.Path) -> None:
 
 
 def test_a_stacked_group_reaching_into_the_window_is_traced_whole(tmp_path: pathlib.Path) -> None:
-    def group_step(state: jax.Array, group: ciclo.Stacked[jax.Array]) -> jax.Array:
+    def group_step(state: jax.Array, group: ciclo.types.Stacked[jax.Array]) -> jax.Array:
         for batch in group.batches:
             state = jit_step(state, batch)[1]
         return state
@@ -212,13 +214,13 @@ def test_train_loop_callbacks_trace_the_chosen_steps(tmp_path: pathlib.Path) -> 
 
 def test_train_loop_with_steps_per_execution_and_a_test_loop(tmp_path: pathlib.Path) -> None:
     class Fused(Model):
-        def train_step(self, batch: Any) -> tuple[ciclo.Logs, Fused]:
+        def train_step(self, batch: Any) -> tuple[ciclo.types.Logs, Fused]:
             value = self.value
             for single in batch.batches:
                 value = jit_step(value, single)[1]
             return ciclo.logs(), Fused(value)
 
-        def test_step(self, batch: Any) -> ciclo.Logs:
+        def test_step(self, batch: Any) -> ciclo.types.Logs:
             return ciclo.logs().add_metric("value", self.value)
 
     profiler = ciclo.profile(tmp_path, steps=(3, 3))
@@ -240,8 +242,8 @@ def test_train_loop_with_steps_per_execution_and_a_test_loop(tmp_path: pathlib.P
 
 
 def test_is_a_loop_callback_with_train_loop_hooks(tmp_path: pathlib.Path) -> None:
-    profiler: ciclo.LoopCallback[Any] = ciclo.profile(tmp_path, steps=(1, 2))
-    assert isinstance(profiler, ciclo.LoopCallback) and isinstance(profiler, ciclo.Profile)
+    profiler: ciclo.types.LoopCallback[Any] = ciclo.profile(tmp_path, steps=(1, 2))
+    assert isinstance(profiler, ciclo.types.LoopCallback) and isinstance(profiler, ciclo.types.Profile)
     assert profiler.steps == (1, 2) and profiler.logdir == str(tmp_path)
     hooks = sorted(
         name for name in dir(profiler) if name.startswith("on_") and name not in ("on_start", "on_end")

@@ -23,7 +23,7 @@ def host_clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
 
 
 def timed_step(clock: Clock, seconds: float) -> Any:
-    def train_step(state: int, batch: Any) -> tuple[ciclo.Logs, int]:
+    def train_step(state: int, batch: Any) -> tuple[ciclo.types.Logs, int]:
         clock.now += seconds
         return ciclo.logs().add_metric("loss", 1.0), state + 1
 
@@ -73,7 +73,7 @@ def test_each_window_measures_its_own_steps(host_clock: Clock) -> None:
     ],
 )
 def test_window_in_time_samples_or_steps(
-    host_clock: Clock, window: ciclo.Period, expected_steps: list[int]
+    host_clock: Clock, window: ciclo.types.Period, expected_steps: list[int]
 ) -> None:
     _, history, _ = ciclo.loop(
         0, batches(10), {ciclo.every(1): [timed_step(host_clock, 0.25), ciclo.throughput(window)]}
@@ -95,7 +95,7 @@ def test_scheduled_less_often_measures_the_steps_in_between(host_clock: Clock) -
 
 
 def test_a_stacked_group_counts_all_its_steps(host_clock: Clock) -> None:
-    def group_step(state: int, group: ciclo.Stacked[Any]) -> int:
+    def group_step(state: int, group: ciclo.types.Stacked[Any]) -> int:
         host_clock.now += 1.0  # one dispatch of 4 steps per second
         return state + group.steps
 
@@ -115,13 +115,13 @@ def test_no_logs_while_the_host_clock_has_not_moved(host_clock: Clock) -> None:
 
 
 class Counter:
-    """A `ciclo.Trainable` state whose steps advance the fake host clock."""
+    """A `ciclo.types.Trainable` state whose steps advance the fake host clock."""
 
     def __init__(self, clock: Clock, count: int = 0) -> None:
         self.clock = clock
         self.count = count
 
-    def train_step(self, batch: Any) -> tuple[ciclo.Logs, Counter]:
+    def train_step(self, batch: Any) -> tuple[ciclo.types.Logs, Counter]:
         self.clock.now += 0.25
         return ciclo.logs().add_loss("loss", 1.0 / (self.count + 1)), Counter(self.clock, self.count + 1)
 
@@ -150,11 +150,11 @@ def test_in_train_loop_callbacks_runs_after_the_step_and_before_the_bar(host_clo
 
 def test_not_run_by_the_evaluation_inside_train_loop(host_clock: Clock) -> None:
     class Evaluated(Counter):
-        def train_step(self, batch: Any) -> tuple[ciclo.Logs, Evaluated]:
+        def train_step(self, batch: Any) -> tuple[ciclo.types.Logs, Evaluated]:
             self.clock.now += 0.25
             return ciclo.logs(), Evaluated(self.clock, self.count + 1)
 
-        def test_step(self, batch: Any) -> ciclo.Logs:
+        def test_step(self, batch: Any) -> ciclo.types.Logs:
             self.clock.now += 1.0  # evaluation is wall-clock time of the loop too
             return ciclo.logs().add_metric("count", float(self.count))
 
@@ -171,14 +171,14 @@ def test_not_run_by_the_evaluation_inside_train_loop(host_clock: Clock) -> None:
 
 
 def test_in_predict_loop_tasks(host_clock: Clock) -> None:
-    def predict_step(state: None, batch: np.ndarray) -> ciclo.Logs:
+    def predict_step(state: None, batch: np.ndarray) -> ciclo.types.Logs:
         host_clock.now += 0.5
         return ciclo.logs().add_output("y", batch)
 
     _, history, _ = ciclo.predict_loop(
         None,
         batches(5),
-        {ciclo.on_predict_step: [predict_step], ciclo.every(1): [ciclo.throughput(window=2)]},
+        {ciclo.hooks.on_predict_step: [predict_step], ciclo.every(1): [ciclo.throughput(window=2)]},
     )
     assert history.collect("steps", "samples_per_second") == ([2, 4], [16.0, 16.0])
 
@@ -198,7 +198,7 @@ def test_by_hand_with_elapse(host_clock: Clock) -> None:
     for elapsed, _ in ciclo.elapse(batches(6, size=4)):
         host_clock.now += 1.0
         logs = meter(elapsed)
-        assert isinstance(logs, ciclo.Logs)
+        assert isinstance(logs, ciclo.types.Logs)
         logged.append(dict(logs.get("metrics", {})))
     assert logged == [
         {},
@@ -230,7 +230,7 @@ def forbid_device_reads(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @jax.jit
-def jit_step(state: jax.Array, batch: jax.Array) -> tuple[ciclo.Logs, jax.Array]:
+def jit_step(state: jax.Array, batch: jax.Array) -> tuple[ciclo.types.Logs, jax.Array]:
     state = state + batch.sum()
     return ciclo.logs().add_loss("loss", 1.0 / state), state
 
@@ -253,8 +253,8 @@ def test_never_reads_or_waits_for_a_device_value(host_clock: Clock, monkeypatch:
 
 
 def test_is_a_loop_callback() -> None:
-    meter: ciclo.LoopCallback[Any] = ciclo.throughput()
-    assert isinstance(meter, ciclo.LoopCallback) and isinstance(meter, ciclo.Throughput)
+    meter: ciclo.types.LoopCallback[Any] = ciclo.throughput()
+    assert isinstance(meter, ciclo.types.LoopCallback) and isinstance(meter, ciclo.types.Throughput)
     assert meter.window == ciclo.at(steps=100)
     assert (
         repr(ciclo.throughput(3))

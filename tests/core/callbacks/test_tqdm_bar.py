@@ -14,13 +14,13 @@ from support.bars import Clock, OutStream, Tripwire, in_notebook, loop_state, re
 import ciclo
 
 
-def quiet_bar(total: Any = None, **kwargs: Any) -> ciclo.TqdmBar:
+def quiet_bar(total: Any = None, **kwargs: Any) -> ciclo.types.TqdmBar:
     kwargs.setdefault("file", io.StringIO())
     return ciclo.tqdm_bar(total, **kwargs)
 
 
 @jax.jit
-def jit_step(state: jax.Array, batch: jax.Array) -> tuple[ciclo.Logs, jax.Array]:
+def jit_step(state: jax.Array, batch: jax.Array) -> tuple[ciclo.types.Logs, jax.Array]:
     state = state + batch
     return ciclo.logs().add_loss("loss", 1.0 / state, add_metric=True), state
 
@@ -91,14 +91,14 @@ def test_no_value_is_read_between_updates(clock: Clock) -> None:
     bar = quiet_bar(100, interval=1e9)
     loss = Tripwire(0.5)
     logs = ciclo.logs().add_metric("loss", loss)
-    bar(ciclo.Elapsed.create(), logs)
+    bar(ciclo.types.Elapsed.create(), logs)
     assert loss.reads == 1
     for step in range(1, 50):
         clock.now += 1.0
-        bar(ciclo.Elapsed.create(steps=step), logs)
-        bar.__loop_callback__(loop_state(ciclo.Elapsed.create(steps=step), logs))
+        bar(ciclo.types.Elapsed.create(steps=step), logs)
+        bar.__loop_callback__(loop_state(ciclo.types.Elapsed.create(steps=step), logs))
         bar.on_train_batch_end(
-            "state", None, ciclo.Elapsed.create(steps=step), loop_state(ciclo.Elapsed(), logs)
+            "state", None, ciclo.types.Elapsed.create(steps=step), loop_state(ciclo.types.Elapsed(), logs)
         )
     assert loss.reads == 1 and bar.tqdm.n == 1
     bar.close()
@@ -122,9 +122,9 @@ def test_in_jit_loop_without_device_copies_between_updates(
 def test_time_total_counts_whole_seconds(clock: Clock) -> None:
     bar = quiet_bar(ciclo.at(time=10), interval=0)
     for step, seconds in enumerate([0.4, 1.7, 3.2, 3.9]):
-        bar(ciclo.Elapsed(steps=step, samples=step, time=seconds, date_start=0.0))
+        bar(ciclo.types.Elapsed(steps=step, samples=step, time=seconds, date_start=0.0))
     assert bar.tqdm.n == 3
-    bar(ciclo.Elapsed(steps=4, samples=4, time=10.2, date_start=0.0))
+    bar(ciclo.types.Elapsed(steps=4, samples=4, time=10.2, date_start=0.0))
     assert bar.finished and bar.tqdm.n == 10
 
 
@@ -150,9 +150,9 @@ def test_bound_hook_in_a_loop(clock: Clock) -> None:
 
 
 def test_is_a_loop_callback() -> None:
-    bar: ciclo.LoopCallback[Any] = quiet_bar()
-    assert isinstance(bar, ciclo.LoopCallback) and isinstance(bar, ciclo.TqdmBar)
-    logs, state = bar.__loop_callback__(loop_state(ciclo.Elapsed.create(), ciclo.logs()))
+    bar: ciclo.types.LoopCallback[Any] = quiet_bar()
+    assert isinstance(bar, ciclo.types.LoopCallback) and isinstance(bar, ciclo.types.TqdmBar)
+    logs, state = bar.__loop_callback__(loop_state(ciclo.types.Elapsed.create(), ciclo.logs()))
     assert dict(logs) == {} and state == "state"
     bar.close()
 

@@ -19,7 +19,7 @@ PLACING = ["data_parallel", "fsdp", "pmap"]
 @pytest.mark.parametrize("strategy", PLACING)
 def test_a_state_leaf_that_is_not_an_array_is_named(strategy: str) -> None:
     with pytest.raises(TypeError, match=r"cannot place state leaf \['name'\] on devices: it is a str"):
-        ciclo.get_strategy(strategy).place({"w": jnp.ones(2), "name": "model"})
+        ciclo.strategies.get_strategy(strategy).place({"w": jnp.ones(2), "name": "model"})
 
     class Named(managed.ManagedState):
         name: str
@@ -42,7 +42,9 @@ def test_check_divisible_names_the_leaf_and_the_fix() -> None:
 
 @pytest.mark.parametrize("strategy", PLACING)
 def test_batches_with_scalars_and_numpy_leaves_are_lifted(strategy: str) -> None:
-    lifted = ciclo.get_strategy(strategy).lift_batch({"x": np.ones((4, 2)), "scale": 2.0, "w": jnp.ones(4)})
+    lifted = ciclo.strategies.get_strategy(strategy).lift_batch(
+        {"x": np.ones((4, 2)), "scale": 2.0, "w": jnp.ones(4)}
+    )
     assert all(isinstance(leaf, jax.Array) or np.ndim(leaf) for leaf in jax.tree.leaves(lifted))
 
 
@@ -92,7 +94,9 @@ def test_with_strategy_round_trips_the_state(strategy: str) -> None:
     ],
     ids=repr,
 )
-def test_donating_strategies_accept_a_state_holding_one_array_twice(strategy: ciclo.Strategy) -> None:
+def test_donating_strategies_accept_a_state_holding_one_array_twice(
+    strategy: ciclo.strategies.Strategy,
+) -> None:
     class Twice(managed.ManagedState):
         a: jax.Array
         b: jax.Array

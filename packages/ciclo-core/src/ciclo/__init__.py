@@ -9,116 +9,65 @@ Example:
     (45, 10)
 """
 
+import warnings as _warnings
 from importlib.metadata import version as _version
 from typing import TYPE_CHECKING, Any
 
+from ciclo import hooks as hooks
 from ciclo import managed as managed
 from ciclo import metrics as metrics
 from ciclo import strategies as strategies
+from ciclo import types as types
 from ciclo._src import frameworks as _frameworks
 from ciclo._src import installation as _installation
-from ciclo._src.backup import Backup as Backup
-from ciclo._src.backup import Preempted as Preempted
 from ciclo._src.backup import backup as backup
-from ciclo._src.batches import Stacked as Stacked
 from ciclo._src.batches import stacked as stacked
-from ciclo._src.callbacks._checkpoint import Checkpoint as Checkpoint
 from ciclo._src.callbacks._checkpoint import checkpoint as checkpoint
 from ciclo._src.callbacks._checkpoint import restore_checkpoint as restore_checkpoint
-from ciclo._src.callbacks._early_stopping import EarlyStopping as EarlyStopping
 from ciclo._src.callbacks._early_stopping import early_stopping as early_stopping
-from ciclo._src.callbacks._inner_loop import InnerLoop as InnerLoop
 from ciclo._src.callbacks._inner_loop import inner_loop as inner_loop
-from ciclo._src.callbacks._keras_bar import KerasBar as KerasBar
 from ciclo._src.callbacks._keras_bar import keras_bar as keras_bar
-from ciclo._src.callbacks._loggers._base import Logger as Logger
 from ciclo._src.callbacks._loggers._csv import csv_logger as csv_logger
 from ciclo._src.callbacks._loggers._metric_writer import metric_writer_logger as metric_writer_logger
 from ciclo._src.callbacks._loggers._mlflow import mlflow_logger as mlflow_logger
 from ciclo._src.callbacks._loggers._tensorboard import tensorboard as tensorboard
 from ciclo._src.callbacks._loggers._wandb import wandb_logger as wandb_logger
-from ciclo._src.callbacks._nan_guard import TerminateOnNaN as TerminateOnNaN
 from ciclo._src.callbacks._nan_guard import terminate_on_nan as terminate_on_nan
-from ciclo._src.callbacks._noop import NoOp as NoOp
 from ciclo._src.callbacks._noop import noop as noop
-from ciclo._src.callbacks._profile import Profile as Profile
 from ciclo._src.callbacks._profile import profile as profile
-from ciclo._src.callbacks._throughput import Throughput as Throughput
 from ciclo._src.callbacks._throughput import throughput as throughput
-from ciclo._src.callbacks._tqdm_bar import TqdmBar as TqdmBar
 from ciclo._src.callbacks._tqdm_bar import tqdm_bar as tqdm_bar
-from ciclo._src.checks import DataWarning as DataWarning
-from ciclo._src.elapsed import Elapsed as Elapsed
-from ciclo._src.elapsed import Period as Period
 from ciclo._src.elapsed import at as at
 from ciclo._src.elapsed import elapse as elapse
-from ciclo._src.fused import Fused as Fused
 from ciclo._src.fused import fuse as fuse
-from ciclo._src.logs import Entries as Entries
-from ciclo._src.logs import History as History
-from ciclo._src.logs import Logs as Logs
-from ciclo._src.logs import LogsLike as LogsLike
-from ciclo._src.logs import StackedLogs as StackedLogs
+from ciclo._src.hooks import on_epoch_end as on_epoch_end
+from ciclo._src.hooks import on_reset_step as on_reset_step
+from ciclo._src.hooks import on_test_batch_begin as on_test_batch_begin
+from ciclo._src.hooks import on_test_batch_end as on_test_batch_end
+from ciclo._src.hooks import on_test_begin as on_test_begin
+from ciclo._src.hooks import on_test_end as on_test_end
+from ciclo._src.hooks import on_test_step as on_test_step
+from ciclo._src.hooks import on_train_batch_begin as on_train_batch_begin
+from ciclo._src.hooks import on_train_batch_end as on_train_batch_end
+from ciclo._src.hooks import on_train_begin as on_train_begin
+from ciclo._src.hooks import on_train_end as on_train_end
+from ciclo._src.hooks import on_train_step as on_train_step
 from ciclo._src.logs import history as history
 from ciclo._src.logs import logs as logs
-from ciclo._src.loop import Phase as Phase
 from ciclo._src.loop import at_step_end as at_step_end
 from ciclo._src.loop import loop as loop
 from ciclo._src.loop import run_phases as run_phases
-from ciclo._src.loop_state import LoopState as LoopState
-from ciclo._src.loops import on_epoch_end as on_epoch_end
-from ciclo._src.loops import on_predict_batch_begin as on_predict_batch_begin
-from ciclo._src.loops import on_predict_batch_end as on_predict_batch_end
-from ciclo._src.loops import on_predict_begin as on_predict_begin
-from ciclo._src.loops import on_predict_end as on_predict_end
-from ciclo._src.loops import on_predict_step as on_predict_step
-from ciclo._src.loops import on_reset_step as on_reset_step
-from ciclo._src.loops import on_test_batch_begin as on_test_batch_begin
-from ciclo._src.loops import on_test_batch_end as on_test_batch_end
-from ciclo._src.loops import on_test_begin as on_test_begin
-from ciclo._src.loops import on_test_end as on_test_end
-from ciclo._src.loops import on_test_step as on_test_step
-from ciclo._src.loops import on_train_batch_begin as on_train_batch_begin
-from ciclo._src.loops import on_train_batch_end as on_train_batch_end
-from ciclo._src.loops import on_train_begin as on_train_begin
-from ciclo._src.loops import on_train_end as on_train_end
-from ciclo._src.loops import on_train_step as on_train_step
 from ciclo._src.loops import predict_loop as predict_loop
-from ciclo._src.loops import predict_step as predict_step
-from ciclo._src.loops import reset_step as reset_step
 from ciclo._src.loops import test_loop as test_loop
-from ciclo._src.loops import test_step as test_step
 from ciclo._src.loops import train_loop as train_loop
-from ciclo._src.loops import train_step as train_step
-from ciclo._src.metrics import Metric as Metric
-from ciclo._src.model_state import ModelState as ModelState
 from ciclo._src.model_state import create_model_state as create_model_state
 from ciclo._src.reprs import short
-from ciclo._src.schedules import After as After
-from ciclo._src.schedules import Every as Every
-from ciclo._src.schedules import Piecewise as Piecewise
-from ciclo._src.schedules import ScheduleBase as ScheduleBase
 from ciclo._src.schedules import after as after
 from ciclo._src.schedules import always as always
 from ciclo._src.schedules import every as every
 from ciclo._src.schedules import never as never
 from ciclo._src.schedules import piecewise as piecewise
-from ciclo._src.strategies._registry import get_strategy as get_strategy
-from ciclo._src.strategies._registry import register_strategy as register_strategy
-from ciclo._src.strategies._registry import strategy_names as strategy_names
 from ciclo._src.summary import summary as summary
-from ciclo._src.types import Batch as Batch
-from ciclo._src.types import CallbackOutput as CallbackOutput
-from ciclo._src.types import Evaluable as Evaluable
-from ciclo._src.types import LoopCallback as LoopCallback
-from ciclo._src.types import ModelAdapter as ModelAdapter
-from ciclo._src.types import Predictable as Predictable
-from ciclo._src.types import Schedule as Schedule
-from ciclo._src.types import State as State
-from ciclo._src.types import StatefulCallback as StatefulCallback
-from ciclo._src.types import Strategy as Strategy
-from ciclo._src.types import SupportsToModel as SupportsToModel
-from ciclo._src.types import Trainable as Trainable
 
 __version__ = _version("ciclo-core")
 
@@ -128,14 +77,88 @@ _installation.warn_if_old_ciclo_installed()
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from ciclo._src.model_state import ModelState
+
     # Provided by the adapter packages (ciclo-flax, ciclo-haiku, ciclo-equinox), found by entry point.
     create_flax_state: Callable[..., ModelState]
     create_haiku_state: Callable[..., ModelState]
     create_equinox_state: Callable[..., ModelState]
 
 
+# Names `ciclo` itself exported before, now in the one namespace each belongs to.
+_MOVED: dict[str, str] = {
+    "After": "types",
+    "Backup": "types",
+    "Batch": "types",
+    "CallbackOutput": "types",
+    "Checkpoint": "types",
+    "DataWarning": "types",
+    "EarlyStopping": "types",
+    "Elapsed": "types",
+    "Entries": "types",
+    "Evaluable": "types",
+    "Every": "types",
+    "Fused": "types",
+    "History": "types",
+    "InnerLoop": "types",
+    "KerasBar": "types",
+    "Logger": "types",
+    "Logs": "types",
+    "LogsLike": "types",
+    "LoopCallback": "types",
+    "LoopState": "types",
+    "Metric": "metrics",
+    "ModelAdapter": "types",
+    "ModelState": "types",
+    "NoOp": "types",
+    "Period": "types",
+    "Phase": "types",
+    "Piecewise": "types",
+    "Predictable": "types",
+    "Preempted": "types",
+    "Profile": "types",
+    "Schedule": "types",
+    "ScheduleBase": "types",
+    "Stacked": "types",
+    "StackedLogs": "types",
+    "State": "types",
+    "StatefulCallback": "types",
+    "Strategy": "strategies",
+    "SupportsToModel": "types",
+    "TerminateOnNaN": "types",
+    "Throughput": "types",
+    "TqdmBar": "types",
+    "Trainable": "types",
+    "get_strategy": "strategies",
+    "on_predict_batch_begin": "hooks",
+    "on_predict_batch_end": "hooks",
+    "on_predict_begin": "hooks",
+    "on_predict_end": "hooks",
+    "on_predict_step": "hooks",
+    "predict_step": "hooks",
+    "register_strategy": "strategies",
+    "reset_step": "hooks",
+    "strategy_names": "strategies",
+    "test_step": "hooks",
+    "train_step": "hooks",
+}
+
+
 def __getattr__(name: str) -> Any:
-    """Resolves `ciclo.create_flax_state` and the other adapters' functions on first use."""
+    """Resolves `ciclo.create_flax_state` and the other adapters' functions on first use.
+
+    A name that moved to a namespace (`ciclo.History` is `ciclo.types.History`)
+    still resolves, with a DeprecationWarning naming its new place.
+    """
+    if name in _MOVED:
+        namespace = _MOVED[name]
+        _warnings.warn(
+            f"ciclo.{name} is now ciclo.{namespace}.{name} (docs/migration.md, 'Names that moved'); "
+            "the old name will be removed in a future release",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return getattr(globals()[namespace], name)
     if name.startswith("__"):
         raise AttributeError(f"module 'ciclo' has no attribute {short(name)}")
     value = _frameworks.resolve(name)
@@ -144,48 +167,6 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
-    "After",
-    "Backup",
-    "Batch",
-    "CallbackOutput",
-    "Checkpoint",
-    "DataWarning",
-    "EarlyStopping",
-    "Elapsed",
-    "Entries",
-    "Evaluable",
-    "Every",
-    "Fused",
-    "History",
-    "InnerLoop",
-    "KerasBar",
-    "Logger",
-    "Logs",
-    "LogsLike",
-    "LoopCallback",
-    "LoopState",
-    "Metric",
-    "ModelAdapter",
-    "ModelState",
-    "NoOp",
-    "Period",
-    "Phase",
-    "Piecewise",
-    "Predictable",
-    "Preempted",
-    "Profile",
-    "Schedule",
-    "ScheduleBase",
-    "Stacked",
-    "StackedLogs",
-    "State",
-    "StatefulCallback",
-    "Strategy",
-    "SupportsToModel",
-    "TerminateOnNaN",
-    "Throughput",
-    "TqdmBar",
-    "Trainable",
     "__version__",
     "after",
     "always",
@@ -199,8 +180,8 @@ __all__ = [
     "elapse",
     "every",
     "fuse",
-    "get_strategy",
     "history",
+    "hooks",
     "inner_loop",
     "keras_bar",
     "logs",
@@ -212,11 +193,6 @@ __all__ = [
     "never",
     "noop",
     "on_epoch_end",
-    "on_predict_batch_begin",
-    "on_predict_batch_end",
-    "on_predict_begin",
-    "on_predict_end",
-    "on_predict_step",
     "on_reset_step",
     "on_test_batch_begin",
     "on_test_batch_end",
@@ -230,23 +206,18 @@ __all__ = [
     "on_train_step",
     "piecewise",
     "predict_loop",
-    "predict_step",
     "profile",
-    "register_strategy",
-    "reset_step",
     "restore_checkpoint",
     "run_phases",
     "stacked",
     "strategies",
-    "strategy_names",
     "summary",
     "tensorboard",
     "terminate_on_nan",
     "test_loop",
-    "test_step",
     "throughput",
     "tqdm_bar",
     "train_loop",
-    "train_step",
+    "types",
     "wandb_logger",
 ]

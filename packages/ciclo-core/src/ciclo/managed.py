@@ -17,9 +17,7 @@ from ciclo._src.managed import ManagedStep as ManagedStep
 from ciclo._src.managed import step as step
 from ciclo._src.managed import train_step as train_step
 from ciclo._src.model_state import BATCH_KEYS as BATCH_KEYS
-from ciclo._src.model_state import ModelState as ModelState
 from ciclo._src.model_state import NamedLosses as NamedLosses
-from ciclo._src.model_state import create_model_state as create_model_state
 from ciclo._src.model_state import split_batch as split_batch
 from ciclo._src.roles import Role as Role
 from ciclo._src.roles import field as field
@@ -29,10 +27,8 @@ __all__ = [
     "BATCH_KEYS",
     "ManagedState",
     "ManagedStep",
-    "ModelState",
     "NamedLosses",
     "Role",
-    "create_model_state",
     "field",
     "fields_with_role",
     "split_batch",

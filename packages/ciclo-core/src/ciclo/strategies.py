@@ -5,7 +5,7 @@ Pass one by name (`strategy="data_parallel"`) or as an object
 
 Example:
     >>> import ciclo
-    >>> ciclo.strategies.FSDP(min_size=4096) == ciclo.get_strategy("fsdp")
+    >>> ciclo.strategies.FSDP(min_size=4096) == ciclo.strategies.get_strategy("fsdp")
     False
 """
 

@@ -65,7 +65,7 @@ def _batch_size(inputs: Any) -> int:
 @final
 @dataclasses.dataclass(frozen=True, eq=False)
 class EquinoxAdapter:
-    """Applies an equinox module functionally for `ciclo.ModelState`.
+    """Applies an equinox module functionally for `ciclo.types.ModelState`.
 
     A module is split with `eqx.partition(module, eqx.is_inexact_array)`: its
     floating-point arrays are the trained params, and everything else (the
@@ -89,7 +89,7 @@ class EquinoxAdapter:
       `module(inputs, key=key)` or `module(inputs, state, key=key)`.
 
     A module whose `__call__` takes no `key` is called without one.
-    `to_model` (`ciclo.ModelState.model`) combines the trained module back.
+    `to_model` (`ciclo.types.ModelState.model`) combines the trained module back.
 
     Attributes:
         static: the module with its params replaced by None (`eqx.partition`'s second part).

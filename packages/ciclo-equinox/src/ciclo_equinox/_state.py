@@ -1,4 +1,4 @@
-"""`create_equinox_state`: a `ciclo.ModelState` for an equinox module."""
+"""`create_equinox_state`: a `ciclo.types.ModelState` for an equinox module."""
 
 from __future__ import annotations
 
@@ -9,7 +9,9 @@ import equinox as eqx
 import jax
 import optax
 
-from ciclo import ModelState, Strategy, create_model_state
+from ciclo import create_model_state
+from ciclo.strategies import Strategy
+from ciclo.types import ModelState
 from ciclo_equinox._adapter import EquinoxAdapter
 
 
@@ -26,7 +28,7 @@ def _unpack(model: Any, state: Any) -> tuple[eqx.Module, eqx.nn.State | None]:
         raise TypeError(
             f"create_equinox_state takes an equinox.Module (or the (model, state) pair of "
             f"eqx.nn.make_with_state), got {type(model).__name__}; for other models implement "
-            "ciclo.ModelAdapter and call ciclo.create_model_state"
+            "ciclo.types.ModelAdapter and call ciclo.create_model_state"
         )
     return model, state
 
@@ -61,7 +63,7 @@ def create_equinox_state(
     module instead. `eqx.nn.inference_mode` turns dropout off and batch norm
     to its running statistics in `test_step` and `predict_step`.
 
-    Everything else is `ciclo.ModelState`'s: see there for how losses and
+    Everything else is `ciclo.types.ModelState`'s: see there for how losses and
     metrics get their arguments (`preds`, `target`, `logits`, `labels`, ...).
 
     Args:

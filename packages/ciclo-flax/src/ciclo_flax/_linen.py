@@ -35,14 +35,14 @@ def training_flag(module: nn.Module) -> str | None:
 @final
 @dataclasses.dataclass(frozen=True, eq=False)
 class LinenAdapter:
-    """Initialises and applies a linen module for `ciclo.ModelState`.
+    """Initialises and applies a linen module for `ciclo.types.ModelState`.
 
     `params` is the `"params"` collection; every other collection the module
     creates (`"batch_stats"`, ...) is the model state, updated in training
     steps. The random key reaches the module as its `"dropout"` rng (and any
     other rng it names in `rngs`). A module whose `__call__` takes `training`,
     `train`, `is_training` or `deterministic` gets it set for each step.
-    `to_model` (`ciclo.ModelState.model`) gives back the variables dict.
+    `to_model` (`ciclo.types.ModelState.model`) gives back the variables dict.
 
     Attributes:
         module: the linen module.

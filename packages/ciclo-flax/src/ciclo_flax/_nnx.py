@@ -24,7 +24,7 @@ def rng_stream_names(module: nnx.Module) -> tuple[str, ...]:
 @final
 @dataclasses.dataclass(frozen=True, eq=False)
 class NnxAdapter:
-    """Applies an nnx module functionally for `ciclo.ModelState`.
+    """Applies an nnx module functionally for `ciclo.types.ModelState`.
 
     An nnx module is split, `nnx.split(module, nnx.Param, ...)`: the graph
     definition stays in the adapter, the `nnx.Param`s are the trained params,
@@ -32,7 +32,7 @@ class NnxAdapter:
     state. Each step merges them back, switches training on or off with
     `nnx.view(deterministic=..., use_running_average=...)`, and reseeds the
     module's rng streams from the step key, so dropout differs per step and per
-    device. `to_model` (`ciclo.ModelState.model`) merges a new module from
+    device. `to_model` (`ciclo.types.ModelState.model`) merges a new module from
     trained variables.
 
     Attributes:

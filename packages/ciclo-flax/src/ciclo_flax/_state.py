@@ -1,4 +1,4 @@
-"""`create_flax_state`: a `ciclo.ModelState` for a linen or an nnx module."""
+"""`create_flax_state`: a `ciclo.types.ModelState` for a linen or an nnx module."""
 
 from __future__ import annotations
 
@@ -10,7 +10,9 @@ import jax
 import optax
 from flax import nnx
 
-from ciclo import ModelState, Strategy, create_model_state
+from ciclo import create_model_state
+from ciclo.strategies import Strategy
+from ciclo.types import ModelState
 from ciclo_flax._linen import LinenAdapter
 from ciclo_flax._nnx import NnxAdapter
 
@@ -37,7 +39,7 @@ def create_flax_state(
     `nnx.Param`s are trained, its other variables are the model state, and
     `nnx.view` switches dropout and batch norm between training and evaluation.
 
-    Everything else is `ciclo.ModelState`'s: see there for how losses and
+    Everything else is `ciclo.types.ModelState`'s: see there for how losses and
     metrics get their arguments (`preds`, `target`, `logits`, `labels`, ...).
 
     Args:
@@ -84,5 +86,5 @@ def create_flax_state(
         return create_model_state(adapter, variables=variables, **settings)
     raise TypeError(
         f"create_flax_state takes a flax.linen.Module or a flax.nnx.Module, got {type(model).__name__}; "
-        "for other models implement ciclo.ModelAdapter and call ciclo.create_model_state"
+        "for other models implement ciclo.types.ModelAdapter and call ciclo.create_model_state"
     )

@@ -77,7 +77,7 @@ def _check_flag(transformed: hk.Transformed | hk.TransformedWithState, flag: str
 @final
 @dataclasses.dataclass(frozen=True, eq=False)
 class HaikuAdapter:
-    """Initialises and applies a haiku transformed function for `ciclo.ModelState`.
+    """Initialises and applies a haiku transformed function for `ciclo.types.ModelState`.
 
     The haiku params are the trained params. For an `hk.TransformedWithState`,
     the haiku state (`hk.BatchNorm`'s moving averages, ...) is the model state,
@@ -85,7 +85,7 @@ class HaikuAdapter:
     state is empty, has model state None. The step key is passed as the haiku
     rng, so `hk.next_rng_key()` works (e.g. for `hk.dropout`), except after
     `hk.without_apply_rng`, whose `apply` takes none. `to_model`
-    (`ciclo.ModelState.model`) gives back the trained `(params, state)`.
+    (`ciclo.types.ModelState.model`) gives back the trained `(params, state)`.
 
     The function is initialised in training mode (haiku's convention: the
     training path creates all the state, e.g. `hk.BatchNorm`'s moving

@@ -1,4 +1,4 @@
-"""`create_haiku_state`: a `ciclo.ModelState` for a haiku function."""
+"""`create_haiku_state`: a `ciclo.types.ModelState` for a haiku function."""
 
 from __future__ import annotations
 
@@ -11,7 +11,9 @@ import haiku as hk
 import jax
 import optax
 
-from ciclo import ModelState, Strategy, create_model_state
+from ciclo import create_model_state
+from ciclo.strategies import Strategy
+from ciclo.types import ModelState
 from ciclo_haiku._adapter import AUTO, HaikuAdapter
 
 _ACCEPTED = (
@@ -36,7 +38,7 @@ def _transformed(model: object) -> hk.Transformed | hk.TransformedWithState:
         ": pass a function that builds and calls it, e.g. lambda x: hk.nets.MLP([64, 10])(x)"
         if isinstance(model, type) and issubclass(model, hk.Module)
         else "; wrap another callable with hk.transform_with_state yourself, and for a model of another "
-        "framework implement ciclo.ModelAdapter and call ciclo.create_model_state"
+        "framework implement ciclo.types.ModelAdapter and call ciclo.create_model_state"
     )
     raise TypeError(f"{_ACCEPTED}, got {model!r} of type {type(model).__name__}{hint}")
 
@@ -70,7 +72,7 @@ def create_haiku_state(
     `hk.transform` too. Name another argument with `training_flag="name"`, or
     pass none with `training_flag=None`. See `ciclo_haiku.HaikuAdapter`.
 
-    Everything else is `ciclo.ModelState`'s: see there for how losses and
+    Everything else is `ciclo.types.ModelState`'s: see there for how losses and
     metrics get their arguments (`preds`, `target`, `logits`, `labels`, ...).
 
     Args:

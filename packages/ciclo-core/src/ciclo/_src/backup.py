@@ -121,13 +121,13 @@ def backup(
     be positioned and is refused.
 
     On SIGTERM (and SIGINT with `sigint=True`) the loop finishes the step in
-    flight, saves, and raises `ciclo.Preempted`, which exits the process with
+    flight, saves, and raises `ciclo.types.Preempted`, which exits the process with
     code 143 (130 for SIGINT) unless caught. Under several processes they all
     stop at the same step (JAX's preemption sync point).
 
     Args:
         directory: where the backups go (created if needed).
-        every: how often to save: a number of steps, a `ciclo.Period`, or a
+        every: how often to save: a number of steps, a `ciclo.types.Period`, or a
             schedule (`ciclo.every(...)`). Default: at each epoch's end in
             `train_loop`, every 1000 steps in the other loops. The loop also
             saves at its end and when preempted.
@@ -177,7 +177,9 @@ def _schedule(every: Any) -> Any:
     if every is None:
         return None, None
     if isinstance(every, bool):
-        raise TypeError(f"every must be a number of steps, a ciclo.Period or a schedule, got {short(every)}")
+        raise TypeError(
+            f"every must be a number of steps, a ciclo.types.Period or a schedule, got {short(every)}"
+        )
     if isinstance(every, int):
         if every < 1:
             raise ValueError(f"every must be >= 1 step, got {short(every)}")
@@ -188,7 +190,9 @@ def _schedule(every: Any) -> Any:
         return None, Every(every)
     if callable(every):
         return None, every
-    raise TypeError(f"every must be a number of steps, a ciclo.Period or a schedule, got {short(every)}")
+    raise TypeError(
+        f"every must be a number of steps, a ciclo.types.Period or a schedule, got {short(every)}"
+    )
 
 
 @dataclasses.dataclass

@@ -16,7 +16,7 @@ class DataWarning(UserWarning):
     Warned, not raised, because the run is still well defined: a dataset that
     yields no batch, a dataset that ends before `stop`, a test pass that
     yields nothing. Turn them into errors with
-    `warnings.simplefilter("error", ciclo.DataWarning)`.
+    `warnings.simplefilter("error", ciclo.types.DataWarning)`.
 
     Example:
         >>> import ciclo, warnings
@@ -81,7 +81,7 @@ def check_directory(directory: str, what: str) -> None:
 
 
 def check_positive(period: Any, name: str, remedy: str) -> None:
-    """Raises if `period` (a `ciclo.Period` or None) is reached at once: every set field is 0.
+    """Raises if `period` (a `ciclo.types.Period` or None) is reached at once: every set field is 0.
 
     Raises:
         ValueError: naming `name` and `remedy`.

@@ -43,7 +43,7 @@ class Period:
     Example:
         >>> import ciclo
         >>> period = ciclo.at(steps=100)
-        >>> ciclo.Elapsed.create(steps=99) >= period, ciclo.Elapsed.create(steps=100) >= period
+        >>> ciclo.types.Elapsed.create(steps=99) >= period, ciclo.types.Elapsed.create(steps=100) >= period
         (False, True)
     """
 
@@ -77,7 +77,7 @@ class Period:
 
         Example:
             >>> import ciclo
-            >>> ciclo.Period.of(10)
+            >>> ciclo.types.Period.of(10)
             Period(steps=10, samples=None, time=None, date=None)
         """
         return to_period(value, name=name)
@@ -143,7 +143,7 @@ def to_period(value: PeriodLike | None, *, name: str = "stop") -> Period | None:
         hint = f"pass the int {name}={int(value)}, not the string {short(value)}"
     elif isinstance(value, float) and float.is_integer(value):  # a float despite the annotation
         hint = f"pass the int {name}={int(value)}"
-    raise TypeError(f"{name} must be an int (steps) or a ciclo.Period, got {short(value)}; {hint}")
+    raise TypeError(f"{name} must be an int (steps) or a ciclo.types.Period, got {short(value)}; {hint}")
 
 
 @jax.tree_util.register_dataclass
@@ -164,7 +164,7 @@ class Elapsed:
 
     Example:
         >>> import ciclo
-        >>> elapsed = ciclo.Elapsed.create(steps=10, samples=320)
+        >>> elapsed = ciclo.types.Elapsed.create(steps=10, samples=320)
         >>> elapsed.steps, elapsed.samples
         (10, 320)
         >>> elapsed >= ciclo.at(samples=300)
@@ -202,7 +202,7 @@ class Elapsed:
 
     def _reached(self, period: Period, strict: bool) -> bool:
         if not isinstance(period, Period):
-            raise TypeError(f"Elapsed can only be compared with a ciclo.Period, got {short(period)}")
+            raise TypeError(f"Elapsed can only be compared with a ciclo.types.Period, got {short(period)}")
         if strict:
             return (
                 (period.steps is not None and self.steps > period.steps)
@@ -261,7 +261,7 @@ class Clock:
         if initial is None:
             initial = Elapsed.create()
         elif not isinstance(initial, Elapsed):
-            raise TypeError(f"elapsed must be a ciclo.Elapsed, got {short(initial)}")
+            raise TypeError(f"elapsed must be a ciclo.types.Elapsed, got {short(initial)}")
         self.steps = int(initial.steps)
         self.samples = int(initial.samples)
         self.date_start = float(initial.date_start)

@@ -17,7 +17,7 @@ StepFn = Callable[[Any, Any], Any]
 
 
 def as_logs_and_state(step: StepFn, state: S, batch: Any) -> tuple[Logs, S]:
-    """Runs `step` and normalises its output (`ciclo.Logs`, state) by the one rule of `step_output`."""
+    """Runs `step` and normalises its output (`ciclo.types.Logs`, state) by the one rule of `step_output`."""
     logs, new_state = step_output(step(state, batch), state, step)
     return (logs if type(logs) is Logs else Logs(logs)), new_state
 
@@ -61,7 +61,7 @@ class Fused(Generic[S]):
 
 
 def fuse(step: StepFn, *, donate: bool = False) -> Fused[Any]:
-    """Makes `step` run all the steps of a `ciclo.Stacked` batch in one dispatch.
+    """Makes `step` run all the steps of a `ciclo.types.Stacked` batch in one dispatch.
 
     The steps run inside one `jax.jit`-compiled `jax.lax.scan`, so Python and
     dispatch costs are paid once per group instead of once per step. `step` must

@@ -213,7 +213,7 @@ class StackedLogs(Logs):
     Used as a `Logs`, it is the group's last step's logs. `per_step` holds
     the same entries with a leading axis over the group's steps; a loop gives
     the history one entry per step from it, as if the steps had run one by one.
-    Made by `ciclo.fuse`d steps and by managed steps given a `ciclo.Stacked` batch.
+    Made by `ciclo.fuse`d steps and by managed steps given a `ciclo.types.Stacked` batch.
 
     Example:
         >>> import ciclo, jax.numpy as jnp
@@ -402,7 +402,7 @@ class History(Sequence[Logs]):
         >>> history = ciclo.history()
         >>> for step in range(3):
         ...     logs = ciclo.logs().add_metric("loss", 1.0 / (step + 1))
-        ...     history.commit(ciclo.Elapsed.create(steps=step), logs)
+        ...     history.commit(ciclo.types.Elapsed.create(steps=step), logs)
         >>> history.collect("steps", "loss")
         ([0, 1, 2], [1.0, 0.5, 0.3333333333333333])
     """

@@ -68,8 +68,8 @@ def at_step_end(schedule: Schedule) -> AtStepEnd:
         ...     0,
         ...     range(7),
         ...     [
-        ...         ciclo.Phase("train", [(ciclo.every(1), train_step)]),
-        ...         ciclo.Phase("epoch", [(ciclo.at_step_end(ciclo.every(3)), epoch_end)]),
+        ...         ciclo.types.Phase("train", [(ciclo.every(1), train_step)]),
+        ...         ciclo.types.Phase("epoch", [(ciclo.at_step_end(ciclo.every(3)), epoch_end)]),
         ...     ],
         ... )
         >>> history.collect("epoch_end_at")
@@ -95,7 +95,7 @@ class Phase:
 
     Example:
         >>> import ciclo
-        >>> phase = ciclo.Phase("train", [(ciclo.every(1), lambda state: state + 1)])
+        >>> phase = ciclo.types.Phase("train", [(ciclo.every(1), lambda state: state + 1)])
         >>> ciclo.run_phases(0, range(3), [phase])[0]
         3
     """
@@ -246,7 +246,7 @@ def _fires_every_step(schedule: Any) -> bool:
 
 def _compile_phase(phase: Phase) -> list[_Task]:
     if not isinstance(phase, Phase):
-        raise TypeError(f"phases must be ciclo.Phase objects, got {short(phase)}")
+        raise TypeError(f"phases must be ciclo.types.Phase objects, got {short(phase)}")
     items = phase.tasks.items() if isinstance(phase.tasks, Mapping) else phase.tasks
     tasks = []
     for item in items:
@@ -419,7 +419,7 @@ class _Plan:
     @classmethod
     def build(cls, phases: Sequence[Phase], on_start: Any, on_end: Any) -> _Plan:
         if isinstance(phases, Phase) or not isinstance(phases, Sequence):
-            raise TypeError(f"phases must be a list of ciclo.Phase, got {short(phases)}")
+            raise TypeError(f"phases must be a list of ciclo.types.Phase, got {short(phases)}")
         tasks = [task for phase in phases for task in _compile_phase(phase)]
         start, end = as_callback_list(on_start, "on_start"), as_callback_list(on_end, "on_end")
         owners = _owners([*start, *(callback for task in tasks for callback in task.callbacks), *end])
@@ -462,7 +462,7 @@ def _as_history(history: History | None) -> History:
     if history is None:
         return History()
     if not isinstance(history, History):
-        raise TypeError(f"history must be a ciclo.History, got {short(history)}")
+        raise TypeError(f"history must be a ciclo.types.History, got {short(history)}")
     return history
 
 
@@ -493,7 +493,7 @@ def run_phases(
     """The loop engine: runs `phases` in order at each step of `dataset`.
 
     Each phase runs the callbacks of each of its schedules that fires (see
-    `ciclo.Phase`); their logs are merged into the step's logs and committed to
+    `ciclo.types.Phase`); their logs are merged into the step's logs and committed to
     the history, without waiting for the device. `ciclo.loop` and the
     predefined loops are this engine with their own phases, as a loop of your
     own (a GAN alternating two phases, say) is.
@@ -501,7 +501,7 @@ def run_phases(
     Args:
         state: the initial state (any pytree).
         dataset: an iterable of batches.
-        phases: the `ciclo.Phase`s of a step, in the order they run.
+        phases: the `ciclo.types.Phase`s of a step, in the order they run.
         stop: stop when this `Period` (or number of steps) is reached; otherwise
             when the dataset ends or a callback stops the loop.
         on_start: callback(s) run once before the first step (not again when
@@ -522,7 +522,7 @@ def run_phases(
         `(state, history, elapsed)` after the last step.
 
     Raises:
-        ciclo.Preempted: after saving the backup on SIGTERM (or on SIGINT with
+        ciclo.types.Preempted: after saving the backup on SIGTERM (or on SIGINT with
             `ciclo.backup(..., sigint=True)`).
 
     Example:
@@ -535,8 +535,8 @@ def run_phases(
         ...     0,
         ...     range(4),
         ...     [
-        ...         ciclo.Phase("discriminator", [(ciclo.every(1), discriminator_step)]),
-        ...         ciclo.Phase("generator", [(ciclo.every(2), generator_step)]),
+        ...         ciclo.types.Phase("discriminator", [(ciclo.every(1), discriminator_step)]),
+        ...         ciclo.types.Phase("generator", [(ciclo.every(2), generator_step)]),
         ...     ],
         ... )
         >>> state, history.collect("d"), history.collect("g")
@@ -690,7 +690,7 @@ def loop(
     device: logged arrays stay on it until they are shown or collected.
 
     `loop` is the dict front-end of the engine, `ciclo.run_phases`: the tasks
-    form one `ciclo.Phase`.
+    form one `ciclo.types.Phase`.
 
     Args:
         state: the initial state (any pytree).

@@ -170,7 +170,7 @@ class LoopState(Generic[S]):
 
         A callback's key is its `state_key` attribute when it has one (ciclo's
         callbacks derive it from their class and configuration, or take
-        `name=`), else its class's name; see `ciclo.StatefulCallback`. So the
+        `name=`), else its class's name; see `ciclo.types.StatefulCallback`. So the
         snapshot of an early stopping outlives a logger added before it, or
         two callbacks swapped, between a run and its resume.
 

@@ -1,9 +1,9 @@
-"""Predefined loops: `train_loop`, `test_loop` and `predict_loop`, with named schedules.
+"""Predefined loops: `train_loop`, `test_loop` and `predict_loop`.
 
-Named schedules are strings used as task keys (`{ciclo.on_train_step: [step]}`).
-Besides the tasks dict, each predefined loop registers, by method name, the
-state's own methods (`state.train_step`, `state.test_step`, ...) and the hooks
-of the objects in `callbacks=[...]` (`keras_bar` has `on_train_batch_end`,
+Each is `run_phases` with phases built from the hook vocabulary of
+`ciclo.hooks`: named schedules in the tasks dict (`{ciclo.on_train_step:
+[step]}`), the state's own methods (`state.train_step`, ...) and the hooks of
+the objects in `callbacks=[...]` (`keras_bar` has `on_train_batch_end`,
 `checkpoint` and `early_stopping` have `on_epoch_end`).
 """
 
@@ -12,129 +12,45 @@ from __future__ import annotations
 import os
 import warnings
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, Final
+from typing import Any
 
 from ciclo._src.backup import Backup
 from ciclo._src.batches import BatchSizeFn, stacked
 from ciclo._src.callbacks._inner_loop import AggregationLike, inner_loop
 from ciclo._src.checks import DataWarning, TestData, check_positive
 from ciclo._src.elapsed import Elapsed, Period, PeriodLike
+from ciclo._src.hooks import (
+    PREDICT,
+    TEST,
+    TRAIN,
+    Named,
+    add_callbacks,
+    add_state_methods,
+    collect,
+    on_epoch_end,
+    on_predict_begin,
+    on_predict_end,
+    on_predict_step,
+    on_reset_step,
+    on_test_begin,
+    on_test_end,
+    on_test_step,
+    on_train_batch_begin,
+    on_train_batch_end,
+    on_train_begin,
+    on_train_end,
+    on_train_step,
+    predict_step,
+    reset_step,
+    split_tasks,
+    test_step,
+    train_step,
+)
 from ciclo._src.logs import History
 from ciclo._src.loop import Phase, at_step_end, run_phases
 from ciclo._src.reprs import short
 from ciclo._src.schedules import Every, every
 from ciclo._src.types import Evaluable, Predictable, S, Tasks, Trainable
-
-on_train_step: Final = "on_train_step"
-train_step: Final = "train_step"
-on_reset_step: Final = "on_reset_step"
-reset_step: Final = "reset_step"
-on_train_begin: Final = "on_train_begin"
-on_train_end: Final = "on_train_end"
-on_epoch_end: Final = "on_epoch_end"
-on_train_batch_begin: Final = "on_train_batch_begin"
-on_train_batch_end: Final = "on_train_batch_end"
-on_test_step: Final = "on_test_step"
-test_step: Final = "test_step"
-on_test_batch_begin: Final = "on_test_batch_begin"
-on_test_batch_end: Final = "on_test_batch_end"
-on_test_begin: Final = "on_test_begin"
-on_test_end: Final = "on_test_end"
-on_predict_step: Final = "on_predict_step"
-predict_step: Final = "predict_step"
-on_predict_batch_begin: Final = "on_predict_batch_begin"
-on_predict_batch_end: Final = "on_predict_batch_end"
-on_predict_begin: Final = "on_predict_begin"
-on_predict_end: Final = "on_predict_end"
-
-# Order matters only for error messages; each tuple is what one loop understands.
-TRAIN_NAMES: Final = (
-    on_train_step,
-    train_step,
-    on_reset_step,
-    reset_step,
-    on_train_begin,
-    on_train_end,
-    on_epoch_end,
-    on_train_batch_begin,
-    on_train_batch_end,
-)
-TEST_NAMES: Final = (
-    on_test_step,
-    test_step,
-    on_reset_step,
-    reset_step,
-    on_test_batch_begin,
-    on_test_batch_end,
-    on_test_begin,
-    on_test_end,
-)
-PREDICT_NAMES: Final = (
-    on_predict_step,
-    predict_step,
-    on_predict_batch_begin,
-    on_predict_batch_end,
-    on_predict_begin,
-    on_predict_end,
-)
-
-Named = dict[str, list[Any]]
-
-
-def _split_tasks(tasks: Tasks | None, names: tuple[str, ...], loop_name: str) -> tuple[Named, dict[Any, Any]]:
-    """Splits `tasks` into named tasks (validated against `names`) and scheduled tasks."""
-    if tasks is None:
-        return {}, {}
-    if not isinstance(tasks, Mapping):
-        raise TypeError(f"tasks must be a dict of schedule -> callbacks, got {short(tasks)}")
-    named: Named = {}
-    scheduled: dict[Any, Any] = {}
-    for key, callbacks in tasks.items():
-        if isinstance(key, str):
-            if key not in names:
-                raise ValueError(
-                    f"{loop_name} does not know the named schedule {short(key)}; valid names: "
-                    f"{', '.join(names)}"
-                )
-            named[key] = list(callbacks) if isinstance(callbacks, (list, tuple)) else [callbacks]
-        else:
-            scheduled[key] = callbacks
-    return named, scheduled
-
-
-def _register_hooks(
-    named: Named, state: Any, callbacks: Iterable[Any] | None, names: tuple[str, ...]
-) -> None:
-    """Adds the state's methods (first) and the callbacks' hooks (last) named in `names`."""
-    _register_callbacks(named, callbacks, names)
-    _register_state_methods(named, state, names)
-
-
-def _register_state_methods(named: Named, state: Any, names: tuple[str, ...]) -> None:
-    state_type = type(state)
-    for name in names:
-        # The unbound method, so that the loop passes the *current* state as `self`.
-        method = getattr(state_type, name, None)
-        if method is not None and callable(method):
-            named.setdefault(name, []).insert(0, method)
-
-
-def _register_callbacks(named: Named, callbacks: Iterable[Any] | None, names: tuple[str, ...]) -> None:
-    if callbacks is None:
-        return
-    if not isinstance(callbacks, (list, tuple)):
-        raise TypeError(f"callbacks must be a list of callback objects, got {short(callbacks)}")
-    for callback in callbacks:
-        hooks = [getattr(callback, name) for name in names if callable(getattr(callback, name, None))]
-        if not hooks:
-            raise ValueError(
-                f"callback {short(callback)} has none of the hooks this loop runs: {', '.join(names)}; "
-                "put it in the tasks dict under a schedule instead"
-            )
-        for name in names:
-            hook = getattr(callback, name, None)
-            if callable(hook):
-                named.setdefault(name, []).append(hook)
 
 
 def _get(named: Named, *names: str) -> list[Any]:
@@ -170,8 +86,8 @@ def _check_runs_something(
     }
     raise TypeError(
         f"{loop_name} has no step to run: the state ({type(state).__name__}) has no "
-        f"{methods[protocol]} method (see ciclo.{protocol.__name__}), and no callback was given "
-        f"under {' or '.join(f'ciclo.{name}' for name in steps)}"
+        f"{methods[protocol]} method (see ciclo.types.{protocol.__name__}), and no callback was given "
+        f"under {' or '.join(f'ciclo.hooks.{name}' for name in steps)}"
     )
 
 
@@ -232,7 +148,7 @@ def train_loop(
     with these phases: build your own loop the same way.
 
     Args:
-        state: the initial state: a `ciclo.Trainable` (a `train_step` method),
+        state: the initial state: a `ciclo.types.Trainable` (a `train_step` method),
             or any state with the step given in `tasks`. Its `train_step`,
             `test_step`, `reset_step` (and other named) methods are registered
             automatically.
@@ -252,7 +168,7 @@ def train_loop(
             per entry (`{"accuracy": "mean", "top2": "last"}`), per collection
             or for all (the `aggregation` of `ciclo.inner_loop`). Entries it
             does not name follow the state's own `test_aggregation` attribute
-            (`ciclo.ModelState` keeps the last value of its running metrics),
+            (`ciclo.types.ModelState` keeps the last value of its running metrics),
             else their kind: per-batch `metrics` and `losses` are averaged
             weighted by each batch's samples, running `stateful_metrics` keep
             their last value.
@@ -271,14 +187,14 @@ def train_loop(
             epoch's end or `stop`. Epochs, test loops and the history still see
             every step (one history entry per step); other scheduled tasks and
             progress bars run once per group. The state's `train_step` must take
-            `ciclo.Stacked` batches: managed steps (`ciclo.ModelState`,
+            `ciclo.types.Stacked` batches: managed steps (`ciclo.types.ModelState`,
             `managed.train_step`) do, and so does a `ciclo.fuse`d step.
 
     Returns:
         `(state, history, elapsed)`.
 
     Raises:
-        TypeError: if nothing would train: the state is not a `ciclo.Trainable`
+        TypeError: if nothing would train: the state is not a `ciclo.types.Trainable`
             and `tasks` hold no step.
 
     Example:
@@ -298,14 +214,14 @@ def train_loop(
         >>> state, history.collect("steps", "batch_test")
         (10, ([4, 9], [2.0, 2.0]))
     """
-    names = tuple(dict.fromkeys(TRAIN_NAMES + TEST_NAMES))
-    named, scheduled = _split_tasks(tasks, names, "train_loop")
-    _register_callbacks(named, callbacks, names)
+    names = tuple(dict.fromkeys(TRAIN + TEST))
+    named, scheduled = split_tasks(tasks, names, "train_loop")
+    add_callbacks(named, callbacks, names)
     # The test loop registers the state's own test methods itself: hand it only the user's.
-    test_tasks = {name: named[name] for name in TEST_NAMES if name in named and name not in TRAIN_NAMES}
+    test_tasks = {name: named[name] for name in TEST if name in named and name not in TRAIN}
     # Asked for explicitly; a state's own `reset_step` method only runs when there are epochs.
     epoch_tasks = _get(named, reset_step, on_reset_step, on_epoch_end)
-    _register_state_methods(named, state, TRAIN_NAMES)
+    add_state_methods(named, state, TRAIN)
     epoch = Period.of(epoch_duration, name="epoch_duration")
     test_period = Period.of(test_duration, name="test_duration")
     check_positive(epoch, "epoch_duration", "pass the number of steps per epoch, e.g. epoch_duration=100")
@@ -318,7 +234,7 @@ def train_loop(
     if epoch is None and (test_dataset is not None or epoch_tasks):
         raise ValueError(
             "test_dataset, reset_step and on_epoch_end callbacks run at the end of each epoch: "
-            "pass epoch_duration (steps or a ciclo.Period)"
+            "pass epoch_duration (steps or a ciclo.types.Period)"
         )
     if not isinstance(test_name, str):
         raise TypeError(f"test_name must be a string, got {short(test_name)}")
@@ -408,7 +324,7 @@ def test_loop(
     and `on_reset_step` run before the first step; `on_test_end` after the last.
 
     Args:
-        state: a `ciclo.Evaluable` (`test_step` and `reset_step` methods), or
+        state: a `ciclo.types.Evaluable` (`test_step` and `reset_step` methods), or
             any state with the step given in `tasks`.
         dataset: the test batches.
         tasks: `{named schedule or schedule: callbacks}`.
@@ -423,7 +339,7 @@ def test_loop(
             from the backup found there (see `ciclo.backup`).
 
     Raises:
-        TypeError: if the state is not a `ciclo.Evaluable` and `tasks` hold no step.
+        TypeError: if the state is not a `ciclo.types.Evaluable` and `tasks` hold no step.
 
     Example:
         >>> import ciclo
@@ -433,8 +349,7 @@ def test_loop(
         >>> history.collect("error")
         [1.0, 0.0, 2.0]
     """
-    named, scheduled = _split_tasks(tasks, TEST_NAMES, "test_loop")
-    _register_hooks(named, state, callbacks, TEST_NAMES)
+    named, scheduled = collect(TEST, tasks, state=state, callbacks=callbacks, loop_name="test_loop")
     _check_runs_something(state, named, scheduled, Evaluable, "test_loop", (test_step, on_test_step))
     return run_phases(
         state,
@@ -478,7 +393,7 @@ def predict_loop(
     `on_predict_end` run once.
 
     Args:
-        state: a `ciclo.Predictable` (a `predict_step` method), or any state
+        state: a `ciclo.types.Predictable` (a `predict_step` method), or any state
             with the step given in `tasks`.
         dataset: the batches to predict.
         tasks: `{named schedule or schedule: callbacks}`.
@@ -493,18 +408,17 @@ def predict_loop(
             from the backup found there (see `ciclo.backup`).
 
     Raises:
-        TypeError: if the state is not a `ciclo.Predictable` and `tasks` hold no step.
+        TypeError: if the state is not a `ciclo.types.Predictable` and `tasks` hold no step.
 
     Example:
         >>> import ciclo
         >>> def predict_step(state, batch):
         ...     return ciclo.logs().add_output("doubled", 2 * batch)
-        >>> _, history, _ = ciclo.predict_loop(None, [1, 2, 3], {ciclo.on_predict_step: [predict_step]})
+        >>> _, history, _ = ciclo.predict_loop(None, [1, 2, 3], {ciclo.hooks.on_predict_step: [predict_step]})
         >>> history.collect("doubled")
         [2, 4, 6]
     """
-    named, scheduled = _split_tasks(tasks, PREDICT_NAMES, "predict_loop")
-    _register_hooks(named, state, callbacks, PREDICT_NAMES)
+    named, scheduled = collect(PREDICT, tasks, state=state, callbacks=callbacks, loop_name="predict_loop")
     _check_runs_something(
         state, named, scheduled, Predictable, "predict_loop", (predict_step, on_predict_step)
     )

@@ -58,7 +58,7 @@ class ManagedState:
       under `pmap`; one global value under the other strategies).
     - `Role.KEY`: an rng key (typed, or raw `uint32` data); `pmap` splits it so
       that each device draws different numbers.
-    - `Role.METRICS`: running metrics (`ciclo.ModelState.metrics`).
+    - `Role.METRICS`: running metrics (`ciclo.types.ModelState.metrics`).
 
     Attributes:
         step: the number of optimizer updates applied (an int32 array).
@@ -117,7 +117,7 @@ class ManagedState:
             params: the parameters to train, any pytree of arrays.
             tx: an optax optimizer.
             apply_fn: the model's apply function, kept for the steps' use.
-            strategy: a strategy or its name (see `ciclo.get_strategy`).
+            strategy: a strategy or its name (see `ciclo.strategies.get_strategy`).
             **fields: the values of a subclass's own fields.
 
         Raises:
@@ -295,7 +295,7 @@ class ManagedStep(Generic[S]):
         return self if instance is None else functools.partial(self, instance)
 
     def __call__(self, state: S, batch: Any) -> tuple[Logs, S]:
-        """Runs one step, or all steps of a `ciclo.Stacked` batch in one dispatch: `(logs, new_state)`."""
+        """Runs one step, or all steps of a `ciclo.types.Stacked` batch in one dispatch."""
         strategy = getattr(state, "strategy", None) or self._default
         if is_stacked(batch):
             return self._call_fused(strategy, state, batch)
@@ -356,7 +356,7 @@ def train_step(
 
     Logs come back per collection: losses and metrics averaged over devices,
     outputs concatenated in batch order. A logged stateful metric (see
-    `ciclo.Metric`), typically a state field after its `update`, is logged as
+    `ciclo.metrics.Metric`), typically a state field after its `update`, is logged as
     its `compute()`; under `pmap`, where each device's copy has seen only that
     device's rows, the copies are first combined with `merge`/`reduce`.
 

@@ -126,17 +126,17 @@ class ModelState(ManagedState):
 
     After training, `state.model` gives the trained model back in its
     framework's own form (an nnx module, a linen variables dict, ...), when
-    the adapter implements `to_model` (`ciclo.SupportsToModel`).
+    the adapter implements `to_model` (`ciclo.types.SupportsToModel`).
 
     Attributes:
         model_state: the model's own state (batch statistics), or None (role
             `managed.Role.MODEL_STATE`: synchronised across devices).
-        metrics: the running metrics by name (`ciclo.Metric`s; role `METRICS`).
+        metrics: the running metrics by name (`ciclo.metrics.Metric`s; role `METRICS`).
         key: the data of the random key steps derive their keys from (see
             `step_key`; role `KEY`: `pmap` splits it per device). It is kept as
             raw `uint32` data: a typed key costs microseconds to rebuild in
             Python after every compiled step.
-        adapter: the `ciclo.ModelAdapter` (static).
+        adapter: the `ciclo.types.ModelAdapter` (static).
         losses: the loss functions by name (static).
         key_impl: the PRNG implementation of `key` (static).
         test_aggregation: how an evaluation loop (`train_loop`'s, or a
@@ -189,7 +189,7 @@ class ModelState(ManagedState):
 
         A flax linen state gives the module's variables dict, an nnx state the
         nnx module, a haiku state `params` or `(params, state)`, an equinox state
-        the module or `(module, state)`: see `ciclo.SupportsToModel`. Each access
+        the module or `(module, state)`: see `ciclo.types.SupportsToModel`. Each access
         builds the model anew from the state's current `params` and
         `model_state` (under `pmap`, from the first device's copy), so use it
         after training, e.g. on the best checkpoint restored.
@@ -214,7 +214,7 @@ class ModelState(ManagedState):
         if not isinstance(self.adapter, SupportsToModel):
             raise AttributeError(
                 f"{type(self.adapter).__name__} has no to_model(params, model_state) method, so this "
-                "state cannot build its model: add one to the adapter (see ciclo.SupportsToModel), "
+                "state cannot build its model: add one to the adapter (see ciclo.types.SupportsToModel), "
                 "or use state.params and state.model_state"
             )
         params, model_state = self.strategy.unplace((self.params, self.model_state))
@@ -378,7 +378,7 @@ def create_model_state(
     parameter whole.
 
     Args:
-        adapter: how to initialise and apply the model (see `ciclo.ModelAdapter`).
+        adapter: how to initialise and apply the model (see `ciclo.types.ModelAdapter`).
         inputs: sample inputs to initialise the model with (`adapter.init`), e.g.
             `jnp.empty((1, 28, 28, 1))`.
         variables: `(params, model_state)` of a model that is built initialised
@@ -388,8 +388,8 @@ def create_model_state(
             Any callable taking some of `preds`, `target`, `inputs`, ... by name
             (`optax` losses take `logits` and `labels`, which are given too).
         metrics: `{name: metric}`: functions `(preds, target, ...) -> array`,
-            `ciclo.Metric`s such as `jax_metrics` metrics, or clu metrics.
-        strategy: a strategy or its name (see `ciclo.get_strategy`).
+            `ciclo.metrics.Metric`s such as `jax_metrics` metrics, or clu metrics.
+        strategy: a strategy or its name (see `ciclo.strategies.get_strategy`).
         key: a seed or a `jax.random.key`; split into the initialisation key and
             the state's `key`.
 

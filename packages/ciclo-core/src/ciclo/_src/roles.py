@@ -38,7 +38,7 @@ class Role(enum.Enum):
     KEY = "key"
     """An rng key (typed or raw `uint32` data): `pmap` gives each device its own split of it."""
     METRICS = "metrics"
-    """Running metrics (`ciclo.Metric`s, or a pytree of them)."""
+    """Running metrics (`ciclo.metrics.Metric`s, or a pytree of them)."""
 
 
 def field(
@@ -109,7 +109,7 @@ def fields_with_role(cls: type, role: Role) -> tuple[str, ...]:
     Example:
         >>> import ciclo
         >>> from ciclo import managed
-        >>> managed.fields_with_role(ciclo.ModelState, managed.Role.MODEL_STATE)
+        >>> managed.fields_with_role(ciclo.types.ModelState, managed.Role.MODEL_STATE)
         ('model_state',)
     """
     return roles(cls).get(role, ())

@@ -23,7 +23,7 @@ class ScheduleBase(abc.ABC):
     Example:
         >>> import ciclo
         >>> schedule = ciclo.every(2) & ~ciclo.every(3)
-        >>> [s for s in range(8) if schedule(ciclo.Elapsed.create(steps=s))]
+        >>> [s for s in range(8) if schedule(ciclo.types.Elapsed.create(steps=s))]
         [2, 4]
     """
 
@@ -201,7 +201,7 @@ def every(
     Example:
         >>> import ciclo
         >>> schedule = ciclo.every(2)
-        >>> [s for s in range(7) if schedule(ciclo.Elapsed.create(steps=s))]
+        >>> [s for s in range(7) if schedule(ciclo.types.Elapsed.create(steps=s))]
         [0, 2, 4, 6]
     """
     return Every(_positive_period(steps, samples, time, "every"))
@@ -231,7 +231,7 @@ class After(ScheduleBase):
         Example:
             >>> import ciclo
             >>> schedule = ciclo.after(steps=3).every(steps=5)
-            >>> [s for s in range(15) if schedule(ciclo.Elapsed.create(steps=s))]
+            >>> [s for s in range(15) if schedule(ciclo.types.Elapsed.create(steps=s))]
             [3, 8, 13]
         """
         return Every(_positive_period(steps, samples, time, "every"), offset=self.period)
@@ -251,7 +251,7 @@ def after(
     Example:
         >>> import ciclo
         >>> schedule = ciclo.after(3)
-        >>> [s for s in range(6) if schedule(ciclo.Elapsed.create(steps=s))]
+        >>> [s for s in range(6) if schedule(ciclo.types.Elapsed.create(steps=s))]
         [3, 4, 5]
     """
     return After(Period(steps=steps, samples=samples, time=time))  # type: ignore[arg-type]
@@ -276,7 +276,7 @@ def always() -> ScheduleBase:
 
     Example:
         >>> import ciclo
-        >>> ciclo.always()(ciclo.Elapsed.create(steps=7))
+        >>> ciclo.always()(ciclo.types.Elapsed.create(steps=7))
         True
     """
     return _Constant(True)
@@ -287,7 +287,7 @@ def never() -> ScheduleBase:
 
     Example:
         >>> import ciclo
-        >>> ciclo.never()(ciclo.Elapsed.create())
+        >>> ciclo.never()(ciclo.types.Elapsed.create())
         False
     """
     return _Constant(False)
@@ -325,7 +325,7 @@ def piecewise(initial: ScheduleFn, pieces: Mapping[PeriodLike, ScheduleFn]) -> P
     Example:
         >>> import ciclo
         >>> schedule = ciclo.piecewise(ciclo.every(1), {ciclo.at(4): ciclo.every(3)})
-        >>> [s for s in range(10) if schedule(ciclo.Elapsed.create(steps=s))]
+        >>> [s for s in range(10) if schedule(ciclo.types.Elapsed.create(steps=s))]
         [0, 1, 2, 3, 6, 9]
     """
     _check_schedule(initial)

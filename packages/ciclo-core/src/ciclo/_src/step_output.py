@@ -88,7 +88,7 @@ def step_output(output: Any, state: S, source: Any) -> tuple[LogsLike, S]:
 
     - `None`: no logs, the state unchanged;
     - `(logs, state)`: either may be `None` (no logs; the state unchanged);
-    - a mapping (`ciclo.Logs` or a dict): logs, the state unchanged;
+    - a mapping (`ciclo.types.Logs` or a dict): logs, the state unchanged;
     - anything else: the new state, with no logs.
 
     A new state must be of the same type as the current one (or both numbers

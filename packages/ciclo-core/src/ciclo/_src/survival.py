@@ -150,7 +150,7 @@ class Survival:
         """After each step: stop on a signal (saving first when it is a preemption), or back up when due.
 
         Raises:
-            ciclo.Preempted: after saving, on SIGTERM (or SIGINT with `sigint=True`).
+            ciclo.types.Preempted: after saving, on SIGTERM (or SIGINT with `sigint=True`).
             KeyboardInterrupt: on Ctrl-C without a backup that takes it.
         """
         guard = self.guard

@@ -20,13 +20,13 @@ T = TypeVar("T")
 """Any pytree handed through a strategy unchanged in structure."""
 
 M = TypeVar("M")
-"""A stateful metric (see `ciclo.Metric`)."""
+"""A stateful metric (see `ciclo.metrics.Metric`)."""
 
 State = Any
 """Any pytree: parameters, optimizer state, rng keys, ... grouped in one value.
 
 `ciclo.loop` takes any state; the predefined loops call the methods of
-`ciclo.Trainable`, `ciclo.Evaluable` and `ciclo.Predictable` on theirs.
+`ciclo.types.Trainable`, `ciclo.types.Evaluable` and `ciclo.types.Predictable` on theirs.
 """
 
 Batch = Any
@@ -110,7 +110,7 @@ class StatefulCallback(Protocol):
         ...         self.calls = state["calls"]
         >>> counter = CountCalls()
         >>> _ = ciclo.loop(None, range(3), {ciclo.every(1): counter})
-        >>> isinstance(counter, ciclo.StatefulCallback), counter.state_dict()
+        >>> isinstance(counter, ciclo.types.StatefulCallback), counter.state_dict()
         (True, {'calls': 3})
     """
 
@@ -127,7 +127,7 @@ class StatefulCallback(Protocol):
 class Trainable(Protocol):
     """A state that trains: what `ciclo.train_loop` calls at each step.
 
-    `ciclo.ModelState`, framework states and any class of your own with a
+    `ciclo.types.ModelState`, framework states and any class of your own with a
     `train_step(self, batch)` method returning `(logs, new_state)` satisfy it.
 
     Example:
@@ -137,7 +137,7 @@ class Trainable(Protocol):
         ...         self.n = n
         ...     def train_step(self, batch):
         ...         return ciclo.logs().add_metric("n", self.n + 1), Counter(self.n + 1)
-        >>> isinstance(Counter(), ciclo.Trainable), ciclo.train_loop(Counter(), range(3))[0].n
+        >>> isinstance(Counter(), ciclo.types.Trainable), ciclo.train_loop(Counter(), range(3))[0].n
         (True, 3)
     """
 
@@ -198,11 +198,11 @@ class Strategy(Protocol):
     `ciclo.strategies.DeviceReductions`; the others let the compiler insert
     whatever collectives the global computation needs.
 
-    Register a new strategy by name with `ciclo.register_strategy`.
+    Register a new strategy by name with `ciclo.strategies.register_strategy`.
 
     Example:
         >>> import ciclo
-        >>> isinstance(ciclo.get_strategy("fsdp"), ciclo.Strategy)
+        >>> isinstance(ciclo.strategies.get_strategy("fsdp"), ciclo.strategies.Strategy)
         True
     """
 
@@ -259,7 +259,8 @@ class DeviceReductions(Protocol):
     Example:
         >>> import ciclo
         >>> from ciclo.strategies import DeviceReductions
-        >>> [isinstance(ciclo.get_strategy(name), DeviceReductions) for name in ("pmap", "data_parallel")]
+        >>> names = ("pmap", "data_parallel")
+        >>> [isinstance(ciclo.strategies.get_strategy(name), DeviceReductions) for name in names]
         [True, False]
     """
 
@@ -294,7 +295,7 @@ class ModelAdapter(Protocol):
     as batch-norm statistics; `None` when it has none).
 
     An adapter may also give the trained model back in its framework's own
-    form, with the optional method of `ciclo.SupportsToModel`:
+    form, with the optional method of `ciclo.types.SupportsToModel`:
     `ModelState.model` calls it.
     """
 
@@ -326,7 +327,7 @@ class ModelAdapter(Protocol):
 class SupportsToModel(Protocol):
     """A `ModelAdapter` that gives the trained model back in its framework's own form.
 
-    `to_model` is the one optional method of an adapter; `ciclo.ModelState.model`
+    `to_model` is the one optional method of an adapter; `ciclo.types.ModelState.model`
     calls it. It returns what the framework itself would give for a model
     with these variables, the form its own `init` or constructor returns:
     ciclo-flax gives a linen module's variables dict
@@ -343,7 +344,7 @@ class SupportsToModel(Protocol):
         ...         return params * inputs, model_state
         ...     def to_model(self, params, model_state):
         ...         return lambda inputs: params * inputs
-        >>> isinstance(Scale(), ciclo.SupportsToModel)
+        >>> isinstance(Scale(), ciclo.types.SupportsToModel)
         True
     """
 

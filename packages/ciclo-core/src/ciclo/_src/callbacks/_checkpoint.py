@@ -550,7 +550,8 @@ class Checkpoint:
         """
         if not isinstance(elapsed, Elapsed):
             raise TypeError(
-                f"the first argument must be a ciclo.Elapsed, got {short(elapsed)}; call ckpt(elapsed, state)"
+                f"the first argument must be a ciclo.types.Elapsed, got {short(elapsed)}; "
+                "call ckpt(elapsed, state)"
             )
         self.save(int(elapsed.steps) + 1, state, logs)
 

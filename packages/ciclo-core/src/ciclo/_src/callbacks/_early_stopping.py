@@ -51,7 +51,9 @@ class EarlyStopping(Generic[S]):
         if not isinstance(monitor, str) or not monitor:
             raise TypeError(f"monitor must be the name of a logged entry, got {short(monitor)}")
         if isinstance(patience, bool) or not isinstance(patience, (int, Period)):
-            raise TypeError(f"patience must be an int (checks) or a ciclo.Period, got {short(patience)}")
+            raise TypeError(
+                f"patience must be an int (checks) or a ciclo.types.Period, got {short(patience)}"
+            )
         if isinstance(patience, int) and patience < 0:
             raise ValueError(f"patience must be >= 0, got {short(patience)}")
         if min_delta < 0:
@@ -221,7 +223,7 @@ def early_stopping(
 
     Args:
         monitor: entry name or full path, e.g. `"loss_test"` or `"metrics.accuracy"`.
-        patience: checks without improvement to tolerate (int), or a `ciclo.Period`.
+        patience: checks without improvement to tolerate (int), or a `ciclo.types.Period`.
         min_delta: minimum change that counts as an improvement.
         mode: `"auto"` (from the name of `monitor`), `"min"` or `"max"`.
         baseline: a value to beat before anything counts as an improvement.

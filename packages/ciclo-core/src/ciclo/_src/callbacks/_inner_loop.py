@@ -244,7 +244,7 @@ def inner_loop(
        path (`"metrics.accuracy"`), entry name (`"accuracy"`) or collection
        (`"metrics"`), tried in that order;
     2. the state's `test_aggregation` attribute, in the same forms: how a state
-       class reduces what its own steps log (`ciclo.ModelState` keeps the last
+       class reduces what its own steps log (`ciclo.types.ModelState` keeps the last
        value of each of its running metrics);
     3. the entry's kind, from its collection: `metrics` and `losses` hold
        per-batch values, reduced to their mean weighted by each step's samples,

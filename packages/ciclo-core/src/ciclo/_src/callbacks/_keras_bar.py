@@ -185,7 +185,7 @@ def keras_bar(
     """Creates a Keras-style progress bar callback.
 
     Args:
-        total: where the bar is full: an int (steps), a `ciclo.Period` counting
+        total: where the bar is full: an int (steps), a `ciclo.types.Period` counting
             steps, samples or time (the bar counts in that unit), or None if
             unknown.
         interval: on a terminal or in a notebook, the least number of seconds between two

@@ -104,9 +104,9 @@ def step_counter(field: Field) -> Callable[[Elapsed], float]:
 
     Example:
         >>> import ciclo
-        >>> step_counter("steps")(ciclo.Elapsed.create(steps=9, samples=288))
+        >>> step_counter("steps")(ciclo.types.Elapsed.create(steps=9, samples=288))
         10
-        >>> step_counter("samples")(ciclo.Elapsed.create(steps=9, samples=288))
+        >>> step_counter("samples")(ciclo.types.Elapsed.create(steps=9, samples=288))
         320
     """
     if field == "steps":

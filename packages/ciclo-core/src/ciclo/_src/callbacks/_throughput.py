@@ -23,7 +23,7 @@ SAMPLES_PER_SECOND = "samples_per_second"
 def _check_window(window: PeriodLike) -> Period:
     period = to_period(window, name="window")
     if period is None:
-        raise TypeError("window must be an int (steps) or a ciclo.Period, got None")
+        raise TypeError("window must be an int (steps) or a ciclo.types.Period, got None")
     if period.date is not None:
         raise ValueError(
             f"window must count steps, samples or time: a throughput window is a duration, not a date; "
@@ -133,7 +133,7 @@ def throughput(window: PeriodLike = 100) -> Throughput:
     - `steps_per_second`: steps done over the window / host seconds it took;
     - `samples_per_second`: samples done over the window / host seconds it took.
 
-    The counts are the loop's own (`ciclo.Elapsed`: a `ciclo.stacked` group
+    The counts are the loop's own (`ciclo.types.Elapsed`: a `ciclo.stacked` group
     counts all its steps, samples are counted by the loop's `batch_size_fn`)
     and the time is the host's `time.perf_counter`. Nothing is read from the
     device: with asynchronous dispatch the host runs at most a few steps ahead
@@ -153,7 +153,7 @@ def throughput(window: PeriodLike = 100) -> Throughput:
 
     Args:
         window: how long each measurement lasts: an int (steps) or a
-            `ciclo.Period` in steps, samples or time (`ciclo.at(time=10)` logs
+            `ciclo.types.Period` in steps, samples or time (`ciclo.at(time=10)` logs
             about every 10 seconds). A window closes at the first call at
             which it has passed.
 
@@ -161,7 +161,7 @@ def throughput(window: PeriodLike = 100) -> Throughput:
         A `Throughput` callback.
 
     Raises:
-        TypeError: if `window` is not an int or a `ciclo.Period`.
+        TypeError: if `window` is not an int or a `ciclo.types.Period`.
         ValueError: if `window` is negative or zero, or counts toward a date.
 
     Example:

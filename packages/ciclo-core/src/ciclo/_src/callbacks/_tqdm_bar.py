@@ -102,7 +102,7 @@ def tqdm_bar(total: PeriodLike | None = None, *, interval: float = 0.1, **tqdm_k
     Needs the optional dependency tqdm (`pip install "ciclo-core[tqdm]"`).
 
     Args:
-        total: where the bar is full: an int (steps), a `ciclo.Period` counting
+        total: where the bar is full: an int (steps), a `ciclo.types.Period` counting
             steps, samples or time (the bar counts in that unit), or None if
             unknown.
         interval: the least number of seconds between two updates of the tqdm

@@ -40,7 +40,7 @@ class Eager(_OneDevice):
 
     Example:
         >>> import ciclo
-        >>> ciclo.get_strategy("eager")
+        >>> ciclo.strategies.get_strategy("eager")
         Eager()
     """
 
@@ -60,7 +60,7 @@ class JIT(_OneDevice):
 
     Example:
         >>> import ciclo
-        >>> ciclo.get_strategy("jit"), ciclo.get_strategy("jit_donate")
+        >>> ciclo.strategies.get_strategy("jit"), ciclo.strategies.get_strategy("jit_donate")
         (JIT(donate=False), JIT(donate=True))
     """
 

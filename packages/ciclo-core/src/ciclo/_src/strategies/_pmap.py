@@ -47,7 +47,7 @@ class PMap:
 
     Example:
         >>> import ciclo, jax, jax.numpy as jnp
-        >>> strategy = ciclo.get_strategy("pmap")
+        >>> strategy = ciclo.strategies.get_strategy("pmap")
         >>> state = strategy.place({"w": jnp.zeros(3)})
         >>> state["w"].shape == (jax.local_device_count(), 3)
         True

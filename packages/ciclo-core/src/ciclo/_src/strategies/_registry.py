@@ -31,7 +31,8 @@ def strategy_names() -> list[str]:
 
     Example:
         >>> import ciclo
-        >>> {"eager", "jit", "jit_donate", "data_parallel", "fsdp", "pmap"} <= set(ciclo.strategy_names())
+        >>> names = {"eager", "jit", "jit_donate", "data_parallel", "fsdp", "pmap"}
+        >>> names <= set(ciclo.strategies.strategy_names())
         True
     """
     return sorted({*_BUILT_IN, *_registered})
@@ -62,8 +63,8 @@ def register_strategy(
     Example:
         >>> import ciclo
         >>> from ciclo.strategies import DataParallel
-        >>> factory = ciclo.register_strategy("dp_donate", lambda: DataParallel(donate=True))
-        >>> ciclo.get_strategy("dp_donate")
+        >>> factory = ciclo.strategies.register_strategy("dp_donate", lambda: DataParallel(donate=True))
+        >>> ciclo.strategies.get_strategy("dp_donate")
         DataParallel(axis_name='data', donate=True)
     """
     key = _key(name)
@@ -85,18 +86,19 @@ def get_strategy(strategy: str | Strategy) -> Strategy:
 
     Raises:
         ValueError: for an unknown name, listing the known ones.
-        TypeError: for an object that lacks a method of `ciclo.Strategy`.
+        TypeError: for an object that lacks a method of `ciclo.strategies.Strategy`.
 
     Example:
         >>> import ciclo
-        >>> ciclo.get_strategy("data-parallel") == ciclo.get_strategy("data_parallel")
+        >>> ciclo.strategies.get_strategy("data-parallel") == ciclo.strategies.get_strategy("data_parallel")
         True
     """
     if not isinstance(strategy, str):
         if not isinstance(strategy, Strategy):
             missing = [name for name in _METHODS if not callable(getattr(strategy, name, None))]
             raise TypeError(
-                f"{short(strategy)} is not a strategy: it has no {', '.join(missing)} (see ciclo.Strategy: "
+                f"{short(strategy)} is not a strategy: it has no {', '.join(missing)} "
+                f"(see ciclo.strategies.Strategy: "
                 f"{', '.join(_METHODS)})"
             )
         return strategy

@@ -168,7 +168,7 @@ class DataParallel(_MeshStrategy):
 
     Example:
         >>> import ciclo, jax
-        >>> strategy = ciclo.get_strategy("data_parallel")
+        >>> strategy = ciclo.strategies.get_strategy("data_parallel")
         >>> strategy.mesh.shape == {"data": jax.device_count()}
         True
     """
@@ -199,7 +199,7 @@ class FSDP(_MeshStrategy):
     Example:
         >>> import ciclo, jax
         >>> from jax.sharding import PartitionSpec
-        >>> strategy = ciclo.get_strategy("fsdp")
+        >>> strategy = ciclo.strategies.get_strategy("fsdp")
         >>> n = jax.device_count()
         >>> strategy.state_spec((3, 512 * n)), strategy.state_spec((10,))
         (P(None, 'data'), P())

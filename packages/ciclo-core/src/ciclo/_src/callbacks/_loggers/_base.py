@@ -145,7 +145,7 @@ class Logger:
     copied then and written, and the backend is closed. A logger used in a later
     loop opens its backend again.
 
-    A logger is a `ciclo.StatefulCallback`: `state_dict()` holds the last
+    A logger is a `ciclo.types.StatefulCallback`: `state_dict()` holds the last
     step written (and the run id of W&B and MLflow), and a fresh logger given it
     with `load_state_dict` skips the steps already written and appends
     after them, to the same file or run.

@@ -1,0 +1,72 @@
+"""The hook vocabulary of the predefined loops, in one place.
+
+Each name is a string, used three ways: as a named schedule in a loop's tasks
+(`{ciclo.hooks.on_train_step: [step]}`), as a method of the state
+(`state.train_step`), and as a method of an object in `callbacks=[...]`
+(`on_train_batch_end`). `TRAIN`, `TEST` and `PREDICT` are the names each
+predefined loop runs; `collect` gathers the callbacks of a set of names, for
+the predefined loops and for a loop of your own. The names of ciclo 0.1
+(`ciclo.on_train_step`, `ciclo.on_epoch_end`, `ciclo.train_step`, ...) stay
+available on `ciclo` itself.
+
+Example:
+    >>> import ciclo
+    >>> ciclo.hooks.on_epoch_end == ciclo.on_epoch_end == "on_epoch_end"
+    True
+    >>> "on_epoch_end" in ciclo.hooks.TRAIN, "on_epoch_end" in ciclo.hooks.TEST
+    (True, False)
+"""
+
+from ciclo._src.hooks import PREDICT as PREDICT
+from ciclo._src.hooks import TEST as TEST
+from ciclo._src.hooks import TRAIN as TRAIN
+from ciclo._src.hooks import collect as collect
+from ciclo._src.hooks import on_epoch_end as on_epoch_end
+from ciclo._src.hooks import on_predict_batch_begin as on_predict_batch_begin
+from ciclo._src.hooks import on_predict_batch_end as on_predict_batch_end
+from ciclo._src.hooks import on_predict_begin as on_predict_begin
+from ciclo._src.hooks import on_predict_end as on_predict_end
+from ciclo._src.hooks import on_predict_step as on_predict_step
+from ciclo._src.hooks import on_reset_step as on_reset_step
+from ciclo._src.hooks import on_test_batch_begin as on_test_batch_begin
+from ciclo._src.hooks import on_test_batch_end as on_test_batch_end
+from ciclo._src.hooks import on_test_begin as on_test_begin
+from ciclo._src.hooks import on_test_end as on_test_end
+from ciclo._src.hooks import on_test_step as on_test_step
+from ciclo._src.hooks import on_train_batch_begin as on_train_batch_begin
+from ciclo._src.hooks import on_train_batch_end as on_train_batch_end
+from ciclo._src.hooks import on_train_begin as on_train_begin
+from ciclo._src.hooks import on_train_end as on_train_end
+from ciclo._src.hooks import on_train_step as on_train_step
+from ciclo._src.hooks import predict_step as predict_step
+from ciclo._src.hooks import reset_step as reset_step
+from ciclo._src.hooks import test_step as test_step
+from ciclo._src.hooks import train_step as train_step
+
+__all__ = [
+    "PREDICT",
+    "TEST",
+    "TRAIN",
+    "collect",
+    "on_epoch_end",
+    "on_predict_batch_begin",
+    "on_predict_batch_end",
+    "on_predict_begin",
+    "on_predict_end",
+    "on_predict_step",
+    "on_reset_step",
+    "on_test_batch_begin",
+    "on_test_batch_end",
+    "on_test_begin",
+    "on_test_end",
+    "on_test_step",
+    "on_train_batch_begin",
+    "on_train_batch_end",
+    "on_train_begin",
+    "on_train_end",
+    "on_train_step",
+    "predict_step",
+    "reset_step",
+    "test_step",
+    "train_step",
+]

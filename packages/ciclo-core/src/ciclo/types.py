@@ -1,0 +1,104 @@
+"""The types of ciclo: what you annotate with, subclass or check with `isinstance`.
+
+`ciclo` itself exports what you call (`ciclo.every`, `ciclo.checkpoint`,
+`ciclo.train_loop`); the classes those return and the protocols the pieces meet
+through live here, each in one place: `ciclo.every(10)` is a
+`ciclo.types.Every`, `ciclo.checkpoint(...)` a `ciclo.types.Checkpoint`, a
+state with a `train_step` method a `ciclo.types.Trainable`. The strategies'
+classes are in `ciclo.strategies`, the metrics' in `ciclo.metrics`, the managed
+API's in `ciclo.managed`.
+
+Example:
+    >>> import ciclo
+    >>> from ciclo.types import Elapsed, History, LoopCallback
+    >>> isinstance(ciclo.every(10), ciclo.types.Every), isinstance(ciclo.history(), History)
+    (True, True)
+    >>> isinstance(ciclo.keras_bar(total=10), LoopCallback)
+    True
+    >>> Elapsed.create().steps
+    0
+"""
+
+from ciclo._src.backup import Backup as Backup
+from ciclo._src.backup import Preempted as Preempted
+from ciclo._src.batches import Stacked as Stacked
+from ciclo._src.callbacks._checkpoint import Checkpoint as Checkpoint
+from ciclo._src.callbacks._early_stopping import EarlyStopping as EarlyStopping
+from ciclo._src.callbacks._inner_loop import InnerLoop as InnerLoop
+from ciclo._src.callbacks._keras_bar import KerasBar as KerasBar
+from ciclo._src.callbacks._loggers._base import Logger as Logger
+from ciclo._src.callbacks._nan_guard import TerminateOnNaN as TerminateOnNaN
+from ciclo._src.callbacks._noop import NoOp as NoOp
+from ciclo._src.callbacks._profile import Profile as Profile
+from ciclo._src.callbacks._throughput import Throughput as Throughput
+from ciclo._src.callbacks._tqdm_bar import TqdmBar as TqdmBar
+from ciclo._src.checks import DataWarning as DataWarning
+from ciclo._src.elapsed import Elapsed as Elapsed
+from ciclo._src.elapsed import Period as Period
+from ciclo._src.fused import Fused as Fused
+from ciclo._src.logs import Entries as Entries
+from ciclo._src.logs import History as History
+from ciclo._src.logs import Logs as Logs
+from ciclo._src.logs import LogsLike as LogsLike
+from ciclo._src.logs import StackedLogs as StackedLogs
+from ciclo._src.loop import Phase as Phase
+from ciclo._src.loop_state import LoopState as LoopState
+from ciclo._src.model_state import ModelState as ModelState
+from ciclo._src.schedules import After as After
+from ciclo._src.schedules import Every as Every
+from ciclo._src.schedules import Piecewise as Piecewise
+from ciclo._src.schedules import ScheduleBase as ScheduleBase
+from ciclo._src.types import Batch as Batch
+from ciclo._src.types import CallbackOutput as CallbackOutput
+from ciclo._src.types import Evaluable as Evaluable
+from ciclo._src.types import LoopCallback as LoopCallback
+from ciclo._src.types import ModelAdapter as ModelAdapter
+from ciclo._src.types import Predictable as Predictable
+from ciclo._src.types import Schedule as Schedule
+from ciclo._src.types import State as State
+from ciclo._src.types import StatefulCallback as StatefulCallback
+from ciclo._src.types import SupportsToModel as SupportsToModel
+from ciclo._src.types import Trainable as Trainable
+
+__all__ = [
+    "After",
+    "Backup",
+    "Batch",
+    "CallbackOutput",
+    "Checkpoint",
+    "DataWarning",
+    "EarlyStopping",
+    "Elapsed",
+    "Entries",
+    "Evaluable",
+    "Every",
+    "Fused",
+    "History",
+    "InnerLoop",
+    "KerasBar",
+    "Logger",
+    "Logs",
+    "LogsLike",
+    "LoopCallback",
+    "LoopState",
+    "ModelAdapter",
+    "ModelState",
+    "NoOp",
+    "Period",
+    "Phase",
+    "Piecewise",
+    "Predictable",
+    "Preempted",
+    "Profile",
+    "Schedule",
+    "ScheduleBase",
+    "Stacked",
+    "StackedLogs",
+    "State",
+    "StatefulCallback",
+    "SupportsToModel",
+    "TerminateOnNaN",
+    "Throughput",
+    "TqdmBar",
+    "Trainable",
+]
