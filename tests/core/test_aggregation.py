@@ -195,11 +195,6 @@ def test_model_state_declares_its_running_metrics() -> None:
     state = dataclasses.replace(
         model_state(), metrics={"accuracy": ciclo.metrics.Mean(accuracy), "counts": Counts()}
     )
-    assert state.test_aggregation == {
-        "metrics.accuracy": "last",
-        "metrics.right": "last",
-        "metrics.rate": "last",
-    }
     _, history, _ = ciclo.train_loop(
         state, batches(4), test_dataset=lambda: batches(8), epoch_duration=1, stop=1
     )

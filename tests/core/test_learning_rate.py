@@ -142,25 +142,29 @@ def test_optimizers_without_a_rate_log_none() -> None:
     assert set(logs) == {"losses", "metrics"} and set(logs.metrics) == {"mse"}
 
 
-class OwnApply(managed.ManagedState):
-    """A state whose apply_gradients takes no `value`: the step still trains it."""
+def test_an_apply_gradients_that_cannot_take_the_loss_is_refused_when_the_class_is_defined() -> None:
+    with pytest.raises(TypeError, match=r"OwnApply.apply_gradients must take the step's loss as `value=`"):
 
-    def apply_gradients(self, *, grads: Any, **changes: Any) -> OwnApply:  # type: ignore[override]
+        class OwnApply(managed.ManagedState):
+            def apply_gradients(self, *, grads: Any, **changes: Any) -> OwnApply:  # type: ignore[override]
+                return self
+
+
+class IgnoresTheLoss(managed.ManagedState):
+    """A state whose apply_gradients takes `value` and ignores it."""
+
+    def apply_gradients(self, *, grads: Any, value: Any = None, **changes: Any) -> IgnoresTheLoss:
         updates, opt_state = self.tx.update(grads, self.opt_state, self.params)
         return dataclasses.replace(
             self, params=optax.apply_updates(self.params, updates), opt_state=opt_state, step=self.step + 1
         )
 
 
-@pytest.mark.usefixtures("standard_dtype_promotion")  # reduce_on_plateau, as above
-def test_an_apply_gradients_without_value_is_called_without_it() -> None:
+def test_an_apply_gradients_of_ones_own_trains() -> None:
     tx = optax.inject_hyperparams(optax.sgd)(learning_rate=0.5)
-    state = OwnApply.create(params=jnp.ones(()), tx=tx)
+    state = IgnoresTheLoss.create(params=jnp.ones(()), tx=tx)
     logs, state = logs_its_own_rate(state, None)
     assert float(state.params) == 0.0  # 1 - 0.5 * d(p**2)/dp
-    with pytest.raises(TypeError, match="value"):
-        # reduce_on_plateau needs the loss, which this state's apply_gradients cannot pass on.
-        logs_its_own_rate(OwnApply.create(params=jnp.ones(()), tx=plateau_tx()), None)
 
 
 def test_model_state_logs_the_rate() -> None:

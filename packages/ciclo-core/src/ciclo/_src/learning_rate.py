@@ -1,50 +1,26 @@
 """What a managed training step learns from and tells about its optax optimizer.
 
-A step passes its loss to optimizers that take extra arguments (`value=`, as
-`optax.contrib.reduce_on_plateau` needs), and logs the learning rate that an
-`optax.inject_hyperparams` optimizer holds in its state. Both are read from
-the optimizer and its state's structure, which is fixed when the step is
-traced: nothing here runs per step in Python.
+A step logs the learning rate that an `optax.inject_hyperparams` optimizer
+holds in its state, read from the state's structure, which is fixed when the
+step is traced: nothing here runs per step in Python. (The loss reaches the
+optimizers that take it, `optax.contrib.reduce_on_plateau`, through
+`optax.with_extra_args_support`, in `ManagedState.apply_gradients`.)
 """
 
 from __future__ import annotations
 
 import functools
-import inspect
 from collections.abc import Mapping
 from typing import Any, cast
 
 import jax
 import jax.numpy as jnp
-import optax
 
 LEARNING_RATE = "learning_rate"
 """The entry the learning rate is logged as (in the `metrics` collection)."""
 
 LEARNING_RATE_SCALE = "learning_rate_scale"
 """The entry logged for `reduce_on_plateau`'s scale when no learning rate is injected."""
-
-
-def takes_value(tx: Any) -> bool:
-    """Whether `tx.update` accepts the loss as `value=` (optax's extra arguments).
-
-    Every `optax.GradientTransformationExtraArgs` does (`optax.chain` passes
-    extra arguments on to the transformations that take them and drops them
-    for the others); so does an update function with a `value` or `**kwargs`
-    parameter (`optax.MultiSteps`).
-    """
-    if isinstance(tx, optax.GradientTransformationExtraArgs):
-        return True
-    update = getattr(tx, "update", None)
-    return update is not None and _signature_takes_value(update)
-
-
-def _signature_takes_value(fn: Any) -> bool:
-    try:
-        parameters = inspect.signature(fn).parameters.values()
-    except (TypeError, ValueError):
-        return False
-    return any(p.name == "value" or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
 
 
 @functools.cache

@@ -22,7 +22,7 @@ from typing_extensions import Self, dataclass_transform
 
 from ciclo._src.batches import Stacked, is_stacked
 from ciclo._src.fused import as_logs_and_state, scan_steps
-from ciclo._src.learning_rate import learning_rate_logs, takes_value
+from ciclo._src.learning_rate import learning_rate_logs
 from ciclo._src.logs import Entries, Logs
 from ciclo._src.metrics import Metric
 from ciclo._src.reprs import short
@@ -97,6 +97,7 @@ class ManagedState:
         jax.tree_util.register_dataclass(cls)
         params_field(cls)  # a subclass that loses or doubles the params role fails here, not at a step
         roles(cls)
+        _check_apply_gradients(cls)
 
     @classmethod
     def create(
@@ -156,10 +157,12 @@ class ManagedState:
         """
         name = params_field(type(self))
         params = getattr(self, name)
-        if value is not None and takes_value(self.tx):
-            updates, opt_state = self.tx.update(grads, self.opt_state, params, value=value)
-        else:
+        if value is None:
             updates, opt_state = self.tx.update(grads, self.opt_state, params)
+        else:
+            # optax passes `value` on to the transformations that take it and drops it for the rest.
+            tx = optax.with_extra_args_support(self.tx)
+            updates, opt_state = tx.update(grads, self.opt_state, params, value=value)
         new_params = optax.apply_updates(params, updates)
         return self.replace(step=self.step + 1, opt_state=opt_state, **{name: new_params}, **changes)
 
@@ -296,7 +299,7 @@ class ManagedStep(Generic[S]):
 
     def __call__(self, state: S, batch: Any) -> tuple[Logs, S]:
         """Runs one step, or all steps of a `ciclo.types.Stacked` batch in one dispatch."""
-        strategy = getattr(state, "strategy", None) or self._default
+        strategy = state.strategy if isinstance(state, ManagedState) else self._default
         if is_stacked(batch):
             return self._call_fused(strategy, state, batch)
         last, compiled = self._cache
@@ -420,28 +423,30 @@ def step(
     return ManagedStep(fn, strategy, update=False)
 
 
-def _check_trainable(state: Any) -> tuple[str, tuple[str, ...], bool]:
-    """The names of the state's params field and of its fields to synchronise across devices.
-
-    And whether its `apply_gradients` takes the loss as `value=` (a state of
-    one's own may define an `apply_gradients(*, grads)` without it).
-    """
-    kind = type(state)
-    missing = [name for name in ("apply_gradients", "replace") if not hasattr(state, name)]
-    names = fields_with_role(kind, Role.PARAMS)
-    if len(names) != 1 or missing:
-        lacks = ([] if names else ["params field (managed.Role.PARAMS)"]) + missing
+def _check_trainable(state: Any) -> tuple[str, tuple[str, ...]]:
+    """The names of the state's params field and of its fields to synchronise across devices."""
+    if not isinstance(state, ManagedState):
         raise TypeError(
-            "managed.train_step needs a state with one field of role managed.Role.PARAMS, "
-            f"apply_gradients and replace (a managed.ManagedState); {kind.__name__} "
-            + (
-                f"has no {', '.join(lacks)}"
-                if lacks
-                else f"has {len(names)} params fields: {', '.join(names)}"
-            )
+            "managed.train_step needs a managed.ManagedState (or a subclass: ciclo.types.ModelState, "
+            f"the adapters' states), got {short(state)}"
         )
-    takes_loss = "value" in inspect.signature(state.apply_gradients).parameters
-    return names[0], fields_with_role(kind, Role.MODEL_STATE), takes_loss
+    kind = type(state)
+    return params_field(kind), fields_with_role(kind, Role.MODEL_STATE)
+
+
+def _check_apply_gradients(cls: type[ManagedState]) -> None:
+    """Refuses, when the class is defined, an `apply_gradients` override that cannot take the loss."""
+    try:
+        parameters = inspect.signature(cls.apply_gradients).parameters
+    except (TypeError, ValueError):  # a callable without a signature: trusted to follow the base
+        return
+    if "value" not in parameters:
+        raise TypeError(
+            f"{cls.__name__}.apply_gradients must take the step's loss as `value=` (managed.train_step "
+            "passes it, for optimizers such as optax.contrib.reduce_on_plateau): define it as "
+            "apply_gradients(self, *, grads, value=None, **changes) and pass value on to tx.update, "
+            "or ignore it"
+        )
 
 
 def _total_loss(logs: Logs, fn: StepBody) -> jax.Array:
@@ -464,9 +469,9 @@ def _total_loss(logs: Logs, fn: StepBody) -> jax.Array:
 
 
 def _train_body(
-    fn: StepBody, reductions: DeviceReductions | None, fields: tuple[str, tuple[str, ...], bool]
+    fn: StepBody, reductions: DeviceReductions | None, fields: tuple[str, tuple[str, ...]]
 ) -> Callable[[Any, Any], tuple[Logs, Any]]:
-    params_name, model_state_names, takes_loss = fields
+    params_name, model_state_names = fields
 
     def train(state: Any, batch: Any) -> tuple[Logs, Any]:
         def loss(params: Any) -> tuple[jax.Array, tuple[Logs, Any]]:
@@ -480,10 +485,7 @@ def _train_body(
             grads = reductions.reduce_grads(grads)
             # Every device's optimizer sees the same loss, as it sees the same gradients.
             total = reductions.reduce_logs(Logs().add_loss("total", total)).losses.total
-        if takes_loss:
-            new_state = new_state.apply_gradients(grads=grads, value=total)
-        else:
-            new_state = new_state.apply_gradients(grads=grads)
+        new_state = new_state.apply_gradients(grads=grads, value=total)
         logs = _with_learning_rate(logs, new_state)
         if reductions is None:
             return _finish(logs, new_state, None)
@@ -499,9 +501,9 @@ def _train_body(
     return train
 
 
-def _with_learning_rate(logs: Logs, state: Any) -> Logs:
+def _with_learning_rate(logs: Logs, state: ManagedState) -> Logs:
     """The step's logs with the optimizer's learning rate in `metrics`, unless the step logged one."""
-    rates = learning_rate_logs(getattr(state, "opt_state", None))
+    rates = learning_rate_logs(state.opt_state)
     logged = {name for entries in logs.values() for name in entries}
     rates = {name: rate for name, rate in rates.items() if name not in logged}
     return Logs(logs).add_metrics(**rates) if rates else logs

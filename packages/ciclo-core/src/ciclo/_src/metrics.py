@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol, TypeVar, final, runtime_checkable
 
 import jax
@@ -12,6 +12,7 @@ import jax.numpy as jnp
 from typing_extensions import Self
 
 from ciclo._src.reprs import short
+from ciclo._src.roles import Role, fields_with_role
 
 T = TypeVar("T")
 
@@ -296,3 +297,45 @@ def as_metric(obj: object) -> Metric:
     if callable(obj):
         return Mean(obj)
     raise TypeError(f"as_metric() got {short(obj)} of type {type(obj).__qualname__}; it accepts {_ACCEPTED}")
+
+
+_RUNNING: dict[Any, dict[str, str]] = {}
+
+
+def running_entries(state: Any) -> dict[str, str]:
+    """`{"metrics.<entry>": "last"}` for each entry the running metrics of `state` log.
+
+    The running metrics are the `Metric`s in the fields the state's class
+    declares with the role `managed.Role.METRICS` (`ciclo.types.ModelState.metrics`),
+    logged in the `metrics` collection under their name, or under each key of
+    a `compute()` that returns a dict. Each covers every batch so far, so an
+    evaluation loop keeps its last value. The entries are traced, not
+    computed, once per structure of those fields.
+
+    Example:
+        >>> import jax.numpy as jnp, optax
+        >>> from ciclo import managed, metrics
+        >>> class State(managed.ManagedState):
+        ...     scores: dict = managed.field(role=managed.Role.METRICS)
+        >>> mae = metrics.as_metric(lambda preds, target: abs(preds - target))
+        >>> state = State.create(params=jnp.zeros(()), tx=optax.sgd(0.1), scores={"mae": mae})
+        >>> running_entries(state)
+        {'metrics.mae': 'last'}
+    """
+    fields = [getattr(state, name) for name in fields_with_role(type(state), Role.METRICS)]
+    if not fields:
+        return {}
+    structure = jax.tree.structure(fields)
+    found = _RUNNING.get(structure)
+    if found is None:
+        found = {}
+        for field in fields:
+            named = field.items() if isinstance(field, Mapping) else [("metric", field)]
+            for name, metric in named:
+                # Traced, not run: a metric whose compute() returns a dict logs its keys.
+                value = jax.eval_shape(lambda metric: metric.reset().compute(), metric)
+                for entry in value if isinstance(value, Mapping) else (name,):
+                    found[f"metrics.{entry}"] = "last"
+        if len(_RUNNING) < 256:  # one per kind of state in a process, in practice
+            _RUNNING[structure] = found
+    return found

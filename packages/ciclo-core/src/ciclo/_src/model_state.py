@@ -131,7 +131,8 @@ class ModelState(ManagedState):
     Attributes:
         model_state: the model's own state (batch statistics), or None (role
             `managed.Role.MODEL_STATE`: synchronised across devices).
-        metrics: the running metrics by name (`ciclo.metrics.Metric`s; role `METRICS`).
+        metrics: the running metrics by name (`ciclo.metrics.Metric`s; role
+            `METRICS`: an evaluation loop keeps the last value of what they log).
         key: the data of the random key steps derive their keys from (see
             `step_key`; role `KEY`: `pmap` splits it per device). It is kept as
             raw `uint32` data: a typed key costs microseconds to rebuild in
@@ -139,10 +140,6 @@ class ModelState(ManagedState):
         adapter: the `ciclo.types.ModelAdapter` (static).
         losses: the loss functions by name (static).
         key_impl: the PRNG implementation of `key` (static).
-        test_aggregation: how an evaluation loop (`train_loop`'s, or a
-            `ciclo.inner_loop`) reduces what the metrics log: each keeps its
-            last, running value (`{"metrics.accuracy": "last"}`); other
-            entries, such as the per-batch losses, take their kind's default.
 
     Example:
         >>> import ciclo, jax, jax.numpy as jnp, optax
@@ -171,17 +168,6 @@ class ModelState(ManagedState):
     adapter: ModelAdapter = field(static=True)
     losses: NamedLosses = field(static=True)
     key_impl: Any = field(static=True, default=None)
-
-    @property
-    def test_aggregation(self) -> dict[str, str]:
-        """`{"metrics.<entry>": "last"}` for each entry the running metrics log."""
-        entries: dict[str, str] = {}
-        for name, metric in self.metrics.items():
-            # Traced, not run: a metric whose compute() returns a dict logs its keys.
-            value = jax.eval_shape(_computed, metric)
-            for entry in value if isinstance(value, Mapping) else (name,):
-                entries[f"metrics.{entry}"] = "last"
-        return entries
 
     @property
     def model(self) -> Any:
@@ -314,10 +300,6 @@ def _add_note(error: BaseException, note: str) -> None:
     add_note = getattr(error, "add_note", None)  # Python >= 3.11
     if add_note is not None:
         add_note(note)
-
-
-def _computed(metric: Metric) -> Any:
-    return metric.reset().compute()
 
 
 def _check_losses(losses: Mapping[str, Callable[..., Any]] | Callable[..., Any] | None) -> NamedLosses:

@@ -10,6 +10,7 @@ from typing import IO, Any
 import jax
 import numpy as np
 
+from ciclo._src.managed import ManagedState
 from ciclo._src.roles import Role, fields_with_role
 
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
@@ -56,10 +57,8 @@ def _shapes(state: Any) -> Any:
     `strategy.unplace` removes what placement added (`pmap`'s device axis); the
     mesh strategies' arrays already have their global shapes.
     """
-    strategy = getattr(state, "strategy", None)
-    unplace = getattr(strategy, "unplace", None)
-    if unplace is not None:
-        return jax.eval_shape(unplace, state)
+    if isinstance(state, ManagedState):
+        return jax.eval_shape(state.strategy.unplace, state)
     return jax.eval_shape(lambda tree: tree, state)
 
 
@@ -138,7 +137,7 @@ def summary(state: Any, *, file: IO[str] | None = None) -> str:
             _, nbytes = _sizes(model_state)
             rows.append(("model state", None, nbytes))
             accounted += nbytes
-        if hasattr(shapes, "opt_state"):
+        if isinstance(state, ManagedState):
             _, nbytes = _sizes(shapes.opt_state)
             rows.append(("optimizer state", None, nbytes))
             accounted += nbytes

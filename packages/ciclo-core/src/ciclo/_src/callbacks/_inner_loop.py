@@ -10,6 +10,7 @@ import numpy as np
 from ciclo._src.elapsed import Elapsed
 from ciclo._src.logs import History, Logs
 from ciclo._src.loop import LoopState
+from ciclo._src.metrics import running_entries
 from ciclo._src.reprs import short
 from ciclo._src.step_output import describe
 from ciclo._src.types import CallbackOutput, S
@@ -204,8 +205,8 @@ class InnerLoop(Generic[S]):
             return Logs()
         if self._rules is not None:
             self._rules.check_names(list(values))
-        declared = getattr(state, "test_aggregation", None)
-        rules = [rule for rule in (self._rules, declared and _Rules(declared, "test_aggregation")) if rule]
+        running = running_entries(state)
+        rules = [rule for rule in (self._rules, running and _Rules(running, "running metrics")) if rule]
         samples = _samples_per_step(counts, elapsed)
         logs = Logs()
         suffix = f"_{self.name}" if self.name else ""
