@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol, TypeVar, final, runtime_checkable
+from typing import Any, Literal, Protocol, TypeVar, final, runtime_checkable
 
 import jax
 import jax.numpy as jnp
@@ -299,10 +299,10 @@ def as_metric(obj: object) -> Metric:
     raise TypeError(f"as_metric() got {short(obj)} of type {type(obj).__qualname__}; it accepts {_ACCEPTED}")
 
 
-_RUNNING: dict[Any, dict[str, str]] = {}
+_RUNNING: dict[Any, Mapping[str, Literal["last"]]] = {}
 
 
-def running_entries(state: Any) -> dict[str, str]:
+def running_entries(state: Any) -> Mapping[str, Literal["last"]]:
     """`{"metrics.<entry>": "last"}` for each entry the running metrics of `state` log.
 
     The running metrics are the `Metric`s in the fields the state's class
@@ -328,14 +328,15 @@ def running_entries(state: Any) -> dict[str, str]:
     structure = jax.tree.structure(fields)
     found = _RUNNING.get(structure)
     if found is None:
-        found = {}
+        entries: dict[str, Literal["last"]] = {}
         for field in fields:
             named = field.items() if isinstance(field, Mapping) else [("metric", field)]
             for name, metric in named:
                 # Traced, not run: a metric whose compute() returns a dict logs its keys.
                 value = jax.eval_shape(lambda metric: metric.reset().compute(), metric)
                 for entry in value if isinstance(value, Mapping) else (name,):
-                    found[f"metrics.{entry}"] = "last"
+                    entries[f"metrics.{entry}"] = "last"
         if len(_RUNNING) < 256:  # one per kind of state in a process, in practice
-            _RUNNING[structure] = found
+            _RUNNING[structure] = entries
+        found = entries
     return found
