@@ -273,6 +273,12 @@ def test_model_of_the_wrong_kind(model: Any, hint: str) -> None:
     assert error.match(hint)
 
 
+def test_a_huge_wrong_model_gives_a_short_error() -> None:
+    with pytest.raises(TypeError, match="takes a haiku function transformed by hk.transform") as error:
+        ciclo.create_haiku_state(list(range(100_000)), inputs=jnp.zeros((1, FEATURES)), tx=optax.adam(1e-3))
+    assert len(str(error.value)) < 2_000
+
+
 def test_adapter_of_the_wrong_kind() -> None:
     with pytest.raises(TypeError, match="HaikuAdapter takes an hk.Transformed or an hk.TransformedWithState"):
         HaikuAdapter(mlp)  # type: ignore[arg-type]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import reprlib
 from collections.abc import Hashable
 from typing import Any, final
 
@@ -143,7 +144,8 @@ class EquinoxAdapter:
         """
         if state is not None and not isinstance(state, eqx.nn.State):
             raise TypeError(
-                f"state must be the eqx.nn.State of the model (from eqx.nn.make_with_state), got {state!r}"
+                "state must be the eqx.nn.State of the model (from eqx.nn.make_with_state), "
+                f"got {reprlib.repr(state)}"
             )
         if state is None and has_state_index(module):
             raise TypeError(
@@ -151,7 +153,7 @@ class EquinoxAdapter:
                 "given: build it with `model, state = eqx.nn.make_with_state(Model)(...)` and pass the state"
             )
         if not isinstance(vmap, bool):
-            raise TypeError(f"vmap must be a bool, got {vmap!r}")
+            raise TypeError(f"vmap must be a bool, got {reprlib.repr(vmap)}")
         # StateIndex nodes are kept whole in the static part: they may still hold their initial
         # values, which are the state's business, not the optimizer's.
         params, static = eqx.partition(module, eqx.is_inexact_array, is_leaf=_is_state_index)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import reprlib
 from typing import Any, Final, final
 
 import haiku as hk
@@ -69,7 +70,8 @@ def _check_flag(transformed: hk.Transformed | hk.TransformedWithState, flag: str
     if not any(parameter.name == flag and parameter.kind in _KEYWORD_KINDS for parameter in parameters):
         taken = ", ".join(parameter.name for parameter in parameters)
         raise TypeError(
-            f"training_flag={flag!r}, but the model's function takes no keyword argument {flag!r}: "
+            f"training_flag={reprlib.repr(flag)}, but the model's function takes no keyword argument "
+            f"{reprlib.repr(flag)}: "
             f"its arguments are ({taken}); pass training_flag=None to set none"
         )
 
@@ -136,7 +138,8 @@ class HaikuAdapter:
             )
         if self.training_flag is not None and not isinstance(self.training_flag, str):
             raise TypeError(
-                f"training_flag must be 'auto', the name of an argument or None, got {self.training_flag!r}"
+                "training_flag must be 'auto', the name of an argument or None, "
+                f"got {reprlib.repr(self.training_flag)}"
             )
         if self.training_flag == AUTO:
             flag = training_flag(self.transformed)

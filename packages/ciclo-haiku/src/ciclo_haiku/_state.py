@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import reprlib
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -40,7 +41,7 @@ def _transformed(model: object) -> hk.Transformed | hk.TransformedWithState:
         else "; wrap another callable with hk.transform_with_state yourself, and for a model of another "
         "framework implement ciclo.types.ModelAdapter and call ciclo.create_model_state"
     )
-    raise TypeError(f"{_ACCEPTED}, got {model!r} of type {type(model).__name__}{hint}")
+    raise TypeError(f"{_ACCEPTED}, got {reprlib.repr(model)} of type {type(model).__name__}{hint}")
 
 
 def create_haiku_state(

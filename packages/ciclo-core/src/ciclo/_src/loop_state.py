@@ -195,9 +195,9 @@ class LoopState(Generic[S]):
         dropped; each with a warning on the `ciclo` logger.
         """
         for key in sorted(set(states) - set(self._callback_objects)):
-            _log.warning("dropping the saved state of callback %r: no callback here has that key", key)
+            _log.warning("dropping the saved state of callback %s: no callback here has that key", short(key))
         for key, obj in self._callback_objects.items():
             if key in states:
                 obj.load_state_dict(states[key])
             else:
-                _log.warning("callback %r has no saved state: it starts afresh", key)
+                _log.warning("callback %s has no saved state: it starts afresh", short(key))
