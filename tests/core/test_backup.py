@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 
@@ -338,7 +339,7 @@ def test_ctrl_c_with_sigint_backup_saves_and_resumes(tmp_path):
 
 
 def test_a_second_ctrl_c_during_the_preemption_save_raises_whatever_catch_keyboard_interrupt_says(
-    tmp_path, monkeypatch
+    tmp_path, monkeypatch, capfd, caplog
 ):
     # The second Ctrl-C arrives while the backup of the first is being written: the loop must raise
     # KeyboardInterrupt (exit 130), not return as if it had finished (exit 0, and no requeue).
@@ -367,6 +368,13 @@ def test_a_second_ctrl_c_during_the_preemption_save_raises_whatever_catch_keyboa
             catch_keyboard_interrupt=True,
         )
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    # Nothing of orbax's (its save threads, absl's logging) is printed over the user's Ctrl-C.
+    printed = capfd.readouterr().err
+    assert "Traceback" not in printed and "orbax" not in printed.lower(), printed
+    logged = [
+        r for r in caplog.records if r.name.startswith(("orbax", "absl")) and r.levelno >= logging.WARNING
+    ]
+    assert logged == [], [r.getMessage()[:200] for r in logged]
 
 
 def test_train_loop_resumes_with_epochs_and_fused_groups(tmp_path):
