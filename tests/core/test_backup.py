@@ -9,6 +9,7 @@ import signal
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from support.training import LinearClassifier
 
@@ -858,3 +859,28 @@ def test_a_bounded_history_backs_up_and_resumes_without_its_dropped_rows(tmp_pat
     assert resumed[1].dropped == reference[1].dropped > 0
     # Chunks wholly dropped by every kept backup are deleted: the files do not grow with the run.
     assert sum(end - first for first, end in _chunks(tmp_path / "run")) < 3 * 500 + 2 * 384
+
+
+def test_a_resume_notes_the_optimizer_hyperparameters_that_changed(tmp_path, caplog):
+    from ciclo import managed
+
+    @managed.train_step
+    def step(state, batch):
+        return ciclo.logs().add_loss("loss", ((state.params - batch) ** 2).sum()), state
+
+    def run(learning_rate, stop):
+        tx = optax.inject_hyperparams(optax.sgd)(learning_rate=learning_rate)
+        state = managed.ManagedState.create(params=jnp.zeros(2), tx=tx, strategy="jit")
+        return ciclo.loop(state, [jnp.ones(2)] * 10, {ciclo.every(1): step}, stop=stop, backup=tmp_path)
+
+    run(0.1, stop=2)
+    with caplog.at_level(logging.WARNING, logger="ciclo"):
+        run(0.1, stop=3)
+    assert "hyperparameters" not in caplog.text
+    with caplog.at_level(logging.WARNING, logger="ciclo"):
+        state, _, _ = run(0.01, stop=4)
+    assert (
+        "other optimizer hyperparameters than this run's state has (learning_rate: 0.1 -> 0.01)"
+        in caplog.text
+    )
+    assert float(state.opt_state.hyperparams["learning_rate"]) == pytest.approx(0.1)  # the backup's, as noted

@@ -15,6 +15,9 @@ from typing import Any, cast
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+
+from ciclo._src.reprs import short
 
 LEARNING_RATE = "learning_rate"
 """The entry the learning rate is logged as (in the `metrics` collection)."""
@@ -71,3 +74,45 @@ def learning_rate_logs(opt_state: Any) -> dict[str, jax.Array]:
     if len(rates) == 1:
         return {LEARNING_RATE: rates[0]}
     return {f"{LEARNING_RATE}_{i}": rate for i, rate in enumerate(rates)}
+
+
+def changed_hyperparameters(resumed: Any, given: Any) -> list[str]:
+    """What the `optax.inject_hyperparams` states of two states hold differently, as `name: old -> new`.
+
+    These are the optimizer's hyperparameters that a state shows: the others
+    live in closures of `tx` that nothing can compare. `resumed` and `given`
+    have one structure (a resume checked it). Read on the host, once.
+
+    Example:
+        >>> import jax.numpy as jnp, optax
+        >>> tx = optax.inject_hyperparams(optax.sgd)
+        >>> old = tx(learning_rate=0.1).init(jnp.zeros(2))
+        >>> changed_hyperparameters(old, tx(learning_rate=0.01).init(jnp.zeros(2)))
+        ['learning_rate: 0.1 -> 0.01']
+        >>> changed_hyperparameters(old, old)
+        []
+    """
+    nodes = [jax.tree_util.tree_leaves(tree, is_leaf=_is_injected) for tree in (resumed, given)]
+    injected = [(a, b) for a, b in zip(*nodes, strict=True) if _is_injected(a) and _is_injected(b)]
+    changes = []
+    for index, (old, new) in enumerate(injected):
+        for name in old.hyperparams:
+            before, after = _on_host(old.hyperparams[name]), _on_host(new.hyperparams.get(name))
+            if before is None or after is None or np.array_equal(before, after):
+                continue
+            where = f"{name} (optimizer {index})" if len(injected) > 1 else name
+            changes.append(f"{where}: {_shown(before)} -> {_shown(after)}")
+    return changes
+
+
+def _on_host(value: Any) -> np.ndarray[Any, Any] | None:
+    """`value` as numpy, from this process's first copy (a replicated or pmapped array has several)."""
+    if value is None:
+        return None
+    if isinstance(value, jax.Array):
+        value = value.addressable_shards[0].data
+    return np.asarray(value)
+
+
+def _shown(value: np.ndarray[Any, Any]) -> str:
+    return f"{value.reshape(-1)[0].item():.6g}" if value.size == 1 else short(value)

@@ -24,6 +24,7 @@ from ciclo._src.backup import (
     position_dataset,
 )
 from ciclo._src.elapsed import Clock, Period
+from ciclo._src.learning_rate import changed_hyperparameters
 from ciclo._src.logs import History
 from ciclo._src.loop_state import LoopState
 from ciclo._src.signals import SignalGuard
@@ -81,6 +82,7 @@ class Survival:
             if restored is not None:
                 self._check_kind(restored)
                 history.load_host(restored.history)
+                self._note_changed_hyperparameters(restored, state)
         except BaseException:
             session.close()
             raise
@@ -88,6 +90,18 @@ class Survival:
         if restored is not None:
             _log.info("resumed from the backup at step %d in %s", restored.step, self.spec.directory)  # type: ignore[union-attr]
         return restored
+
+    def _note_changed_hyperparameters(self, restored: Restored, state: Any) -> None:
+        changes = changed_hyperparameters(restored.state, state)
+        if changes:
+            _log.warning(
+                "the backup at step %d in %s was written with other optimizer hyperparameters than this "
+                "run's state has (%s): the backup's optimizer state, and these values, are resumed; "
+                "give backup= another directory to train with the new ones",
+                restored.step,
+                self.spec.directory,  # type: ignore[union-attr]
+                "; ".join(changes),
+            )
 
     def _check_kind(self, restored: Restored) -> None:
         if restored.kind != self.kind:
