@@ -490,31 +490,24 @@ def run_phases(
     backup_every: Any = None,
     kind: str = "run_phases",
 ) -> tuple[S, History, Elapsed]:
-    """The loop engine: runs `phases` in order at each step of `dataset`.
+    """The loop engine: at each step of `dataset`, runs the `ciclo.types.Phase`s in order.
 
-    Each phase runs the callbacks of each of its schedules that fires (see
-    `ciclo.types.Phase`); their logs are merged into the step's logs and committed to
-    the history, without waiting for the device. `ciclo.loop` and the
-    predefined loops are this engine with their own phases, as a loop of your
-    own (a GAN alternating two phases, say) is.
+    `ciclo.loop`, the predefined loops and a loop of your own (a GAN alternating
+    two phases, say) are this engine with their own phases.
 
     Args:
         state: the initial state (any pytree).
         dataset: an iterable of batches.
         phases: the `ciclo.types.Phase`s of a step, in the order they run.
-        stop: stop when this `Period` (or number of steps) is reached; otherwise
-            when the dataset ends or a callback stops the loop.
-        on_start: callback(s) run once before the first step (not again when
-            the run resumes from a backup taken after it).
+        stop: stop at this `Period` or number of steps (else at the dataset's end).
+        on_start: callback(s) run once before the first step (not on a resume).
         on_end: callback(s) run once after the last step.
         history: commit to this `History` instead of a new one.
         elapsed: resume counting from this `Elapsed`.
-        catch_keyboard_interrupt: on Ctrl-C, finish the step in flight and
-            return what was computed (a second Ctrl-C raises at once).
+        catch_keyboard_interrupt: on Ctrl-C, finish the step and return (a second one raises).
         metadata: any value, available to callbacks as `loop_state.metadata`.
         batch_size_fn: counts a batch's samples (default: its leading dimension).
-        backup: a directory or `ciclo.backup(...)`: save what the loop needs to
-            resume, and resume from it (see `ciclo.backup`).
+        backup: a directory or `ciclo.backup(...)` to back up to and resume from.
         backup_every: how often to back up when `backup` does not say.
         kind: the loop's name in its backups: a backup of another kind is refused.
 
@@ -522,8 +515,7 @@ def run_phases(
         `(state, history, elapsed)` after the last step.
 
     Raises:
-        ciclo.types.Preempted: after saving the backup on SIGTERM (or on SIGINT with
-            `ciclo.backup(..., sigint=True)`).
+        ciclo.types.Preempted: after saving the backup on SIGTERM (or SIGINT, see `ciclo.backup`).
 
     Example:
         >>> import ciclo
