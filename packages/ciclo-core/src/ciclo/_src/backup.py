@@ -293,7 +293,6 @@ def _checked_loop_item(item: Any, step: int, where: str) -> dict[str, Any]:
     return dict(item)
 
 
-_HISTORY_FIELDS = {"paths", "values", "elapsed", "max_rows", "dropped", "evicted_latest"}
 _HISTORY_ITEM_FIELDS = {"chunks", "max_rows", "dropped", "evicted_latest"}
 _COLUMNS = ("paths", "values", "elapsed")
 
@@ -305,6 +304,8 @@ def _checked_chunks(item: Any, where: str) -> list[tuple[int, int]]:
     chunks, dropped = item["chunks"], item["dropped"]
     if not isinstance(dropped, int) or isinstance(dropped, bool) or dropped < 0:
         raise ValueError(f"{where}: dropped is {short(dropped)}, not a count")
+    if not isinstance(item["evicted_latest"], dict):
+        raise ValueError(f"{where}: evicted_latest is not a dict")
     if not isinstance(chunks, list) or not all(
         isinstance(c, list) and len(c) == 2 and all(type(x) is int and x >= 0 for x in c) for c in chunks
     ):
@@ -314,18 +315,6 @@ def _checked_chunks(item: Any, where: str) -> list[tuple[int, int]]:
     if not all(first < end for first, end in ranges) or not follows or (ranges and ranges[0][0] > dropped):
         raise ValueError(f"{where}: chunks {short(chunks)} do not cover the rows from {dropped} on, in order")
     return ranges
-
-
-def _check_history(history: Any, where: str) -> None:
-    if not isinstance(history, dict) or set(history) != _HISTORY_FIELDS:
-        raise ValueError(f"{where} does not have the fields {sorted(_HISTORY_FIELDS)}")
-    rows = [history[name] for name in ("paths", "values", "elapsed")]
-    if not all(isinstance(column, list) for column in rows) or len({len(column) for column in rows}) != 1:
-        raise ValueError(f"{where}: paths, values and elapsed are not lists of one length")
-    if not isinstance(history["dropped"], int) or history["dropped"] < 0:
-        raise ValueError(f"{where}: dropped is {short(history['dropped'])}, not a count")
-    if not isinstance(history["evicted_latest"], dict):
-        raise ValueError(f"{where}: evicted_latest is not a dict")
 
 
 class Session:
@@ -490,7 +479,6 @@ class Session:
         history.update(
             max_rows=item["max_rows"], dropped=item["dropped"], evicted_latest=item["evicted_latest"]
         )
-        _check_history(history, where)
         return history
 
     def _history_item(self, history: Any) -> dict[str, Any]:
