@@ -165,9 +165,14 @@ def tests(session: nox.Session, framework: str) -> None:
 @nox.session
 def faults(session: nox.Session) -> None:
     """Kill and resume: real training scripts killed by SIGKILL and SIGTERM, 1 and 2 processes."""
-    # The train_loop worker logs to TensorBoard (tensorboardX) and the test reads it back (tensorboard).
+    # The train_loop worker logs to TensorBoard (tensorboardX), CSV, W&B offline and MLflow; the
+    # test reads each back with its own reader (tensorboard's for the event files).
     _install(
-        session, CORE.replace("]", ",tensorboard]"), "./packages/ciclo-flax", "tensorboard", *_group("test")
+        session,
+        CORE.replace("]", ",tensorboard,wandb,mlflow]"),
+        "./packages/ciclo-flax",
+        "tensorboard",
+        *_group("test"),
     )
     _pytest(session, "tests/faults")
 

@@ -8,7 +8,8 @@ the History it ends with must equal the reference exactly.
 
 from __future__ import annotations
 
-import csv
+import json
+import os
 import random
 import signal
 import subprocess
@@ -19,7 +20,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from support import processes
+from support import log_readers, processes
 
 WORKER = Path(__file__).with_name("worker.py")
 TIMEOUT = 600
@@ -48,6 +49,39 @@ def run_uninterrupted(mode: str, directory: Path) -> dict[str, np.ndarray]:
     return dict(np.load(directory / "result_0.npz"))
 
 
+def descendants(pid: int) -> list[int]:
+    """The processes started by `pid` and by them, as /proc lists them now (W&B's service among them)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:  # gone meanwhile
+                continue
+            parent = int(stat.rsplit(")", 1)[1].split()[1])
+            children.setdefault(parent, []).append(int(entry))
+    found, pending = [], [pid]
+    while pending:
+        for child in children.get(pending.pop(), []):
+            found.append(child)
+            pending.append(child)
+    return found
+
+
+def signal_tree(pid: int, signum: int) -> None:
+    """Sends `signum` to `pid`; a SIGKILL also kills every process it started, as a scheduler kills a job.
+
+    W&B's service runs in a session of its own: killed with the script, it writes nothing after it.
+    """
+    helpers = descendants(pid) if signum == signal.SIGKILL else []
+    os.kill(pid, signum)
+    for helper in helpers:
+        try:
+            os.kill(helper, signum)
+        except ProcessLookupError:
+            pass
+
+
 def kill_when(proc: subprocess.Popen[str], prefix: str, count: int, delay: float, signum: int) -> bool:
     """Sends `signum` `delay` seconds after the `count`-th output line starting with `prefix`.
 
@@ -62,7 +96,7 @@ def kill_when(proc: subprocess.Popen[str], prefix: str, count: int, delay: float
                 time.sleep(delay)
                 alive = proc.poll() is None
                 if alive:
-                    proc.send_signal(signum)
+                    signal_tree(proc.pid, signum)
                 proc.communicate(timeout=TIMEOUT)
                 return alive
     proc.wait(timeout=TIMEOUT)
@@ -77,16 +111,15 @@ def assert_equal_results(actual: dict[str, np.ndarray], expected: dict[str, np.n
 
 
 def read_loggers(directory: Path) -> dict[str, list[tuple[int, str, float]]]:
-    """What the TensorBoard and CSV loggers hold, each read as its own reader reads it."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    events = EventAccumulator(str(directory / "tb"), size_guidance={"scalars": 0})
-    events.Reload()  # a whole run directory, every event file in order, as TensorBoard reads it
-    tensorboard = [(e.step, tag, e.value) for tag in events.Tags()["scalars"] for e in events.Scalars(tag)]
-    with open(directory / "log.csv", newline="") as file:
-        rows = list(csv.DictReader(file))
-    table = [(int(row["step"]), k, float(v)) for row in rows for k, v in row.items() if k != "step" and v]
-    return {"tensorboard": sorted(tensorboard), "csv": sorted(table)}
+    """What every logger of the `train_loop` worker holds, each read as its own reader reads it."""
+    runs = json.loads((directory / "runs.json").read_text())
+    written = {
+        "tensorboard": log_readers.tensorboard(directory / "tb"),
+        "csv": log_readers.csv_file(directory / "log.csv"),
+        "wandb": log_readers.wandb_offline(directory / "wandb", runs["wandb"]),
+        "mlflow": log_readers.mlflow_run("file:" + str(directory / "mlruns"), runs["mlflow"]),
+    }
+    return {backend: sorted(rows) for backend, rows in written.items()}
 
 
 def assert_each_step_once(actual: dict[str, list[tuple[int, str, float]]], expected: dict[str, Any]) -> None:
@@ -99,8 +132,9 @@ def assert_each_step_once(actual: dict[str, list[tuple[int, str, float]]], expec
 
 @pytest.mark.parametrize(("mode", "seed", "span", "kills"), [("loop", 1, 8, 6), ("train_loop", 2, 14, 10)])
 def test_sigkill_at_random_moments_then_resume(
-    mode: str, seed: int, span: int, kills: int, tmp_path: Path
+    mode: str, seed: int, span: int, kills: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 reads a file: store only then
     reference = run_uninterrupted(mode, tmp_path / "reference")
     # A finite run: a non-finite state is never backed up, and the kills would resume from before it.
     assert np.isfinite(reference["history_loss"]).all()
@@ -120,7 +154,7 @@ def test_sigkill_at_random_moments_then_resume(
     assert len(done) == kills, done
     finish(start(mode, directory), directory)
     assert_equal_results(dict(np.load(directory / "result_0.npz")), reference)
-    if mode == "train_loop":  # with every file logger attached: each holds each step once
+    if mode == "train_loop":  # with every logger attached: each holds each step once
         assert_each_step_once(read_loggers(directory), read_loggers(tmp_path / "reference"))
     # No orbax temporary directory is left behind, and at most `keep` backups are.
     backups = sorted(p.name for p in (directory / "backup").iterdir())

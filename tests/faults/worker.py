@@ -6,7 +6,9 @@ MODE is `loop` (a hand-written jitted step in `ciclo.loop`), `train_loop` (a
 flax state with dropout and Adam, a test loop each epoch, early stopping and a
 best checkpoint), or `distributed_<strategy>` (2 processes under
 `jax.distributed`, `ciclo.loop` over a managed state). `train_loop` also logs
-to TensorBoard (`DIRECTORY/tb`) and CSV (`DIRECTORY/log.csv`). The script prints
+to TensorBoard (`DIRECTORY/tb`), CSV (`DIRECTORY/log.csv`), W&B offline
+(`DIRECTORY/wandb`) and MLflow (`DIRECTORY/mlruns`), and when it finishes
+writes the W&B and MLflow run ids to `DIRECTORY/runs.json`. The script prints
 `saving <step>` just before each backup and `step <n>` after each step, and
 when it finishes writes `DIRECTORY/result_<process>.npz` (parameters and
 History). Run again after a kill, it resumes from `DIRECTORY/backup`.
@@ -14,6 +16,7 @@ History). Run again after a kill, it resumes from `DIRECTORY/backup`.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 
@@ -136,6 +139,17 @@ def flax_train_loop() -> None:
         metrics={"accuracy": lambda logits, labels: jnp.argmax(logits, -1) == labels},
         key=0,
     )
+    # Offline and on disk: no network, nothing outside DIRECTORY.
+    os.environ.update(
+        WANDB_MODE="offline",
+        WANDB_SILENT="true",
+        WANDB_DIR=DIRECTORY,
+        MLFLOW_ALLOW_FILE_STORE="true",
+        MLFLOW_DISABLE_TELEMETRY="true",
+        DO_NOT_TRACK="true",
+    )
+    wandb = ciclo.wandb_logger(project="ciclo")
+    mlflow = ciclo.mlflow_logger("ciclo", tracking_uri="file:" + os.path.join(DIRECTORY, "mlruns"))
     epoch = 10
     state, history, _ = ciclo.train_loop(
         state,
@@ -146,12 +160,17 @@ def flax_train_loop() -> None:
             ciclo.checkpoint(os.path.join(DIRECTORY, "best"), monitor="accuracy_test", keep=1),
             ciclo.tensorboard(os.path.join(DIRECTORY, "tb")),
             ciclo.csv_logger(os.path.join(DIRECTORY, "log.csv")),
+            wandb,
+            mlflow,
         ],
         test_dataset=lambda: test,
         epoch_duration=epoch,
         stop=STOP,
         backup=ciclo.backup(os.path.join(DIRECTORY, "backup"), every=announce(epoch)),
     )
+    runs = {"wandb": wandb.state_dict()["run_id"], "mlflow": mlflow.state_dict()["run_id"]}
+    with open(os.path.join(DIRECTORY, "runs.json"), "w") as file:
+        json.dump(runs, file)
     save_result(state.params, history)
 
 

@@ -10,11 +10,8 @@ from __future__ import annotations
 
 import csv
 import dataclasses
-import glob
 import importlib
-import json
 import os
-import struct
 import sys
 import types
 from collections import Counter
@@ -25,12 +22,11 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from support import log_readers
+from support.log_readers import Written
 
 import ciclo
 from ciclo._src.callbacks._loggers._base import scalars
-
-Written = list[tuple[int, str, float]]
-"""What a backend holds: (step, entry, value), in the order read."""
 
 
 @pytest.fixture(autouse=True)
@@ -49,80 +45,19 @@ def offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 
 def read_tensorboard(path: Path, logger: ciclo.types.Logger) -> Written:
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    events = EventAccumulator(str(path / "tb"), size_guidance={"scalars": 0})
-    events.Reload()
-    return [
-        (event.step, tag, event.value) for tag in events.Tags()["scalars"] for event in events.Scalars(tag)
-    ]
+    return log_readers.tensorboard(path / "tb")
 
 
 def read_csv(path: Path, logger: ciclo.types.Logger) -> Written:
-    with open(path / "log.csv", newline="") as file:
-        rows = list(csv.DictReader(file))
-    return [
-        (int(row["step"]), name, float(value))
-        for row in rows
-        for name, value in row.items()
-        if name != "step" and value != ""
-    ]
-
-
-_WANDB_BLOCK = 32768
-
-
-def wandb_records(path: str) -> Iterator[bytes]:
-    """The records of a `.wandb` file: W&B's LevelDB-log format (7-byte header, 32 KiB blocks)."""
-    data = Path(path).read_bytes()
-    assert struct.unpack("<4sHB", data[:7]) == (b":W&B", 0xBEE1, 0)
-    position, pending = 7, b""
-    while position + 7 <= len(data):
-        left = _WANDB_BLOCK - position % _WANDB_BLOCK
-        if left < 7:  # a block's tail too short for a record header is padding
-            position += left
-            continue
-        _crc, length, kind = struct.unpack("<IHB", data[position : position + 7])
-        payload = data[position + 7 : position + 7 + length]
-        position += 7 + length
-        if kind == 0:  # zero padding up to the block's end
-            position += left - 7 - length
-            continue
-        pending += payload
-        if kind in (1, 4):  # FULL, LAST
-            yield pending
-            pending = b""
+    return log_readers.csv_file(path / "log.csv")
 
 
 def read_wandb(path: Path, logger: ciclo.types.Logger) -> Written:
-    from wandb.proto import wandb_internal_pb2
-
-    written: Written = []
-    for file in sorted(glob.glob(str(path / "wandb" / "**" / "offline-run-*" / "*.wandb"), recursive=True)):
-        for payload in wandb_records(file):
-            record = wandb_internal_pb2.Record()
-            record.ParseFromString(payload)
-            if record.WhichOneof("record_type") != "history":
-                continue
-            for item in record.history.item:
-                key = item.key or "/".join(item.nested_key)
-                if not key.startswith("_"):
-                    written.append((record.history.step.num, key, json.loads(item.value_json)))
-    return written
+    return log_readers.wandb_offline(path / "wandb")
 
 
 def read_mlflow(path: Path, logger: ciclo.types.Logger) -> Written:
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(tracking_uri=mlflow_uri(path))
-    run_id = logger.state_dict()["run_id"]
-    run = client.get_run(run_id)
-    assert run.info.status == "FINISHED"
-    return [
-        (metric.step, name, metric.value)
-        for name in run.data.metrics
-        for metric in client.get_metric_history(run_id, name)
-    ]
+    return log_readers.mlflow_run(mlflow_uri(path), logger.state_dict()["run_id"])
 
 
 def mlflow_uri(path: Path) -> str:
@@ -510,7 +445,7 @@ def test_the_saved_state_claims_only_rows_already_on_disk(backend_name: str, tmp
     logger.close()
 
 
-@pytest.mark.parametrize("backend_name", ["tensorboard", "csv", "mlflow"])
+@pytest.mark.parametrize("backend_name", ["tensorboard", "csv", "wandb", "mlflow"])
 def test_a_run_killed_after_its_backup_then_resumed_holds_each_step_once(
     backend_name: str, tmp_path: Path
 ) -> None:
@@ -524,3 +459,66 @@ def test_a_run_killed_after_its_backup_then_resumed_holds_each_step_once(
     history_2 = train(resumed, 100, STEPS)  # the resumed run computes steps 100-149 again
     want = [row for row in expected(history_1) if row[0] < 100] + expected(history_2)
     assert_same(backend.read(tmp_path, resumed), want, backend)
+
+
+def test_rows_a_killed_wandb_client_never_wrote_are_written_again_from_the_history(tmp_path: Path) -> None:
+    # W&B's client buffers rows: a run killed after its backup can hold fewer than the backup claims.
+    backend = next(b for b in BACKENDS if b.name == "wandb")
+    pytest.importorskip(backend.module)
+    first = backend.make(tmp_path)
+    history_1 = train(first, 0, 100)  # the run holds steps 0-99 ...
+    saved = {**first.state_dict(), "step": 149}  # ... and the backup claims 0-149
+    resumed = backend.make(tmp_path)
+    resumed.load_state_dict(saved)
+    assert resumed.state_dict()["step"] == 99  # what the run holds, read from its offline records
+    history_2 = train(resumed, 100, STEPS)  # steps 100-149 come from the (restored) history
+    assert_same(backend.read(tmp_path, resumed), expected(history_1, history_2), backend)
+
+
+@pytest.mark.parametrize("backend_name", ["wandb", "mlflow"])
+def test_a_backup_names_the_run_before_its_first_row(backend_name: str, tmp_path: Path) -> None:
+    # A kill after the first backup and before the first row resumes that run, never starts another.
+    backend = next(b for b in BACKENDS if b.name == backend_name)
+    pytest.importorskip(backend.module)
+    logger = backend.make(tmp_path)
+    saved = logger.state_dict()  # a backup taken before any row reaches the logger
+    assert saved["step"] is None and isinstance(saved["run_id"], str)
+    resumed = backend.make(tmp_path)
+    resumed.load_state_dict(saved)
+    history = train(resumed, 0, 150)
+    assert resumed.state_dict()["run_id"] == saved["run_id"]
+    assert_same(backend.read(tmp_path, resumed), expected(history), backend)
+    if backend_name == "wandb":
+        assert len(list((tmp_path / "wandb").glob(f"**/offline-run-*-{saved['run_id']}"))) == 1
+    else:
+        from mlflow.tracking import MlflowClient
+
+        client = MlflowClient(tracking_uri=mlflow_uri(tmp_path))
+        experiment = client.get_experiment_by_name("ciclo")
+        assert [run.info.run_id for run in client.search_runs([experiment.experiment_id])] == [
+            saved["run_id"]
+        ]
+
+
+def test_a_resumed_online_wandb_run_writes_after_the_step_w_and_b_counts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    wandb = pytest.importorskip("wandb")
+    logged: list[int] = []
+
+    class Run:  # what wandb.init(id=..., resume="allow") returns online for a run at step 120
+        id, starting_step = "abc", 120
+        settings = types.SimpleNamespace(mode="online")
+
+        def log(self, scalars: Any, step: int, commit: bool) -> None:
+            logged.append(step)
+
+        def finish(self) -> None: ...
+
+    calls: list[dict[str, Any]] = []
+    monkeypatch.setattr(wandb, "init", lambda **kwargs: calls.append(kwargs) or Run())
+    logger = ciclo.wandb_logger(project="ciclo")
+    logger.load_state_dict({"step": 99, "run_id": "abc"})
+    assert calls == [{"project": "ciclo", "id": "abc", "resume": "allow"}]
+    train(logger, 100, 200)
+    assert logged == list(range(120, 200))

@@ -60,8 +60,14 @@ class Sink(Protocol):
         """What a resumed sink needs besides the last step (a run id); strings and numbers only."""
         ...
 
-    def restore(self, state: Mapping[str, Any], after_step: int | None, /) -> None:
-        """Takes back `state()`; rows of steps after `after_step` that the backend holds are stale."""
+    def restore(self, state: Mapping[str, Any], after_step: int | None, /) -> int | None:
+        """Takes back `state()`; rows of steps after `after_step` that the backend holds are stale.
+
+        Returns None, or the newest step the backend holds when only the backend
+        knows it (a W&B run can lose the rows its client had not written yet, or
+        hold rows a killed run wrote after its backup). The logger then writes
+        the restored History's rows after that step, and none before.
+        """
         ...
 
 
@@ -334,10 +340,16 @@ class Logger:
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Appends after `state["step"]`: earlier steps are skipped, the backend's later rows dropped."""
         # The same keys as this logger's own snapshot: a snapshot of another callback is refused.
-        state = snapshot_fields(state, tuple(self.state_dict()), "logger")
+        state = snapshot_fields(state, ("step", *self._sink.state()), "logger")
         step = state.get("step")
         self._last_step = self._resume_after = None if step is None else int(step)
-        self._sink.restore({key: value for key, value in state.items() if key != "step"}, self._resume_after)
+        held = self._sink.restore(
+            {key: value for key, value in state.items() if key != "step"}, self._last_step
+        )
+        if held is not None:  # the backend's own count: write after it, refuse nothing before it
+            self._resume_after = held
+            if self._last_step is not None:
+                self._last_step = min(self._last_step, held) if held >= 0 else None
 
     def __repr__(self) -> str:
         return f"Logger({self._sink!r})"

@@ -76,7 +76,13 @@ class MlflowSink:
             client.log_batch(self.run_id, metrics=metrics[start : start + _BATCH], synchronous=True)
 
     def flush(self) -> None:
-        """Nothing to do: each batch is logged synchronously."""
+        """Creates the run if no row has yet (each batch is logged synchronously).
+
+        A logger's state is taken after a flush: a backup always names the run
+        its rows go to, and a resumed run never starts a second one.
+        """
+        if self.run_id is None:
+            self._open()
 
     def close(self) -> None:
         """Marks the run the logger created as finished (a `run_id` passed in is left as it is)."""
@@ -113,8 +119,8 @@ def mlflow_logger(
     Needs MLflow (`pip install "ciclo-core[mlflow]"`, which installs
     `mlflow-skinny`; the full `mlflow` works too). It talks to the tracking
     server through its own `MlflowClient`, so it neither needs nor changes
-    `mlflow.start_run`'s active run. The run is created on the first write and
-    marked finished when the loop ends; a logger restored with
+    `mlflow.start_run`'s active run. The run is created on the first write or
+    backup, and marked finished when the loop ends; a logger restored with
     `load_state_dict` logs to the same run again.
 
     Args:

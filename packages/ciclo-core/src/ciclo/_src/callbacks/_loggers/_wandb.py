@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import secrets
+import struct
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any, final
 
 from ciclo._src.callbacks._loggers._base import Logger, Row, import_extra
@@ -25,7 +28,7 @@ class WandbSink:
         if self._run is None:
             kwargs = dict(self._init_kwargs)
             if self._run_id is not None:
-                kwargs.update(id=self._run_id, resume="allow")
+                kwargs.update(id=self._run_id, resume="allow")  # new, or the run a backup names
             self._run = self._wandb.init(**kwargs)
             self._run_id = self._run.id
         return self._run
@@ -46,17 +49,85 @@ class WandbSink:
             self._run = None
 
     def state(self) -> dict[str, Any]:
-        """The run id, so that a resumed logger resumes the same run."""
+        """The run id, so that a resumed logger resumes the same run.
+
+        Asked for before the run starts (the first backup), it picks the id the
+        run will be started with: a backup always names the run its rows go to.
+        """
+        if self._run_id is None:
+            given = self._init_kwargs.get("id")
+            self._run_id = str(given) if given is not None else secrets.token_hex(4)
         return {"run_id": self._run_id}
 
-    def restore(self, state: Mapping[str, Any], after_step: int | None) -> None:
-        """Resumes the run `state["run_id"]` on the next write (W&B ignores steps it already has)."""
+    def restore(self, state: Mapping[str, Any], after_step: int | None) -> int | None:
+        """Resumes the run `state["run_id"]` and returns the newest step it holds.
+
+        W&B's client buffers what `run.log` is given, so a killed run can hold
+        fewer rows than its backup claims, or rows logged after the backup. The
+        newest step the run holds decides where the logger writes again: online,
+        W&B's own count (`run.starting_step`); offline, the history records of
+        the run's earlier offline directories (`offline-run-*-<id>`), read as data.
+        """
         run_id = state.get("run_id")
-        if run_id is not None and self._run is None:
-            self._run_id = str(run_id)
+        if run_id is None or self._run is not None:
+            return None
+        self._run_id = str(run_id)
+        run = self.run
+        if run.settings.mode != "offline":
+            return int(run.starting_step) - 1
+        return _newest_offline_step(Path(run.settings.wandb_dir), self._run_id, Path(run.settings.sync_dir))
 
     def __repr__(self) -> str:
         return f"WandbSink(run_id={self._run_id!r})"
+
+
+_HEADER = struct.Struct("<4sHB")
+"""A `.wandb` file starts with `:W&B`, the magic 0xBEE1 and a version (0)."""
+_RECORD = struct.Struct("<IHB")
+"""Each record fragment: a checksum, the payload's length, its kind (1 whole, 2-4 first/middle/last)."""
+_BLOCK = 32768
+"""Fragments never cross a block of this size (the LevelDB log format)."""
+
+
+def _records(data: bytes) -> Iterator[bytes]:
+    """The whole records of a `.wandb` file's bytes; stops at a torn tail (a killed writer's)."""
+    if len(data) < _HEADER.size or _HEADER.unpack_from(data) != (b":W&B", 0xBEE1, 0):
+        return
+    position, parts = _HEADER.size, b""
+    while True:
+        room = _BLOCK - position % _BLOCK
+        if room < _RECORD.size:  # too little room for a fragment's header: the block's padding
+            position += room
+            continue
+        if position + _RECORD.size > len(data):
+            return
+        _, length, kind = _RECORD.unpack_from(data, position)
+        payload = data[position + _RECORD.size : position + _RECORD.size + length]
+        if len(payload) < length:  # a torn fragment: the writer was killed while writing it
+            return
+        if kind == 0:  # zeros to the block's end
+            position += room
+            continue
+        position += _RECORD.size + length
+        parts += payload
+        if kind in (1, 4):
+            yield parts
+            parts = b""
+
+
+def _newest_offline_step(wandb_dir: Path, run_id: str, current: Path) -> int:
+    """The newest history step in the earlier offline directories of run `run_id` (-1: none)."""
+    messages = import_extra("wandb.proto.wandb_internal_pb2", "wandb", "ciclo.wandb_logger")
+    newest = -1
+    for directory in wandb_dir.glob(f"offline-run-*-{run_id}"):
+        if directory == current:
+            continue
+        for payload in _records((directory / f"run-{run_id}.wandb").read_bytes()):
+            record = messages.Record()
+            record.ParseFromString(payload)
+            if record.WhichOneof("record_type") == "history":
+                newest = max(newest, record.history.step.num)
+    return newest
 
 
 def wandb_logger(run: Any = None, **init_kwargs: Any) -> Logger:
@@ -64,9 +135,10 @@ def wandb_logger(run: Any = None, **init_kwargs: Any) -> Logger:
 
     Needs wandb (`pip install "ciclo-core[wandb]"`). With no `run`, the logger
     starts one with `wandb.init(**init_kwargs)` on its first write and
-    finishes it when the loop ends; a logger restored with
-    `load_state_dict` resumes the same run (`wandb.init(id=...,
-    resume="allow")`). A `run` you started yourself is written to and left
+    finishes it when the loop ends. Its state (a backup's) names the run even
+    before the run starts; a logger restored with `load_state_dict` resumes
+    that run (`wandb.init(id=..., resume="allow")`) and writes after the
+    newest step the run holds. A `run` you started yourself is written to and left
     running. W&B's own settings apply: `WANDB_MODE=offline` writes the run to
     `WANDB_DIR` without a network, for `wandb sync` later.
 
