@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -191,30 +192,49 @@ def run_two(mode: str, directory: Path, *, signum: int | None = None, after: int
     return [proc.returncode for proc in procs]
 
 
+@pytest.fixture(scope="module")
+def two_process_reference(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """The directory of an uninterrupted 2-process run of `mode`, run once per module."""
+    done: dict[str, Path] = {}
+
+    def reference(mode: str) -> Path:
+        if mode not in done:
+            directory = tmp_path_factory.mktemp(f"reference_{mode}")
+            assert run_two(mode, directory) == [0, 0], (directory / "stderr.log").read_text()
+            done[mode] = directory
+        return done[mode]
+
+    return reference
+
+
+def assert_equal_to_reference(directory: Path, reference: Path) -> None:
+    for process in range(2):
+        assert_equal_results(
+            dict(np.load(directory / f"result_{process}.npz")),
+            dict(np.load(reference / f"result_{process}.npz")),
+        )
+
+
 @pytest.mark.parametrize("strategy", ["data_parallel", "fsdp"])
-def test_two_processes_preempted_by_sigterm_to_one_resume_together(strategy: str, tmp_path: Path) -> None:
+def test_two_processes_preempted_by_sigterm_to_one_resume_together(
+    strategy: str, tmp_path: Path, two_process_reference: Callable[[str], Path]
+) -> None:
     mode = f"distributed_{strategy}"
-    assert run_two(mode, tmp_path / "reference") == [0, 0], (
-        tmp_path / "reference" / "stderr.log"
-    ).read_text()
+    reference = two_process_reference(mode)
     directory = tmp_path / "preempted"
     codes = run_two(mode, directory, signum=signal.SIGTERM, after=12)
     log = (directory / "stderr.log").read_text()
     # Both stop at the step they agreed on, after saving their shards.
     assert codes == [143, 143], log
     assert run_two(mode, directory) == [0, 0], (directory / "stderr.log").read_text()
-    for process in range(2):
-        assert_equal_results(
-            dict(np.load(directory / f"result_{process}.npz")),
-            dict(np.load(tmp_path / "reference" / f"result_{process}.npz")),
-        )
+    assert_equal_to_reference(directory, reference)
 
 
-def test_two_processes_killed_together_resume(tmp_path: Path) -> None:
+def test_two_processes_killed_together_resume(
+    tmp_path: Path, two_process_reference: Callable[[str], Path]
+) -> None:
     mode = "distributed_fsdp"
-    assert run_two(mode, tmp_path / "reference") == [0, 0], (
-        tmp_path / "reference" / "stderr.log"
-    ).read_text()
+    reference = two_process_reference(mode)
     directory = tmp_path / "killed"
     port = str(processes.free_port())
     procs = [start(mode, directory, str(i), port) for i in range(2)]
@@ -222,8 +242,26 @@ def test_two_processes_killed_together_resume(tmp_path: Path) -> None:
     procs[1].kill()
     procs[1].communicate(timeout=TIMEOUT)
     assert run_two(mode, directory) == [0, 0], (directory / "stderr.log").read_text()
-    for process in range(2):
-        assert_equal_results(
-            dict(np.load(directory / f"result_{process}.npz")),
-            dict(np.load(tmp_path / "reference" / f"result_{process}.npz")),
-        )
+    assert_equal_to_reference(directory, reference)
+
+
+def test_two_processes_fall_back_together_over_a_backup_one_of_them_cannot_read(
+    tmp_path: Path, two_process_reference: Callable[[str], Path]
+) -> None:
+    mode = "distributed_fsdp"
+    reference = two_process_reference(mode)
+    directory = tmp_path / "damaged"
+    assert run_two(mode, directory, signum=signal.SIGTERM, after=12) == [143, 143]
+    backups = directory / "backup"
+    newest = max(int(step.name) for step in backups.iterdir() if step.name.isdigit())
+    # Process 1's shards of the newest backup: only process 1 reads them.
+    shards = list((backups / str(newest) / "state" / "ocdbt.process_1" / "d").iterdir())
+    assert shards
+    for shard in shards:
+        with open(shard, "r+b") as file:
+            file.truncate(10)
+    assert run_two(mode, directory) == [0, 0], (directory / "stderr.log").read_text()
+    log = (directory / "stderr.log").read_text()
+    # Process 0 read its part, and falls back with process 1 instead of resuming alone.
+    assert f"process 1 could not read its part of step {newest}; trying the one before" in log, log
+    assert_equal_to_reference(directory, reference)

@@ -47,7 +47,15 @@ from ciclo._src.checks import check_directory
 from ciclo._src.elapsed import Elapsed, Period, make_elapsed
 from ciclo._src.finite import all_finite
 from ciclo._src.host_json import from_json, to_json
-from ciclo._src.orbax_io import abstract, check_structure, open_manager, orbax, stored_tree
+from ciclo._src.orbax_io import (
+    abstract,
+    barrier_prefix,
+    check_structure,
+    open_manager,
+    orbax,
+    restore_everywhere,
+    stored_tree,
+)
 from ciclo._src.reprs import short
 from ciclo._src.schedules import Every, crossed
 
@@ -58,6 +66,8 @@ _FORMAT = 3
 _MARKER = "ciclo_backup.json"
 """Written next to the checkpoints: says the directory holds ciclo backups."""
 _HISTORY_DIR = "history"
+_BARRIERS = "ciclo_backup"
+"""The backups' kind in orbax's barrier names (a checkpoint's saves of the same step never wait on them)."""
 """The History's rows, in files `rows-<first>-<end>.json`: each backup writes only the rows since the last."""
 _CHUNK = re.compile(r"rows-(\d+)-(\d+)\.json")
 _LOCK = "ciclo_backup.lock"
@@ -341,7 +351,7 @@ class Session:
         self._locked = _lock(spec.directory)
         self.manager = open_manager(
             spec.directory,
-            "ciclo_backup",
+            _BARRIERS,
             item_handlers={
                 "state": ocp.StandardCheckpointHandler(),
                 "kept": ocp.StandardCheckpointHandler(),
@@ -388,6 +398,7 @@ class Session:
         failures: list[tuple[int, Exception]] = []
         for step in sorted((int(step) for step in self.manager.all_steps()), reverse=True):
             try:
+                # Every process resumes from the same step: the reads fail on all of them together.
                 restored = self._restore_step(step, target)
             except Exception as error:  # noqa: BLE001 - orbax, tensorstore and json raise anything
                 failures.append((step, error))
@@ -411,8 +422,11 @@ class Session:
 
     def _restore_step(self, step: int, target: Any) -> Restored:
         """The backup of `step`, checked field by field; raises if any part of it cannot be read."""
-        ocp = self._ocp
-        loop_item = self.manager.restore(step, args=ocp.args.Composite(loop=ocp.args.JsonRestore()))["loop"]
+        ocp, manager = self._ocp, self.manager
+        barriers = barrier_prefix(_BARRIERS, self.spec.directory)
+        loop_item = restore_everywhere(
+            manager, step, ocp.args.Composite(loop=ocp.args.JsonRestore()), barriers=barriers
+        )["loop"]
         document = os.path.join(self.spec.directory, str(step), "loop")
         fields = _checked_loop_item(loop_item, step, document)
         where = f"at step {step} in {self.spec.directory}"
@@ -421,19 +435,25 @@ class Session:
         # Compared before orbax reads anything: its own errors name no leaf.
         check_structure(None if stored is None else stored["state"], target_tree, "the backup", where)
         try:
-            restored = self.manager.restore(
-                step, args=ocp.args.Composite(state=ocp.args.StandardRestore({"state": target_tree}))
+            restored = restore_everywhere(
+                manager,
+                step,
+                ocp.args.Composite(state=ocp.args.StandardRestore({"state": target_tree})),
+                barriers=barriers,
             )["state"]["state"]
         except Exception as error:  # noqa: BLE001 - orbax and tensorstore raise plain Exceptions
-            raise ValueError(f"the backup {where} does not fit this loop's state: {error}") from None
+            # The structure fits (checked above): what fails is reading the arrays' files.
+            raise ValueError(f"the state of the backup {where} cannot be read: {error}") from None
         states = {}
         if fields["kept"]:
             # Trees shaped like the loop's state (an early stopping's best state), saved by orbax.
-            states = self.manager.restore(
+            states = restore_everywhere(
+                manager,
                 step,
-                args=ocp.args.Composite(
+                ocp.args.Composite(
                     kept=ocp.args.StandardRestore({name: target_tree for name in fields["kept"]})
                 ),
+                barriers=barriers,
             )["kept"]
         callbacks = from_json(fields["callbacks"], f"{document}: callbacks", states=states)
         item = from_json(fields["history"], f"{document}: history")

@@ -141,6 +141,46 @@ def open_manager(
     return manager
 
 
+def restore_everywhere(manager: Any, step: int, args: Any, *, barriers: str) -> Any:
+    """`manager.restore(step, args=args)`, done or failed on every process together.
+
+    Each process reads its own part of a step (its shards). orbax ends a restore
+    with a barrier that a process failing to read its part never reaches: here it
+    joins that barrier, then the processes share whether each one could read, so
+    that all of them raise together and can all try another step.
+
+    Args:
+        manager: an orbax manager from `open_manager`.
+        step: the step to restore.
+        args: orbax's restore arguments.
+        barriers: the manager's barrier names, `barrier_prefix(kind, directory)`.
+
+    Raises:
+        Exception: this process's own error, or a `RuntimeError` naming the
+            processes that could not read their part.
+    """
+    if jax.process_count() == 1:
+        return manager.restore(step, args=args)
+    from jax.experimental import multihost_utils
+
+    ocp = orbax()
+    error: Exception | None = None
+    try:
+        restored = manager.restore(step, args=args)
+    except Exception as failure:  # noqa: BLE001 - orbax and tensorstore raise anything
+        error = failure
+        ocp.multihost.sync_global_processes(
+            ocp.multihost.unique_barrier_key("Checkpointer:restore", prefix=barriers)
+        )
+    done = np.asarray(multihost_utils.process_allgather(np.asarray([error is None], np.int32), tiled=True))
+    if error is not None:
+        raise error
+    failed = [index for index, ok in enumerate(done) if not ok]
+    if failed:
+        raise RuntimeError(f"process {', '.join(map(str, failed))} could not read its part of step {step}")
+    return restored
+
+
 def _finish_saves_at_exit() -> None:
     """Finishes the saves in flight as the interpreter shuts down, before thread pools refuse work."""
     for manager in list(_open_managers):
