@@ -50,11 +50,13 @@ from ciclo._src.logs import LogsLike
 from ciclo._src.orbax_io import (
     TMP_MARK,
     abstract,
+    barrier_prefix,
     check_structure,
     epath,
     is_single_leaf,
     open_manager,
     orbax,
+    restore_everywhere,
     stored_tree,
 )
 from ciclo._src.reprs import short
@@ -76,6 +78,8 @@ SETTINGS_FILE = "ciclo_checkpoint.json"
 _STATE_KEYS = ("newest_step", "newest_at_start", "warned")
 
 _LOSS = "loss"
+_BARRIERS = "ciclo_checkpoint"
+"""The checkpoints' kind in orbax's barrier names (a backup's saves of the same step never wait on them)."""
 """Without `monitor`, the entry whose non-finite value keeps a state from being saved."""
 
 _log = logging.getLogger("ciclo")
@@ -147,7 +151,7 @@ def _open_manager(
     # Naming the handler lets a manager opened later read a step's metadata (for the structure check).
     return open_manager(
         directory,
-        "ciclo_checkpoint",
+        _BARRIERS,
         item_handlers=ocp.StandardCheckpointHandler(),
         async_save=async_save,
         create=create,
@@ -242,7 +246,13 @@ def _restore(manager: Any, directory: str, target: T, step: object, monitor: str
     check_structure(
         stored_tree(manager, resolved), item, "the checkpoint", f"of step {resolved} in {directory}"
     )
-    restored = manager.restore(resolved, args=ocp.args.StandardRestore(item))
+    # Under several processes, a checkpoint one of them cannot read raises on all of them.
+    restored = restore_everywhere(
+        manager,
+        resolved,
+        ocp.args.StandardRestore(item),
+        barriers=barrier_prefix(_BARRIERS, directory),
+    )
     return typing.cast(T, restored["state"] if wrapped else restored)
 
 
