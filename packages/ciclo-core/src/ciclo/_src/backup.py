@@ -45,6 +45,7 @@ import jax
 from ciclo._src.batches import BatchSizeFn, count
 from ciclo._src.checks import check_directory
 from ciclo._src.elapsed import Elapsed, Period, make_elapsed
+from ciclo._src.files import write_atomically
 from ciclo._src.finite import all_finite
 from ciclo._src.host_json import from_json, to_json
 from ciclo._src.orbax_io import (
@@ -741,11 +742,4 @@ def _unlock(directory: str) -> None:
 
 def _write_json(directory: str, name: str, document: Any) -> None:
     """Writes `document` to `directory/name` atomically and durably: a reader sees all of it or nothing."""
-    os.makedirs(directory, exist_ok=True)
-    path = os.path.join(directory, name)
-    tmp = f"{path}.tmp"  # one writer per file: process 0 (a kill leaves it; the next write replaces it)
-    with open(tmp, "w", encoding="utf-8") as file:
-        json.dump(document, file)
-        file.flush()
-        os.fsync(file.fileno())
-    os.replace(tmp, path)
+    write_atomically(os.path.join(directory, name), json.dumps(document))  # written by process 0 only

@@ -45,6 +45,7 @@ from ciclo._src.callbacks._monitor import (
 )
 from ciclo._src.checks import check_directory
 from ciclo._src.elapsed import Elapsed
+from ciclo._src.files import write_atomically
 from ciclo._src.finite import all_finite
 from ciclo._src.logs import LogsLike
 from ciclo._src.orbax_io import (
@@ -192,12 +193,7 @@ def _write_settings(directory: str, monitor: str | None, mode: Mode) -> None:
     if "://" in directory:
         path.write_text(text)  # object stores replace whole objects: already atomic
         return
-    tmp = os.path.join(directory, f".{SETTINGS_FILE}.{os.getpid()}.tmp")
-    with open(tmp, "w") as file:
-        file.write(text)
-        file.flush()
-        os.fsync(file.fileno())
-    os.replace(tmp, os.path.join(directory, SETTINGS_FILE))
+    write_atomically(os.path.join(directory, SETTINGS_FILE), text)
 
 
 def _remove_all(directory: str) -> None:
