@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import importlib
+import json
 import os
 import sys
 import types
@@ -53,7 +54,7 @@ def read_csv(path: Path, logger: ciclo.types.Logger) -> Written:
 
 
 def read_wandb(path: Path, logger: ciclo.types.Logger) -> Written:
-    return log_readers.wandb_offline(path / "wandb")
+    return log_readers.wandb_offline(path / "wandb")  # one run per test
 
 
 def read_mlflow(path: Path, logger: ciclo.types.Logger) -> Written:
@@ -489,7 +490,7 @@ def test_a_backup_names_the_run_before_its_first_row(backend_name: str, tmp_path
     assert resumed.state_dict()["run_id"] == saved["run_id"]
     assert_same(backend.read(tmp_path, resumed), expected(history), backend)
     if backend_name == "wandb":
-        assert len(list((tmp_path / "wandb").glob(f"**/offline-run-*-{saved['run_id']}"))) == 1
+        assert len(log_readers.wandb_files(tmp_path / "wandb", saved["run_id"])) == 1
     else:
         from mlflow.tracking import MlflowClient
 
@@ -522,3 +523,84 @@ def test_a_resumed_online_wandb_run_writes_after_the_step_w_and_b_counts(
     assert calls == [{"project": "ciclo", "id": "abc", "resume": "allow"}]
     train(logger, 100, 200)
     assert logged == list(range(120, 200))
+
+
+# ----------------------------------------------------------------------------- hyperparameters
+
+HPARAMS = {"learning_rate": 0.01, "batch_size": 32, "optimizer": "adam", "nesterov": False}
+
+
+def read_hparams(backend: str, path: Path, logger: ciclo.types.Logger) -> dict[str, Any]:
+    if backend == "tensorboard":
+        return log_readers.tensorboard_hparams(path / "tb")
+    if backend == "csv":
+        return json.loads((path / "log.hparams.json").read_text())
+    if backend == "wandb":
+        return log_readers.wandb_config(path / "wandb")
+    return log_readers.mlflow_params(mlflow_uri(path), logger.state_dict()["run_id"])
+
+
+def test_hparams_are_written_once_and_read_back_by_each_backend(backend: Backend, tmp_path: Path) -> None:
+    make = {
+        "tensorboard": lambda: ciclo.tensorboard(tmp_path / "tb", hparams=HPARAMS),
+        "csv": lambda: ciclo.csv_logger(tmp_path / "log.csv", hparams=HPARAMS),
+        "wandb": lambda: ciclo.wandb_logger(project="ciclo", dir=str(tmp_path / "wandb"), hparams=HPARAMS),
+        "mlflow": lambda: ciclo.mlflow_logger("ciclo", tracking_uri=mlflow_uri(tmp_path), hparams=HPARAMS),
+    }[backend.name]
+    first = make()
+    history_1 = train(first, 0, 150)
+    resumed = make()  # a resumed run: the backend already holds the hparams
+    resumed.load_state_dict(first.state_dict())
+    history_2 = train(resumed, 150, STEPS)
+    assert_same(backend.read(tmp_path, resumed), expected(history_1, history_2), backend)
+    want = {
+        "tensorboard": {**HPARAMS, "batch_size": 32.0},  # the hparams plugin keeps numbers as float64
+        "csv": HPARAMS,
+        "wandb": HPARAMS,
+        "mlflow": {name: str(value) for name, value in HPARAMS.items()},  # MLflow keeps strings
+    }[backend.name]
+    assert read_hparams(backend.name, tmp_path, resumed) == want
+    if backend.name == "tensorboard":  # the plugin's session start is in the first event file only
+        first_file, *later = sorted((tmp_path / "tb").iterdir())
+        assert later and all(b"_hparams_" not in file.read_bytes() for file in later)
+        assert b"_hparams_/session_start_info" in first_file.read_bytes()
+
+
+def test_metric_writer_logger_writes_hparams_before_the_first_rows(clu_interface: Any) -> None:
+    interface, _ = clu_interface
+    calls: list[Any] = []
+
+    class Recorder(recorder_class(interface)):  # type: ignore[misc]
+        def write_scalars(self, step: int, scalars: Any) -> None:
+            calls.append(("scalars", step))
+
+        def write_hparams(self, hparams: Any) -> None:
+            calls.append(("hparams", dict(hparams)))
+
+    train(ciclo.metric_writer_logger(Recorder(), hparams=HPARAMS), 0, 3)
+    assert calls[:2] == [("hparams", HPARAMS), ("scalars", 0)]
+    assert [call for call in calls if call[0] == "hparams"] == [("hparams", HPARAMS)]
+
+
+@pytest.mark.parametrize(
+    ("hparams", "error", "message"),
+    [
+        ([("lr", 0.1)], TypeError, r"hparams must be a dict of name -> number, string or bool, got \[\("),
+        ({"": 1}, TypeError, "hparams names must be non-empty strings, got ''"),
+        ({3: 1}, TypeError, "hparams names must be non-empty strings, got 3"),
+        ({"layers": [64, 64]}, TypeError, r"hparams\['layers'\] must be a number, a string or a bool"),
+        ({"schedule": None}, TypeError, r"hparams\['schedule'\] must be a number, a string or a bool"),
+    ],
+)
+def test_bad_hparams_are_refused_when_the_logger_is_created(
+    hparams: Any, error: type[Exception], message: str, tmp_path: Path
+) -> None:
+    with pytest.raises(error, match=message):
+        ciclo.csv_logger(tmp_path / "log.csv", hparams=hparams)
+    assert not list(tmp_path.glob("log*"))
+
+
+def test_hparams_and_a_wandb_config_giving_the_same_name_are_refused() -> None:
+    pytest.importorskip("wandb")
+    with pytest.raises(ValueError, match=r"hparams and config= both give \['lr'\]"):
+        ciclo.wandb_logger(project="p", config={"lr": 0.1}, hparams={"lr": 0.2})

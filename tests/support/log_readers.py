@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import struct
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 Written = list[tuple[int, str, float]]
 """What a backend holds: (step, entry, value), in the order read."""
@@ -64,12 +66,25 @@ def wandb_records(path: Path) -> Iterator[bytes]:
             pending = b""
 
 
-def wandb_offline(wandb_dir: Path, run_id: str = "*") -> Written:
+def wandb_files(wandb_dir: Path, run_id: str | None) -> list[Path]:
+    """The `.wandb` files of run `run_id` (None: of every run) under `wandb_dir`, oldest first.
+
+    A run started again within the second of an earlier start gets `-1`, `-2`, ... after its id.
+    """
+    name = re.compile(
+        r"offline-run-\d{8}_\d{6}-" + (".+" if run_id is None else re.escape(run_id) + r"(-\d+)?")
+    )
+    return sorted(
+        file for file in wandb_dir.glob("**/offline-run-*/*.wandb") if name.fullmatch(file.parent.name)
+    )
+
+
+def wandb_offline(wandb_dir: Path, run_id: str | None = None) -> Written:
     """The history rows of every offline directory of run `run_id` (default: of every run), oldest first."""
     from wandb.proto import wandb_internal_pb2
 
     written: Written = []
-    for file in sorted(wandb_dir.glob(f"**/offline-run-*-{run_id}/*.wandb")):
+    for file in wandb_files(wandb_dir, run_id):
         for payload in wandb_records(file):
             record = wandb_internal_pb2.Record()
             record.ParseFromString(payload)
@@ -94,3 +109,44 @@ def mlflow_run(tracking_uri: str, run_id: str) -> Written:
         for name in run.data.metrics
         for metric in client.get_metric_history(run_id, name)
     ]
+
+
+# ----------------------------------------------------------------------------- hyperparameters
+
+
+def tensorboard_hparams(logdir: Path) -> dict[str, Any]:
+    """The hparams of the run directory, as TensorBoard's hparams plugin reads its session start."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.plugins.hparams import plugin_data_pb2
+
+    events = EventAccumulator(str(logdir))
+    events.Reload()
+    content = events.PluginTagToContent("hparams")["_hparams_/session_start_info"]
+    data = plugin_data_pb2.HParamsPluginData.FromString(content)
+    values = data.session_start_info.hparams
+    return {name: getattr(value, value.WhichOneof("kind")) for name, value in values.items()}
+
+
+def wandb_config(wandb_dir: Path, run_id: str | None = None) -> dict[str, Any]:
+    """The config of the offline run(s) `run_id`: their run records' config, then config updates."""
+    from wandb.proto import wandb_internal_pb2
+
+    config: dict[str, Any] = {}
+    for file in wandb_files(wandb_dir, run_id):
+        for payload in wandb_records(file):
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(payload)
+            kind = record.WhichOneof("record_type")
+            if kind in ("run", "config"):
+                for item in (record.run.config if kind == "run" else record.config).update:
+                    key = item.key or "/".join(item.nested_key)
+                    if not key.startswith("_"):
+                        config[key] = json.loads(item.value_json)
+    return config
+
+
+def mlflow_params(tracking_uri: str, run_id: str) -> dict[str, str]:
+    """The params of run `run_id` (MLflow stores them as strings)."""
+    from mlflow.tracking import MlflowClient
+
+    return dict(MlflowClient(tracking_uri=tracking_uri).get_run(run_id).data.params)

@@ -20,6 +20,7 @@ from typing import Any, NamedTuple, Protocol, final
 from ciclo._src.callbacks._monitor import snapshot_fields
 from ciclo._src.logs import History, Logs, LogsLike
 from ciclo._src.loop_state import LoopState
+from ciclo._src.reprs import short
 from ciclo._src.types import CallbackOutput, S
 
 _SKIPPED_COLLECTIONS = frozenset({"elapsed", "outputs"})
@@ -111,6 +112,38 @@ def scalars(logs: LogsLike) -> dict[str, float | int]:
             for collection, value in values:
                 out[f"{collection}.{name}"] = value
     return out
+
+
+HParams = dict[str, "bool | int | float | str"]
+"""A run's hyperparameters, as a logger records them: name -> number, string or bool."""
+
+
+def checked_hparams(hparams: Mapping[str, Any] | None) -> HParams:
+    """`hparams` as plain Python values, checked when a logger is created.
+
+    Example:
+        >>> import numpy as np
+        >>> from ciclo._src.callbacks._loggers._base import checked_hparams
+        >>> checked_hparams({"learning_rate": np.float32(0.5), "optimizer": "adam"})
+        {'learning_rate': 0.5, 'optimizer': 'adam'}
+
+    Raises:
+        TypeError: if `hparams` is not a mapping, a name is not a non-empty
+            string, or a value is not a number, a string or a bool.
+    """
+    if hparams is None:
+        return {}
+    if not isinstance(hparams, Mapping):
+        raise TypeError(f"hparams must be a dict of name -> number, string or bool, got {short(hparams)}")
+    checked: HParams = {}
+    for name, value in hparams.items():
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"hparams names must be non-empty strings, got {short(name)}")
+        plain = value if isinstance(value, str) else _number(value)
+        if plain is None:
+            raise TypeError(f"hparams[{name!r}] must be a number, a string or a bool, got {short(value)}")
+        checked[name] = bool(value) if isinstance(value, bool) else plain
+    return checked
 
 
 def _number(value: Any) -> float | int | None:

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import csv
+import json
 import os
 import tempfile
 from collections.abc import Mapping, Sequence
 from typing import Any, final
 
-from ciclo._src.callbacks._loggers._base import Logger, Row
+from ciclo._src.callbacks._loggers._base import HParams, Logger, Row, checked_hparams
+from ciclo._src.files import write_atomically
 from ciclo._src.reprs import short
 
 STEP = "step"
@@ -19,10 +21,11 @@ STEP = "step"
 class CsvSink:
     """Writes rows to a CSV file whose header is every entry seen so far; see `ciclo.csv_logger`."""
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], hparams: HParams | None = None) -> None:
         if not isinstance(path, (str, os.PathLike)):
             raise TypeError(f"path must be a file path, got {short(path)}")
         self.path = os.fspath(path)
+        self._hparams = dict(hparams or {})
         self._columns: list[str] | None = None  # None: the file is not opened yet
         self._after_step: int | None = None
         self._resumed = False
@@ -32,8 +35,15 @@ class CsvSink:
         """The header: `step`, then the entries in the order they first appeared."""
         return [STEP] if self._columns is None else list(self._columns)
 
+    @property
+    def hparams_path(self) -> str:
+        """Where the hyperparameters are written: `log.csv` -> `log.hparams.json`."""
+        return os.path.splitext(self.path)[0] + ".hparams.json"
+
     def _open(self) -> list[str]:
         """The columns of the file to append to: a new file, or a resumed run's file."""
+        if self._hparams:
+            write_atomically(self.hparams_path, json.dumps(self._hparams, indent=2) + "\n")
         if self._resumed and os.path.exists(self.path):
             with open(self.path, newline="") as file:
                 reader = csv.reader(file)
@@ -105,7 +115,7 @@ class CsvSink:
         return f"CsvSink({self.path!r})"
 
 
-def csv_logger(path: str | os.PathLike[str]) -> Logger:
+def csv_logger(path: str | os.PathLike[str], *, hparams: Mapping[str, Any] | None = None) -> Logger:
     """A logger that writes one CSV row per logged step: `step`, then a column per entry.
 
     The header is the union of the entries seen so far, in the order they first
@@ -119,10 +129,12 @@ def csv_logger(path: str | os.PathLike[str]) -> Logger:
 
     A new logger starts a new file (replacing one at `path`); one restored with
     `load_state_dict` appends to it, after dropping any rows of steps
-    after the restored step.
+    after the restored step. `hparams` go to a JSON file beside the CSV
+    (`log.csv` -> `log.hparams.json`), written whole when the file opens.
 
     Args:
         path: the CSV file (its directory is created if missing).
+        hparams: the run's hyperparameters (name -> number, string or bool).
 
     Returns:
         A `Logger` (see `Logger`).
@@ -145,4 +157,4 @@ def csv_logger(path: str | os.PathLike[str]) -> Logger:
         2,0.3333333333333333,0.75
         <BLANKLINE>
     """
-    return Logger(CsvSink(path))
+    return Logger(CsvSink(path, checked_hparams(hparams)))

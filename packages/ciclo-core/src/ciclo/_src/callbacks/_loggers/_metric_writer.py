@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, final
 
-from ciclo._src.callbacks._loggers._base import Logger, Row
+from ciclo._src.callbacks._loggers._base import HParams, Logger, Row, checked_hparams
 from ciclo._src.reprs import short
 
 
@@ -13,16 +13,21 @@ from ciclo._src.reprs import short
 class MetricWriterSink:
     """Writes rows with `writer.write_scalars(step, scalars)`; see `ciclo.metric_writer_logger`."""
 
-    def __init__(self, writer: Any) -> None:
-        if not all(callable(getattr(writer, name, None)) for name in ("write_scalars", "flush")):
+    def __init__(self, writer: Any, hparams: HParams | None = None) -> None:
+        needed = ("write_scalars", "flush", "write_hparams") if hparams else ("write_scalars", "flush")
+        if not all(callable(getattr(writer, name, None)) for name in needed):
             raise TypeError(
                 f"metric_writer_logger needs a clu.metric_writers.MetricWriter "
-                f"(write_scalars and flush), got {short(writer)}"
+                f"({', '.join(needed)}), got {short(writer)}"
             )
         self.writer = writer
+        self._hparams = dict(hparams or {})  # written with the first rows
 
     def write(self, rows: Sequence[Row]) -> None:
-        """One `write_scalars` call per row."""
+        """One `write_scalars` call per row (after `write_hparams`, the first time)."""
+        if self._hparams:
+            self.writer.write_hparams(self._hparams)
+            self._hparams = {}
         write_scalars = self.writer.write_scalars
         for row in rows:
             write_scalars(row.step, row.scalars)
@@ -40,29 +45,34 @@ class MetricWriterSink:
         return {}
 
     def restore(self, state: Mapping[str, Any], after_step: int | None) -> None:
-        """Nothing to restore."""
+        """Nothing to restore; the hparams were written with the first rows, if there were any."""
+        if after_step is not None:
+            self._hparams = {}
 
     def __repr__(self) -> str:
         return f"MetricWriterSink({self.writer!r})"
 
 
-def metric_writer_logger(writer: Any) -> Logger:
+def metric_writer_logger(writer: Any, *, hparams: Mapping[str, Any] | None = None) -> Logger:
     """A logger that writes every scalar entry through a clu `metric_writers.MetricWriter`.
 
     Any writer of `clu.metric_writers` works (`SummaryWriter`, `AsyncWriter`,
     `MultiWriter`, `LoggingWriter`, ...), as does any object with
     `write_scalars(step, scalars)` and `flush()`. ciclo imports no clu: you
     create the writer (and close it when you are done); the logger calls
-    `write_scalars` once per logged step and `flush` when the loop ends.
+    `write_scalars` once per logged step and `flush` when the loop ends, and
+    `write_hparams(hparams)` before the first rows.
 
     Args:
         writer: the metric writer.
+        hparams: the run's hyperparameters (name -> number, string or bool).
 
     Returns:
         A `Logger` (see `Logger`).
 
     Raises:
-        TypeError: if `writer` has no `write_scalars` or `flush` method.
+        TypeError: if `writer` has no `write_scalars` or `flush` method (or
+            no `write_hparams`, given `hparams`).
 
     Example:
         >>> import ciclo
@@ -78,4 +88,4 @@ def metric_writer_logger(writer: Any) -> Logger:
         0 {'loss': 0.0}
         1 {'loss': 0.5}
     """
-    return Logger(MetricWriterSink(writer))
+    return Logger(MetricWriterSink(writer, checked_hparams(hparams)))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, final
 
-from ciclo._src.callbacks._loggers._base import Logger, Row, import_extra
+from ciclo._src.callbacks._loggers._base import HParams, Logger, Row, checked_hparams, import_extra
 from ciclo._src.reprs import short
 
 _BATCH = 1000
@@ -23,8 +23,10 @@ class MlflowSink:
         tracking_uri: str | None,
         run_id: str | None,
         tags: Mapping[str, str] | None,
+        hparams: HParams | None = None,
     ) -> None:
         self._mlflow = import_extra("mlflow", "mlflow", "ciclo.mlflow_logger")
+        self._hparams = dict(hparams or {})  # logged as the run's params when it is first opened
         self._experiment_name = experiment_name
         self._run_name = run_name
         self._tracking_uri = tracking_uri
@@ -49,6 +51,10 @@ class MlflowSink:
             )
             run = client.create_run(experiment_id, run_name=self._run_name, tags=self._tags)
             self.run_id = run.info.run_id
+        if self._hparams:  # MLflow keeps params as strings, and refuses to change one
+            params = [self._mlflow.entities.Param(name, str(value)) for name, value in self._hparams.items()]
+            client.log_batch(self.run_id, params=params, synchronous=True)
+            self._hparams = {}
         elif self._owned:
             client.update_run(self.run_id, status="RUNNING")  # written again: a resumed run
         if self._resumed:
@@ -101,6 +107,7 @@ class MlflowSink:
             self.run_id = str(run_id)
             self._active = False
             self._resumed = True
+            self._hparams = {}  # logged when the run was created
 
     def __repr__(self) -> str:
         return f"MlflowSink(run_id={self.run_id!r})"
@@ -113,6 +120,7 @@ def mlflow_logger(
     tracking_uri: str | None = None,
     run_id: str | None = None,
     tags: Mapping[str, str] | None = None,
+    hparams: Mapping[str, Any] | None = None,
 ) -> Logger:
     """A logger that writes every scalar entry to an MLflow run, at its step.
 
@@ -130,6 +138,8 @@ def mlflow_logger(
             `http://server:5000`); None uses MLflow's default (`MLFLOW_TRACKING_URI`).
         run_id: log to this existing run instead of creating one (left running).
         tags: tags of the new run.
+        hparams: the run's hyperparameters (name -> number, string or bool),
+            logged as its params when the run is created or first opened.
 
     Returns:
         A `Logger` (see `Logger`).
@@ -139,4 +149,4 @@ def mlflow_logger(
     """
     if not isinstance(experiment_name, str) or not experiment_name:
         raise TypeError(f"experiment_name must be a non-empty string, got {short(experiment_name)}")
-    return Logger(MlflowSink(experiment_name, run_name, tracking_uri, run_id, tags))
+    return Logger(MlflowSink(experiment_name, run_name, tracking_uri, run_id, tags, checked_hparams(hparams)))

@@ -7,7 +7,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any, final
 
-from ciclo._src.callbacks._loggers._base import Logger, Row, import_extra
+from ciclo._src.callbacks._loggers._base import HParams, Logger, Row, checked_hparams, import_extra
 from ciclo._src.reprs import short
 
 
@@ -15,9 +15,10 @@ from ciclo._src.reprs import short
 class TensorBoardSink:
     """Writes rows as TensorBoard scalar events to a new event file in `logdir`; see `ciclo.tensorboard`."""
 
-    def __init__(self, logdir: str | os.PathLike[str]) -> None:
+    def __init__(self, logdir: str | os.PathLike[str], hparams: HParams | None = None) -> None:
         if not isinstance(logdir, (str, os.PathLike)):
             raise TypeError(f"logdir must be a path, got {short(logdir)}")
+        self._hparams = dict(hparams or {})  # written to the first event file, then emptied
         # Imported when a logger is created: tensorboardX is an optional extra (with no type information).
         self._files = import_extra("tensorboardX.event_file_writer", "tensorboard", "ciclo.tensorboard")
         self._events = import_extra("tensorboardX.proto.event_pb2", "tensorboard", "ciclo.tensorboard")
@@ -41,6 +42,14 @@ class TensorBoardSink:
                 self._events.Event(wall_time=time.time(), step=self._resume_step, session_log=start)
             )
             self._resume_step = None
+        if self._hparams:
+            # The hparams plugin's experiment and session summaries, as tensorboardX's add_hparams
+            # writes them, but in this run's own directory: the run is the session.
+            summary = import_extra("tensorboardX.summary", "tensorboard", "ciclo.tensorboard")
+            experiment, session_start, _ = summary.hparams(self._hparams, {})
+            for part in (experiment, session_start):
+                writer.write_event(self._events.Event(wall_time=time.time(), step=0, summary=part))
+            self._hparams = {}
         return writer
 
     def write(self, rows: Sequence[Row]) -> None:
@@ -78,12 +87,14 @@ class TensorBoardSink:
         a killed run wrote after its backup), so each step is read once.
         """
         self._resume_step = 0 if after_step is None else after_step + 1
+        if after_step is not None:  # rows were written: the first event file holds the hparams
+            self._hparams = {}
 
     def __repr__(self) -> str:
         return f"TensorBoardSink({self.logdir!r})"
 
 
-def tensorboard(logdir: str | os.PathLike[str]) -> Logger:
+def tensorboard(logdir: str | os.PathLike[str], *, hparams: Mapping[str, Any] | None = None) -> Logger:
     """A logger that writes every scalar entry to TensorBoard event files in `logdir`.
 
     No TensorFlow needed: the files are written with tensorboardX (the
@@ -93,10 +104,13 @@ def tensorboard(logdir: str | os.PathLike[str]) -> Logger:
     a resumed run) it starts a new event file in `logdir`; TensorBoard reads
     them all. A resumed run's file starts with a `SessionLog.START` at its first
     step, so TensorBoard drops what the killed run wrote from there on.
-    View with `tensorboard --logdir <logdir>`.
+    View with `tensorboard --logdir <logdir>`. `hparams` go to the first event
+    file as the TensorBoard hparams plugin's experiment and session start, so
+    the HPARAMS tab lists the run with them.
 
     Args:
         logdir: the directory of the event files (created if missing).
+        hparams: the run's hyperparameters (name -> number, string or bool).
 
     Returns:
         A `Logger`: put it in a loop's tasks (`ciclo.every(1)`, after the step),
@@ -105,6 +119,7 @@ def tensorboard(logdir: str | os.PathLike[str]) -> Logger:
 
     Raises:
         ImportError: if tensorboardX is not installed.
+        TypeError: if `hparams` holds something else than numbers, strings, bools.
 
     Example:
         >>> import tempfile
@@ -117,4 +132,4 @@ def tensorboard(logdir: str | os.PathLike[str]) -> Logger:
         >>> logger.state_dict()
         {'step': 2}
     """
-    return Logger(TensorBoardSink(logdir))
+    return Logger(TensorBoardSink(logdir, checked_hparams(hparams)))

@@ -2,25 +2,35 @@
 
 from __future__ import annotations
 
+import re
 import secrets
 import struct
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, final
 
-from ciclo._src.callbacks._loggers._base import Logger, Row, import_extra
+from ciclo._src.callbacks._loggers._base import HParams, Logger, Row, checked_hparams, import_extra
 
 
 @final
 class WandbSink:
     """Logs rows to a W&B run, one `run.log(scalars, step=step)` per row; see `ciclo.wandb_logger`."""
 
-    def __init__(self, run: Any, init_kwargs: Mapping[str, Any]) -> None:
+    def __init__(self, run: Any, init_kwargs: Mapping[str, Any], hparams: HParams | None = None) -> None:
         self._wandb = import_extra("wandb", "wandb", "ciclo.wandb_logger")
         self._run = run
         self._owned = run is None  # a run the sink started: it finishes it when closed
         self._run_id: str | None = None if run is None else run.id
         self._init_kwargs = dict(init_kwargs)
+        if hparams:  # the run's config: given to wandb.init, or added to the run passed in
+            config = dict(self._init_kwargs.get("config") or {})
+            both = sorted(set(config) & set(hparams))
+            if both:
+                raise ValueError(f"hparams and config= both give {both}: give each value once")
+            if run is None:
+                self._init_kwargs["config"] = {**config, **hparams}
+            else:
+                run.config.update(dict(hparams))
 
     @property
     def run(self) -> Any:
@@ -119,8 +129,10 @@ def _newest_offline_step(wandb_dir: Path, run_id: str, current: Path) -> int:
     """The newest history step in the earlier offline directories of run `run_id` (-1: none)."""
     messages = import_extra("wandb.proto.wandb_internal_pb2", "wandb", "ciclo.wandb_logger")
     newest = -1
-    for directory in wandb_dir.glob(f"offline-run-*-{run_id}"):
-        if directory == current:
+    # offline-run-<date>_<time>-<id>, and -<n> after it for a run started again within the second.
+    name = re.compile(rf"offline-run-\d{{8}}_\d{{6}}-{re.escape(run_id)}(-\d+)?")
+    for directory in wandb_dir.glob("offline-run-*"):
+        if directory == current or not name.fullmatch(directory.name):
             continue
         for payload in _records((directory / f"run-{run_id}.wandb").read_bytes()):
             record = messages.Record()
@@ -130,7 +142,7 @@ def _newest_offline_step(wandb_dir: Path, run_id: str, current: Path) -> int:
     return newest
 
 
-def wandb_logger(run: Any = None, **init_kwargs: Any) -> Logger:
+def wandb_logger(run: Any = None, *, hparams: Mapping[str, Any] | None = None, **init_kwargs: Any) -> Logger:
     """A logger that writes every scalar entry to a Weights & Biases run, at its step.
 
     Needs wandb (`pip install "ciclo-core[wandb]"`). With no `run`, the logger
@@ -142,8 +154,12 @@ def wandb_logger(run: Any = None, **init_kwargs: Any) -> Logger:
     running. W&B's own settings apply: `WANDB_MODE=offline` writes the run to
     `WANDB_DIR` without a network, for `wandb sync` later.
 
+    `hparams` become the run's config (`wandb.init(config=...)`, or
+    `run.config.update` for a run passed in).
+
     Args:
         run: a run from `wandb.init(...)` to log into, or None to start one.
+        hparams: the run's hyperparameters (name -> number, string or bool).
         **init_kwargs: arguments of `wandb.init` (`project`, `name`, `config`,
             `dir`, `mode`, ...), when `run` is None.
 
@@ -152,8 +168,10 @@ def wandb_logger(run: Any = None, **init_kwargs: Any) -> Logger:
 
     Raises:
         ImportError: if wandb is not installed.
-        TypeError: if both `run` and `init_kwargs` are given.
+        TypeError: if both `run` and `init_kwargs` are given, or `hparams`
+            holds something else than numbers, strings and bools.
+        ValueError: if `hparams` and `config=` give the same name.
     """
     if run is not None and init_kwargs:
         raise TypeError("wandb_logger takes a run or wandb.init arguments, not both")
-    return Logger(WandbSink(run, init_kwargs))
+    return Logger(WandbSink(run, init_kwargs, checked_hparams(hparams)))
