@@ -54,7 +54,14 @@ def read_csv(path: Path, logger: ciclo.types.Logger) -> Written:
 
 
 def read_wandb(path: Path, logger: ciclo.types.Logger) -> Written:
+    log_readers.wait_for_wandb_exits(path / "wandb")
     return log_readers.wandb_offline(path / "wandb")  # one run per test
+
+
+def wandb_logger(path: Path, **kwargs: Any) -> ciclo.types.Logger:
+    # A resumed logger reads the run's earlier files: wait until W&B's service has finished them.
+    log_readers.wait_for_wandb_exits(path / "wandb")
+    return ciclo.wandb_logger(project="ciclo", dir=str(path / "wandb"), **kwargs)
 
 
 def read_mlflow(path: Path, logger: ciclo.types.Logger) -> Written:
@@ -129,7 +136,7 @@ BACKENDS = [
     Backend("csv", lambda path: ciclo.csv_logger(path / "log.csv"), read_csv, "csv"),
     Backend(
         "wandb",
-        lambda path: ciclo.wandb_logger(project="ciclo", dir=str(path / "wandb")),
+        wandb_logger,
         read_wandb,
         "wandb",
     ),
@@ -536,6 +543,7 @@ def read_hparams(backend: str, path: Path, logger: ciclo.types.Logger) -> dict[s
     if backend == "csv":
         return json.loads((path / "log.hparams.json").read_text())
     if backend == "wandb":
+        log_readers.wait_for_wandb_exits(path / "wandb")
         return log_readers.wandb_config(path / "wandb")
     return log_readers.mlflow_params(mlflow_uri(path), logger.state_dict()["run_id"])
 
@@ -544,7 +552,7 @@ def test_hparams_are_written_once_and_read_back_by_each_backend(backend: Backend
     make = {
         "tensorboard": lambda: ciclo.tensorboard(tmp_path / "tb", hparams=HPARAMS),
         "csv": lambda: ciclo.csv_logger(tmp_path / "log.csv", hparams=HPARAMS),
-        "wandb": lambda: ciclo.wandb_logger(project="ciclo", dir=str(tmp_path / "wandb"), hparams=HPARAMS),
+        "wandb": lambda: wandb_logger(tmp_path, hparams=HPARAMS),
         "mlflow": lambda: ciclo.mlflow_logger("ciclo", tracking_uri=mlflow_uri(tmp_path), hparams=HPARAMS),
     }[backend.name]
     first = make()

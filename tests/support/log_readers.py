@@ -12,6 +12,7 @@ import csv
 import json
 import re
 import struct
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -56,6 +57,8 @@ def wandb_records(path: Path) -> Iterator[bytes]:
             continue
         _crc, length, kind = struct.unpack("<IHB", data[position : position + 7])
         payload = data[position + 7 : position + 7 + length]
+        if len(payload) < length:  # the service is still writing this record
+            return
         position += 7 + length
         if kind == 0:  # zero padding up to the block's end
             position += left - 7 - length
@@ -77,6 +80,35 @@ def wandb_files(wandb_dir: Path, run_id: str | None) -> list[Path]:
     return sorted(
         file for file in wandb_dir.glob("**/offline-run-*/*.wandb") if name.fullmatch(file.parent.name)
     )
+
+
+def wait_for_wandb_exits(wandb_dir: Path, timeout: float = 60.0) -> None:
+    """Waits until every offline run under `wandb_dir` has its exit record written.
+
+    `run.finish()` returns before W&B's service has written the end of the run's
+    file (the last rows, then the exit record). A killed run's file has no exit
+    record: call this only where every run was finished.
+    """
+    from wandb.proto import wandb_internal_pb2
+
+    def finished(file: Path) -> bool:
+        for payload in wandb_records(file):
+            record = wandb_internal_pb2.Record()
+            try:
+                record.ParseFromString(payload)
+            except Exception:  # noqa: BLE001 - a record still being written
+                return False
+            if record.WhichOneof("record_type") == "exit":
+                return True
+        return False
+
+    deadline = time.monotonic() + timeout
+    pending = wandb_files(wandb_dir, None)
+    while pending:
+        pending = [file for file in pending if not finished(file)]
+        assert time.monotonic() < deadline, f"no exit record in {pending} after {timeout} s"
+        if pending:
+            time.sleep(0.01)
 
 
 def wandb_offline(wandb_dir: Path, run_id: str | None = None) -> Written:
