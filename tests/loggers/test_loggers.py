@@ -612,3 +612,20 @@ def test_hparams_and_a_wandb_config_giving_the_same_name_are_refused() -> None:
     pytest.importorskip("wandb")
     with pytest.raises(ValueError, match=r"hparams and config= both give \['lr'\]"):
         ciclo.wandb_logger(project="p", config={"lr": 0.1}, hparams={"lr": 0.2})
+
+
+@pytest.mark.parametrize("tail", [b"\x00\x00\x00\x00\x20\x00\x01" + b"\xff" * 32, b"\x01\x02\x03"])
+def test_a_wandb_file_a_killed_service_left_half_written_is_read_up_to_its_last_whole_record(
+    tail: bytes, tmp_path: Path
+) -> None:
+    pytest.importorskip("wandb")
+    first = wandb_logger(tmp_path)
+    train(first, 0, 100)
+    (file,) = log_readers.wandb_files(tmp_path / "wandb", first.state_dict()["run_id"])
+    log_readers.wait_for_wandb_exits(tmp_path / "wandb")
+    with open(file, "ab") as out:  # a record that does not parse, or a torn header
+        out.write(tail)
+    resumed = wandb_logger(tmp_path)
+    resumed.load_state_dict({**first.state_dict(), "step": 149})
+    assert resumed.state_dict()["step"] == 99
+    resumed.close()

@@ -126,7 +126,11 @@ def _records(data: bytes) -> Iterator[bytes]:
 
 
 def _newest_offline_step(wandb_dir: Path, run_id: str, current: Path) -> int:
-    """The newest history step in the earlier offline directories of run `run_id` (-1: none)."""
+    """The newest history step in the earlier offline directories of run `run_id` (-1: none).
+
+    Each file is read up to its first record that is not whole: what a killed
+    writer left behind is not trusted.
+    """
     messages = import_extra("wandb.proto.wandb_internal_pb2", "wandb", "ciclo.wandb_logger")
     newest = -1
     # offline-run-<date>_<time>-<id>, and -<n> after it for a run started again within the second.
@@ -134,9 +138,13 @@ def _newest_offline_step(wandb_dir: Path, run_id: str, current: Path) -> int:
     for directory in wandb_dir.glob("offline-run-*"):
         if directory == current or not name.fullmatch(directory.name):
             continue
-        for payload in _records((directory / f"run-{run_id}.wandb").read_bytes()):
+        file = directory / f"run-{run_id}.wandb"
+        for payload in _records(file.read_bytes()) if file.exists() else ():
             record = messages.Record()
-            record.ParseFromString(payload)
+            try:
+                record.ParseFromString(payload)
+            except Exception:  # noqa: BLE001 - protobuf's DecodeError: a record its writer left half written
+                break
             if record.WhichOneof("record_type") == "history":
                 newest = max(newest, record.history.step.num)
     return newest
