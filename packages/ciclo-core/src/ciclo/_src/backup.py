@@ -67,9 +67,9 @@ _FORMAT = 3
 _MARKER = "ciclo_backup.json"
 """Written next to the checkpoints: says the directory holds ciclo backups."""
 _HISTORY_DIR = "history"
+"""The History's rows, in files `rows-<first>-<end>.json`: each backup writes only the rows since the last."""
 _BARRIERS = "ciclo_backup"
 """The backups' kind in orbax's barrier names (a checkpoint's saves of the same step never wait on them)."""
-"""The History's rows, in files `rows-<first>-<end>.json`: each backup writes only the rows since the last."""
 _CHUNK = re.compile(r"rows-(\d+)-(\d+)\.json")
 _LOCK = "ciclo_backup.lock"
 """Held while a loop uses the directory: the owner's pid and host, so that a second one is refused."""
