@@ -51,12 +51,12 @@ class MlflowSink:
             )
             run = client.create_run(experiment_id, run_name=self._run_name, tags=self._tags)
             self.run_id = run.info.run_id
+        elif self._owned:
+            client.update_run(self.run_id, status="RUNNING")  # written again: a resumed run
         if self._hparams:  # MLflow keeps params as strings, and refuses to change one
             params = [self._mlflow.entities.Param(name, str(value)) for name, value in self._hparams.items()]
             client.log_batch(self.run_id, params=params, synchronous=True)
             self._hparams = {}
-        elif self._owned:
-            client.update_run(self.run_id, status="RUNNING")  # written again: a resumed run
         if self._resumed:
             # MLflow deletes no single metric value: the steps a killed run logged after its backup
             # stay, and the resumed run skips them, so the run holds each step once.
