@@ -153,6 +153,7 @@ STATELESS = {
     "NoOp": "does nothing",
     "Throughput": "measures one process's host clock over a window that starts again in each loop",
     "Profile": "traces steps of one process; a resumed run traces its own chosen steps",
+    "DeviceStats": "reads the allocator's counters as they are now; a resumed run notes a CPU backend again",
 }
 """Public callbacks without the hook, and why they need none."""
 

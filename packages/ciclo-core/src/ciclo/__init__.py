@@ -24,6 +24,7 @@ from ciclo._src.backup import backup as backup
 from ciclo._src.batches import stacked as stacked
 from ciclo._src.callbacks._checkpoint import checkpoint as checkpoint
 from ciclo._src.callbacks._checkpoint import restore_checkpoint as restore_checkpoint
+from ciclo._src.callbacks._device_stats import device_stats as device_stats
 from ciclo._src.callbacks._early_stopping import early_stopping as early_stopping
 from ciclo._src.callbacks._inner_loop import inner_loop as inner_loop
 from ciclo._src.callbacks._keras_bar import keras_bar as keras_bar
@@ -177,6 +178,7 @@ __all__ = [
     "create_model_state",
     "csv_logger",
     "early_stopping",
+    "device_stats",
     "elapse",
     "every",
     "fuse",

@@ -23,6 +23,7 @@ from ciclo._src.backup import Backup as Backup
 from ciclo._src.backup import Preempted as Preempted
 from ciclo._src.batches import Stacked as Stacked
 from ciclo._src.callbacks._checkpoint import Checkpoint as Checkpoint
+from ciclo._src.callbacks._device_stats import DeviceStats as DeviceStats
 from ciclo._src.callbacks._early_stopping import EarlyStopping as EarlyStopping
 from ciclo._src.callbacks._inner_loop import InnerLoop as InnerLoop
 from ciclo._src.callbacks._keras_bar import KerasBar as KerasBar
@@ -69,6 +70,7 @@ __all__ = [
     "DataWarning",
     "EarlyStopping",
     "Elapsed",
+    "DeviceStats",
     "Entries",
     "Evaluable",
     "Every",

@@ -1,0 +1,232 @@
+"""Device memory: each device's bytes in use and peak, as its backend's `memory_stats()` reports them."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol, final
+
+import jax
+
+from ciclo._src.elapsed import Elapsed
+from ciclo._src.logs import Logs, LogsLike
+from ciclo._src.loop_state import LoopState
+from ciclo._src.reprs import short
+from ciclo._src.step_output import NO_LOGS
+from ciclo._src.types import CallbackOutput, S
+
+_log = logging.getLogger("ciclo")
+
+COLLECTION = "device_stats"
+"""The collection the entries are logged in: loggers write it, progress bars do not show it."""
+
+STATS = ("bytes_in_use", "peak_bytes_in_use")
+"""The keys of `memory_stats()` that are logged, each as the entry `device<id>/<key>`."""
+
+
+class Device(Protocol):
+    """What `ciclo.device_stats` reads of a device: a `jax.Device` has it (so can a stand-in)."""
+
+    @property
+    def id(self) -> int:
+        """The device's id (`jax.Device.id`: unique across the processes of a run)."""
+        ...
+
+    @property
+    def platform(self) -> str:
+        """The backend's name: `"cpu"`, `"gpu"`, `"tpu"`."""
+        ...
+
+    def memory_stats(self) -> Mapping[str, Any] | None:
+        """The allocator's counters (`bytes_in_use`, `peak_bytes_in_use`, ...), or None."""
+        ...
+
+
+def _check_devices(devices: object) -> tuple[Device, ...] | None:
+    if devices is None:
+        return None
+    if not isinstance(devices, (list, tuple)):
+        raise TypeError(f"devices must be a list of jax devices (jax.local_devices()), got {short(devices)}")
+    if not devices:
+        raise ValueError("devices must hold at least one device, got an empty list")
+    ids = []
+    for device in devices:
+        try:
+            ident = device.id
+        except AttributeError:
+            raise TypeError(
+                f"devices must be jax devices (jax.local_devices()), got {short(device)}"
+            ) from None
+        if isinstance(ident, bool) or not isinstance(ident, int):
+            raise TypeError(f"a device's id must be an int, got {short(ident)} for {short(device)}")
+        ids.append(ident)
+    if len(set(ids)) < len(ids):
+        raise ValueError(f"devices must be distinct: their entries are named by id, and the ids are {ids}")
+    return tuple(devices)
+
+
+def _memory_stats(device: Device) -> tuple[Mapping[str, Any] | None, str]:
+    """The device's stats if they hold a logged key, else None and why not."""
+    try:
+        stats = device.memory_stats()
+    except RuntimeError as error:  # an XlaRuntimeError (UNIMPLEMENTED), or NotImplementedError
+        return None, f"memory_stats() raised {type(error).__name__}: {short(str(error))}"
+    if stats is None:
+        return None, "memory_stats() returned None"
+    if not any(key in stats for key in STATS):
+        return None, f"memory_stats() has neither {' nor '.join(STATS)}"
+    return stats, ""
+
+
+def _add(
+    entries: dict[str, int], stats: Mapping[str, Any] | None, names: tuple[tuple[str, str], ...]
+) -> None:
+    if stats is not None:
+        for key, name in names:
+            if key in stats:
+                entries[name] = int(stats[key])
+
+
+@final
+class DeviceStats:
+    """Logs each device's memory in use and its peak; see `ciclo.device_stats`.
+
+    Called with no argument, it reads the stats now and returns them as logs:
+    in a loop of your own, hand them to a logger (`logger.write(step, stats())`).
+
+    Example:
+        >>> import ciclo
+        >>> class Gpu:  # a stand-in for a jax.Device whose backend reports memory stats
+        ...     id, platform = 3, "gpu"
+        ...     def memory_stats(self):
+        ...         return {"bytes_in_use": 1024, "peak_bytes_in_use": 4096, "bytes_limit": 8192}
+        >>> stats = ciclo.device_stats(devices=[Gpu()])
+        >>> stats()
+        {'device_stats': {'device3/bytes_in_use': 1024, 'device3/peak_bytes_in_use': 4096}}
+    """
+
+    __slots__ = ("_devices", "_named")
+
+    def __init__(self, devices: Sequence[Device] | None = None) -> None:
+        self._devices = _check_devices(devices)
+        # (device, ((memory_stats key, entry name), ...)) of each device that reported at the first
+        # read; None before it. The others are noted once and not asked again.
+        self._named: tuple[tuple[Device, tuple[tuple[str, str], ...]], ...] | None = None
+
+    @property
+    def devices(self) -> tuple[Device, ...]:
+        """The devices read: those given, or `jax.local_devices()`."""
+        # Asked at the first read, not when the callback is made: `jax.distributed` may not be started yet.
+        return tuple(jax.local_devices()) if self._devices is None else self._devices
+
+    def __call__(self) -> Logs:
+        """Reads the stats now, when iterating by hand.
+
+        Returns:
+            The `device_stats` entries of the devices that report memory stats
+            (empty logs where none does).
+        """
+        return Logs(self._read())
+
+    def __loop_callback__(self, loop_state: LoopState[S]) -> CallbackOutput[S]:
+        return self._read(), loop_state.state
+
+    def on_train_step(self, state: Any, batch: Any, elapsed: Elapsed) -> LogsLike:
+        """Named hook of the predefined loops: reads the stats after each training step."""
+        return self._read()
+
+    def _read(self) -> LogsLike:
+        named = self._named
+        if named is None:
+            return self._first_read()
+        entries: dict[str, int] = {}
+        for device, names in named:
+            _add(entries, device.memory_stats(), names)
+        return {COLLECTION: entries} if entries else NO_LOGS
+
+    def _first_read(self) -> LogsLike:
+        named = []
+        silent: list[tuple[Device, str]] = []
+        entries: dict[str, int] = {}
+        for device in self.devices:
+            stats, why_not = _memory_stats(device)
+            if stats is None:
+                silent.append((device, why_not))
+                continue
+            names = tuple((key, f"device{device.id}/{key}") for key in STATS)
+            named.append((device, names))
+            _add(entries, stats, names)
+        self._named = tuple(named)
+        if silent:
+            platforms = sorted({device.platform for device, _ in silent})
+            _log.warning(
+                "device_stats: the %s backend reports no memory stats (%s), so there is nothing to log "
+                "for %s",
+                " and ".join(platforms),
+                silent[0][1],
+                short([f"device{device.id}" for device, _ in silent]),
+            )
+        return {COLLECTION: entries} if entries else NO_LOGS
+
+    def __repr__(self) -> str:
+        if self._devices is None:
+            return "ciclo.device_stats()"
+        return f"ciclo.device_stats(devices={short(list(self._devices))})"
+
+
+def device_stats(devices: Sequence[Device] | None = None) -> DeviceStats:
+    """Creates a callback that logs each device's memory in use and its peak, where the backend has them.
+
+    Each call reads every device's `memory_stats()` (what the backend's
+    allocator counts, read on the host: it never waits for the device) and logs
+    two entries per device in the `device_stats` collection, named by the
+    device's id:
+
+    - `device<id>/bytes_in_use`: the bytes the device's buffers take now;
+    - `device<id>/peak_bytes_in_use`: the most they have taken since the
+      process started.
+
+    The History holds them (`history.collect("device0/peak_bytes_in_use")`)
+    and the loggers write them; progress bars, which show the `losses` and
+    `metrics` collections, do not. GPU and TPU backends report these stats;
+    the CPU backend does not (its `memory_stats()` is None): there the
+    callback logs nothing and says so once, in a warning on the `ciclo`
+    logger, the first time it runs. A device that reports nothing at that first
+    call is not asked again.
+
+    Put it in `train_loop(callbacks=[...])`, where it runs as the
+    `on_train_step` hook after each training step, or under a schedule in the
+    tasks dict, which also sets how often it reads: `{ciclo.every(100):
+    ciclo.device_stats()}`. Called with no argument it returns the logs, for
+    a loop of your own.
+
+    Args:
+        devices: the devices to read, by default `jax.local_devices()` (the
+            devices of this process, asked at the first call). Any object with
+            an `id`, a `platform` and a `memory_stats()` method will do: a
+            stand-in device in a test, say.
+
+    Returns:
+        A `DeviceStats` callback.
+
+    Raises:
+        TypeError: if `devices` is not a list of devices.
+        ValueError: if `devices` is empty or holds two devices with one id.
+
+    Example:
+        >>> import numpy as np
+        >>> import ciclo
+        >>> class Gpu:  # a stand-in for a jax.Device whose backend reports memory stats
+        ...     def __init__(self, id):
+        ...         self.id, self.platform = id, "gpu"
+        ...     def memory_stats(self):
+        ...         return {"bytes_in_use": 1000 * (self.id + 1), "peak_bytes_in_use": 5000}
+        >>> def train_step(state, batch):
+        ...     return ciclo.logs().add_loss("loss", batch.mean()), state
+        >>> stats = ciclo.device_stats(devices=[Gpu(0), Gpu(1)])
+        >>> tasks = {ciclo.every(1): train_step, ciclo.every(10): stats}
+        >>> _, history, _ = ciclo.loop(None, [np.ones(4)] * 25, tasks)
+        >>> history.collect("steps", "device1/bytes_in_use")
+        ([0, 10, 20], [2000, 2000, 2000])
+    """
+    return DeviceStats(devices)
