@@ -193,6 +193,119 @@ def test_predict_step_returns_predictions_of_the_right_shape(make_state: MakeSta
     assert np.shape(inputs_only.outputs.preds) == (BATCH, CLASSES)
 
 
+# --- training options: mixed precision, gradient accumulation, EMA of the weights --------------
+
+COMPILED = [name for name in STRATEGIES if name != "eager"]
+"""The strategies the training options are checked under: `eager` runs the same step op by op, slowly
+(tests/core/test_training_options.py runs it with the plain-JAX model)."""
+
+
+def matmul_dtypes(state: ciclo.types.ModelState, batch: Any) -> set[str]:
+    """The dtypes of the operands of every matrix product in the trace of a training forward pass."""
+    jaxpr = jax.make_jaxpr(lambda params: state.replace(params=params)._run_model(batch, training=True)[0])(
+        state.params
+    )
+    found: set[str] = set()
+
+    def walk(jaxpr: Any) -> None:
+        for eqn in jaxpr.eqns:
+            if eqn.primitive.name in ("dot_general", "conv_general_dilated"):
+                found.update(str(var.aval.dtype) for var in eqn.invars)
+            for param in eqn.params.values():
+                for sub in param if isinstance(param, (tuple, list)) else [param]:
+                    inner = getattr(sub, "jaxpr", sub)
+                    if hasattr(inner, "eqns"):
+                        walk(inner)
+
+    walk(jaxpr.jaxpr)
+    return found
+
+
+@pytest.mark.parametrize("strategy", COMPILED)
+def test_bf16_mixed_computes_in_bfloat16_and_keeps_float32_params(make_state: MakeState) -> None:
+    assert matmul_dtypes(make_state(precision="bf16-mixed"), TRAIN[0]) == {"bfloat16"}
+    state = make_state("bn_dropout", precision="bf16-mixed")
+    # Batch norms reduce half-precision activations in float32 on purpose (flax promotes them), which
+    # strict promotion refuses: the users' default, standard promotion, is the one to check. (An nnx
+    # BatchNorm also returns float32, from its float32 statistics, unless given dtype=bfloat16.)
+    with jax.numpy_dtype_promotion("standard"):
+        assert "bfloat16" in matmul_dtypes(state, TRAIN[0])
+        for batch in TRAIN[:3]:
+            logs, state = state.train_step(batch)
+        preds, _ = state.predict_step(TEST[0])
+    assert logs.losses.loss.dtype == logs.metrics.accuracy.dtype == jnp.float32
+    assert np.isfinite(float(logs.losses.loss))
+    trained = state.with_strategy("eager")
+    assert {
+        leaf.dtype for leaf in float_leaves((trained.params, trained.opt_state, trained.model_state))
+    } == {np.dtype("float32")}
+    assert preds.outputs.preds.dtype == jnp.float32
+
+
+# "16-mixed" starting at a scale under which these gradients fit float16: "16-mixed" itself starts at
+# 2**16, where the first steps overflow and are skipped until the scale has come down.
+FLOAT16_MIXED = ciclo.types.Precision(jnp.float16, loss_scaling=True, initial_scale=2.0**8)
+
+
+@pytest.mark.parametrize("strategy", COMPILED)
+def test_16_mixed_skips_a_step_that_overflows(make_state: MakeState) -> None:
+    state = make_state(precision=FLOAT16_MIXED)
+    assert matmul_dtypes(state, TRAIN[0]) == {"float16"}
+    logs, state = state.train_step(TRAIN[0])
+    assert (float(logs.metrics.loss_scale), int(logs.metrics.skipped_steps)) == (2.0**8, 0)
+    inputs, target = TRAIN[1]
+    logs, skipped = state.train_step((inputs * 1e6, target))  # beyond float16's range: inf, then NaN
+    assert not np.isfinite(float(logs.losses.loss))
+    assert (float(logs.metrics.loss_scale), int(logs.metrics.skipped_steps)) == (2.0**7, 1)
+    before, after = state.with_strategy("eager"), skipped.with_strategy("eager")
+    assert_leaves_equal((after.params, after.opt_state), (before.params, before.opt_state))
+    assert int(after.step) == 2
+    logs, state = skipped.train_step(TRAIN[2])
+    assert np.isfinite(float(logs.losses.loss)) and int(logs.metrics.skipped_steps) == 1
+    assert not np.array_equal(
+        float_leaves(state.with_strategy("eager").params)[0], float_leaves(after.params)[0]
+    )
+
+
+@pytest.mark.parametrize("strategy", COMPILED)
+def test_accumulate_steps_equals_one_step_on_the_joined_batch(make_state: MakeState) -> None:
+    tx = optax.sgd(0.5)
+    inputs, target = TRAIN[0]
+    micro = [(inputs[i : i + BATCH // 4], target[i : i + BATCH // 4]) for i in range(0, BATCH, BATCH // 4)]
+    accumulating = make_state(tx=tx, accumulate_steps=4)
+    initial = float_leaves(accumulating.with_strategy("eager").params)
+    for index, batch in enumerate(micro):
+        _, accumulating = accumulating.train_step(batch)
+        params = float_leaves(accumulating.with_strategy("eager").params)
+        if index < 3:  # parameters change only at the 4th micro-batch
+            assert all(np.array_equal(a, b) for a, b in zip(params, initial, strict=True))
+    _, joined = make_state(tx=tx).train_step(TRAIN[0])
+    for a, b in zip(params, float_leaves(joined.with_strategy("eager").params), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("strategy", COMPILED)
+def test_ema_follows_its_recurrence_and_evaluates(make_state: MakeState) -> None:
+    decay = 0.75
+    state = make_state(ema_decay=decay)
+    ema = float_leaves(state.with_strategy("eager").params)
+    assert all(
+        np.array_equal(a, b)
+        for a, b in zip(float_leaves(state.with_strategy("eager").ema_params), ema, strict=True)
+    )
+    for batch in TRAIN[:3]:
+        _, state = state.train_step(batch)
+        params = float_leaves(state.with_strategy("eager").params)
+        ema = [np.float32(decay) * e + np.float32(1 - decay) * p for e, p in zip(ema, params, strict=True)]
+        for a, b in zip(float_leaves(state.with_strategy("eager").ema_params), ema, strict=True):
+            np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+    averaged = state.with_ema_params()
+    logs, _ = averaged.reset_step().test_step(TEST[0])
+    expected = accuracy(averaged.predict_step(TEST[0])[0].outputs.preds, TEST[0][1]).mean()
+    np.testing.assert_allclose(float(logs.metrics.accuracy), float(expected), rtol=1e-6)
+    assert logs.losses.loss != state.reset_step().test_step(TEST[0])[0].losses.loss
+
+
 # --- metrics ----------------------------------------------------------------------------------
 
 

@@ -1,8 +1,9 @@
 """The adapters the conformance suite runs on: one module of this package per row of `TABLE`.
 
 Each module defines `NAME`, `REQUIRES`, `ENTRY_POINT` and
-`make_state(kind, *, features, classes, tx, losses, metrics, strategy, key)`,
-where `kind` is `"mlp"` (features -> 64 -> relu -> classes) or `"bn_dropout"`
+`make_state(kind, *, features, classes, tx, losses, metrics, strategy, key, **options)`,
+where `options` are the training options every `create_*_state` takes (`precision`,
+`accumulate_steps`, `ema_decay`), and `kind` is `"mlp"` (features -> 64 -> relu -> classes) or `"bn_dropout"`
 (features -> 64 -> batch norm -> relu -> dropout -> classes).
 """
 

@@ -26,14 +26,12 @@ def _model_keys(key: Any, count: int) -> jax.Array:
     return jax.random.split(jax.random.fold_in(key, 1), count)
 
 
-def make_state(
-    kind: str, *, features: int, classes: int, tx: Any, losses: Any, metrics: Any, strategy: Any, key: Any
-) -> ciclo.types.ModelState:
+def make_state(kind: str, *, features: int, classes: int, key: Any, **options: Any) -> ciclo.types.ModelState:
     """Builds the suite's model `kind` (`"mlp"` or `"bn_dropout"`) and its state through the entry point."""
     # Imported here: the suite reads REQUIRES before it knows equinox is installed.
     import equinox as eqx
 
-    settings = {"tx": tx, "losses": losses, "metrics": metrics, "strategy": strategy, "key": key}
+    settings = {"key": key, **options}
     if kind == "mlp":
         k1, k2 = _model_keys(key, 2)
         model = eqx.nn.Sequential(

@@ -17,9 +17,7 @@ HIDDEN = 64
 DROPOUT = 0.3
 
 
-def make_state(
-    kind: str, *, features: int, classes: int, tx: Any, losses: Any, metrics: Any, strategy: Any, key: Any
-) -> ciclo.types.ModelState:
+def make_state(kind: str, *, features: int, classes: int, **settings: Any) -> ciclo.types.ModelState:
     """Builds the suite's model `kind` (`"mlp"` or `"bn_dropout"`) and its state through the entry point."""
     # Imported here: the suite reads REQUIRES before it knows haiku is installed.
     import haiku as hk
@@ -45,12 +43,4 @@ def make_state(
         model = hk.transform_with_state(bn_dropout)
     else:
         raise ValueError(f"unknown model kind {kind!r}; the haiku adapter builds 'mlp' and 'bn_dropout'")
-    return ciclo.create_haiku_state(
-        model,
-        inputs=jnp.zeros((1, features)),
-        tx=tx,
-        losses=losses,
-        metrics=metrics,
-        strategy=strategy,
-        key=key,
-    )
+    return ciclo.create_haiku_state(model, inputs=jnp.zeros((1, features)), **settings)

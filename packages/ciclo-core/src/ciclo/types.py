@@ -45,6 +45,8 @@ from ciclo._src.logs import StackedLogs as StackedLogs
 from ciclo._src.loop import Phase as Phase
 from ciclo._src.loop_state import LoopState as LoopState
 from ciclo._src.model_state import ModelState as ModelState
+from ciclo._src.precision import LossScale as LossScale
+from ciclo._src.precision import Precision as Precision
 from ciclo._src.schedules import After as After
 from ciclo._src.schedules import Every as Every
 from ciclo._src.schedules import Piecewise as Piecewise
@@ -83,12 +85,14 @@ __all__ = [
     "LogsLike",
     "LoopCallback",
     "LoopState",
+    "LossScale",
     "ModelAdapter",
     "ModelState",
     "NoOp",
     "Period",
     "Phase",
     "Piecewise",
+    "Precision",
     "Predictable",
     "Preempted",
     "Profile",

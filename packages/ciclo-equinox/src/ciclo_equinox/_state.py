@@ -11,7 +11,7 @@ import optax
 
 from ciclo import create_model_state
 from ciclo.strategies import Strategy
-from ciclo.types import ModelState
+from ciclo.types import ModelState, Precision
 from ciclo_equinox._adapter import EquinoxAdapter
 
 
@@ -42,6 +42,9 @@ def create_equinox_state(
     metrics: Mapping[str, Any] | None = None,
     strategy: str | Strategy = "jit",
     key: jax.Array | int = 0,
+    precision: str | Precision = "32",
+    accumulate_steps: int = 1,
+    ema_decay: float | None = None,
     vmap: bool = True,
     batch_axis_name: Hashable = "batch",
 ) -> ModelState:
@@ -75,6 +78,10 @@ def create_equinox_state(
         strategy: a strategy or its name (`"jit"`, `"data_parallel"`, ...).
         key: a seed or `jax.random.key` for the steps' keys (dropout). The module's
             own weights come from the key it was built with.
+        precision: `"32"`, `"bf16-mixed"`, `"16-mixed"` or a `ciclo.types.Precision`.
+        accumulate_steps: micro-batches per optimizer step (`optax.MultiSteps`).
+        ema_decay: keep an EMA of the weights with this decay (`state.with_ema_params()`).
+            These three are `ciclo.create_model_state`'s: see there.
         vmap: map the module over the leading batch axis (True), or call it on
             the whole batch (False).
         batch_axis_name: the name of the mapped batch axis (with `vmap=True`).
@@ -116,4 +123,7 @@ def create_equinox_state(
         metrics=metrics,
         strategy=strategy,
         key=key,
+        precision=precision,
+        accumulate_steps=accumulate_steps,
+        ema_decay=ema_decay,
     )

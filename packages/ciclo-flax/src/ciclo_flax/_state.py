@@ -12,7 +12,7 @@ from flax import nnx
 
 from ciclo import create_model_state
 from ciclo.strategies import Strategy
-from ciclo.types import ModelState
+from ciclo.types import ModelState, Precision
 from ciclo_flax._linen import LinenAdapter
 from ciclo_flax._nnx import NnxAdapter
 
@@ -26,6 +26,9 @@ def create_flax_state(
     metrics: Mapping[str, Any] | None = None,
     strategy: str | Strategy = "jit",
     key: jax.Array | int = 0,
+    precision: str | Precision = "32",
+    accumulate_steps: int = 1,
+    ema_decay: float | None = None,
 ) -> ModelState:
     """A training state for a flax model: `train_step`, `test_step`, `predict_step`, `reset_step`.
 
@@ -50,6 +53,10 @@ def create_flax_state(
         metrics: `{name: metric}`: functions, jax_metrics or clu metrics.
         strategy: a strategy or its name (`"jit"`, `"data_parallel"`, ...).
         key: a seed or `jax.random.key` for initialisation and dropout.
+        precision: `"32"`, `"bf16-mixed"`, `"16-mixed"` or a `ciclo.types.Precision`.
+        accumulate_steps: micro-batches per optimizer step (`optax.MultiSteps`).
+        ema_decay: keep an EMA of the weights with this decay (`state.with_ema_params()`).
+            These three are `ciclo.create_model_state`'s: see there.
 
     Raises:
         TypeError: for a model that is neither a linen nor an nnx module, or a
@@ -73,6 +80,9 @@ def create_flax_state(
         "metrics": metrics,
         "strategy": strategy,
         "key": key,
+        "precision": precision,
+        "accumulate_steps": accumulate_steps,
+        "ema_decay": ema_decay,
     }
     if isinstance(model, nn.Module):
         if inputs is None:

@@ -14,7 +14,7 @@ import optax
 
 from ciclo import create_model_state
 from ciclo.strategies import Strategy
-from ciclo.types import ModelState
+from ciclo.types import ModelState, Precision
 from ciclo_haiku._adapter import AUTO, HaikuAdapter
 
 _ACCEPTED = (
@@ -53,6 +53,9 @@ def create_haiku_state(
     metrics: Mapping[str, Any] | None = None,
     strategy: str | Strategy = "jit",
     key: jax.Array | int = 0,
+    precision: str | Precision = "32",
+    accumulate_steps: int = 1,
+    ema_decay: float | None = None,
     training_flag: str | None = AUTO,
 ) -> ModelState:
     """A training state for a haiku function: `train_step`, `test_step`, `predict_step`, `reset_step`.
@@ -85,6 +88,10 @@ def create_haiku_state(
         metrics: `{name: metric}`: functions, jax_metrics or clu metrics.
         strategy: a strategy or its name (`"jit"`, `"data_parallel"`, ...).
         key: a seed or `jax.random.key` for initialisation and the step keys.
+        precision: `"32"`, `"bf16-mixed"`, `"16-mixed"` or a `ciclo.types.Precision`.
+        accumulate_steps: micro-batches per optimizer step (`optax.MultiSteps`).
+        ema_decay: keep an EMA of the weights with this decay (`state.with_ema_params()`).
+            These three are `ciclo.create_model_state`'s: see there.
         training_flag: `"auto"`, the name of the function's argument that says
             whether it is training, or None.
 
@@ -122,4 +129,7 @@ def create_haiku_state(
         metrics=metrics,
         strategy=strategy,
         key=key,
+        precision=precision,
+        accumulate_steps=accumulate_steps,
+        ema_decay=ema_decay,
     )

@@ -126,6 +126,7 @@ def train_loop(
     test_name: str = "test",
     inner_loop_kwargs: Mapping[str, Any] | None = None,
     test_aggregation: AggregationLike | None = None,
+    test_with_ema: bool = False,
     stop: PeriodLike | None = None,
     history: History | None = None,
     elapsed: Elapsed | None = None,
@@ -172,6 +173,9 @@ def train_loop(
             else their kind: per-batch `metrics` and `losses` are averaged
             weighted by each batch's samples, running `stateful_metrics` keep
             their last value.
+        test_with_ema: evaluate with the EMA of the weights
+            (`state.with_ema_params()`, a state created with `ema_decay=`;
+            Keras' `SwapEMAWeights`): training goes on with the trained weights.
         stop: stop after this period or number of steps.
         history: commit to this `History`.
         elapsed: resume counting from this `Elapsed`.
@@ -238,6 +242,11 @@ def train_loop(
         )
     if not isinstance(test_name, str):
         raise TypeError(f"test_name must be a string, got {short(test_name)}")
+    if test_with_ema and getattr(state, "ema_params", None) is None:
+        raise ValueError(
+            "test_with_ema=True evaluates with the EMA of the weights, which this state does not keep: "
+            "create it with ema_decay=, e.g. ciclo.create_model_state(..., ema_decay=0.999)"
+        )
     _check_runs_something(state, named, scheduled, Trainable, "train_loop", (train_step, on_train_step))
     if steps_per_execution != 1:
         dataset = _grouped(dataset, steps_per_execution, epoch, Period.of(stop), elapsed, batch_size_fn)
@@ -263,7 +272,7 @@ def train_loop(
                     # A test set shorter than test_duration is no news; an empty one is warned below.
                     warnings.simplefilter("ignore", DataWarning)
                     result = test_loop(
-                        current,
+                        current.with_ema_params() if test_with_ema else current,
                         data,
                         test_tasks,
                         stop=test_period,
@@ -278,6 +287,9 @@ def train_loop(
                         DataWarning,
                         stacklevel=2,
                     )
+                if test_with_ema:  # the trained weights back, should the inner loop output its state
+                    tested, tested_history, tested_elapsed = result
+                    result = (tested.replace(params=current.params), tested_history, tested_elapsed)
                 return result
 
             at_epoch_end.append(inner_loop(test_name, run_test, **kwargs))

@@ -166,6 +166,24 @@ class ManagedState:
         new_params = optax.apply_updates(params, updates)
         return self.replace(step=self.step + 1, opt_state=opt_state, **{name: new_params}, **changes)
 
+    def scale_loss(self, loss: jax.Array) -> jax.Array:
+        """The value `managed.train_step` differentiates for a step whose losses sum to `loss`.
+
+        The identity; a state with dynamic loss scaling (`ciclo.types.ModelState`
+        with `precision="16-mixed"`) returns the loss times its scale, and its
+        `apply_gradients` divides the gradients by it again.
+        """
+        return loss
+
+    def step_metrics(self) -> dict[str, jax.Array]:
+        """What a training step logs about the state after its update, in `metrics`.
+
+        The learning rate an `optax.inject_hyperparams` optimizer holds (see
+        `learning_rate_logs`); `ciclo.types.ModelState` adds its loss scale. An
+        entry the step logged itself is not replaced.
+        """
+        return learning_rate_logs(self.opt_state)
+
     def with_strategy(self, strategy: str | Strategy) -> Self:
         """Moves the state to another strategy.
 
@@ -474,11 +492,12 @@ def _train_body(
     params_name, model_state_names = fields
 
     def train(state: Any, batch: Any) -> tuple[Logs, Any]:
-        def loss(params: Any) -> tuple[jax.Array, tuple[Logs, Any]]:
+        def loss(params: Any) -> tuple[jax.Array, tuple[jax.Array, Logs, Any]]:
             logs, new_state = as_logs_and_state(fn, state.replace(**{params_name: params}), batch)
-            return _total_loss(logs, fn), (logs, new_state)
+            total = _total_loss(logs, fn)
+            return state.scale_loss(total), (total, logs, new_state)
 
-        (total, (logs, new_state)), grads = jax.value_and_grad(loss, has_aux=True)(
+        (_, (total, logs, new_state)), grads = jax.value_and_grad(loss, has_aux=True)(
             getattr(state, params_name)
         )
         if reductions is not None:
@@ -486,7 +505,7 @@ def _train_body(
             # Every device's optimizer sees the same loss, as it sees the same gradients.
             total = reductions.reduce_logs(Logs().add_loss("total", total)).losses.total
         new_state = new_state.apply_gradients(grads=grads, value=total)
-        logs = _with_learning_rate(logs, new_state)
+        logs = _with_step_metrics(logs, new_state)
         if reductions is None:
             return _finish(logs, new_state, None)
         synced = {
@@ -501,12 +520,12 @@ def _train_body(
     return train
 
 
-def _with_learning_rate(logs: Logs, state: ManagedState) -> Logs:
-    """The step's logs with the optimizer's learning rate in `metrics`, unless the step logged one."""
-    rates = learning_rate_logs(state.opt_state)
+def _with_step_metrics(logs: Logs, state: ManagedState) -> Logs:
+    """The step's logs with the state's `step_metrics()` in `metrics`, but for the entries the step logged."""
+    reported = state.step_metrics()
     logged = {name for entries in logs.values() for name in entries}
-    rates = {name: rate for name, rate in rates.items() if name not in logged}
-    return Logs(logs).add_metrics(**rates) if rates else logs
+    reported = {name: value for name, value in reported.items() if name not in logged}
+    return Logs(logs).add_metrics(**reported) if reported else logs
 
 
 def _body(fn: StepBody, reductions: DeviceReductions | None) -> Callable[[Any, Any], tuple[Logs, Any]]:

@@ -22,6 +22,7 @@ from ciclo._src import managed as _managed
 from ciclo._src.logs import Logs
 from ciclo._src.managed import ManagedState, create_state
 from ciclo._src.metrics import Metric, as_metric, call_with_available
+from ciclo._src.precision import PRECISIONS, LossScale, Precision, cast_like, to_float32, tree_all_finite
 from ciclo._src.reprs import short
 from ciclo._src.roles import Role, field
 from ciclo._src.types import ModelAdapter, Strategy, SupportsToModel
@@ -128,6 +129,14 @@ class ModelState(ManagedState):
     framework's own form (an nnx module, a linen variables dict, ...), when
     the adapter implements `to_model` (`ciclo.types.SupportsToModel`).
 
+    Three training options are set when the state is created (see
+    `ciclo.create_model_state`): mixed precision (`precision`), gradient
+    accumulation (`accumulate_steps`, through `optax.MultiSteps`) and an
+    exponential moving average of the weights (`ema_decay`, read with
+    `with_ema_params`). Their state (`loss_scale`, the accumulated gradients in
+    `opt_state`, `ema_params`) is part of the state's pytree: it is backed up,
+    checkpointed and resumed with the rest.
+
     Attributes:
         model_state: the model's own state (batch statistics), or None (role
             `managed.Role.MODEL_STATE`: synchronised across devices).
@@ -137,9 +146,16 @@ class ModelState(ManagedState):
             `step_key`; role `KEY`: `pmap` splits it per device). It is kept as
             raw `uint32` data: a typed key costs microseconds to rebuild in
             Python after every compiled step.
+        ema_params: the exponential moving average of `params`, or None
+            without `ema_decay`; placed (and under `fsdp` sharded) as `params`.
+        loss_scale: the dynamic loss scale (`ciclo.types.LossScale`) under a
+            precision with loss scaling (`"16-mixed"`), else None.
         adapter: the `ciclo.types.ModelAdapter` (static).
         losses: the loss functions by name (static).
         key_impl: the PRNG implementation of `key` (static).
+        precision: the `ciclo.types.Precision` policy steps compute under (static).
+        ema_decay: the decay `d` of `ema_params` (static).
+        accumulate_steps: the micro-batches per optimizer step (static).
 
     Example:
         >>> import ciclo, jax, jax.numpy as jnp, optax
@@ -165,9 +181,14 @@ class ModelState(ManagedState):
     model_state: Any = field(role=Role.MODEL_STATE)
     metrics: dict[str, Metric] = field(role=Role.METRICS)
     key: jax.Array = field(role=Role.KEY)
+    ema_params: Any = None
+    loss_scale: LossScale | None = None
     adapter: ModelAdapter = field(static=True)
     losses: NamedLosses = field(static=True)
     key_impl: Any = field(static=True, default=None)
+    precision: Precision = field(static=True, default=PRECISIONS["32"])
+    ema_decay: float | None = field(static=True, default=None)
+    accumulate_steps: int = field(static=True, default=1)
 
     @property
     def model(self) -> Any:
@@ -206,16 +227,111 @@ class ModelState(ManagedState):
         params, model_state = self.strategy.unplace((self.params, self.model_state))
         return self.adapter.to_model(params, model_state)
 
+    def with_ema_params(self) -> ModelState:
+        """The state with its EMA weights as its parameters: for evaluation, prediction, checkpoints, `model`.
+
+        Raises:
+            ValueError: for a state created without `ema_decay`.
+
+        Example:
+            >>> import ciclo, jax.numpy as jnp, optax
+            >>> class Scale:
+            ...     def init(self, key, inputs):
+            ...         return jnp.ones(()), None
+            ...     def apply(self, params, model_state, inputs, *, key, training):
+            ...         return params * inputs, model_state
+            >>> state = ciclo.create_model_state(
+            ...     Scale(), inputs=jnp.ones(1), tx=optax.sgd(1.0), losses=lambda preds: preds.mean(),
+            ...     ema_decay=0.9,
+            ... )
+            >>> _, state = state.train_step(jnp.ones(1))  # params 1 - 1 = 0; EMA 0.9 * 1 + 0.1 * 0
+            >>> float(state.params), round(float(state.with_ema_params().params), 4)
+            (0.0, 0.9)
+        """
+        if self.ema_params is None:
+            raise ValueError(
+                "this state keeps no EMA of its weights: create it with ema_decay=, e.g. "
+                "ciclo.create_model_state(..., ema_decay=0.999)"
+            )
+        return self.replace(params=self.ema_params)
+
+    def scale_loss(self, loss: jax.Array) -> jax.Array:
+        """The loss times the loss scale under `"16-mixed"`; the loss itself otherwise."""
+        if self.loss_scale is None:
+            return loss
+        return loss * self.loss_scale.scale
+
+    def apply_gradients(self, *, grads: Any, value: Any = None, **changes: Any) -> ModelState:
+        """The optimizer update, then the EMA of the weights and the loss scale's own update.
+
+        Under loss scaling the gradients are divided by the scale first; when
+        they are not finite, the step is skipped: the parameters, the optimizer
+        state (with the accumulated gradients) and the EMA weights are left as
+        they were, and the scale is halved. The EMA follows
+        `ema = d * ema + (1 - d) * params` after each optimizer step (every
+        `accumulate_steps`-th step).
+        """
+        scale = self.loss_scale
+        finite: jax.Array | None = None
+        if scale is not None:
+            grads = jax.tree.map(lambda grad: grad / scale.scale.astype(grad.dtype), grads)
+            finite = tree_all_finite(grads)
+        if self.accumulate_steps > 1:
+            # optax.MultiSteps multiplies its float updates by an int flag, which strict promotion refuses.
+            with jax.numpy_dtype_promotion("standard"):
+                updated = super().apply_gradients(grads=grads, value=value, **changes)
+        else:
+            updated = super().apply_gradients(grads=grads, value=value, **changes)
+        if self.ema_params is not None:
+            decay = self.ema_decay if self.ema_decay is not None else 0.0
+            ema = jax.tree.map(
+                lambda old, new: decay * old + (1 - decay) * new, self.ema_params, updated.params
+            )
+            if self.accumulate_steps > 1:  # optax.MultiSteps has applied an update when its count wraps
+                ema = _where(updated.opt_state.mini_step == 0, ema, self.ema_params)
+            updated = updated.replace(ema_params=ema)
+        if scale is None or finite is None:
+            return updated
+        kept = {"params": self.params, "opt_state": self.opt_state, "ema_params": self.ema_params}
+        return updated.replace(
+            **{name: _where(finite, getattr(updated, name), old) for name, old in kept.items()},
+            loss_scale=scale.update(finite=finite, growth_interval=self.precision.growth_interval),
+        )
+
+    def step_metrics(self) -> dict[str, jax.Array]:
+        """The learning rate, and under loss scaling `loss_scale` and `skipped_steps`."""
+        metrics = super().step_metrics()
+        if self.loss_scale is not None:
+            metrics["loss_scale"] = self.loss_scale.scale
+            metrics["skipped_steps"] = self.loss_scale.skipped_steps
+        return metrics
+
     def step_key(self) -> jax.Array:
         """The random key of the current step: `key` folded with `step`, a typed key."""
         return jax.random.fold_in(jax.random.wrap_key_data(self.key, impl=self.key_impl), self.step)
 
+    def _apply(self, inputs: Any, *, training: bool) -> tuple[Any, Any]:
+        """The adapter's `apply` under the state's precision: float32 predictions, model state as stored."""
+        policy = self.precision
+        if policy.compute_dtype is None:
+            return self.adapter.apply(
+                self.params, self.model_state, inputs, key=self.step_key(), training=training
+            )
+        # The model's own state (batch statistics) keeps its dtype: normalisation layers update their
+        # statistics in float32 from half-precision activations (flax and haiku promote them).
+        preds, model_state = self.adapter.apply(
+            policy.cast(self.params),
+            self.model_state,
+            policy.cast(inputs),
+            key=self.step_key(),
+            training=training,
+        )
+        return to_float32(preds), cast_like(model_state, self.model_state)
+
     def _run_model(self, batch: Any, *, training: bool) -> tuple[Logs, ModelState]:
         inputs, target = split_batch(batch)
         try:
-            preds, model_state = self.adapter.apply(
-                self.params, self.model_state, inputs, key=self.step_key(), training=training
-            )
+            preds, model_state = self._apply(inputs, training=training)
         except Exception as error:  # any framework's own error (flax's ScopeParamShapeError, ...)
             _add_note(
                 error,
@@ -268,9 +384,7 @@ class ModelState(ManagedState):
 
     def _predict(self, batch: Any) -> tuple[Logs, ModelState]:
         inputs, _ = split_batch(batch)
-        preds, _ = self.adapter.apply(
-            self.params, self.model_state, inputs, key=self.step_key(), training=False
-        )
+        preds, _ = self._apply(inputs, training=False)
         return Logs().add_output("preds", preds), self
 
     def _reset(self, batch: Any = None) -> tuple[None, ModelState]:
@@ -285,6 +399,11 @@ class ModelState(ManagedState):
         """Returns the state with empty metrics, placed as before."""
         _, state = self._reset_metrics(None)
         return cast(ModelState, state)
+
+
+def _where(condition: jax.Array, new: Any, old: Any) -> Any:
+    """`new` where `condition` holds, else `old`, leaf by leaf (two trees of one structure)."""
+    return jax.tree.map(lambda a, b: jnp.where(condition, a, b), new, old)
 
 
 def _shapes(tree: Any) -> str:
@@ -351,6 +470,9 @@ def create_model_state(
     metrics: Mapping[str, Any] | None = None,
     strategy: str | Strategy = "jit",
     key: jax.Array | int = 0,
+    precision: str | Precision = "32",
+    accumulate_steps: int = 1,
+    ema_decay: float | None = None,
 ) -> ModelState:
     """Initialises a model through its adapter and returns its `ModelState`, placed for `strategy`.
 
@@ -374,11 +496,27 @@ def create_model_state(
         strategy: a strategy or its name (see `ciclo.strategies.get_strategy`).
         key: a seed or a `jax.random.key`; split into the initialisation key and
             the state's `key`.
+        precision: mixed precision, Lightning's names: `"32"` (none),
+            `"bf16-mixed"` (the model computes in bfloat16), `"16-mixed"`
+            (float16, with dynamic loss scaling and skipped overflow steps), or
+            a `ciclo.types.Precision`. Parameters, optimizer state, losses and
+            metrics stay float32.
+        accumulate_steps: micro-batches per optimizer step (Keras'
+            `gradient_accumulation_steps`, Lightning's `accumulate_grad_batches`):
+            `tx` is wrapped in `optax.MultiSteps`, which averages the gradients
+            of `accumulate_steps` train steps and updates the parameters at every
+            `accumulate_steps`-th. `state.step` counts train steps; learning-rate
+            schedules (and the logged `learning_rate`) count optimizer steps.
+        ema_decay: keep `ema_params`, an exponential moving average of the
+            parameters with this decay (e.g. 0.999), updated in the compiled step
+            after each optimizer step; see `ModelState.with_ema_params`.
 
     Raises:
         TypeError: for losses or metrics of the wrong kind (naming the entry),
             a `tx` that is not an optax optimizer, a bad key, or not exactly one
             of `inputs` and `variables`.
+        ValueError: for an unknown `precision`, `accumulate_steps` below 1 or an
+            `ema_decay` outside [0, 1).
 
     Example:
         >>> import ciclo, jax.numpy as jnp, optax
@@ -407,6 +545,15 @@ def create_model_state(
         )
     loss_fns = _check_losses(losses)
     running = _check_metrics(metrics)
+    policy = Precision.of(precision)
+    if not (
+        isinstance(accumulate_steps, int) and not isinstance(accumulate_steps, bool) and accumulate_steps >= 1
+    ):
+        raise ValueError(f"accumulate_steps must be an int >= 1, got {short(accumulate_steps)}")
+    if ema_decay is not None and not (isinstance(ema_decay, (int, float)) and 0 <= ema_decay < 1):
+        raise ValueError(f"ema_decay must be a number in [0, 1), e.g. 0.999, or None; got {short(ema_decay)}")
+    if accumulate_steps > 1:
+        tx = optax.MultiSteps(tx, every_k_schedule=accumulate_steps).gradient_transformation()
     init_key, state_key = jax.random.split(_as_key(key))
 
     def fields(values: dict[str, Any]) -> dict[str, Any]:
@@ -415,6 +562,8 @@ def create_model_state(
         init = values.pop("init")
         # Under a mesh strategy this runs inside `jax.jit`: the variables are born in their layout.
         params, model_state = adapter.init(*init) if variables is None else variables
+        if ema_decay is not None:  # a copy: a donating strategy must not see one buffer twice
+            values["ema_params"] = jax.tree.map(jnp.copy, params)
         return {"params": params, "model_state": model_state, **values}
 
     return create_state(
@@ -425,6 +574,7 @@ def create_model_state(
             "variables": variables,
             "metrics": running,
             "key": jax.random.key_data(state_key),
+            "loss_scale": policy.loss_scale(),
         },
         tx=tx,
         apply_fn=None,
@@ -432,4 +582,7 @@ def create_model_state(
         key_impl=jax.random.key_impl(state_key),
         adapter=adapter,
         losses=loss_fns,
+        precision=policy,
+        ema_decay=None if ema_decay is None else float(ema_decay),
+        accumulate_steps=accumulate_steps,
     )

@@ -1,0 +1,210 @@
+"""The training options of `ciclo.create_model_state`: `precision`, `accumulate_steps`, `ema_decay`.
+
+Each adapter's conformance case checks one option under the compiled strategies
+(tests/conformance); here the plain-JAX model checks what they share: every
+built-in strategy, `steps_per_execution`, resuming from a backup, the
+learning-rate schedule's count and the loss scale's growth.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import ciclo
+
+FEATURES, CLASSES, BATCH = 4, 3, 8
+
+
+class Linear:
+    """A linear classifier: the smallest model with a matrix product to cast."""
+
+    def init(self, key: jax.Array, inputs: jax.Array) -> tuple[Any, None]:
+        return {"w": 0.1 * jax.random.normal(key, (inputs.shape[-1], CLASSES))}, None
+
+    def apply(self, params: Any, model_state: None, inputs: jax.Array, *, key: Any, training: bool) -> Any:
+        return inputs @ params["w"], model_state
+
+
+def batches(count: int, seed: int = 0) -> list[tuple[np.ndarray, np.ndarray]]:
+    rng = np.random.default_rng(seed)
+    return [
+        (
+            rng.normal(size=(BATCH, FEATURES)).astype(np.float32),
+            rng.integers(0, CLASSES, BATCH).astype(np.int32),
+        )
+        for _ in range(count)
+    ]
+
+
+DATA = batches(8)
+
+# Every option at once; a loss scale these gradients fit in float16 from the first step.
+OPTIONS: dict[str, Any] = {
+    "precision": ciclo.types.Precision(
+        jnp.float16, loss_scaling=True, initial_scale=2.0**8, growth_interval=3
+    ),
+    "accumulate_steps": 2,
+    "ema_decay": 0.5,
+}
+
+
+def make(strategy: str = "jit", tx: optax.GradientTransformation | None = None, **options: Any) -> Any:
+    return ciclo.create_model_state(
+        Linear(),
+        inputs=jnp.zeros((1, FEATURES)),
+        tx=tx if tx is not None else optax.sgd(0.5),
+        losses=optax.softmax_cross_entropy_with_integer_labels,
+        strategy=strategy,
+        **options,
+    )
+
+
+def host(state: Any) -> list[np.ndarray]:
+    eager = state.with_strategy("eager")
+    return [
+        np.asarray(leaf)
+        for leaf in jax.tree.leaves(
+            (eager.step, eager.params, eager.opt_state, eager.ema_params, eager.loss_scale)
+        )
+    ]
+
+
+@pytest.fixture(scope="module")
+def expected() -> list[np.ndarray]:
+    state = make(**OPTIONS)
+    for batch in DATA:
+        _, state = state.train_step(batch)
+    return host(state)
+
+
+@pytest.mark.parametrize("strategy", ciclo.strategies.strategy_names())
+def test_every_strategy_trains_with_every_option(strategy: str, expected: list[np.ndarray]) -> None:
+    state = make(strategy, **OPTIONS)
+    for batch in DATA:
+        _, state = state.train_step(batch)
+    for actual, wanted in zip(host(state), expected, strict=True):
+        np.testing.assert_allclose(actual, wanted, rtol=1e-6, atol=1e-7)
+
+
+def test_steps_per_execution_composes_with_every_option(expected: list[np.ndarray]) -> None:
+    state, history, _ = ciclo.train_loop(make(**OPTIONS), DATA, steps_per_execution=4)
+    assert len(history.collect("loss_scale")) == len(DATA)
+    for actual, wanted in zip(host(state), expected, strict=True):
+        np.testing.assert_allclose(actual, wanted, rtol=1e-6, atol=1e-7)
+
+
+class _Crash(Exception):
+    pass
+
+
+def test_a_backup_resumes_every_option_bit_for_bit(tmp_path: Any, expected: list[np.ndarray]) -> None:
+    def crash(elapsed: ciclo.types.Elapsed) -> None:
+        if elapsed.steps == 5:  # between two micro-batches of one optimizer step
+            raise _Crash
+
+    backup = ciclo.backup(tmp_path, every=3)
+    with pytest.raises(_Crash):
+        ciclo.train_loop(make(**OPTIONS), DATA, tasks={ciclo.every(1): crash}, backup=backup)
+    resumed, _, elapsed = ciclo.train_loop(make(**OPTIONS), DATA, backup=backup)
+    assert elapsed.steps == len(DATA)
+    uninterrupted, _, _ = ciclo.train_loop(make(**OPTIONS), DATA)
+    for actual, wanted in zip(host(resumed), host(uninterrupted), strict=True):
+        np.testing.assert_array_equal(actual, wanted)
+
+
+def test_learning_rate_schedules_count_optimizer_steps() -> None:
+    tx = optax.inject_hyperparams(optax.sgd)(learning_rate=optax.linear_schedule(1.0, 0.0, 10))
+    state = make(tx=tx, accumulate_steps=2)
+    rates = []
+    for batch in DATA[:4]:
+        logs, state = state.train_step(batch)
+        rates.append(float(logs.metrics.learning_rate))
+    # The rate of the last optimizer update: of update 0 after steps 1-2, of update 1 after steps 3-4.
+    np.testing.assert_allclose(rates, [1.0, 1.0, 1.0, 0.9], rtol=1e-6)
+
+
+def test_the_loss_scale_doubles_after_its_growth_interval_and_halves_on_overflow() -> None:
+    state = make(
+        precision=ciclo.types.Precision(jnp.float16, loss_scaling=True, initial_scale=4.0, growth_interval=2)
+    )
+    scales = []
+    for batch in DATA[:3]:
+        logs, state = state.train_step(batch)
+        scales.append(float(logs.metrics.loss_scale))
+    inputs, target = DATA[3]
+    logs, state = state.train_step((inputs * 1e6, target))
+    scales.append(float(logs.metrics.loss_scale))
+    assert scales == [4.0, 8.0, 8.0, 4.0]
+    assert int(logs.metrics.skipped_steps) == 1
+
+
+def test_a_skipped_step_keeps_the_accumulated_gradients_and_the_ema() -> None:
+    state = make(**OPTIONS)
+    _, state = state.train_step(DATA[0])  # the first micro-batch of an optimizer step
+    inputs, target = DATA[1]
+    _, skipped = state.train_step((inputs * 1e6, target))
+    for name in ("params", "opt_state", "ema_params"):
+        for a, b in zip(
+            jax.tree.leaves(getattr(skipped, name)), jax.tree.leaves(getattr(state, name)), strict=True
+        ):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert int(skipped.opt_state.mini_step) == 1  # still waiting for its second micro-batch
+
+
+def test_with_ema_params_evaluates_and_predicts_with_the_averaged_weights() -> None:
+    state = make(ema_decay=0.5)
+    for batch in DATA[:3]:
+        _, state = state.train_step(batch)
+    averaged = state.with_ema_params()
+    np.testing.assert_array_equal(np.asarray(averaged.params["w"]), np.asarray(state.ema_params["w"]))
+    logs, _ = averaged.predict_step(DATA[0][0])
+    np.testing.assert_allclose(
+        np.asarray(logs.outputs.preds), DATA[0][0] @ np.asarray(state.ema_params["w"]), rtol=1e-6
+    )
+
+
+@pytest.mark.parametrize(
+    ("options", "match"),
+    [
+        ({"precision": "fp8"}, "precision must be one of '32', 'bf16-mixed', '16-mixed'"),
+        ({"accumulate_steps": 0}, "accumulate_steps must be an int >= 1"),
+        ({"accumulate_steps": 2.0}, "accumulate_steps must be an int >= 1"),
+        ({"ema_decay": 1.0}, r"ema_decay must be a number in \[0, 1\)"),
+        ({"ema_decay": "0.9"}, r"ema_decay must be a number in \[0, 1\)"),
+    ],
+)
+def test_bad_options_are_refused_when_the_state_is_created(options: dict[str, Any], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        make(**options)
+
+
+def test_a_precision_policy_needs_a_floating_dtype() -> None:
+    with pytest.raises(TypeError, match="compute_dtype must be a floating dtype"):
+        ciclo.types.Precision(jnp.int8)
+
+
+def test_with_ema_params_needs_an_ema() -> None:
+    with pytest.raises(ValueError, match="create it with ema_decay="):
+        make().with_ema_params()
+
+
+def test_train_loop_tests_with_the_ema_and_trains_on_with_the_trained_weights() -> None:
+    test = DATA[:2]
+    state, history, _ = ciclo.train_loop(
+        make(ema_decay=0.5), DATA[:4], test_dataset=lambda: test, epoch_duration=4, test_with_ema=True
+    )
+    _, tested, _ = ciclo.test_loop(state.with_ema_params(), test)
+    np.testing.assert_allclose(history.collect("loss_test"), [np.mean(tested.collect("loss"))], rtol=1e-6)
+    plain, _, _ = ciclo.train_loop(make(ema_decay=0.5), DATA[:4], test_dataset=lambda: test, epoch_duration=4)
+    np.testing.assert_array_equal(np.asarray(state.params["w"]), np.asarray(plain.params["w"]))
+
+
+def test_train_loop_refuses_test_with_ema_without_an_ema() -> None:
+    with pytest.raises(ValueError, match="create it with ema_decay="):
+        ciclo.train_loop(make(), DATA, test_dataset=lambda: DATA, epoch_duration=4, test_with_ema=True)
