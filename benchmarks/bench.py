@@ -26,6 +26,12 @@ Rows (implementations):
                                the same flax state in `ciclo.train_loop(...,
                                steps_per_execution=32)`: batches grouped by `ciclo.stacked`,
                                32 managed steps a dispatch in one `lax.scan`
+    train_loop + flax state (numpy batches)
+                               `train_loop + flax state` fed numpy batches from the host: each
+                               step's batch is copied to the device when the step is dispatched
+    train_loop prefetch=2 + flax state (numpy batches)
+                               the same with `train_loop(..., prefetch=2)`: each batch is put on
+                               the device two steps ahead (`ciclo.prefetch_to_device`)
     fused K=32                 `ciclo.fuse(step)` over `ciclo.stacked(data, 32)` in `ciclo.loop`
                                (no tiny target: superseded by the spe=32 row)
     keras fit spe=1 / spe=32   Keras 3 (JAX backend) `model.fit`, steps_per_execution 1 and 32
@@ -81,6 +87,7 @@ State = tuple[Any, Any]  # (params, opt_state)
 
 DISTINCT_BATCHES = 64
 GROUP = 32  # steps per dispatch of the fused, spe=32 and keras spe=32 rows
+PREFETCH = 2  # batches put on the device ahead of the step, in the prefetch row
 WARMUP_STEPS = GROUP  # before each timed run: compiles the step (the grouped rows' need a full group)
 LEARNING_RATE = 1e-3
 
@@ -131,6 +138,14 @@ def device_batches(workload: Workload) -> list[Batch]:
 def data_iter(workload: Workload) -> Iterator[Batch]:
     """An endless iterator over the device batches."""
     return itertools.cycle(device_batches(workload))
+
+
+def host_iter(workload: Workload) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """An endless iterator over the same batches as numpy arrays: each must be copied to the device."""
+    x, y = numpy_data(workload)
+    b = workload.batch_size
+    batches = [(x[i * b : (i + 1) * b], y[i * b : (i + 1) * b]) for i in range(DISTINCT_BATCHES)]
+    return itertools.cycle(batches)
 
 
 # ----------------------------------------------------------------------------- the JAX model and step
@@ -310,15 +325,23 @@ def flax_state(workload: Workload) -> Any:
     )
 
 
-def _flax_train_loop_row(workload: Workload, steps: int, steps_per_execution: int) -> float:
+def _flax_train_loop_row(
+    workload: Workload,
+    steps: int,
+    steps_per_execution: int,
+    *,
+    host: bool = False,
+    prefetch: int | None = None,
+) -> float:
     def train(state: Any, n: int) -> Any:
         # One epoch per run, as `keras fit epochs=1`: the state resets its metrics at its end.
         state, _history, _elapsed = ciclo.train_loop(
             state,
-            data_iter(workload),
+            host_iter(workload) if host else data_iter(workload),
             epoch_duration=n,
             stop=n,
             steps_per_execution=steps_per_execution,
+            prefetch=prefetch,
         )
         return state
 
@@ -332,6 +355,14 @@ def run_flax_train_loop(workload: Workload, steps: int) -> float:
 
 def run_flax_train_loop_spe(workload: Workload, steps: int) -> float:
     return _flax_train_loop_row(workload, steps, GROUP)
+
+
+def run_flax_train_loop_host(workload: Workload, steps: int) -> float:
+    return _flax_train_loop_row(workload, steps, 1, host=True)
+
+
+def run_flax_train_loop_prefetch(workload: Workload, steps: int) -> float:
+    return _flax_train_loop_row(workload, steps, 1, host=True, prefetch=PREFETCH)
 
 
 def run_flax_hand_loop(workload: Workload, steps: int) -> float:
@@ -415,6 +446,8 @@ IMPLEMENTATIONS: dict[str, Callable[[Workload, int], float]] = {
     "train_loop + flax state": run_flax_train_loop,
     "flax state.train_step (hand loop)": run_flax_hand_loop,
     f"train_loop spe={GROUP} + flax state": run_flax_train_loop_spe,
+    "train_loop + flax state (numpy batches)": run_flax_train_loop_host,
+    f"train_loop prefetch={PREFETCH} + flax state (numpy batches)": run_flax_train_loop_prefetch,
     f"fused K={GROUP}": run_fused,
     "keras fit spe=1": run_keras_spe1,
     f"keras fit spe={GROUP}": run_keras_spe32,

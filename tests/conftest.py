@@ -41,7 +41,11 @@ STANDARD_PROMOTION_DOCTESTS = ("ciclo_haiku",)
 
 
 # Doctests of modules behind an optional extra run where the extra is installed (`tests(loggers)`).
-DOCTEST_REQUIRES = {"ciclo._src.callbacks._loggers._tensorboard": "tensorboardX"}
+DOCTEST_REQUIRES = {
+    "ciclo._src.callbacks._loggers._tensorboard": "tensorboardX",
+    # Its example is a grain iterator; grain installs on Python >= 3.11 only.
+    "ciclo._src.prefetch.StatefulPrefetched": "grain",
+}
 
 
 SHARDED_STRATEGIES = ("data_parallel", "fsdp", "pmap")

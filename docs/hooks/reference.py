@@ -70,6 +70,12 @@ TOPICS = [
         ("ciclo._src.batches", "ciclo._src.fused"),
     ),
     Topic(
+        "data.md",
+        "Data",
+        "Batches put on their devices ahead of the step. Guide: [data pipelines](../data.md).",
+        ("ciclo._src.prefetch",),
+    ),
+    Topic(
         "states.md",
         "Model states and metrics",
         "Keras-like states for any model, and the metrics they accumulate. "

@@ -72,6 +72,7 @@ def test_names_land_on_the_page_of_their_module() -> None:
     assert DOCUMENTED["ciclo.on_train_step"] == "loops.md"
     assert DOCUMENTED["ciclo.keras_bar"] == "callbacks.md"
     assert DOCUMENTED["ciclo.strategies.DataParallel"] == "strategies.md"
+    assert DOCUMENTED["ciclo.prefetch_to_device"] == "data.md"
     assert DOCUMENTED["ciclo.managed.train_step"] == "managed.md"
     assert DOCUMENTED["ciclo_flax.create_flax_state"] == "adapters.md"
 

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import pytest
 from support import log_readers, processes
+from support.optional import optional
 
 WORKER = Path(__file__).with_name("worker.py")
 TIMEOUT = 600
@@ -163,14 +164,17 @@ def test_sigkill_at_random_moments_then_resume(
     assert len([name for name in backups if name.isdigit()]) <= 2, backups
 
 
-def test_sigterm_saves_then_exits_143_and_resumes(tmp_path: Path) -> None:
-    reference = run_uninterrupted("loop", tmp_path / "reference")
+# grain_prefetch: preempted with two batches read ahead of the step it stops at, it resumes at the
+# batch after that step (grain's iterator state, as ciclo.prefetch_to_device keeps it).
+@pytest.mark.parametrize("mode", ["loop", *(["grain_prefetch"] if optional("grain") else [])])
+def test_sigterm_saves_then_exits_143_and_resumes(mode: str, tmp_path: Path) -> None:
+    reference = run_uninterrupted(mode, tmp_path / "reference")
     directory = tmp_path / "preempted"
-    proc = start("loop", directory)
+    proc = start(mode, directory)
     assert kill_when(proc, "step", 7, 0.0, signal.SIGTERM)
     assert proc.returncode == 143, (directory / "stderr.log").read_text()
     assert not (directory / "result_0.npz").exists()
-    finish(start("loop", directory), directory)
+    finish(start(mode, directory), directory)
     assert_equal_results(dict(np.load(directory / "result_0.npz")), reference)
 
 

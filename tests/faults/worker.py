@@ -2,10 +2,12 @@
 
 Usage: python worker.py MODE DIRECTORY [PROCESS_ID PORT]
 
-MODE is `loop` (a hand-written jitted step in `ciclo.loop`), `train_loop` (a
-flax state with dropout and Adam, a test loop each epoch, early stopping and a
-best checkpoint), or `distributed_<strategy>` (2 processes under
-`jax.distributed`, `ciclo.loop` over a managed state). `train_loop` also logs
+MODE is `loop` (a hand-written jitted step in `ciclo.loop`), `grain_prefetch`
+(the same step in `ciclo.train_loop(..., prefetch=2)` over a grain iterator:
+shuffled each epoch, batched, sharded by process), `train_loop` (a flax state
+with dropout and Adam, a test loop each epoch, early stopping and a best
+checkpoint), or `distributed_<strategy>` (2 processes under `jax.distributed`,
+`ciclo.loop` over a managed state). `train_loop` also logs
 to TensorBoard (`DIRECTORY/tb`), CSV (`DIRECTORY/log.csv`), W&B offline
 (`DIRECTORY/wandb`) and MLflow (`DIRECTORY/mlruns`), and when it finishes
 writes the W&B and MLflow run ids to `DIRECTORY/runs.json`. The script prints
@@ -75,7 +77,8 @@ def save_result(params, history, process: int = 0) -> None:
     os.replace(path + ".tmp.npz", path)
 
 
-def hand_written_loop() -> None:
+def regression_model():
+    """Parameters and a hand-written jitted step of a small regression model."""
     key = jax.random.key(0)
     k1, k2 = jax.random.split(key)
     params = {
@@ -99,11 +102,37 @@ def hand_written_loop() -> None:
         params = jax.tree.map(lambda p, g: p - 0.002 * g, params, grads)
         return ciclo.logs().add_loss("loss", loss), params
 
+    return params, train_step
+
+
+def hand_written_loop() -> None:
+    params, train_step = regression_model()
     params, history, _ = ciclo.loop(
         params,
         regression_batches(),
         {ciclo.every(1): [train_step, progress]},
         stop=STOP,
+        backup=ciclo.backup(os.path.join(DIRECTORY, "backup"), every=announce(EVERY)),
+    )
+    save_result(params, history)
+
+
+def grain_prefetch_loop() -> None:
+    import grain
+
+    params, train_step = regression_model()
+    x, y = (np.concatenate(column) for column in zip(*regression_batches(15), strict=True))
+    shard = grain.sharding.ShardByJaxProcess()  # one process here: all the rows
+    rows = grain.MapDataset.source([(x[i], y[i]) for i in range(len(x))])
+    rows = rows[shard.shard_index :: shard.shard_count]
+    dataset = rows.shuffle(seed=0).repeat().batch(16).to_iter_dataset()
+    # Killed with batches read ahead: the backup holds the position of the last batch trained on.
+    params, history, _ = ciclo.train_loop(
+        params,
+        iter(dataset),
+        {ciclo.on_train_step: [train_step, progress]},
+        stop=STOP,
+        prefetch=2,
         backup=ciclo.backup(os.path.join(DIRECTORY, "backup"), every=announce(EVERY)),
     )
     save_result(params, history)
@@ -209,6 +238,8 @@ def distributed(strategy: str, process_id: int, port: int) -> None:
 if __name__ == "__main__":
     if MODE == "loop":
         hand_written_loop()
+    elif MODE == "grain_prefetch":
+        grain_prefetch_loop()
     elif MODE == "train_loop":
         flax_train_loop()
     elif MODE.startswith("distributed_"):

@@ -1,6 +1,9 @@
 """One process of the 2-process `jax.distributed` test: trains, then saves what it ended with.
 
-Usage: python distributed_worker.py PROCESS_ID PORT STRATEGY MODEL OUT_NPZ
+Usage: python distributed_worker.py PROCESS_ID PORT STRATEGY MODEL OUT_NPZ [prefetch]
+
+With `prefetch`, the batches come through `ciclo.prefetch_to_device`: each process's
+rows are made global arrays ahead of the step, which then moves nothing.
 """
 
 from __future__ import annotations
@@ -17,12 +20,12 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 from support import training  # noqa: E402
 
-import ciclo  # noqa: E402, F401
+import ciclo  # noqa: E402
 
 jax.config.update("jax_cpu_collectives_implementation", "gloo")
 
 
-def main(process_id: int, port: int, strategy: str, model: str, out: str) -> None:
+def main(process_id: int, port: int, strategy: str, model: str, out: str, prefetch: bool) -> None:
     jax.distributed.initialize(
         coordinator_address=f"127.0.0.1:{port}",
         num_processes=2,
@@ -33,9 +36,14 @@ def main(process_id: int, port: int, strategy: str, model: str, out: str) -> Non
 
     rows = slice(process_id * training.BATCH // 2, (process_id + 1) * training.BATCH // 2)
     state = training.managed_state(model, strategy)
-    for x, y in training.batches():
-        # Each process feeds only its own rows of the global batch.
-        logs, state = training.train_step(state, (x[rows], y[rows]))
+    # Each process feeds only its own rows of the global batch.
+    batches = [(x[rows], y[rows]) for x, y in training.batches()]
+    feed = ciclo.prefetch_to_device(batches, size=2, strategy=state.strategy) if prefetch else batches
+    for batch in feed:
+        if prefetch:  # a global array already: the step moves nothing
+            assert not batch[0].is_fully_addressable and batch[0].shape[0] == training.BATCH
+        with jax.transfer_guard("disallow" if prefetch else "allow"):
+            logs, state = training.train_step(state, batch)
     x, y = training.batches(1, seed=1)[0]
     eval_logs, state = training.eval_step(state, (x[rows], y[rows]))
 
@@ -52,5 +60,5 @@ def main(process_id: int, port: int, strategy: str, model: str, out: str) -> Non
 
 
 if __name__ == "__main__":
-    pid, port, strategy, model, out = sys.argv[1:]
-    main(int(pid), int(port), strategy, model, out)
+    pid, port, strategy, model, out, *options = sys.argv[1:]
+    main(int(pid), int(port), strategy, model, out, prefetch=options == ["prefetch"])

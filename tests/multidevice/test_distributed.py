@@ -14,12 +14,17 @@ WORKER = Path(__file__).with_name("distributed_worker.py")
 TIMEOUT = 300
 
 
-@pytest.mark.parametrize("strategy", ["data_parallel", "fsdp"])
-def test_two_processes_match_one(strategy: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("strategy", "options"),
+    [("data_parallel", []), ("fsdp", []), ("data_parallel", ["prefetch"])],
+    ids=["data_parallel", "fsdp", "data_parallel-prefetch"],
+)
+def test_two_processes_match_one(strategy: str, options: list[str], tmp_path: Path) -> None:
     port = processes.free_port()
     outs = [tmp_path / f"process_{i}.npz" for i in range(2)]
     commands = [
-        [sys.executable, str(WORKER), str(i), str(port), strategy, "mlp", str(outs[i])] for i in range(2)
+        [sys.executable, str(WORKER), str(i), str(port), strategy, "mlp", str(outs[i]), *options]
+        for i in range(2)
     ]
     # The worker sets its own device count (2 per process).
     codes, output = processes.run_together(

@@ -33,6 +33,25 @@ def test_data_parallel_replicates_the_state_and_shards_batches() -> None:
     assert set(_specs(state)) == {"P()"}
 
 
+def test_prefetched_batches_are_sharded_over_the_mesh_and_the_step_copies_them_no_more() -> None:
+    data = training.batches(3)
+    reference = training.managed_state("mlp", "data_parallel")
+    for batch in data:
+        _, reference = training.train_step(reference, batch)  # compiles, then trains on host batches
+    state = training.managed_state("mlp", "data_parallel")
+    groups = ciclo.prefetch_to_device(ciclo.stacked(data, 3), strategy=state.strategy)
+    assert _specs(next(groups).batches) == ["P(None, 'data')"] * 2  # a fused group: rows on axis 1
+    for batch in ciclo.prefetch_to_device(data, size=2, strategy=state.strategy):
+        assert _specs(batch) == ["P('data',)"] * 2
+        assert [shard.data.shape for shard in batch[0].addressable_shards] == [(2, training.FEATURES)] * 4
+        with jax.transfer_guard("disallow"):  # no copy at the step: its batch is where it runs
+            _, state = training.train_step(state, batch)
+    for actual, expected in zip(
+        jax.tree.leaves(state.params), jax.tree.leaves(reference.params), strict=True
+    ):
+        np.testing.assert_array_equal(np.asarray(actual), np.asarray(expected))
+
+
 def test_fsdp_shards_large_parameters_and_their_optimizer_state() -> None:
     state = training.managed_state("mlp", "fsdp")
     for tree in (state, *training.train_step(state, training.batches(1)[0])[1:]):

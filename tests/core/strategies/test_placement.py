@@ -48,6 +48,14 @@ def test_batches_with_scalars_and_numpy_leaves_are_lifted(strategy: str) -> None
     assert all(isinstance(leaf, jax.Array) or np.ndim(leaf) for leaf in jax.tree.leaves(lifted))
 
 
+@pytest.mark.parametrize("strategy", PLACING)
+def test_a_traced_batch_is_lifted_as_a_host_batch_is(strategy: str) -> None:
+    # As inside `ciclo.fuse(managed_step)`: the batch is a tracer, with no layout to keep.
+    lift = ciclo.strategies.get_strategy(strategy).lift_batch
+    batch = {"x": np.ones((4, 2), np.float32)}
+    assert jax.jit(lift)(batch)["x"].shape == lift(batch)["x"].shape
+
+
 def test_keys_survive_placing_and_gathering(strategy: str) -> None:
     class State(managed.ManagedState):
         key: jax.Array

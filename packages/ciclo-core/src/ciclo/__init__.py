@@ -62,6 +62,7 @@ from ciclo._src.loops import predict_loop as predict_loop
 from ciclo._src.loops import test_loop as test_loop
 from ciclo._src.loops import train_loop as train_loop
 from ciclo._src.model_state import create_model_state as create_model_state
+from ciclo._src.prefetch import prefetch_to_device as prefetch_to_device
 from ciclo._src.reprs import short
 from ciclo._src.schedules import after as after
 from ciclo._src.schedules import always as always
@@ -208,6 +209,7 @@ __all__ = [
     "on_train_step",
     "piecewise",
     "predict_loop",
+    "prefetch_to_device",
     "profile",
     "restore_checkpoint",
     "run_phases",

@@ -38,7 +38,7 @@ import re
 import signal
 import socket
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Protocol, TypeGuard, TypeVar
 
 import jax
 
@@ -61,6 +61,8 @@ from ciclo._src.reprs import short
 from ciclo._src.schedules import Every, crossed
 
 _log = logging.getLogger("ciclo")
+
+T_co = TypeVar("T_co", covariant=True)
 
 _FORMAT = 3
 """The loop item's format: 3 records the loop (kind, stop, samples drawn); 1 held a pickle, never read."""
@@ -669,11 +671,29 @@ def position_dataset(
     return iterator
 
 
+class StatefulIterator(Iterator[T_co], Protocol):
+    """An iterator that can say where it is and go back there (grain's `DatasetIterator`)."""
+
+    def get_state(self) -> Any:
+        """Where the iterator is: plain data (JSON-like) for the backup document."""
+        ...
+
+    def set_state(self, state: Any, /) -> None:
+        """Moves the iterator to a position `get_state` returned."""
+        ...
+
+
+def has_state(iterator: Any) -> TypeGuard[StatefulIterator[Any]]:
+    """Whether the backup saves the iterator's own position: it has `get_state` and `set_state`.
+
+    The one test of it: the loop's backups and `ciclo.prefetch_to_device` ask here.
+    """
+    return callable(getattr(iterator, "get_state", None)) and callable(getattr(iterator, "set_state", None))
+
+
 def iterator_state(iterator: Any) -> Any:
     """The iterator's own `get_state()` when it has `get_state` and `set_state`; None otherwise."""
-    if callable(getattr(iterator, "get_state", None)) and callable(getattr(iterator, "set_state", None)):
-        return iterator.get_state()
-    return None
+    return iterator.get_state() if has_state(iterator) else None
 
 
 def _lock(directory: str) -> bool:

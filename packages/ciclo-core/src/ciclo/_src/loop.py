@@ -466,7 +466,8 @@ def _as_history(history: History | None) -> History:
     return history
 
 
-def _iterate(dataset: Iterable[Any]) -> Iterator[Any]:
+def iterate_dataset(dataset: Iterable[Any]) -> Iterator[Any]:
+    """`iter(dataset)`, or a TypeError saying that a loop takes an iterable of batches."""
     try:
         return iter(dataset)
     except TypeError:
@@ -537,7 +538,7 @@ def run_phases(
     stop_period = _check_stop(stop)
     plan = _Plan.build(phases, on_start, on_end)
     history = _as_history(history)
-    iterator = _iterate(dataset)
+    iterator = iterate_dataset(dataset)
     survival = Survival(
         backup, backup_every, kind=kind, stop=stop_period, catch_keyboard_interrupt=catch_keyboard_interrupt
     )

@@ -48,6 +48,8 @@ from ciclo._src.hooks import (
 )
 from ciclo._src.logs import History
 from ciclo._src.loop import Phase, at_step_end, run_phases
+from ciclo._src.managed import ManagedState
+from ciclo._src.prefetch import prefetch_to_device
 from ciclo._src.reprs import short
 from ciclo._src.schedules import Every, every
 from ciclo._src.types import Evaluable, Predictable, S, Tasks, Trainable
@@ -135,6 +137,7 @@ def train_loop(
     batch_size_fn: BatchSizeFn | None = None,
     backup: Backup | str | os.PathLike[str] | None = None,
     steps_per_execution: int = 1,
+    prefetch: int | None = None,
 ) -> tuple[S, History, Elapsed]:
     """A training loop with epochs and an evaluation loop at the end of each epoch.
 
@@ -193,6 +196,13 @@ def train_loop(
             progress bars run once per group. The state's `train_step` must take
             `ciclo.types.Stacked` batches: managed steps (`ciclo.types.ModelState`,
             `managed.train_step`) do, and so does a `ciclo.fuse`d step.
+        prefetch: put this many training batches (or `steps_per_execution`
+            groups) on their devices ahead of the step that takes them, with
+            `ciclo.prefetch_to_device` and the state's strategy (a
+            `managed.ManagedState`'s `strategy`; else the default device). The
+            data position stays exact: a backup resumes at the first batch the
+            loop did not take, and a dataset iterator with `set_state` (grain's)
+            is moved back there when the loop returns. 0 or None: no prefetch.
 
     Returns:
         `(state, history, elapsed)`.
@@ -200,6 +210,7 @@ def train_loop(
     Raises:
         TypeError: if nothing would train: the state is not a `ciclo.types.Trainable`
             and `tasks` hold no step.
+        ValueError: if `prefetch` is not an int >= 0 or None.
 
     Example:
         >>> import ciclo
@@ -250,6 +261,11 @@ def train_loop(
     _check_runs_something(state, named, scheduled, Trainable, "train_loop", (train_step, on_train_step))
     if steps_per_execution != 1:
         dataset = _grouped(dataset, steps_per_execution, epoch, Period.of(stop), elapsed, batch_size_fn)
+    prefetched = None
+    if prefetch is not None and prefetch != 0:
+        # After the grouping: each group is placed whole, as the fused step takes it.
+        strategy = state.strategy if isinstance(state, ManagedState) else None
+        dataset = prefetched = prefetch_to_device(dataset, prefetch, strategy)
 
     phases = [
         Phase("train_batch_begin", [(every(1), _get(named, on_train_batch_begin))]),
@@ -297,22 +313,26 @@ def train_loop(
         # The epoch ends after the step that completes it: checked on the counts after the step.
         phases.append(Phase("epoch_end", [(at_step_end(Every(epoch, offset=epoch)), at_epoch_end)]))
     phases.append(Phase("train_batch_end", [(every(1), _get(named, on_train_batch_end))]))
-    return run_phases(
-        state,
-        dataset,
-        phases,
-        on_start=_get(named, on_train_begin),
-        on_end=_get(named, on_train_end),
-        stop=stop,
-        history=history,
-        elapsed=elapsed,
-        catch_keyboard_interrupt=catch_keyboard_interrupt,
-        metadata=metadata,
-        batch_size_fn=batch_size_fn,
-        backup=backup,
-        kind="train_loop",
-        backup_every=epoch,  # by default, a backup at each epoch's end
-    )
+    try:
+        return run_phases(
+            state,
+            dataset,
+            phases,
+            on_start=_get(named, on_train_begin),
+            on_end=_get(named, on_train_end),
+            stop=stop,
+            history=history,
+            elapsed=elapsed,
+            catch_keyboard_interrupt=catch_keyboard_interrupt,
+            metadata=metadata,
+            batch_size_fn=batch_size_fn,
+            backup=backup,
+            kind="train_loop",
+            backup_every=epoch,  # by default, a backup at each epoch's end
+        )
+    finally:
+        if prefetched is not None:
+            prefetched.close()  # the batches read ahead go back to a source that can take them
 
 
 def test_loop(

@@ -47,6 +47,22 @@ def place(tree: T, sharding_of: Callable[[tuple[int, ...]], jax.sharding.Shardin
     return cast(T, jax.tree.map(_place_global, tree, shardings))
 
 
+def placed(tree: Any, sharding_of: Callable[[tuple[int, ...]], jax.sharding.Sharding]) -> bool:
+    """Whether every leaf of `tree` is an array laid out as `sharding_of(leaf.shape)` already.
+
+    A batch lifted ahead of time (`ciclo.prefetch_to_device`) is lifted again by
+    the managed step: this says there is nothing to move, and costs no copy.
+    A traced batch (a managed step inside `ciclo.fuse` or `jax.jit`) has no
+    layout yet: it is never placed.
+    """
+    return all(
+        isinstance(leaf, jax.Array)
+        and not isinstance(leaf, jax.core.Tracer)
+        and leaf.sharding == sharding_of(leaf.shape)
+        for leaf in jax.tree.leaves(tree)
+    )
+
+
 def _place_global(leaf: Any, sharding: jax.sharding.Sharding) -> jax.Array:
     if isinstance(leaf, jax.Array) and not leaf.is_fully_addressable:
         # A global array (another mesh strategy's layout): the processes reshard it together.

@@ -16,7 +16,7 @@ from ciclo._src.batches import is_stacked, split_rows
 from ciclo._src.logs import Entries, Logs, collapse_leading_axis
 from ciclo._src.roles import Role, fields_with_role
 from ciclo._src.strategies._in_flight import compile_bounded
-from ciclo._src.strategies._placement import check_divisible, check_placeable, gather
+from ciclo._src.strategies._placement import check_divisible, check_placeable, gather, placed
 from ciclo._src.types import StepFn
 
 T = TypeVar("T")
@@ -85,12 +85,16 @@ class PMap:
                 "strategy 'pmap' does not run fused steps (ciclo.stacked batches); use 'data_parallel', "
                 "which gives the same results and fuses"
             )
+        if placed(batch, lambda shape: self._devices):
+            return batch  # split and placed ahead of the step (ciclo.prefetch_to_device)
         devices = jax.local_device_count()
         try:
-            return jax.tree.map(lambda leaf: split_rows(leaf, devices), batch)
+            split = jax.tree.map(lambda leaf: split_rows(leaf, devices), batch)
         except ValueError:
             check_divisible(batch, devices, "pmap")
             raise
+        # Placed as `jax.pmap` lays out its inputs: the mapped step takes them without a copy.
+        return cast(T, jax.device_put(split, self._devices))
 
     def compile(self, step: StepFn, /, *, donate: bool = False) -> StepFn:
         donate_argnums = (0,) if donate and self.donate else ()

@@ -23,7 +23,7 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 from ciclo._src.batches import Stacked, is_stacked
 from ciclo._src.logs import Entries, Logs
 from ciclo._src.strategies._in_flight import compile_bounded
-from ciclo._src.strategies._placement import check_divisible, check_placeable, place, unaliased
+from ciclo._src.strategies._placement import check_divisible, check_placeable, place, placed, unaliased
 from ciclo._src.types import StepFn
 
 T = TypeVar("T")
@@ -90,6 +90,8 @@ class _MeshStrategy(abc.ABC):
         return self._lift(batch, self._rows, 0)
 
     def _lift(self, batch: T, rows: NamedSharding, axis: int) -> T:
+        if placed(batch, lambda shape: rows if len(shape) > axis else self._replicated):
+            return batch  # lifted ahead of the step (ciclo.prefetch_to_device)
         try:
             if not self._multi_process:
                 try:
