@@ -1,9 +1,11 @@
 """One process of the 2-process `jax.distributed` test: trains, then saves what it ended with.
 
-Usage: python distributed_worker.py PROCESS_ID PORT STRATEGY MODEL OUT_NPZ [prefetch]
+Usage: python distributed_worker.py PROCESS_ID PORT STRATEGY MODEL OUT_NPZ [prefetch | options]
 
 With `prefetch`, the batches come through `ciclo.prefetch_to_device`: each process's
-rows are made global arrays ahead of the step, which then moves nothing.
+rows are made global arrays ahead of the step, which then moves nothing. With
+`options`, MODEL is ignored: a `ciclo.types.ModelState` with every training option
+(`training.TRAINING_OPTIONS`) trains on `training.class_batches()`.
 """
 
 from __future__ import annotations
@@ -25,7 +27,24 @@ import ciclo  # noqa: E402
 jax.config.update("jax_cpu_collectives_implementation", "gloo")
 
 
-def main(process_id: int, port: int, strategy: str, model: str, out: str, prefetch: bool) -> None:
+def train_with_options(process_id: int, strategy: str, out: str) -> None:
+    rows = slice(process_id * training.BATCH // 2, (process_id + 1) * training.BATCH // 2)
+    state = training.options_state(strategy)
+    for x, y in training.class_batches():
+        _, state = state.train_step((x[rows], y[rows]))
+    state = state.with_strategy("eager")
+    trees = {"params": state.params, "ema": state.ema_params, "scale": state.loss_scale}
+    np.savez(
+        out,
+        **{
+            f"{name}_{i}": np.asarray(leaf)
+            for name, tree in trees.items()
+            for i, leaf in enumerate(jax.tree.leaves(tree))
+        },
+    )
+
+
+def main(process_id: int, port: int, strategy: str, model: str, out: str, option: str | None) -> None:
     jax.distributed.initialize(
         coordinator_address=f"127.0.0.1:{port}",
         num_processes=2,
@@ -33,6 +52,11 @@ def main(process_id: int, port: int, strategy: str, model: str, out: str, prefet
         initialization_timeout=120,
     )
     assert jax.process_count() == 2 and jax.device_count() == 4 and jax.local_device_count() == 2
+    if option == "options":
+        train_with_options(process_id, strategy, out)
+        jax.distributed.shutdown()
+        return
+    prefetch = option == "prefetch"
 
     rows = slice(process_id * training.BATCH // 2, (process_id + 1) * training.BATCH // 2)
     state = training.managed_state(model, strategy)
@@ -61,4 +85,4 @@ def main(process_id: int, port: int, strategy: str, model: str, out: str, prefet
 
 if __name__ == "__main__":
     pid, port, strategy, model, out, *options = sys.argv[1:]
-    main(int(pid), int(port), strategy, model, out, prefetch=options == ["prefetch"])
+    main(int(pid), int(port), strategy, model, out, options[0] if options else None)

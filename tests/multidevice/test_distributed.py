@@ -53,3 +53,29 @@ def test_two_processes_match_one(strategy: str, options: list[str], tmp_path: Pa
         assert specs[3] == "P('data',)" and specs.count("P()") == 5, specs  # only the 64 x 64 weight
     else:
         assert set(specs) == {"P()"}, specs
+
+
+def test_two_processes_train_with_every_training_option_as_one(tmp_path: Path) -> None:
+    port = processes.free_port()
+    outs = [tmp_path / f"process_{i}.npz" for i in range(2)]
+    commands = [
+        [sys.executable, str(WORKER), str(i), str(port), "fsdp", "-", str(outs[i]), "options"]
+        for i in range(2)
+    ]
+    codes, output = processes.run_together(
+        commands, env=processes.clean_env(), logs=tmp_path, timeout=TIMEOUT
+    )
+    assert codes == [0, 0], "\n\n".join(output)
+    first, second = (dict(np.load(out)) for out in outs)
+    assert sorted(first) == sorted(second) and any(name.startswith("ema_") for name in first)
+    for name in first:
+        np.testing.assert_array_equal(first[name], second[name])
+    state = training.options_state("jit")
+    for batch in training.class_batches():
+        _, state = state.train_step(batch)
+    trees = {"params": state.params, "ema": state.ema_params, "scale": state.loss_scale}
+    for name, tree in trees.items():
+        for i, leaf in enumerate(jax.tree.leaves(tree)):
+            # To float16 rounding (its epsilon, 1e-3, on weights of about 0.1): the processes sum their
+            # rows' float16 gradients in another order.
+            np.testing.assert_allclose(first[f"{name}_{i}"], np.asarray(leaf), rtol=2e-3, atol=5e-4)

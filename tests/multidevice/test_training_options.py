@@ -2,43 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import jax
-import jax.numpy as jnp
-import numpy as np
-import optax
 import pytest
 from support import training
 
 import ciclo
 
-# Every option at once; a loss scale these gradients fit in float16 from the first step.
-OPTIONS: dict[str, Any] = {
-    "precision": ciclo.types.Precision(
-        jnp.float16, loss_scaling=True, initial_scale=2.0**8, growth_interval=3
-    ),
-    "accumulate_steps": 2,
-    "ema_decay": 0.5,
-}
-
-# The regression batches made a 3-class task: the class is the sign of the target, and zero.
-DATA = [(inputs, np.sign(target[:, 0]).astype(np.int32) + 1) for inputs, target in training.batches(6)]
-
-
-def make(strategy: str | ciclo.strategies.Strategy) -> ciclo.types.ModelState:
-    return ciclo.create_model_state(
-        training.LinearClassifier(),
-        inputs=jnp.zeros((1, training.FEATURES)),
-        tx=optax.sgd(0.5),
-        losses=optax.softmax_cross_entropy_with_integer_labels,
-        strategy=strategy,
-        **OPTIONS,
-    )
+DATA = training.class_batches()
 
 
 def trained(strategy: str) -> ciclo.types.ModelState:
-    state = make(strategy)
+    state = training.options_state(strategy)
     for batch in DATA:
         _, state = state.train_step(batch)
     return state.with_strategy("eager")
@@ -62,7 +36,7 @@ def test_every_option_trains_as_on_one_device(strategy: str, on_one_device: cicl
 
 
 def test_fsdp_shards_the_ema_weights_as_the_parameters() -> None:
-    state = make(ciclo.strategies.FSDP(min_size=8))  # shards the 8x3 weights
+    state = training.options_state(ciclo.strategies.FSDP(min_size=8))  # shards the 8x3 weights
     _, state = state.train_step(DATA[0])
     params = [leaf.sharding.spec for leaf in jax.tree.leaves(state.params)]
     assert [leaf.sharding.spec for leaf in jax.tree.leaves(state.ema_params)] == params

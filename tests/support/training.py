@@ -130,3 +130,31 @@ def best_weights_run(state: managed.ManagedState) -> tuple[managed.ManagedState,
     state, _, elapsed = ciclo.loop(state, batches(), {ciclo.every(1): [train_step, score, stopper]})
     assert elapsed.steps == 4  # best at step 0, then 3 checks without improvement
     return state, reference_params("linear", batches()[:1])
+
+
+TRAINING_OPTIONS: dict[str, Any] = {
+    # A loss scale these gradients fit in float16 from the first step.
+    "precision": ciclo.types.Precision(
+        jnp.float16, loss_scaling=True, initial_scale=2.0**8, growth_interval=3
+    ),
+    "accumulate_steps": 2,
+    "ema_decay": 0.5,
+}
+"""Every training option of `ciclo.create_model_state` at once, for the several-device cases."""
+
+
+def class_batches(steps: int = 6) -> list[tuple[np.ndarray, np.ndarray]]:
+    """`batches(steps)` made a 3-class task: the class is the sign of the target, plus one."""
+    return [(x, np.sign(y[:, 0]).astype(np.int32) + 1) for x, y in batches(steps)]
+
+
+def options_state(strategy: Any) -> ciclo.types.ModelState:
+    """A `LinearClassifier` state with every training option (`TRAINING_OPTIONS`)."""
+    return ciclo.create_model_state(
+        LinearClassifier(),
+        inputs=jnp.zeros((1, FEATURES)),
+        tx=optax.sgd(0.5),
+        losses=optax.softmax_cross_entropy_with_integer_labels,
+        strategy=strategy,
+        **TRAINING_OPTIONS,
+    )
