@@ -67,9 +67,10 @@ def _check_devices(devices: object) -> tuple[Device, ...] | None:
 
 def _memory_stats(device: Device) -> tuple[Mapping[str, Any] | None, str]:
     """The device's stats if they hold a logged key, else None and why not."""
+    # A backend without the counters raises XlaRuntimeError (status UNIMPLEMENTED), a RuntimeError.
     try:
         stats = device.memory_stats()
-    except RuntimeError as error:  # an XlaRuntimeError (UNIMPLEMENTED), or NotImplementedError
+    except RuntimeError as error:
         return None, f"memory_stats() raised {type(error).__name__}: {short(str(error))}"
     if stats is None:
         return None, "memory_stats() returned None"
