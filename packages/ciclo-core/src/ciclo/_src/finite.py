@@ -1,8 +1,9 @@
 """Whether a state is fit to resume from: every floating-point value finite.
 
 Checkpoints and backups ask before they save: a state holding NaN or inf is
-never kept as a resume point. The check is one reduction on the devices, run
-only at save time, and read back as a single bool.
+never kept as a resume point. The check is one reduction on the devices, read
+back as a single bool, at save time only. A step under dynamic loss scaling
+asks the same of its gradients inside the compiled step (`finite_flag`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,18 @@ def _all_finite(leaves: list[Any]) -> jax.Array:
     return jnp.all(jnp.stack([jnp.all(jnp.isfinite(leaf)) for leaf in leaves]))
 
 
+def finite_flag(tree: Any) -> jax.Array:
+    """A boolean array: every floating-point leaf of `tree` finite; traceable, so a step can ask too.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> finite_flag({"w": jnp.array([1.0, jnp.inf])})
+        Array(False, dtype=bool)
+    """
+    leaves = [leaf for leaf in jax.tree.leaves(tree) if _is_float(leaf)]
+    return _all_finite(leaves) if leaves else jnp.asarray(True)
+
+
 def all_finite(tree: Any) -> bool:
     """True when every floating-point leaf of `tree` is finite (integer leaves and keys are skipped).
 
@@ -34,7 +47,4 @@ def all_finite(tree: Any) -> bool:
         >>> all_finite({"w": jnp.ones(3), "step": 4}), all_finite({"w": jnp.array([1.0, jnp.nan])})
         (True, False)
     """
-    leaves = [leaf for leaf in jax.tree.leaves(tree) if _is_float(leaf)]
-    if not leaves:
-        return True
-    return bool(_all_finite(leaves))
+    return bool(finite_flag(tree))

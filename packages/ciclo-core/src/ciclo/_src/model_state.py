@@ -19,10 +19,11 @@ import jax.numpy as jnp
 import optax
 
 from ciclo._src import managed as _managed
+from ciclo._src.finite import finite_flag
 from ciclo._src.logs import Logs
 from ciclo._src.managed import ManagedState, create_state
 from ciclo._src.metrics import Metric, as_metric, call_with_available
-from ciclo._src.precision import PRECISIONS, LossScale, Precision, cast_like, to_float32, tree_all_finite
+from ciclo._src.precision import PRECISIONS, LossScale, Precision, cast_like, to_float32
 from ciclo._src.reprs import short
 from ciclo._src.roles import Role, field
 from ciclo._src.types import ModelAdapter, Strategy, SupportsToModel
@@ -275,7 +276,7 @@ class ModelState(ManagedState):
         finite: jax.Array | None = None
         if scale is not None:
             grads = jax.tree.map(lambda grad: grad / scale.scale.astype(grad.dtype), grads)
-            finite = tree_all_finite(grads)
+            finite = finite_flag(grads)
         if self.accumulate_steps > 1:
             # optax.MultiSteps multiplies its float updates by an int flag, which strict promotion refuses.
             with jax.numpy_dtype_promotion("standard"):

@@ -171,13 +171,3 @@ class LossScale:
             good_steps=jnp.where(grow, 0, good).astype(jnp.int32),
             skipped_steps=(self.skipped_steps + jnp.where(finite, 0, 1)).astype(jnp.int32),
         )
-
-
-def tree_all_finite(tree: Any) -> jax.Array:
-    """One boolean: every floating-point leaf of `tree` finite; traced, for use inside a step."""
-    leaves = [
-        jnp.all(jnp.isfinite(leaf))
-        for leaf in jax.tree.leaves(tree)
-        if jnp.issubdtype(leaf.dtype, jnp.floating)
-    ]
-    return jnp.all(jnp.stack(leaves)) if leaves else jnp.asarray(True)
