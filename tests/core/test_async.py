@@ -35,6 +35,7 @@ import pytest
 from jax.experimental import io_callback
 
 import ciclo
+from ciclo._src import logs as logs_module
 
 GATED = 2  # the held step: after the bars' first draw, at step 0
 # Steps the loop must run past the held one. Few: the CPU client makes a dispatch wait while
@@ -61,10 +62,11 @@ class Gate:
     result into the step's outputs. The gate itself is a loop callback, called
     after each step: it pauses the device after step `GATED - 1`, ends the pause
     once step `GATED` is dispatched, and lets step `GATED` finish after step
-    `GATED + AHEAD`.
+    `GATED + ahead`.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, ahead: int = AHEAD) -> None:
+        self.ahead = ahead
         self.loop_thread = threading.get_ident()
         self.last_step = -1  # the last step after which the loop called the gate
         self.paused = False  # whether the device was paused before step GATED was dispatched
@@ -102,7 +104,7 @@ class Gate:
             self._pause()
         elif step == GATED:
             self._resume.set()  # step GATED is dispatched: the device may start it, and wait in `hold`
-        elif step == GATED + AHEAD:
+        elif step == GATED + self.ahead:
             self._release.set()
 
     def check(self) -> None:
@@ -110,7 +112,7 @@ class Gate:
         assert self.queued, f"step {GATED} ran in the loop's thread: its dispatch did not return at once"
         assert self.released, (
             f"the loop waited for the device: while step {GATED} was held it reached step "
-            f"{self.reached} in {TIMEOUT:.0f} s, and it should have run on to step {GATED + AHEAD} "
+            f"{self.reached} in {TIMEOUT:.0f} s, and it should have run on to step {GATED + self.ahead} "
             "without waiting"
         )
         assert self.last_step == STEPS - 1
@@ -187,6 +189,35 @@ def test_loop_with_jitted_step_and_bar_runs_ahead_of_the_device(bar: Any) -> Non
     gate.check()
     assert len(history.collect("loss")) == STEPS
     assert "loss" in screen.getvalue()
+
+
+def test_history_starts_copying_rows_the_device_is_still_computing_and_never_waits_for_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Rows age past the lag within the held steps: the history starts copying the held step's
+    # row while it is held (after step GATED + 3, with a lag of 2 rows), and must take that copy
+    # only once it is done. Its first copies start once the held step is queued (after step
+    # GATED + 1), so that they do not change how the device runs it. Each window of copies is a
+    # computation in flight too: the loop runs one step past the window, no more (see AHEAD).
+    monkeypatch.setattr(logs_module, "_LAG", 2)
+    ahead = 4
+    gate = Gate(ahead)
+    train_step = make_train_step(gate)
+    state = jnp.eye(FEATURES) * 0.5
+    data = step_batches()
+    jax.block_until_ready(train_step(state, data[0]))  # compiled outside the loop
+    seen: dict[int, tuple[int, int]] = {}  # step -> (rows whose copies started, rows on the host)
+
+    def watch(elapsed: ciclo.types.Elapsed, loop_state: ciclo.types.LoopState[Any]) -> None:
+        seen[elapsed.steps] = (loop_state.history._started, loop_state.history.on_host)
+
+    bar = ciclo.keras_bar(total=STEPS, interval=INTERVAL, file=Screen())
+    state, history, _ = ciclo.loop(state, data, {ciclo.every(1): [train_step, bar, gate, watch]})
+    gate.check()
+    started, on_host = seen[GATED + ahead]
+    assert started > GATED, "the held step's row was not being copied while it was held"
+    assert on_host <= GATED, "a row of the held step was taken before the device computed it"
+    assert len(history.collect("loss")) == STEPS and history.on_host == STEPS
 
 
 class GatedModel:

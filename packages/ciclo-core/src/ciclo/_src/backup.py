@@ -538,6 +538,12 @@ class Session:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(os.path.join(directory, name))
 
+    def next_due(self) -> int:
+        """The step count at which `due` may first hold: the next boundary of `every=N`, else 0."""
+        if self.interval is None:
+            return 0
+        return ((self.last_saved or 0) // self.interval + 1) * self.interval
+
     def due(self, steps: int, now: Any) -> bool:
         """Whether the schedule asks for a backup after a step that ended at `steps`."""
         if self.interval is not None:

@@ -133,6 +133,10 @@ def is_stacked(batch: Any) -> bool:
     return type(batch) is Stacked
 
 
+_ARRAY_TYPES: set[type] = {np.ndarray}
+"""Array types seen as batch leaves: `type(x) in` is much cheaper than `isinstance(x, jax.Array)`."""
+
+
 def leading_dim(batch: Any) -> int:
     """Default sample count of a batch: the leading dimension of its first array leaf.
 
@@ -143,14 +147,19 @@ def leading_dim(batch: Any) -> int:
         >>> leading_dim({"x": np.zeros((32, 4)), "y": np.zeros(32)})
         32
     """
-    if type(batch) is tuple and batch:
+    kind = type(batch)
+    if kind is tuple or kind is list:
         # The usual `(inputs, targets)`: its first leaf is its first item when that is an array.
-        shape = getattr(batch[0], "shape", None)
-        if shape:
-            return int(shape[0])
+        first: Any = batch[0] if batch else None
+        if type(first) in _ARRAY_TYPES and first.ndim:
+            return first.shape[0]  # type: ignore[no-any-return]
+    elif kind in _ARRAY_TYPES and batch.ndim:
+        return batch.shape[0]  # type: ignore[no-any-return]
     for leaf in jax.tree.leaves(batch):
         shape = getattr(leaf, "shape", None)
         if shape:
+            if isinstance(leaf, (np.ndarray, jax.Array)):
+                _ARRAY_TYPES.add(type(leaf))
             return int(shape[0])
     return 1
 

@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import functools
 import itertools
+import operator
 import os
-from collections import defaultdict
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn, final, overload
 
 import jax
-import jax.numpy as jnp
-import numpy as np
 
+from ciclo._src import host_copies
 from ciclo._src.elapsed import Elapsed
 from ciclo._src.entry_paths import entry_path as _entry_path
 from ciclo._src.reprs import short
@@ -269,132 +268,75 @@ def _paths_of(schema: Schema) -> tuple[tuple[str, str], ...]:
     )
 
 
-_CHUNK = 128
-"""Scalars copied to the host per dispatch: they are stacked on the device and copied at once."""
+def _rows_of(
+    logs: list[LogsLike], interned: dict[Schema, tuple[tuple[str, str], ...]]
+) -> tuple[list[tuple[tuple[str, str], ...]], list[tuple[Any, ...]]]:
+    """The entry paths and values of each of `logs`, a history's rows; paths interned by schema.
 
-
-@jax.jit
-def _stack(*scalars: jax.Array) -> jax.Array:
-    return jnp.stack(scalars)
-
-
-def _scalars_to_host(scalars: list[jax.Array]) -> list[Any]:
-    """Python numbers of same-dtype, same-sharding device scalars, `_CHUNK` per copy.
-
-    Copying one scalar costs more than a microsecond; one stacked copy of 128
-    costs about a third of that per scalar. Chunks are padded to one length, so
-    the stacking compiles once per dtype and sharding.
+    Rows with the same collections and entries (the usual case: every step
+    logs the same) are read column by column, with C-level calls.
     """
-    out: list[Any] = []
-    for start in range(0, len(scalars), _CHUNK):
-        chunk = scalars[start : start + _CHUNK]
-        if len(chunk) < _CHUNK // 4:
-            out.extend(scalar.item() for scalar in chunk)
-            continue
-        padded = chunk + [chunk[-1]] * (_CHUNK - len(chunk))
-        out.extend(np.asarray(_stack(*padded)).tolist()[: len(chunk)])
-    return out
-
-
-@functools.cache
-def _array_type() -> type:
-    """The concrete type of JAX arrays: `type(x) is` is much cheaper than `isinstance(x, jax.Array)`.
-
-    Found on first use, not at import: creating an array starts the XLA backend, after
-    which `jax.distributed.initialize` and device-count settings can no longer run.
-    """
-    return type(jnp.zeros(()))
-
-
-def _rows_to_host(
-    rows: list[tuple[Any, ...]], paths: list[tuple[tuple[str, str], ...]]
-) -> list[tuple[Any, ...]]:
-    """`rows` with every device array replaced by a Python number or a numpy array.
-
-    Rows with the same entries (the same `paths`) hold the same kind of value in
-    each column, so a column of device scalars is copied with a few stacked copies.
-    """
-    columns: defaultdict[tuple[tuple[str, str], ...], list[int]] = defaultdict(list)
-    for index, row_paths in enumerate(paths):
-        columns[row_paths].append(index)
-    out: list[list[Any]] = [list(row) for row in rows]
-    for indices in columns.values():
-        for column in range(len(rows[indices[0]])):
-            values = [rows[i][column] for i in indices]
-            for i, value in zip(indices, _column_to_host(values), strict=True):
-                out[i][column] = value
-    return [tuple(row) for row in out]
-
-
-_HOST_SCALARS = (float, int, bool)
+    collection_names = list(map(tuple, logs))
+    first = collection_names[0]
+    if collection_names.count(first) == len(collection_names):
+        names: list[tuple[str, ...]] = []
+        columns: list[list[tuple[Any, ...]]] = []
+        for collection in first:
+            entries = list(map(operator.itemgetter(collection), logs))
+            keys = list(map(tuple, entries))
+            if keys.count(keys[0]) != len(keys):
+                break
+            names.append(keys[0])
+            columns.append(list(map(tuple, map(_dict_values, entries))))
+        else:
+            schema = (first, tuple(names))
+            paths = interned.get(schema)
+            if paths is None:
+                paths = interned[schema] = _paths_of(schema)
+            if len(columns) == 1:
+                return [paths] * len(logs), columns[0]
+            return [paths] * len(logs), list(map(tuple, map(_chain, zip(*columns, strict=True))))
+    all_paths, all_values = [], []
+    for row in logs:
+        values = row.values()
+        schema = (tuple(row), tuple(map(tuple, values)))
+        paths = interned.get(schema)
+        if paths is None:
+            paths = interned[schema] = _paths_of(schema)
+        all_paths.append(paths)
+        all_values.append(tuple(_chain(map(_dict_values, values))))
+    return all_paths, all_values
 
 
 @final
-class _Step:
-    """One step's value of an entry logged with a leading axis over the steps of a fused group."""
+class _Window:
+    """Rows whose copies to the host were started together, up to row `end` (counted from the first ever)."""
 
-    __slots__ = ("array", "index")
+    __slots__ = ("converted", "copies", "end")
 
-    def __init__(self, array: Any, index: int) -> None:
-        self.array = array
-        self.index = index
+    def __init__(self, end: int, copies: list[host_copies.Copy], converted: dict[host_copies.Target, Any]):
+        self.end = end
+        self.copies = copies
+        self.converted = converted
 
-    def value(self) -> Any:
-        return self.array[self.index]
-
-
-def _steps_to_host(values: list[_Step]) -> list[Any]:
-    """Each group's array is copied to the host once, then sliced."""
-    on_host: dict[int, Any] = {}
-    out = []
-    for value in values:
-        array = on_host.get(id(value.array))
-        if array is None:
-            array = on_host[id(value.array)] = np.asarray(value.array)
-        item = array[value.index]
-        out.append(item.item() if np.ndim(item) == 0 else item)
-    return out
-
-
-def _column_to_host(values: list[Any]) -> list[Any]:
-    if all(type(value) in _HOST_SCALARS for value in values):
-        return values  # Python numbers logged as they are: nothing to copy
-    if all(type(value) is _Step for value in values):
-        return _steps_to_host(values)
-    first: Any = values[0]
-    array: Any = _array_type()
-    if type(first) is array and first.ndim == 0 and all(type(value) is array for value in values):
-        try:
-            return _scalars_to_host(values)
-        except (TypeError, ValueError):
-            pass  # shapes, devices or shardings differ along the column: copy one by one
-    return [_to_host(value) for value in values]
-
-
-def _to_host(value: Any) -> Any:
-    if type(value) is _Step:
-        return _steps_to_host([value])[0]
-    # Scalars are the common case: `.item()` costs a fraction of `jax.device_get`.
-    if isinstance(value, (jax.Array, np.ndarray)):
-        return value.item() if value.ndim == 0 else np.asarray(value)
-    if isinstance(value, np.generic):
-        return value.item()
-    if value is None or isinstance(value, (bool, int, float, complex, str)):
-        return value
-    return jax.device_get(value)
+    def ready(self) -> bool:
+        return all(copy.ready() for copy in self.copies)
 
 
 _LAG = 128
-"""Rows younger than this keep their device arrays: reading them could wait on the device."""
+"""Rows younger than this keep their device arrays: their copies start once they are older."""
 
 
 class History(Sequence[Logs]):
     """The logs a loop committed, one entry per step that logged something.
 
     Each entry is a `Logs` with an extra `elapsed` collection (`steps`, `samples`,
-    `time`). Committing never waits on the device: JAX arrays are kept as they
-    are, and copied to the host in batches once they are a few hundred steps old
-    (their values are computed by then), when an entry is read, or on `collect`.
+    `time`). Committing never waits on the device: the history keeps the logs a
+    step returned as they are (do not change them afterwards), JAX arrays
+    included. Once rows are a few hundred steps old, it starts copying their
+    arrays to the host in batches, and takes the copies a window later, once
+    the device has computed them (`on_host` counts the rows taken). Reading an
+    entry or `collect` copies what is still on the device, waiting for it.
     Scalars are stored as Python numbers, so long runs take little memory.
 
     Example:
@@ -423,29 +365,27 @@ class History(Sequence[Logs]):
         self._interned: dict[Schema, tuple[tuple[str, str], ...]] = {}
         # entry paths of a schema -> the index of the newest row with them (for `latest`)
         self._newest: dict[tuple[tuple[str, str], ...], int] = {}
+        # The newest rows, as the logs their steps returned: rows len(_values) onwards.
+        self._pending: list[LogsLike] = []
         self._on_host = 0  # rows before this index hold no device arrays
+        self._started = 0  # rows before this index are on the host or have their copies in `_windows`
+        self._windows: deque[_Window] = deque()
 
     def commit(self, elapsed: Elapsed, logs: LogsLike) -> None:
         """Appends `logs` as the entry for `elapsed`; does not wait on the device."""
         self.append(elapsed.steps, elapsed.samples, elapsed.time, logs)
 
     def append(self, steps: int, samples: int, time: float, logs: LogsLike) -> None:
-        """Appends `logs` as the entry at these counts: `commit` without building an `Elapsed`."""
-        # The hot path of every loop: C-level map and chain instead of Python loops.
-        collections = logs.values()
-        schema = (tuple(logs), tuple(map(tuple, collections)))
-        paths = self._interned.get(schema)
-        if paths is None:
-            paths = self._interned[schema] = _paths_of(schema)
-        values = self._values
-        self._newest[paths] = len(values)
-        self._paths.append(paths)
-        values.append(tuple(_chain(map(_dict_values, collections))))
-        self._elapsed.append((steps, samples, time))
-        if len(values) - self._on_host >= 2 * _LAG:
-            self._fetch(len(values) - _LAG)
-            if self.max_rows is not None:
-                self._drop_old_rows()
+        """Appends `logs` as the entry at these counts: `commit` without building an `Elapsed`.
+
+        The history keeps `logs` itself (the hot path of every loop): rows are
+        read out of it in batches, a few hundred rows later.
+        """
+        self._pending.append(logs)
+        elapsed = self._elapsed
+        elapsed.append((steps, samples, time))
+        if len(elapsed) - self._started >= 2 * _LAG:
+            self._advance()
 
     def append_steps(
         self, steps: int, samples: int, time: float, per_step: Logs, rows: int, batch_size: int
@@ -456,21 +396,71 @@ class History(Sequence[Logs]):
         `samples + i * batch_size` samples. The values are sliced when the
         history copies them to the host: one copy per entry for the whole group.
         """
-        schema = (tuple(per_step), tuple(map(tuple, per_step.values())))
-        paths = self._interned.get(schema)
-        if paths is None:
-            paths = self._interned[schema] = _paths_of(schema)
+        self._read_pending()
+        (paths,), _ = _rows_of([per_step], self._interned)
         arrays = tuple(_chain(map(_dict_values, per_step.values())))
         first = len(self._values)
         for i in range(rows):
             self._paths.append(paths)
-            self._values.append(tuple([_Step(array, i) for array in arrays]))
+            self._values.append(tuple([host_copies.Step(array, i) for array in arrays]))
             self._elapsed.append((steps + i, samples + i * batch_size, time))
         self._newest[paths] = first + rows - 1
-        if len(self._values) - self._on_host >= 2 * _LAG:
-            self._fetch(len(self._values) - _LAG)
-            if self.max_rows is not None:
-                self._drop_old_rows()
+        if len(self._elapsed) - self._started >= 2 * _LAG:
+            self._advance()
+
+    def _read_pending(self) -> None:
+        """Reads the pending rows' entry paths and values (not the values' contents) into the rows."""
+        pending = self._pending
+        if pending:
+            self._pending = []
+            first = len(self._values)
+            paths, values = _rows_of(pending, self._interned)
+            self._paths += paths
+            self._values += values
+            self._newest.update(zip(paths, range(first, first + len(paths)), strict=True))
+
+    def _advance(self) -> None:
+        """Starts the copies of the rows now `_LAG` rows old, and takes those that are done; never waits.
+
+        A window whose device values are still being computed is taken at a
+        later call (the next one is `_LAG` rows later), once they are.
+        """
+        self._read_pending()
+        upto = len(self._values) - _LAG
+        if upto > self._started:
+            self._start_copies(upto)
+        self._take_copies(wait=False)
+        if self.max_rows is not None:
+            self._drop_old_rows()
+
+    def _start_copies(self, upto: int) -> None:
+        start = self._started
+        copies, converted = host_copies.start(
+            self._values[start:upto], self._paths[start:upto], start + self.dropped
+        )
+        self._windows.append(_Window(upto + self.dropped, copies, converted))
+        self._started = upto
+
+    def _take_copies(self, *, wait: bool) -> None:
+        """Writes the finished windows' values into their rows (with `wait`: every window, waiting)."""
+        windows, values, dropped = self._windows, self._values, self.dropped
+        while windows and (wait or windows[0].ready()):
+            window = windows.popleft()
+            rows: dict[int, list[Any]] = {}
+            cells = [
+                (target, value)
+                for copy in window.copies
+                for target, value in zip(copy.targets, copy.values(), strict=True)
+            ]
+            for (row, column, _), value in itertools.chain(cells, window.converted.items()):
+                index = row - dropped
+                cells_of_row = rows.get(index)
+                if cells_of_row is None:
+                    cells_of_row = rows[index] = list(values[index])
+                cells_of_row[column] = value
+            for index, row_values in rows.items():
+                values[index] = tuple(row_values)
+            self._on_host = window.end - dropped
 
     def _drop_old_rows(self) -> None:
         """Drops the oldest host rows beyond `max_rows`; `latest` keeps the newest value of each entry."""
@@ -487,6 +477,7 @@ class History(Sequence[Logs]):
                 self._newest[paths] = index - excess
         del self._paths[:excess], self._values[:excess], self._elapsed[:excess]
         self._on_host -= excess
+        self._started -= excess
         self.dropped += excess
 
     def latest(self) -> Logs:
@@ -500,36 +491,33 @@ class History(Sequence[Logs]):
             >>> history.latest()
             {'metrics': {'a': 3}, 'losses': {'b': 2}}
         """
+        self._read_pending()
         logs = Logs()
         for paths, row in self._evicted_latest.items():
             for (collection, name), value in zip(paths, row, strict=True):
                 logs.add_entry(collection, name, value)
         for paths, index in sorted(self._newest.items(), key=lambda item: item[1]):
             for (collection, name), value in zip(paths, self._values[index], strict=True):
-                logs.add_entry(collection, name, value.value() if type(value) is _Step else value)
+                logs.add_entry(collection, name, value.value() if type(value) is host_copies.Step else value)
         return logs
 
     def _fetch(self, upto: int) -> None:
-        """Copies the device arrays of rows [_on_host, upto) to the host."""
-        start = self._on_host
-        if upto <= start:
+        """Copies the device arrays of rows [_on_host, upto) to the host, waiting for them."""
+        if upto <= self._on_host:
             return
-        rows = self._values[start:upto]
-        if jax.default_backend() != "cpu":
-            # Start every copy before waiting on the first, so they overlap.
-            for row in rows:
-                for value in row:
-                    if isinstance(value, jax.Array):
-                        value.copy_to_host_async()
-        self._values[start:upto] = _rows_to_host(rows, self._paths[start:upto])
-        self._on_host = upto
+        self._take_copies(wait=True)
+        self._read_pending()
+        if upto > self._started:
+            self._start_copies(upto)
+            self._take_copies(wait=True)
 
     @property
     def on_host(self) -> int:
         """How many of the first rows are on the host: reading them never waits on the device.
 
-        Rows are copied in batches, a few hundred steps behind the newest; a
-        logger that writes these rows as they come never forces a sync.
+        Rows are copied in batches, a few hundred steps behind the newest, and
+        counted here once the device has computed them; a logger that writes
+        these rows as they come never forces a sync.
         """
         return self._on_host
 
@@ -541,7 +529,7 @@ class History(Sequence[Logs]):
                 ever (dropped rows counted): a backup saves the rows since its
                 last one. Default: every row kept.
         """
-        self._fetch(len(self._values))
+        self._fetch(len(self))
         start = 0 if first is None else max(first - self.dropped, 0)
         return {
             "paths": self._paths[start:],
@@ -560,10 +548,11 @@ class History(Sequence[Logs]):
         self._evicted_latest = dict(rows["evicted_latest"])
         self._interned = {}  # new rows intern their paths again: equal paths are the same key
         self._newest = {paths: index for index, paths in enumerate(self._paths)}
-        self._on_host = len(self._values)
+        self._pending, self._windows = [], deque()
+        self._on_host = self._started = len(self._values)
 
     def __len__(self) -> int:
-        return len(self._values)
+        return len(self._elapsed)
 
     @overload
     def __getitem__(self, index: int) -> Logs: ...
@@ -657,6 +646,7 @@ class History(Sequence[Logs]):
 
     def _entry_paths(self) -> tuple[tuple[str, str], ...]:
         """Every `(collection, name)` some entry holds, in the order they first appeared."""
+        self._read_pending()
         return tuple(dict.fromkeys(path for paths in dict.fromkeys(self._paths) for path in paths))
 
     def plot(self, *entries: str, path: str | os.PathLike[str] | None = None) -> Figure:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import logging
+import math
 import os
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -24,7 +25,7 @@ from ciclo._src.logs import History, Logs, StackedLogs
 from ciclo._src.loop_state import LoopState as LoopState
 from ciclo._src.loop_state import keyed_callbacks
 from ciclo._src.reprs import short
-from ciclo._src.schedules import Every, ScheduleBase, crossed
+from ciclo._src.schedules import Every, ScheduleBase
 from ciclo._src.step_output import describe, step_output
 from ciclo._src.survival import Survival
 from ciclo._src.types import S, Schedule, StatefulCallback, Tasks
@@ -104,7 +105,7 @@ class Phase:
     tasks: Sequence[tuple[Any, Any]] | Tasks
 
 
-@dataclasses.dataclass(frozen=True, eq=False)
+@dataclasses.dataclass(frozen=True, eq=False, slots=True)
 class _Callback:
     """A callback in the form the engine calls it: `kind` says which arguments `fn` takes."""
 
@@ -217,17 +218,42 @@ def as_callback_list(value: Any, where: str) -> list[_Callback]:
 
 @dataclasses.dataclass(eq=False)
 class _Task:
-    """A compiled task: `check` is None for a schedule that fires at every step."""
+    """A compiled task: how its schedule is checked, and its callbacks.
+
+    A schedule `Every` in steps alone (the usual `every(N)`, and the epoch ends
+    of `train_loop`) is checked on the step counter: `boundary` is its
+    `(period, offset)`, and `due` the count at which it next fires (set when
+    the loop starts). `check` is any other schedule, called with an `Elapsed`;
+    a task with neither fires at every step.
+    """
 
     check: Callable[[Elapsed], bool] | None
     after_step: bool
     callbacks: list[_Callback]
-    # (period, offset) of an at_step_end `Every` in steps alone: checked on the step counter,
-    # with no Elapsed built (train_loop's epoch end, at every step).
-    steps_boundary: tuple[int, int] | None = None
+    boundary: tuple[int, int] | None = None
+    due: int = 0
+
+    def start(self, steps: int) -> None:
+        """Sets `due` for a loop whose counter starts at `steps` (before its first step)."""
+        if self.boundary is not None:
+            # Before the step, a boundary at `steps` itself fires; after it, only those past `steps`.
+            self.due = _next_boundary(steps if self.after_step else steps - 1, *self.boundary)
+
+
+def _next_boundary(steps: int, period: int, offset: int) -> int:
+    """The first boundary `offset + k * period` (k >= 0) past `steps`.
+
+    Example:
+        >>> [_next_boundary(steps, 4, 0) for steps in (-1, 0, 3, 4)], _next_boundary(4, 4, 1)
+        ([0, 4, 4, 8], 5)
+    """
+    if steps < offset:
+        return offset
+    return offset + ((steps - offset) // period + 1) * period
 
 
 def _steps_boundary(schedule: Any) -> tuple[int, int] | None:
+    """`(period, offset)` of an `Every` in steps alone, else None."""
     if type(schedule) is not Every or not _steps_only(schedule.period):
         return None
     offset = schedule.offset
@@ -270,8 +296,11 @@ def _compile_phase(phase: Phase) -> list[_Task]:
             continue
         after = type(schedule) is AtStepEnd
         inner = schedule.schedule if after else schedule
-        check = None if _fires_every_step(inner) else inner
-        tasks.append(_Task(check, after, compiled, _steps_boundary(inner) if after else None))
+        if _fires_every_step(inner) and not after:
+            tasks.append(_Task(None, after, compiled))
+            continue
+        boundary = _steps_boundary(inner)
+        tasks.append(_Task(inner if boundary is None else None, after, compiled, boundary))
     return tasks
 
 
@@ -415,6 +444,28 @@ class _Plan:
     start_hooks: list[Callable[[LoopState[Any]], None]]
     end_hooks: list[Callable[[LoopState[Any], BaseException | None], None]]
     stateful: dict[str, Any]
+    every_step: list[_Callback]
+    """The callbacks of the tasks that fire at every step, in order: all a quiet step runs."""
+
+    def start(self, steps: int) -> float:
+        """Sets each task's next boundary for a loop starting at `steps`; returns `quiet_until()`."""
+        for task in self.tasks:
+            task.start(steps)
+        return self.quiet_until()
+
+    def quiet_until(self) -> float:
+        """The step count before which no step runs a scheduled task (0 with a schedule of another kind).
+
+        A task checked after the step fires at the step that ends at its boundary,
+        which starts one count before it.
+        """
+        until = math.inf
+        for task in self.tasks:
+            if task.boundary is not None:
+                until = min(until, task.due - 1 if task.after_step else task.due)
+            elif task.check is not None:
+                return 0
+        return until
 
     @classmethod
     def build(cls, phases: Sequence[Phase], on_start: Any, on_end: Any) -> _Plan:
@@ -425,7 +476,13 @@ class _Plan:
         owners = _owners([*start, *(callback for task in tasks for callback in task.callbacks), *end])
         hooks = {name: [getattr(o, name) for o in owners if hasattr(o, name)] for name in _HOOKS}
         stateful = keyed_callbacks(owner for owner in owners if isinstance(owner, StatefulCallback))
-        return cls(tasks, start, end, hooks["on_start"], hooks["on_end"], stateful)
+        every_step = [
+            callback
+            for task in tasks
+            if task.check is None and task.boundary is None
+            for callback in task.callbacks
+        ]
+        return cls(tasks, start, end, hooks["on_start"], hooks["on_end"], stateful, every_step)
 
     def run_end_hooks(self, loop_state: LoopState[Any], clock: Clock, error: BaseException | None) -> None:
         """Runs every `on_end(loop_state, error)` (loggers flush, checkpoints finish), even after one fails.
@@ -591,25 +648,34 @@ def _run_steps(
     stop: Period | None,
     start_callbacks: list[_Callback],
 ) -> int:
-    """The steps: draws each batch, runs the tasks, commits the logs; returns the batches drawn."""
+    """The steps: draws each batch, runs the tasks, commits the logs; returns the batches drawn.
+
+    The hot path of every loop. A step before which no scheduled task is due
+    (`plan.quiet_until`, on the step counter) runs the callbacks of the tasks
+    that fire at every step (`plan.every_step`) with no schedule checked and no
+    `Elapsed` built; other steps go through `_run_tasks`.
+    """
     # Only a stop in steps alone is checked on the counters; other periods need an Elapsed.
     steps_only = stop is not None and (stop.samples, stop.time, stop.date) == (None, None, None)
     stop_steps = stop.steps if steps_only else None  # type: ignore[union-attr]
     stop_at = None if stop is None or stop_steps is not None else stop
-    append, history, watching = loop_state.history.append, loop_state.history, survival.watching
-    first_drawn, tasks = drawn, plan.tasks
+    stop_count = math.inf if stop_steps is None else stop_steps
+    append, history = loop_state.history.append, loop_state.history
+    watching, guard, check_at = survival.watching, survival.guard, survival.check_at()
+    first_drawn, tasks, every_step = drawn, plan.tasks, plan.every_step
+    quiet_until = plan.start(clock.steps)
+    batch_size_fn, seconds = clock.batch_size_fn, clock.seconds
     while True:
-        if (stop_steps is not None and clock.steps >= stop_steps) or (
-            stop_at is not None and clock.now() >= stop_at
-        ):
+        steps = clock.steps
+        if steps >= stop_count or (stop_at is not None and clock.now() >= stop_at):
             return drawn
         try:
             batch = next(iterator)
         except StopIteration:
-            _warn_dataset_ended(drawn - first_drawn, clock.steps, stop if stop_steps is None else stop_steps)
+            _warn_dataset_ended(drawn - first_drawn, steps, stop if stop_steps is None else stop_steps)
             return drawn
         except Exception as error:
-            _annotate_dataset_error(error, clock.steps, drawn - first_drawn)
+            _annotate_dataset_error(error, steps, drawn - first_drawn)
             raise
         drawn += 1
         loop_state.batch = batch
@@ -619,34 +685,45 @@ def _run_steps(
         if start_callbacks:
             _run_callbacks(loop_state, start_callbacks)
             start_callbacks = []
-        _run_tasks(tasks, loop_state, clock, batch)
+        stacked = type(batch) is Stacked
+        if steps < quiet_until and not stacked:
+            _run_callbacks(loop_state, every_step)
+        else:
+            _run_tasks(tasks, loop_state, clock, batch)
+            quiet_until = plan.quiet_until()
         step_logs = loop_state._logs
         if step_logs:
             if loop_state._per_step is None and loop_state._elapsed is None:
-                append(clock.steps, clock.samples, clock.seconds(), step_logs)
+                append(steps, clock.samples, seconds(), step_logs)
             else:
                 _commit(history, loop_state, clock, step_logs)
-        clock.advance(batch)
+        if stacked:
+            clock.steps, clock.samples = steps + batch.steps, clock.samples + batch.samples
+        else:
+            clock.steps, clock.samples = steps + 1, clock.samples + batch_size_fn(batch)
         if loop_state.stop_iteration:
             return drawn
-        if watching:
+        if watching and (guard.signum is not None or clock.steps >= check_at):  # type: ignore[union-attr]
             survival.after_step(loop_state, clock, drawn)
+            check_at = survival.check_at()
 
 
 def _run_tasks(tasks: list[_Task], loop_state: LoopState[Any], clock: Clock, batch: Any) -> None:
     """One step's tasks: those whose schedule fires, on the counts before the step (at_step_end: after)."""
     before: Elapsed | None = None
+    steps = clock.steps
+    after_steps = steps + steps_of(batch)
     for task in tasks:
+        if task.boundary is not None:
+            count = after_steps if task.after_step else steps
+            if count < task.due:
+                continue
+            task.due = _next_boundary(count, *task.boundary)
         if task.after_step:
-            boundary = task.steps_boundary
-            if boundary is not None:
-                period, offset = boundary
-                if not crossed(clock.steps, clock.steps + steps_of(batch), period, offset):
-                    continue
             if before is None:
                 before = loop_state.elapsed
             after = _after_step(before, batch, clock.batch_size_fn)
-            if boundary is None and task.check is not None and not task.check(after):
+            if task.check is not None and not task.check(after):
                 continue
             loop_state._elapsed = after
             _run_callbacks(loop_state, task.callbacks)

@@ -10,6 +10,7 @@ is `ciclo._src.backup`; the signal mechanism is `ciclo._src.signals`.
 from __future__ import annotations
 
 import logging
+import math
 import signal
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -159,6 +160,20 @@ class Survival:
             # resumed run too (its checkpoint callbacks then know the checkpoints are their own).
             self._save(loop_state, clock, drawn, finished=False, wait=False)
         return iterator, drawn
+
+    def check_at(self) -> float:
+        """The step count from which `after_step` has work besides a signal: the engine's cheap gate.
+
+        The engine calls `after_step` when a signal is pending or `clock.steps`
+        reached this count: a backup's next boundary, 0 (every step) for a
+        backup on another schedule or a multi-process sync point, and never
+        (infinity) with no backup.
+        """
+        guard = self.guard
+        if guard is not None and guard.sync_point:
+            return 0
+        session = self.session
+        return math.inf if session is None else session.next_due()
 
     def after_step(self, loop_state: LoopState[Any], clock: Clock, drawn: int) -> None:
         """After each step: stop on a signal (saving first when it is a preemption), or back up when due.
