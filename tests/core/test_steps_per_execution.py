@@ -1,8 +1,16 @@
-"""`train_loop(..., steps_per_execution=k)`: fused managed steps, seen one by one by epochs and history."""
+"""`train_loop(..., steps_per_execution=k)`: fused managed steps, seen one by one by epochs and history.
+
+`steps_per_execution="auto"` is tested without timing anything: its decision
+(`auto_steps.choose`) on given timings, and its runs on a `FakeDevice` clock
+whose dispatches cost what the test says.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import logging
+import pathlib
+from collections.abc import Callable
+from typing import Any, Literal
 
 import jax
 import jax.numpy as jnp
@@ -12,6 +20,8 @@ import pytest
 from support import training
 
 import ciclo
+from ciclo._src import auto_steps
+from ciclo._src.auto_steps import Timing, choose
 
 FEATURES, CLASSES = 4, 3
 
@@ -48,7 +58,7 @@ def data(steps: int, seed: int = 0) -> list[tuple[np.ndarray, np.ndarray]]:
 
 
 def run(
-    strategy: str, steps_per_execution: int, **kwargs: Any
+    strategy: str, steps_per_execution: int | Literal["auto"], **kwargs: Any
 ) -> tuple[Any, ciclo.types.History, ciclo.types.Elapsed]:
     test = data(3, seed=1)
     return ciclo.train_loop(
@@ -111,9 +121,223 @@ def test_a_resumed_loop_keeps_its_groups_on_the_epochs() -> None:
             "epoch_duration must be a number of steps",
         ),
         ({"steps_per_execution": 4, "stop": ciclo.at(time=10.0)}, "stop must be a number of steps"),
+        ({"steps_per_execution": "auto", "stop": ciclo.at(time=10.0)}, "stop must be a number of steps"),
+    ]
+    + [
+        ({"steps_per_execution": bad}, r'steps_per_execution must be a positive int or "auto"')
+        for bad in ("Auto", "", 0, -1, 2.5, 1.0, True, None)
     ],
 )
 def test_groups_need_steps(kwargs: dict[str, Any], message: str) -> None:
     arguments: dict[str, Any] = {"epoch_duration": 10, "stop": 20, **kwargs}
+    ran: list[Any] = []
     with pytest.raises(ValueError, match=message):
-        ciclo.train_loop(model_state("jit"), data(20), **arguments)
+        ciclo.train_loop(
+            model_state("jit"), data(20), {ciclo.on_train_batch_begin: [ran.append]}, **arguments
+        )
+    assert ran == []  # refused before the first step
+
+
+# `steps_per_execution="auto"`: the decision on given timings.
+
+US, MS = 1e-6, 1e-3
+TINY = Timing(host=300 * US, device=305 * US)  # a dispatch's host time is the whole step
+MEDIUM = Timing(host=300 * US, device=20 * MS)  # the device's time dwarfs the dispatch
+
+
+def test_choose_groups_the_steps_when_the_host_dominates() -> None:
+    # At 2 steps the loop still costs 150 us of a 155 us step: extrapolated, it needs 64.
+    timings = {1: TINY, 2: Timing(host=300 * US, device=155 * US)}
+    assert choose(timings, cap=128) == 64
+    assert choose({1: TINY}, cap=128) == 32  # from one timing: 300 us / 32 is under 5% of 305 us
+    assert choose({}, cap=128) == 1  # nothing measured
+
+
+def test_choose_runs_single_steps_when_the_device_dominates() -> None:
+    assert choose({1: MEDIUM}, cap=128) == 1
+    # 300 us per dispatch over 2 ms steps: 15% at K=1, 7.5% at 2, 3.75% at 4.
+    assert choose({1: Timing(300 * US, 2 * MS)}, cap=128) == 4
+
+
+def test_choose_keeps_the_smallest_measured_k_under_the_target() -> None:
+    timings = {k: Timing(host=300 * US, device=1 * MS) for k in (1, 2, 4, 8, 16)}
+    assert choose(timings, cap=128) == 8  # 3.75% at 8; 16 is under 5% too, but more than needed
+    assert choose(timings, cap=4) == 4  # never more than the cap
+
+
+@pytest.mark.parametrize("cap", [1, 2, 8, 64, 128])
+@pytest.mark.parametrize("host", [1 * US, 100 * US, 10 * MS])
+@pytest.mark.parametrize("device", [0.0, 1 * US, 1 * MS, 1.0])
+def test_choose_gives_a_power_of_two_at_most_the_cap(cap: int, host: float, device: float) -> None:
+    for measured in ({1: Timing(host, device)}, {1: Timing(host, device), 2: Timing(host, device / 2)}):
+        k = choose(measured, cap=cap)
+        assert 1 <= k <= cap and k & (k - 1) == 0
+
+
+def test_the_cap_is_the_largest_power_of_two_in_an_epoch() -> None:
+    assert [auto_steps.largest_power_of_two(n) for n in (1, 2, 3, 10, 100, 128, 1000)] == [
+        1,
+        2,
+        2,
+        8,
+        64,
+        128,
+        512,
+    ]
+
+
+# `steps_per_execution="auto"` in train_loop, on a fake clock.
+
+
+class FakeDevice:
+    """The clock auto measures with: each dispatch costs `host` seconds, each step `device` seconds.
+
+    `dispatch` is an `on_train_step` callback: it runs between auto's clock
+    readings, as the step's call does, and queues the steps' device time, which
+    `block` (waiting for the device) adds to the clock.
+    """
+
+    def __init__(self, host: float, device: float) -> None:
+        self.host, self.device = host, device
+        self.now = self.queued = 0.0
+
+    def clock(self) -> float:
+        return self.now
+
+    def block(self, tree: Any) -> Any:
+        self.now += self.queued
+        self.queued = 0.0
+        return tree
+
+    def dispatch(self, state: Any, batch: Any) -> None:
+        self.now += self.host
+        self.queued += self.device * (batch.steps if isinstance(batch, ciclo.types.Stacked) else 1)
+
+
+@pytest.fixture
+def fake_device(monkeypatch: pytest.MonkeyPatch) -> Callable[[Timing], FakeDevice]:
+    def install(costs: Timing) -> FakeDevice:
+        device = FakeDevice(costs.host, costs.device)
+        monkeypatch.setattr(auto_steps, "_clock", device.clock)
+        monkeypatch.setattr(auto_steps, "_block", device.block)
+        return device
+
+    return install
+
+
+def run_auto(
+    steps_per_execution: int | Literal["auto"],
+    device: FakeDevice | None = None,
+    *,
+    stop: int = 32,
+    **kwargs: Any,
+) -> tuple[Any, ciclo.types.History, list[int]]:
+    """`train_loop` with epochs of 8 steps; also returns the steps of each dispatch."""
+    sizes: list[int] = []
+    tasks: dict[Any, Any] = {
+        ciclo.on_train_batch_begin: [
+            lambda state, batch: sizes.append(batch.steps if isinstance(batch, ciclo.types.Stacked) else 1)
+        ]
+    }
+    if device is not None:
+        tasks[ciclo.on_train_step] = [device.dispatch]
+    state, history, elapsed = ciclo.train_loop(
+        model_state("jit"),
+        data(32),
+        tasks,
+        epoch_duration=8,
+        stop=stop,
+        steps_per_execution=steps_per_execution,
+        **kwargs,
+    )
+    assert elapsed.steps == stop
+    return state, history, sizes
+
+
+@pytest.fixture(scope="module")
+def single_steps() -> tuple[Any, ciclo.types.History, list[int]]:
+    return run_auto(1)
+
+
+def assert_same_training(
+    auto: tuple[Any, ciclo.types.History, list[int]], single: tuple[Any, ciclo.types.History, list[int]]
+) -> None:
+    np.testing.assert_allclose(auto[0].params["w"], single[0].params["w"], rtol=1e-6)
+    np.testing.assert_allclose(auto[0].params["b"], single[0].params["b"], rtol=1e-6, atol=1e-7)
+    assert auto[1].collect("steps", "loss")[0] == single[1].collect("steps", "loss")[0] == list(range(32))
+    np.testing.assert_allclose(auto[1].collect("loss"), single[1].collect("loss"), rtol=1e-5)
+
+
+def test_auto_groups_tiny_steps_and_trains_as_single_steps(
+    fake_device: Callable[[Timing], FakeDevice],
+    single_steps: tuple[Any, ciclo.types.History, list[int]],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level(logging.INFO, logger="ciclo"):
+        auto = run_auto("auto", fake_device(Timing(host=300 * US, device=5 * US)))
+    # Measured on real steps (half the run at most: 16 steps): 1 compiling and 3 timed at K=1, the
+    # same at K=2; K=4 would not fit, so K is extrapolated to the epoch's 8 steps. The first group
+    # of 8 is cut at the epoch's end, as with steps_per_execution=8.
+    assert auto[2] == [1] * 4 + [2] * 4 + [4, 8, 8]
+    assert auto[1].collect("steps", "steps_per_execution") == ([11], [8])  # logged when chosen
+    (message,) = [record.getMessage() for record in caplog.records if "auto" in record.getMessage()]
+    assert "runs 8 steps per dispatch after 12 steps of measuring" in message
+    assert_same_training(auto, single_steps)
+
+
+def test_auto_runs_single_steps_when_the_device_dominates(
+    fake_device: Callable[[Timing], FakeDevice], single_steps: tuple[Any, ciclo.types.History, list[int]]
+) -> None:
+    auto = run_auto("auto", fake_device(Timing(host=300 * US, device=20 * MS)))
+    assert auto[2] == [1] * 32  # plain batches, as steps_per_execution=1 runs them
+    assert auto[1].collect("steps", "steps_per_execution") == ([3], [1])  # chosen after 3 timed steps
+    assert_same_training(auto, single_steps)
+
+
+def test_auto_follows_process_0_under_several_processes(
+    fake_device: Callable[[Timing], FakeDevice],
+    single_steps: tuple[Any, ciclo.types.History, list[int]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # This process alone would keep single steps; process 0 measured on: go on after K=1, stop after
+    # K=2, and run 4. Every decision goes through `_agreed`, process 0's broadcast.
+    answers = iter([0, 1, 4])
+    asked: list[int] = []
+    monkeypatch.setattr(auto_steps, "_agreed", lambda value: asked.append(value) or next(answers))
+    auto = run_auto("auto", fake_device(Timing(host=300 * US, device=20 * MS)))
+    assert asked == [1, 1, 1]  # this process's own answers: done at K=1, done at K=2, choose K=1
+    assert auto[2] == [1] * 4 + [2] * 4 + [4] * 5
+    assert auto[1].collect("steps_per_execution") == [4]
+    assert_same_training(auto, single_steps)
+
+
+def test_auto_on_the_real_clock_trains_as_single_steps(
+    single_steps: tuple[Any, ciclo.types.History, list[int]],
+) -> None:
+    auto = run_auto("auto")
+    (k,) = auto[1].collect("steps_per_execution")
+    assert 1 <= k <= 8 and k & (k - 1) == 0  # whatever this machine measured
+    assert_same_training(auto, single_steps)
+
+
+def test_auto_on_a_run_too_short_to_measure_runs_single_steps(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO, logger="ciclo"):
+        _, history, sizes = run_auto("auto", stop=6)
+    assert sizes == [1] * 6 and history.collect("steps_per_execution") == [1]
+    assert any("too short to measure" in record.getMessage() for record in caplog.records)
+
+
+def test_auto_resumes_from_a_backup_on_the_groups_it_drew(
+    fake_device: Callable[[Timing], FakeDevice],
+    single_steps: tuple[Any, ciclo.types.History, list[int]],
+    tmp_path: pathlib.Path,
+) -> None:
+    device = fake_device(Timing(host=300 * US, device=5 * US))
+    # 16 steps: 8 to measure on, enough for K=1 alone; then the epoch's 8, cut at its end.
+    _, _, first = run_auto("auto", device, stop=16, backup=tmp_path)
+    assert first == [1] * 4 + [4, 8]
+    # A longer run resumes at step 16: the backup's groups are skipped as they were drawn.
+    resumed = run_auto("auto", device, backup=tmp_path)
+    assert resumed[2] == [8, 8]
+    assert resumed[1].collect("steps", "steps_per_execution") == ([3], [8])  # from the backed-up run
+    assert_same_training(resumed, single_steps)

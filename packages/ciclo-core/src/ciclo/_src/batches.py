@@ -84,16 +84,35 @@ def stacked(
     if total is not None and (not isinstance(total, int) or total < 0):
         raise ValueError(f"total must be an int >= 0, got {short(total)}")
     size = leading_dim if batch_size_fn is None else batch_size_fn
+    for group in cut(dataset, lambda: steps, align=align, start=start, total=total):
+        yield stack(group, size)
+
+
+def cut(
+    dataset: Iterable[B], steps: Callable[[], int], *, align: int | None, start: int, total: int | None
+) -> Iterator[list[B]]:
+    """Consecutive batches of `dataset` in lists of `steps()` (asked before each list), cut as `stacked` cuts.
+
+    No list crosses a multiple of `align` steps (counted from `start`), and at
+    most `total` batches are read. The rule of `ciclo.stacked`, shared with
+    `train_loop(..., steps_per_execution="auto")`, whose lists grow as it measures.
+
+    Example:
+        >>> [len(group) for group in cut(range(20), lambda: 4, align=6, start=0, total=14)]
+        [4, 2, 4, 2, 2]
+    """
     iterator = iter(dataset)
     position, left = start, total
     while left is None or left > 0:
-        wanted = steps if left is None else min(steps, left)
+        wanted = steps()
+        if left is not None:
+            wanted = min(wanted, left)
         if align is not None:
             wanted = min(wanted, align - position % align)
         group = list(itertools.islice(iterator, wanted))
         if not group:
             return
-        yield _stack(group, size)
+        yield group
         position += len(group)
         if left is not None:
             left -= len(group)
@@ -101,7 +120,8 @@ def stacked(
             return
 
 
-def _stack(group: list[B], size: Callable[[B], int]) -> Stacked[B]:
+def stack(group: list[B], size: Callable[[B], int]) -> Stacked[B]:
+    """The batches of `group` as one `Stacked` batch; `size` counts a batch's samples."""
     leaves = jax.tree.leaves(group)
     if leaves and all(isinstance(leaf, jax.Array) for leaf in leaves):
         batches = _stack_on_device(group)

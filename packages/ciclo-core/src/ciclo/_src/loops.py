@@ -12,8 +12,9 @@ from __future__ import annotations
 import os
 import warnings
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, Literal
 
+from ciclo._src.auto_steps import AUTO, AutoSteps
 from ciclo._src.backup import Backup
 from ciclo._src.batches import BatchSizeFn, stacked
 from ciclo._src.callbacks._inner_loop import AggregationLike, inner_loop
@@ -93,17 +94,21 @@ def _check_runs_something(
     )
 
 
-def _grouped(
-    dataset: Iterable[Any],
-    steps: int,
-    epoch: Period | None,
-    stop: Period | None,
-    elapsed: Elapsed | None,
-    batch_size_fn: BatchSizeFn | None,
-) -> Iterable[Any]:
-    """The batches in `ciclo.stacked` groups of `steps`, cut at every epoch end and at `stop`."""
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"steps_per_execution must be a positive int, got {short(steps)}")
+def _steps_per_execution(value: Any) -> int | Literal["auto"]:
+    """`steps_per_execution` checked: an int >= 1 or "auto"."""
+    if isinstance(value, str) and value == AUTO:
+        return AUTO
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(
+            f'steps_per_execution must be a positive int or "auto" (measured), got {short(value)}'
+        )
+    return value
+
+
+def _group_bounds(
+    epoch: Period | None, stop: Period | None, elapsed: Elapsed | None
+) -> tuple[int | None, int, int | None]:
+    """`(align, start, total)` of the groups: cut at every epoch end and at `stop`, from the resumed step."""
     for name, period in (("epoch_duration", epoch), ("stop", stop)):
         if period is not None and (period.steps is None or period != Period(steps=period.steps)):
             raise ValueError(
@@ -112,8 +117,7 @@ def _grouped(
             )
     start = 0 if elapsed is None else elapsed.steps
     total = None if stop is None or stop.steps is None else max(stop.steps - start, 0)
-    align = None if epoch is None else epoch.steps
-    return stacked(dataset, steps, batch_size_fn=batch_size_fn, align=align, start=start, total=total)
+    return (None if epoch is None else epoch.steps), start, total
 
 
 def train_loop(
@@ -136,7 +140,7 @@ def train_loop(
     metadata: Any = None,
     batch_size_fn: BatchSizeFn | None = None,
     backup: Backup | str | os.PathLike[str] | None = None,
-    steps_per_execution: int = 1,
+    steps_per_execution: int | Literal["auto"] = 1,
     prefetch: int | None = None,
 ) -> tuple[S, History, Elapsed]:
     """A training loop with epochs and an evaluation loop at the end of each epoch.
@@ -196,6 +200,13 @@ def train_loop(
             progress bars run once per group. The state's `train_step` must take
             `ciclo.types.Stacked` batches: managed steps (`ciclo.types.ModelState`,
             `managed.train_step`) do, and so does a `ciclo.fuse`d step.
+            `"auto"` measures on the first steps (a few hundred at most, half
+            the run at most; real training steps) the host time of a dispatch
+            and the device time of a step at 1, 2, 4, ... steps per dispatch,
+            and runs the rest with the smallest power of two (at most 128 and
+            the epoch's length) at which the loop costs under 5% of a step;
+            the chosen value is logged in the history as
+            `performance.steps_per_execution` and on the `ciclo` logger.
         prefetch: put this many training batches (or `steps_per_execution`
             groups) on their devices ahead of the step that takes them, with
             `ciclo.prefetch_to_device` and the state's strategy (a
@@ -210,7 +221,9 @@ def train_loop(
     Raises:
         TypeError: if nothing would train: the state is not a `ciclo.types.Trainable`
             and `tasks` hold no step.
-        ValueError: if `prefetch` is not an int >= 0 or None.
+        ValueError: if `prefetch` is not an int >= 0 or None, or `steps_per_execution`
+            not an int >= 1 or `"auto"` (or, when it groups, `epoch_duration` or
+            `stop` is not a number of steps).
 
     Example:
         >>> import ciclo
@@ -259,17 +272,28 @@ def train_loop(
             "create it with ema_decay=, e.g. ciclo.create_model_state(..., ema_decay=0.999)"
         )
     _check_runs_something(state, named, scheduled, Trainable, "train_loop", (train_step, on_train_step))
-    if steps_per_execution != 1:
-        dataset = _grouped(dataset, steps_per_execution, epoch, Period.of(stop), elapsed, batch_size_fn)
+    steps = _steps_per_execution(steps_per_execution)
+    auto = None
+    if steps != 1:
+        align, start, total = _group_bounds(epoch, Period.of(stop), elapsed)
+        if isinstance(steps, str):
+            auto = AutoSteps(align=align, start=start, total=total, batch_size_fn=batch_size_fn)
+            dataset = auto.groups(dataset)
+        else:
+            dataset = stacked(
+                dataset, steps, batch_size_fn=batch_size_fn, align=align, start=start, total=total
+            )
     prefetched = None
     if prefetch is not None and prefetch != 0:
         # After the grouping: each group is placed whole, as the fused step takes it.
         strategy = state.strategy if isinstance(state, ManagedState) else None
         dataset = prefetched = prefetch_to_device(dataset, prefetch, strategy)
 
+    # Auto times each dispatch from before the step's first callback to after its last one.
+    timed = ([auto.before_step], [auto.after_dispatch]) if auto is not None else ([], [])
     phases = [
-        Phase("train_batch_begin", [(every(1), _get(named, on_train_batch_begin))]),
-        Phase("train_step", [(every(1), _get(named, train_step, on_train_step))]),
+        Phase("train_batch_begin", [(every(1), timed[0] + _get(named, on_train_batch_begin))]),
+        Phase("train_step", [(every(1), _get(named, train_step, on_train_step) + timed[1])]),
         Phase("tasks", scheduled),
     ]
     if epoch is not None:
