@@ -296,9 +296,9 @@ def examples(session: nox.Session) -> None:
 
 @nox.session
 def bench(session: nox.Session) -> None:
-    """The loop-overhead benchmarks (benchmarks/README.md); pass options after `--`."""
+    """The loop-overhead benchmarks (benchmarks/README.md), on one CPU; pass options after `--`."""
     _install(session, BENCH_CORE, "./packages/ciclo-flax", *_group("bench"))
-    session.run("python", "benchmarks/bench.py", *session.posargs)
+    session.run("python", "benchmarks/bench.py", "--pin-core", *session.posargs)
 
 
 @nox.session
