@@ -521,6 +521,26 @@ class History(Sequence[Logs]):
         """
         return self._on_host
 
+    def host_rows(
+        self, start: int, stop: int
+    ) -> Iterator[tuple[tuple[tuple[str, str], ...], tuple[Any, ...], tuple[int, int, float]]]:
+        """Rows `start` to `stop` (of those kept) as `(entry paths, values, (steps, samples, time))`.
+
+        Values are host values: what is still on the device is copied first,
+        waiting for it (rows before `on_host` never wait). Rows that log the
+        same entries share one `paths` object. What loggers read: no `Logs` is
+        built.
+
+        Example:
+            >>> import ciclo
+            >>> history = ciclo.history()
+            >>> history.append(0, 8, 0.5, ciclo.logs().add_metric("acc", 0.25))
+            >>> list(history.host_rows(0, 1))
+            [((('metrics', 'acc'),), (0.25,), (0, 8, 0.5))]
+        """
+        self._fetch(stop)
+        return zip(self._paths[start:stop], self._values[start:stop], self._elapsed[start:stop], strict=True)
+
     def to_host(self, first: int | None = None) -> dict[str, Any]:
         """The rows as plain host values: what a backup saves, and `load_host` reads back.
 

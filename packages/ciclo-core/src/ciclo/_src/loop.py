@@ -348,7 +348,9 @@ def _run_callbacks(loop_state: LoopState[Any], callbacks: list[_Callback]) -> No
         except Exception as error:
             _annotate(error, callback, loop_state)
             raise
-        if (
+        if out is None:
+            new_logs = None  # no logs, the state unchanged: what step_output would say, without the call
+        elif (
             type(out) is tuple
             and len(out) == 2
             and type(out[0]) is Logs

@@ -23,6 +23,9 @@ from ciclo._src.loop_state import LoopState
 from ciclo._src.reprs import short
 from ciclo._src.types import CallbackOutput, S
 
+_NO_LOGS: Logs = Logs()
+"""What a logger adds to a step's logs: nothing (never changed: the loop only merges into its own copy)."""
+
 _SKIPPED_COLLECTIONS = frozenset({"elapsed", "outputs"})
 """Never scalars worth plotting: the counts (written as the step) and a step's model outputs."""
 
@@ -146,6 +149,43 @@ def checked_hparams(hparams: Mapping[str, Any] | None) -> HParams:
     return checked
 
 
+def _scalar_columns(paths: tuple[tuple[str, str], ...]) -> list[tuple[int, str]] | None:
+    """`(column, name)` of each entry of a row with these `paths` that `scalars` may write.
+
+    None when a name appears in several collections: `scalars` then names them
+    by the values, row by row (`_row_scalars`).
+    """
+    columns = [
+        (column, name)
+        for column, (collection, name) in enumerate(paths)
+        if collection not in _SKIPPED_COLLECTIONS
+    ]
+    names = [name for _, name in columns]
+    return columns if len(set(names)) == len(names) else None
+
+
+def _scalars_at(columns: list[tuple[int, str]], values: tuple[Any, ...]) -> dict[str, float | int]:
+    """`scalars` of a row whose entry names are unique, from its `_scalar_columns`."""
+    out: dict[str, float | int] = {}
+    for column, name in columns:
+        value = values[column]
+        kind = type(value)
+        if kind is float or kind is int:
+            out[name] = value
+        else:
+            number = _number(value)
+            if number is not None:
+                out[name] = number
+    return out
+
+
+def _row_scalars(paths: tuple[tuple[str, str], ...], values: tuple[Any, ...]) -> dict[str, float | int]:
+    logs: dict[str, dict[str, Any]] = {}
+    for (collection, name), value in zip(paths, values, strict=True):
+        logs.setdefault(collection, {})[name] = value
+    return scalars(logs)
+
+
 def _number(value: Any) -> float | int | None:
     if isinstance(value, bool):
         return int(value)
@@ -219,6 +259,7 @@ class Logger:
         "_next_row",
         "_own",
         "_own_next",
+        "_plans",
         "_resume_after",
         "_sink",
     )
@@ -232,6 +273,8 @@ class Logger:
         self._resume_after: int | None = None  # restored: steps up to this one were written before
         self._own: History | None = None  # rows given to `write` by a hand-written loop
         self._own_next = 0
+        # id of a row's entry paths -> (those paths, their scalar columns): see `_scalar_columns`
+        self._plans: dict[int, tuple[Any, list[tuple[int, str]] | None]] = {}
 
     @property
     def sink(self) -> Sink:
@@ -248,7 +291,7 @@ class Logger:
         on_host = _rows_on_host(history) + _dropped(history)
         if on_host > self._next_row:
             self._next_row = self._drain(history, self._next_row, on_host, self._date_start)
-        return {}, loop_state.state
+        return _NO_LOGS, loop_state.state
 
     def on_train_batch_end(self, state: Any, batch: Any, elapsed: Any, loop_state: LoopState[Any]) -> None:
         """The hook `train_loop(callbacks=[logger])` runs at the end of each step.
@@ -292,31 +335,29 @@ class Logger:
         """Writes rows [`start`, `upto`) of `history`, counted from its first row ever; returns `upto`.
 
         Rows a bounded History dropped before they could be read are skipped.
+        The rows are read as History holds them (`host_rows`): each set of
+        entries is turned into a list of scalar columns once.
         """
         dropped = _dropped(history)
         first, last = max(start - dropped, 0), upto - dropped
         if last <= first:
             return upto
-        history[last - 1]  # copies the rows still on the device in one batch; a no-op for host rows
         rows = []
-        for logs in history[first:last]:
-            row = self._row(logs, date_start)
-            if row is not None:
-                rows.append(row)
+        resume_after, plan_of = self._resume_after, self._plans.get
+        for paths, values, (step, _, seconds) in history.host_rows(first, last):
+            if resume_after is not None and step <= resume_after:
+                continue
+            plan = plan_of(id(paths))
+            if plan is None or plan[0] is not paths:
+                plan = self._plans[id(paths)] = (paths, _scalar_columns(paths))
+            columns = plan[1]
+            found = _scalars_at(columns, values) if columns is not None else _row_scalars(paths, values)
+            if found:
+                rows.append(Row(step, date_start + seconds, found))
         if rows:
             self._sink.write(rows)
             self._last_step = rows[-1].step
         return upto
-
-    def _row(self, logs: Logs, date_start: float) -> Row | None:
-        elapsed = logs.pop("elapsed")
-        step = elapsed["steps"]
-        if self._resume_after is not None and step <= self._resume_after:
-            return None
-        values = scalars(logs)
-        if not values:
-            return None
-        return Row(step, date_start + elapsed["time"], values)
 
     # ------------------------------------------------------------------ by hand
 

@@ -2,13 +2,103 @@
 
 from __future__ import annotations
 
+import functools
+import math
 import os
+import socket
+import struct
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, final
 
 from ciclo._src.callbacks._loggers._base import HParams, Logger, Row, checked_hparams, import_extra
 from ciclo._src.reprs import short
+
+_DOUBLE = struct.Struct("<d").pack
+_FLOAT = struct.Struct("<f").pack
+_LENGTH = struct.Struct("<Q").pack
+_CRC = struct.Struct("<I").pack
+
+
+def _varint(value: int) -> bytes:
+    """`value` (>= 0) as a protobuf varint."""
+    out = bytearray()
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+@functools.lru_cache(maxsize=4096)
+def _value_head(tag: str) -> bytes:
+    """A `Summary.value` entry's bytes up to its float: its key and length, `tag`, the float's key."""
+    name = tag.encode("utf-8")
+    # Value: tag = field 1 (a string), simple_value = field 2 (a float: its 4 bytes come next).
+    value = b"\x0a" + _varint(len(name)) + name + b"\x15"
+    return b"\x0a" + _varint(len(value) + 4) + value  # Summary: value = field 1 (a Value)
+
+
+def _float32(value: float | int) -> bytes:
+    try:
+        return _FLOAT(value)
+    except OverflowError:  # beyond float32: stored as infinity, as protobuf stores it
+        return _FLOAT(math.copysign(math.inf, value))
+
+
+def scalar_event(wall_time: float, step: int, scalars: Mapping[str, float | int]) -> bytes:
+    """A serialized TensorBoard `Event` at `step` whose summary holds `scalars` as simple values.
+
+    The bytes protobuf writes for `Event(wall_time=..., step=..., summary=Summary(value=[
+    Value(tag=..., simple_value=...), ...]))`, built with no message object per
+    value: the logger writes one such event per logged step.
+
+    Example:
+        >>> from tensorboardX.proto.event_pb2 import Event
+        >>> event = Event.FromString(scalar_event(1.5, 3, {"loss": 0.5}))
+        >>> event.step, event.wall_time, [(v.tag, v.simple_value) for v in event.summary.value]
+        (3, 1.5, [('loss', 0.5)])
+    """
+    summary = b"".join([_value_head(tag) + _float32(value) for tag, value in scalars.items()])
+    return b"".join(
+        (b"\x09", _DOUBLE(wall_time), b"\x10", _varint(step), b"\x2a", _varint(len(summary)), summary)
+    )
+
+
+@final
+class _EventFile:
+    """An event file: TFRecords of events (length, its masked CRC-32C, the event, its masked CRC-32C).
+
+    `crc32c` computes the checksum (the C one of the `crc32c` package, which the
+    `tensorboard` extra installs). A record's length and its checksum repeat from
+    step to step: they are computed once per length.
+    """
+
+    def __init__(self, path: str, crc32c: Callable[[bytes], int], first_event: bytes) -> None:
+        self._file = open(path, "ab")  # noqa: SIM115 - closed by `close`
+        self._crc32c = crc32c
+        self._headers: dict[int, bytes] = {}
+        self.write(first_event)
+
+    def _masked(self, data: bytes) -> bytes:
+        crc = self._crc32c(data) & 0xFFFFFFFF
+        return _CRC((((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF)
+
+    def write(self, event: bytes) -> None:
+        size = len(event)
+        header = self._headers.get(size)
+        if header is None:
+            length = _LENGTH(size)
+            header = self._headers[size] = length + self._masked(length)
+        self._file.write(b"".join((header, event, self._masked(event))))
+
+    def flush(self) -> None:
+        self._file.flush()
+        os.fsync(self._file.fileno())
+
+    def close(self) -> None:
+        self.flush()
+        self._file.close()
 
 
 @final
@@ -20,27 +110,27 @@ class TensorBoardSink:
             raise TypeError(f"logdir must be a path, got {short(logdir)}")
         self._hparams = dict(hparams or {})  # written to the first event file, then emptied
         # Imported when a logger is created: tensorboardX is an optional extra (with no type information).
-        self._files = import_extra("tensorboardX.event_file_writer", "tensorboard", "ciclo.tensorboard")
+        self._crc32c = import_extra("tensorboardX.crc32c", "tensorboard", "ciclo.tensorboard").crc32c
         self._events = import_extra("tensorboardX.proto.event_pb2", "tensorboard", "ciclo.tensorboard")
-        self._summaries = import_extra("tensorboardX.proto.summary_pb2", "tensorboard", "ciclo.tensorboard")
         self.logdir = os.fspath(logdir)
         self._writer: Any = None
         self._resume_step: int | None = None  # a resumed run's first step: marked in its new file
 
     def _open(self) -> Any:
         os.makedirs(self.logdir, exist_ok=True)
-        # tensorboardX names files by the second: a writer opened again within one second (a
+        # Named as tensorboardX names them, by the second: a writer opened again within one second (a
         # resumed run) would overwrite the first file. The nanosecond suffix keeps each file,
         # in the order TensorBoard reads them.
-        prefix = os.path.join(self.logdir, "events")
-        writer = self._files.EventsWriter(prefix, filename_suffix=f".{time.time_ns()}")
+        now = time.time()
+        name = f"events.out.tfevents.{int(now)}.{socket.gethostname()}.{time.time_ns()}"
+        version = self._events.Event(wall_time=now, file_version="brain.Event:2").SerializeToString()
+        writer = _EventFile(os.path.join(self.logdir, name), self._crc32c, version)
         if self._resume_step is not None:
             # TensorBoard's reader drops the events of earlier files at this step and after: those a
             # killed run wrote after its backup, which the resumed run writes again.
             start = self._events.SessionLog(status=self._events.SessionLog.START)
-            writer.write_event(
-                self._events.Event(wall_time=time.time(), step=self._resume_step, session_log=start)
-            )
+            event = self._events.Event(wall_time=time.time(), step=self._resume_step, session_log=start)
+            writer.write(event.SerializeToString())
             self._resume_step = None
         if self._hparams:
             # The hparams plugin's experiment and session summaries, as tensorboardX's add_hparams
@@ -48,22 +138,19 @@ class TensorBoardSink:
             summary = import_extra("tensorboardX.summary", "tensorboard", "ciclo.tensorboard")
             experiment, session_start, _ = summary.hparams(self._hparams, {})
             for part in (experiment, session_start):
-                writer.write_event(self._events.Event(wall_time=time.time(), step=0, summary=part))
+                event = self._events.Event(wall_time=time.time(), step=0, summary=part)
+                writer.write(event.SerializeToString())
             self._hparams = {}
         return writer
 
     def write(self, rows: Sequence[Row]) -> None:
         """Writes one event per row, holding all its scalars (TensorBoard stores them as float32)."""
-        event, summary = self._events.Event, self._summaries.Summary
         writer = self._writer
         if writer is None:
             writer = self._writer = self._open()
-        # The synchronous writer: tensorboardX's default one pickles each event through a
-        # multiprocessing queue, which costs the loop more than writing the file itself.
-        value = summary.Value
+        write = writer.write
         for row in rows:
-            values = [value(tag=tag, simple_value=x) for tag, x in row.scalars.items()]
-            writer.write_event(event(wall_time=row.wall_time, step=row.step, summary=summary(value=values)))
+            write(scalar_event(row.wall_time, row.step, row.scalars))
 
     def flush(self) -> None:
         """Flushes the event file."""
