@@ -12,6 +12,7 @@ import csv
 import dataclasses
 import importlib
 import json
+import math
 import os
 import sys
 import types
@@ -629,3 +630,29 @@ def test_a_wandb_file_a_killed_service_left_half_written_is_read_up_to_its_last_
     resumed.load_state_dict({**first.state_dict(), "step": 149})
     assert resumed.state_dict()["step"] == 99
     resumed.close()
+
+
+@pytest.mark.parametrize(
+    ("step", "scalars"),
+    [
+        (0, {}),
+        (3, {"loss": 0.5, "accuracy": 1}),
+        (2**40 + 7, {"ünïcode/tag": -1.25, "x" * 300: 2.0}),
+        (-5, {"loss": float("inf")}),
+        (12, {"huge": 1e300, "tiny": -1e300, "nan": float("nan")}),
+    ],
+)
+def test_scalar_events_read_back_as_the_events_protobuf_writes(step: int, scalars: dict[str, float]) -> None:
+    from tensorboardX.proto import event_pb2, summary_pb2
+
+    from ciclo._src.callbacks._loggers._tensorboard import scalar_event
+
+    def value(tag: str, x: float) -> Any:
+        if math.isfinite(x) and abs(x) > 3.5e38:  # protobuf stores a float beyond float32 as infinity
+            x = math.copysign(math.inf, x)
+        return summary_pb2.Summary.Value(tag=tag, simple_value=x)
+
+    summary = summary_pb2.Summary(value=[value(tag, x) for tag, x in scalars.items()])
+    expected = event_pb2.Event(wall_time=1.5, step=step, summary=summary)
+    # Equal messages (protobuf leaves out a step of 0, which scalar_event writes).
+    assert event_pb2.Event.FromString(scalar_event(1.5, step, scalars)) == expected

@@ -18,6 +18,7 @@ _DOUBLE = struct.Struct("<d").pack
 _FLOAT = struct.Struct("<f").pack
 _LENGTH = struct.Struct("<Q").pack
 _CRC = struct.Struct("<I").pack
+_INT64 = (1 << 64) - 1
 
 
 def _varint(value: int) -> bytes:
@@ -60,9 +61,9 @@ def scalar_event(wall_time: float, step: int, scalars: Mapping[str, float | int]
         (3, 1.5, [('loss', 0.5)])
     """
     summary = b"".join([_value_head(tag) + _float32(value) for tag, value in scalars.items()])
-    return b"".join(
-        (b"\x09", _DOUBLE(wall_time), b"\x10", _varint(step), b"\x2a", _varint(len(summary)), summary)
-    )
+    # An int64 step: a negative one is its 64-bit two's complement, as protobuf writes it.
+    head = b"\x09" + _DOUBLE(wall_time) + b"\x10" + _varint(step & _INT64)
+    return b"".join((head, b"\x2a", _varint(len(summary)), summary))
 
 
 @final
