@@ -7,6 +7,7 @@ whose dispatches cost what the test says.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import pathlib
 from collections.abc import Callable
@@ -21,7 +22,7 @@ from support import training
 
 import ciclo
 from ciclo._src import auto_steps
-from ciclo._src.auto_steps import Timing, choose
+from ciclo._src.auto_steps import Timing, choose, dispatch_cost
 
 FEATURES, CLASSES = 4, 3
 
@@ -146,9 +147,9 @@ MEDIUM = Timing(host=300 * US, device=20 * MS)  # the device's time dwarfs the d
 
 
 def test_choose_groups_the_steps_when_the_host_dominates() -> None:
-    # At 2 steps the loop still costs 150 us of a 155 us step: extrapolated, it needs 64.
+    # 305 us for one step, 310 us for two: 300 us a dispatch, 5 us a step; under 5% needs K > 1200.
     timings = {1: TINY, 2: Timing(host=300 * US, device=155 * US)}
-    assert choose(timings, cap=128) == 64
+    assert choose(timings, cap=128) == 128
     assert choose({1: TINY}, cap=128) == 32  # from one timing: 300 us / 32 is under 5% of 305 us
     assert choose({}, cap=128) == 1  # nothing measured
 
@@ -159,10 +160,22 @@ def test_choose_runs_single_steps_when_the_device_dominates() -> None:
     assert choose({1: Timing(300 * US, 2 * MS)}, cap=128) == 4
 
 
-def test_choose_keeps_the_smallest_measured_k_under_the_target() -> None:
-    timings = {k: Timing(host=300 * US, device=1 * MS) for k in (1, 2, 4, 8, 16)}
+def test_choose_keeps_the_smallest_k_under_the_target() -> None:
+    # A dispatch of K steps takes 300 us + K ms until its result is ready.
+    timings = {k: Timing(host=300 * US, device=300 * US / k + 1 * MS) for k in (1, 2, 4, 8, 16)}
     assert choose(timings, cap=128) == 8  # 3.75% at 8; 16 is under 5% too, but more than needed
     assert choose(timings, cap=4) == 4  # never more than the cap
+
+
+def test_choose_fits_the_dispatch_cost_where_a_dispatch_holds_the_compute() -> None:
+    # On CPU a small step runs inside its dispatch: the host time is the whole step at every K,
+    # and only the times at two K tell the loop's fixed cost from the step's.
+    medium = {k: Timing(host=300 * US + k * 20 * MS, device=300 * US / k + 20 * MS) for k in (1, 2)}
+    tiny = {k: Timing(host=300 * US + k * 5 * US, device=300 * US / k + 5 * US) for k in (1, 2, 4)}
+    assert choose(medium, cap=128) == 1
+    assert choose(tiny, cap=128) == 128
+    cost = dispatch_cost(tiny)
+    assert cost is not None and round(cost.host / US) == 300 and round(cost.device / US) == 5
 
 
 @pytest.mark.parametrize("cap", [1, 2, 8, 64, 128])
@@ -214,6 +227,12 @@ class FakeDevice:
         self.queued += self.device * (batch.steps if isinstance(batch, ciclo.types.Stacked) else 1)
 
 
+@pytest.fixture(autouse=True)
+def forget_measurements() -> None:
+    """Each test starts in a process that has measured nothing: auto remembers its measurements."""
+    auto_steps._remembered.clear()
+
+
 @pytest.fixture
 def fake_device(monkeypatch: pytest.MonkeyPatch) -> Callable[[Timing], FakeDevice]:
     def install(costs: Timing) -> FakeDevice:
@@ -230,9 +249,11 @@ def run_auto(
     device: FakeDevice | None = None,
     *,
     stop: int = 32,
+    epoch: int = 8,
+    state: Any = None,
     **kwargs: Any,
 ) -> tuple[Any, ciclo.types.History, list[int]]:
-    """`train_loop` with epochs of 8 steps; also returns the steps of each dispatch."""
+    """`train_loop` with epochs of `epoch` steps (a fresh state by default), and each dispatch's steps."""
     sizes: list[int] = []
     tasks: dict[Any, Any] = {
         ciclo.on_train_batch_begin: [
@@ -242,10 +263,10 @@ def run_auto(
     if device is not None:
         tasks[ciclo.on_train_step] = [device.dispatch]
     state, history, elapsed = ciclo.train_loop(
-        model_state("jit"),
-        data(32),
+        model_state("jit") if state is None else state,
+        data(max(stop, 32)),
         tasks,
-        epoch_duration=8,
+        epoch_duration=epoch,
         stop=stop,
         steps_per_execution=steps_per_execution,
         **kwargs,
@@ -264,7 +285,8 @@ def assert_same_training(
 ) -> None:
     np.testing.assert_allclose(auto[0].params["w"], single[0].params["w"], rtol=1e-6)
     np.testing.assert_allclose(auto[0].params["b"], single[0].params["b"], rtol=1e-6, atol=1e-7)
-    assert auto[1].collect("steps", "loss")[0] == single[1].collect("steps", "loss")[0] == list(range(32))
+    steps = single[1].collect("steps")
+    assert steps == list(range(len(steps))) and auto[1].collect("steps") == steps
     np.testing.assert_allclose(auto[1].collect("loss"), single[1].collect("loss"), rtol=1e-5)
 
 
@@ -275,13 +297,13 @@ def test_auto_groups_tiny_steps_and_trains_as_single_steps(
 ) -> None:
     with caplog.at_level(logging.INFO, logger="ciclo"):
         auto = run_auto("auto", fake_device(Timing(host=300 * US, device=5 * US)))
-    # Measured on real steps (half the run at most: 16 steps): 1 compiling and 3 timed at K=1, the
-    # same at K=2; K=4 would not fit, so K is extrapolated to the epoch's 8 steps. The first group
-    # of 8 is cut at the epoch's end, as with steps_per_execution=8.
-    assert auto[2] == [1] * 4 + [2] * 4 + [4, 8, 8]
-    assert auto[1].collect("steps", "steps_per_execution") == ([11], [8])  # logged when chosen
+    # Measured on real steps (a quarter of the run at most: 8 steps): 1 compiling and 3 timed at
+    # K=1; K=2 would not fit, so K is extrapolated to the epoch's 8 steps. The first group of 8 is
+    # cut at the epoch's end, as with steps_per_execution=8.
+    assert auto[2] == [1] * 4 + [4, 8, 8, 8]
+    assert auto[1].collect("steps", "steps_per_execution") == ([3], [8])  # logged when chosen
     (message,) = [record.getMessage() for record in caplog.records if "auto" in record.getMessage()]
-    assert "runs 8 steps per dispatch after 12 steps of measuring" in message
+    assert "runs 8 steps per dispatch after 4 steps of measuring" in message
     assert_same_training(auto, single_steps)
 
 
@@ -295,20 +317,20 @@ def test_auto_runs_single_steps_when_the_device_dominates(
 
 
 def test_auto_follows_process_0_under_several_processes(
-    fake_device: Callable[[Timing], FakeDevice],
-    single_steps: tuple[Any, ciclo.types.History, list[int]],
-    monkeypatch: pytest.MonkeyPatch,
+    fake_device: Callable[[Timing], FakeDevice], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # This process alone would keep single steps; process 0 measured on: go on after K=1, stop after
-    # K=2, and run 4. Every decision goes through `_agreed`, process 0's broadcast.
-    answers = iter([0, 1, 4])
+    # This process alone would keep single steps; process 0 remembered nothing, measured on: go on
+    # after K=1, stop after K=2, and run 4. Every decision goes through `_agreed`, process 0's
+    # broadcast.
+    answers = iter([0, 0, 1, 4])
     asked: list[int] = []
     monkeypatch.setattr(auto_steps, "_agreed", lambda value: asked.append(value) or next(answers))
-    auto = run_auto("auto", fake_device(Timing(host=300 * US, device=20 * MS)))
-    assert asked == [1, 1, 1]  # this process's own answers: done at K=1, done at K=2, choose K=1
-    assert auto[2] == [1] * 4 + [2] * 4 + [4] * 5
+    auto = run_auto("auto", fake_device(Timing(host=300 * US, device=20 * MS)), stop=64)
+    # This process's own answers: nothing remembered, done at K=1, done at K=2, choose K=1.
+    assert asked == [0, 1, 1, 1]
+    assert auto[2] == [1] * 4 + [2] * 4 + [4] * 13
     assert auto[1].collect("steps_per_execution") == [4]
-    assert_same_training(auto, single_steps)
+    assert_same_training(auto, run_auto(1, stop=64))
 
 
 def test_auto_on_the_real_clock_trains_as_single_steps(
@@ -333,7 +355,7 @@ def test_auto_resumes_from_a_backup_on_the_groups_it_drew(
     tmp_path: pathlib.Path,
 ) -> None:
     device = fake_device(Timing(host=300 * US, device=5 * US))
-    # 16 steps: 8 to measure on, enough for K=1 alone; then the epoch's 8, cut at its end.
+    # 16 steps: 4 to measure on, enough for K=1 alone; then the epoch's 8, cut at its end.
     _, _, first = run_auto("auto", device, stop=16, backup=tmp_path)
     assert first == [1] * 4 + [4, 8]
     # A longer run resumes at step 16: the backup's groups are skipped as they were drawn.
@@ -341,3 +363,105 @@ def test_auto_resumes_from_a_backup_on_the_groups_it_drew(
     assert resumed[2] == [8, 8]
     assert resumed[1].collect("steps", "steps_per_execution") == ([3], [8])  # from the backed-up run
     assert_same_training(resumed, single_steps)
+
+
+def test_auto_cuts_its_groups_to_powers_of_two(
+    fake_device: Callable[[Timing], FakeDevice],
+) -> None:
+    auto = run_auto("auto", fake_device(Timing(host=300 * US, device=5 * US)), stop=45, epoch=15)
+    # K=8 after 4 steps at K=1; each epoch's 15 steps (11 in the first) run as 8 + 4 + 2 + 1, not
+    # 8 + 7: the sizes of the programs compiled are powers of two whatever K is chosen.
+    assert auto[2] == [1] * 4 + [8, 2, 1] + [8, 4, 2, 1] * 2
+    assert_same_training(auto, run_auto(1, stop=45, epoch=15))
+
+
+def test_a_second_auto_run_reuses_the_measurement_and_compiles_nothing(
+    single_steps: tuple[Any, ciclo.types.History, list[int]], caplog: pytest.LogCaptureFixture
+) -> None:
+    first = run_auto("auto")  # on the real clock
+    (k,) = first[1].collect("steps_per_execution")
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="jax"), caplog.at_level(logging.INFO, logger="ciclo"):
+        with jax.log_compiles():
+            second = run_auto("auto", state=first[0])  # the same step, state and batch shapes
+    assert second[2] == [k] * (32 // k)  # measures nothing: K from the first step
+    assert second[1].collect("steps", "steps_per_execution") == ([k - 1], [k])
+    messages = [record.getMessage() for record in caplog.records]
+    assert [message for message in messages if "ompil" in message] == []
+    assert any(f"runs {k} steps per dispatch, measured by an earlier train_loop" in m for m in messages)
+    # Trained on from the first run's state, as 64 single steps would.
+    twice = ciclo.train_loop(single_steps[0], data(32), epoch_duration=8, stop=32)
+    np.testing.assert_allclose(second[0].params["w"], twice[0].params["w"], rtol=1e-5)
+
+
+def test_auto_reuses_a_measurement_on_as_many_steps_as_it_would_take(
+    fake_device: Callable[[Timing], FakeDevice],
+) -> None:
+    device = fake_device(Timing(host=300 * US, device=5 * US))
+    short = run_auto("auto", device, stop=16)  # 4 steps to measure on
+    assert short[2] == [1] * 4 + [4, 8]
+    # 8 steps to measure on: more than the remembered measurement had, so it measures again...
+    longer = run_auto("auto", device, state=short[0])
+    assert longer[2] == [1] * 4 + [4, 8, 8, 8]
+    # ...and a run that would measure on as many or fewer reuses it: K=8 from its first step.
+    again = run_auto("auto", device, state=longer[0], stop=16)
+    assert again[2] == [8, 8]
+    # Another state's shapes (a fresh state's optimizer is another static part of the state too).
+    assert run_auto("auto", device, stop=16)[2] == [1] * 4 + [4, 8]
+
+
+def test_auto_follows_process_0_s_memory(
+    fake_device: Callable[[Timing], FakeDevice],
+    single_steps: tuple[Any, ciclo.types.History, list[int]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # This process measured nothing yet; process 0 remembers a measurement that chooses 4.
+    asked: list[int] = []
+    monkeypatch.setattr(auto_steps, "_agreed", lambda value: asked.append(value) or 4)
+    auto = run_auto("auto", fake_device(Timing(host=300 * US, device=20 * MS)))
+    assert asked == [0] and auto[2] == [4] * 8
+    assert_same_training(auto, single_steps)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class Tagged:
+    """A state whose static field cannot be compared: no jitted step takes it, a plain one does."""
+
+    w: Any
+    tags: Any = dataclasses.field(metadata={"static": True})
+
+
+def test_a_run_that_cannot_be_told_from_another_is_not_remembered(
+    fake_device: Callable[[Timing], FakeDevice],
+) -> None:
+    @dataclasses.dataclass
+    class Step:  # not frozen: unhashable
+        def __call__(self, state: Any, batch: Any) -> tuple[ciclo.types.Logs, Any]:
+            return ciclo.logs(), state
+
+    assert auto_steps.signature(Tagged(0.0, np.zeros(2)), [Step()]) is None
+
+    def step(state: Any, batch: Any) -> tuple[ciclo.types.Logs, Any]:
+        return ciclo.logs(), state
+
+    device = fake_device(Timing(host=300 * US, device=5 * US))
+    runs: list[list[int]] = []
+    for _ in range(2):  # two such states cannot be compared: each run measures
+        runs.append([])
+        ciclo.train_loop(
+            Tagged(0.0, np.zeros(2)),
+            data(32),
+            {
+                ciclo.on_train_batch_begin: [
+                    lambda state, batch: runs[-1].append(
+                        batch.steps if isinstance(batch, ciclo.types.Stacked) else 1
+                    )
+                ],
+                ciclo.on_train_step: [step, device.dispatch],
+            },
+            epoch_duration=8,
+            stop=32,
+            steps_per_execution="auto",
+        )
+    assert runs == [[1] * 4 + [4, 8, 8, 8]] * 2

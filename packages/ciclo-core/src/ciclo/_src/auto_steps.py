@@ -7,6 +7,13 @@ steps, none thrown away), the host time of one dispatch and the device time of
 one step at K = 1, 2, 4, ... as far as needed, and runs the rest of the run with
 the smallest K at which the loop's own cost is under 5% of a step's device time.
 
+Every group is a power of two of steps, those cut at an epoch's end or at
+`stop` too (a tail of 68 steps runs as 64 + 4): each group size is a program
+compiled once, so a run compiles at most the programs of 1, 2, 4, ..., 128
+steps, whatever K it chooses. What it measured is remembered in the process for
+the same step functions, state shapes and batch shapes: a later `train_loop`
+that would measure on no more steps reuses it, and compiles nothing new.
+
 `choose` is the decision alone, a function of given timings; `AutoSteps` groups
 the batches, times the groups and keeps what it measured.
 """
@@ -14,11 +21,12 @@ the batches, times the groups and keeps what it measured.
 from __future__ import annotations
 
 import collections
+import itertools
 import logging
 import math
 import statistics
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Final, NamedTuple, final
 
 import jax
@@ -39,7 +47,10 @@ MAX_STEPS: Final = 128
 """The most steps per dispatch auto chooses: a group's batches are on the device together."""
 
 CALIBRATION_STEPS: Final = 256
-"""The most training steps auto measures on; at most half the steps before `stop` when it is known."""
+"""The most training steps auto measures on."""
+
+CALIBRATION_SHARE: Final = 4
+"""Auto measures on at most 1/4 of the steps before `stop`, when known: each K measured costs a compile."""
 
 REPEATS: Final = 3
 """Timed dispatches per K, after one untimed dispatch that compiles the step for that K."""
@@ -49,6 +60,9 @@ COLLECTION: Final = "performance"
 
 ENTRY: Final = "steps_per_execution"
 """The history entry of the chosen K."""
+
+REMEMBERED: Final = 32
+"""How many measurements (step functions, state and batch shapes) the process remembers, the latest."""
 
 # The clock and the wait for the device, read at each use: tests replace them to measure
 # without timing anything.
@@ -82,13 +96,49 @@ def loop_share(steps: int, timing: Timing) -> float:
     return timing.host / steps / timing.device
 
 
+def dispatch_cost(timings: Mapping[int, Timing]) -> Timing | None:
+    """The fixed seconds of a dispatch and the seconds of a step, fitted to the times at two K.
+
+    A dispatch of K steps, from its start until its result is ready, takes
+    `fixed + K * step`: `step` is the slope between the smallest and largest K
+    measured, `fixed` what is left at the smallest. This is the loop's cost
+    whether or not the device computes during the dispatch (on CPU, XLA runs a
+    small step inline, so a dispatch's host time holds the step's compute).
+    Returned as a `Timing` of K = 1: `host` the fixed cost, `device` the step.
+    None with fewer than two K measured.
+
+    Example:
+        >>> # 300 us per dispatch, 1 ms per step: 1.3 ms at K=1, 4.3 ms at K=4
+        >>> cost = dispatch_cost({1: Timing(1e-3, 1.3e-3), 4: Timing(1e-3, 4.3e-3 / 4)})
+        >>> round(cost.host * 1e6), round(cost.device * 1e6)
+        (300, 1000)
+    """
+    measured = sorted(timings)
+    if len(measured) < 2:
+        return None
+    small, large = measured[0], measured[-1]
+    small_total, large_total = timings[small].device * small, timings[large].device * large
+    step = (large_total - small_total) / (large - small)
+    if step <= 0:  # noise larger than the steps' own time: the dispatch is all there is
+        return Timing(host=small_total, device=0.0)
+    return Timing(host=max(small_total - small * step, 0.0), device=step)
+
+
+def loop_share_at(steps: int, timings: Mapping[int, Timing]) -> float:
+    """The loop's share of a step at `steps` per dispatch: fitted from two K, else as measured."""
+    cost = dispatch_cost(timings)
+    if cost is not None:
+        return loop_share(steps, cost)
+    return loop_share(steps, timings[steps]) if steps in timings else math.inf
+
+
 def choose(timings: Mapping[int, Timing], cap: int) -> int:
     """The steps per dispatch to run with, from the timings measured at 1, 2, 4, ... steps per dispatch.
 
-    The smallest measured K at which the loop's share (`loop_share`) is under
-    `TARGET_SHARE`. When none is, the power of two at which it would be, from
-    the timing at the largest K measured: a dispatch's host time does not grow
-    with its steps. Never more than `cap`; 1 without timings.
+    The smallest power of two at which the loop's share of a step is under
+    `TARGET_SHARE`: the share fitted from two K or more (`dispatch_cost`), else
+    from the one timing measured (a dispatch's host time does not grow with its
+    steps). Never more than `cap`; 1 without timings.
 
     Args:
         timings: a `Timing` per steps per dispatch (powers of two).
@@ -96,23 +146,71 @@ def choose(timings: Mapping[int, Timing], cap: int) -> int:
             largest power of two in an epoch).
 
     Example:
-        >>> tiny = {1: Timing(host=300e-6, device=310e-6), 2: Timing(host=300e-6, device=160e-6)}
+        >>> tiny = {1: Timing(host=300e-6, device=305e-6), 2: Timing(host=300e-6, device=155e-6)}
         >>> choose(tiny, cap=128), choose(tiny, cap=16)
-        (64, 16)
+        (128, 16)
         >>> choose({1: Timing(host=300e-6, device=20e-3)}, cap=128)
         1
     """
-    measured = sorted(steps for steps in timings if steps <= cap)
-    for steps in measured:
-        if loop_share(steps, timings[steps]) < TARGET_SHARE:
-            return steps
+    measured = {steps: timing for steps, timing in timings.items() if steps <= cap}
     if not measured:
         return 1
-    largest = measured[-1]
-    steps = largest
-    while steps < cap and loop_share(steps, timings[largest]) >= TARGET_SHARE:
+    cost = dispatch_cost(measured)
+    if cost is None:
+        ((one, timing),) = measured.items()
+        cost = Timing(host=timing.host * one, device=timing.device)  # per dispatch, per step
+    steps = 1
+    while steps < cap and loop_share(steps, cost) >= TARGET_SHARE:
         steps *= 2
-    return min(steps, cap)
+    return steps
+
+
+class _Measured(NamedTuple):
+    """What one `train_loop` measured: its timings, on a budget of steps."""
+
+    timings: Mapping[int, Timing]
+    budget: int
+
+
+# What the runs of this process measured, by `signature` and the first batch's shapes, oldest first.
+# Like jax.jit's cache, it holds the step functions and the static parts of the state's tree.
+_remembered: collections.OrderedDict[Hashable, _Measured] = collections.OrderedDict()
+
+
+def _abstract(tree: Any) -> tuple[Any, ...]:
+    """The tree's structure and its leaves' shapes, dtypes and shardings: what a compiled program is for."""
+    leaves, treedef = jax.tree.flatten(tree)
+    return (treedef, *(_abstract_leaf(leaf) for leaf in leaves))
+
+
+def _abstract_leaf(leaf: Any) -> object:
+    if isinstance(leaf, jax.Array):
+        return leaf.shape, leaf.dtype, leaf.sharding
+    if isinstance(leaf, (np.ndarray, np.generic)):
+        return leaf.shape, leaf.dtype
+    return type(leaf)
+
+
+def signature(state: Any, steps: Sequence[Callable[..., Any]]) -> Hashable | None:
+    """What a measurement holds for, the batches aside: the step functions and the state's shapes.
+
+    None when a part cannot be hashed (a step that is a mutable dataclass,
+    say): such a run measures, and is not remembered.
+
+    Example:
+        >>> import numpy as np
+        >>> def step(state, batch): ...
+        >>> signature({"w": np.zeros(3)}, [step]) == signature({"w": np.ones(3)}, [step])
+        True
+        >>> signature({"w": np.zeros(3)}, [step]) == signature({"w": np.zeros(4)}, [step])
+        False
+    """
+    key = (tuple(steps), _abstract(state))
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
 
 
 def largest_power_of_two(limit: int) -> int:
@@ -140,6 +238,9 @@ def _agreed(value: int) -> int:
     return int(multihost_utils.broadcast_one_to_all(np.int32(value)))
 
 
+_END: Final = object()
+
+
 def _median(timings: Sequence[Timing]) -> Timing:
     return Timing(statistics.median(t.host for t in timings), statistics.median(t.device for t in timings))
 
@@ -159,10 +260,13 @@ class AutoSteps:
     `groups(dataset)` is the loop's dataset: single batches first, then
     `ciclo.types.Stacked` groups of 2, 4, ... batches while it measures, then
     groups of the chosen K, every group cut as `ciclo.stacked` cuts them (at
-    the epoch ends and at `stop`). `before_step` (the first callback of each
-    step) and `after_dispatch` (the last of the step's phase) time the
-    dispatches while it measures: each K's first dispatch compiles and is not
-    timed, the next `REPEATS` are. Once it chooses, they return at once.
+    the epoch ends and at `stop`, to a power of two). `before_step` (the first
+    callback of each step) and `after_dispatch` (the last of the step's phase)
+    time the dispatches while it measures: each K's first dispatch compiles
+    and is not timed, the next `REPEATS` are. Once it chooses, they return at
+    once. With a `signature`, it first looks for what an earlier run of the
+    process measured on the same steps, state and batch shapes, on at least
+    as many steps as it would: then it measures nothing.
 
     It is a stateful callback of the loop: a backup keeps the group sizes it
     drew while measuring, its timings and its choice, so a resumed run draws
@@ -174,6 +278,8 @@ class AutoSteps:
         start: the step count of the first batch.
         total: how many steps the loop runs (to its `stop`), if known.
         batch_size_fn: counts a batch's samples.
+        signature: the run's `signature(state, steps)`, to reuse an earlier
+            measurement and be remembered; None: neither.
 
     Example:
         >>> import numpy as np
@@ -188,12 +294,23 @@ class AutoSteps:
     """The key of its state in a backup."""
 
     def __init__(
-        self, *, align: int | None, start: int, total: int | None, batch_size_fn: BatchSizeFn | None
+        self,
+        *,
+        align: int | None,
+        start: int,
+        total: int | None,
+        batch_size_fn: BatchSizeFn | None,
+        signature: Hashable | None = None,
     ) -> None:
         self._align, self._start, self._total = align, start, total
         self._count = leading_dim if batch_size_fn is None else batch_size_fn
         self._cap = largest_power_of_two(MAX_STEPS if align is None else min(MAX_STEPS, align))
-        self._budget = CALIBRATION_STEPS if total is None else min(CALIBRATION_STEPS, total // 2)
+        self._budget = (
+            CALIBRATION_STEPS if total is None else min(CALIBRATION_STEPS, total // CALIBRATION_SHARE)
+        )
+        self._signature = signature
+        self._key: Hashable | None = None  # the signature with the first batch's shapes
+        self._position = start  # the step count of the next group's first batch
         self.chosen: int | None = None
         """The chosen steps per dispatch; None while measuring."""
         self._candidate = 1  # the K being measured
@@ -211,10 +328,46 @@ class AutoSteps:
 
     def groups(self, dataset: Iterable[Any]) -> Iterator[Any]:
         """The batches of `dataset` as the loop runs them: plain at K = 1, else `Stacked` groups."""
-        for group in cut(dataset, self._next_size, align=self._align, start=self._start, total=self._total):
+        batches = iter(dataset)
+        if self._signature is not None and self._total != 0:
+            first = next(batches, _END)
+            if first is _END:
+                return
+            self._reuse((self._signature, _abstract(first)))
+            batches = itertools.chain([first], batches)
+        for group in cut(batches, self._next_size, align=self._align, start=self._start, total=self._total):
             if self._recording:  # before the group is yielded: a backup after its step must know it
                 self._record(self._wanted, len(group))
+            self._position += len(group)
             yield group[0] if self._wanted == 1 else stack(group, self._count)
+
+    def _reuse(self, key: Hashable) -> None:
+        """Chooses K from an earlier run's measurement on `key`, if one measured on as many steps."""
+        if self.chosen is not None:  # restored from a backup
+            return
+        try:
+            earlier = _remembered.get(key)
+        except (TypeError, ValueError):
+            # A static field that cannot be compared (an array, which jax.jit refuses too): neither
+            # reused nor remembered.
+            earlier = None
+        else:
+            self._key = key
+        if earlier is not None and earlier.budget < self._budget:
+            earlier = None  # this run would measure on more steps than it did
+        # Under several processes, process 0's memory decides for all.
+        chosen = _agreed(0 if earlier is None else choose(earlier.timings, self._cap))
+        if not chosen:
+            return
+        if earlier is not None:
+            _remembered.move_to_end(key)
+        self.chosen, self._announce = chosen, True
+        _log.info(
+            "steps_per_execution='auto' runs %d steps per dispatch, measured by an earlier train_loop of "
+            "this process on the same steps, state and batch shapes (%s): it measures nothing",
+            chosen,
+            _describe(earlier.timings) if earlier is not None else "by process 0",
+        )
 
     def _next_size(self) -> int:
         recording = False
@@ -227,8 +380,17 @@ class AutoSteps:
                 wanted, recording = self._candidate, True
             else:
                 wanted = self.chosen
+            wanted = self._fitted(wanted)
         self._wanted, self._recording = wanted, recording
         return wanted
+
+    def _fitted(self, wanted: int) -> int:
+        """`wanted` cut as `cut` would cut it here, then to a power of two: a size compiled already."""
+        if self._total is not None:
+            wanted = min(wanted, self._total - (self._position - self._start))
+        if self._align is not None:
+            wanted = min(wanted, self._align - self._position % self._align)
+        return largest_power_of_two(wanted)
 
     def _record(self, wanted: int, steps: int) -> None:
         if self._sizes and self._sizes[-1][0] == wanted:
@@ -270,7 +432,7 @@ class AutoSteps:
     def _next_candidate(self) -> None:
         steps = self._candidate
         done = (
-            loop_share(steps, _median(self._timed[steps])) < TARGET_SHARE
+            loop_share_at(steps, self._measured()) < TARGET_SHARE
             or 2 * steps > self._cap
             or self._calibrated + (REPEATS + 1) * 2 * steps > self._budget
         )
@@ -291,15 +453,21 @@ class AutoSteps:
         timings = self._measured()
         self.chosen = _agreed(choose(timings, self._cap))
         self._announce = True
+        if timings and self._key is not None:
+            _remembered[self._key] = _Measured(timings, self._budget)
+            _remembered.move_to_end(self._key)
+            while len(_remembered) > REMEMBERED:
+                _remembered.popitem(last=False)
         if not timings:
             _log.info(
                 "steps_per_execution='auto': the run is too short to measure (%d steps to measure on, "
-                "half the steps to stop; a K takes %d): it runs with 1 step per dispatch",
+                "1/%d of the steps to stop; a K takes %d): it runs with 1 step per dispatch",
                 self._budget,
+                CALIBRATION_SHARE,
                 REPEATS + 1,
             )
             return
-        share = loop_share(self.chosen, timings[self.chosen]) if self.chosen in timings else None
+        share = loop_share_at(self.chosen, timings) if self.chosen in timings or len(timings) > 1 else None
         _log.info(
             "steps_per_execution='auto' runs %d steps per dispatch after %d steps of measuring (%s); "
             "measured host time per dispatch, device time per step and the loop's share: %s",

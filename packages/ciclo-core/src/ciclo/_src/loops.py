@@ -14,7 +14,7 @@ import warnings
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Literal
 
-from ciclo._src.auto_steps import AUTO, AutoSteps
+from ciclo._src.auto_steps import AUTO, AutoSteps, signature
 from ciclo._src.backup import Backup
 from ciclo._src.batches import BatchSizeFn, stacked
 from ciclo._src.callbacks._inner_loop import AggregationLike, inner_loop
@@ -200,12 +200,16 @@ def train_loop(
             progress bars run once per group. The state's `train_step` must take
             `ciclo.types.Stacked` batches: managed steps (`ciclo.types.ModelState`,
             `managed.train_step`) do, and so does a `ciclo.fuse`d step.
-            `"auto"` measures on the first steps (a few hundred at most, half
+            `"auto"` measures on the first steps (256 at most, a quarter of
             the run at most; real training steps) the host time of a dispatch
             and the device time of a step at 1, 2, 4, ... steps per dispatch,
             and runs the rest with the smallest power of two (at most 128 and
             the epoch's length) at which the loop costs under 5% of a step;
-            the chosen value is logged in the history as
+            groups cut at an epoch's end or at `stop` are powers of two too, so
+            that no new program is compiled. A later `train_loop` of the process
+            with the same steps, state shapes and batch shapes, on no more
+            steps to measure, reuses the measurement and measures nothing. The
+            chosen value is logged in the history as
             `performance.steps_per_execution` and on the `ciclo` logger.
         prefetch: put this many training batches (or `steps_per_execution`
             groups) on their devices ahead of the step that takes them, with
@@ -277,7 +281,13 @@ def train_loop(
     if steps != 1:
         align, start, total = _group_bounds(epoch, Period.of(stop), elapsed)
         if isinstance(steps, str):
-            auto = AutoSteps(align=align, start=start, total=total, batch_size_fn=batch_size_fn)
+            auto = AutoSteps(
+                align=align,
+                start=start,
+                total=total,
+                batch_size_fn=batch_size_fn,
+                signature=signature(state, _get(named, train_step, on_train_step)),
+            )
             dataset = auto.groups(dataset)
         else:
             dataset = stacked(
