@@ -58,7 +58,7 @@ from ciclo._src.orbax_io import (
     stored_tree,
 )
 from ciclo._src.reprs import short
-from ciclo._src.schedules import Every, crossed
+from ciclo._src.schedules import Every, crossed, next_boundary
 
 _log = logging.getLogger("ciclo")
 
@@ -542,7 +542,7 @@ class Session:
         """The step count at which `due` may first hold: the next boundary of `every=N`, else 0."""
         if self.interval is None:
             return 0
-        return ((self.last_saved or 0) // self.interval + 1) * self.interval
+        return next_boundary(self.last_saved or 0, self.interval)
 
     def due(self, steps: int, now: Any) -> bool:
         """Whether the schedule asks for a backup after a step that ended at `steps`."""

@@ -25,7 +25,7 @@ from ciclo._src.logs import History, Logs, StackedLogs
 from ciclo._src.loop_state import LoopState as LoopState
 from ciclo._src.loop_state import keyed_callbacks
 from ciclo._src.reprs import short
-from ciclo._src.schedules import Every, ScheduleBase
+from ciclo._src.schedules import Every, ScheduleBase, next_boundary
 from ciclo._src.step_output import describe, step_output
 from ciclo._src.survival import Survival
 from ciclo._src.types import S, Schedule, StatefulCallback, Tasks
@@ -237,19 +237,7 @@ class _Task:
         """Sets `due` for a loop whose counter starts at `steps` (before its first step)."""
         if self.boundary is not None:
             # Before the step, a boundary at `steps` itself fires; after it, only those past `steps`.
-            self.due = _next_boundary(steps if self.after_step else steps - 1, *self.boundary)
-
-
-def _next_boundary(steps: int, period: int, offset: int) -> int:
-    """The first boundary `offset + k * period` (k >= 0) past `steps`.
-
-    Example:
-        >>> [_next_boundary(steps, 4, 0) for steps in (-1, 0, 3, 4)], _next_boundary(4, 4, 1)
-        ([0, 4, 4, 8], 5)
-    """
-    if steps < offset:
-        return offset
-    return offset + ((steps - offset) // period + 1) * period
+            self.due = next_boundary(steps if self.after_step else steps - 1, *self.boundary)
 
 
 def _steps_boundary(schedule: Any) -> tuple[int, int] | None:
@@ -720,7 +708,7 @@ def _run_tasks(tasks: list[_Task], loop_state: LoopState[Any], clock: Clock, bat
             count = after_steps if task.after_step else steps
             if count < task.due:
                 continue
-            task.due = _next_boundary(count, *task.boundary)
+            task.due = next_boundary(count, *task.boundary)
         if task.after_step:
             if before is None:
                 before = loop_state.elapsed

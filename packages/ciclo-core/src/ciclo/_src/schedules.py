@@ -89,6 +89,16 @@ def _boundaries_upto(value: float, offset: float, interval: float) -> int:
     return int((value - offset) // interval) + 1
 
 
+def next_boundary(value: int, interval: int, offset: int = 0) -> int:
+    """The first boundary `offset + k * interval` (k >= 0) past `value`: where `crossed` next holds.
+
+    Example:
+        >>> [next_boundary(steps, 4) for steps in (-1, 0, 3, 4)], next_boundary(4, 4, offset=1)
+        ([0, 4, 4, 8], 5)
+    """
+    return offset + _boundaries_upto(value, offset, interval) * interval
+
+
 def crossed(before: float, after: float, interval: float, offset: float = 0) -> bool:
     """Whether a boundary `offset + k * interval` (k >= 0) lies in `(before, after]`.
 
