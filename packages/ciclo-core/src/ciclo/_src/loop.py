@@ -654,7 +654,7 @@ def _run_steps(
     watching, guard, check_at = survival.watching, survival.guard, survival.check_at()
     first_drawn, tasks, every_step = drawn, plan.tasks, plan.every_step
     quiet_until = plan.start(clock.steps)
-    batch_size_fn, seconds = clock.batch_size_fn, clock.seconds
+    seconds = clock.seconds
     while True:
         steps = clock.steps
         if steps >= stop_count or (stop_at is not None and clock.now() >= stop_at):
@@ -687,10 +687,7 @@ def _run_steps(
                 append(steps, clock.samples, seconds(), step_logs)
             else:
                 _commit(history, loop_state, clock, step_logs)
-        if stacked:
-            clock.steps, clock.samples = steps + batch.steps, clock.samples + batch.samples
-        else:
-            clock.steps, clock.samples = steps + 1, clock.samples + batch_size_fn(batch)
+        clock.advance(batch)
         if loop_state.stop_iteration:
             return drawn
         if watching and (guard.signum is not None or clock.steps >= check_at):  # type: ignore[union-attr]
