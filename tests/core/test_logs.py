@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import ciclo
+from ciclo._src import host_copies
 from ciclo._src import logs as logs_module
 
 
@@ -130,11 +131,9 @@ def test_history_holds_device_arrays_only_briefly():
     history = ciclo.history()
     n = 5 * logs_module._LAG
     commit_steps(history, [jnp.float32(i) for i in range(n)])
-    pending = [tuple(v for entries in logs.values() for v in entries.values()) for logs in history._pending]
-    rows = [*history._values, *pending]
-    device_rows = sum(isinstance(v, jax.Array) for row in rows for v in row)
+    assert not any(isinstance(v, jax.Array) for row in history._values for v in row)
     # the newest `_LAG` rows, the window of copies in flight, and the rows since: not every row
-    assert 0 < device_rows < 3 * logs_module._LAG
+    assert 0 < len(history) - history.on_host < 3 * logs_module._LAG
     assert history.collect("loss") == [float(i) for i in range(n)]
     assert not any(isinstance(v, jax.Array) for row in history._values for v in row)
 
@@ -183,6 +182,34 @@ def test_history_copies_columns_of_scalars_to_python_numbers():
     assert [v.shape for v in vector] == [(1 + step // logs_module._LAG,) for step in range(n)]
     assert placed == [float(step) for step in range(n)]
     assert history.collect("extra") == list(range(0, n, 5))
+
+
+def test_history_rows_logging_the_same_scalars_are_copied_column_by_column(monkeypatch):
+    # Every row logs the same entries: each column of device scalars is stacked and copied whole.
+    copied_columns = []
+    start_column = host_copies.start_column
+    monkeypatch.setattr(host_copies, "start_column", lambda *a: copied_columns.append(1) or start_column(*a))
+    history = ciclo.history()
+    n = 3 * logs_module._LAG + 7
+    for step in range(n):
+        logs = ciclo.logs().add_metrics(
+            loss=jnp.float32(step) / 2, correct=jnp.int32(step), best=jnp.bool_(step % 2)
+        )
+        history.commit(ciclo.types.Elapsed(step, 0, 0.0, 0.0), logs.add_metric("host", step * 1.5))
+    assert copied_columns, "no column was stacked"
+    assert history.latest().metrics == {
+        "loss": (n - 1) / 2,
+        "correct": n - 1,
+        "best": bool((n - 1) % 2),
+        "host": (n - 1) * 1.5,
+    }
+    assert history.on_host < n  # the newest rows are still on the device
+    loss, correct, best, host = history.collect("loss", "correct", "best", "host")
+    assert loss == [step / 2 for step in range(n)] and all(type(v) is float for v in loss)
+    assert correct == list(range(n)) and all(type(v) is int for v in correct)
+    assert best == [bool(step % 2) for step in range(n)] and all(type(v) is bool for v in best)
+    assert host == [step * 1.5 for step in range(n)]
+    assert history.on_host == n and history[5].metrics.correct == 5
 
 
 @pytest.mark.parametrize("name", [123, "", None, ("a",)])

@@ -309,7 +309,7 @@ def test_rows_are_written_in_batches_from_the_host_not_at_each_step() -> None:
     def step(state: None, batch: int, elapsed: Any, loop_state: ciclo.types.LoopState[None]) -> Any:
         # What the sink has been given is never newer than what History holds on the host.
         written = sum(len(batch) for batch in sink.batches)
-        written_while_running.append((written, loop_state.history._on_host))
+        written_while_running.append((written, loop_state.history.on_host))
         return ciclo.logs().add_loss("loss", jnp.float32(batch))
 
     ciclo.loop(None, range(1000), {ciclo.every(1): [step, ciclo.types.Logger(sink)]})

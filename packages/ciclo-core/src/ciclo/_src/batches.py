@@ -171,10 +171,14 @@ def leading_dim(batch: Any) -> int:
     if kind is tuple or kind is list:
         # The usual `(inputs, targets)`: its first leaf is its first item when that is an array.
         first: Any = batch[0] if batch else None
-        if type(first) in _ARRAY_TYPES and first.ndim:
-            return first.shape[0]  # type: ignore[no-any-return]
-    elif kind in _ARRAY_TYPES and batch.ndim:
-        return batch.shape[0]  # type: ignore[no-any-return]
+        if type(first) in _ARRAY_TYPES:
+            shape = first.shape  # one property read: `ndim` is another on JAX arrays
+            if shape:
+                return shape[0]  # type: ignore[no-any-return]
+    elif kind in _ARRAY_TYPES:
+        shape = batch.shape
+        if shape:
+            return shape[0]  # type: ignore[no-any-return]
     for leaf in jax.tree.leaves(batch):
         shape = getattr(leaf, "shape", None)
         if shape:

@@ -23,7 +23,7 @@ import numpy as np
 CHUNK = 128
 """Scalars stacked per copy: copying one costs more than a microsecond, 128 stacked a third of that each."""
 
-_HOST_SCALARS = frozenset({float, int, bool})
+HOST_SCALARS = frozenset({float, int, bool})
 
 Target = tuple[int, int, int]
 """Where a copied value goes: `(row, column, index)`; `index` picks a fused step's value in its group."""
@@ -75,7 +75,7 @@ class Copy:
 
 
 @functools.cache
-def array_type() -> type:
+def array_type() -> type[Any]:
     """The concrete type of JAX arrays: `type(x) is` is much cheaper than `isinstance(x, jax.Array)`.
 
     Found on first use, not at import: creating an array starts the XLA backend, after
@@ -114,26 +114,44 @@ def start(
         for column in range(len(group_rows[0])):
             values = list(map(operator.itemgetter(column), group_rows))
             kinds = set(map(type, values))
-            if kinds <= _HOST_SCALARS:
+            if kinds <= HOST_SCALARS:
                 continue  # Python numbers logged as they are: nothing to copy
             targets = [(first_row + i, column, 0) for i in indices]
             if kinds == {Step}:
                 copies.extend(_steps(values, targets))
                 continue
-            if kinds == {array} and all(value.ndim == 0 for value in values):
-                try:
-                    copies.extend(_scalars(values, targets))
-                    continue
-                except (TypeError, ValueError):
-                    pass  # dtypes, devices or shardings differ along the column: copied one by one
+            column_copies = start_column(values, targets) if kinds == {array} else None
+            if column_copies is not None:
+                copies.extend(column_copies)
+                continue
             for value, target in zip(values, targets, strict=True):
                 if isinstance(value, jax.Array):
                     copies.append(Copy(value, "value", [target]))
                 elif type(value) is Step:
                     copies.append(Copy(value.array, "steps", [(target[0], target[1], value.index)]))
-                elif type(value) not in _HOST_SCALARS:
+                elif type(value) not in HOST_SCALARS:
                     converted[target] = to_host(value)
     return copies, converted
+
+
+def start_column(values: list[Any], targets: list[Target] | None = None) -> list[Copy] | None:
+    """Starts copying a column of device scalars (a value a row), stacked `CHUNK` per copy.
+
+    `targets` are the values' cells (default: rows 0, 1, ... of column 0).
+    Returns None, having started nothing, when the values are not all JAX
+    scalars that stack (one shape, device and sharding): such a column is
+    copied value by value.
+    """
+    first: Any = values[0]
+    kind = array_type()
+    if type(first) is not kind or first.ndim != 0 or set(map(type, values)) != {kind}:
+        return None
+    if targets is None:
+        targets = [(row, 0, 0) for row in range(len(values))]
+    try:
+        return _scalars(values, targets)
+    except (TypeError, ValueError):
+        return None  # shapes, devices or shardings differ along the column
 
 
 def _scalars(values: list[Any], targets: list[Target]) -> list[Copy]:

@@ -7,7 +7,7 @@ import operator
 import os
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, NoReturn, final, overload
+from typing import TYPE_CHECKING, Any, NoReturn, cast, final, overload
 
 import jax
 
@@ -269,35 +269,15 @@ def _paths_of(schema: Schema) -> tuple[tuple[str, str], ...]:
 
 
 def _rows_of(
-    logs: list[LogsLike], interned: dict[Schema, tuple[tuple[str, str], ...]]
+    logs: Sequence[LogsLike | _StepRow], interned: dict[Schema, tuple[tuple[str, str], ...]]
 ) -> tuple[list[tuple[tuple[str, str], ...]], list[tuple[Any, ...]]]:
-    """The entry paths and values of each of `logs`, a history's rows; paths interned by schema.
-
-    Rows with the same collections and entries (the usual case: every step
-    logs the same) are read column by column, with C-level calls.
-    """
-    collection_names = list(map(tuple, logs))
-    first = collection_names[0]
-    if collection_names.count(first) == len(collection_names):
-        names: list[tuple[str, ...]] = []
-        columns: list[list[tuple[Any, ...]]] = []
-        for collection in first:
-            entries = list(map(operator.itemgetter(collection), logs))
-            keys = list(map(tuple, entries))
-            if keys.count(keys[0]) != len(keys):
-                break
-            names.append(keys[0])
-            columns.append(list(map(tuple, map(_dict_values, entries))))
-        else:
-            schema = (first, tuple(names))
-            paths = interned.get(schema)
-            if paths is None:
-                paths = interned[schema] = _paths_of(schema)
-            if len(columns) == 1:
-                return [paths] * len(logs), columns[0]
-            return [paths] * len(logs), list(map(tuple, map(_chain, zip(*columns, strict=True))))
+    """The entry paths and values of each of `logs`, a history's rows; paths interned by schema."""
     all_paths, all_values = [], []
     for row in logs:
+        if isinstance(row, _StepRow):
+            all_paths.append(row.paths)
+            all_values.append(tuple([host_copies.Step(array, row.index) for array in row.arrays]))
+            continue
         values = row.values()
         schema = (tuple(row), tuple(map(tuple, values)))
         paths = interned.get(schema)
@@ -308,20 +288,123 @@ def _rows_of(
     return all_paths, all_values
 
 
+def _columns_of(
+    logs: Sequence[LogsLike | _StepRow], interned: dict[Schema, tuple[tuple[str, str], ...]]
+) -> tuple[tuple[tuple[str, str], ...], list[list[Any]]] | None:
+    """The entry paths and value columns of rows that all log the same entries; None if they do not.
+
+    Read with C-level calls, no object made per row: what a loop's rows are, step after step.
+    """
+    if _StepRow in set(map(type, logs)):
+        return None
+    rows = cast("Sequence[LogsLike]", logs)
+    collections = tuple(rows[0])
+    if list(map(tuple, rows)).count(collections) != len(rows):
+        return None
+    names: list[tuple[str, ...]] = []
+    columns: list[list[Any]] = []
+    for collection in collections:
+        entries = list(map(operator.itemgetter(collection), rows))
+        keys = tuple(entries[0])
+        if list(map(tuple, entries)).count(keys) != len(entries):
+            return None
+        names.append(keys)
+        columns.extend([list(map(operator.itemgetter(name), entries)) for name in keys])
+    schema = (collections, tuple(names))
+    paths = interned.get(schema)
+    if paths is None:
+        paths = interned[schema] = _paths_of(schema)
+    return paths, columns
+
+
 @final
-class _Window:
-    """Rows whose copies to the host were started together, up to row `end` (counted from the first ever)."""
+class _StepRow:
+    """A pending row of a fused group: one step's values of the group's arrays (a leading axis over steps)."""
 
-    __slots__ = ("converted", "copies", "end")
+    __slots__ = ("arrays", "index", "paths")
 
-    def __init__(self, end: int, copies: list[host_copies.Copy], converted: dict[host_copies.Target, Any]):
-        self.end = end
-        self.copies = copies
-        self.converted = converted
+    def __init__(self, paths: tuple[tuple[str, str], ...], arrays: tuple[Any, ...], index: int) -> None:
+        self.paths = paths
+        self.arrays = arrays
+        self.index = index
+
+
+@final
+class _ColumnWindow:
+    """Rows logging the same entries whose columns of device scalars are being copied, stacked."""
+
+    __slots__ = ("columns", "copies", "logs", "paths")
+
+    def __init__(
+        self,
+        paths: tuple[tuple[str, str], ...],
+        columns: list[list[Any]],
+        copies: dict[int, list[host_copies.Copy]],
+        logs: list[LogsLike],
+    ) -> None:
+        self.paths = paths
+        self.columns = columns  # host columns as they are; the copied ones are replaced when taken
+        self.copies = copies  # column -> its stacked copies
+        self.logs = logs  # the rows themselves, for `latest` until the window is taken
+
+    @property
+    def size(self) -> int:
+        return len(self.logs)
+
+    def ready(self) -> bool:
+        return all(copy.ready() for copies in self.copies.values() for copy in copies)
+
+    def take(self) -> tuple[list[tuple[tuple[str, str], ...]], list[tuple[Any, ...]]]:
+        columns = self.columns
+        for column, copies in self.copies.items():
+            columns[column] = list(_chain([copy.values() for copy in copies]))
+        rows = list(zip(*columns, strict=True)) if columns else [()] * len(self.logs)
+        return [self.paths] * len(self.logs), rows
+
+    def row(self, index: int) -> tuple[tuple[tuple[str, str], ...], tuple[Any, ...]]:
+        return self.paths, tuple([column[index] for column in self.columns])
+
+
+@final
+class _RowWindow:
+    """Rows of any entries whose device values are being copied one value, or one group, at a time."""
+
+    __slots__ = ("converted", "copies", "paths", "values")
+
+    def __init__(self, paths: list[tuple[tuple[str, str], ...]], values: list[tuple[Any, ...]]) -> None:
+        self.paths = paths
+        self.values = values
+        self.copies, self.converted = host_copies.start(values, paths, 0)
+
+    @property
+    def size(self) -> int:
+        return len(self.values)
 
     def ready(self) -> bool:
         return all(copy.ready() for copy in self.copies)
 
+    def take(self) -> tuple[list[tuple[tuple[str, str], ...]], list[tuple[Any, ...]]]:
+        rows: dict[int, list[Any]] = {}
+        values = self.values
+        cells = [
+            (target, value)
+            for copy in self.copies
+            for target, value in zip(copy.targets, copy.values(), strict=True)
+        ]
+        for (row, column, _), value in itertools.chain(cells, self.converted.items()):
+            cells_of_row = rows.get(row)
+            if cells_of_row is None:
+                cells_of_row = rows[row] = list(values[row])
+            cells_of_row[column] = value
+        for row, row_values in rows.items():
+            values[row] = tuple(row_values)
+        return self.paths, values
+
+    def row(self, index: int) -> tuple[tuple[tuple[str, str], ...], tuple[Any, ...]]:
+        return self.paths[index], self.values[index]
+
+
+_Window = _ColumnWindow | _RowWindow
 
 _LAG = 128
 """Rows younger than this keep their device arrays: their copies start once they are older."""
@@ -334,10 +417,11 @@ class History(Sequence[Logs]):
     `time`). Committing never waits on the device: the history keeps the logs a
     step returned as they are (do not change them afterwards), JAX arrays
     included. Once rows are a few hundred steps old, it starts copying their
-    arrays to the host in batches, and takes the copies a window later, once
-    the device has computed them (`on_host` counts the rows taken). Reading an
-    entry or `collect` copies what is still on the device, waiting for it.
-    Scalars are stored as Python numbers, so long runs take little memory.
+    arrays to the host in batches (a column of scalars as one array), and takes
+    the copies a window later, once the device has computed them (`on_host`
+    counts the rows taken). Reading an entry or `collect` copies what is still
+    on the device, waiting for it. Scalars are stored as Python numbers, so long
+    runs take little memory.
 
     Example:
         >>> import ciclo
@@ -358,18 +442,21 @@ class History(Sequence[Logs]):
         # rows dropped from the front by `max_rows`; `latest` still knows their newest values
         self.dropped = 0
         self._evicted_latest: dict[tuple[tuple[str, str], ...], tuple[Any, ...]] = {}
+        # The rows on the host: their entry paths and values.
         self._paths: list[tuple[tuple[str, str], ...]] = []
         self._values: list[tuple[Any, ...]] = []
+        # Every row's (steps, samples, time), on the host or not.
         self._elapsed: list[tuple[int, int, float]] = []
         # schema (collections and names) -> the entry paths of rows with that schema, shared by the rows
         self._interned: dict[Schema, tuple[tuple[str, str], ...]] = {}
-        # entry paths of a schema -> the index of the newest row with them (for `latest`)
+        # entry paths -> the index of the newest row with them that was read (for `latest`)
         self._newest: dict[tuple[tuple[str, str], ...], int] = {}
-        # The newest rows, as the logs their steps returned: rows len(_values) onwards.
-        self._pending: list[LogsLike] = []
-        self._on_host = 0  # rows before this index hold no device arrays
-        self._started = 0  # rows before this index are on the host or have their copies in `_windows`
+        # After the host rows: rows whose copies were started, oldest first...
         self._windows: deque[_Window] = deque()
+        # ...then the newest rows, as the logs their steps returned (rows `_started` onwards).
+        self._pending: list[LogsLike | _StepRow] = []
+        self._started = 0
+        self._scanned = 0  # pending rows whose paths `_newest` knows
 
     def commit(self, elapsed: Elapsed, logs: LogsLike) -> None:
         """Appends `logs` as the entry for `elapsed`; does not wait on the device."""
@@ -381,10 +468,10 @@ class History(Sequence[Logs]):
         The history keeps `logs` itself (the hot path of every loop): rows are
         read out of it in batches, a few hundred rows later.
         """
-        self._pending.append(logs)
-        elapsed = self._elapsed
-        elapsed.append((steps, samples, time))
-        if len(elapsed) - self._started >= 2 * _LAG:
+        pending = self._pending
+        pending.append(logs)
+        self._elapsed.append((steps, samples, time))
+        if len(pending) >= 2 * _LAG:
             self._advance()
 
     def append_steps(
@@ -396,28 +483,12 @@ class History(Sequence[Logs]):
         `samples + i * batch_size` samples. The values are sliced when the
         history copies them to the host: one copy per entry for the whole group.
         """
-        self._read_pending()
         (paths,), _ = _rows_of([per_step], self._interned)
         arrays = tuple(_chain(map(_dict_values, per_step.values())))
-        first = len(self._values)
-        for i in range(rows):
-            self._paths.append(paths)
-            self._values.append(tuple([host_copies.Step(array, i) for array in arrays]))
-            self._elapsed.append((steps + i, samples + i * batch_size, time))
-        self._newest[paths] = first + rows - 1
-        if len(self._elapsed) - self._started >= 2 * _LAG:
+        self._pending += [_StepRow(paths, arrays, i) for i in range(rows)]
+        self._elapsed += [(steps + i, samples + i * batch_size, time) for i in range(rows)]
+        if len(self._pending) >= 2 * _LAG:
             self._advance()
-
-    def _read_pending(self) -> None:
-        """Reads the pending rows' entry paths and values (not the values' contents) into the rows."""
-        pending = self._pending
-        if pending:
-            self._pending = []
-            first = len(self._values)
-            paths, values = _rows_of(pending, self._interned)
-            self._paths += paths
-            self._values += values
-            self._newest.update(zip(paths, range(first, first + len(paths)), strict=True))
 
     def _advance(self) -> None:
         """Starts the copies of the rows now `_LAG` rows old, and takes those that are done; never waits.
@@ -425,48 +496,53 @@ class History(Sequence[Logs]):
         A window whose device values are still being computed is taken at a
         later call (the next one is `_LAG` rows later), once they are.
         """
-        self._read_pending()
-        upto = len(self._values) - _LAG
-        if upto > self._started:
-            self._start_copies(upto)
-        self._take_copies(wait=False)
+        self._start(len(self._pending) - _LAG)
+        self._take_windows(wait=False)
         if self.max_rows is not None:
             self._drop_old_rows()
 
-    def _start_copies(self, upto: int) -> None:
-        start = self._started
-        copies, converted = host_copies.start(
-            self._values[start:upto], self._paths[start:upto], start + self.dropped
-        )
-        self._windows.append(_Window(upto + self.dropped, copies, converted))
-        self._started = upto
+    def _start(self, count: int) -> None:
+        """Starts copying the oldest `count` pending rows to the host, as a window."""
+        if count <= 0:
+            return
+        rows = self._pending[:count]
+        del self._pending[:count]
+        window: _Window | None = None
+        columns_of = _columns_of(rows, self._interned)
+        if columns_of is not None:
+            paths, columns = columns_of
+            copies: dict[int, list[host_copies.Copy]] = {}
+            for index, column in enumerate(columns):
+                if set(map(type, column)) <= host_copies.HOST_SCALARS:
+                    continue  # Python numbers logged as they are: nothing to copy
+                column_copies = host_copies.start_column(column)
+                if column_copies is None:
+                    break  # arrays, host values to convert, or scalars that do not stack
+                copies[index] = column_copies
+            else:
+                window = _ColumnWindow(paths, columns, copies, rows)  # type: ignore[arg-type]
+                self._newest[paths] = self._started + count - 1
+        if window is None:
+            all_paths, values = _rows_of(rows, self._interned)
+            window = _RowWindow(all_paths, values)
+            self._newest.update(zip(all_paths, range(self._started, self._started + count), strict=True))
+        self._windows.append(window)
+        self._started += count
+        self._scanned = max(self._scanned - count, 0)
 
-    def _take_copies(self, *, wait: bool) -> None:
-        """Writes the finished windows' values into their rows (with `wait`: every window, waiting)."""
-        windows, values, dropped = self._windows, self._values, self.dropped
+    def _take_windows(self, *, wait: bool) -> None:
+        """Moves the finished windows' rows to the host rows (with `wait`: every window, waiting)."""
+        windows = self._windows
         while windows and (wait or windows[0].ready()):
-            window = windows.popleft()
-            rows: dict[int, list[Any]] = {}
-            cells = [
-                (target, value)
-                for copy in window.copies
-                for target, value in zip(copy.targets, copy.values(), strict=True)
-            ]
-            for (row, column, _), value in itertools.chain(cells, window.converted.items()):
-                index = row - dropped
-                cells_of_row = rows.get(index)
-                if cells_of_row is None:
-                    cells_of_row = rows[index] = list(values[index])
-                cells_of_row[column] = value
-            for index, row_values in rows.items():
-                values[index] = tuple(row_values)
-            self._on_host = window.end - dropped
+            paths, values = windows.popleft().take()
+            self._paths += paths
+            self._values += values
 
     def _drop_old_rows(self) -> None:
         """Drops the oldest host rows beyond `max_rows`; `latest` keeps the newest value of each entry."""
         # The newest rows copied to the host stay for one more batch, so that a logger reading the
         # history at every step sees each row before it goes.
-        excess = min(len(self._values) - int(self.max_rows or 0), self._on_host - _LAG)
+        excess = min(len(self) - int(self.max_rows or 0), len(self._values) - _LAG)
         if excess <= 0:
             return
         for paths, index in list(self._newest.items()):
@@ -476,9 +552,20 @@ class History(Sequence[Logs]):
             else:
                 self._newest[paths] = index - excess
         del self._paths[:excess], self._values[:excess], self._elapsed[:excess]
-        self._on_host -= excess
         self._started -= excess
         self.dropped += excess
+
+    def _row(self, index: int) -> tuple[tuple[tuple[str, str], ...], tuple[Any, ...]]:
+        """Row `index`'s entry paths and values, wherever it is (values may be on the device)."""
+        if index < len(self._values):
+            return self._paths[index], self._values[index]
+        index -= len(self._values)
+        for window in self._windows:
+            if index < window.size:
+                return window.row(index)
+            index -= window.size
+        (paths,), (values,) = _rows_of([self._pending[index]], self._interned)
+        return paths, values
 
     def latest(self) -> Logs:
         """The newest value of every entry in the history (values may still be device arrays).
@@ -491,25 +578,29 @@ class History(Sequence[Logs]):
             >>> history.latest()
             {'metrics': {'a': 3}, 'losses': {'b': 2}}
         """
-        self._read_pending()
+        unscanned = self._pending[self._scanned :]
+        if unscanned:
+            scanned, _ = _rows_of(unscanned, self._interned)
+            first = self._started + self._scanned
+            self._newest.update(zip(scanned, range(first, first + len(scanned)), strict=True))
+            self._scanned = len(self._pending)
         logs = Logs()
         for paths, row in self._evicted_latest.items():
             for (collection, name), value in zip(paths, row, strict=True):
                 logs.add_entry(collection, name, value)
-        for paths, index in sorted(self._newest.items(), key=lambda item: item[1]):
-            for (collection, name), value in zip(paths, self._values[index], strict=True):
+        for _, index in sorted(self._newest.items(), key=lambda item: item[1]):
+            row_paths, row_values = self._row(index)
+            for (collection, name), value in zip(row_paths, row_values, strict=True):
                 logs.add_entry(collection, name, value.value() if type(value) is host_copies.Step else value)
         return logs
 
     def _fetch(self, upto: int) -> None:
-        """Copies the device arrays of rows [_on_host, upto) to the host, waiting for them."""
-        if upto <= self._on_host:
+        """Brings rows up to `upto` to the host, waiting for their device values."""
+        if upto <= len(self._values):
             return
-        self._take_copies(wait=True)
-        self._read_pending()
-        if upto > self._started:
-            self._start_copies(upto)
-            self._take_copies(wait=True)
+        self._take_windows(wait=True)
+        self._start(upto - self._started)
+        self._take_windows(wait=True)
 
     @property
     def on_host(self) -> int:
@@ -519,7 +610,7 @@ class History(Sequence[Logs]):
         counted here once the device has computed them; a logger that writes
         these rows as they come never forces a sync.
         """
-        return self._on_host
+        return len(self._values)
 
     def host_rows(
         self, start: int, stop: int
@@ -569,7 +660,7 @@ class History(Sequence[Logs]):
         self._interned = {}  # new rows intern their paths again: equal paths are the same key
         self._newest = {paths: index for index, paths in enumerate(self._paths)}
         self._pending, self._windows = [], deque()
-        self._on_host = self._started = len(self._values)
+        self._started, self._scanned = len(self._values), 0
 
     def __len__(self) -> int:
         return len(self._elapsed)
@@ -666,7 +757,7 @@ class History(Sequence[Logs]):
 
     def _entry_paths(self) -> tuple[tuple[str, str], ...]:
         """Every `(collection, name)` some entry holds, in the order they first appeared."""
-        self._read_pending()
+        self._fetch(len(self))
         return tuple(dict.fromkeys(path for paths in dict.fromkeys(self._paths) for path in paths))
 
     def plot(self, *entries: str, path: str | os.PathLike[str] | None = None) -> Figure:
@@ -720,15 +811,19 @@ def history(max_rows: int | None = None) -> History:
     return History(max_rows)
 
 
-# Flattened as (values, keys): unflattening a step's output builds each dict in one call,
-# with no intermediate copies (this runs in Python after every compiled step).
-def _flatten_logs_tree(tree: Logs) -> tuple[tuple[Entries, ...], tuple[str, ...]]:
-    return tuple(tree.values()), tuple(tree)
+# A `Logs` is one pytree node whose children are its entries' values, and whose aux data
+# names them, collection by collection: unflattening a compiled step's output (in Python,
+# after every step) is then one call, where a node per collection took one call each.
+def _flatten_logs_tree(tree: Logs) -> tuple[list[Any], tuple[tuple[str, tuple[str, ...]], ...]]:
+    return list(_chain(map(_dict_values, tree.values()))), tuple(
+        [(collection, tuple(entries)) for collection, entries in tree.items()]
+    )
 
 
-def _unflatten_logs_tree(keys: tuple[str, ...], children: tuple[Any, ...]) -> Logs:
+def _unflatten_logs_tree(names: tuple[tuple[str, tuple[str, ...]], ...], children: Iterable[Any]) -> Logs:
+    values = iter(children)
     new = dict.__new__(Logs)
-    dict.update(new, zip(keys, children, strict=True))
+    dict.update(new, [(collection, Entries(zip(keys, values, strict=False))) for collection, keys in names])
     return new
 
 
@@ -737,9 +832,7 @@ def _flatten_entries_tree(tree: Entries) -> tuple[tuple[Any, ...], tuple[str, ..
 
 
 def _unflatten_entries_tree(keys: tuple[str, ...], children: tuple[Any, ...]) -> Entries:
-    new = dict.__new__(Entries)
-    dict.update(new, zip(keys, children, strict=True))
-    return new
+    return Entries(zip(keys, children, strict=True))
 
 
 jax.tree_util.register_pytree_node(Logs, _flatten_logs_tree, _unflatten_logs_tree)
