@@ -212,6 +212,21 @@ def test_history_rows_logging_the_same_scalars_are_copied_column_by_column(monke
     assert history.on_host == n and history[5].metrics.correct == 5
 
 
+@pytest.mark.parametrize("mixed", [False, True], ids=["same entries", "two kinds of rows"])
+def test_history_latest_stays_newest_when_older_rows_are_read(mixed):
+    history = ciclo.history()
+    for step in range(10):
+        name = "b" if mixed and step % 2 else "a"
+        history.commit(
+            ciclo.types.Elapsed(step, 0, 0.0, 0.0), ciclo.logs().add_metric(name, jnp.float32(step))
+        )
+    expected = {"a": 8.0, "b": 9.0} if mixed else {"a": 9.0}
+    assert history.latest().metrics == expected
+    assert history[2].metrics == {"a": 2.0}  # copies rows 0 to 2 to the host
+    assert history.latest().metrics == expected
+    assert history.collect("a")[-1] == expected["a"]
+
+
 @pytest.mark.parametrize("name", [123, "", None, ("a",)])
 def test_an_entry_name_must_be_a_non_empty_string(name):
     # A number as a name gave CSV a column "123" and made TensorBoard raise a TypeError later.

@@ -134,6 +134,13 @@ def start(
     return copies, converted
 
 
+def stacks(values: list[Any]) -> bool:
+    """Whether `values` are JAX scalars, as a column `start_column` stacks (if they share a device)."""
+    first: Any = values[0]
+    kind = array_type()
+    return type(first) is kind and first.ndim == 0 and set(map(type, values)) == {kind}
+
+
 def start_column(values: list[Any], targets: list[Target] | None = None) -> list[Copy] | None:
     """Starts copying a column of device scalars (a value a row), stacked `CHUNK` per copy.
 
@@ -142,9 +149,7 @@ def start_column(values: list[Any], targets: list[Target] | None = None) -> list
     scalars that stack (one shape, device and sharding): such a column is
     copied value by value.
     """
-    first: Any = values[0]
-    kind = array_type()
-    if type(first) is not kind or first.ndim != 0 or set(map(type, values)) != {kind}:
+    if not stacks(values):
         return None
     if targets is None:
         targets = [(row, 0, 0) for row in range(len(values))]

@@ -507,28 +507,43 @@ class History(Sequence[Logs]):
             return
         rows = self._pending[:count]
         del self._pending[:count]
-        window: _Window | None = None
-        columns_of = _columns_of(rows, self._interned)
-        if columns_of is not None:
-            paths, columns = columns_of
-            copies: dict[int, list[host_copies.Copy]] = {}
-            for index, column in enumerate(columns):
-                if set(map(type, column)) <= host_copies.HOST_SCALARS:
-                    continue  # Python numbers logged as they are: nothing to copy
-                column_copies = host_copies.start_column(column)
-                if column_copies is None:
-                    break  # arrays, host values to convert, or scalars that do not stack
-                copies[index] = column_copies
-            else:
-                window = _ColumnWindow(paths, columns, copies, rows)  # type: ignore[arg-type]
-                self._newest[paths] = self._started + count - 1
-        if window is None:
+        # `latest` already read the first `_scanned` pending rows into `_newest`, with newer rows after.
+        known = min(self._scanned, count)
+        window: _Window | None = self._column_window(rows)
+        if isinstance(window, _ColumnWindow):
+            if known < count:
+                self._newest[window.paths] = self._started + count - 1
+        else:
             all_paths, values = _rows_of(rows, self._interned)
             window = _RowWindow(all_paths, values)
-            self._newest.update(zip(all_paths, range(self._started, self._started + count), strict=True))
+            first = self._started + known
+            self._newest.update(zip(all_paths[known:], range(first, self._started + count), strict=True))
         self._windows.append(window)
         self._started += count
         self._scanned = max(self._scanned - count, 0)
+
+    def _column_window(self, rows: list[LogsLike | _StepRow]) -> _ColumnWindow | None:
+        """The rows as a window of stacked column copies; None, having started nothing, if they are not.
+
+        They are when every row logs the same entries and each entry is a
+        Python number in every row, or a JAX scalar in every row.
+        """
+        columns_of = _columns_of(rows, self._interned)
+        if columns_of is None:
+            return None
+        paths, columns = columns_of
+        on_device = [
+            i for i, column in enumerate(columns) if not set(map(type, column)) <= host_copies.HOST_SCALARS
+        ]
+        if not all(host_copies.stacks(columns[i]) for i in on_device):
+            return None  # arrays, or host values to convert: copied value by value
+        copies: dict[int, list[host_copies.Copy]] = {}
+        for i in on_device:
+            column_copies = host_copies.start_column(columns[i])
+            if column_copies is None:
+                return None  # scalars that do not stack together (devices, shardings)
+            copies[i] = column_copies
+        return _ColumnWindow(paths, columns, copies, rows)  # type: ignore[arg-type]
 
     def _take_windows(self, *, wait: bool) -> None:
         """Moves the finished windows' rows to the host rows (with `wait`: every window, waiting)."""
