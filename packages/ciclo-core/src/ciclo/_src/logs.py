@@ -268,6 +268,16 @@ def _paths_of(schema: Schema) -> tuple[tuple[str, str], ...]:
     )
 
 
+def _interned_paths(
+    schema: Schema, interned: dict[Schema, tuple[tuple[str, str], ...]]
+) -> tuple[tuple[str, str], ...]:
+    """The entry paths of rows with `schema`: one tuple shared by every such row of a history."""
+    paths = interned.get(schema)
+    if paths is None:
+        paths = interned[schema] = _paths_of(schema)
+    return paths
+
+
 def _rows_of(
     logs: Sequence[LogsLike | _StepRow], interned: dict[Schema, tuple[tuple[str, str], ...]]
 ) -> tuple[list[tuple[tuple[str, str], ...]], list[tuple[Any, ...]]]:
@@ -279,11 +289,7 @@ def _rows_of(
             all_values.append(tuple([host_copies.Step(array, row.index) for array in row.arrays]))
             continue
         values = row.values()
-        schema = (tuple(row), tuple(map(tuple, values)))
-        paths = interned.get(schema)
-        if paths is None:
-            paths = interned[schema] = _paths_of(schema)
-        all_paths.append(paths)
+        all_paths.append(_interned_paths((tuple(row), tuple(map(tuple, values))), interned))
         all_values.append(tuple(_chain(map(_dict_values, values))))
     return all_paths, all_values
 
@@ -310,11 +316,7 @@ def _columns_of(
             return None
         names.append(keys)
         columns.extend([list(map(operator.itemgetter(name), entries)) for name in keys])
-    schema = (collections, tuple(names))
-    paths = interned.get(schema)
-    if paths is None:
-        paths = interned[schema] = _paths_of(schema)
-    return paths, columns
+    return _interned_paths((collections, tuple(names)), interned), columns
 
 
 @final
@@ -333,23 +335,19 @@ class _StepRow:
 class _ColumnWindow:
     """Rows logging the same entries whose columns of device scalars are being copied, stacked."""
 
-    __slots__ = ("columns", "copies", "logs", "paths")
+    __slots__ = ("columns", "copies", "paths", "size")
 
     def __init__(
         self,
         paths: tuple[tuple[str, str], ...],
         columns: list[list[Any]],
         copies: dict[int, list[host_copies.Copy]],
-        logs: list[LogsLike],
+        size: int,
     ) -> None:
         self.paths = paths
         self.columns = columns  # host columns as they are; the copied ones are replaced when taken
         self.copies = copies  # column -> its stacked copies
-        self.logs = logs  # the rows themselves, for `latest` until the window is taken
-
-    @property
-    def size(self) -> int:
-        return len(self.logs)
+        self.size = size  # rows (a row may log no entry, so not always the columns' length)
 
     def ready(self) -> bool:
         return all(copy.ready() for copies in self.copies.values() for copy in copies)
@@ -358,8 +356,8 @@ class _ColumnWindow:
         columns = self.columns
         for column, copies in self.copies.items():
             columns[column] = list(_chain([copy.values() for copy in copies]))
-        rows = list(zip(*columns, strict=True)) if columns else [()] * len(self.logs)
-        return [self.paths] * len(self.logs), rows
+        rows = list(zip(*columns, strict=True)) if columns else [()] * self.size
+        return [self.paths] * self.size, rows
 
     def row(self, index: int) -> tuple[tuple[tuple[str, str], ...], tuple[Any, ...]]:
         return self.paths, tuple([column[index] for column in self.columns])
@@ -543,7 +541,7 @@ class History(Sequence[Logs]):
             if column_copies is None:
                 return None  # scalars that do not stack together (devices, shardings)
             copies[i] = column_copies
-        return _ColumnWindow(paths, columns, copies, rows)  # type: ignore[arg-type]
+        return _ColumnWindow(paths, columns, copies, len(rows))
 
     def _take_windows(self, *, wait: bool) -> None:
         """Moves the finished windows' rows to the host rows (with `wait`: every window, waiting)."""
