@@ -301,21 +301,24 @@ def _columns_of(
 
     Read with C-level calls, no object made per row: what a loop's rows are, step after step.
     """
-    if _StepRow in set(map(type, logs)):
-        return None
     rows = cast("Sequence[LogsLike]", logs)
-    collections = tuple(rows[0])
-    if list(map(tuple, rows)).count(collections) != len(rows):
-        return None
     names: list[tuple[str, ...]] = []
     columns: list[list[Any]] = []
-    for collection in collections:
-        entries = list(map(operator.itemgetter(collection), rows))
-        keys = tuple(entries[0])
-        if list(map(tuple, entries)).count(keys) != len(entries):
+    # Rows with as many keys as the first, each of its keys among them, have its keys: no tuple is
+    # made per row to compare them (a missing key raises KeyError; a `_StepRow`, TypeError).
+    try:
+        collections = tuple(rows[0])
+        if list(map(len, rows)).count(len(collections)) != len(rows):
             return None
-        names.append(keys)
-        columns.extend([list(map(operator.itemgetter(name), entries)) for name in keys])
+        for collection in collections:
+            entries = list(map(operator.itemgetter(collection), rows))
+            keys = tuple(entries[0])
+            if list(map(len, entries)).count(len(keys)) != len(entries):
+                return None
+            names.append(keys)
+            columns.extend([list(map(operator.itemgetter(name), entries)) for name in keys])
+    except (KeyError, TypeError):
+        return None
     return _interned_paths((collections, tuple(names)), interned), columns
 
 
