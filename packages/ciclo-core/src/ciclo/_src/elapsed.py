@@ -255,7 +255,7 @@ class Clock:
     one monotonic clock per step, and builds an immutable `Elapsed` only once.
     """
 
-    __slots__ = ("_origin", "batch_size_fn", "date_start", "samples", "steps")
+    __slots__ = ("batch_size_fn", "date_start", "origin", "samples", "steps")
 
     def __init__(self, initial: Elapsed | None, batch_size_fn: BatchSizeFn | None) -> None:
         if initial is None:
@@ -265,17 +265,18 @@ class Clock:
         self.steps = int(initial.steps)
         self.samples = int(initial.samples)
         self.date_start = float(initial.date_start)
-        # Time keeps counting from where `initial` left off, so resumed loops add up.
-        self._origin = _time.perf_counter() - float(initial.time)
+        # `perf_counter()` at time 0: time keeps counting from where `initial` left off, so resumed
+        # loops add up. The loop reads the clock as `perf_counter() - origin`, with no call.
+        self.origin = _time.perf_counter() - float(initial.time)
         self.batch_size_fn = leading_dim if batch_size_fn is None else batch_size_fn
 
     def now(self) -> Elapsed:
         """An `Elapsed` snapshot of the counters at this instant."""
-        return make_elapsed(self.steps, self.samples, _time.perf_counter() - self._origin, self.date_start)
+        return make_elapsed(self.steps, self.samples, _time.perf_counter() - self.origin, self.date_start)
 
     def seconds(self) -> float:
         """Seconds counted at this instant: `now().time` without building an `Elapsed`."""
-        return _time.perf_counter() - self._origin
+        return _time.perf_counter() - self.origin
 
     def advance(self, batch: Any) -> None:
         """Counts one finished step over `batch` (`batch.steps` steps for a `Stacked` batch)."""

@@ -14,6 +14,7 @@ import math
 import os
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from time import perf_counter
 from typing import Any, Final, cast, final
 
 from ciclo._src.backup import Backup
@@ -654,7 +655,7 @@ def _run_steps(
     watching, guard, check_at = survival.watching, survival.guard, survival.check_at()
     first_drawn, tasks, every_step = drawn, plan.tasks, plan.every_step
     quiet_until = plan.start(clock.steps)
-    seconds, batch_size_fn = clock.seconds, clock.batch_size_fn
+    origin, batch_size_fn = clock.origin, clock.batch_size_fn
     while True:
         steps = clock.steps
         if steps >= stop_count or (stop_at is not None and clock.now() >= stop_at):
@@ -670,8 +671,7 @@ def _run_steps(
         drawn += 1
         loop_state.batch = batch
         loop_state._elapsed = None
-        loop_state._logs = None
-        loop_state._owns_logs = False
+        loop_state._logs = None  # whether the loop owns the logs is set with them (`_run_callbacks`)
         if start_callbacks:
             _run_callbacks(loop_state, start_callbacks)
             start_callbacks = []
@@ -684,7 +684,7 @@ def _run_steps(
         step_logs = loop_state._logs
         if step_logs:
             if loop_state._per_step is None and loop_state._elapsed is None:
-                append(steps, clock.samples, seconds(), step_logs)
+                append(steps, clock.samples, perf_counter() - origin, step_logs)
             else:
                 _commit(history, loop_state, clock, step_logs)
         if stacked:
