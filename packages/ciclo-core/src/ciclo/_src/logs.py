@@ -446,8 +446,9 @@ class History(Sequence[Logs]):
         # The rows on the host: their entry paths and values.
         self._paths: list[tuple[tuple[str, str], ...]] = []
         self._values: list[tuple[Any, ...]] = []
-        # Every row's (steps, samples, time), on the host or not.
-        self._elapsed: list[tuple[int, int, float]] = []
+        # Every row's steps, samples and time, on the host or not, one after the other: no tuple is
+        # kept per row (each would be one more object for the garbage collector to go through).
+        self._elapsed: list[float] = []
         # schema (collections and names) -> the entry paths of rows with that schema, shared by the rows
         self._interned: dict[Schema, tuple[tuple[str, str], ...]] = {}
         # entry paths -> the index of the newest row with them that was read (for `latest`)
@@ -471,7 +472,7 @@ class History(Sequence[Logs]):
         """
         pending = self._pending
         pending.append(logs)
-        self._elapsed.append((steps, samples, time))
+        self._elapsed += (steps, samples, time)
         if len(pending) >= 2 * _LAG:
             self._advance()
 
@@ -487,7 +488,7 @@ class History(Sequence[Logs]):
         (paths,), _ = _rows_of([per_step], self._interned)
         arrays = tuple(_chain(map(_dict_values, per_step.values())))
         self._pending += [_StepRow(paths, arrays, i) for i in range(rows)]
-        self._elapsed += [(steps + i, samples + i * batch_size, time) for i in range(rows)]
+        self._elapsed += _chain([(steps + i, samples + i * batch_size, time) for i in range(rows)])
         if len(self._pending) >= 2 * _LAG:
             self._advance()
 
@@ -567,7 +568,7 @@ class History(Sequence[Logs]):
                 del self._newest[paths]
             else:
                 self._newest[paths] = index - excess
-        del self._paths[:excess], self._values[:excess], self._elapsed[:excess]
+        del self._paths[:excess], self._values[:excess], self._elapsed[: 3 * excess]
         self._started -= excess
         self.dropped += excess
 
@@ -646,7 +647,9 @@ class History(Sequence[Logs]):
             [((('metrics', 'acc'),), (0.25,), (0, 8, 0.5))]
         """
         self._fetch(stop)
-        return zip(self._paths[start:stop], self._values[start:stop], self._elapsed[start:stop], strict=True)
+        return zip(
+            self._paths[start:stop], self._values[start:stop], self._elapsed_rows(start, stop), strict=True
+        )
 
     def to_host(self, first: int | None = None) -> dict[str, Any]:
         """The rows as plain host values: what a backup saves, and `load_host` reads back.
@@ -661,7 +664,7 @@ class History(Sequence[Logs]):
         return {
             "paths": self._paths[start:],
             "values": self._values[start:],
-            "elapsed": self._elapsed[start:],
+            "elapsed": self._elapsed_rows(start, len(self)),
             "max_rows": self.max_rows,
             "dropped": self.dropped,
             "evicted_latest": dict(self._evicted_latest),
@@ -670,7 +673,7 @@ class History(Sequence[Logs]):
     def load_host(self, rows: Mapping[str, Any]) -> None:
         """Replaces this history's rows with those of `to_host()` (a resumed loop's history)."""
         self._paths, self._values = list(rows["paths"]), list(rows["values"])
-        self._elapsed = list(rows["elapsed"])
+        self._elapsed = list(_chain(rows["elapsed"]))
         self.dropped = int(rows["dropped"])
         self._evicted_latest = dict(rows["evicted_latest"])
         self._interned = {}  # new rows intern their paths again: equal paths are the same key
@@ -679,7 +682,12 @@ class History(Sequence[Logs]):
         self._started, self._scanned = len(self._values), 0
 
     def __len__(self) -> int:
-        return len(self._elapsed)
+        return len(self._elapsed) // 3
+
+    def _elapsed_rows(self, start: int, stop: int) -> list[tuple[int, int, float]]:
+        """The `(steps, samples, time)` of rows `start` to `stop`."""
+        flat = iter(self._elapsed[3 * start : 3 * stop])
+        return list(zip(flat, flat, flat, strict=True))  # type: ignore[arg-type]
 
     @overload
     def __getitem__(self, index: int) -> Logs: ...
@@ -698,7 +706,7 @@ class History(Sequence[Logs]):
         logs = Logs()
         for (collection, name), value in zip(self._paths[index], self._values[index], strict=True):
             logs.add_entry(collection, name, value)
-        for name, value in zip(ELAPSED_KEYS, self._elapsed[index], strict=True):
+        for name, value in zip(ELAPSED_KEYS, self._elapsed[3 * index : 3 * index + 3], strict=True):
             logs.add_entry("elapsed", name, value)
         return logs
 
@@ -735,7 +743,8 @@ class History(Sequence[Logs]):
         found = [False] * len(keys)
         # Resolve each key once per distinct set of paths, not once per entry.
         resolved: dict[tuple[tuple[str, str], ...], list[tuple[bool, int]] | None] = {}
-        for paths, values, elapsed in zip(self._paths, self._values, self._elapsed, strict=True):
+        rows = zip(self._paths, self._values, self._elapsed_rows(0, len(self)), strict=True)
+        for paths, values, elapsed in rows:
             plan = resolved.get(paths, ())
             if plan == ():
                 plan = resolved[paths] = self._plan(paths, keys, found)
