@@ -227,6 +227,38 @@ def test_history_latest_stays_newest_when_older_rows_are_read(mixed):
     assert history.collect("a")[-1] == expected["a"]
 
 
+def test_history_rows_with_as_many_entries_under_other_names_keep_their_own(monkeypatch):
+    # One window holds rows with one entry each, under other names or collections: counting keys
+    # alone would take them for one schema.
+    monkeypatch.setattr(logs_module, "_LAG", 2)
+    kinds = [("metrics", "a"), ("metrics", "b"), ("losses", "a")]
+    history = ciclo.history()
+    for step in range(12):
+        collection, name = kinds[step % 3]
+        history.append(
+            step, 2 * step, 0.5 * step, ciclo.logs().add_entry(collection, name, jnp.float32(step))
+        )
+    assert history.on_host > 3  # rows went through windows
+    for step in (0, 1, 2, 10):
+        collection, name = kinds[step % 3]
+        assert history[step] == {
+            collection: {name: step},
+            "elapsed": {"steps": step, "samples": 2 * step, "time": 0.5 * step},
+        }
+    assert history.collect("metrics.b", "samples") == ([1.0, 4.0, 7.0, 10.0], [2, 8, 14, 20])
+
+
+def test_history_with_max_rows_keeps_each_kept_row_with_its_counts(monkeypatch):
+    monkeypatch.setattr(logs_module, "_LAG", 2)
+    history = ciclo.history(max_rows=3)
+    for step in range(20):
+        history.append(step, 10 * step, 0.25 * step, ciclo.logs().add_metric("a", step))
+    rows = list(history.host_rows(0, len(history)))
+    assert [values for _, values, _ in rows] == [(step,) for step in range(20 - len(history), 20)]
+    assert all(elapsed == (v, 10 * v, 0.25 * v) for _, (v,), elapsed in rows)
+    assert history.dropped + len(history) == 20 and history.to_host()["elapsed"][-1] == (19, 190, 4.75)
+
+
 @pytest.mark.parametrize("name", [123, "", None, ("a",)])
 def test_an_entry_name_must_be_a_non_empty_string(name):
     # A number as a name gave CSV a column "123" and made TensorBoard raise a TypeError later.
