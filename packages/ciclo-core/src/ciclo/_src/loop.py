@@ -655,7 +655,7 @@ def _run_steps(
     watching, guard, check_at = survival.watching, survival.guard, survival.check_at()
     first_drawn, tasks, every_step = drawn, plan.tasks, plan.every_step
     quiet_until = plan.start(clock.steps)
-    origin, batch_size_fn = clock.origin, clock.batch_size_fn
+    origin = clock.origin
     while True:
         steps = clock.steps
         if steps >= stop_count or (stop_at is not None and clock.now() >= stop_at):
@@ -687,11 +687,7 @@ def _run_steps(
                 append(steps, clock.samples, perf_counter() - origin, step_logs)
             else:
                 _commit(history, loop_state, clock, step_logs)
-        if stacked:
-            clock.advance(batch)
-        else:  # `clock.advance` inlined: one step over `batch`
-            clock.steps += 1
-            clock.samples += batch_size_fn(batch)
+        clock.advance(batch)
         if loop_state.stop_iteration:
             return drawn
         if watching and (guard.signum is not None or clock.steps >= check_at):  # type: ignore[union-attr]
