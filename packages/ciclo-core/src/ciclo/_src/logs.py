@@ -485,8 +485,7 @@ class History(Sequence[Logs]):
         `samples + i * batch_size` samples. The values are sliced when the
         history copies them to the host: one copy per entry for the whole group.
         """
-        (paths,), _ = _rows_of([per_step], self._interned)
-        arrays = tuple(_chain(map(_dict_values, per_step.values())))
+        (paths,), (arrays,) = _rows_of([per_step], self._interned)
         self._pending += [_StepRow(paths, arrays, i) for i in range(rows)]
         self._elapsed += _chain([(steps + i, samples + i * batch_size, time) for i in range(rows)])
         if len(self._pending) >= 2 * _LAG:
