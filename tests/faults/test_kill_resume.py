@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -49,6 +50,21 @@ def finish(proc: subprocess.Popen[str], directory: Path) -> None:
 def run_uninterrupted(mode: str, directory: Path) -> dict[str, np.ndarray]:
     finish(start(mode, directory), directory)
     return dict(np.load(directory / "result_0.npz"))
+
+
+@pytest.fixture(scope="module")
+def one_process_reference(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """The directory of an uninterrupted run of `mode` (its `result_0.npz`, its logs), run once per module."""
+    done: dict[str, Path] = {}
+
+    def reference(mode: str) -> Path:
+        if mode not in done:
+            directory = tmp_path_factory.mktemp(f"reference_{mode}")
+            run_uninterrupted(mode, directory)
+            done[mode] = directory
+        return done[mode]
+
+    return reference
 
 
 def descendants(pid: int) -> list[int]:
@@ -134,10 +150,17 @@ def assert_each_step_once(actual: dict[str, list[tuple[int, str, float]]], expec
 
 @pytest.mark.parametrize(("mode", "seed", "span", "kills"), [("loop", 1, 8, 6), ("train_loop", 2, 14, 10)])
 def test_sigkill_at_random_moments_then_resume(
-    mode: str, seed: int, span: int, kills: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    mode: str,
+    seed: int,
+    span: int,
+    kills: int,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    one_process_reference: Callable[[str], Path],
 ) -> None:
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 reads a file: store only then
-    reference = run_uninterrupted(mode, tmp_path / "reference")
+    reference_directory = one_process_reference(mode)
+    reference = dict(np.load(reference_directory / "result_0.npz"))
     # A finite run: a non-finite state is never backed up, and the kills would resume from before it.
     assert np.isfinite(reference["history_loss"]).all()
     rng = random.Random(seed)
@@ -157,7 +180,7 @@ def test_sigkill_at_random_moments_then_resume(
     finish(start(mode, directory), directory)
     assert_equal_results(dict(np.load(directory / "result_0.npz")), reference)
     if mode == "train_loop":  # with every logger attached: each holds each step once
-        assert_each_step_once(read_loggers(directory), read_loggers(tmp_path / "reference"))
+        assert_each_step_once(read_loggers(directory), read_loggers(reference_directory))
     # No orbax temporary directory is left behind, and at most `keep` backups are.
     backups = sorted(p.name for p in (directory / "backup").iterdir())
     assert not [name for name in backups if "tmp" in name], backups
@@ -167,8 +190,10 @@ def test_sigkill_at_random_moments_then_resume(
 # grain_prefetch: preempted with two batches read ahead of the step it stops at, it resumes at the
 # batch after that step (grain's iterator state, as ciclo.prefetch_to_device keeps it).
 @pytest.mark.parametrize("mode", ["loop", *(["grain_prefetch"] if optional("grain") else [])])
-def test_sigterm_saves_then_exits_143_and_resumes(mode: str, tmp_path: Path) -> None:
-    reference = run_uninterrupted(mode, tmp_path / "reference")
+def test_sigterm_saves_then_exits_143_and_resumes(
+    mode: str, tmp_path: Path, one_process_reference: Callable[[str], Path]
+) -> None:
+    reference = dict(np.load(one_process_reference(mode) / "result_0.npz"))
     directory = tmp_path / "preempted"
     proc = start(mode, directory)
     assert kill_when(proc, "step", 7, 0.0, signal.SIGTERM)
@@ -178,11 +203,16 @@ def test_sigterm_saves_then_exits_143_and_resumes(mode: str, tmp_path: Path) -> 
     assert_equal_results(dict(np.load(directory / "result_0.npz")), reference)
 
 
+def start_two(mode: str, directory: Path, pauses: tuple[str, str] = ("", "")) -> list[subprocess.Popen[str]]:
+    """Starts both processes of a 2-process run; `pauses` freezes each at a moment (worker.py's PAUSE)."""
+    port = str(processes.free_port())
+    return [start(mode, directory, str(i), port, *filter(None, [pauses[i]])) for i in range(2)]
+
+
 def run_two(mode: str, directory: Path, *, signum: int | None = None, after: int = 0) -> list[int]:
     """Runs both processes of a 2-process run; optionally sends `signum` to process 0 after its
     `after`-th step line. Returns the exit codes."""
-    port = str(processes.free_port())
-    procs = [start(mode, directory, str(i), port) for i in range(2)]
+    procs = start_two(mode, directory)
     try:
         if signum is not None:
             kill_when(procs[0], "step", after, 0.0, signum)
@@ -240,8 +270,7 @@ def test_two_processes_killed_together_resume(
     mode = "distributed_fsdp"
     reference = two_process_reference(mode)
     directory = tmp_path / "killed"
-    port = str(processes.free_port())
-    procs = [start(mode, directory, str(i), port) for i in range(2)]
+    procs = start_two(mode, directory)
     kill_when(procs[0], "step", 13, 0.0, signal.SIGKILL)
     procs[1].kill()
     procs[1].communicate(timeout=TIMEOUT)
@@ -268,4 +297,52 @@ def test_two_processes_fall_back_together_over_a_backup_one_of_them_cannot_read(
     log = (directory / "stderr.log").read_text()
     # Process 0 read its part, and falls back with process 1 instead of resuming alone.
     assert f"process 1 could not read its part of step {newest}; trying the one before" in log, log
+    assert_equal_to_reference(directory, reference)
+
+
+LOST_PEER_BOUND = processes.HEARTBEAT + 20
+"""How long a process may outlive its lost peer: JAX's heartbeat timeout, then the seconds it takes to
+end (JAX checks the heartbeats now and then, and prints a stack trace as it aborts; slower when loaded)."""
+
+
+def test_a_process_whose_peer_is_killed_ends_within_the_heartbeat_timeout_and_both_resume(
+    tmp_path: Path, two_process_reference: Callable[[str], Path]
+) -> None:
+    mode = "distributed_fsdp"
+    reference = two_process_reference(mode)
+    rng = random.Random(3)
+    first = rng.randint(6, 14)
+    saved = 5 * rng.randint(first // 5 + 1, 5)  # backups are every 5 steps
+    last = 5 * rng.randint(saved // 5 + 1, 8)
+    # Process 0 (which holds JAX's coordination service: process 1 ends at once) between steps; process 1
+    # as a backup starts (process 0 is then inside that save, waiting for it, until JAX's heartbeat
+    # timeout declares process 1 dead); process 0 as a backup starts.
+    moments = [(0, f"step:{first}"), (1, f"save:{saved}"), (0, f"save:{last}")]
+    directory = tmp_path / "lost"
+    for victim, pause in moments:
+        log_start = (directory / "stderr.log").stat().st_size if directory.exists() else 0
+        procs = start_two(mode, directory, (pause, "") if victim == 0 else ("", pause))
+        survivor = procs[1 - victim]
+        try:
+            assert kill_when(procs[victim], "paused", 1, 0.0, signal.SIGKILL), (pause, survivor.poll())
+            try:
+                survivor.communicate(timeout=LOST_PEER_BOUND)
+            except subprocess.TimeoutExpired:
+                pytest.fail(f"process {1 - victim} ran on {LOST_PEER_BOUND} s after process {victim} died")
+        finally:
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+        log = (directory / "stderr.log").read_bytes()[log_start:].decode(errors="replace")
+        # JAX ends it (SIGABRT), or a collective's error reached Python first and the process exited with 1.
+        assert survivor.returncode in (-signal.SIGABRT, 1), (pause, survivor.returncode, log[-3000:])
+        if victim == 1:
+            # Process 0 saw the loss in a barrier or a collective, and said so in one line, naming the
+            # backup that the rerun resumes from.
+            lines = re.findall(r"^ciclo: process 0 of 2 lost process 1 \(.*", log, re.MULTILINE)
+            newest = max(int(step.name) for step in (directory / "backup").iterdir() if step.name.isdigit())
+            resume = f"; the last complete backup is step {newest} in {directory / 'backup'}: start every"
+            assert len(lines) == 1 and resume in lines[0], (pause, lines, log[-3000:])
+    assert run_two(mode, directory) == [0, 0], (directory / "stderr.log").read_text()[-5000:]
     assert_equal_to_reference(directory, reference)

@@ -1,19 +1,26 @@
 """A training script that backs itself up: the fault tests kill it and run it again.
 
-Usage: python worker.py MODE DIRECTORY [PROCESS_ID PORT]
+Usage: python worker.py MODE DIRECTORY [PROCESS_ID PORT [PAUSE]]
 
 MODE is `loop` (a hand-written jitted step in `ciclo.loop`), `grain_prefetch`
 (the same step in `ciclo.train_loop(..., prefetch=2)` over a grain iterator:
 shuffled each epoch, batched, sharded by process), `train_loop` (a flax state
 with dropout and Adam, a test loop each epoch, early stopping and a best
 checkpoint), or `distributed_<strategy>` (2 processes under `jax.distributed`,
-`ciclo.loop` over a managed state). `train_loop` also logs
+`ciclo.loop` over a managed state; JAX's heartbeat timeout is
+`processes.HEARTBEAT` seconds). `train_loop` also logs
 to TensorBoard (`DIRECTORY/tb`), CSV (`DIRECTORY/log.csv`), W&B offline
 (`DIRECTORY/wandb`) and MLflow (`DIRECTORY/mlruns`), and when it finishes
 writes the W&B and MLflow run ids to `DIRECTORY/runs.json`. The script prints
 `saving <step>` just before each backup and `step <n>` after each step, and
 when it finishes writes `DIRECTORY/result_<process>.npz` (parameters and
 History). Run again after a kill, it resumes from `DIRECTORY/backup`.
+
+PAUSE (`step:<n>` or `save:<n>`) freezes that process of a 2-process run at a
+moment, so that a test kills it exactly there: after its step n, or as its
+backup of step n starts (the backup asks the callbacks for their state: the
+other process is then inside that save, waiting for this one). It prints
+`paused` and waits to be killed.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 
 MODE = sys.argv[1]
 DIRECTORY = sys.argv[2]
@@ -203,13 +211,43 @@ def flax_train_loop() -> None:
     save_result(state.params, history)
 
 
-def distributed(strategy: str, process_id: int, port: int) -> None:
+class Pause:
+    """Freezes this process at `where` (`step:<n>` or `save:<n>`, see the module's docstring); "" never."""
+
+    def __init__(self, where: str) -> None:
+        self.moment, _, step = where.partition(":")
+        self.step = int(step) if step else -1
+        self.steps = 0
+
+    def __call__(self, state, batch, elapsed) -> None:
+        self.steps = int(elapsed.steps) + 1
+        if self.moment == "step" and self.steps == self.step:
+            self.wait()
+
+    def state_dict(self) -> dict:
+        if self.moment == "save" and self.steps == self.step:
+            self.wait()
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+    def wait(self) -> None:
+        print("paused", flush=True)
+        time.sleep(300)  # killed meanwhile
+        raise SystemExit(f"paused at {self.moment} {self.step} and not killed in 300 s")
+
+
+def distributed(strategy: str, process_id: int, port: int, pause: str) -> None:
+    from support import processes
+
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(
         coordinator_address=f"127.0.0.1:{port}",
         num_processes=2,
         process_id=process_id,
         initialization_timeout=120,
+        heartbeat_timeout_seconds=processes.HEARTBEAT,
     )
     from support import training
 
@@ -221,7 +259,7 @@ def distributed(strategy: str, process_id: int, port: int) -> None:
         state,
         data,
         {
-            ciclo.every(1): [training.train_step, progress],
+            ciclo.every(1): [training.train_step, progress, Pause(pause)],
             ciclo.at_step_end(ciclo.every(10)): ciclo.checkpoint(checkpoints, keep=2),
         },
         stop=STOP,
@@ -243,6 +281,7 @@ if __name__ == "__main__":
     elif MODE == "train_loop":
         flax_train_loop()
     elif MODE.startswith("distributed_"):
-        distributed(MODE.removeprefix("distributed_"), int(sys.argv[3]), int(sys.argv[4]))
+        pause = sys.argv[5] if len(sys.argv) > 5 else ""
+        distributed(MODE.removeprefix("distributed_"), int(sys.argv[3]), int(sys.argv[4]), pause)
     else:
         raise SystemExit(f"unknown mode {MODE!r}")

@@ -10,6 +10,10 @@ from pathlib import Path
 
 TESTS = Path(__file__).parents[1]
 
+HEARTBEAT = 10
+"""`jax.distributed.initialize(heartbeat_timeout_seconds=)` of the fault tests' 2-process runs: a process
+that lost its peer is ended within it (JAX's default, 100 s, would make each such test wait that long)."""
+
 
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that was free a moment ago (for a `jax.distributed` coordinator)."""

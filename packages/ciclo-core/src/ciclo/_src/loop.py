@@ -624,7 +624,7 @@ def run_phases(
             if not hooks_ran:
                 plan.run_end_hooks(loop_state, clock, error)
         finally:
-            survival.close()
+            survival.close(error)
     loop_state._elapsed = clock.now()
     return loop_state.state, history, loop_state.elapsed
 

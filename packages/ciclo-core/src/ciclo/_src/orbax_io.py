@@ -15,7 +15,10 @@ else of each other:
 - `check_structure` compares a target with the tree orbax stored, leaf by leaf,
   before orbax reads anything (typed PRNG keys compared as the raw data orbax
   stores, so nnx `Rngs` and `jax.random.key` states restore);
-- `abstract` turns a target into shapes, dtypes and shardings.
+- `abstract` turns a target into shapes, dtypes and shardings;
+- `note_lost_peer` prints one line when a save, a restore or a step of a
+  multi-process run failed because another process is gone: which one, and the
+  last complete backup to resume from.
 
 orbax logs about fifty INFO lines per save through absl; the filter drops
 orbax's records below WARNING, so a program that logs at INFO stays readable.
@@ -28,8 +31,11 @@ import contextlib
 import hashlib
 import logging
 import os
+import re
+import sys
 import threading
 import weakref
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
@@ -42,7 +48,8 @@ TMP_MARK = ".orbax-checkpoint-tmp"
 
 _ORBAX_PATH_PART = f"{os.sep}orbax{os.sep}checkpoint{os.sep}"
 
-_open_managers: weakref.WeakSet[Any] = weakref.WeakSet()
+_open_managers: weakref.WeakKeyDictionary[Any, tuple[str, str]] = weakref.WeakKeyDictionary()
+"""Every manager `open_manager` made and still alive: what it saves ("backup", "checkpoint") and where."""
 _exit_hook_installed = False
 
 
@@ -133,11 +140,14 @@ def open_manager(
         multiprocessing_options=ocp.options.MultiprocessingOptions(
             barrier_sync_key_prefix=barrier_prefix(kind, directory)
         ),
+        # orbax's own barriers and timeout (1200 s for a whole save); a lost process fails them
+        # sooner, when JAX's heartbeat timeout declares it dead. They only say so now.
+        async_options=ocp.AsyncOptions(barrier_sync_fn=_noting_barrier(ocp.multihost.get_barrier_sync_fn())),
         **options,
     )
     manager = ocp.CheckpointManager(directory, options=manager_options, item_handlers=item_handlers)
     _install_exit_hook()
-    _open_managers.add(manager)
+    _open_managers[manager] = (kind.removeprefix("ciclo_"), directory)
     return manager
 
 
@@ -166,13 +176,18 @@ def restore_everywhere(manager: Any, step: int, args: Any, *, barriers: str) -> 
     ocp = orbax()
     error: Exception | None = None
     try:
-        restored = manager.restore(step, args=args)
+        with _noting():
+            restored = manager.restore(step, args=args)
     except Exception as failure:  # noqa: BLE001 - orbax and tensorstore raise anything
         error = failure
-        ocp.multihost.sync_global_processes(
-            ocp.multihost.unique_barrier_key("Checkpointer:restore", prefix=barriers)
+        with _noting():
+            ocp.multihost.sync_global_processes(
+                ocp.multihost.unique_barrier_key("Checkpointer:restore", prefix=barriers)
+            )
+    with _noting():
+        done = np.asarray(
+            multihost_utils.process_allgather(np.asarray([error is None], np.int32), tiled=True)
         )
-    done = np.asarray(multihost_utils.process_allgather(np.asarray([error is None], np.int32), tiled=True))
     if error is not None:
         raise error
     failed = [index for index, ok in enumerate(done) if not ok]
@@ -181,9 +196,122 @@ def restore_everywhere(manager: Any, step: int, args: Any, *, barriers: str) -> 
     return restored
 
 
+_LOST_PEER = (
+    # JAX's coordination service, once a process missed its heartbeats (JAX 0.10 words them so).
+    re.compile(r"[Tt]ask (\d+) heartbeat timeout"),
+    re.compile(r"stopped sending heartbeats\):\s*(\d+)"),
+    # gloo, the CPU collectives, when the other end of a connection is gone: it names no process.
+    re.compile(r"Gloo \w+ failed.*(?:Connection reset by peer|Connection closed by peer|Socket closed)()"),
+)
+"""What JAX and gloo say when a process of the run is gone; the group is that process's number, if named."""
+
+_lost_peer_noted = threading.Lock()
+"""Taken by the first note of a lost process: the threads that see the loss together print one line."""
+
+
+def lost_peer(error: BaseException) -> str | None:
+    """Which process `error` says is gone ("process 1", "another process"), or None if it says no such thing.
+
+    The error's causes and contexts are read too (orbax raises a TimeoutError
+    from JAX's failed barrier).
+
+    Example:
+        >>> lost_peer(RuntimeError("UNAVAILABLE: Task 1 heartbeat timeout. This indicates ..."))
+        'process 1'
+        >>> lost_peer(ValueError("a shape differs")) is None
+        True
+    """
+    seen: set[int] = set()
+    pending: list[BaseException | None] = [error]
+    while pending:
+        current = pending.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        text = str(current)
+        for pattern in _LOST_PEER:
+            match = pattern.search(text)
+            if match is not None:
+                if match[1]:
+                    return f"process {match[1]}"
+                if jax.process_count() == 2:
+                    return f"process {1 - jax.process_index()}"
+                return "another process"
+        pending += [current.__cause__, current.__context__]
+    return None
+
+
+def complete_steps(directory: str) -> list[int]:
+    """The steps saved completely in `directory` (a step being written has a temporary name), oldest first."""
+    try:
+        names = [child.name for child in epath(directory).iterdir()]
+    except OSError:
+        return []
+    return sorted(int(name) for name in names if name.isdigit())
+
+
+def note_lost_peer(error: BaseException) -> None:
+    """Prints one line to stderr if `error` says that another process of the run is gone; once a process.
+
+    Multi-controller JAX ends every process of a run that lost one (within the
+    heartbeat timeout of `jax.distributed.initialize`): the line says first which
+    process is gone and the last complete backup (of every backup directory
+    open; without one, checkpoint) that a new start of every process resumes
+    from. The error itself is the caller's to raise.
+
+    Args:
+        error: what failed (a barrier, a collective, a restore).
+    """
+    if jax.process_count() == 1:
+        return
+    lost = lost_peer(error)
+    if lost is None or not _lost_peer_noted.acquire(blocking=False):
+        return
+    saves = list(_open_managers.values())
+    what = "backup" if any(kind == "backup" for kind, _ in saves) else "checkpoint"
+    places = []
+    for directory in sorted({directory for kind, directory in saves if kind == what}):
+        steps = complete_steps(directory)
+        places.append(
+            f"the last complete {what} is step {steps[-1]} in {directory}"
+            if steps
+            else f"{directory} holds no complete {what} yet"
+        )
+    cause = str(error).strip().split("\n")[0]
+    cause = re.sub(r"^(?:\w+: )?(?:Error dispatching computation: )+", "", cause)
+    cause = cause if len(cause) <= 160 else cause[:157] + "..."
+    resume = f"; {'; '.join(places)}: start every process again to resume" if places else ""
+    print(
+        f"ciclo: process {jax.process_index()} of {jax.process_count()} lost {lost} "
+        f"({type(error).__name__}: {cause}){resume}",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+@contextlib.contextmanager
+def _noting() -> Iterator[None]:
+    """Notes a lost process (`note_lost_peer`) in an error raised inside, and lets the error through."""
+    try:
+        yield
+    except Exception as error:
+        note_lost_peer(error)
+        raise
+
+
+def _noting_barrier(barrier: Callable[..., None]) -> Callable[..., None]:
+    """Wraps orbax's barrier of a save's end (`key=`, `timeout_ms=`): a lost process it fails on is noted."""
+
+    def wait(*, key: str, timeout_ms: int) -> None:
+        with _noting():
+            barrier(key=key, timeout_ms=timeout_ms)
+
+    return wait
+
+
 def _finish_saves_at_exit() -> None:
     """Finishes the saves in flight as the interpreter shuts down, before thread pools refuse work."""
-    for manager in list(_open_managers):
+    for manager in list(_open_managers.keys()):
         with contextlib.suppress(Exception):
             manager.wait_until_finished()
 

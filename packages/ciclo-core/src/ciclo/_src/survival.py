@@ -28,6 +28,7 @@ from ciclo._src.elapsed import Clock, Period
 from ciclo._src.learning_rate import changed_hyperparameters
 from ciclo._src.logs import History
 from ciclo._src.loop_state import LoopState
+from ciclo._src.orbax_io import note_lost_peer
 from ciclo._src.signals import SignalGuard
 
 _log = logging.getLogger("ciclo")
@@ -84,7 +85,8 @@ class Survival:
                 self._check_kind(restored)
                 history.load_host(restored.history)
                 self._note_changed_hyperparameters(restored, state)
-        except BaseException:
+        except BaseException as error:
+            note_lost_peer(error)
             session.close()
             raise
         self.restored = restored
@@ -216,10 +218,17 @@ class Survival:
             wait=wait,
         )
 
-    def close(self) -> None:
-        """Finishes the save in flight, then gives the signals back (a Ctrl-C meanwhile sets the flag)."""
+    def close(self, error: BaseException | None = None) -> None:
+        """Finishes the save in flight, then gives the signals back (a Ctrl-C meanwhile sets the flag).
+
+        `error` is what stopped the loop, if anything: when it says that another
+        process is gone, one line says so before the wait for the save in flight
+        (which JAX ends, see `ciclo._src.orbax_io.note_lost_peer`).
+        """
         try:
             if self.session is not None:
+                if error is not None:
+                    note_lost_peer(error)
                 self.session.close()
         finally:
             if self.guard is not None:
