@@ -12,6 +12,7 @@ import json
 import os
 import random
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -29,11 +30,16 @@ WORKER = Path(__file__).with_name("worker.py")
 TIMEOUT = 600
 
 
-def start(mode: str, directory: Path, *extra: str) -> subprocess.Popen[str]:
+CONTAINER = ["unshare", "--pid", "--fork", "--mount-proc"]
+"""Runs a command as pid 1 of a new pid namespace, as a container runs its entry point."""
+
+
+def start(mode: str, directory: Path, *extra: str, container: bool = False) -> subprocess.Popen[str]:
+    """Starts the worker; in a `container`, as pid 1 of a new pid namespace (then `proc` is `unshare`)."""
     directory.mkdir(exist_ok=True)
     with open(directory / "stderr.log", "a") as log:  # the child keeps its own copy
         return subprocess.Popen(
-            [sys.executable, str(WORKER), mode, str(directory), *extra],
+            [*(CONTAINER if container else []), sys.executable, str(WORKER), mode, str(directory), *extra],
             env=processes.clean_env(),
             stdout=subprocess.PIPE,
             stderr=log,
@@ -100,9 +106,23 @@ def signal_tree(pid: int, signum: int) -> None:
             pass
 
 
-def kill_when(proc: subprocess.Popen[str], prefix: str, count: int, delay: float, signum: int) -> bool:
+def pid_1(proc: subprocess.Popen[str]) -> int:
+    """The host's pid of the process that `start(..., container=True)` runs as pid 1 of its namespace."""
+    return int(Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()[0])
+
+
+def kill_when(
+    proc: subprocess.Popen[str],
+    prefix: str,
+    count: int,
+    delay: float,
+    signum: int,
+    *,
+    container: bool = False,
+) -> bool:
     """Sends `signum` `delay` seconds after the `count`-th output line starting with `prefix`.
 
+    In a `container`, the signal goes to the worker (pid 1 of its namespace), not to `unshare`.
     Returns whether the process was still running when the signal was sent.
     """
     assert proc.stdout is not None
@@ -114,7 +134,7 @@ def kill_when(proc: subprocess.Popen[str], prefix: str, count: int, delay: float
                 time.sleep(delay)
                 alive = proc.poll() is None
                 if alive:
-                    signal_tree(proc.pid, signum)
+                    signal_tree(pid_1(proc) if container else proc.pid, signum)
                 proc.communicate(timeout=TIMEOUT)
                 return alive
     proc.wait(timeout=TIMEOUT)
@@ -200,6 +220,39 @@ def test_sigterm_saves_then_exits_143_and_resumes(
     assert proc.returncode == 143, (directory / "stderr.log").read_text()
     assert not (directory / "result_0.npz").exists()
     finish(start(mode, directory), directory)
+    assert_equal_results(dict(np.load(directory / "result_0.npz")), reference)
+
+
+def pid_namespace_refusal() -> str | None:
+    """Why a process cannot be started as pid 1 of a new pid namespace here, or None if it can."""
+    if shutil.which("unshare") is None:
+        return "needs util-linux's unshare"
+    probe = subprocess.run([*CONTAINER, "true"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        return f"{' '.join(CONTAINER)} is not permitted here (it needs root): {probe.stderr.strip()}"
+    return None
+
+
+def test_a_container_killed_as_pid_1_and_restarted_as_pid_1_resumes(
+    tmp_path: Path, one_process_reference: Callable[[str], Path]
+) -> None:
+    """A container's entry point is pid 1 of its pid namespace, again after each restart (Kubernetes'
+    `restartPolicy: OnFailure`), on the same host name: the backup's lock must not take the new pid 1
+    for the killed one."""
+    refusal = pid_namespace_refusal()
+    if refusal is not None:
+        pytest.skip(refusal)
+    reference = dict(np.load(one_process_reference("loop") / "result_0.npz"))
+    rng = random.Random(5)
+    directory = tmp_path / "container"
+    # As a backup starts, or after a step of this run (a run resumes at its last backup, every 5 steps).
+    moments = [("saving", 1) if i % 2 == 0 else ("step", rng.randint(1, 8)) for i in range(5)]
+    for prefix, count in moments:
+        proc = start("loop", directory, container=True)
+        killed = kill_when(proc, prefix, count, 0.0, signal.SIGKILL, container=True)
+        assert killed, (prefix, count, (directory / "stderr.log").read_text()[-2000:])
+        assert not (directory / "result_0.npz").exists()  # killed before its end (unshare says 1 or 137)
+    finish(start("loop", directory, container=True), directory)
     assert_equal_results(dict(np.load(directory / "result_0.npz")), reference)
 
 
