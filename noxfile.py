@@ -165,7 +165,11 @@ def tests(session: nox.Session, framework: str) -> None:
 
 @nox.session
 def faults(session: nox.Session) -> None:
-    """Kill and resume: real training scripts killed by SIGKILL and SIGTERM, 1 and 2 processes."""
+    """Kill and resume: real training scripts killed by SIGKILL and SIGTERM, 1 and 2 processes.
+
+    The container case starts its script as pid 1 of a pid namespace (`unshare`, as root); where that
+    is not permitted, it is skipped and says why.
+    """
     # The train_loop worker logs to TensorBoard (tensorboardX), CSV, W&B offline and MLflow; the
     # test reads each back with its own reader (tensorboard's for the event files).
     _install(
