@@ -13,7 +13,7 @@ import contextlib
 import os
 import re
 import stat
-from typing import IO
+from typing import IO, Any
 
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)  # not on Windows, where links need privileges to make
 
@@ -90,8 +90,8 @@ def write_atomically(path: str, text: str) -> None:
     os.replace(tmp, path)
 
 
-def open_own(path: str, mode: str) -> IO[str]:
-    r"""`open(path, mode)` ("r" or "a") that refuses a symbolic link at `path` with `LinkError`.
+def open_own(path: str, mode: str) -> IO[Any]:
+    r"""`open(path, mode)` ("r", "a" or "ab") that refuses a symbolic link at `path` with `LinkError`.
 
     Example:
         >>> import os, tempfile
@@ -101,7 +101,8 @@ def open_own(path: str, mode: str) -> IO[str]:
         >>> open_own(path, "r").read()
         'step\n'
     """
-    flags = {"r": os.O_RDONLY, "a": os.O_WRONLY | os.O_APPEND | os.O_CREAT}[mode]
+    append = os.O_WRONLY | os.O_APPEND | os.O_CREAT
+    flags = {"r": os.O_RDONLY, "a": append, "ab": append}[mode]
     try:
         descriptor = os.open(path, flags | _NOFOLLOW, 0o644)
     except OSError as error:
@@ -111,6 +112,8 @@ def open_own(path: str, mode: str) -> IO[str]:
                 "Remove it, or give ciclo another path"
             ) from None
         raise error from None
+    if mode == "ab":
+        return os.fdopen(descriptor, mode)
     return os.fdopen(descriptor, mode, encoding="utf-8", newline="")
 
 

@@ -45,7 +45,7 @@ from ciclo._src.callbacks._monitor import (
 )
 from ciclo._src.checks import check_directory
 from ciclo._src.elapsed import Elapsed
-from ciclo._src.files import write_atomically
+from ciclo._src.files import check_closed, write_atomically
 from ciclo._src.finite import all_finite
 from ciclo._src.logs import LogsLike
 from ciclo._src.orbax_io import (
@@ -365,6 +365,7 @@ class Checkpoint:
         self._async_save = async_save
         self._overwrite = overwrite
         check_directory(self._directory, "checkpoint directory")
+        check_closed(self._directory, "the checkpoint directory")
         path = epath(self._directory)
         if path.exists() and not path.is_dir():
             raise NotADirectoryError(f"checkpoint directory {self._directory} exists and is not a directory")
@@ -832,6 +833,7 @@ def restore_checkpoint(directory: str | os.PathLike[str], target: T, *, step: St
     path = _absolute_directory(directory)
     if not epath(path).is_dir():
         raise FileNotFoundError(f"checkpoint directory {path} does not exist")
+    check_closed(path, "the checkpoint directory")
     monitor, mode = _read_settings(path)
     manager = _open_manager(path, keep=None, monitor=monitor, mode=mode, async_save=False, create=False)
     try:
