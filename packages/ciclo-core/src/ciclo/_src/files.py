@@ -98,7 +98,8 @@ def open_own(path: str, mode: str) -> IO[Any]:
         >>> path = os.path.join(tempfile.mkdtemp(), "log.csv")
         >>> with open_own(path, "a") as file:
         ...     _ = file.write("step\n")
-        >>> open_own(path, "r").read()
+        >>> with open_own(path, "r") as file:
+        ...     file.read()
         'step\n'
     """
     append = os.O_WRONLY | os.O_APPEND | os.O_CREAT
