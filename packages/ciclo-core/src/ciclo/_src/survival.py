@@ -40,7 +40,8 @@ class _Stderr(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
-            print(self.format(record), file=sys.stderr, flush=True)
+            sys.stderr.write(self.format(record) + "\n")
+            sys.stderr.flush()
         except Exception:  # noqa: BLE001 - logging's own rule: a handler never raises
             self.handleError(record)
 
