@@ -11,13 +11,11 @@ and so can a loop of your own built on `ciclo.run_phases`.
 from __future__ import annotations
 
 import difflib
-import os
-import sys
-import warnings
 import weakref
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
+from ciclo._src.checks import warn
 from ciclo._src.reprs import short
 
 on_train_step: Final = "on_train_step"
@@ -79,9 +77,6 @@ first step, `on_end(loop_state, error)` once after the last."""
 
 OBJECT_CALLBACK: Final = "__loop_callback__"
 """The method a callback object is called by at each step its schedule fires: `(loop_state)`."""
-
-_PACKAGE: Final = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
-"""The directory of the `ciclo` package: warnings point at the first frame outside it."""
 
 _VOCABULARY: Final = tuple(dict.fromkeys(TRAIN + TEST + PREDICT + LIFECYCLE))
 
@@ -270,16 +265,6 @@ def check_method_names(callback: Any) -> tuple[tuple[str, str], ...]:
 
 
 def warn_misnamed(callback: Any, misnamed: tuple[tuple[str, str], ...]) -> None:
-    """Warns that the methods `misnamed` of `callback` are never called, naming the hook each may mean.
-
-    The warning points at the user's line that called the loop: the first frame outside ciclo.
-    """
-    stacklevel, frame = 1, sys._getframe()
-    while frame.f_back is not None and frame.f_code.co_filename.startswith(_PACKAGE):
-        stacklevel, frame = stacklevel + 1, frame.f_back
+    """Warns that the methods `misnamed` of `callback` are never called, naming the hook each may mean."""
     for name, meant in misnamed:
-        warnings.warn(
-            f"callback {short(callback)} has a method {name}, which no loop calls: {_fix(meant)}",
-            UserWarning,
-            stacklevel=stacklevel,
-        )
+        warn(f"callback {short(callback)} has a method {name}, which no loop calls: {_fix(meant)}")
