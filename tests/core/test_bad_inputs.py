@@ -163,6 +163,25 @@ CASES: list[tuple[str, Callable[[Any], Any], type, str, int | None]] = [
         2,
     ),
     (
+        "dataset raising midway, read ahead by prefetch",
+        lambda p: train(tasks={ciclo.on_train_step: step}, dataset=failing_dataset(), prefetch=3),
+        OSError,
+        r"cannot read shard 3[\s\S]*raised by the dataset when the loop asked for the batch of step 2",
+        2,
+    ),
+    (
+        "a batch leaf no device holds, with prefetch",
+        lambda p: train(
+            tasks={ciclo.on_train_step: step},
+            dataset=[{"x": X}] * 3 + [{"x": X, "name": "abc"}],
+            prefetch=2,
+        ),
+        TypeError,
+        r"cannot put batch 3 .* its leaf \['name'\] is a str \('abc'\), not a number or an array of numbers"
+        r"[\s\S]*the batch of step 3",
+        3,
+    ),
+    (
         "dataset ending before stop",
         lambda p: loop(dataset=range(3), stop=10),
         ciclo.types.DataWarning,
