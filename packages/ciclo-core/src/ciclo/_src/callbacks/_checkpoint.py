@@ -229,7 +229,9 @@ def _resolve_step(manager: Any, directory: str, step: object, monitor: str | Non
             raise FileNotFoundError(f"no checkpoint in {directory} has a value for {short(monitor)}")
         return int(best)
     if step not in steps:
-        raise FileNotFoundError(f"no checkpoint for step {step} in {directory}; steps present: {steps}")
+        raise FileNotFoundError(
+            f"no checkpoint for step {step} in {directory}; steps present: {short(steps)}"
+        )
     return int(step)
 
 
@@ -411,7 +413,10 @@ class Checkpoint:
             for step in drop:
                 self._manager.delete(step)
         _log.warning(
-            "%s held more checkpoints than keep=%d: deleted steps %s", self._directory, self._keep, drop
+            "%s held more checkpoints than keep=%d: deleted steps %s",
+            self._directory,
+            self._keep,
+            short(drop),
         )
         return sorted(set(steps) - set(drop))
 
@@ -519,11 +524,11 @@ class Checkpoint:
             guarded = (_LOSS, _loss_value(source))
         if guarded[1] is not None and not math.isfinite(guarded[1]):
             _log.warning(
-                "checkpoint of step %d not saved: %r is %s; the checkpoints kept are still those of steps %s",
+                "checkpoint of step %d not saved: %s is %s; the checkpoints kept are still those of steps %s",
                 step,
-                guarded[0],
+                short(guarded[0]),
                 guarded[1],
-                self.all_steps(),
+                short(self.all_steps()),
             )
             return
         if not all_finite(state):
@@ -532,7 +537,7 @@ class Checkpoint:
                 "checkpoint of step %d not saved: the state holds NaN or inf; the checkpoints kept are still "
                 "those of steps %s",
                 step,
-                self.all_steps(),
+                short(self.all_steps()),
             )
             return
         ocp = orbax()
@@ -636,7 +641,7 @@ class Checkpoint:
     def _refuse_another_run(self) -> None:
         if self._found_newest is not None and not self._resumed:
             raise FileExistsError(
-                f"{self._directory} holds the checkpoints of another run (steps {self.all_steps()}); "
+                f"{self._directory} holds the checkpoints of another run (steps {short(self.all_steps())}); "
                 "to go on with that run, pass resume=True (or restore from this Checkpoint first, or "
                 "resume the loop's backup); to replace them, pass overwrite=True; or use another directory"
             )
