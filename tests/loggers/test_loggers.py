@@ -349,6 +349,17 @@ def test_csv_widens_its_header_when_new_entries_appear(tmp_path: Path) -> None:
     assert [name for name in os.listdir(tmp_path) if name.startswith(".ciclo-")] == []
 
 
+def test_a_resumed_csv_logger_never_appends_through_a_link(tmp_path: Path) -> None:
+    precious = tmp_path / "precious.txt"
+    precious.write_text("mine\n")
+    (tmp_path / "log.csv").symlink_to(precious)  # planted where the log will be
+    logger = ciclo.csv_logger(tmp_path / "log.csv")
+    logger.load_state_dict(logger.state_dict())  # as a resumed run's logger: it appends
+    with pytest.raises(ciclo.types.LinkError, match=r"log.csv is a symbolic link"):
+        train(logger)
+    assert precious.read_text() == "mine\n"
+
+
 def test_loggers_are_stateful_callbacks(tmp_path: Path) -> None:
     logger = ciclo.csv_logger(tmp_path / "log.csv")
     assert isinstance(logger, ciclo.types.StatefulCallback)

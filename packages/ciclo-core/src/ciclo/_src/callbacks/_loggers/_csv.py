@@ -11,7 +11,7 @@ from typing import Any, final
 
 from ciclo._src.callbacks._loggers._base import HParams, Logger, Row, checked_hparams
 from ciclo._src.checks import warn
-from ciclo._src.files import write_atomically
+from ciclo._src.files import open_own, write_atomically
 from ciclo._src.reprs import short
 
 STEP = "step"
@@ -44,7 +44,7 @@ class CsvSink:
     def _open(self) -> list[str]:
         """The columns of the file to append to: a new file, or a resumed run's file."""
         if self._resumed and os.path.exists(self.path):
-            with open(self.path, newline="") as file:
+            with open_own(self.path, "r") as file:
                 reader = csv.reader(file)
                 header = next(reader, None)
                 rows = list(reader)
@@ -70,7 +70,7 @@ class CsvSink:
         A file that cannot be read (damaged) is written anew with the hparams given now.
         """
         try:
-            with open(self.hparams_path) as file:
+            with open_own(self.hparams_path, "r") as file:
                 started = json.load(file)
         except FileNotFoundError:
             started = {}  # the run started without hparams
@@ -116,13 +116,13 @@ class CsvSink:
             columns = self._columns = self._open()
         new = list(dict.fromkeys(name for row in rows for name in row.scalars if name not in columns))
         if new:
-            with open(self.path, newline="") as file:
+            with open_own(self.path, "r") as file:
                 old = list(csv.reader(file))[1:]
             widened = [*columns, *new]
             self._replace(widened, [line + [""] * len(new) for line in old])
             columns = self._columns = widened
         entries = columns[1:]
-        with open(self.path, "a", newline="") as file:
+        with open_own(self.path, "a") as file:
             writer = csv.writer(file)
             # repr of a float round-trips: the file holds the exact values of the History.
             writer.writerows([row.step, *(row.scalars.get(name, "") for name in entries)] for row in rows)
@@ -130,7 +130,7 @@ class CsvSink:
     def flush(self) -> None:
         """Syncs the file to disk (each `write` closes it, so the rows are already out of this process)."""
         if self._columns is not None:
-            with open(self.path, "rb") as file:
+            with open_own(self.path, "r") as file:
                 os.fsync(file.fileno())
 
     def close(self) -> None:
