@@ -188,6 +188,24 @@ def test_a_backup_of_another_model_names_the_leaf(tmp_path):
         )
 
 
+def test_a_backup_of_another_dtype_is_refused_naming_the_leaf_and_both_dtypes(tmp_path):
+    # orbax would cast the float32 backup into the bfloat16 target: the result equals neither run.
+    with pytest.raises(Crash):
+        run(tmp_path, crash_at(7))
+    steps = _steps(tmp_path)
+    other = {"w": jnp.zeros((3, 1), jnp.bfloat16), "b": jnp.zeros((1, 1))}
+    with pytest.raises(
+        ValueError,
+        match=r"\['w'\]: the backup holds dtype float32 \(shape \(3, 1\)\), the target has dtype bfloat16",
+    ) as refused:
+        ciclo.loop(
+            other, batches(), {ciclo.every(1): sgd_step}, stop=30, backup=ciclo.backup(tmp_path, every=5)
+        )
+    assert "['b']" not in str(refused.value)  # only the leaf that differs
+    assert _steps(tmp_path) == steps  # nothing deleted: the run resumes with its own dtypes
+    assert_same_run(run(tmp_path), ciclo.loop(init(), batches(), {ciclo.every(1): sgd_step}, stop=30))
+
+
 def test_callback_states_are_restored(tmp_path):
     # early stopping counts its patience across the restart: it stops where the uninterrupted run did
     def worse_after_4(state, batch, elapsed):

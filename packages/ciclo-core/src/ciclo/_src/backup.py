@@ -436,7 +436,9 @@ class Session:
         target_tree = abstract(target)
         stored = stored_tree(self.manager, step, "state")
         # Compared before orbax reads anything: its own errors name no leaf.
-        check_structure(None if stored is None else stored["state"], target_tree, "the backup", where)
+        check_structure(
+            None if stored is None else stored["state"], target_tree, "the backup", where, dtypes=True
+        )
         try:
             restored = restore_everywhere(
                 manager,
