@@ -256,6 +256,65 @@ class ModelState(ManagedState):
             )
         return self.replace(params=self.ema_params)
 
+    def resume_options(self) -> dict[str, Any]:
+        """`precision`, `accumulate_steps`, `ema_decay` and `key_impl`, as a backup records them.
+
+        A resume refuses another `accumulate_steps` or `key_impl`, a precision
+        with or without loss scaling where the backup had the other, and an
+        `ema_decay` where the backup kept no EMA (or the reverse); another
+        precision or decay otherwise is noted and trained on (docs/resume.md).
+
+        Example:
+            >>> import ciclo, jax.numpy as jnp, optax
+            >>> class Scale:
+            ...     def init(self, key, inputs):
+            ...         return jnp.ones(()), None
+            ...     def apply(self, params, model_state, inputs, *, key, training):
+            ...         return params * inputs, model_state
+            >>> state = ciclo.create_model_state(
+            ...     Scale(), inputs=jnp.ones(1), tx=optax.sgd(0.1), precision="bf16-mixed", accumulate_steps=4
+            ... )
+            >>> state.resume_options()
+            {'precision': 'bf16-mixed', 'accumulate_steps': 4, 'ema_decay': None, 'key_impl': 'threefry2x32'}
+        """
+        return {
+            "precision": self.precision.to_data(),
+            "accumulate_steps": self.accumulate_steps,
+            "ema_decay": self.ema_decay,
+            "key_impl": None if self.key_impl is None else str(self.key_impl),
+        }
+
+    def resume_refusal(self, name: str, old: Any) -> str | None:
+        """Why a backup whose option `name` was `old` cannot be resumed into this state; None where it can.
+
+        See `resume_options`.
+        """
+        if name == "accumulate_steps":
+            return (
+                f"its optimizer state holds gradients accumulated towards optimizer steps of {short(old)} "
+                "micro-batches (optax.MultiSteps)"
+            )
+        if name == "precision":
+            scaled = _loss_scaling_of(old)
+            if scaled is None:
+                return "this ciclo does not know the backup's precision"
+            if scaled != self.precision.loss_scaling:
+                if scaled:
+                    return "the backup holds a loss scale (loss_scale) that a precision without one drops"
+                return (
+                    "this state's precision scales the loss, and the backup holds no loss scale to go on from"
+                )
+            return None  # another compute dtype or scale growth: the arrays mean what they meant
+        if name == "ema_decay":
+            if old is None:
+                return "the backup holds no EMA of the weights (ema_params) to go on from"
+            if self.ema_decay is None:
+                return "the backup holds an EMA of the weights (ema_params) that this state does not keep"
+            return None  # the EMA goes on with the new decay
+        if name == "key_impl":
+            return "its random key is the data of another PRNG implementation"
+        return super().resume_refusal(name, old)
+
     def scale_loss(self, loss: jax.Array) -> jax.Array:
         """The loss times the loss scale under `"16-mixed"`; the loss itself otherwise."""
         if self.loss_scale is None:
@@ -400,6 +459,15 @@ class ModelState(ManagedState):
         """Returns the state with empty metrics, placed as before."""
         _, state = self._reset_metrics(None)
         return cast(ModelState, state)
+
+
+def _loss_scaling_of(precision: Any) -> bool | None:
+    """Whether a precision as a backup records it (`Precision.to_data`) scales the loss; None: unknown."""
+    if isinstance(precision, str) and precision in PRECISIONS:
+        return PRECISIONS[precision].loss_scaling
+    if isinstance(precision, dict) and isinstance(precision.get("loss_scaling"), bool):
+        return bool(precision["loss_scaling"])
+    return None
 
 
 def _where(condition: jax.Array, new: Any, old: Any) -> Any:

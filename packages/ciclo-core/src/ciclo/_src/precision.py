@@ -87,6 +87,27 @@ class Precision:
             )
         return policy
 
+    def to_data(self) -> str | dict[str, Any]:
+        """The policy as plain data (JSON), as a backup records it: its name when it is a built-in one.
+
+        Example:
+            >>> import ciclo, jax.numpy as jnp
+            >>> ciclo.types.Precision.of("bf16-mixed").to_data()
+            'bf16-mixed'
+            >>> policy = ciclo.types.Precision(jnp.float16, loss_scaling=True, growth_interval=100)
+            >>> policy.to_data()["compute_dtype"], policy.to_data()["growth_interval"]
+            ('float16', 100)
+        """
+        for name, policy in PRECISIONS.items():
+            if policy == self:
+                return name
+        return {
+            "compute_dtype": None if self.compute_dtype is None else np.dtype(self.compute_dtype).name,
+            "loss_scaling": self.loss_scaling,
+            "initial_scale": float(self.initial_scale),
+            "growth_interval": self.growth_interval,
+        }
+
     def cast(self, tree: Any) -> Any:
         """`tree` with its floating-point leaves in `compute_dtype` (other leaves unchanged)."""
         if self.compute_dtype is None:
