@@ -461,6 +461,12 @@ class ModelState(ManagedState):
         return cast(ModelState, state)
 
 
+def _holds_multi_steps(opt_state: Any) -> bool:
+    """Whether an optimizer state holds an `optax.MultiSteps` state anywhere (a `tx` that accumulates)."""
+    nodes = jax.tree.leaves(opt_state, is_leaf=lambda node: isinstance(node, optax.MultiStepsState))
+    return any(isinstance(node, optax.MultiStepsState) for node in nodes)
+
+
 def _loss_scaling_of(precision: Any) -> bool | None:
     """Whether a precision as a backup records it (`Precision.to_data`) scales the loss; None: unknown."""
     if isinstance(precision, str) and precision in PRECISIONS:
@@ -585,7 +591,8 @@ def create_model_state(
             a `tx` that is not an optax optimizer, a bad key, or not exactly one
             of `inputs` and `variables`.
         ValueError: for an unknown `precision`, `accumulate_steps` below 1 or an
-            `ema_decay` outside [0, 1).
+            `ema_decay` outside [0, 1), or `accumulate_steps` above 1 with a `tx`
+            that is an `optax.MultiSteps` already.
 
     Example:
         >>> import ciclo, jax.numpy as jnp, optax
@@ -635,7 +642,7 @@ def create_model_state(
             values["ema_params"] = jax.tree.map(jnp.copy, params)
         return {"params": params, "model_state": model_state, **values}
 
-    return create_state(
+    state = create_state(
         ModelState,
         fields,
         {
@@ -655,3 +662,11 @@ def create_model_state(
         ema_decay=None if ema_decay is None else float(ema_decay),
         accumulate_steps=accumulate_steps,
     )
+    if accumulate_steps > 1 and _holds_multi_steps(state.opt_state.inner_opt_state):
+        raise ValueError(
+            f"tx is already an optax.MultiSteps, which accumulates micro-batches itself: "
+            f"accumulate_steps={accumulate_steps} would wrap it in a second one, and each optimizer step "
+            f"would wait for both groups. Pass the optimizer inside it with accumulate_steps="
+            f"{accumulate_steps}, or this tx with accumulate_steps=1"
+        )
+    return state
