@@ -439,7 +439,7 @@ class Session:
         fields = _checked_loop_item(loop_item, step, document)
         where = f"at step {step} in {self.spec.directory}"
         # The options that give the arrays their meaning (accumulate_steps, ...), before the arrays.
-        changed = check_static_options(fields["options"], target, f"at step {step} in {self.spec.directory}")
+        changed = check_static_options(fields["options"], target, where)
         target_tree = abstract(target)
         stored = stored_tree(self.manager, step, "state")
         # Compared before orbax reads anything: its own errors name no leaf.
