@@ -192,6 +192,24 @@ def test_a_backup_of_another_model_names_the_leaf(tmp_path):
         )
 
 
+def test_a_backup_of_another_dtype_is_refused_naming_the_leaf_and_both_dtypes(tmp_path):
+    # orbax would cast the float32 backup into the bfloat16 target: the result equals neither run.
+    with pytest.raises(Crash):
+        run(tmp_path, crash_at(7))
+    steps = _steps(tmp_path)
+    other = {"w": jnp.zeros((3, 1), jnp.bfloat16), "b": jnp.zeros((1, 1))}
+    with pytest.raises(
+        ValueError,
+        match=r"\['w'\]: the backup holds dtype float32 \(shape \(3, 1\)\), the target has dtype bfloat16",
+    ) as refused:
+        ciclo.loop(
+            other, batches(), {ciclo.every(1): sgd_step}, stop=30, backup=ciclo.backup(tmp_path, every=5)
+        )
+    assert "['b']" not in str(refused.value)  # only the leaf that differs
+    assert _steps(tmp_path) == steps  # nothing deleted: the run resumes with its own dtypes
+    assert_same_run(run(tmp_path), ciclo.loop(init(), batches(), {ciclo.every(1): sgd_step}, stop=30))
+
+
 def test_callback_states_are_restored(tmp_path):
     # early stopping counts its patience across the restart: it stops where the uninterrupted run did
     def worse_after_4(state, batch, elapsed):
@@ -1085,3 +1103,80 @@ def test_a_resume_notes_the_optimizer_hyperparameters_that_changed(tmp_path, cap
         in caplog.text
     )
     assert float(state.opt_state.hyperparams["learning_rate"]) == pytest.approx(0.1)  # the backup's, as noted
+
+
+class _Scale:
+    """The smallest model for `ciclo.create_model_state`: a dot product."""
+
+    def init(self, key, inputs):
+        return {"w": jnp.ones((2,))}, None
+
+    def apply(self, params, model_state, inputs, *, key, training):
+        return inputs @ params["w"], model_state
+
+
+_OPTION_DATA = [np.full((4, 2), 0.5, np.float32)] * 8
+
+
+def _options_state(**options):
+    return ciclo.create_model_state(
+        _Scale(),
+        inputs=jnp.ones((1, 2)),
+        tx=optax.sgd(0.1),
+        losses=lambda preds: jnp.mean(preds**2),
+        **options,
+    )
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "message"),
+    [
+        (
+            {"accumulate_steps": 4},
+            {"accumulate_steps": 2},
+            r"written with accumulate_steps=4, and this run's state has accumulate_steps=2: "
+            r".*optax\.MultiSteps"
+            r".*Resume with accumulate_steps=4, or give backup= another directory",
+        ),
+        (
+            {"precision": "16-mixed"},
+            {"precision": "32"},
+            r"written with precision='16-mixed', and this run's state has precision='32': .*loss.*"
+            r"Resume with precision='16-mixed'",
+        ),
+        (
+            {},
+            {"ema_decay": 0.5},
+            r"written with ema_decay=None, and this run's state has ema_decay=0\.5: .*EMA.*"
+            r"Resume with ema_decay=None",
+        ),
+    ],
+)
+def test_a_changed_option_the_state_s_arrays_depend_on_is_refused_naming_it(tmp_path, before, after, message):
+    # accumulate_steps 4 -> 2 has the same structure (optax.MultiSteps' state): it used to resume silently.
+    ciclo.train_loop(_options_state(**before), _OPTION_DATA, stop=2, backup=tmp_path)
+    steps = _steps(tmp_path)
+    with pytest.raises(ValueError, match=message):
+        ciclo.train_loop(_options_state(**after), _OPTION_DATA, stop=3, backup=tmp_path)
+    assert _steps(tmp_path) == steps  # refused before anything was read or deleted
+    _, _, elapsed = ciclo.train_loop(_options_state(**before), _OPTION_DATA, stop=3, backup=tmp_path)
+    assert elapsed.steps == 3
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "note"),
+    [
+        ({"precision": "bf16-mixed"}, {"precision": "32"}, "precision: 'bf16-mixed' -> '32'"),
+        ({"ema_decay": 0.99}, {"ema_decay": 0.5}, "ema_decay: 0.99 -> 0.5"),
+    ],
+)
+def test_a_changed_option_the_state_can_go_on_with_is_noted(tmp_path, caplog, before, after, note):
+    ciclo.train_loop(_options_state(**before), _OPTION_DATA, stop=2, backup=tmp_path)
+    with caplog.at_level(logging.WARNING, logger="ciclo"):
+        ciclo.train_loop(_options_state(**before), _OPTION_DATA, stop=3, backup=tmp_path)
+    assert "other options" not in caplog.text  # the same options: nothing to note
+    with caplog.at_level(logging.WARNING, logger="ciclo"):
+        state, _, elapsed = ciclo.train_loop(_options_state(**after), _OPTION_DATA, stop=4, backup=tmp_path)
+    assert f"was written with other options than this run's state has ({note})" in caplog.text
+    assert elapsed.steps == 4
+    assert state.resume_options()[next(iter(after))] == next(iter(after.values()))

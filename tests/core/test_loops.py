@@ -218,6 +218,43 @@ def test_bad_arguments(call, error, match):
 
 
 @pytest.mark.parametrize(
+    ("call", "name", "value"),
+    [
+        (lambda: ciclo.train_loop(CounterState(), [1], test_with_ema="yes"), "test_with_ema", "'yes'"),
+        (
+            lambda: ciclo.train_loop(CounterState(), [1], catch_keyboard_interrupt="no"),
+            "catch_keyboard_interrupt",
+            "'no'",
+        ),
+        (
+            lambda: ciclo.test_loop(CounterState(), [1], catch_keyboard_interrupt=1),
+            "catch_keyboard_interrupt",
+            "1",
+        ),
+        (
+            lambda: ciclo.predict_loop(CounterState(), [1], catch_keyboard_interrupt=None),
+            "catch_keyboard_interrupt",
+            "None",
+        ),
+        (
+            lambda: ciclo.loop(0, [1], {ciclo.every(1): lambda s: s}, catch_keyboard_interrupt=0),
+            "catch_keyboard_interrupt",
+            "0",
+        ),
+        (
+            lambda: ciclo.inner_loop("test", lambda s: (s, None, None), output_state="yes"),
+            "output_state",
+            "'yes'",
+        ),
+    ],
+)
+def test_boolean_options_take_only_true_or_false(call, name, value):
+    # "yes" and "no" are both true: they used to be accepted as True.
+    with pytest.raises(TypeError, match=f"^{name} must be True or False, got {value}$"):
+        call()
+
+
+@pytest.mark.parametrize(
     ("run", "protocol"),
     [
         (lambda: ciclo.train_loop({"w": 1}, range(3)), "ciclo.types.Trainable"),

@@ -51,6 +51,7 @@ from ciclo._src.elapsed import Elapsed, Period, make_elapsed
 from ciclo._src.files import check_closed, open_own, remove_own, write_atomically
 from ciclo._src.finite import all_finite
 from ciclo._src.host_json import from_json, to_json
+from ciclo._src.managed import ResumeRefused, check_static_options, static_options
 from ciclo._src.orbax_io import (
     abstract,
     barrier_prefix,
@@ -70,8 +71,9 @@ _log = logging.getLogger("ciclo")
 
 T_co = TypeVar("T_co", covariant=True)
 
-_FORMAT = 3
-"""The loop item's format: 3 records the loop (kind, stop, samples drawn); 1 held a pickle, never read."""
+_FORMAT = 4
+"""The loop item's format: 4 records the state's static options, 3 the loop (kind, stop, samples drawn);
+1 held a pickle, never read."""
 _MARKER = "ciclo_backup.json"
 """Written next to the checkpoints: says the directory holds ciclo backups."""
 _HISTORY_DIR = "history"
@@ -250,6 +252,7 @@ _LOOP_FIELDS = (
     "samples",
     "iterator_state",
     "kept",
+    "options",
 )
 
 
@@ -456,6 +459,8 @@ class Session:
             try:
                 # Every process resumes from the same step: the reads fail on all of them together.
                 restored = self._restore_step(step, target)
+            except ResumeRefused:
+                raise  # the run's own options, which every backup in the directory was written with
             except Exception as error:  # noqa: BLE001 - orbax, tensorstore and json raise anything
                 failures.append((step, error))
                 _log.warning(
@@ -486,10 +491,14 @@ class Session:
         document = os.path.join(self.spec.directory, str(step), "loop")
         fields = _checked_loop_item(loop_item, step, document)
         where = f"at step {step} in {self.spec.directory}"
+        # The options that give the arrays their meaning (accumulate_steps, ...), before the arrays.
+        changed = check_static_options(fields["options"], target, where)
         target_tree = abstract(target)
         stored = stored_tree(self.manager, step, "state")
         # Compared before orbax reads anything: its own errors name no leaf.
-        check_structure(None if stored is None else stored["state"], target_tree, "the backup", where)
+        check_structure(
+            None if stored is None else stored["state"], target_tree, "the backup", where, dtypes=True
+        )
         try:
             restored = restore_everywhere(
                 manager,
@@ -518,6 +527,15 @@ class Session:
         self.last_saved = step
         self._chunks = chunks
         self._recent = [chunks]
+        if changed:
+            _log.warning(
+                "the backup at step %d in %s was written with other options than this run's state has "
+                "(%s): the run goes on with this state's, so it will not equal the run that was backed up; "
+                "give backup= another directory to start afresh",
+                step,
+                self.spec.directory,
+                "; ".join(changed),
+            )
         return Restored(
             step=step,
             state=restored,
@@ -660,6 +678,7 @@ class Session:
             "samples": int(samples),
             "iterator_state": to_json(iterator_state, "the dataset iterator's get_state()"),
             "kept": sorted(kept),
+            "options": static_options(state),
         }
         ocp = self._ocp
         if step == self.last_saved:

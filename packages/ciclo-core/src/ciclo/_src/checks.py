@@ -93,6 +93,21 @@ def check_directory(directory: str, what: str) -> None:
         raise PermissionError(f"{what} {directory} {where} not writable by this process; {remedy}")
 
 
+def check_bool(value: Any, name: str) -> None:
+    """Refuses an option that must be True or False and is anything else (`"yes"`, `1`, None).
+
+    Raises:
+        TypeError: naming the option and the value.
+
+    Example:
+        >>> check_bool("yes", "test_with_ema")
+        Traceback (most recent call last):
+        TypeError: test_with_ema must be True or False, got 'yes'
+    """
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, got {short(value)}")
+
+
 def check_positive(period: Any, name: str, remedy: str) -> None:
     """Raises if `period` (a `ciclo.types.Period` or None) is reached at once: every set field is 0.
 

@@ -20,7 +20,7 @@ from typing import Any, Final, cast, final
 from ciclo._src.backup import Backup
 from ciclo._src.batches import BatchSizeFn, Stacked, count, is_stacked, steps_of
 from ciclo._src.callbacks._clu import as_loop_callback as clu_callback
-from ciclo._src.checks import DataWarning
+from ciclo._src.checks import DataWarning, check_bool
 from ciclo._src.elapsed import Clock, Elapsed, Period, PeriodLike, make_elapsed, to_period
 from ciclo._src.hooks import LIFECYCLE, check_method_names, warn_misnamed
 from ciclo._src.logs import History, Logs, StackedLogs
@@ -592,6 +592,7 @@ def run_phases(
         (2, [0, 1, 2, 3], [0, 2])
     """
     stop_period = _check_stop(stop)
+    check_bool(catch_keyboard_interrupt, "catch_keyboard_interrupt")
     plan = _Plan.build(phases, on_start, on_end)
     history = _as_history(history)
     iterator = iterate_dataset(dataset)

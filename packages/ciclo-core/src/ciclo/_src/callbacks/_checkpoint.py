@@ -242,7 +242,11 @@ def _restore(manager: Any, directory: str, target: T, step: object, monitor: str
     wrapped = is_single_leaf(target)
     item = {"state": abstract(target)} if wrapped else abstract(target)
     check_structure(
-        stored_tree(manager, resolved), item, "the checkpoint", f"of step {resolved} in {directory}"
+        stored_tree(manager, resolved),
+        item,
+        "the checkpoint",
+        f"of step {resolved} in {directory}",
+        dtypes=False,  # restoring a checkpoint casts to the target's dtype (docs/guide.md)
     )
     # Under several processes, a checkpoint one of them cannot read raises on all of them.
     restored = restore_everywhere(
