@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import re
+import shutil
 import signal
+import socket
 
 import jax
 import jax.numpy as jnp
@@ -186,6 +190,24 @@ def test_a_backup_of_another_model_names_the_leaf(tmp_path):
         ciclo.loop(
             other, batches(), {ciclo.every(1): sgd_step}, stop=30, backup=ciclo.backup(tmp_path, every=5)
         )
+
+
+def test_a_backup_of_another_dtype_is_refused_naming_the_leaf_and_both_dtypes(tmp_path):
+    # orbax would cast the float32 backup into the bfloat16 target: the result equals neither run.
+    with pytest.raises(Crash):
+        run(tmp_path, crash_at(7))
+    steps = _steps(tmp_path)
+    other = {"w": jnp.zeros((3, 1), jnp.bfloat16), "b": jnp.zeros((1, 1))}
+    with pytest.raises(
+        ValueError,
+        match=r"\['w'\]: the backup holds dtype float32 \(shape \(3, 1\)\), the target has dtype bfloat16",
+    ) as refused:
+        ciclo.loop(
+            other, batches(), {ciclo.every(1): sgd_step}, stop=30, backup=ciclo.backup(tmp_path, every=5)
+        )
+    assert "['b']" not in str(refused.value)  # only the leaf that differs
+    assert _steps(tmp_path) == steps  # nothing deleted: the run resumes with its own dtypes
+    assert_same_run(run(tmp_path), ciclo.loop(init(), batches(), {ciclo.every(1): sgd_step}, stop=30))
 
 
 def test_callback_states_are_restored(tmp_path):
@@ -532,8 +554,14 @@ def _steps(directory):
     return sorted((p for p in directory.iterdir() if p.name.isdigit()), key=lambda p: -int(p.name))
 
 
+def _logged_add(state, batch):
+    return ciclo.logs().add_metric("x", state), state + batch
+
+
 def _small_run(directory):
-    return ciclo.loop(0, range(4), {ciclo.every(1): add}, backup=ciclo.backup(directory, every=2), stop=3)
+    return ciclo.loop(
+        0, range(4), {ciclo.every(1): _logged_add}, backup=ciclo.backup(directory, every=2), stop=3
+    )
 
 
 def test_a_backup_is_read_as_data_and_a_pickle_in_it_never_runs(tmp_path):
@@ -562,6 +590,8 @@ def test_a_backup_is_read_as_data_and_a_pickle_in_it_never_runs(tmp_path):
         ("position", 10**12, r"position is 1000000000000, not a number of batches from 0 to the 3 steps"),
         ("position", -1, r"position is -1"),
         ("elapsed", [-3, 0, 0.0, 0.0], r"elapsed is \[-3, 0, 0.0, 0.0\]"),
+        ("elapsed", [3, 3, float("nan"), 0.0], r"elapsed is \[3, 3, nan, 0.0\]"),
+        ("elapsed", [3, 3, 1.0, float("inf")], r"elapsed is \[3, 3, 1.0, inf\]"),
         ("extra", 1, r"unknown fields \['extra'\]"),
         ("callbacks", [], r"callbacks is a list, not a dict"),
         (
@@ -600,7 +630,26 @@ def _zero_state_files(step):
             path.write_bytes(bytes(path.stat().st_size))
 
 
-@pytest.mark.parametrize("damage", [_truncate_loop_document, _zero_state_files])
+def _garbage_rows(step):
+    """The newest backup's own rows chunk, crafted: a string where the History holds numbers."""
+    import json
+
+    chunk = step.parent / "history" / "rows-2-3.json"
+    part = json.loads(chunk.read_text())
+    part["values"] = [{"$tuple": ["<script>"]}]
+    chunk.write_text(json.dumps(part))
+
+
+def _nan_row_time(step):
+    import json
+
+    chunk = step.parent / "history" / "rows-2-3.json"
+    part = json.loads(chunk.read_text())
+    part["elapsed"] = [{"$tuple": [2, 2, {"$float": "nan"}]}]
+    chunk.write_text(json.dumps(part))
+
+
+@pytest.mark.parametrize("damage", [_truncate_loop_document, _zero_state_files, _garbage_rows, _nan_row_time])
 def test_a_damaged_newest_backup_is_warned_about_and_the_one_before_resumed(tmp_path, damage, caplog):
     reference = _small_run(tmp_path / "reference")
     _small_run(tmp_path / "run")
@@ -697,7 +746,7 @@ def test_another_loop_kind_is_refused_before_any_step(tmp_path):
     _small_run(tmp_path)
     ran = []
     with pytest.raises(
-        ValueError, match=r"written by loop, and this loop is predict_loop.*directory of this"
+        ValueError, match=r"written by 'loop', and this loop is 'predict_loop'.*directory of this"
     ):
         ciclo.predict_loop(
             0,
@@ -706,6 +755,107 @@ def test_another_loop_kind_is_refused_before_any_step(tmp_path):
             backup=tmp_path,
         )
     assert ran == []
+
+
+def test_a_crafted_kind_is_echoed_bounded(tmp_path):
+    import json
+
+    _small_run(tmp_path)
+    for step in _steps(tmp_path):
+        document = step / "loop" / "metadata"
+        item = json.loads(document.read_text())
+        item["kind"] = "k" * 1_000_000
+        document.write_text(json.dumps(item))
+    with pytest.raises(ValueError, match=r"written by 'kkk") as caught:
+        _small_run(tmp_path)
+    assert len(str(caught.value)) < 1000
+
+
+def test_the_resume_line_is_silenced_through_its_logger(tmp_path, capsys):
+    _small_run(tmp_path)
+    capsys.readouterr()
+    logging.getLogger("ciclo.resume").setLevel(logging.ERROR)
+    try:
+        assert _small_run(tmp_path)[0] == 3  # resumed: the finished run
+    finally:
+        logging.getLogger("ciclo.resume").setLevel(logging.NOTSET)
+    assert capsys.readouterr().err == ""
+    _small_run(tmp_path)
+    assert capsys.readouterr().err.startswith("ciclo: resumed loop from the backup at step 3")
+
+
+def test_a_resume_and_a_preemption_each_print_one_line_by_default(tmp_path):
+    import subprocess
+    import sys
+
+    script = (
+        "import os, signal, sys, ciclo\n"
+        "def step(state, batch):\n"
+        "    if batch == 3 and sys.argv[1] == 'kill': os.kill(os.getpid(), signal.SIGTERM)\n"
+        "    return state + 1\n"
+        f"ciclo.loop(0, range(6), {{ciclo.every(1): step}}, stop=6, backup={str(tmp_path)!r})\n"
+    )
+    first = subprocess.run(
+        [sys.executable, "-c", script, "kill"], capture_output=True, text=True, timeout=120
+    )
+    assert first.returncode == 143
+    assert first.stderr.strip().splitlines() == [
+        f"ciclo: preempted by SIGTERM after step 4: the backup is saved in {tmp_path}; run the same "
+        "command again to resume from it"
+    ]
+    second = subprocess.run([sys.executable, "-c", script, "go"], capture_output=True, text=True, timeout=120)
+    assert second.returncode == 0
+    assert second.stderr.strip().splitlines() == [
+        f"ciclo: resumed loop from the backup at step 4 in {tmp_path}"
+    ]
+
+
+# ----------------------------------------------------------------------------- a closed world
+
+
+@pytest.mark.parametrize("where", ["history", "history/rows-0-2.json", "2/state"])
+def test_a_link_in_a_backup_directory_is_refused_and_nothing_outside_is_touched(tmp_path, where):
+    outside = tmp_path / "data"
+    outside.mkdir()
+    for name in ("a.csv", "rows-0-2.json", "rows-9-10.json"):
+        (outside / name).write_text("precious")
+    directory = tmp_path / "backup"
+    if where == "history":
+        directory.mkdir()  # a fresh directory planted with `history -> data`
+    else:
+        _small_run(directory)
+        target = directory / where
+        (shutil.rmtree if target.is_dir() else os.unlink)(target)
+    (directory / where).symlink_to(outside / ("rows-0-2.json" if where.endswith(".json") else ""))
+    with pytest.raises(ciclo.types.LinkError, match=rf"holds {directory / where}, a symbolic link"):
+        _small_run(directory)
+    assert sorted(p.name for p in outside.iterdir()) == ["a.csv", "rows-0-2.json", "rows-9-10.json"]
+    assert {p.read_text() for p in outside.iterdir()} == {"precious"}
+
+
+def test_a_hard_link_in_a_backup_directory_is_refused(tmp_path):
+    _small_run(tmp_path / "backup")
+    outside = tmp_path / "elsewhere.json"
+    os.link(tmp_path / "backup" / "history" / "rows-0-2.json", outside)
+    with pytest.raises(ciclo.types.LinkError, match=r"rows-0-2.json, a file with 1 other hard link"):
+        _small_run(tmp_path / "backup")
+
+
+def test_cleanup_deletes_only_the_chunks_ciclo_wrote(tmp_path):
+    (tmp_path / "history").mkdir(parents=True)
+    (tmp_path / "ciclo_backup.json").write_text('{"format": 3}')
+    for name in ("notes.txt", "rows-x-y.json", "rows-0-2.json.bak"):
+        (tmp_path / "history" / name).write_text("mine")
+    (tmp_path / "history" / "rows-90-99.json").write_text("a killed run's chunk")
+    run(tmp_path, stop=12, every=4)  # each backup's cleanup runs over the folder
+    assert sorted(os.listdir(tmp_path / "history")) == [
+        "notes.txt",
+        "rows-0-2.json.bak",
+        "rows-0-4.json",
+        "rows-4-8.json",
+        "rows-8-12.json",
+        "rows-x-y.json",
+    ]
 
 
 def sized_batches(size, n):
@@ -762,6 +912,81 @@ def test_a_second_process_on_one_backup_directory_is_refused_with_the_owners_nam
         assert child.wait(timeout=120) == 0
     assert not lock.exists()  # released when the loop ended
     assert _small_run(directory)[2].steps == 3  # then usable: it goes on from the 2 steps of the other run
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        "",
+        "{not json",
+        # This process is alive, but it is not the holder: another start time (a reused pid).
+        json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "started": "another-boot/1"}),
+        json.dumps({"pid": 1, "host": socket.gethostname()}),  # pid 1 lives: a container's restart
+    ],
+    ids=["empty", "unreadable", "reused-pid", "pid-1"],
+)
+def test_a_lock_no_live_process_holds_is_taken_over_with_a_warning(tmp_path, content, caplog):
+    _small_run(tmp_path / "backup")
+    (tmp_path / "backup" / "ciclo_backup.lock").write_text(content)
+    with caplog.at_level("WARNING", logger="ciclo"):
+        assert _small_run(tmp_path / "backup")[0] == 3
+    assert "taking over the lock of" in caplog.text
+    assert not (tmp_path / "backup" / "ciclo_backup.lock").exists()
+
+
+NAMESPACED_RUN = """
+import os, sys
+assert os.getpid() == 1, os.getpid()
+import ciclo
+
+def step(state, batch):
+    if batch == 2 and not os.path.exists({resumed!r}):
+        open({ready!r}, "w").close()
+        while True:  # held here, lock taken, until the test SIGKILLs this pid 1
+            pass
+    return state + batch
+
+state, _, _ = ciclo.loop(
+    0, range(5), {{ciclo.every(1): step}}, stop=5, backup=ciclo.backup({directory!r}, every=1)
+)
+print(state)
+"""
+
+
+def test_a_container_pid_1_killed_and_restarted_as_pid_1_resumes(tmp_path):
+    """A job SIGKILLed as pid 1 of its pid namespace, then restarted as pid 1 on the same host, resumes."""
+    import shutil as _shutil
+    import subprocess
+    import sys
+    import time
+
+    unshare = ["unshare", "--pid", "--fork", "--mount-proc"]
+    if _shutil.which("unshare") is None or subprocess.run([*unshare, "true"]).returncode != 0:
+        pytest.skip("needs unshare and the right to make a pid namespace (root, as in CI)")
+    ready, resumed, directory = tmp_path / "ready", tmp_path / "resumed", tmp_path / "backup"
+    script = NAMESPACED_RUN.format(ready=str(ready), resumed=str(resumed), directory=str(directory))
+    first = subprocess.Popen([*unshare, sys.executable, "-c", script], start_new_session=True)
+    try:
+        while not ready.exists():  # the worker holds the lock and waits in step 3
+            assert first.poll() is None, "the namespaced run exited before its step 3"
+            time.sleep(0.05)
+        children = f"/proc/{first.pid}/task/{first.pid}/children"
+        with open(children) as file:
+            (pid_1,) = map(int, file.read().split())  # the namespace's pid 1, seen from here
+        os.kill(pid_1, signal.SIGKILL)
+        assert first.wait(timeout=60) != 0
+    finally:
+        if first.poll() is None:
+            os.killpg(first.pid, signal.SIGKILL)
+    assert (directory / "ciclo_backup.lock").exists()  # left by the killed pid 1
+    resumed.touch()
+    second = subprocess.run(
+        [*unshare, sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+    )
+    assert second.returncode == 0, second.stderr
+    assert "taking over the lock" in second.stderr
+    assert re.search(r"resumed loop from the backup at step [12] in", second.stderr)  # 2's save is async
+    assert second.stdout.split() == ["10"]
 
 
 def test_a_lock_left_by_a_killed_process_is_taken_over(tmp_path, caplog):
@@ -884,3 +1109,80 @@ def test_a_resume_notes_the_optimizer_hyperparameters_that_changed(tmp_path, cap
         in caplog.text
     )
     assert float(state.opt_state.hyperparams["learning_rate"]) == pytest.approx(0.1)  # the backup's, as noted
+
+
+class _Scale:
+    """The smallest model for `ciclo.create_model_state`: a dot product."""
+
+    def init(self, key, inputs):
+        return {"w": jnp.ones((2,))}, None
+
+    def apply(self, params, model_state, inputs, *, key, training):
+        return inputs @ params["w"], model_state
+
+
+_OPTION_DATA = [np.full((4, 2), 0.5, np.float32)] * 8
+
+
+def _options_state(**options):
+    return ciclo.create_model_state(
+        _Scale(),
+        inputs=jnp.ones((1, 2)),
+        tx=optax.sgd(0.1),
+        losses=lambda preds: jnp.mean(preds**2),
+        **options,
+    )
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "message"),
+    [
+        (
+            {"accumulate_steps": 4},
+            {"accumulate_steps": 2},
+            r"written with accumulate_steps=4, and this run's state has accumulate_steps=2: "
+            r".*optax\.MultiSteps"
+            r".*Resume with accumulate_steps=4, or give backup= another directory",
+        ),
+        (
+            {"precision": "16-mixed"},
+            {"precision": "32"},
+            r"written with precision='16-mixed', and this run's state has precision='32': .*loss.*"
+            r"Resume with precision='16-mixed'",
+        ),
+        (
+            {},
+            {"ema_decay": 0.5},
+            r"written with ema_decay=None, and this run's state has ema_decay=0\.5: .*EMA.*"
+            r"Resume with ema_decay=None",
+        ),
+    ],
+)
+def test_a_changed_option_the_state_s_arrays_depend_on_is_refused_naming_it(tmp_path, before, after, message):
+    # accumulate_steps 4 -> 2 has the same structure (optax.MultiSteps' state): it used to resume silently.
+    ciclo.train_loop(_options_state(**before), _OPTION_DATA, stop=2, backup=tmp_path)
+    steps = _steps(tmp_path)
+    with pytest.raises(ValueError, match=message):
+        ciclo.train_loop(_options_state(**after), _OPTION_DATA, stop=3, backup=tmp_path)
+    assert _steps(tmp_path) == steps  # refused before anything was read or deleted
+    _, _, elapsed = ciclo.train_loop(_options_state(**before), _OPTION_DATA, stop=3, backup=tmp_path)
+    assert elapsed.steps == 3
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "note"),
+    [
+        ({"precision": "bf16-mixed"}, {"precision": "32"}, "precision: 'bf16-mixed' -> '32'"),
+        ({"ema_decay": 0.99}, {"ema_decay": 0.5}, "ema_decay: 0.99 -> 0.5"),
+    ],
+)
+def test_a_changed_option_the_state_can_go_on_with_is_noted(tmp_path, caplog, before, after, note):
+    ciclo.train_loop(_options_state(**before), _OPTION_DATA, stop=2, backup=tmp_path)
+    with caplog.at_level(logging.WARNING, logger="ciclo"):
+        ciclo.train_loop(_options_state(**before), _OPTION_DATA, stop=3, backup=tmp_path)
+    assert "other options" not in caplog.text  # the same options: nothing to note
+    with caplog.at_level(logging.WARNING, logger="ciclo"):
+        state, _, elapsed = ciclo.train_loop(_options_state(**after), _OPTION_DATA, stop=4, backup=tmp_path)
+    assert f"was written with other options than this run's state has ({note})" in caplog.text
+    assert elapsed.steps == 4
+    assert state.resume_options()[next(iter(after))] == next(iter(after.values()))

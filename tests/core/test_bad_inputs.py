@@ -77,6 +77,22 @@ class NoHooks:
     pass
 
 
+class MisspeltHook:
+    def on_epoch_ends(self, state: Any) -> None: ...
+
+
+class MisspeltBesideAHook:
+    def on_train_batch_end(self, state: Any, batch: Any) -> None: ...
+
+    def on_train_ends(self, state: Any) -> None: ...
+
+
+class OldLoopEnd:
+    def __loop_callback__(self, loop_state: Any) -> None: ...
+
+    def __loop_end__(self, loop_state: Any) -> None: ...
+
+
 def model_state(inputs: Any = None, **kwargs: Any) -> ciclo.types.ModelState:
     return ciclo.create_model_state(
         LinearClassifier(),
@@ -145,6 +161,25 @@ CASES: list[tuple[str, Callable[[Any], Any], type, str, int | None]] = [
         OSError,
         r"cannot read shard 3[\s\S]*raised by the dataset when the loop asked for the batch of step 2",
         2,
+    ),
+    (
+        "dataset raising midway, read ahead by prefetch",
+        lambda p: train(tasks={ciclo.on_train_step: step}, dataset=failing_dataset(), prefetch=3),
+        OSError,
+        r"cannot read shard 3[\s\S]*raised by the dataset when the loop asked for the batch of step 2",
+        2,
+    ),
+    (
+        "a batch leaf no device holds, with prefetch",
+        lambda p: train(
+            tasks={ciclo.on_train_step: step},
+            dataset=[{"x": X}] * 3 + [{"x": X, "name": "abc"}],
+            prefetch=2,
+        ),
+        TypeError,
+        r"cannot put batch 3 .* its leaf \['name'\] is a str \('abc'\), not a number or an array of numbers"
+        r"[\s\S]*the batch of step 3",
+        3,
     ),
     (
         "dataset ending before stop",
@@ -282,6 +317,27 @@ CASES: list[tuple[str, Callable[[Any], Any], type, str, int | None]] = [
         lambda p: train(tasks={ciclo.on_train_step: step}, callbacks=[NoHooks()]),
         ValueError,
         r"has none of the hooks this loop runs.*put it in the tasks dict under a schedule",
+        0,
+    ),
+    (
+        "callbacks=[object with a misspelt hook]",
+        lambda p: train(tasks={ciclo.on_train_step: step}, callbacks=[MisspeltHook()], epoch_duration=2),
+        ValueError,
+        r"has none of the hooks this loop runs.*on_epoch_ends is not a hook: rename it on_epoch_end",
+        0,
+    ),
+    (
+        "a misspelt hook beside a real one",
+        lambda p: train(tasks={ciclo.on_train_step: step}, callbacks=[MisspeltBesideAHook()]),
+        UserWarning,
+        r"has a method on_train_ends, which no loop calls: rename it on_train_end",
+        None,
+    ),
+    (
+        "a __loop_end__ method",
+        lambda p: loop({ciclo.every(1): [step, OldLoopEnd()]}),
+        TypeError,
+        r"has a method __loop_end__, which no loop calls: rename it on_end",
         0,
     ),
     ("train_loop with no step", lambda p: train(tasks={}), TypeError, r"train_loop has no step to run", 0),

@@ -96,3 +96,54 @@ def test_a_callback_state_that_is_not_data_is_refused_before_the_first_step(tmp_
     with pytest.raises(TypeError, match=r"the state of callback Unsaveable\['handle'\] is of type object"):
         ciclo.loop(0, range(3), {ciclo.every(1): [step, Unsaveable()]}, backup=tmp_path)
     assert steps == []
+
+
+HUGE = "x" * 1_000_000  # a crafted field of a backup's document
+
+
+def nested(depth):
+    data = {"$float": "1e999"}
+    for _ in range(depth):
+        data = {HUGE[: 10_000 + depth]: data}
+    return data
+
+
+def early_stopping_snapshot(**changes):
+    return {**ciclo.early_stopping("loss").state_dict(), **changes}
+
+
+@pytest.mark.parametrize(
+    ("load", "message"),
+    [
+        (lambda: from_json({"$" + HUGE: 1}, "doc"), r"unknown fields"),
+        (
+            lambda: from_json({"$key": {"impl": HUGE, "data": to_json(np.zeros(2, np.uint32), "d")}}, "doc"),
+            r"\$key of impl 'xxx.*', which JAX does not know",
+        ),
+        (
+            lambda: from_json(
+                {"$array": {"dtype": "float32", "shape": [1] * 100_000, "scalar": False, "data": ""}}, "doc"
+            ),
+            r"holds 0 bytes, not those of a float32 array of shape \(1, 1, ",
+        ),
+        (
+            lambda: from_json(
+                {"$array": {"dtype": {"names": [HUGE]}, "shape": [], "scalar": True, "data": ""}}, "doc"
+            ),
+            r"dtype",
+        ),
+        (lambda: from_json(nested(40), "doc"), r"doc\['xxx.*not nan, inf or -inf"),
+        (
+            lambda: ciclo.early_stopping("loss").load_state_dict(early_stopping_snapshot(**{HUGE: 1})),
+            r"unknown: \['xxx",
+        ),
+        (
+            lambda: ciclo.early_stopping("loss").load_state_dict(early_stopping_snapshot(best=HUGE)),
+            r"'xxx.*where a number belongs",
+        ),
+    ],
+)
+def test_a_crafted_huge_value_is_echoed_bounded(load, message):
+    with pytest.raises((ValueError, TypeError), match=message) as info:
+        load()
+    assert len(str(info.value)) < 1_000

@@ -382,3 +382,38 @@ def test_a_known_name_in_another_position_is_refused_before_the_first_step():
 
     with pytest.raises(TypeError, match=r"takes 'elapsed' as argument 2, where the loop passes 'batch'"):
         ciclo.loop(0, [1], {ciclo.every(1): [misnamed]})
+
+
+@pytest.mark.parametrize(
+    ("name", "right"),
+    [("__loop_end__", "on_end"), ("__loop_callbak__", "__loop_callback__"), ("__loop_x__", "")],
+)
+def test_a_loop_dunder_that_no_loop_calls_is_refused_before_the_first_step(name, right):
+    steps = []
+    Old = type("Old", (), {"__call__": lambda self, state: steps.append(state), name: lambda self, *a: None})
+    with pytest.raises(TypeError, match=rf"{name}, which no loop calls.*{right}"):
+        ciclo.loop(0, range(3), {ciclo.every(1): [Old()]})
+    with pytest.raises(TypeError, match=rf"{name}, which no loop calls"):
+        ciclo.loop(0, range(3), {ciclo.every(1): [lambda state: state]}, on_end=Old())
+    assert steps == []
+
+
+def test_a_near_miss_of_on_end_on_a_loop_callback_object_is_warned():
+    class Closer:
+        def __loop_callback__(self, loop_state):
+            return None
+
+        def on_ends(self, loop_state, error): ...
+
+    with pytest.warns(
+        UserWarning, match=r"Closer.* has a method on_ends, which no loop calls.*rename it on_end"
+    ):
+        ciclo.loop(0, range(2), {ciclo.every(1): [Closer()]})
+
+
+def test_no_class_of_ciclo_has_a_method_taken_for_a_misspelt_hook():
+    from ciclo._src.hooks import misnamed_methods
+
+    classes = [value for value in vars(ciclo.types).values() if isinstance(value, type)]
+    assert len(classes) > 30
+    assert {cls.__name__: misnamed_methods(cls) for cls in classes} == {cls.__name__: () for cls in classes}

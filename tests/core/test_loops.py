@@ -218,6 +218,43 @@ def test_bad_arguments(call, error, match):
 
 
 @pytest.mark.parametrize(
+    ("call", "name", "value"),
+    [
+        (lambda: ciclo.train_loop(CounterState(), [1], test_with_ema="yes"), "test_with_ema", "'yes'"),
+        (
+            lambda: ciclo.train_loop(CounterState(), [1], catch_keyboard_interrupt="no"),
+            "catch_keyboard_interrupt",
+            "'no'",
+        ),
+        (
+            lambda: ciclo.test_loop(CounterState(), [1], catch_keyboard_interrupt=1),
+            "catch_keyboard_interrupt",
+            "1",
+        ),
+        (
+            lambda: ciclo.predict_loop(CounterState(), [1], catch_keyboard_interrupt=None),
+            "catch_keyboard_interrupt",
+            "None",
+        ),
+        (
+            lambda: ciclo.loop(0, [1], {ciclo.every(1): lambda s: s}, catch_keyboard_interrupt=0),
+            "catch_keyboard_interrupt",
+            "0",
+        ),
+        (
+            lambda: ciclo.inner_loop("test", lambda s: (s, None, None), output_state="yes"),
+            "output_state",
+            "'yes'",
+        ),
+    ],
+)
+def test_boolean_options_take_only_true_or_false(call, name, value):
+    # "yes" and "no" are both true: they used to be accepted as True.
+    with pytest.raises(TypeError, match=f"^{name} must be True or False, got {value}$"):
+        call()
+
+
+@pytest.mark.parametrize(
     ("run", "protocol"),
     [
         (lambda: ciclo.train_loop({"w": 1}, range(3)), "ciclo.types.Trainable"),
@@ -241,3 +278,64 @@ def test_user_state_classes_satisfy_the_state_protocols():
 def test_a_plain_state_runs_with_tasks_only():
     state, history, elapsed = ciclo.train_loop({"w": 1}, range(3), {ciclo.every(1): [lambda: None]})
     assert state == {"w": 1} and len(history) == 0 and elapsed.steps == 3
+
+
+class _Bar:
+    """A callback object whose methods are hooks, or ordinary methods no loop mistakes for one."""
+
+    def __init__(self):
+        self.batches = 0
+
+    def on_train_batch_end(self, state, batch):
+        self.batches += 1
+
+    def update(self): ...
+
+    def reset(self): ...
+
+    def state_dict(self):
+        return {}
+
+    def load_state_dict(self, state): ...
+
+    def close(self): ...
+
+
+def test_ordinary_methods_of_a_callback_object_are_not_taken_for_hooks():
+    bar = _Bar()
+    ciclo.train_loop(CounterState(), range(3), callbacks=[bar])  # warnings are errors in the tests
+    assert bar.batches == 3
+
+
+@pytest.mark.parametrize(
+    ("misspelt", "right"), [("on_epoch_ends", "on_epoch_end"), ("on_epoch_edn", "on_epoch_end")]
+)
+def test_a_near_miss_of_a_hook_name_on_an_object_with_no_hook_is_refused_naming_the_hook(misspelt, right):
+    ran = []
+    Missed = type("Missed", (), {misspelt: lambda self, state: ran.append(1)})
+    with pytest.raises(
+        ValueError, match=rf"has none of the hooks.*{misspelt} is not a hook: rename it {right}"
+    ):
+        ciclo.train_loop(CounterState(), range(3), callbacks=[Missed()], epoch_duration=1)
+    assert ran == []
+
+
+def test_a_near_miss_beside_a_valid_hook_is_warned_naming_the_hook_before_the_first_step():
+    class Both(_Bar):
+        def on_train_batch_ends(self, state, batch): ...
+
+    state = CounterState()
+    with pytest.warns(
+        UserWarning, match=r"on_train_batch_ends, which no loop calls.*rename it on_train_batch_end"
+    ):
+        ciclo.train_loop(state, range(3), callbacks=[Both()])
+    assert [kind for kind, _ in state.log] == ["train"] * 3
+
+
+@pytest.mark.parametrize(("dunder", "right"), [("__loop_end__", "on_end"), ("__loop_start__", "on_start")])
+def test_a_loop_dunder_other_than_loop_callback_is_refused_before_the_first_step(dunder, right):
+    Old = type("Old", (_Bar,), {dunder: lambda self, loop_state: None})
+    state = CounterState()
+    with pytest.raises(TypeError, match=rf"{dunder}, which no loop calls.*rename it {right}"):
+        ciclo.train_loop(state, range(3), callbacks=[Old()])
+    assert state.log == []

@@ -104,6 +104,58 @@ def test_train_loop_prefetches_only_when_asked(prefetch: int | None) -> None:
     assert state == 3 and [issubclass(kind, jax.Array) for kind in seen] == [bool(prefetch)] * 3
 
 
+def failing_at(index: int) -> Any:
+    for i in range(index):
+        yield np.full(2, i, np.float32)
+    raise OSError(f"cannot read shard {index}")
+
+
+def test_a_dataset_error_read_ahead_is_raised_at_the_step_of_the_batch_that_failed() -> None:
+    steps = []
+
+    def train_step(state: Any, batch: Any) -> Any:
+        steps.append(int(batch[0]))
+        return state + 1
+
+    with pytest.raises(OSError, match="cannot read shard 5") as info:
+        ciclo.train_loop(0, failing_at(5), {ciclo.on_train_step: [train_step]}, prefetch=3)
+    assert steps == [0, 1, 2, 3, 4]  # the batches before it trained, as without prefetch
+    notes = "\n".join(getattr(info.value, "__notes__", []))
+    assert "the batch of step 5 (5 batches drawn before it" in notes or not hasattr(info.value, "add_note")
+
+
+@pytest.mark.parametrize(
+    ("strategy", "leaf", "path", "kind"),
+    [
+        (None, "abc", r"\['name'\]", "str"),
+        (None, np.array(["a", "b"]), r"\['name'\]", "ndarray of dtype <U1"),
+        ("data_parallel", "abc", r"\['name'\]", "str"),
+    ],
+)
+def test_a_batch_leaf_that_cannot_be_placed_is_named_with_its_path_and_type(
+    strategy: str | None, leaf: Any, path: str, kind: str
+) -> None:
+    batches = [{"x": np.ones((2, 3), np.float32), "name": leaf}]
+    prefetched = ciclo.prefetch_to_device(batches, 2, strategy)
+    with pytest.raises(TypeError, match=rf"batch 0 .*leaf {path}.* is a {kind}.*not a number or.*array"):
+        next(prefetched)
+
+
+def test_train_loop_names_the_unplaceable_leaf_and_the_step_of_its_batch() -> None:
+    steps = []
+    batches = [{"x": np.ones(2, np.float32), "name": np.zeros(1)}] * 3 + [{"x": np.ones(2), "name": "abc"}]
+
+    def train_step(state: Any, batch: Any) -> Any:
+        steps.append(1)
+        return state + 1
+
+    with pytest.raises(TypeError, match=r"batch 3 .*leaf \['name'\] is a str \('abc'\)") as info:
+        ciclo.train_loop(0, batches, {ciclo.on_train_step: [train_step]}, prefetch=2)
+    assert len(steps) == 3
+    notes = "\n".join(getattr(info.value, "__notes__", []))
+    assert "the batch of step 3" in notes or not hasattr(info.value, "add_note")
+
+
 def test_batches_are_placed_for_the_strategy_and_the_managed_step_copies_nothing(strategy: str) -> None:
     data = training.batches(2)
     if strategy != "eager":

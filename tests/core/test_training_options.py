@@ -8,6 +8,7 @@ learning-rate schedule's count and the loss scale's growth.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import jax
@@ -208,3 +209,124 @@ def test_train_loop_tests_with_the_ema_and_trains_on_with_the_trained_weights() 
 def test_train_loop_refuses_test_with_ema_without_an_ema() -> None:
     with pytest.raises(ValueError, match="create it with ema_decay="):
         ciclo.train_loop(make(), DATA, test_dataset=lambda: DATA, epoch_duration=4, test_with_ema=True)
+
+
+def _overflowing(count: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Batches whose predictions overflow float16 at any loss scale: every 16-mixed step is skipped."""
+    return [(inputs * 1e6, target) for inputs, target in batches(count)]
+
+
+def _stuck(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [record.getMessage() for record in caplog.records if "were all skipped" in record.getMessage()]
+
+
+def test_a_float16_run_whose_every_step_is_skipped_warns_once(caplog: pytest.LogCaptureFixture) -> None:
+    # It used to train nothing for the whole run and say so only in the logged skipped_steps.
+    with caplog.at_level(logging.WARNING, logger="ciclo"):
+        trained, history, _ = ciclo.train_loop(make(precision="16-mixed"), _overflowing(30))
+    assert history.collect("skipped_steps")[-1] == 30
+    (message,) = _stuck(caplog)
+    # The count copied at step 20 is read at step 30, the next check.
+    assert (
+        "the last 20 steps up to step 20 were all skipped, and the loss scale is down to 1 (its floor)"
+        in message
+    )
+    assert "precision='bf16-mixed'" in message and "max_skipped_steps" in message
+    np.testing.assert_array_equal(np.asarray(trained.params["w"]), np.asarray(make().params["w"]))
+
+
+def test_a_run_that_ends_stuck_at_the_scale_s_floor_warns_as_it_ends(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="ciclo"):
+        ciclo.train_loop(make(precision="16-mixed"), _overflowing(17))  # 2**16 halved 16 times is 1
+    (message,) = _stuck(caplog)
+    assert (
+        "the last 17 steps up to step 17 were all skipped, and the loss scale is down to 1 (its floor)"
+        in message
+    )
+
+
+def test_max_skipped_steps_stops_a_stuck_run(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="ciclo"):
+        _, _, elapsed = ciclo.train_loop(make(precision="16-mixed"), _overflowing(60), max_skipped_steps=5)
+    assert elapsed.steps == 20  # the count copied at step 10 is read at step 20
+    (message,) = _stuck(caplog)
+    assert "the last 10 steps up to step 10 were all skipped" in message
+    assert "Stopping the loop: max_skipped_steps=5" in message
+
+
+def test_a_float16_run_that_skips_a_few_steps_says_nothing(caplog: pytest.LogCaptureFixture) -> None:
+    data = batches(30)
+    data[3] = (data[3][0] * 1e6, data[3][1])
+    with caplog.at_level(logging.WARNING, logger="ciclo"):
+        _, history, _ = ciclo.train_loop(make(precision="16-mixed"), data, max_skipped_steps=2)
+    assert history.collect("skipped_steps")[-1] == 1
+    assert caplog.text == ""
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "match"),
+    [
+        ({"max_skipped_steps": 0}, ValueError, "max_skipped_steps must be None or an int >= 1, got 0"),
+        ({"max_skipped_steps": True}, ValueError, "max_skipped_steps must be None or an int >= 1, got True"),
+    ],
+)
+def test_bad_max_skipped_steps_are_refused(options: dict[str, Any], error: type, match: str) -> None:
+    with pytest.raises(error, match=match):
+        ciclo.train_loop(make(precision="16-mixed"), DATA, **options)
+
+
+def test_max_skipped_steps_needs_a_loss_scale() -> None:
+    with pytest.raises(ValueError, match="counts the steps a loss scale skips, and this state has none"):
+        ciclo.train_loop(make(), DATA, max_skipped_steps=5)
+
+
+def _unapplied(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [
+        record.getMessage()
+        for record in caplog.records
+        if "accumulated after its last" in record.getMessage()
+    ]
+
+
+def test_micro_batches_a_stop_leaves_unapplied_are_announced_before_the_first_step(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # They used to be dropped at the end of the run without a word.
+    said_before_the_first_step = []
+
+    def first_step(elapsed: ciclo.types.Elapsed) -> None:
+        if elapsed.steps == 0:
+            said_before_the_first_step.append(bool(_unapplied(caplog)))
+
+    with caplog.at_level(logging.WARNING, logger="ciclo"):
+        state, _, _ = ciclo.train_loop(
+            make(accumulate_steps=4), DATA, tasks={ciclo.every(1): first_step}, stop=6
+        )
+    assert said_before_the_first_step == [True]
+    (message,) = _unapplied(caplog)  # said once: not again at the end
+    assert "the run will end at stop=6 steps, with 2 micro-batch(es) accumulated" in message
+    assert "accumulate_steps=4: their gradients will not be applied to the parameters" in message
+    assert int(state.opt_state.mini_step) == 2
+
+
+def test_micro_batches_a_dataset_s_end_leaves_unapplied_are_announced_at_the_end(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="ciclo"):
+        ciclo.train_loop(make(accumulate_steps=4), DATA[:7])
+        ciclo.train_loop(make(accumulate_steps=4), DATA)  # 8 micro-batches: nothing left
+    (message,) = _unapplied(caplog)
+    assert "the run ended after 7 steps, with 3 micro-batch(es) accumulated" in message
+    assert "were not applied" in message
+
+
+def test_accumulate_steps_on_a_tx_that_accumulates_already_is_refused() -> None:
+    # The two optax.MultiSteps used to nest: an update after both groups.
+    tx = optax.MultiSteps(optax.sgd(0.5), every_k_schedule=2).gradient_transformation()
+    with pytest.raises(
+        ValueError, match=r"tx is already an optax\.MultiSteps.*accumulate_steps=2 would wrap"
+    ):
+        make(tx=tx, accumulate_steps=2)
+    make(tx=tx)  # its own accumulation alone is fine

@@ -349,6 +349,17 @@ def test_csv_widens_its_header_when_new_entries_appear(tmp_path: Path) -> None:
     assert [name for name in os.listdir(tmp_path) if name.startswith(".ciclo-")] == []
 
 
+def test_a_resumed_csv_logger_never_appends_through_a_link(tmp_path: Path) -> None:
+    precious = tmp_path / "precious.txt"
+    precious.write_text("mine\n")
+    (tmp_path / "log.csv").symlink_to(precious)  # planted where the log will be
+    logger = ciclo.csv_logger(tmp_path / "log.csv")
+    logger.load_state_dict(logger.state_dict())  # as a resumed run's logger: it appends
+    with pytest.raises(ciclo.types.LinkError, match=r"log.csv is a symbolic link"):
+        train(logger)
+    assert precious.read_text() == "mine\n"
+
+
 def test_loggers_are_stateful_callbacks(tmp_path: Path) -> None:
     logger = ciclo.csv_logger(tmp_path / "log.csv")
     assert isinstance(logger, ciclo.types.StatefulCallback)
@@ -573,6 +584,46 @@ def test_hparams_are_written_once_and_read_back_by_each_backend(backend: Backend
         first_file, *later = sorted((tmp_path / "tb").iterdir())
         assert later and all(b"_hparams_" not in file.read_bytes() for file in later)
         assert b"_hparams_/session_start_info" in first_file.read_bytes()
+
+
+class Crash(Exception):
+    pass
+
+
+def csv_run(tmp_path: Path, hparams: dict[str, Any], crash_at: int | None = None) -> None:
+    """A `ciclo.loop` of 8 steps backed up every 2 steps to `tmp_path / "backup"`, crashing at `crash_at`."""
+
+    def step(state: int, batch: int, elapsed: ciclo.types.Elapsed) -> Any:
+        if elapsed.steps == crash_at:
+            raise Crash(f"killed at step {crash_at}")
+        return ciclo.logs().add_loss("loss", 1.0 / (batch + 1)), state + 1
+
+    logger = ciclo.csv_logger(tmp_path / "log.csv", hparams=hparams)
+    ciclo.loop(
+        0, range(8), {ciclo.every(1): [step, logger]}, backup=ciclo.backup(tmp_path / "backup", every=2)
+    )
+
+
+def test_a_resumed_csv_run_keeps_the_hparams_it_started_with(tmp_path: Path) -> None:
+    with pytest.raises(Crash):
+        csv_run(tmp_path, {"learning_rate": 0.1, "batch_size": 32}, crash_at=5)
+    started = (tmp_path / "log.hparams.json").read_bytes()
+    with pytest.warns(
+        UserWarning, match=r"'learning_rate': 0.1 -> 0.2\).*kept .*log.hparams.json' as it was"
+    ) as caught:
+        csv_run(tmp_path, {"learning_rate": 0.2, "batch_size": 32})  # resumed at step 4
+    assert len(caught) == 1 and "batch_size" not in str(caught[0].message)
+    assert (tmp_path / "log.hparams.json").read_bytes() == started
+    assert json.loads(started) == {"learning_rate": 0.1, "batch_size": 32}
+    with open(tmp_path / "log.csv", newline="") as file:
+        assert [int(row["step"]) for row in csv.DictReader(file)] == list(range(8))
+
+
+def test_a_resumed_csv_run_with_the_same_hparams_says_nothing(tmp_path: Path) -> None:
+    with pytest.raises(Crash):
+        csv_run(tmp_path, {"learning_rate": 0.1}, crash_at=5)
+    csv_run(tmp_path, {"learning_rate": 0.1})  # warnings are errors in the tests
+    assert json.loads((tmp_path / "log.hparams.json").read_text()) == {"learning_rate": 0.1}
 
 
 def test_metric_writer_logger_writes_hparams_before_the_first_rows(clu_interface: Any) -> None:

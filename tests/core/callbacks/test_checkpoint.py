@@ -681,3 +681,21 @@ def test_a_state_holding_nan_behind_a_finite_loss_is_not_kept(tmp_path):
     assert ckpt.all_steps() == [3]
     assert float(ciclo.restore_checkpoint(tmp_path, zero())["w"]) == 3.0
     ckpt.close()
+
+
+@pytest.mark.parametrize("open_it", ["overwrite", "restore"])
+def test_a_link_in_a_checkpoint_directory_is_refused_and_nothing_outside_is_touched(tmp_path, open_it):
+    outside = tmp_path / "data"
+    outside.mkdir()
+    (outside / "weights.npy").write_text("precious")
+    directory = tmp_path / "ckpt"
+    ckpt = ciclo.checkpoint(directory, keep=None)
+    ckpt.save(1, {"w": jnp.zeros(2)})
+    ckpt.close()
+    (directory / "7").symlink_to(outside)  # a step-like name: `overwrite=True` would remove it
+    with pytest.raises(ciclo.types.LinkError, match=rf"holds {directory / '7'}, a symbolic link"):
+        if open_it == "overwrite":
+            ciclo.checkpoint(directory, keep=None, overwrite=True)
+        else:
+            ciclo.restore_checkpoint(directory, {"w": jnp.zeros(2)})
+    assert [p.read_text() for p in outside.iterdir()] == ["precious"]

@@ -36,6 +36,7 @@ from ciclo._src.callbacks._tqdm_bar import TqdmBar as TqdmBar
 from ciclo._src.checks import DataWarning as DataWarning
 from ciclo._src.elapsed import Elapsed as Elapsed
 from ciclo._src.elapsed import Period as Period
+from ciclo._src.files import LinkError as LinkError
 from ciclo._src.fused import Fused as Fused
 from ciclo._src.logs import Entries as Entries
 from ciclo._src.logs import History as History
@@ -94,6 +95,7 @@ __all__ = [
     "Piecewise",
     "Precision",
     "Predictable",
+    "LinkError",
     "Preempted",
     "Profile",
     "Schedule",

@@ -33,21 +33,25 @@ import dataclasses
 import inspect
 import json
 import logging
+import math
 import os
 import re
 import signal
 import socket
+import sys
 from collections.abc import Iterator
 from typing import Any, Protocol, TypeGuard, TypeVar
 
 import jax
+import numpy as np
 
 from ciclo._src.batches import BatchSizeFn, count
 from ciclo._src.checks import check_directory
 from ciclo._src.elapsed import Elapsed, Period, make_elapsed
-from ciclo._src.files import write_atomically
+from ciclo._src.files import check_closed, open_own, remove_own, write_atomically
 from ciclo._src.finite import all_finite
 from ciclo._src.host_json import from_json, to_json
+from ciclo._src.managed import ResumeRefused, check_static_options, static_options
 from ciclo._src.orbax_io import (
     abstract,
     barrier_prefix,
@@ -60,12 +64,16 @@ from ciclo._src.orbax_io import (
 from ciclo._src.reprs import short
 from ciclo._src.schedules import Every, crossed, next_boundary
 
+if sys.platform != "win32":
+    import fcntl
+
 _log = logging.getLogger("ciclo")
 
 T_co = TypeVar("T_co", covariant=True)
 
-_FORMAT = 3
-"""The loop item's format: 3 records the loop (kind, stop, samples drawn); 1 held a pickle, never read."""
+_FORMAT = 4
+"""The loop item's format: 4 records the state's static options, 3 the loop (kind, stop, samples drawn);
+1 held a pickle, never read."""
 _MARKER = "ciclo_backup.json"
 """Written next to the checkpoints: says the directory holds ciclo backups."""
 _HISTORY_DIR = "history"
@@ -85,14 +93,19 @@ class Preempted(SystemExit):
     again to resume from the backup.
     """
 
-    def __init__(self, signum: int, steps: int) -> None:
+    def __init__(self, signum: int, steps: int, directory: str | None = None) -> None:
         super().__init__(128 + signum)
         self.signum = signum
         self.steps = steps
+        self.directory = directory
 
     def __str__(self) -> str:
         name = signal.Signals(self.signum).name
-        return f"preempted by {name} after step {self.steps}: the backup is saved, run again to resume"
+        where = "" if self.directory is None else f" in {self.directory}"
+        return (
+            f"preempted by {name} after step {self.steps}: the backup is saved{where}; run the same "
+            "command again to resume from it"
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -223,6 +236,8 @@ class Restored:
     kind: str
     stop: Period | None
     samples: int
+    skipped: tuple[int, ...] = ()
+    """The newer backups that could not be read (warned about, then deleted)."""
 
 
 _LOOP_FIELDS = (
@@ -237,6 +252,7 @@ _LOOP_FIELDS = (
     "samples",
     "iterator_state",
     "kept",
+    "options",
 )
 
 
@@ -281,8 +297,9 @@ def _checked_loop_item(item: Any, step: int, where: str) -> dict[str, Any]:
     if (
         not isinstance(elapsed, list)
         or len(elapsed) != 4
-        or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in elapsed[:2])
-        or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in elapsed[2:])
+        or not all(_is_count(x) for x in elapsed[:2])
+        or not all(_is_time(x) for x in elapsed[2:])
+        or elapsed[2] < 0
     ):
         raise ValueError(f"{where}: elapsed is {short(elapsed)}, not [steps, samples, time, date_start]")
     if elapsed[0] != step:
@@ -304,6 +321,44 @@ def _checked_loop_item(item: Any, step: int, where: str) -> dict[str, Any]:
     if not isinstance(item["callbacks"], dict):
         raise ValueError(f"{where}: callbacks is a {type(item['callbacks']).__name__}, not a dict")
     return dict(item)
+
+
+def _is_count(x: Any) -> bool:
+    return type(x) is int and x >= 0
+
+
+def _is_time(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _check_rows(part: dict[str, Any], where: str, first: int) -> None:
+    """Each row of a chunk file as `History.to_host` writes it: names, numbers, and finite counts.
+
+    A damaged or crafted file (strings for values, NaN times) is refused like
+    any other damaged backup: the loop falls back to the one before.
+    """
+    for index, (paths, values, elapsed) in enumerate(zip(*(part[name] for name in _COLUMNS), strict=True)):
+        row = f"{where}: row {first + index}"
+        if not isinstance(paths, tuple) or not all(
+            isinstance(p, tuple) and len(p) == 2 and all(isinstance(x, str) for x in p) for p in paths
+        ):
+            raise ValueError(f"{row}: paths is {short(paths)}, not (collection, name) pairs")
+        if not isinstance(values, tuple) or len(values) != len(paths):
+            raise ValueError(
+                f"{row}: values is {short(values)}, not one value for each of its {len(paths)} paths"
+            )
+        for (collection, name), value in zip(paths, values, strict=True):
+            numeric = isinstance(value, (np.ndarray, np.generic)) and value.dtype.kind in "biufc"
+            if not numeric and (not isinstance(value, (bool, int, float)) or isinstance(value, str)):
+                raise ValueError(f"{row}: {collection}.{name} is {short(value)}, not a number or an array")
+        if not (
+            isinstance(elapsed, tuple)
+            and len(elapsed) == 3
+            and _is_count(elapsed[0])
+            and _is_count(elapsed[1])
+            and _is_time(elapsed[2])
+        ):
+            raise ValueError(f"{row}: elapsed is {short(elapsed)}, not (steps, samples, time)")
 
 
 _HISTORY_ITEM_FIELDS = {"chunks", "max_rows", "dropped", "evicted_latest"}
@@ -350,8 +405,9 @@ class Session:
         ocp = orbax()
         self._ocp = ocp
         os.makedirs(spec.directory, exist_ok=True)
+        check_closed(spec.directory, "the backup directory")
         self._check_marker()
-        self._locked = _lock(spec.directory)
+        self._lock = _lock(spec.directory)
         self.manager = open_manager(
             spec.directory,
             _BARRIERS,
@@ -403,6 +459,8 @@ class Session:
             try:
                 # Every process resumes from the same step: the reads fail on all of them together.
                 restored = self._restore_step(step, target)
+            except ResumeRefused:
+                raise  # the run's own options, which every backup in the directory was written with
             except Exception as error:  # noqa: BLE001 - orbax, tensorstore and json raise anything
                 failures.append((step, error))
                 _log.warning(
@@ -414,7 +472,7 @@ class Session:
                 continue
             for damaged, _ in failures:
                 self.manager.delete(damaged)
-            return restored
+            return dataclasses.replace(restored, skipped=tuple(step for step, _ in failures))
         if not failures:
             return None
         errors = "\n".join(f"- step {step}: {error}" for step, error in failures)
@@ -433,10 +491,14 @@ class Session:
         document = os.path.join(self.spec.directory, str(step), "loop")
         fields = _checked_loop_item(loop_item, step, document)
         where = f"at step {step} in {self.spec.directory}"
+        # The options that give the arrays their meaning (accumulate_steps, ...), before the arrays.
+        changed = check_static_options(fields["options"], target, where)
         target_tree = abstract(target)
         stored = stored_tree(self.manager, step, "state")
         # Compared before orbax reads anything: its own errors name no leaf.
-        check_structure(None if stored is None else stored["state"], target_tree, "the backup", where)
+        check_structure(
+            None if stored is None else stored["state"], target_tree, "the backup", where, dtypes=True
+        )
         try:
             restored = restore_everywhere(
                 manager,
@@ -465,6 +527,15 @@ class Session:
         self.last_saved = step
         self._chunks = chunks
         self._recent = [chunks]
+        if changed:
+            _log.warning(
+                "the backup at step %d in %s was written with other options than this run's state has "
+                "(%s): the run goes on with this state's, so it will not equal the run that was backed up; "
+                "give backup= another directory to start afresh",
+                step,
+                self.spec.directory,
+                "; ".join(changed),
+            )
         return Restored(
             step=step,
             state=restored,
@@ -487,7 +558,7 @@ class Session:
         for first, end in chunks:
             path = os.path.join(self.spec.directory, _HISTORY_DIR, f"rows-{first}-{end}.json")
             try:
-                with open(path, encoding="utf-8") as file:
+                with open_own(path, "r") as file:
                     part = from_json(json.load(file), path)
             except (OSError, ValueError) as error:
                 raise ValueError(f"{where}: the rows {first} to {end} cannot be read: {error}") from None
@@ -495,6 +566,7 @@ class Session:
                 raise ValueError(f"{path} does not have the fields {list(_COLUMNS)}")
             if not all(isinstance(part[name], list) and len(part[name]) == end - first for name in _COLUMNS):
                 raise ValueError(f"{path}: paths, values and elapsed are not lists of {end - first} rows")
+            _check_rows(part, path, first)
             for name in _COLUMNS:
                 rows[name] += part[name]
         skip = item["dropped"] - chunks[0][0] if chunks else 0  # rows a bounded History dropped since
@@ -529,14 +601,13 @@ class Session:
     def _delete_unused_chunks(self) -> None:
         """Deletes the chunk files no kept backup refers to (a bounded History's old rows, a killed run's)."""
         directory = os.path.join(self.spec.directory, _HISTORY_DIR)
-        if jax.process_index() != 0 or not os.path.isdir(directory):
+        if jax.process_index() != 0 or os.path.islink(directory) or not os.path.isdir(directory):
             return
         used = {chunk for chunks in self._recent for chunk in chunks}
         for name in os.listdir(directory):
             match = _CHUNK.fullmatch(name)
-            if match is None or (int(match[1]), int(match[2])) not in used:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(os.path.join(directory, name))
+            if match is not None and (int(match[1]), int(match[2])) not in used:
+                remove_own(directory, name, _CHUNK)  # only a chunk file of ours, never through a link
 
     def next_due(self) -> int:
         """The step count at which `due` may first hold: the next boundary of `every=N`, else 0."""
@@ -607,6 +678,7 @@ class Session:
             "samples": int(samples),
             "iterator_state": to_json(iterator_state, "the dataset iterator's get_state()"),
             "kept": sorted(kept),
+            "options": static_options(state),
         }
         ocp = self._ocp
         if step == self.last_saved:
@@ -634,8 +706,8 @@ class Session:
             self.manager.wait_until_finished()
             self.manager.close()
         finally:
-            if self._locked:
-                _unlock(self.spec.directory)
+            if self._lock is not None:
+                _unlock(self.spec.directory, self._lock)
 
 
 def position_dataset(
@@ -702,68 +774,118 @@ def iterator_state(iterator: Any) -> Any:
     return iterator.get_state() if has_state(iterator) else None
 
 
-def _lock(directory: str) -> bool:
-    """Takes the directory's lock for this process (process 0 of several); False where another holds it.
+def _identity(pid: int) -> str | None:
+    """What tells process `pid` of this machine from any other that had its pid: boot id and start time.
 
-    A lock left by a process of this host that is gone (a SIGKILL) is taken over.
+    None where /proc cannot say (not Linux, or the process is gone).
+    """
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8") as file:
+            fields = file.read().rpartition(")")[2].split()
+        with open("/proc/sys/kernel/random/boot_id", encoding="utf-8") as file:
+            boot = file.read().strip()
+    except (OSError, IndexError):
+        return None
+    return f"{boot}/{fields[19]}"  # field 22 of stat: the start time in clock ticks since boot
+
+
+def _holder_alive(holder: dict[str, Any]) -> bool:
+    """Whether the process a lock names still runs: only where flock cannot tell (a filesystem without it).
+
+    Same host, same pid, and the same start time: a restarted container's
+    pid 1, or another process that reused the pid, is not the holder.
+    """
+    pid = holder.get("pid")
+    if holder.get("host") != socket.gethostname():
+        return True  # another machine's process: nothing here can tell
+    if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
+        return False
+    return _identity(pid) is not None and _identity(pid) == holder.get("started")
+
+
+def _lock(directory: str) -> int | None:
+    """Takes the directory's lock for this process (process 0 of several): its open descriptor, else None.
+
+    The lock is an `flock` on `ciclo_backup.lock`, which the kernel releases
+    when the holder dies however it dies, so a SIGKILLed run (a container's
+    pid 1 too) never blocks the next. The file names the holder (host, pid,
+    start time) for the messages. A lock whose holder is gone, empty or
+    unreadable is taken over with a warning naming the old holder.
 
     Raises:
-        FileExistsError: if a live process (or one on another host) holds it,
-            naming its pid and host.
+        FileExistsError: if a live process holds it, naming its pid and host.
     """
     if jax.process_index() != 0:
-        return False
+        return None
     path = os.path.join(directory, _LOCK)
-    owner = {"pid": os.getpid(), "host": socket.gethostname()}
-    for _ in range(2):
+    nofollow = getattr(os, "O_NOFOLLOW", 0)
+    while True:
         try:
-            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            fd, left = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | nofollow, 0o644), False
         except FileExistsError:
-            holder = _lock_holder(path)
-            if holder is not None and holder.get("host") == owner["host"] and not _alive(holder.get("pid")):
-                _log.warning(
-                    "taking over the lock of %s left by process %s, which is gone", directory, holder
+            try:
+                fd, left = os.open(path, os.O_RDWR | nofollow), True  # a holder's, live or gone
+            except FileNotFoundError:
+                continue  # released meanwhile
+        try:
+            held = _flock(fd)
+            holder = _lock_holder(fd)
+            if held is None:  # no flock on this filesystem: the holder's identity decides
+                held = holder is None or not _holder_alive(holder)
+            if not held:
+                pid, host = (None, None) if holder is None else (holder.get("pid"), holder.get("host"))
+                raise FileExistsError(
+                    f"the backup directory {directory} is in use by process {short(pid)} "
+                    f"on host {short(host)} ({path}): two runs on one backup would "
+                    "overwrite each other's steps. Give this run another directory"
                 )
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(path)
-                continue
-            pid = short(holder and holder.get("pid"))
-            raise FileExistsError(
-                f"the backup directory {directory} is in use by process {pid} "
-                f"on host {short(holder and holder.get('host'))} ({path}): two runs on one backup would "
-                "overwrite each other's steps. Give this run another directory; if that process is gone, "
-                f"delete {path}"
-            ) from None
-        with os.fdopen(fd, "w", encoding="utf-8") as file:
-            json.dump(owner, file)
-        return True
-    return False
+            if os.path.exists(path) and os.path.samestat(os.fstat(fd), os.stat(path)):
+                break
+        except BaseException:
+            os.close(fd)
+            raise
+        os.close(fd)  # the file was removed by the holder that released it: lock the new one
+    if left:
+        _log.warning(
+            "taking over the lock of %s left by %s, which is gone (its process ended, or its pid now "
+            "belongs to another process)",
+            directory,
+            "a process that wrote no readable owner" if holder is None else short(holder),
+        )
+    owner = {"pid": os.getpid(), "host": socket.gethostname(), "started": _identity(os.getpid())}
+    os.ftruncate(fd, 0)
+    os.lseek(fd, 0, os.SEEK_SET)
+    os.write(fd, json.dumps(owner).encode())
+    return fd
 
 
-def _lock_holder(path: str) -> dict[str, Any] | None:
+def _flock(fd: int) -> bool | None:
+    """An exclusive flock on `fd`, not waited for: True; False if another holds it; None if unsupported."""
+    if sys.platform == "win32":
+        return None
     try:
-        with open(path, encoding="utf-8") as file:
-            holder = json.load(file)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    except OSError:
+        return None
+    return True
+
+
+def _lock_holder(fd: int) -> dict[str, Any] | None:
+    try:
+        os.lseek(fd, 0, os.SEEK_SET)
+        holder = json.loads(os.read(fd, 4096))
     except (OSError, ValueError):
         return None
     return holder if isinstance(holder, dict) else None
 
 
-def _alive(pid: Any) -> bool:
-    if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _unlock(directory: str) -> None:
+def _unlock(directory: str, fd: int) -> None:
+    """Removes the lock file, then releases the flock: a process waiting on the old file then retries."""
     with contextlib.suppress(FileNotFoundError):
         os.unlink(os.path.join(directory, _LOCK))
+    os.close(fd)
 
 
 def _write_json(directory: str, name: str, document: Any) -> None:

@@ -5,9 +5,14 @@ from __future__ import annotations
 import itertools
 import operator
 import os
+import sys
+import warnings
 from typing import Any
 
 from ciclo._src.reprs import short
+
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+"""The directory of the `ciclo` package: `warn` points at the first frame outside it."""
 
 
 class DataWarning(UserWarning):
@@ -26,6 +31,14 @@ class DataWarning(UserWarning):
         >>> [type(w.message).__name__ for w in caught]
         ['DataWarning']
     """
+
+
+def warn(message: str, category: type[Warning] = UserWarning) -> None:
+    """`warnings.warn`, pointing at the user's line: the first frame outside ciclo (a loop's caller)."""
+    stacklevel, frame = 1, sys._getframe()
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(_PACKAGE):
+        stacklevel, frame = stacklevel + 1, frame.f_back
+    warnings.warn(message, category, stacklevel=stacklevel)
 
 
 def endless_iterator(obj: Any) -> str | None:
@@ -78,6 +91,21 @@ def check_directory(directory: str, what: str) -> None:
     if not os.access(existing, os.W_OK | os.X_OK):
         where = "is" if existing == directory else f"cannot be created: {existing} is"
         raise PermissionError(f"{what} {directory} {where} not writable by this process; {remedy}")
+
+
+def check_bool(value: Any, name: str) -> None:
+    """Refuses an option that must be True or False and is anything else (`"yes"`, `1`, None).
+
+    Raises:
+        TypeError: naming the option and the value.
+
+    Example:
+        >>> check_bool("yes", "test_with_ema")
+        Traceback (most recent call last):
+        TypeError: test_with_ema must be True or False, got 'yes'
+    """
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, got {short(value)}")
 
 
 def check_positive(period: Any, name: str, remedy: str) -> None:

@@ -10,9 +10,12 @@ and so can a loop of your own built on `ciclo.run_phases`.
 
 from __future__ import annotations
 
+import difflib
+import weakref
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
+from ciclo._src.checks import warn
 from ciclo._src.reprs import short
 
 on_train_step: Final = "on_train_step"
@@ -67,6 +70,23 @@ PREDICT: Final = (
     on_predict_begin,
     on_predict_end,
 )
+
+LIFECYCLE: Final = ("on_start", "on_end")
+"""What every loop calls on the objects behind its callbacks: `on_start(loop_state)` once before the
+first step, `on_end(loop_state, error)` once after the last."""
+
+OBJECT_CALLBACK: Final = "__loop_callback__"
+"""The method a callback object is called by at each step its schedule fires: `(loop_state)`."""
+
+_VOCABULARY: Final = tuple(dict.fromkeys(TRAIN + TEST + PREDICT + LIFECYCLE))
+
+_CLOSE: Final = 0.905
+"""How alike (difflib's ratio) a method's name must be to a hook's to be taken for its misspelling.
+
+`on_epoch_ends` (0.96), `on_epoch_edn` and `on_trian_end` (0.92) are;
+`latest_step` (0.90 to `test_step`), `reset` (0.67 to `reset_step`), `update`
+and `state_dict` (under 0.5) are not.
+"""
 
 Named = dict[str, list[Any]]
 
@@ -156,12 +176,95 @@ def add_callbacks(named: Named, callbacks: Iterable[Any] | None, names: tuple[st
     if not isinstance(callbacks, (list, tuple)):
         raise TypeError(f"callbacks must be a list of callback objects, got {short(callbacks)}")
     for callback in callbacks:
+        misnamed = check_method_names(callback)
         hooks = {name: getattr(callback, name, None) for name in names}
         hooks = {name: hook for name, hook in hooks.items() if callable(hook)}
         if not hooks:
+            fix = "; ".join(f"{name} is not a hook: {_fix(meant)}" for name, meant in misnamed)
             raise ValueError(
                 f"callback {short(callback)} has none of the hooks this loop runs: {', '.join(names)}; "
-                "put it in the tasks dict under a schedule instead"
+                + (fix or "put it in the tasks dict under a schedule instead")
             )
+        if misnamed:
+            warn_misnamed(callback, misnamed)
         for name, hook in hooks.items():
             named.setdefault(name, []).append(hook)
+
+
+_MISNAMED: weakref.WeakKeyDictionary[type, tuple[tuple[str, str], ...]] = weakref.WeakKeyDictionary()
+"""`misnamed_methods` of each class met: a loop is built once per call, and a test loop at each epoch."""
+
+
+def misnamed_methods(cls: type) -> tuple[tuple[str, str], ...]:
+    """The methods of `cls` named like a hook that no loop calls, each with the name it may have meant.
+
+    A method is misnamed when its name is a close match of a hook name or of
+    `on_start` / `on_end` without being one (`on_epoch_ends`), or when it is a
+    `__loop_*__` other than `__loop_callback__` (`__loop_end__`). The name
+    meant is `""` when none is close.
+
+    Example:
+        >>> from ciclo._src.hooks import misnamed_methods
+        >>> class Bar:
+        ...     def on_epoch_ends(self, state): ...
+        ...     def __loop_end__(self, loop_state): ...
+        ...     def update(self): ...
+        >>> misnamed_methods(Bar)
+        (('__loop_end__', 'on_end'), ('on_epoch_ends', 'on_epoch_end'))
+    """
+    misnamed = _MISNAMED.get(cls)
+    if misnamed is None:
+        misnamed = _MISNAMED[cls] = _misnamed(cls)
+    return misnamed
+
+
+def _misnamed(cls: type) -> tuple[tuple[str, str], ...]:
+    found = []
+    for name in dir(cls):
+        if name in _VOCABULARY or name == OBJECT_CALLBACK:
+            continue
+        if name.startswith("__loop_") and name.endswith("__"):
+            meant = difflib.get_close_matches(name, [OBJECT_CALLBACK], 1, 0.8) or difflib.get_close_matches(
+                "on_" + name[len("__loop_") : -2], LIFECYCLE, 1, 0.8
+            )
+        elif name.startswith("_"):
+            continue
+        else:
+            meant = difflib.get_close_matches(name, _VOCABULARY, 1, _CLOSE)
+            if not meant:
+                continue
+        if callable(getattr(cls, name, None)):
+            found.append((name, meant[0] if meant else ""))
+    return tuple(found)
+
+
+def _fix(meant: str) -> str:
+    if meant:
+        return f"rename it {meant}"
+    return (
+        f"a loop calls {OBJECT_CALLBACK}(loop_state), on_start(loop_state), on_end(loop_state, error) "
+        "and the methods named in ciclo.hooks"
+    )
+
+
+def check_method_names(callback: Any) -> tuple[tuple[str, str], ...]:
+    """Refuses a callback object with a `__loop_*__` method no loop calls; returns its other misnamed methods.
+
+    Raises:
+        TypeError: if `callback`'s class has a `__loop_*__` method other than
+            `__loop_callback__` (`__loop_end__`): its author expects a call that
+            never comes.
+    """
+    misnamed = misnamed_methods(type(callback))
+    for name, meant in misnamed:
+        if name.startswith("__"):
+            raise TypeError(
+                f"callback {short(callback)} has a method {name}, which no loop calls: {_fix(meant)}"
+            )
+    return misnamed
+
+
+def warn_misnamed(callback: Any, misnamed: tuple[tuple[str, str], ...]) -> None:
+    """Warns that the methods `misnamed` of `callback` are never called, naming the hook each may mean."""
+    for name, meant in misnamed:
+        warn(f"callback {short(callback)} has a method {name}, which no loop calls: {_fix(meant)}")

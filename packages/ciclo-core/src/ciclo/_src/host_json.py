@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ciclo._src.reprs import short
+from ciclo._src.reprs import cut, short
 
 _TAGS = ("$array", "$bytes", "$dict", "$float", "$key", "$state", "$tuple")
 _NON_FINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
@@ -68,7 +68,9 @@ def to_json(
     if isinstance(value, (np.ndarray, np.generic, jax.Array)):
         array = _host_array(value)
         if not _is_data_dtype(array.dtype):
-            raise TypeError(f"{where} is an array of dtype {array.dtype}, which a backup cannot hold as data")
+            raise TypeError(
+                f"{cut(where)} is an array of dtype {array.dtype}, which a backup cannot hold as data"
+            )
         return {
             "$array": {
                 "dtype": array.dtype.name,
@@ -105,8 +107,8 @@ def to_json(
             ]
         }
     raise TypeError(
-        f"{where} is of type {type(value).__name__}, which a backup cannot hold: a backup holds numbers, "
-        "strings, bytes, lists, tuples, dicts and arrays (and trees shaped like the loop's state), "
+        f"{cut(where)} is of type {type(value).__name__}, which a backup cannot hold: a backup holds "
+        "numbers, strings, bytes, lists, tuples, dicts and arrays (and trees shaped like the loop's state), "
         "never objects"
     )
 
@@ -118,19 +120,19 @@ def from_json(data: Any, where: str, *, states: Mapping[str, Any] | None = None)
     if isinstance(data, list):
         return [from_json(v, f"{where}[{i}]", states=states) for i, v in enumerate(data)]
     if not isinstance(data, dict):
-        raise ValueError(f"{where} holds a {type(data).__name__}, which no backup writes")
+        raise ValueError(f"{cut(where)} holds a {type(data).__name__}, which no backup writes")
     tags = [key for key in data if key.startswith("$")]
     if not tags:
         return {key: from_json(v, f"{where}[{short(key)}]", states=states) for key, v in data.items()}
     if len(data) != 1 or tags[0] not in _TAGS:
-        raise ValueError(f"{where} holds unknown fields {sorted(data)[:5]}")
+        raise ValueError(f"{cut(where)} holds unknown fields {short(sorted(data)[:5])}")
     tag, body = tags[0], data[tags[0]]
     if tag == "$tuple":
         return tuple(from_json(_list(body, where), where, states=states))
     if tag == "$dict":
         pairs = _list(body, where)
         if not all(isinstance(pair, list) and len(pair) == 2 for pair in pairs):
-            raise ValueError(f"{where} holds a $dict whose items are not [key, value] pairs")
+            raise ValueError(f"{cut(where)} holds a $dict whose items are not [key, value] pairs")
         return {
             _hashable(from_json(k, f"{where} key", states=states), where): from_json(
                 v, f"{where}[{short(k)}]", states=states
@@ -139,19 +141,27 @@ def from_json(data: Any, where: str, *, states: Mapping[str, Any] | None = None)
         }
     if tag == "$float":
         if body not in _NON_FINITE:
-            raise ValueError(f"{where} holds a $float of {short(body)}, not nan, inf or -inf")
+            raise ValueError(f"{cut(where)} holds a $float of {short(body)}, not nan, inf or -inf")
         return _NON_FINITE[body]
     if tag == "$bytes":
         return _base64(body, where)
     if tag == "$state":
         if states is None or body not in states:
-            raise ValueError(f"{where} refers to a kept state {short(body)} that the backup does not hold")
+            raise ValueError(
+                f"{cut(where)} refers to a kept state {short(body)} that the backup does not hold"
+            )
         return states[body]
     if tag == "$key":
         if not isinstance(body, dict) or set(body) != {"impl", "data"} or not isinstance(body["impl"], str):
-            raise ValueError(f"{where} holds a $key without its impl and data")
+            raise ValueError(f"{cut(where)} holds a $key without its impl and data")
         key_data = from_json(body["data"], f"{where} key data")
-        return jax.random.wrap_key_data(jnp.asarray(key_data), impl=body["impl"])
+        try:
+            return jax.random.wrap_key_data(jnp.asarray(key_data), impl=body["impl"])
+        except (KeyError, TypeError, ValueError):
+            raise ValueError(
+                f"{cut(where)} holds a $key of impl {short(body['impl'])}, which JAX does not know "
+                "(or whose key data does not fit it)"
+            ) from None
     return _array(body, where)
 
 
@@ -166,20 +176,23 @@ def _host_array(value: Any) -> np.ndarray:
 
 def _array(body: Any, where: str) -> np.ndarray | np.generic:
     if not isinstance(body, dict) or set(body) != {"dtype", "shape", "scalar", "data"}:
-        raise ValueError(f"{where} holds an $array without exactly dtype, shape, scalar and data")
+        raise ValueError(f"{cut(where)} holds an $array without exactly dtype, shape, scalar and data")
     shape = body["shape"]
     if not isinstance(shape, list) or not all(isinstance(n, int) and n >= 0 for n in shape):
-        raise ValueError(f"{where} holds an $array of shape {short(shape)}, not a list of sizes")
+        raise ValueError(f"{cut(where)} holds an $array of shape {short(shape)}, not a list of sizes")
     try:
+        if not isinstance(body["dtype"], str):  # a dict or list would describe a structured dtype
+            raise TypeError
         dtype = np.dtype(jnp.dtype(body["dtype"]))
-    except TypeError:
-        raise ValueError(f"{where} holds an $array of unknown dtype {short(body['dtype'])}") from None
+    except (TypeError, ValueError):
+        raise ValueError(f"{cut(where)} holds an $array of unknown dtype {short(body['dtype'])}") from None
     if not _is_data_dtype(dtype):
-        raise ValueError(f"{where} holds an $array of dtype {dtype}, which no backup writes")
+        raise ValueError(f"{cut(where)} holds an $array of dtype {cut(str(dtype))}, which no backup writes")
     raw = _base64(body["data"], where)
     if len(raw) != dtype.itemsize * math.prod(shape):
         raise ValueError(
-            f"{where} holds {len(raw)} bytes, not those of a {dtype} array of shape {tuple(shape)}"
+            f"{cut(where)} holds {len(raw)} bytes, not those of a {dtype} array of shape "
+            f"{short(tuple(shape))}"
         )
     array: np.ndarray = np.frombuffer(raw, dtype=dtype).reshape(shape).copy()
     if body["scalar"] is True and not shape:
@@ -193,16 +206,16 @@ def _is_data_dtype(dtype: np.dtype[Any]) -> bool:
 
 def _base64(text: Any, where: str) -> bytes:
     if not isinstance(text, str):
-        raise ValueError(f"{where} holds {type(text).__name__} where base64 text belongs")
+        raise ValueError(f"{cut(where)} holds {type(text).__name__} where base64 text belongs")
     try:
         return base64.b64decode(text.encode("ascii"), validate=True)
     except ValueError:
-        raise ValueError(f"{where} holds text that is not base64") from None
+        raise ValueError(f"{cut(where)} holds text that is not base64") from None
 
 
 def _list(body: Any, where: str) -> list[Any]:
     if not isinstance(body, list):
-        raise ValueError(f"{where} holds a {type(body).__name__} where a list belongs")
+        raise ValueError(f"{cut(where)} holds a {type(body).__name__} where a list belongs")
     return body
 
 
@@ -210,5 +223,7 @@ def _hashable(key: Any, where: str) -> Any:
     try:
         hash(key)
     except TypeError:
-        raise ValueError(f"{where} holds a dict key that is not hashable: {type(key).__name__}") from None
+        raise ValueError(
+            f"{cut(where)} holds a dict key that is not hashable: {type(key).__name__}"
+        ) from None
     return key

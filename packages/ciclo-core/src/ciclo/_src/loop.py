@@ -20,8 +20,9 @@ from typing import Any, Final, cast, final
 from ciclo._src.backup import Backup
 from ciclo._src.batches import BatchSizeFn, Stacked, count, is_stacked, steps_of
 from ciclo._src.callbacks._clu import as_loop_callback as clu_callback
-from ciclo._src.checks import DataWarning
+from ciclo._src.checks import DataWarning, check_bool
 from ciclo._src.elapsed import Clock, Elapsed, Period, PeriodLike, make_elapsed, to_period
+from ciclo._src.hooks import LIFECYCLE, check_method_names, warn_misnamed
 from ciclo._src.logs import History, Logs, StackedLogs
 from ciclo._src.loop_state import LoopState as LoopState
 from ciclo._src.loop_state import keyed_callbacks
@@ -183,24 +184,34 @@ def _plain_function(fn: Callable[..., Any]) -> _Callback:
 def as_callback(obj: Any) -> _Callback:
     """Turns a callback object or function into the form the engine calls.
 
+    An object whose methods are named like a hook that no loop calls is
+    warned about (`on_ends`, see `ciclo.hooks`), or refused for a `__loop_*__`
+    other than `__loop_callback__` (`__loop_end__`).
+
     Raises:
         TypeError: if `obj` is not a callback: not callable, or requiring more
-            arguments than the loop passes.
+            arguments than the loop passes; or if it has a `__loop_*__` method
+            that no loop calls.
     """
     if isinstance(obj, _Callback):
         return obj
     obj = clu_callback(obj) or obj  # adapters: a clu PeriodicAction becomes a callback object
-    if getattr(type(obj), "__loop_callback__", None) is not None:
-        return _Callback(_OBJECT, obj.__loop_callback__, obj)
     if isinstance(obj, str):
         raise TypeError(f"{short(obj)} is a string, not a callback")
-    if not callable(obj):
+    misnamed = () if inspect.isroutine(obj) else check_method_names(obj)
+    if getattr(type(obj), "__loop_callback__", None) is not None:
+        callback = _Callback(_OBJECT, obj.__loop_callback__, obj)
+    elif not callable(obj):
         raise TypeError(
             f"{short(obj)} of type {type(obj).__name__} is not a callback: pass a callable taking "
             f"0 to 4 of {_ARGUMENT_NAMES} (or any of {tuple(_BY_NAME)} by name), or an object "
             "with __loop_callback__(loop_state)"
         )
-    return _plain_function(obj)
+    else:
+        callback = _plain_function(obj)
+    if misnamed:
+        warn_misnamed(obj, misnamed)
+    return callback
 
 
 def as_callback_list(value: Any, where: str) -> list[_Callback]:
@@ -465,7 +476,7 @@ class _Plan:
         tasks = [task for phase in phases for task in _compile_phase(phase)]
         start, end = as_callback_list(on_start, "on_start"), as_callback_list(on_end, "on_end")
         owners = _owners([*start, *(callback for task in tasks for callback in task.callbacks), *end])
-        hooks = {name: [getattr(o, name) for o in owners if hasattr(o, name)] for name in _HOOKS}
+        hooks = {name: [getattr(o, name) for o in owners if hasattr(o, name)] for name in LIFECYCLE}
         stateful = keyed_callbacks(owner for owner in owners if isinstance(owner, StatefulCallback))
         every_step = [
             callback
@@ -491,9 +502,6 @@ class _Plan:
                 failed = failed or raised
         if failed is not None:
             raise failed
-
-
-_HOOKS = ("on_start", "on_end")
 
 
 def _check_stop(stop: PeriodLike | None) -> Period | None:
@@ -584,6 +592,7 @@ def run_phases(
         (2, [0, 1, 2, 3], [0, 2])
     """
     stop_period = _check_stop(stop)
+    check_bool(catch_keyboard_interrupt, "catch_keyboard_interrupt")
     plan = _Plan.build(phases, on_start, on_end)
     history = _as_history(history)
     iterator = iterate_dataset(dataset)

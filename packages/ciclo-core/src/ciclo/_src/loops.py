@@ -18,7 +18,8 @@ from ciclo._src.auto_steps import AUTO, AutoSteps, signature
 from ciclo._src.backup import Backup
 from ciclo._src.batches import BatchSizeFn, stacked
 from ciclo._src.callbacks._inner_loop import AggregationLike, inner_loop
-from ciclo._src.checks import DataWarning, TestData, check_positive
+from ciclo._src.callbacks._training_options import TrainingOptionsWatch
+from ciclo._src.checks import DataWarning, TestData, check_bool, check_positive
 from ciclo._src.elapsed import Elapsed, Period, PeriodLike
 from ciclo._src.hooks import (
     PREDICT,
@@ -50,6 +51,7 @@ from ciclo._src.hooks import (
 from ciclo._src.logs import History
 from ciclo._src.loop import Phase, at_step_end, run_phases
 from ciclo._src.managed import ManagedState
+from ciclo._src.model_state import ModelState
 from ciclo._src.prefetch import prefetch_to_device
 from ciclo._src.reprs import short
 from ciclo._src.schedules import Every, every
@@ -120,6 +122,31 @@ def _group_bounds(
     return (None if epoch is None else epoch.steps), start, total
 
 
+def _watch_training_options(named: Named, state: Any, max_skipped_steps: Any, stop: Period | None) -> None:
+    """Adds `TrainingOptionsWatch` for a `ModelState` that scales its loss or accumulates micro-batches."""
+    scaling = isinstance(state, ModelState) and state.loss_scale is not None
+    if max_skipped_steps is not None and (
+        isinstance(max_skipped_steps, bool) or not isinstance(max_skipped_steps, int) or max_skipped_steps < 1
+    ):
+        raise ValueError(f"max_skipped_steps must be None or an int >= 1, got {short(max_skipped_steps)}")
+    if max_skipped_steps is not None and not scaling:
+        raise ValueError(
+            f"max_skipped_steps={short(max_skipped_steps)} counts the steps a loss scale skips, and this "
+            "state has none: it applies to a ciclo.types.ModelState created with precision='16-mixed'"
+        )
+    if not isinstance(state, ModelState) or not (scaling or state.accumulate_steps > 1):
+        return
+    watch = TrainingOptionsWatch(
+        loss_scaling=scaling,
+        accumulate_steps=state.accumulate_steps,
+        max_skipped_steps=max_skipped_steps,
+        stop_steps=stop.steps if stop is not None and stop == Period(steps=stop.steps) else None,
+    )
+    if scaling:
+        named.setdefault(on_train_batch_end, []).append(watch)
+    named.setdefault(on_train_end, []).append(watch.on_train_end)
+
+
 def train_loop(
     state: S,
     dataset: Iterable[Any],
@@ -142,6 +169,7 @@ def train_loop(
     backup: Backup | str | os.PathLike[str] | None = None,
     steps_per_execution: int | Literal["auto"] = 1,
     prefetch: int | None = None,
+    max_skipped_steps: int | None = None,
 ) -> tuple[S, History, Elapsed]:
     """A training loop with epochs and an evaluation loop at the end of each epoch.
 
@@ -218,6 +246,13 @@ def train_loop(
             data position stays exact: a backup resumes at the first batch the
             loop did not take, and a dataset iterator with `set_state` (grain's)
             is moved back there when the loop returns. 0 or None: no prefetch.
+        max_skipped_steps: under loss scaling (a `ciclo.types.ModelState` with
+            `precision="16-mixed"`), stop the loop once this many steps in a row
+            were skipped for gradients that were not finite, with a warning
+            (`ciclo.terminate_on_nan` style: seen within 20 steps, without a
+            device sync per step). Whatever it is, the loop warns after 20
+            steps skipped in a row, or a step skipped at the loss scale's
+            floor (docs/recipes.md, "Mixed precision").
 
     Returns:
         `(state, history, elapsed)`.
@@ -225,9 +260,10 @@ def train_loop(
     Raises:
         TypeError: if nothing would train: the state is not a `ciclo.types.Trainable`
             and `tasks` hold no step.
-        ValueError: if `prefetch` is not an int >= 0 or None, or `steps_per_execution`
+        ValueError: if `prefetch` is not an int >= 0 or None, `steps_per_execution`
             not an int >= 1 or `"auto"` (or, when it groups, `epoch_duration` or
-            `stop` is not a number of steps).
+            `stop` is not a number of steps), or `max_skipped_steps` is not None
+            or an int >= 1 for a state with loss scaling.
 
     Example:
         >>> import ciclo
@@ -270,12 +306,14 @@ def train_loop(
         )
     if not isinstance(test_name, str):
         raise TypeError(f"test_name must be a string, got {short(test_name)}")
+    check_bool(test_with_ema, "test_with_ema")
     if test_with_ema and getattr(state, "ema_params", None) is None:
         raise ValueError(
             "test_with_ema=True evaluates with the EMA of the weights, which this state does not keep: "
             "create it with ema_decay=, e.g. ciclo.create_model_state(..., ema_decay=0.999)"
         )
     _check_runs_something(state, named, scheduled, Trainable, "train_loop", (train_step, on_train_step))
+    _watch_training_options(named, state, max_skipped_steps, Period.of(stop))
     steps = _steps_per_execution(steps_per_execution)
     auto = None
     if steps != 1:

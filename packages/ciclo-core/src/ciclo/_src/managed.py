@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import json
 from collections.abc import Callable, Mapping
 from typing import Any, Generic, TypeVar, cast, final, overload
 
@@ -139,6 +140,32 @@ class ManagedState:
             **{name: value for name, value in fields.items() if name in static},
         )
 
+    def resume_options(self) -> dict[str, Any]:
+        """The static options that give this state's arrays their meaning, as plain data (JSON).
+
+        A backup records them (`ciclo.backup`); a resume compares them with the
+        resumed run's state's before it reads any array. An option that differs
+        is refused where `resume_refusal` gives a reason, else noted on the
+        `ciclo` logger and trained on with this state's value. `ManagedState`
+        has none (`tx` and `apply_fn` are code; a resume may change the
+        `strategy`); a subclass with static fields of its own adds them.
+
+        Example:
+            >>> import jax.numpy as jnp, optax
+            >>> from ciclo import managed
+            >>> managed.ManagedState.create(params=jnp.zeros(2), tx=optax.sgd(0.1)).resume_options()
+            {}
+        """
+        return {}
+
+    def resume_refusal(self, name: str, old: Any) -> str | None:
+        """Why this state cannot resume a backup whose option `name` was `old`; None: the change is noted.
+
+        Asked only for an option of `resume_options` whose recorded value
+        differs from this state's. By default every change is refused.
+        """
+        return f"the backup's arrays were made with {name}={short(old)}"
+
     def replace(self, **changes: Any) -> Self:
         """A copy with some fields changed."""
         return dataclasses.replace(cast(Any, self), **changes)  # type: ignore[no-any-return]
@@ -242,6 +269,88 @@ def create_state(
 
 
 jax.tree_util.register_dataclass(ManagedState)
+
+
+def static_options(state: Any) -> dict[str, dict[str, Any]]:
+    """The `resume_options()` of each `ManagedState` in `state`, by its path (`""` for the state itself).
+
+    What a backup records: plain data, checked to be JSON.
+
+    Raises:
+        TypeError: if a `resume_options()` is not plain data.
+    """
+    found = {}
+    for path, node in jax.tree_util.tree_flatten_with_path(
+        state, is_leaf=lambda node: isinstance(node, ManagedState)
+    )[0]:
+        if isinstance(node, ManagedState):
+            options = node.resume_options()
+            try:
+                found[jax.tree_util.keystr(path)] = json.loads(json.dumps(options, allow_nan=False))
+            except (TypeError, ValueError) as error:
+                raise TypeError(
+                    f"{type(node).__name__}.resume_options() must return plain data (JSON): {error}"
+                ) from None
+    return found
+
+
+class ResumeRefused(ValueError):
+    """A resume refused for an option of the state (`ManagedState.resume_refusal`).
+
+    Every backup of a directory was written with the same options, so a loop
+    refuses at once rather than trying the backups before.
+    """
+
+
+def check_static_options(recorded: Any, state: Any, where: str) -> list[str]:
+    """Compares the options a backup recorded (`static_options`) with those of the state resumed into.
+
+    Only the states and options on both sides are compared: a state present on
+    one side only is a change of structure, which the structure check names.
+
+    Args:
+        recorded: the backup's record, as read from its document.
+        state: the state the run resumes into.
+        where: names the backup in the messages, e.g. "at step 20 in /runs".
+
+    Returns:
+        Notes on the options that changed where the state allows it.
+
+    Raises:
+        ValueError: for a record that is not what `static_options` writes.
+        ResumeRefused: for an option whose change the state refuses
+            (`resume_refusal`): its name, both values, why, and the fix.
+    """
+    if not isinstance(recorded, dict) or not all(
+        isinstance(path, str) and isinstance(options, dict) and all(isinstance(name, str) for name in options)
+        for path, options in recorded.items()
+    ):
+        raise ValueError(f"the backup {where}: options is {short(recorded)}, not a dict of options by state")
+    nodes = {
+        jax.tree_util.keystr(path): node
+        for path, node in jax.tree_util.tree_flatten_with_path(
+            state, is_leaf=lambda node: isinstance(node, ManagedState)
+        )[0]
+        if isinstance(node, ManagedState)
+    }
+    current = static_options(state)
+    notes = []
+    for path in sorted(set(recorded) & set(current)):
+        for name in sorted(set(recorded[path]) & set(current[path])):
+            old, new = recorded[path][name], current[path][name]
+            if old == new:
+                continue
+            option = f"{path} {name}" if path else name
+            reason = nodes[path].resume_refusal(name, old)
+            if reason is not None:
+                raise ResumeRefused(
+                    f"the backup {where} was written with {option}={short(old)}, and this run's state has "
+                    f"{option}={short(new)}: {reason}. Resume with {name}={short(old)}, or give backup= "
+                    "another directory to start afresh"
+                )
+            notes.append(f"{option}: {short(old)} -> {short(new)}")
+    return notes
+
 
 _ARRAY_LEAVES = (jax.Array, np.ndarray, np.generic, bool, int, float, complex)
 

@@ -256,6 +256,65 @@ class ModelState(ManagedState):
             )
         return self.replace(params=self.ema_params)
 
+    def resume_options(self) -> dict[str, Any]:
+        """`precision`, `accumulate_steps`, `ema_decay` and `key_impl`, as a backup records them.
+
+        A resume refuses another `accumulate_steps` or `key_impl`, a precision
+        with or without loss scaling where the backup had the other, and an
+        `ema_decay` where the backup kept no EMA (or the reverse); another
+        precision or decay otherwise is noted and trained on (docs/resume.md).
+
+        Example:
+            >>> import ciclo, jax.numpy as jnp, optax
+            >>> class Scale:
+            ...     def init(self, key, inputs):
+            ...         return jnp.ones(()), None
+            ...     def apply(self, params, model_state, inputs, *, key, training):
+            ...         return params * inputs, model_state
+            >>> state = ciclo.create_model_state(
+            ...     Scale(), inputs=jnp.ones(1), tx=optax.sgd(0.1), precision="bf16-mixed", accumulate_steps=4
+            ... )
+            >>> state.resume_options()
+            {'precision': 'bf16-mixed', 'accumulate_steps': 4, 'ema_decay': None, 'key_impl': 'threefry2x32'}
+        """
+        return {
+            "precision": self.precision.to_data(),
+            "accumulate_steps": self.accumulate_steps,
+            "ema_decay": self.ema_decay,
+            "key_impl": None if self.key_impl is None else str(self.key_impl),
+        }
+
+    def resume_refusal(self, name: str, old: Any) -> str | None:
+        """Why a backup whose option `name` was `old` cannot be resumed into this state; None where it can.
+
+        See `resume_options`.
+        """
+        if name == "accumulate_steps":
+            return (
+                f"its optimizer state holds gradients accumulated towards optimizer steps of {short(old)} "
+                "micro-batches (optax.MultiSteps)"
+            )
+        if name == "precision":
+            scaled = _loss_scaling_of(old)
+            if scaled is None:
+                return "this ciclo does not know the backup's precision"
+            if scaled != self.precision.loss_scaling:
+                if scaled:
+                    return "the backup holds a loss scale (loss_scale) that a precision without one drops"
+                return (
+                    "this state's precision scales the loss, and the backup holds no loss scale to go on from"
+                )
+            return None  # another compute dtype or scale growth: the arrays mean what they meant
+        if name == "ema_decay":
+            if old is None:
+                return "the backup holds no EMA of the weights (ema_params) to go on from"
+            if self.ema_decay is None:
+                return "the backup holds an EMA of the weights (ema_params) that this state does not keep"
+            return None  # the EMA goes on with the new decay
+        if name == "key_impl":
+            return "its random key is the data of another PRNG implementation"
+        return super().resume_refusal(name, old)
+
     def scale_loss(self, loss: jax.Array) -> jax.Array:
         """The loss times the loss scale under `"16-mixed"`; the loss itself otherwise."""
         if self.loss_scale is None:
@@ -402,6 +461,21 @@ class ModelState(ManagedState):
         return cast(ModelState, state)
 
 
+def _holds_multi_steps(opt_state: Any) -> bool:
+    """Whether an optimizer state holds an `optax.MultiSteps` state anywhere (a `tx` that accumulates)."""
+    nodes = jax.tree.leaves(opt_state, is_leaf=lambda node: isinstance(node, optax.MultiStepsState))
+    return any(isinstance(node, optax.MultiStepsState) for node in nodes)
+
+
+def _loss_scaling_of(precision: Any) -> bool | None:
+    """Whether a precision as a backup records it (`Precision.to_data`) scales the loss; None: unknown."""
+    if isinstance(precision, str) and precision in PRECISIONS:
+        return PRECISIONS[precision].loss_scaling
+    if isinstance(precision, dict) and isinstance(precision.get("loss_scaling"), bool):
+        return bool(precision["loss_scaling"])
+    return None
+
+
 def _where(condition: jax.Array, new: Any, old: Any) -> Any:
     """`new` where `condition` holds, else `old`, leaf by leaf (two trees of one structure)."""
     return jax.tree.map(lambda a, b: jnp.where(condition, a, b), new, old)
@@ -517,7 +591,8 @@ def create_model_state(
             a `tx` that is not an optax optimizer, a bad key, or not exactly one
             of `inputs` and `variables`.
         ValueError: for an unknown `precision`, `accumulate_steps` below 1 or an
-            `ema_decay` outside [0, 1).
+            `ema_decay` outside [0, 1), or `accumulate_steps` above 1 with a `tx`
+            that is an `optax.MultiSteps` already.
 
     Example:
         >>> import ciclo, jax.numpy as jnp, optax
@@ -567,7 +642,7 @@ def create_model_state(
             values["ema_params"] = jax.tree.map(jnp.copy, params)
         return {"params": params, "model_state": model_state, **values}
 
-    return create_state(
+    state = create_state(
         ModelState,
         fields,
         {
@@ -587,3 +662,11 @@ def create_model_state(
         ema_decay=None if ema_decay is None else float(ema_decay),
         accumulate_steps=accumulate_steps,
     )
+    if accumulate_steps > 1 and _holds_multi_steps(state.opt_state.inner_opt_state):
+        raise ValueError(
+            f"tx is already an optax.MultiSteps, which accumulates micro-batches itself: "
+            f"accumulate_steps={accumulate_steps} would wrap it in a second one, and each optimizer step "
+            f"would wait for both groups. Pass the optimizer inside it with accumulate_steps="
+            f"{accumulate_steps}, or this tx with accumulate_steps=1"
+        )
+    return state

@@ -12,9 +12,10 @@ else of each other:
   other under several processes), unfinished `*.orbax-checkpoint-tmp*` steps of
   a killed run removed by orbax's own `cleanup_tmp_directories`, and a hook that
   finishes the saves in flight as the interpreter exits;
-- `check_structure` compares a target with the tree orbax stored, leaf by leaf,
-  before orbax reads anything (typed PRNG keys compared as the raw data orbax
-  stores, so nnx `Rngs` and `jax.random.key` states restore);
+- `check_structure` compares a target with the tree orbax stored, leaf by leaf
+  (shapes, and for a resume dtypes), before orbax reads anything (typed PRNG
+  keys compared as the raw data orbax stores, so nnx `Rngs` and
+  `jax.random.key` states restore);
 - `abstract` turns a target into shapes, dtypes and shardings;
 - `note_lost_peer` prints one line when a save, a restore or a step of a
   multi-process run failed because another process is gone: which one, and the
@@ -373,7 +374,7 @@ def stored_tree(manager: Any, step: int, item: str | None = None) -> Any:
         return None
 
 
-def check_structure(stored: Any, item: Any, kind: str, where: str) -> None:
+def check_structure(stored: Any, item: Any, kind: str, where: str, *, dtypes: bool) -> None:
     """Compares a target tree with the metadata tree orbax stored, leaf by leaf.
 
     The one structure check of checkpoints and backups: paths are compared by key
@@ -386,11 +387,14 @@ def check_structure(stored: Any, item: Any, kind: str, where: str) -> None:
         item: the target tree (arrays or `jax.ShapeDtypeStruct`s).
         kind: names the saved item in the error, e.g. "the checkpoint".
         where: says which one, e.g. "of step 3 in /runs".
+        dtypes: whether a dtype alone that differs is refused too. A resume
+            refuses it (orbax would cast the parameters and the optimizer state,
+            and the run would equal neither the one saved nor a new one);
+            restoring a checkpoint casts to the target's dtype.
 
     Raises:
         ValueError: naming the leaves that are missing on either side or whose
-            shapes differ, with the shapes and dtypes of both. (A dtype alone may
-            differ: orbax casts to the target's.)
+            shapes (or dtypes) differ, with the shapes and dtypes of both.
     """
     if stored is None:
         return
@@ -400,11 +404,17 @@ def check_structure(stored: Any, item: Any, kind: str, where: str) -> None:
     for path, (name, shape, dtype) in wanted.items():
         if path not in stored_table:
             problems.append(f"{name}: in the target ({shape}, {dtype}) but not in {kind}")
-        elif stored_table[path][1] != shape:
-            _, stored_shape, stored_dtype = stored_table[path]
+            continue
+        _, stored_shape, stored_dtype = stored_table[path]
+        if stored_shape != shape:
             problems.append(
                 f"{name}: {kind} holds shape {stored_shape} {stored_dtype}, "
                 f"the target has shape {shape} {dtype}"
+            )
+        elif dtypes and stored_dtype is not None and dtype is not None and stored_dtype != dtype:
+            problems.append(
+                f"{name}: {kind} holds dtype {stored_dtype} (shape {stored_shape}), "
+                f"the target has dtype {dtype}"
             )
     problems += [
         f"{name}: in {kind} ({shape}, {dtype}) but not in the target"
@@ -417,7 +427,8 @@ def check_structure(stored: Any, item: Any, kind: str, where: str) -> None:
         raise ValueError(
             f"{kind} {where} does not match the target state "
             f"({len(problems)} difference(s)):\n  {shown}{more}\n"
-            "Restore into a state built like the one that was saved (same model, optimizer and shapes)."
+            "Restore into a state built like the one that was saved (same model, optimizer, shapes"
+            + (" and dtypes)." if dtypes else ").")
         )
 
 

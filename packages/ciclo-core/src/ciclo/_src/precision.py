@@ -87,6 +87,27 @@ class Precision:
             )
         return policy
 
+    def to_data(self) -> str | dict[str, Any]:
+        """The policy as plain data (JSON), as a backup records it: its name when it is a built-in one.
+
+        Example:
+            >>> import ciclo, jax.numpy as jnp
+            >>> ciclo.types.Precision.of("bf16-mixed").to_data()
+            'bf16-mixed'
+            >>> policy = ciclo.types.Precision(jnp.float16, loss_scaling=True, growth_interval=100)
+            >>> policy.to_data()["compute_dtype"], policy.to_data()["growth_interval"]
+            ('float16', 100)
+        """
+        for name, policy in PRECISIONS.items():
+            if policy == self:
+                return name
+        return {
+            "compute_dtype": None if self.compute_dtype is None else np.dtype(self.compute_dtype).name,
+            "loss_scaling": self.loss_scaling,
+            "initial_scale": float(self.initial_scale),
+            "growth_interval": self.growth_interval,
+        }
+
     def cast(self, tree: Any) -> Any:
         """`tree` with its floating-point leaves in `compute_dtype` (other leaves unchanged)."""
         if self.compute_dtype is None:
@@ -101,6 +122,7 @@ class Precision:
             scale=jnp.asarray(self.initial_scale, jnp.float32),
             good_steps=jnp.zeros((), jnp.int32),
             skipped_steps=jnp.zeros((), jnp.int32),
+            skipped_in_a_row=jnp.zeros((), jnp.int32),
         )
 
 
@@ -110,6 +132,9 @@ PRECISIONS: Final[dict[str, Precision]] = {
     "16-mixed": Precision(jnp.float16, loss_scaling=True),
 }
 """The built-in policies by name (PyTorch Lightning's `precision=` names)."""
+
+MIN_SCALE: Final = 1.0
+"""The loss scale's floor: a step skipped at this scale overflows float16 without any scaling."""
 
 
 def _cast_floating(leaf: Any, dtype: Any) -> Any:
@@ -146,28 +171,33 @@ class LossScale:
         scale: the factor the loss is multiplied by before differentiation (float32).
         good_steps: finite steps since the scale last changed (int32).
         skipped_steps: steps skipped so far for gradients that were not finite (int32).
+        skipped_in_a_row: the steps skipped since the last step that was not (int32):
+            `train_loop` warns when it reaches 20, and stops at its
+            `max_skipped_steps`.
 
     Example:
         >>> import ciclo
         >>> scale = ciclo.types.Precision.of("16-mixed").loss_scale()
         >>> after = scale.update(finite=False, growth_interval=2000)
-        >>> float(after.scale), int(after.skipped_steps)
-        (32768.0, 1)
+        >>> float(after.scale), int(after.skipped_steps), int(after.skipped_in_a_row)
+        (32768.0, 1, 1)
     """
 
     scale: jax.Array
     good_steps: jax.Array
     skipped_steps: jax.Array
+    skipped_in_a_row: jax.Array
 
     def update(self, *, finite: jax.Array | bool, growth_interval: int) -> LossScale:
         """The scale after a step: halved if not `finite`, doubled after `growth_interval` finite steps."""
         good = jnp.where(finite, self.good_steps + 1, 0)
         grow = good >= growth_interval
         scale = jnp.where(
-            finite, jnp.where(grow, self.scale * 2, self.scale), jnp.maximum(self.scale / 2, 1.0)
+            finite, jnp.where(grow, self.scale * 2, self.scale), jnp.maximum(self.scale / 2, MIN_SCALE)
         )
         return LossScale(
             scale=scale.astype(jnp.float32),
             good_steps=jnp.where(grow, 0, good).astype(jnp.int32),
             skipped_steps=(self.skipped_steps + jnp.where(finite, 0, 1)).astype(jnp.int32),
+            skipped_in_a_row=jnp.where(finite, 0, self.skipped_in_a_row + 1).astype(jnp.int32),
         )

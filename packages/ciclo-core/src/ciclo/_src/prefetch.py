@@ -18,6 +18,7 @@ import jax
 from ciclo._src.backup import StatefulIterator, has_state
 from ciclo._src.loop import iterate_dataset
 from ciclo._src.reprs import short
+from ciclo._src.strategies._placement import unplaceable
 from ciclo._src.strategies._registry import get_strategy
 from ciclo._src.types import Strategy
 
@@ -44,6 +45,10 @@ def prefetch_to_device(
     source back there. Without them a backup skips, on resume, the batches the
     loop took.
 
+    An error of `dataset`, or of placing a batch, is raised when the loop asks
+    for that batch, after the batches read before it, as without prefetch. A
+    batch leaf that no device holds (a string) is refused with its path.
+
     Args:
         dataset: any iterable of batches (`ciclo.stacked` groups too).
         size: how many batches to read ahead, at least 1.
@@ -55,7 +60,8 @@ def prefetch_to_device(
 
     Raises:
         ValueError: if `size` is not an int >= 1, or the strategy's name is unknown.
-        TypeError: if `dataset` is not iterable.
+        TypeError: if `dataset` is not iterable, or (when its batch is taken) a
+            batch has a leaf that no device holds.
 
     Example:
         >>> import ciclo, jax, numpy as np
@@ -79,6 +85,26 @@ def _lifted(strategy: Strategy) -> Callable[[Any], Any]:
     return place
 
 
+def _placement_error(error: Exception, batch: Any, index: int) -> Exception:
+    """`error` of placing batch `index`, or a TypeError naming the leaf that no device holds."""
+    found = unplaceable(batch)
+    if found is None:
+        note = f"raised by prefetch_to_device placing batch {index} of the dataset (counted from 0)"
+        add_note = getattr(error, "add_note", None)  # Python >= 3.11
+        if add_note is not None:
+            add_note(note)
+        return error
+    path, kind, leaf = found
+    refusal = TypeError(
+        f"prefetch_to_device cannot put batch {index} of the dataset (counted from 0) on its devices: "
+        f"its leaf {path} is a {kind} ({short(leaf)}), not a number or an array of numbers. Drop it "
+        "from the batch or turn it into numbers before the loop (without prefetch, the step gets the "
+        "batch as it is)"
+    )
+    refusal.__cause__ = error
+    return refusal
+
+
 def _on_device(batch: Any) -> Any:
     # What the strategy leaves on the host (`jit` lifts nothing) goes where a one-device step runs.
     # A batch already all on devices is returned as it is: device_put would take ~15 µs to do nothing.
@@ -100,7 +126,7 @@ class Prefetched(Iterator[B]):
         (0, False)
     """
 
-    __slots__ = ("_buffer", "_exhausted", "_place", "_size", "_source")
+    __slots__ = ("_buffer", "_error", "_exhausted", "_place", "_read", "_size", "_source")
 
     def __init__(self, source: Iterator[B], size: int, place: Callable[[Any], Any]) -> None:
         self._source = source
@@ -109,6 +135,10 @@ class Prefetched(Iterator[B]):
         # Each batch read ahead, with where its source stood once it was read.
         self._buffer: collections.deque[tuple[B, Any]] = collections.deque()
         self._exhausted = False
+        self._read = 0  # batches read from the source and placed
+        # What reading or placing the batch after the buffered ones raised: raised when the loop
+        # asks for that batch, so that the batches before it are taken first, as without prefetch.
+        self._error: Exception | None = None
 
     def __iter__(self) -> Prefetched[B]:
         return self
@@ -121,8 +151,20 @@ class Prefetched(Iterator[B]):
             except StopIteration:
                 self._exhausted = True
                 break
-            self._buffer.append((self._place(batch), self._position()))
+            except Exception as error:
+                self._error, self._exhausted = error, True
+                break
+            try:
+                placed = self._place(batch)
+            except Exception as error:
+                self._error, self._exhausted = _placement_error(error, batch, self._read), True
+                break
+            self._read += 1
+            self._buffer.append((placed, self._position()))
         if not self._buffer:
+            failed, self._error = self._error, None
+            if failed is not None:
+                raise failed
             raise StopIteration
         batch, position = self._buffer.popleft()
         self._taken(position)
@@ -131,6 +173,7 @@ class Prefetched(Iterator[B]):
     def close(self) -> None:
         """Drops the batches read ahead (a source without `set_state` cannot take them back)."""
         self._buffer.clear()
+        self._error = None
 
     def _position(self) -> Any:
         return None
@@ -171,11 +214,12 @@ class StatefulPrefetched(Prefetched[B]):
         self._source.set_state(state)
         self._buffer.clear()
         self._exhausted = False
+        self._error = None
         self._state = state
 
     def close(self) -> None:
         """Moves the source back to the last batch taken: its next batch is the loop's next one."""
-        if self._buffer:
+        if self._buffer or self._error is not None:
             self.set_state(self._state)
 
     def _position(self) -> Any:

@@ -61,3 +61,18 @@ def short(value: Any, limit: int = LIMIT) -> str:
     except Exception:  # a broken __repr__ must not hide the error being reported
         text = f"<{type(value).__name__} object>"
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def cut(text: str, limit: int = LIMIT) -> str:
+    """`text` of ciclo's own making (a path into a document), cut in its middle to at most `limit` characters.
+
+    Unlike `short`, it adds no quotes: the text is part of the message, not a value in it.
+
+    Example:
+        >>> cut("backup['a']['b']"), len(cut("state" + "['key']" * 1000))
+        ("backup['a']['b']", 300)
+    """
+    if len(text) <= limit:
+        return text
+    head = (limit - 3) // 2
+    return text[:head] + "..." + text[len(text) - (limit - 3 - head) :]

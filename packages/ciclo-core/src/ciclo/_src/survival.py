@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import math
 import signal
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -29,9 +30,37 @@ from ciclo._src.learning_rate import changed_hyperparameters
 from ciclo._src.logs import History
 from ciclo._src.loop_state import LoopState
 from ciclo._src.orbax_io import note_lost_peer
+from ciclo._src.reprs import short
 from ciclo._src.signals import SignalGuard
 
 _log = logging.getLogger("ciclo")
+
+
+class _Stderr(logging.Handler):
+    """Writes each record's message alone to the `sys.stderr` of the moment it is written."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            sys.stderr.write(self.format(record) + "\n")
+            sys.stderr.flush()
+        except Exception:  # noqa: BLE001 - logging's own rule: a handler never raises
+            self.handleError(record)
+
+
+_announce = logging.getLogger("ciclo.resume")
+_announce.addHandler(_Stderr())
+_announce.propagate = False  # printed once, whatever the root logger's handlers
+
+
+def announce(message: str, *args: Any) -> None:
+    """One line on stderr through the `ciclo.resume` logger: a resume, a preemption.
+
+    What a restarted job's output must show, so it is on by default (level
+    WARNING, with a handler of its own). Silence it with
+    `logging.getLogger("ciclo.resume").setLevel(logging.ERROR)`; send it
+    elsewhere by replacing that logger's handlers.
+    """
+    _announce.warning(message, *args)
 
 
 class Survival:
@@ -91,7 +120,20 @@ class Survival:
             raise
         self.restored = restored
         if restored is not None:
-            _log.info("resumed from the backup at step %d in %s", restored.step, self.spec.directory)  # type: ignore[union-attr]
+            announce(
+                "ciclo: resumed %s from the backup at step %d in %s%s",
+                self.kind,
+                restored.step,
+                self.spec.directory,  # type: ignore[union-attr]
+                "".join(
+                    [
+                        " (a finished run)" if restored.finished else "",
+                        f" (newer backups at steps {list(restored.skipped)} could not be read)"
+                        if restored.skipped
+                        else "",
+                    ]
+                ),
+            )
         return restored
 
     def _note_changed_hyperparameters(self, restored: Restored, state: Any) -> None:
@@ -109,9 +151,9 @@ class Survival:
     def _check_kind(self, restored: Restored) -> None:
         if restored.kind != self.kind:
             raise ValueError(
-                f"the backup in {self.spec.directory} was written by {restored.kind}, and this loop is "  # type: ignore[union-attr]
-                f"{self.kind}: resuming it would return the results of another loop. Give backup= a "
-                "directory of this loop's own"
+                f"the backup in {self.spec.directory} was written by {short(restored.kind)}, "  # type: ignore[union-attr]
+                f"and this loop is {self.kind!r}: resuming it would return the results of another "
+                "loop. Give backup= a directory of this loop's own"
             )
 
     @property
@@ -191,7 +233,9 @@ class Survival:
             assert signum is not None
             if self.session is not None and (signum != signal.SIGINT or self.spec.sigint):  # type: ignore[union-attr]
                 self._save(loop_state, clock, drawn, finished=False, wait=True)
-                raise Preempted(signum, clock.steps)
+                preempted = Preempted(signum, clock.steps, self.spec.directory)  # type: ignore[union-attr]
+                announce("ciclo: %s", preempted)
+                raise preempted
             raise KeyboardInterrupt
         session = self.session
         if session is not None and session.due(clock.steps, clock.now):

@@ -45,7 +45,7 @@ from ciclo._src.callbacks._monitor import (
 )
 from ciclo._src.checks import check_directory
 from ciclo._src.elapsed import Elapsed
-from ciclo._src.files import write_atomically
+from ciclo._src.files import check_closed, write_atomically
 from ciclo._src.finite import all_finite
 from ciclo._src.logs import LogsLike
 from ciclo._src.orbax_io import (
@@ -229,7 +229,9 @@ def _resolve_step(manager: Any, directory: str, step: object, monitor: str | Non
             raise FileNotFoundError(f"no checkpoint in {directory} has a value for {short(monitor)}")
         return int(best)
     if step not in steps:
-        raise FileNotFoundError(f"no checkpoint for step {step} in {directory}; steps present: {steps}")
+        raise FileNotFoundError(
+            f"no checkpoint for step {step} in {directory}; steps present: {short(steps)}"
+        )
     return int(step)
 
 
@@ -240,7 +242,11 @@ def _restore(manager: Any, directory: str, target: T, step: object, monitor: str
     wrapped = is_single_leaf(target)
     item = {"state": abstract(target)} if wrapped else abstract(target)
     check_structure(
-        stored_tree(manager, resolved), item, "the checkpoint", f"of step {resolved} in {directory}"
+        stored_tree(manager, resolved),
+        item,
+        "the checkpoint",
+        f"of step {resolved} in {directory}",
+        dtypes=False,  # restoring a checkpoint casts to the target's dtype (docs/guide.md)
     )
     # Under several processes, a checkpoint one of them cannot read raises on all of them.
     restored = restore_everywhere(
@@ -365,6 +371,7 @@ class Checkpoint:
         self._async_save = async_save
         self._overwrite = overwrite
         check_directory(self._directory, "checkpoint directory")
+        check_closed(self._directory, "the checkpoint directory")
         path = epath(self._directory)
         if path.exists() and not path.is_dir():
             raise NotADirectoryError(f"checkpoint directory {self._directory} exists and is not a directory")
@@ -410,7 +417,10 @@ class Checkpoint:
             for step in drop:
                 self._manager.delete(step)
         _log.warning(
-            "%s held more checkpoints than keep=%d: deleted steps %s", self._directory, self._keep, drop
+            "%s held more checkpoints than keep=%d: deleted steps %s",
+            self._directory,
+            self._keep,
+            short(drop),
         )
         return sorted(set(steps) - set(drop))
 
@@ -518,11 +528,11 @@ class Checkpoint:
             guarded = (_LOSS, _loss_value(source))
         if guarded[1] is not None and not math.isfinite(guarded[1]):
             _log.warning(
-                "checkpoint of step %d not saved: %r is %s; the checkpoints kept are still those of steps %s",
+                "checkpoint of step %d not saved: %s is %s; the checkpoints kept are still those of steps %s",
                 step,
-                guarded[0],
+                short(guarded[0]),
                 guarded[1],
-                self.all_steps(),
+                short(self.all_steps()),
             )
             return
         if not all_finite(state):
@@ -531,7 +541,7 @@ class Checkpoint:
                 "checkpoint of step %d not saved: the state holds NaN or inf; the checkpoints kept are still "
                 "those of steps %s",
                 step,
-                self.all_steps(),
+                short(self.all_steps()),
             )
             return
         ocp = orbax()
@@ -635,7 +645,7 @@ class Checkpoint:
     def _refuse_another_run(self) -> None:
         if self._found_newest is not None and not self._resumed:
             raise FileExistsError(
-                f"{self._directory} holds the checkpoints of another run (steps {self.all_steps()}); "
+                f"{self._directory} holds the checkpoints of another run (steps {short(self.all_steps())}); "
                 "to go on with that run, pass resume=True (or restore from this Checkpoint first, or "
                 "resume the loop's backup); to replace them, pass overwrite=True; or use another directory"
             )
@@ -832,6 +842,7 @@ def restore_checkpoint(directory: str | os.PathLike[str], target: T, *, step: St
     path = _absolute_directory(directory)
     if not epath(path).is_dir():
         raise FileNotFoundError(f"checkpoint directory {path} does not exist")
+    check_closed(path, "the checkpoint directory")
     monitor, mode = _read_settings(path)
     manager = _open_manager(path, keep=None, monitor=monitor, mode=mode, async_save=False, create=False)
     try:

@@ -15,6 +15,7 @@ from ciclo._src.callbacks._monitor import (
     present_keys,
     resolve_mode,
     snapshot_fields,
+    snapshot_float,
 )
 from ciclo._src.elapsed import Elapsed, Period
 from ciclo._src.logs import LogsLike
@@ -161,8 +162,8 @@ class EarlyStopping(Generic[S]):
             best_elapsed = Elapsed(
                 steps=int(elapsed_fields["steps"]),
                 samples=int(elapsed_fields["samples"]),
-                time=float(elapsed_fields["time"]),
-                date_start=float(elapsed_fields["date_start"]),
+                time=snapshot_float(elapsed_fields["time"]),
+                date_start=snapshot_float(elapsed_fields["date_start"]),
             )
         self.best = optional_float(fields["best"])
         self.wait = int(fields["wait"])

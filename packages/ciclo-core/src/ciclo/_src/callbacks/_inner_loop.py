@@ -7,6 +7,7 @@ from typing import Any, Final, Generic, Literal, final
 
 import numpy as np
 
+from ciclo._src.checks import check_bool
 from ciclo._src.elapsed import Elapsed
 from ciclo._src.logs import History, Logs
 from ciclo._src.loop import LoopState
@@ -158,6 +159,7 @@ class InnerLoop(Generic[S]):
             raise TypeError(
                 f"inner_loop needs a function state -> (state, history, elapsed), got {short(loop_fn)}"
             )
+        check_bool(output_state, "output_state")
         self.name = name
         self.loop_fn = loop_fn
         self.output_state = output_state

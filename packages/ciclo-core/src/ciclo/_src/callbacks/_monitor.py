@@ -113,14 +113,27 @@ def snapshot_fields(snapshot: Any, names: tuple[str, ...], owner: str) -> Mappin
     unknown = sorted(str(key) for key in snapshot if key not in names)
     if missing or unknown:
         raise ValueError(
-            f"{owner} callback state needs the keys {list(names)}; missing: {missing}, unknown: {unknown}"
+            f"{owner} callback state needs the keys {list(names)}; missing: {short(missing)}, "
+            f"unknown: {short(unknown)}"
         )
     return snapshot
 
 
+def snapshot_float(value: Any) -> float:
+    """A snapshot's number as a float (it may come back from storage as a 0-d array).
+
+    Raises:
+        ValueError: for text (a damaged or crafted backup), shown bounded: `float`'s own error
+            would quote it whole.
+    """
+    if isinstance(value, (str, bytes)):
+        raise ValueError(f"a callback state holds {short(value)} where a number belongs")
+    return float(value)
+
+
 def optional_float(value: Any) -> float | None:
     """A snapshot's number as a float (it may come back from storage as a 0-d array), None kept."""
-    return None if value is None else float(value)
+    return None if value is None else snapshot_float(value)
 
 
 def optional_int(value: Any) -> int | None:

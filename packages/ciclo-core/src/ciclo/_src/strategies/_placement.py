@@ -23,15 +23,38 @@ def is_key(leaf: Any) -> bool:
     return isinstance(leaf, jax.Array) and jnp.issubdtype(leaf.dtype, jax.dtypes.prng_key)
 
 
-def check_placeable(tree: Any, what: str, strategy: str) -> None:
-    """Raises a TypeError naming the first leaf of `tree` that is not an array or a number."""
+def unplaceable(tree: Any) -> tuple[str, str, Any] | None:
+    """`(path, kind, leaf)` of the first leaf of `tree` that no device holds, else None.
+
+    A device holds numbers and arrays of numbers or booleans; not a string, an
+    array of strings or objects, nor any other object.
+
+    Example:
+        >>> import numpy as np
+        >>> unplaceable({"x": np.ones(2), "id": np.array(["a"])})
+        ("['id']", 'ndarray of dtype <U1', array(['a'], dtype='<U1'))
+    """
     for path, leaf in jax.tree_util.tree_leaves_with_path(tree):
-        if not isinstance(leaf, (jax.Array, np.ndarray, *_SCALARS)):
-            raise TypeError(
-                f"strategy {short(strategy)} cannot place {what} leaf {_name(path)} on devices: it is a "
-                f"{type(leaf).__name__}, not an array. Make it an array, or, if it is "
-                "configuration, a static field: managed.field(static=True)."
-            )
+        if isinstance(leaf, jax.Array) or (isinstance(leaf, _SCALARS) and not isinstance(leaf, np.generic)):
+            continue
+        if isinstance(leaf, (np.ndarray, np.generic)):
+            if jnp.issubdtype(leaf.dtype, np.number) or jnp.issubdtype(leaf.dtype, np.bool_):
+                continue
+            return _name(path), f"{type(leaf).__name__} of dtype {leaf.dtype}", leaf
+        return _name(path), type(leaf).__name__, leaf
+    return None
+
+
+def check_placeable(tree: Any, what: str, strategy: str) -> None:
+    """Raises a TypeError naming the first leaf of `tree` that is not a number or an array of numbers."""
+    found = unplaceable(tree)
+    if found is not None:
+        path, kind, _ = found
+        raise TypeError(
+            f"strategy {short(strategy)} cannot place {what} leaf {path} on devices: it is a "
+            f"{kind}, not a number or an array of numbers. Make it an array, or, if it is "
+            "configuration, a static field: managed.field(static=True)."
+        )
 
 
 def place(tree: T, sharding_of: Callable[[tuple[int, ...]], jax.sharding.Sharding]) -> T:

@@ -144,7 +144,9 @@ def checked_hparams(hparams: Mapping[str, Any] | None) -> HParams:
             raise TypeError(f"hparams names must be non-empty strings, got {short(name)}")
         plain = value if isinstance(value, str) else _number(value)
         if plain is None:
-            raise TypeError(f"hparams[{name!r}] must be a number, a string or a bool, got {short(value)}")
+            raise TypeError(
+                f"hparams[{short(name)}] must be a number, a string or a bool, got {short(value)}"
+            )
         checked[name] = bool(value) if isinstance(value, bool) else plain
     return checked
 

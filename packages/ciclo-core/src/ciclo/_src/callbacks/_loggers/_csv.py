@@ -10,7 +10,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any, final
 
 from ciclo._src.callbacks._loggers._base import HParams, Logger, Row, checked_hparams
-from ciclo._src.files import write_atomically
+from ciclo._src.checks import warn
+from ciclo._src.files import open_own, write_atomically
 from ciclo._src.reprs import short
 
 STEP = "step"
@@ -42,22 +43,56 @@ class CsvSink:
 
     def _open(self) -> list[str]:
         """The columns of the file to append to: a new file, or a resumed run's file."""
-        if self._hparams:
-            write_atomically(self.hparams_path, json.dumps(self._hparams, indent=2) + "\n")
         if self._resumed and os.path.exists(self.path):
-            with open(self.path, newline="") as file:
+            with open_own(self.path, "r") as file:
                 reader = csv.reader(file)
                 header = next(reader, None)
                 rows = list(reader)
             if header:
+                self._keep_hparams()
                 # Rows after the restored step were written after the backup: written again now.
                 last = -1 if self._after_step is None else self._after_step
                 kept = [row for row in rows if int(row[0]) <= last]
                 if len(kept) != len(rows):
                     self._replace(header, kept)
                 return header
+        self._write_hparams()
         self._replace([STEP], [])
         return [STEP]
+
+    def _write_hparams(self) -> None:
+        if self._hparams:
+            write_atomically(self.hparams_path, json.dumps(self._hparams, indent=2) + "\n")
+
+    def _keep_hparams(self) -> None:
+        """A resumed run keeps the hparams file it started with; other hparams given now are warned about.
+
+        A file that cannot be read (damaged) is written anew with the hparams given now.
+        """
+        try:
+            with open_own(self.hparams_path, "r") as file:
+                started = json.load(file)
+        except FileNotFoundError:
+            started = {}  # the run started without hparams
+        except (OSError, ValueError):
+            started = None
+        if not isinstance(started, dict):
+            self._write_hparams()
+            return
+        names = dict.fromkeys([*started, *self._hparams])
+        changed = [
+            f"{short(name, 80)}: {_shown(started, name)} -> {_shown(self._hparams, name)}"
+            for name in names
+            if started.get(name, _ABSENT) != self._hparams.get(name, _ABSENT)
+        ]
+        if changed:
+            more = f" and {len(changed) - 8} more" if len(changed) > 8 else ""
+            warn(
+                f"csv_logger({short(self.path)}) resumes a run that started with other hparams "
+                f"({'; '.join(changed[:8])}{more}): kept {short(self.hparams_path)} as it was, since a "
+                "resumed run keeps the hparams it started with. To record these, start a new run "
+                "(another path and backup directory)"
+            )
 
     def _replace(self, header: list[str], rows: Sequence[Sequence[Any]]) -> None:
         """Writes the whole file anew, atomically: a reader sees the old file or the new one."""
@@ -81,13 +116,13 @@ class CsvSink:
             columns = self._columns = self._open()
         new = list(dict.fromkeys(name for row in rows for name in row.scalars if name not in columns))
         if new:
-            with open(self.path, newline="") as file:
+            with open_own(self.path, "r") as file:
                 old = list(csv.reader(file))[1:]
             widened = [*columns, *new]
             self._replace(widened, [line + [""] * len(new) for line in old])
             columns = self._columns = widened
         entries = columns[1:]
-        with open(self.path, "a", newline="") as file:
+        with open_own(self.path, "a") as file:
             writer = csv.writer(file)
             # repr of a float round-trips: the file holds the exact values of the History.
             writer.writerows([row.step, *(row.scalars.get(name, "") for name in entries)] for row in rows)
@@ -95,7 +130,7 @@ class CsvSink:
     def flush(self) -> None:
         """Syncs the file to disk (each `write` closes it, so the rows are already out of this process)."""
         if self._columns is not None:
-            with open(self.path, "rb") as file:
+            with open_own(self.path, "r") as file:
                 os.fsync(file.fileno())
 
     def close(self) -> None:
@@ -112,7 +147,15 @@ class CsvSink:
         self._columns = None
 
     def __repr__(self) -> str:
-        return f"CsvSink({self.path!r})"
+        return f"CsvSink({short(self.path)})"
+
+
+_ABSENT = object()
+
+
+def _shown(hparams: Mapping[str, Any], name: str) -> str:
+    value = hparams.get(name, _ABSENT)
+    return "(none)" if value is _ABSENT else short(value, 80)
 
 
 def csv_logger(path: str | os.PathLike[str], *, hparams: Mapping[str, Any] | None = None) -> Logger:
@@ -130,7 +173,9 @@ def csv_logger(path: str | os.PathLike[str], *, hparams: Mapping[str, Any] | Non
     A new logger starts a new file (replacing one at `path`); one restored with
     `load_state_dict` appends to it, after dropping any rows of steps
     after the restored step. `hparams` go to a JSON file beside the CSV
-    (`log.csv` -> `log.hparams.json`), written whole when the file opens.
+    (`log.csv` -> `log.hparams.json`), written whole when the file opens; a
+    restored logger keeps the file its run started with, and warns, naming
+    each name with both values, when it was given other hparams.
 
     Args:
         path: the CSV file (its directory is created if missing).

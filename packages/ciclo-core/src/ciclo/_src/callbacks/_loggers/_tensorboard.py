@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, final
 
 from ciclo._src.callbacks._loggers._base import HParams, Logger, Row, checked_hparams, import_extra
+from ciclo._src.files import open_own
 from ciclo._src.reprs import short
 
 _DOUBLE = struct.Struct("<d").pack
@@ -76,7 +77,7 @@ class _EventFile:
     """
 
     def __init__(self, path: str, crc32c: Callable[[bytes], int], first_event: bytes) -> None:
-        self._file = open(path, "ab")  # noqa: SIM115 - closed by `close`
+        self._file = open_own(path, "ab")  # closed by `close`; never written through a link
         self._crc32c = crc32c
         self._headers: dict[int, bytes] = {}
         self.write(first_event)

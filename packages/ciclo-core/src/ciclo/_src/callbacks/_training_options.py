@@ -1,0 +1,173 @@
+"""What `train_loop` watches of a `ModelState`'s training options, with no device sync per step.
+
+- Under loss scaling (`precision="16-mixed"`), a run whose steps are all
+  skipped (gradients not finite at every scale tried) trains nothing, and
+  would say so only in its logged `skipped_steps`. The state counts the steps
+  skipped in a row inside the compiled step (`LossScale.skipped_in_a_row`).
+  Every `CHECK_EVERY` steps the watch reads the copy of that count it started
+  at the check before (the device is seldom that far behind, so the loop seldom
+  waits), then starts the next one. It warns after `SKIPPED_STEPS_WARNING`
+  steps skipped in a row, or a step skipped at the scale's floor, and stops the
+  loop at `train_loop(max_skipped_steps=)`.
+- With `accumulate_steps`, the micro-batches after the last full group are
+  accumulated in the optimizer state but never applied to the parameters. The
+  watch says how many before the first step when `stop` is a number of steps,
+  and at the run's end when that count turned out otherwise.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Final, final
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ciclo._src.batches import steps_of
+from ciclo._src.loop_state import LoopState
+from ciclo._src.model_state import ModelState
+from ciclo._src.precision import MIN_SCALE
+
+_log = logging.getLogger("ciclo")
+
+SKIPPED_STEPS_WARNING: Final = 20
+"""Steps skipped in a row under loss scaling after which `train_loop` warns that training is stuck."""
+
+CHECK_EVERY: Final = 10
+"""Training steps between two looks at the count of steps skipped in a row."""
+
+
+@jax.jit
+def _stall(scale: jax.Array, in_a_row: jax.Array) -> jax.Array:
+    """`[scale, steps skipped in a row]` of one device's copy, as a fresh array (the state's are donated)."""
+    return jnp.stack([scale.reshape(-1)[0], in_a_row.reshape(-1)[0].astype(jnp.float32)])
+
+
+def _first_copy(array: Any) -> jax.Array:
+    """This process's first copy of a replicated array (several processes, `pmap`'s device axis)."""
+    return array.addressable_shards[0].data if isinstance(array, jax.Array) else jnp.asarray(array)
+
+
+def _mini_step(state: ModelState) -> int:
+    """The micro-batches `optax.MultiSteps` has accumulated towards its next update (a host read)."""
+    return int(np.asarray(_first_copy(state.opt_state.mini_step)).reshape(-1)[0])
+
+
+@final
+class TrainingOptionsWatch:
+    """Warns of a stuck float16 run and of micro-batches left unapplied; `train_loop` adds it.
+
+    Args:
+        loss_scaling: whether the state scales its loss (watch its skipped steps).
+        accumulate_steps: the state's micro-batches per optimizer step.
+        max_skipped_steps: stop the loop after this many steps skipped in a
+            row (None: never).
+        stop_steps: the loop's `stop` when it is a number of steps, else None.
+    """
+
+    def __init__(
+        self,
+        *,
+        loss_scaling: bool,
+        accumulate_steps: int,
+        max_skipped_steps: int | None,
+        stop_steps: int | None,
+    ) -> None:
+        self.loss_scaling = loss_scaling
+        self.accumulate_steps = accumulate_steps
+        self.max_skipped_steps = max_skipped_steps
+        self.stop_steps = stop_steps
+        self._countdown = CHECK_EVERY
+        self._pending: tuple[int, jax.Array] | None = None  # (steps, [scale, in a row]) on its way
+        self._warned = False  # about the stall in progress
+        self._announced: int | None = None  # the unapplied micro-batches said before the first step
+
+    def on_start(self, loop_state: LoopState[Any], /) -> None:
+        """Before the first step (after a resume): the micro-batches the run's `stop` will leave unapplied."""
+        self._pending, self._countdown, self._warned, self._announced = None, CHECK_EVERY, False, None
+        if self.accumulate_steps == 1 or self.stop_steps is None:
+            return
+        remaining = self.stop_steps - loop_state.elapsed.steps
+        left = (_mini_step(loop_state.state) + remaining) % self.accumulate_steps
+        if remaining > 0 and left:
+            self._announced = left
+            self._warn_unapplied(left, f"will end at stop={self.stop_steps} steps", "will not be")
+
+    def __loop_callback__(self, loop_state: LoopState[Any], /) -> None:
+        """After each training step under loss scaling; every `CHECK_EVERY` steps, looks at the count.
+
+        Reads the count copied at the check before, then starts the next copy.
+        """
+        self._countdown -= steps_of(loop_state.batch)
+        if self._countdown > 0:
+            return
+        self._countdown = CHECK_EVERY
+        state = loop_state.state
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            self._judge(pending[0], np.asarray(pending[1]), loop_state)
+        if not loop_state.stop_iteration:
+            scale = state.loss_scale
+            assert scale is not None
+            copy = _stall(_first_copy(scale.scale), _first_copy(scale.skipped_in_a_row))
+            copy.copy_to_host_async()
+            self._pending = (loop_state.elapsed.steps + steps_of(loop_state.batch), copy)
+
+    def on_train_end(self, state: ModelState, batch: Any, elapsed: Any, loop_state: LoopState[Any]) -> None:
+        """The loop ended by itself: a stall not yet reported, and the micro-batches left unapplied."""
+        steps = loop_state.elapsed.steps
+        if self.loss_scaling and not self._warned:
+            scale = state.loss_scale
+            assert scale is not None
+            self._judge(
+                steps, np.asarray(_stall(_first_copy(scale.scale), _first_copy(scale.skipped_in_a_row))), None
+            )
+        if self.accumulate_steps > 1:
+            left = _mini_step(state)
+            if left and left != self._announced:
+                self._warn_unapplied(left, f"ended after {steps} steps", "were not")
+
+    def _judge(self, steps: int, values: np.ndarray[Any, Any], loop_state: LoopState[Any] | None) -> None:
+        """Warns of a stall (once per stall), and stops the loop past `max_skipped_steps`."""
+        scale, in_a_row = float(values[0]), int(values[1])
+        if in_a_row == 0:
+            self._warned = False
+            return
+        limit = self.max_skipped_steps
+        stopping = loop_state is not None and limit is not None and in_a_row >= limit
+        if not stopping and (self._warned or (in_a_row < SKIPPED_STEPS_WARNING and scale > MIN_SCALE)):
+            return
+        self._warned = True
+        _log.warning(
+            "train_loop: the last %d steps up to step %d were all skipped, and the loss scale is down to "
+            "%g%s: their float16 gradients were not finite at any scale tried, so the parameters have not "
+            "changed since. "
+            "Likely cause: the loss or its gradients overflow float16 even unscaled (inputs that are not "
+            "normalised, a learning rate too high, a loss that diverged) or the data holds NaN or inf; check "
+            "them, or train with precision='bf16-mixed' or '32'.%s",
+            in_a_row,
+            steps,
+            scale,
+            " (its floor)" if scale <= MIN_SCALE else "",
+            f" Stopping the loop: max_skipped_steps={limit}."
+            if stopping
+            else " train_loop(max_skipped_steps=N) stops such a run.",
+        )
+        if stopping:
+            assert loop_state is not None
+            loop_state.stop()
+
+    def _warn_unapplied(self, left: int, when: str, applied: str) -> None:
+        k = self.accumulate_steps
+        _log.warning(
+            "train_loop: the run %s, with %d micro-batch(es) accumulated after its last optimizer step of "
+            "accumulate_steps=%d: their gradients %s applied to the parameters (they stay in the state's "
+            "optimizer state, for a train_loop that goes on from it). Make the run's length a multiple of %d "
+            "steps to train on every batch.",
+            when,
+            left,
+            k,
+            applied,
+            k,
+        )
