@@ -33,7 +33,6 @@ import hashlib
 import logging
 import os
 import re
-import sys
 import threading
 import weakref
 from collections.abc import Callable, Iterator
@@ -43,6 +42,8 @@ import jax
 import numpy as np
 
 _log = logging.getLogger("ciclo")
+_announce = logging.getLogger("ciclo.resume")
+"""The lines a restarted job's output must show: `ciclo._src.survival` gives it its stderr handler."""
 
 TMP_MARK = ".orbax-checkpoint-tmp"
 """orbax writes a step into `<step>.orbax-checkpoint-tmp...` and renames it when the step is complete."""
@@ -252,13 +253,15 @@ def complete_steps(directory: str) -> list[int]:
 
 
 def note_lost_peer(error: BaseException) -> None:
-    """Prints one line to stderr if `error` says that another process of the run is gone; once a process.
+    """One line on stderr if `error` says that another process of the run is gone; once a process.
 
     Multi-controller JAX ends every process of a run that lost one (within the
     heartbeat timeout of `jax.distributed.initialize`): the line says first which
     process is gone and the last complete backup (of every backup directory
     open; without one, checkpoint) that a new start of every process resumes
-    from. The error itself is the caller's to raise.
+    from. It goes through the `ciclo.resume` logger, as the lines of a resume
+    and a preemption do (`ciclo._src.survival.announce`). The error itself is
+    the caller's to raise.
 
     Args:
         error: what failed (a barrier, a collective, a restore).
@@ -282,11 +285,14 @@ def note_lost_peer(error: BaseException) -> None:
     cause = re.sub(r"^(?:\w+: )?(?:Error dispatching computation: )+", "", cause)
     cause = cause if len(cause) <= 160 else cause[:157] + "..."
     resume = f"; {'; '.join(places)}: start every process again to resume" if places else ""
-    print(
-        f"ciclo: process {jax.process_index()} of {jax.process_count()} lost {lost} "
-        f"({type(error).__name__}: {cause}){resume}",
-        file=sys.stderr,
-        flush=True,
+    _announce.warning(
+        "ciclo: process %d of %d lost %s (%s: %s)%s",
+        jax.process_index(),
+        jax.process_count(),
+        lost,
+        type(error).__name__,
+        cause,
+        resume,
     )
 
 
