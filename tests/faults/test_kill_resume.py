@@ -245,8 +245,9 @@ def test_a_container_killed_as_pid_1_and_restarted_as_pid_1_resumes(
     reference = dict(np.load(one_process_reference("loop") / "result_0.npz"))
     rng = random.Random(5)
     directory = tmp_path / "container"
-    # As a backup starts, or after a step of this run (a run resumes at its last backup, every 5 steps).
-    moments = [("saving", 1) if i % 2 == 0 else ("step", rng.randint(1, 8)) for i in range(5)]
+    # As the third backup of this run starts, or after a step past the second: orbax waits for a save
+    # before it starts the next, so the first backup is complete and each run resumes further on.
+    moments = [("saving", 3) if i % 2 == 0 else ("step", rng.randint(11, 14)) for i in range(5)]
     for prefix, count in moments:
         proc = start("loop", directory, container=True)
         killed = kill_when(proc, prefix, count, 0.0, signal.SIGKILL, container=True)
