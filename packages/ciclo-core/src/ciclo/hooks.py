@@ -5,8 +5,8 @@ Each name is a string, used three ways: as a named schedule in a loop's tasks
 (`state.train_step`), and as a method of an object in `callbacks=[...]`
 (`on_train_batch_end`). `TRAIN`, `TEST` and `PREDICT` are the names each
 predefined loop runs; `collect` gathers the callbacks of a set of names, for
-the predefined loops and for a loop of your own. The names of ciclo 0.1
-(`ciclo.on_train_step`, `ciclo.on_epoch_end`, `ciclo.train_step`, ...) stay
+the predefined loops and for a loop of your own. The `on_*` names that ciclo
+0.1.9 exported (`ciclo.on_train_step`, `ciclo.on_epoch_end`, ...) stay
 available on `ciclo` itself.
 
 Example:
