@@ -367,7 +367,7 @@ def test_on_train_batch_end_hook(clock: Clock) -> None:
     )
     # Only this named hook: the bar must not also run inside the inner test loop. (on_end is the
     # callback protocol's end hook, not a named hook of the predefined loops.)
-    named = {name for name in dir(bar) if name.startswith("on_")} - {"on_start", "on_end"}
+    named = {name for name in dir(bar) if name.startswith("on_")} - {"on_start", "on_step_end", "on_end"}
     assert named == {"on_train_batch_end"}
 
 

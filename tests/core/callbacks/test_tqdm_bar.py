@@ -145,7 +145,7 @@ def test_bound_hook_in_a_loop(clock: Clock) -> None:
     bar = quiet_bar(100, interval=0)
     ciclo.loop(0, range(4), {ciclo.every(1): [lambda: {"metrics": {"x": 2.0}}, bar.on_train_batch_end]})
     assert bar.finished and bar.tqdm.n == 4 and bar.tqdm.postfix == "x=2.0000"
-    named = {name for name in dir(bar) if name.startswith("on_")} - {"on_start", "on_end"}  # protocol hooks
+    named = {name for name in dir(bar) if name.startswith("on_")} - {"on_start", "on_step_end", "on_end"}  # lifecycle
     assert named == {"on_train_batch_end"}
 
 

@@ -21,6 +21,7 @@ from ciclo import types as types
 from ciclo._src import frameworks as _frameworks
 from ciclo._src import installation as _installation
 from ciclo._src.backup import backup as backup
+from ciclo._src.callback import Callback as Callback
 from ciclo._src.batches import stacked as stacked
 from ciclo._src.callbacks._checkpoint import checkpoint as checkpoint
 from ciclo._src.callbacks._checkpoint import restore_checkpoint as restore_checkpoint
@@ -169,6 +170,7 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "Callback",
     "__version__",
     "after",
     "always",

@@ -8,21 +8,19 @@ public pieces (`Phase`, `at_step_end`, `run_phases`), as a user's own loop is.
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import logging
 import math
 import os
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from time import perf_counter
-from typing import Any, Final, cast, final
+from typing import Any, cast, final
 
 from ciclo._src.backup import Backup
 from ciclo._src.batches import BatchSizeFn, Stacked, count, is_stacked, steps_of
-from ciclo._src.callbacks._clu import as_loop_callback as clu_callback
+from ciclo._src.callback import LIFECYCLE, Callback, as_callback_list, lifecycle_of, owners
 from ciclo._src.checks import DataWarning
 from ciclo._src.elapsed import Clock, Elapsed, Period, PeriodLike, make_elapsed, to_period
-from ciclo._src.hooks import LIFECYCLE, check_method_names, warn_misnamed
 from ciclo._src.logs import History, Logs, StackedLogs
 from ciclo._src.loop_state import LoopState as LoopState
 from ciclo._src.loop_state import keyed_callbacks
@@ -30,15 +28,9 @@ from ciclo._src.reprs import short
 from ciclo._src.schedules import Every, ScheduleBase, next_boundary
 from ciclo._src.step_output import describe, step_output
 from ciclo._src.survival import Survival
-from ciclo._src.types import S, Schedule, StatefulCallback, Tasks
+from ciclo._src.types import S, Schedule, Tasks
 
 _log = logging.getLogger("ciclo")
-
-_ARGUMENT_NAMES = ("state", "batch", "elapsed", "loop_state")
-
-_OBJECT: Final = 5
-"""The calling convention of a callback object: `obj.__loop_callback__(loop_state)`."""
-
 
 @final
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -107,127 +99,6 @@ class Phase:
     tasks: Sequence[tuple[Any, Any]] | Tasks
 
 
-@dataclasses.dataclass(frozen=True, eq=False, slots=True)
-class _Callback:
-    """A callback in the form the engine calls it: `kind` says which arguments `fn` takes."""
-
-    kind: int  # 0 to 4 positional arguments of (state, batch, elapsed, loop_state), or _OBJECT
-    fn: Callable[..., Any]
-    source: Any
-
-    def describe(self) -> str:
-        return describe(self.source)
-
-
-_BY_NAME: Final[dict[str, Callable[[LoopState[Any]], Any]]] = {
-    "state": lambda loop_state: loop_state.state,
-    "batch": lambda loop_state: loop_state.batch,
-    "elapsed": lambda loop_state: loop_state.elapsed,
-    "loop_state": lambda loop_state: loop_state,
-    "logs": lambda loop_state: loop_state.logs,
-}
-"""What a plain function's parameter gets, by its name."""
-
-
-def _plain_function(fn: Callable[..., Any]) -> _Callback:
-    """`fn` in the form the engine calls: its arguments chosen by parameter name, else by position.
-
-    A function whose positional parameters all have names of `_BY_NAME`
-    (`def log(elapsed, logs)`) gets those values. Any other gets the first of
-    `(state, batch, elapsed, loop_state)` positionally, as in ciclo 0.1
-    (`def step(params, batch)`), unless one of its names would then get
-    another value: that is refused.
-    """
-    try:
-        signature = inspect.signature(fn)
-    except (TypeError, ValueError) as error:
-        raise TypeError(
-            f"cannot read the signature of callback {short(fn)}; wrap it in a function "
-            "such as `lambda state, batch: ...`"
-        ) from error
-    names: list[str] = []
-    required = 0
-    variadic = False
-    for parameter in signature.parameters.values():
-        if parameter.kind in (parameter.POSITIONAL_ONLY, parameter.POSITIONAL_OR_KEYWORD):
-            names.append(parameter.name)
-            required += parameter.default is parameter.empty
-        elif parameter.kind is parameter.VAR_POSITIONAL:
-            variadic = True
-        elif parameter.kind is parameter.KEYWORD_ONLY and parameter.default is parameter.empty:
-            raise TypeError(
-                f"callback {describe(fn)} has a required keyword-only argument "
-                f"{short(parameter.name)}; the loop passes only positional arguments "
-                f"{_ARGUMENT_NAMES}"
-            )
-    if variadic:
-        return _Callback(len(_ARGUMENT_NAMES), fn, fn)
-    if names and all(name in _BY_NAME for name in names) and names != list(_ARGUMENT_NAMES[: len(names)]):
-        getters = tuple(_BY_NAME[name] for name in names)
-        return _Callback(_OBJECT, lambda loop_state: fn(*(get(loop_state) for get in getters)), fn)
-    if required > len(_ARGUMENT_NAMES):
-        raise TypeError(
-            f"callback {describe(fn)} requires {required} positional arguments, but the "
-            f"loop passes at most {len(_ARGUMENT_NAMES)}: {', '.join(_ARGUMENT_NAMES)}"
-        )
-    arity = min(len(names), len(_ARGUMENT_NAMES))
-    for index, name in enumerate(names[:arity]):
-        if name in _BY_NAME and name != _ARGUMENT_NAMES[index]:
-            raise TypeError(
-                f"callback {describe(fn)} takes {short(name)} as argument {index + 1}, where the loop "
-                f"passes {short(_ARGUMENT_NAMES[index])}: name every parameter after what it gets "
-                f"({', '.join(_BY_NAME)}) to have them passed by name, or none of them"
-            )
-    return _Callback(arity, fn, fn)
-
-
-def as_callback(obj: Any) -> _Callback:
-    """Turns a callback object or function into the form the engine calls.
-
-    An object whose methods are named like a hook that no loop calls is
-    warned about (`on_ends`, see `ciclo.hooks`), or refused for a `__loop_*__`
-    other than `__loop_callback__` (`__loop_end__`).
-
-    Raises:
-        TypeError: if `obj` is not a callback: not callable, or requiring more
-            arguments than the loop passes; or if it has a `__loop_*__` method
-            that no loop calls.
-    """
-    if isinstance(obj, _Callback):
-        return obj
-    obj = clu_callback(obj) or obj  # adapters: a clu PeriodicAction becomes a callback object
-    if isinstance(obj, str):
-        raise TypeError(f"{short(obj)} is a string, not a callback")
-    misnamed = () if inspect.isroutine(obj) else check_method_names(obj)
-    if getattr(type(obj), "__loop_callback__", None) is not None:
-        callback = _Callback(_OBJECT, obj.__loop_callback__, obj)
-    elif not callable(obj):
-        raise TypeError(
-            f"{short(obj)} of type {type(obj).__name__} is not a callback: pass a callable taking "
-            f"0 to 4 of {_ARGUMENT_NAMES} (or any of {tuple(_BY_NAME)} by name), or an object "
-            "with __loop_callback__(loop_state)"
-        )
-    else:
-        callback = _plain_function(obj)
-    if misnamed:
-        warn_misnamed(obj, misnamed)
-    return callback
-
-
-def as_callback_list(value: Any, where: str) -> list[_Callback]:
-    """A callback, a list/tuple of callbacks, or None, as a list of `_Callback`s."""
-    if value is None:
-        return []
-    items = list(value) if isinstance(value, (list, tuple)) else [value]
-    callbacks = []
-    for item in items:
-        try:
-            callbacks.append(as_callback(item))
-        except TypeError as error:
-            raise TypeError(f"in {where}: {error}") from None
-    return callbacks
-
-
 @dataclasses.dataclass(eq=False)
 class _Task:
     """A compiled task: how its schedule is checked, and its callbacks.
@@ -241,7 +112,7 @@ class _Task:
 
     check: Callable[[Elapsed], bool] | None
     after_step: bool
-    callbacks: list[_Callback]
+    callbacks: list[Callback]
     boundary: tuple[int, int] | None = None
     due: int = 0
 
@@ -304,47 +175,22 @@ def _compile_phase(phase: Phase) -> list[_Task]:
     return tasks
 
 
-def _owners(callbacks: Iterable[_Callback]) -> list[Any]:
-    """The objects behind the callbacks, each once: a bound method `bar.on_train_batch_end` is `bar`."""
-    owners: list[Any] = []
-    seen: set[int] = set()
-    for callback in callbacks:
-        owner = getattr(callback.source, "__self__", callback.source)
-        if id(owner) not in seen:
-            seen.add(id(owner))
-            owners.append(owner)
-    return owners
-
-
-def _annotate(error: BaseException, callback: _Callback, loop_state: LoopState[Any]) -> None:
+def _annotate(error: BaseException, callback: Callback, loop_state: LoopState[Any]) -> None:
     where = f" at step {loop_state.elapsed.steps}" if loop_state._now or loop_state._elapsed else ""
     add_note = getattr(error, "add_note", None)  # Python >= 3.11
     if add_note is not None:
-        add_note(f"raised by callback {callback.describe()}{where}")
+        add_note(f"raised by callback {describe(callback)}{where}")
 
 
-def _run_callbacks(loop_state: LoopState[Any], callbacks: list[_Callback]) -> None:
+def _run_callbacks(loop_state: LoopState[Any], callbacks: list[Callback]) -> None:
     """Calls `callbacks` in order, merging their logs into the step's logs.
 
     The hot path of every loop. A callback's output is normalised by
     `step_output`; the usual `(logs, state)` pair skips the call.
     """
-    batch = loop_state.batch
     for callback in callbacks:
-        kind, fn = callback.kind, callback.fn
         try:
-            if kind == 2:
-                out = fn(loop_state.state, batch)
-            elif kind == _OBJECT:
-                out = fn(loop_state)
-            elif kind == 1:
-                out = fn(loop_state.state)
-            elif kind == 0:
-                out = fn()
-            elif kind == 3:
-                out = fn(loop_state.state, batch, loop_state.elapsed)
-            else:
-                out = fn(loop_state.state, batch, loop_state.elapsed, loop_state)
+            out = callback.__loop_callback__(loop_state)
         except Exception as error:
             _annotate(error, callback, loop_state)
             raise
@@ -359,7 +205,7 @@ def _run_callbacks(loop_state: LoopState[Any], callbacks: list[_Callback]) -> No
             new_logs, loop_state.state = out  # what step_output would return, without the call
         else:
             try:
-                new_logs, loop_state.state = step_output(out, loop_state.state, callback.source)
+                new_logs, loop_state.state = step_output(out, loop_state.state, callback)
             except (TypeError, ValueError) as error:
                 _annotate(error, callback, loop_state)
                 raise
@@ -441,12 +287,12 @@ class _Plan:
     """A loop's callbacks, compiled once when it is built: tasks, start and end callbacks, hooks."""
 
     tasks: list[_Task]
-    start_callbacks: list[_Callback]
-    end_callbacks: list[_Callback]
+    start_callbacks: list[Callback]
+    end_callbacks: list[Callback]
     start_hooks: list[Callable[[LoopState[Any]], None]]
     end_hooks: list[Callable[[LoopState[Any], BaseException | None], None]]
     stateful: dict[str, Any]
-    every_step: list[_Callback]
+    every_step: list[Callback]
     """The callbacks of the tasks that fire at every step, in order: all a quiet step runs."""
 
     def start(self, steps: int) -> float:
@@ -475,9 +321,9 @@ class _Plan:
             raise TypeError(f"phases must be a list of ciclo.types.Phase, got {short(phases)}")
         tasks = [task for phase in phases for task in _compile_phase(phase)]
         start, end = as_callback_list(on_start, "on_start"), as_callback_list(on_end, "on_end")
-        owners = _owners([*start, *(callback for task in tasks for callback in task.callbacks), *end])
-        hooks = {name: [getattr(o, name) for o in owners if hasattr(o, name)] for name in LIFECYCLE}
-        stateful = keyed_callbacks(owner for owner in owners if isinstance(owner, StatefulCallback))
+        everyone = owners([*start, *(callback for task in tasks for callback in task.callbacks), *end])
+        hooks = {name: [getattr(o, name) for o in everyone if lifecycle_of(o, name)] for name in LIFECYCLE}
+        stateful = keyed_callbacks(o for o in everyone if lifecycle_of(o, "state_dict"))
         every_step = [
             callback
             for task in tasks
@@ -645,7 +491,7 @@ def _run_steps(
     survival: Survival,
     drawn: int,
     stop: Period | None,
-    start_callbacks: list[_Callback],
+    start_callbacks: list[Callback],
 ) -> int:
     """The steps: draws each batch, runs the tasks, commits the logs; returns the batches drawn.
 

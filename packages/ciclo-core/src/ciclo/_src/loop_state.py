@@ -15,30 +15,14 @@ S = TypeVar("S")
 _log = logging.getLogger("ciclo")
 
 
-def state_key(callback: Any) -> str:
-    """The name a stateful callback's snapshot is saved under: its `state_key`, else its class's name.
-
-    Example:
-        >>> import ciclo
-        >>> state_key(ciclo.early_stopping("val_loss", patience=3))
-        'EarlyStopping(val_loss, min)'
-        >>> state_key(ciclo.early_stopping("val_loss", patience=3, name="stopper"))
-        'stopper'
-    """
-    key = getattr(callback, "state_key", None)
-    if key is None:
-        return type(callback).__qualname__
-    if not isinstance(key, str) or not key:
-        name = type(callback).__qualname__
-        raise TypeError(f"{name}.state_key must be a non-empty str, got {type(key).__name__}")
-    return key
-
-
 def keyed_callbacks(callbacks: Iterable[Any]) -> dict[str, Any]:
     """Stateful `callbacks` by `state_key`; two with one key are refused, before any step runs."""
     keyed: dict[str, Any] = {}
     for callback in callbacks:
-        key = state_key(callback)
+        key = callback.state_key
+        if not isinstance(key, str) or not key:
+            name = type(callback).__qualname__
+            raise TypeError(f"{name}.state_key must be a non-empty str, got {type(key).__name__}")
         if key in keyed:
             raise ValueError(
                 f"two stateful callbacks of this loop save their state under the key {short(key)}: "

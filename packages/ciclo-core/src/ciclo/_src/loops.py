@@ -17,6 +17,7 @@ from typing import Any, Literal
 from ciclo._src.auto_steps import AUTO, AutoSteps, signature
 from ciclo._src.backup import Backup
 from ciclo._src.batches import BatchSizeFn, stacked
+from ciclo._src.callback import Named, add_callbacks, add_state_methods, collect, split_tasks
 from ciclo._src.callbacks._inner_loop import AggregationLike, inner_loop
 from ciclo._src.checks import DataWarning, TestData, check_positive
 from ciclo._src.elapsed import Elapsed, Period, PeriodLike
@@ -24,10 +25,6 @@ from ciclo._src.hooks import (
     PREDICT,
     TEST,
     TRAIN,
-    Named,
-    add_callbacks,
-    add_state_methods,
-    collect,
     on_epoch_end,
     on_predict_begin,
     on_predict_end,
@@ -43,7 +40,6 @@ from ciclo._src.hooks import (
     on_train_step,
     predict_step,
     reset_step,
-    split_tasks,
     test_step,
     train_step,
 )

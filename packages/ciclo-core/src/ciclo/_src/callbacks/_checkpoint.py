@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import jax
 
+from ciclo._src.callback import Callback
 from ciclo._src.batches import steps_of
 from ciclo._src.callbacks._monitor import (
     Mode,
@@ -280,7 +281,7 @@ def _steps_done(loop_state: LoopState[Any]) -> int:
 
 
 @typing.final
-class Checkpoint:
+class Checkpoint(Callback):
     """Saves the loop's state with orbax and keeps the latest or the best checkpoints.
 
     Create one with `ciclo.checkpoint`. A `Checkpoint` is a callback: put it under

@@ -8,6 +8,7 @@ from typing import Any, Protocol, final
 
 import jax
 
+from ciclo._src.callback import Callback
 from ciclo._src.elapsed import Elapsed
 from ciclo._src.logs import Logs, LogsLike
 from ciclo._src.loop_state import LoopState
@@ -89,7 +90,7 @@ def _add(
 
 
 @final
-class DeviceStats:
+class DeviceStats(Callback):
     """Logs each device's memory in use and its peak; see `ciclo.device_stats`.
 
     Called with no argument, it reads the stats now and returns them as logs:

@@ -6,6 +6,7 @@ from typing import Any, Generic, final
 
 import jax
 
+from ciclo._src.callback import Callback
 from ciclo._src.callbacks._monitor import (
     Mode,
     ModeLike,
@@ -34,7 +35,7 @@ def _kept(state: S) -> S:
 
 
 @final
-class EarlyStopping(Generic[S]):
+class EarlyStopping(Callback, Generic[S]):
     """Stops a loop when a monitored entry has not improved for `patience`; see `ciclo.early_stopping`."""
 
     def __init__(

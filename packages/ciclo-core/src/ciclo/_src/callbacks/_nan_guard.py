@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ciclo._src.callback import Callback
 from ciclo._src.logs import Logs
 from ciclo._src.loop_state import LoopState
 from ciclo._src.reprs import short
@@ -26,7 +27,7 @@ def _first_bad(first: jax.Array, step: jax.Array, value: jax.Array) -> jax.Array
 
 
 @final
-class TerminateOnNaN(Generic[S]):
+class TerminateOnNaN(Callback, Generic[S]):
     """Stops a loop within `check_every` steps of a monitored value turning non-finite.
 
     Create it with `ciclo.terminate_on_nan`.

@@ -7,6 +7,7 @@ from typing import Any, Literal, final
 
 import jax
 
+from ciclo._src.callback import Callback
 from ciclo._src.batches import steps_of
 from ciclo._src.elapsed import Elapsed
 from ciclo._src.loop_state import LoopState
@@ -41,7 +42,7 @@ def _check_steps(steps: int | tuple[int, int]) -> tuple[int, int]:
 
 
 @final
-class Profile:
+class Profile(Callback):
     """Captures a `jax.profiler` trace of chosen steps of a loop; see `ciclo.profile`.
 
     Example:

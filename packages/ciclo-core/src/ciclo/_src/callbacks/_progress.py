@@ -20,6 +20,7 @@ from typing import Any, Literal
 import jax
 import numpy as np
 
+from ciclo._src.callback import Callback
 from ciclo._src.elapsed import Elapsed, PeriodLike, to_period
 from ciclo._src.logs import Logs, LogsLike
 from ciclo._src.loop_state import LoopState
@@ -232,7 +233,7 @@ def check_interval(interval: object) -> float:
     return float(interval)
 
 
-class ProgressCallback(abc.ABC):
+class ProgressCallback(Callback, abc.ABC):
     """Base of the progress bars: follows the loop's progress and decides when to redraw.
 
     A bar is called once per step. Between redraws the call stores two

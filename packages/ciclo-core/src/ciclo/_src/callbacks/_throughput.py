@@ -6,6 +6,7 @@ import math
 from time import perf_counter
 from typing import Any, final
 
+from ciclo._src.callback import Callback
 from ciclo._src.elapsed import Elapsed, Period, PeriodLike, to_period
 from ciclo._src.logs import Logs, LogsLike
 from ciclo._src.loop_state import LoopState
@@ -35,7 +36,7 @@ def _check_window(window: PeriodLike) -> Period:
 
 
 @final
-class Throughput:
+class Throughput(Callback):
     """Logs steps and samples per second, measured over a window; see `ciclo.throughput`.
 
     The rates are the counts the loop's `Elapsed` advanced by, divided by the

@@ -17,6 +17,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple, Protocol, final
 
+from ciclo._src.callback import Callback
 from ciclo._src.callbacks._monitor import snapshot_fields
 from ciclo._src.logs import History, Logs, LogsLike
 from ciclo._src.loop_state import LoopState
@@ -204,7 +205,7 @@ def _number(value: Any) -> float | int | None:
 
 
 @final
-class Logger:
+class Logger(Callback):
     """A loop callback that writes every logged scalar entry to a backend, against its step.
 
     Create one with `ciclo.tensorboard`, `ciclo.csv_logger`, `ciclo.wandb_logger`,
