@@ -21,8 +21,8 @@ from ciclo import types as types
 from ciclo._src import frameworks as _frameworks
 from ciclo._src import installation as _installation
 from ciclo._src.backup import backup as backup
-from ciclo._src.callback import Callback as Callback
 from ciclo._src.batches import stacked as stacked
+from ciclo._src.callback import Callback as Callback
 from ciclo._src.callbacks._checkpoint import checkpoint as checkpoint
 from ciclo._src.callbacks._checkpoint import restore_checkpoint as restore_checkpoint
 from ciclo._src.callbacks._device_stats import device_stats as device_stats
@@ -57,8 +57,8 @@ from ciclo._src.hooks import on_train_step as on_train_step
 from ciclo._src.logs import history as history
 from ciclo._src.logs import logs as logs
 from ciclo._src.loop import at_step_end as at_step_end
-from ciclo._src.loop import loop as loop
 from ciclo._src.loop import run_phases as run_phases
+from ciclo._src.loops import loop as loop
 from ciclo._src.loops import predict_loop as predict_loop
 from ciclo._src.loops import test_loop as test_loop
 from ciclo._src.loops import train_loop as train_loop

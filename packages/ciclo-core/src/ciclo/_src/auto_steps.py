@@ -32,8 +32,8 @@ from typing import Any, Final, NamedTuple, final
 import jax
 import numpy as np
 
-from ciclo._src.callback import Callback
 from ciclo._src.batches import BatchSizeFn, cut, is_stacked, leading_dim, stack, steps_of
+from ciclo._src.callback import Callback
 from ciclo._src.logs import Logs
 
 _log = logging.getLogger("ciclo")

@@ -39,7 +39,8 @@ class Callback:
       handed back the callbacks' states);
     - `on_step_end(loop_state)` after each committed step (backups, signals);
     - `on_end(loop_state, error)` once when the loop ends, also on an error:
-      `error` is what ended it, None when it ended by itself;
+      `error` is what ended it, None when it ended by itself (True returned
+      takes the error: the loop returns normally);
     - `state_dict()` / `load_state_dict(state)` when a backup saves or
       restores the run, under `state_key`, for a callback that overrides
       `state_dict`.
@@ -80,8 +81,13 @@ class Callback:
     def on_step_end(self, loop_state: LoopState[Any], /) -> None:
         """Runs after each committed step."""
 
-    def on_end(self, loop_state: LoopState[Any], error: BaseException | None, /) -> None:
-        """Runs once when the loop ends; `error` is what ended it, None when it ended by itself."""
+    def on_end(self, loop_state: LoopState[Any], error: BaseException | None, /) -> bool | None:
+        """Runs once when the loop ends; `error` is what ended it, None when it ended by itself.
+
+        Returning True takes `error`: the loop returns normally (as a context
+        manager's `__exit__` does); Ctrl-C's guard does so.
+        """
+        return None
 
     def state_dict(self) -> Any:
         """A snapshot of the state kept across steps (see `ciclo.types.StatefulCallback`)."""

@@ -63,12 +63,17 @@ class LoopState(Generic[S]):
     __slots__ = (
         "_accumulated",
         "_callback_objects",
+        "_clock",
+        "_dataset",
+        "_drawn",
         "_elapsed",
         "_ended",
         "_logs",
         "_now",
         "_owns_logs",
+        "_iterator",
         "_per_step",
+        "_stop",
         "batch",
         "history",
         "metadata",
@@ -100,6 +105,12 @@ class LoopState(Generic[S]):
         self._accumulated = accumulated_logs
         self._callback_objects: dict[str, Any] = {}
         self._ended = False  # the steps are over: on_end callbacks and end hooks run
+        # What the engine hands the run's lifecycle (a backup restores and saves through them):
+        self._clock: Any = None  # the step, sample and time counters (`ciclo._src.elapsed.Clock`)
+        self._dataset: Any = None  # the dataset as the loop was given it
+        self._iterator: Any = None  # what the loop draws batches from; on_start may replace it
+        self._drawn = 0  # batches drawn from the dataset by this run and the runs it resumes
+        self._stop: Any = None  # the loop's `stop`, as a `Period` or None
 
     @property
     def elapsed(self) -> Elapsed:

@@ -28,12 +28,12 @@ import math
 import os
 import typing
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
 
 import jax
 
-from ciclo._src.callback import Callback
 from ciclo._src.batches import steps_of
+from ciclo._src.callback import Callback
 from ciclo._src.callbacks._monitor import (
     Mode,
     ModeLike,
@@ -321,6 +321,8 @@ class Checkpoint(Callback):
         >>> ckpt.close()
     """
 
+    hook: ClassVar[str | None] = "on_epoch_end"  # where train_loop(callbacks=[...]) places it
+
     __slots__ = (
         "_async_save",
         "_directory",
@@ -572,13 +574,6 @@ class Checkpoint(Callback):
         """Saves the loop's state under the steps done with this step (monitor: accumulated logs)."""
         self.save(_steps_done(loop_state), loop_state.state, loop_state.accumulated_logs)
         return {}, loop_state.state
-
-    def on_epoch_end(
-        self, state: S, batch: Any, elapsed: Elapsed, loop_state: LoopState[Any]
-    ) -> CallbackOutput[S]:
-        """The named hook `ciclo.train_loop` runs at the end of each epoch: saves `state`."""
-        self.save(int(elapsed.steps), state, loop_state.accumulated_logs)
-        return {}, state
 
     @property
     def state_key(self) -> str:

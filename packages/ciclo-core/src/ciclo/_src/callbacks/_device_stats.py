@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol, final
+from typing import Any, ClassVar, Protocol, final
 
 import jax
 
 from ciclo._src.callback import Callback
-from ciclo._src.elapsed import Elapsed
 from ciclo._src.logs import Logs, LogsLike
 from ciclo._src.loop_state import LoopState
 from ciclo._src.reprs import short
@@ -107,6 +106,8 @@ class DeviceStats(Callback):
         {'device_stats': {'device3/bytes_in_use': 1024, 'device3/peak_bytes_in_use': 4096}}
     """
 
+    hook: ClassVar[str | None] = "on_train_step"  # where train_loop(callbacks=[...]) places it
+
     __slots__ = ("_devices", "_named")
 
     def __init__(self, devices: Sequence[Device] | None = None) -> None:
@@ -132,10 +133,6 @@ class DeviceStats(Callback):
 
     def __loop_callback__(self, loop_state: LoopState[S]) -> CallbackOutput[S]:
         return self._read(), loop_state.state
-
-    def on_train_step(self, state: Any, batch: Any, elapsed: Elapsed) -> LogsLike:
-        """Named hook of the predefined loops: reads the stats after each training step."""
-        return self._read()
 
     def _read(self) -> LogsLike:
         named = self._named

@@ -15,7 +15,7 @@ import math
 from collections.abc import Callable
 from time import perf_counter
 from types import MappingProxyType
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import jax
 import numpy as np
@@ -243,6 +243,8 @@ class ProgressCallback(Callback, abc.ABC):
     draws one run: once its final line is drawn, further calls do nothing.
     """
 
+    hook: ClassVar[str | None] = "on_train_batch_end"  # where train_loop(callbacks=[...]) places it
+
     __slots__ = (
         "_count",
         "_elapsed",
@@ -299,12 +301,6 @@ class ProgressCallback(Callback, abc.ABC):
     def __loop_callback__(self, loop_state: LoopState[S]) -> CallbackOutput[S]:
         self._update(loop_state.elapsed, loop_state)
         return _NO_LOGS, loop_state.state
-
-    def on_train_batch_end(
-        self, state: Any, batch: Any, elapsed: Elapsed, loop_state: LoopState[Any]
-    ) -> None:
-        """Named hook of the predefined loops: updates the bar after each training step."""
-        self._update(elapsed, loop_state)
 
     def on_end(self, loop_state: LoopState[Any], error: BaseException | None) -> None:
         if self._finished:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from time import perf_counter
-from typing import Any, final
+from typing import Any, ClassVar, final
 
 from ciclo._src.callback import Callback
 from ciclo._src.elapsed import Elapsed, Period, PeriodLike, to_period
@@ -57,6 +57,8 @@ class Throughput(Callback):
         [2, 4]
     """
 
+    hook: ClassVar[str | None] = "on_train_step"  # where train_loop(callbacks=[...]) places it
+
     __slots__ = ("_limits", "_start", "_window")
 
     def __init__(self, window: PeriodLike = 100) -> None:
@@ -89,10 +91,6 @@ class Throughput(Callback):
     def __loop_callback__(self, loop_state: LoopState[S]) -> CallbackOutput[S]:
         elapsed = loop_state.elapsed
         return self._measure(elapsed.steps, elapsed.samples), loop_state.state
-
-    def on_train_step(self, state: Any, batch: Any, elapsed: Elapsed) -> LogsLike:
-        """Named hook of the predefined loops: measures after each training step."""
-        return self._measure(elapsed.steps, elapsed.samples)
 
     def on_end(self, loop_state: LoopState[Any], error: BaseException | None) -> None:
         # The next loop starts a new window: the time between two loops is not throughput.
