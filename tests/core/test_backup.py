@@ -1085,3 +1085,17 @@ def test_a_resume_notes_the_optimizer_hyperparameters_that_changed(tmp_path, cap
         in caplog.text
     )
     assert float(state.opt_state.hyperparams["learning_rate"]) == pytest.approx(0.1)  # the backup's, as noted
+
+
+def test_a_loop_of_your_own_backs_up_through_the_backup_callback(tmp_path):
+    def own_loop(stop, kind="own_loop", *extra):
+        phase = ciclo.types.Phase("train", [(ciclo.every(1), [sgd_step, *extra])])
+        spec = ciclo.backup(tmp_path, every=5)
+        return ciclo.run_phases(init(), batches(), [phase], stop=stop, callbacks=[spec.callback(kind)])
+
+    reference = ciclo.loop(init(), batches(), {ciclo.every(1): sgd_step}, stop=30)
+    with pytest.raises(Crash):
+        own_loop(30, "own_loop", crash_at(13))
+    assert_same_run(reference, own_loop(30))
+    with pytest.raises(ValueError, match="written by 'own_loop', and this loop is 'other_loop'"):
+        own_loop(30, "other_loop")

@@ -139,14 +139,8 @@ class _Object(_Adapted):
 
     @property
     def state_key(self) -> str:
-        key = vars_lookup(type(self.source), "state_key")
-        if key is None:
-            return type(self.source).__qualname__
-        key = self.source.state_key
-        if not isinstance(key, str) or not key:
-            name = type(self.source).__qualname__
-            raise TypeError(f"{name}.state_key must be a non-empty str, got {type(key).__name__}")
-        return key
+        has_key = vars_lookup(type(self.source), "state_key") is not None
+        return self.source.state_key if has_key else type(self.source).__qualname__  # type: ignore[no-any-return]
 
 
 def vars_lookup(cls: type, name: str) -> Any:
@@ -262,6 +256,9 @@ def as_callback(obj: Any) -> Callback:
             that no loop calls.
     """
     if isinstance(obj, Callback):
+        misnamed = check_method_names(obj)  # a subclass of a user's may misspell a lifecycle method
+        if misnamed:
+            warn_misnamed(obj, misnamed)
         return obj
     clu = _clu_action(obj)
     if clu is not None:

@@ -21,12 +21,11 @@ def keyed_callbacks(callbacks: Iterable[Any]) -> dict[str, Any]:
     for callback in callbacks:
         key = callback.state_key
         if not isinstance(key, str) or not key:
-            name = type(callback).__qualname__
-            raise TypeError(f"{name}.state_key must be a non-empty str, got {type(key).__name__}")
+            raise TypeError(f"the state_key of {short(callback)} must be a non-empty str, got {short(key)}")
         if key in keyed:
             raise ValueError(
                 f"two stateful callbacks of this loop save their state under the key {short(key)}: "
-                f"{type(keyed[key]).__qualname__} and {type(callback).__qualname__}; give one of them "
+                f"{short(keyed[key])} and {short(callback)}; give one of them "
                 "another name= (or, for your own callback, a state_key attribute)"
             )
         keyed[key] = callback
