@@ -56,7 +56,6 @@ from ciclo._src.hooks import on_train_end as on_train_end
 from ciclo._src.hooks import on_train_step as on_train_step
 from ciclo._src.logs import history as history
 from ciclo._src.logs import logs as logs
-from ciclo._src.loop import at_step_end as at_step_end
 from ciclo._src.loop import run_phases as run_phases
 from ciclo._src.loops import loop as loop
 from ciclo._src.loops import predict_loop as predict_loop
@@ -67,6 +66,7 @@ from ciclo._src.prefetch import prefetch_to_device as prefetch_to_device
 from ciclo._src.reprs import short
 from ciclo._src.schedules import after as after
 from ciclo._src.schedules import always as always
+from ciclo._src.schedules import at_step_end as at_step_end
 from ciclo._src.schedules import every as every
 from ciclo._src.schedules import never as never
 from ciclo._src.schedules import piecewise as piecewise

@@ -19,7 +19,6 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, Final, final
 
 from ciclo._src.checks import warn
-from ciclo._src.hooks import VOCABULARY
 from ciclo._src.reprs import short
 from ciclo._src.step_output import describe
 from ciclo._src.types import StatefulCallback
@@ -105,11 +104,6 @@ class Callback:
 LIFECYCLE: Final = ("on_start", "on_step_end", "on_end")
 
 
-def overrides(callback: Callback, name: str) -> bool:
-    """Whether `callback`'s class overrides `Callback`'s method `name`: the engine calls only those."""
-    return getattr(type(callback), name) is not getattr(Callback, name)
-
-
 class _Adapted(Callback):
     """A user's function or object as a `Callback`: `__loop_callback__` is set per instance."""
 
@@ -140,7 +134,7 @@ class _Object(_Adapted):
     @property
     def state_key(self) -> str:
         has_key = vars_lookup(type(self.source), "state_key") is not None
-        return self.source.state_key if has_key else type(self.source).__qualname__  # type: ignore[no-any-return]
+        return self.source.state_key if has_key else type(self.source).__qualname__
 
 
 def vars_lookup(cls: type, name: str) -> Any:
@@ -152,10 +146,15 @@ def vars_lookup(cls: type, name: str) -> Any:
 
 
 def lifecycle_of(callback: Callback, name: str) -> bool:
-    """Whether the engine calls `callback`'s lifecycle method or state methods `name`."""
+    """Whether the engine calls `callback`'s lifecycle or state method `name`: whether its class overrides it.
+
+    Found nominally, as Keras' `CallbackList` does: a method left as `Callback`
+    has it is never called. A user's object adapted by the door has the
+    methods it brought.
+    """
     if type(callback) is _Object:
-        return name in vars(callback) or (name == "state_dict" and callback.stateful)  # type: ignore[attr-defined]
-    return overrides(callback, name)
+        return name in vars(callback) or (name == "state_dict" and callback.stateful)
+    return getattr(type(callback), name) is not getattr(Callback, name)
 
 
 _ARGUMENT_NAMES: Final = ("state", "batch", "elapsed", "loop_state")
@@ -418,7 +417,7 @@ def add_callbacks(named: Named, callbacks: Iterable[Any] | None, names: tuple[st
                 )
             named.setdefault(callback.hook, []).append(callback)
             continue
-        misnamed = check_method_names(callback)
+        misnamed = check_method_names(callback, names)
         hooks = {name: vars_lookup(type(callback), name) for name in names}
         hooks = {name: getattr(callback, name) for name, hook in hooks.items() if callable(hook)}
         if not hooks:
@@ -445,17 +444,20 @@ and `state_dict` (under 0.5) are not.
 
 OBJECT_CALLBACK: Final = "__loop_callback__"
 
-_MISNAMED: weakref.WeakKeyDictionary[type, tuple[tuple[str, str], ...]] = weakref.WeakKeyDictionary()
+_MISNAMED: weakref.WeakKeyDictionary[type, dict[tuple[str, ...], tuple[tuple[str, str], ...]]] = (
+    weakref.WeakKeyDictionary()
+)
 """`misnamed_methods` of each class met: a loop is built once per call, and a test loop at each epoch."""
 
 
-def misnamed_methods(cls: type) -> tuple[tuple[str, str], ...]:
+def misnamed_methods(cls: type, names: tuple[str, ...] = ()) -> tuple[tuple[str, str], ...]:
     """The methods of `cls` named like a hook that no loop calls, each with the name it may have meant.
 
-    A method is misnamed when its name is a close match of a hook name or of
-    a lifecycle method without being one (`on_epoch_ends`), or when it is a
-    `__loop_*__` other than `__loop_callback__` (`__loop_end__`). The name
-    meant is `""` when none is close.
+    A method is misnamed when its name is a close match of one of `names`
+    (the hooks a loop runs) or of a lifecycle method without being one
+    (`on_epoch_ends`), or when it is a `__loop_*__` other than
+    `__loop_callback__` (`__loop_end__`). The name meant is `""` when none is
+    close.
 
     Example:
         >>> from ciclo._src.callback import misnamed_methods
@@ -463,17 +465,18 @@ def misnamed_methods(cls: type) -> tuple[tuple[str, str], ...]:
         ...     def on_epoch_ends(self, state): ...
         ...     def __loop_end__(self, loop_state): ...
         ...     def update(self): ...
-        >>> misnamed_methods(Bar)
+        >>> misnamed_methods(Bar, ("on_epoch_end",))
         (('__loop_end__', 'on_end'), ('on_epoch_ends', 'on_epoch_end'))
     """
-    misnamed = _MISNAMED.get(cls)
+    by_names = _MISNAMED.setdefault(cls, {})
+    misnamed = by_names.get(names)
     if misnamed is None:
-        misnamed = _MISNAMED[cls] = _misnamed(cls)
+        misnamed = by_names[names] = _misnamed(cls, names)
     return misnamed
 
 
-def _misnamed(cls: type) -> tuple[tuple[str, str], ...]:
-    vocabulary = (*VOCABULARY, *LIFECYCLE)
+def _misnamed(cls: type, names: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
+    vocabulary = (*names, *LIFECYCLE)
     found = []
     for name in dir(cls):
         if name in vocabulary or name == OBJECT_CALLBACK:
@@ -502,7 +505,7 @@ def _fix(meant: str) -> str:
     )
 
 
-def check_method_names(callback: Any) -> tuple[tuple[str, str], ...]:
+def check_method_names(callback: Any, names: tuple[str, ...] = ()) -> tuple[tuple[str, str], ...]:
     """Refuses a callback object with a `__loop_*__` method no loop calls; returns its other misnamed methods.
 
     Raises:
@@ -510,7 +513,7 @@ def check_method_names(callback: Any) -> tuple[tuple[str, str], ...]:
             `__loop_callback__` (`__loop_end__`): its author expects a call that
             never comes.
     """
-    misnamed = misnamed_methods(type(callback))
+    misnamed = misnamed_methods(type(callback), names)
     for name, meant in misnamed:
         if name.startswith("__"):
             raise TypeError(

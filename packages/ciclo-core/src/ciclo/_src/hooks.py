@@ -64,6 +64,3 @@ PREDICT: Final = (
     on_predict_begin,
     on_predict_end,
 )
-
-VOCABULARY: Final = tuple(dict.fromkeys(TRAIN + TEST + PREDICT))
-"""Every hook name a predefined loop runs: a method named close to one is taken for its misspelling."""

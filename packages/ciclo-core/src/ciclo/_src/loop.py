@@ -1,8 +1,10 @@
-"""The loop engine: ordered phases of `(schedule, callbacks)` over a dataset, and `ciclo.loop`.
+"""The loop engine: ordered phases of `(schedule, callbacks)` over a dataset.
 
 `run_phases` is the one engine: `ciclo.loop` is its dict front-end, and
 `train_loop`, `test_loop` and `predict_loop` are phases built from the same
 public pieces (`Phase`, `at_step_end`, `run_phases`), as a user's own loop is.
+It calls `ciclo.Callback`s only (the door, `ciclo._src.callback`, makes them)
+and knows no backup, signal or hook name: those are callbacks too.
 """
 
 from __future__ import annotations
@@ -22,52 +24,9 @@ from ciclo._src.logs import History, Logs, StackedLogs
 from ciclo._src.loop_state import LoopState as LoopState
 from ciclo._src.loop_state import keyed_callbacks
 from ciclo._src.reprs import short
-from ciclo._src.schedules import Every, ScheduleBase, next_boundary
+from ciclo._src.schedules import AtStepEnd, Every, next_boundary
 from ciclo._src.step_output import describe, step_output
-from ciclo._src.types import S, Schedule, Tasks
-
-
-@final
-@dataclasses.dataclass(frozen=True, eq=False)
-class AtStepEnd(ScheduleBase):
-    """A schedule checked after the step, on the counts that include it; see `ciclo.at_step_end`."""
-
-    schedule: Schedule
-
-    def __call__(self, elapsed: Elapsed) -> bool:
-        return bool(self.schedule(elapsed))
-
-
-def at_step_end(schedule: Schedule) -> AtStepEnd:
-    """Checks `schedule` after the step, on the counts that include the step's batch.
-
-    A plain schedule sees the `Elapsed` from before the step (steps completed
-    so far). An epoch ends *after* the step that completes it, so epoch-end
-    work is scheduled `at_step_end(ciclo.every(steps_per_epoch))`: with 10
-    steps per epoch it runs after steps 10, 20, ... (its callbacks see
-    `elapsed.steps == 10`), never at step 0. Place such a task after the
-    phase that runs the step.
-
-    Example:
-        >>> import ciclo
-        >>> def train_step(state, batch):
-        ...     return state + 1
-        >>> def epoch_end(state, batch, elapsed):
-        ...     return ciclo.logs().add_metric("epoch_end_at", elapsed.steps)
-        >>> _, history, _ = ciclo.run_phases(
-        ...     0,
-        ...     range(7),
-        ...     [
-        ...         ciclo.types.Phase("train", [(ciclo.every(1), train_step)]),
-        ...         ciclo.types.Phase("epoch", [(ciclo.at_step_end(ciclo.every(3)), epoch_end)]),
-        ...     ],
-        ... )
-        >>> history.collect("epoch_end_at")
-        [3, 6]
-    """
-    if not callable(schedule):
-        raise TypeError(f"at_step_end needs a schedule (elapsed -> bool), got {short(schedule)}")
-    return AtStepEnd(schedule)
+from ciclo._src.types import S, Tasks
 
 
 @final

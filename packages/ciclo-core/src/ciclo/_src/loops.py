@@ -52,12 +52,12 @@ from ciclo._src.hooks import (
     train_step,
 )
 from ciclo._src.logs import History
-from ciclo._src.loop import Phase, at_step_end, run_phases
+from ciclo._src.loop import Phase, run_phases
 from ciclo._src.loop_state import LoopState
 from ciclo._src.managed import ManagedState
 from ciclo._src.prefetch import prefetch_to_device
 from ciclo._src.reprs import short
-from ciclo._src.schedules import Every, every
+from ciclo._src.schedules import Every, at_step_end, every
 from ciclo._src.signals import CatchInterrupt
 from ciclo._src.step_output import step_output
 from ciclo._src.types import Evaluable, Predictable, S, Tasks, Trainable
