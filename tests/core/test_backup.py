@@ -1186,3 +1186,17 @@ def test_a_changed_option_the_state_can_go_on_with_is_noted(tmp_path, caplog, be
     assert f"was written with other options than this run's state has ({note})" in caplog.text
     assert elapsed.steps == 4
     assert state.resume_options()[next(iter(after))] == next(iter(after.values()))
+
+
+def test_a_loop_of_your_own_backs_up_through_the_backup_callback(tmp_path):
+    def own_loop(stop, kind="own_loop", *extra):
+        phase = ciclo.types.Phase("train", [(ciclo.every(1), [sgd_step, *extra])])
+        spec = ciclo.backup(tmp_path, every=5)
+        return ciclo.run_phases(init(), batches(), [phase], stop=stop, callbacks=[spec.callback(kind)])
+
+    reference = ciclo.loop(init(), batches(), {ciclo.every(1): sgd_step}, stop=30)
+    with pytest.raises(Crash):
+        own_loop(30, "own_loop", crash_at(13))
+    assert_same_run(reference, own_loop(30))
+    with pytest.raises(ValueError, match="written by 'own_loop', and this loop is 'other_loop'"):
+        own_loop(30, "other_loop")

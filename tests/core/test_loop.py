@@ -1,4 +1,5 @@
 import functools
+import inspect
 import logging
 import sys
 import types
@@ -412,8 +413,101 @@ def test_a_near_miss_of_on_end_on_a_loop_callback_object_is_warned():
 
 
 def test_no_class_of_ciclo_has_a_method_taken_for_a_misspelt_hook():
-    from ciclo._src.hooks import misnamed_methods
+    from ciclo._src.callback import misnamed_methods
 
     classes = [value for value in vars(ciclo.types).values() if isinstance(value, type)]
     assert len(classes) > 30
     assert {cls.__name__: misnamed_methods(cls) for cls in classes} == {cls.__name__: () for cls in classes}
+
+
+# --- the one callback type: ciclo.Callback and its lifecycle ---------------------------------------------
+
+
+class Recorder(ciclo.Callback):
+    def __init__(self):
+        self.events = []
+
+    def __loop_callback__(self, loop_state):
+        self.events.append(("call", loop_state.elapsed.steps))
+
+    def on_start(self, loop_state):
+        self.events.append(("start", loop_state.elapsed.steps))
+
+    def on_step_end(self, loop_state):
+        self.events.append(("step_end", loop_state.elapsed.steps))  # the counts after the step
+
+    def on_end(self, loop_state, error):
+        self.events.append(("end", loop_state.elapsed.steps, error))
+
+
+def test_a_callback_lives_start_steps_end():
+    recorder = Recorder()
+    ciclo.loop(0, range(5), {ciclo.every(2): recorder}, stop=3)
+    assert recorder.events == [
+        ("start", 0),
+        ("call", 0),
+        ("step_end", 1),
+        ("step_end", 2),
+        ("call", 2),
+        ("step_end", 3),
+        ("end", 3, None),
+    ]
+
+
+def test_lifecycle_methods_are_found_nominally():
+    class Anything(ciclo.Callback):
+        """Answers every attribute: a `hasattr` probe would take it for a lifecycle method."""
+
+        def __getattr__(self, name):
+            return lambda *args: pytest.fail(f"{name} called")
+
+        def __loop_callback__(self, loop_state):
+            return None
+
+    ciclo.loop(0, range(3), {ciclo.every(1): Anything()})
+
+
+def test_an_on_end_returning_true_takes_the_error():
+    class Forgive(ciclo.Callback):
+        def on_end(self, loop_state, error):
+            return isinstance(error, ValueError)
+
+    def fail(state, batch):
+        if batch == 2:
+            raise ValueError("boom")
+        return state + 1
+
+    state, _, elapsed = ciclo.run_phases(
+        0, range(5), [ciclo.types.Phase("p", [(ciclo.every(1), fail)])], callbacks=[Forgive()]
+    )
+    assert state == 2 and elapsed.steps == 2
+    with pytest.raises(ValueError, match="boom"):
+        ciclo.run_phases(0, range(5), [ciclo.types.Phase("p", [(ciclo.every(1), fail)])])
+
+
+def test_a_callback_whose_on_start_fails_leaves_the_started_ones_ended():
+    started = Recorder()
+
+    class Refuse(ciclo.Callback):
+        def on_start(self, loop_state):
+            raise ValueError("refused")
+
+    never = Recorder()
+    with pytest.raises(ValueError, match="refused"):
+        ciclo.run_phases(
+            0, range(3), [ciclo.types.Phase("p", [(ciclo.every(1), never)])], callbacks=[started, Refuse()]
+        )
+    assert [event[0] for event in started.events] == ["start", "end"]
+    assert never.events == []  # its on_start never ran: nothing to end
+
+
+def test_run_phases_takes_no_survival_keywords():
+    parameters = set(inspect.signature(ciclo.run_phases).parameters)
+    assert not parameters & {
+        "backup",
+        "backup_every",
+        "kind",
+        "catch_keyboard_interrupt",
+        "on_start",
+        "on_end",
+    }

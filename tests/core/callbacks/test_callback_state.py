@@ -273,7 +273,8 @@ def test_every_public_callback_is_classified():
     }
     assert set(classes) == set(STATEFUL) | set(STATELESS)
     for name, cls in classes.items():
-        assert issubclass(cls, ciclo.types.StatefulCallback) == (name in STATEFUL), name
+        assert issubclass(cls, ciclo.Callback), name
+        assert (cls.state_dict is not ciclo.Callback.state_dict) == (name in STATEFUL), name
     for prefix in STATEFUL.values():
         assert any(case.startswith(prefix) for case in CASES), prefix
 

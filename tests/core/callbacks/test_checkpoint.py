@@ -1,5 +1,4 @@
 import dataclasses
-import inspect
 import json
 import logging
 import os
@@ -108,11 +107,10 @@ def test_directory_is_made_absolute_and_created(tmp_path, monkeypatch):
     ckpt.close()
 
 
-def test_is_a_loop_callback_with_an_epoch_end_hook(tmp_path):
+def test_is_a_callback_placed_at_the_epoch_end(tmp_path):
     ckpt = ciclo.checkpoint(tmp_path)
-    assert isinstance(ckpt, ciclo.types.LoopCallback)
-    parameters = list(inspect.signature(ckpt.on_epoch_end).parameters)
-    assert parameters == ["state", "batch", "elapsed", "loop_state"]
+    assert isinstance(ckpt, ciclo.Callback) and isinstance(ckpt, ciclo.types.LoopCallback)
+    assert ckpt.hook == ciclo.hooks.on_epoch_end
 
 
 def test_same_step_twice_saves_once(tmp_path):
@@ -130,13 +128,12 @@ def test_same_step_twice_saves_once(tmp_path):
         accumulated_logs=ciclo.logs(),
     )
     assert ckpt.__loop_callback__(loop_state) == ({}, loop_state.state)
-    assert ckpt.on_epoch_end(loop_state.state, None, elapsed, loop_state) == ({}, loop_state.state)
+    ckpt(ciclo.types.Elapsed.create(steps=3), loop_state.state)  # the hand-written form: step 3 + 1
     assert ckpt.all_steps() == [4]
     assert float(ckpt.restore(zero())["w"]) == 1.0  # the first save of the step wins
 
-    # The epoch-end hook saves a new step like the schedule does.
-    later = ciclo.types.Elapsed.create(steps=5)
-    ckpt.on_epoch_end({"w": jnp.float32(5)}, None, later, loop_state)
+    # The hand-written form saves a new step like the schedule does.
+    ckpt(ciclo.types.Elapsed.create(steps=4), {"w": jnp.float32(5)})
     assert ckpt.all_steps() == [4, 5]
     assert float(ckpt.restore(zero())["w"]) == 5.0
     ckpt.close()

@@ -239,12 +239,6 @@ def test_no_value_is_read_between_redraws(clock: Clock, terminal: bool) -> None:
         clock.now += 1.0
         bar(ciclo.types.Elapsed.create(steps=step), logs)
         bar.__loop_callback__(loop_state(ciclo.types.Elapsed.create(steps=step), accumulated))
-        bar.on_train_batch_end(
-            "state",
-            None,
-            ciclo.types.Elapsed.create(steps=step),
-            loop_state(ciclo.types.Elapsed.create(steps=step), accumulated),
-        )
     assert loss.reads == first_reads
     bar.close()
     assert loss.reads == first_reads + 1
@@ -348,33 +342,25 @@ def test_loop_end_after_a_callback_stops_the_loop(clock: Clock) -> None:
     ]
 
 
-def test_on_train_batch_end_hook(clock: Clock) -> None:
+def test_runs_under_on_train_batch_end(clock: Clock) -> None:
     buffer = io.StringIO()
     bar = ciclo.keras_bar(total=4, file=buffer)
     accumulated = ciclo.logs().add_metric("loss", 0.125)
     for step in range(4):
         clock.now += 1
-        # The predefined loops pass state, batch, elapsed and loop_state by position.
-        bar.on_train_batch_end(
-            "state",
-            None,
-            ciclo.types.Elapsed.create(steps=step),
-            loop_state(ciclo.types.Elapsed.create(steps=step), accumulated),
-        )
+        bar.__loop_callback__(loop_state(ciclo.types.Elapsed.create(steps=step), accumulated))
     assert (
         buffer.getvalue().splitlines()[-1]
         == "4/4 [==============================] - 3s 1s/step - loss: 0.1250"
     )
-    # Only this named hook: the bar must not also run inside the inner test loop. (on_end is the
-    # callback protocol's end hook, not a named hook of the predefined loops.)
-    named = {name for name in dir(bar) if name.startswith("on_")} - {"on_start", "on_end"}
-    assert named == {"on_train_batch_end"}
+    # Only this hook: the bar must not also run inside the inner test loop.
+    assert bar.hook == ciclo.hooks.on_train_batch_end
 
 
-def test_bound_hook_in_a_loop_draws_at_loop_end(clock: Clock) -> None:
+def test_in_a_loop_draws_at_loop_end(clock: Clock) -> None:
     buffer = io.StringIO()
     bar = ciclo.keras_bar(total=100, file=buffer)
-    ciclo.loop(0, range(5), {ciclo.every(1): [lambda: {"metrics": {"x": 1.0}}, bar.on_train_batch_end]})
+    ciclo.loop(0, range(5), {ciclo.every(1): [lambda: {"metrics": {"x": 1.0}}, bar]})
     assert buffer.getvalue().splitlines() == [
         "  5/100 [>.............................] - 0s 0s/step - x: 1.0000"
     ]

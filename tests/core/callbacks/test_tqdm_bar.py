@@ -97,9 +97,6 @@ def test_no_value_is_read_between_updates(clock: Clock) -> None:
         clock.now += 1.0
         bar(ciclo.types.Elapsed.create(steps=step), logs)
         bar.__loop_callback__(loop_state(ciclo.types.Elapsed.create(steps=step), logs))
-        bar.on_train_batch_end(
-            "state", None, ciclo.types.Elapsed.create(steps=step), loop_state(ciclo.types.Elapsed(), logs)
-        )
     assert loss.reads == 1 and bar.tqdm.n == 1
     bar.close()
     assert loss.reads == 2 and bar.tqdm.n == 50
@@ -141,12 +138,11 @@ def test_loop_end_closes_when_the_loop_stops_early(clock: Clock) -> None:
     assert bar.finished and bar.tqdm.disable and bar.tqdm.n == 7 and type(bar.tqdm.n) is int
 
 
-def test_bound_hook_in_a_loop(clock: Clock) -> None:
+def test_in_a_loop(clock: Clock) -> None:
     bar = quiet_bar(100, interval=0)
-    ciclo.loop(0, range(4), {ciclo.every(1): [lambda: {"metrics": {"x": 2.0}}, bar.on_train_batch_end]})
+    ciclo.loop(0, range(4), {ciclo.every(1): [lambda: {"metrics": {"x": 2.0}}, bar]})
     assert bar.finished and bar.tqdm.n == 4 and bar.tqdm.postfix == "x=2.0000"
-    named = {name for name in dir(bar) if name.startswith("on_")} - {"on_start", "on_end"}  # protocol hooks
-    assert named == {"on_train_batch_end"}
+    assert bar.hook == ciclo.hooks.on_train_batch_end
 
 
 def test_is_a_loop_callback() -> None:

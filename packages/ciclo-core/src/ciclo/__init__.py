@@ -22,6 +22,7 @@ from ciclo._src import frameworks as _frameworks
 from ciclo._src import installation as _installation
 from ciclo._src.backup import backup as backup
 from ciclo._src.batches import stacked as stacked
+from ciclo._src.callback import Callback as Callback
 from ciclo._src.callbacks._checkpoint import checkpoint as checkpoint
 from ciclo._src.callbacks._checkpoint import restore_checkpoint as restore_checkpoint
 from ciclo._src.callbacks._device_stats import device_stats as device_stats
@@ -55,9 +56,8 @@ from ciclo._src.hooks import on_train_end as on_train_end
 from ciclo._src.hooks import on_train_step as on_train_step
 from ciclo._src.logs import history as history
 from ciclo._src.logs import logs as logs
-from ciclo._src.loop import at_step_end as at_step_end
-from ciclo._src.loop import loop as loop
 from ciclo._src.loop import run_phases as run_phases
+from ciclo._src.loops import loop as loop
 from ciclo._src.loops import predict_loop as predict_loop
 from ciclo._src.loops import test_loop as test_loop
 from ciclo._src.loops import train_loop as train_loop
@@ -66,6 +66,7 @@ from ciclo._src.prefetch import prefetch_to_device as prefetch_to_device
 from ciclo._src.reprs import short
 from ciclo._src.schedules import after as after
 from ciclo._src.schedules import always as always
+from ciclo._src.schedules import at_step_end as at_step_end
 from ciclo._src.schedules import every as every
 from ciclo._src.schedules import never as never
 from ciclo._src.schedules import piecewise as piecewise
@@ -127,6 +128,7 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "Callback",
     "__version__",
     "after",
     "always",

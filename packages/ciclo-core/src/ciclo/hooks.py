@@ -17,10 +17,10 @@ Example:
     (True, False)
 """
 
+from ciclo._src.callback import collect as collect
 from ciclo._src.hooks import PREDICT as PREDICT
 from ciclo._src.hooks import TEST as TEST
 from ciclo._src.hooks import TRAIN as TRAIN
-from ciclo._src.hooks import collect as collect
 from ciclo._src.hooks import on_epoch_end as on_epoch_end
 from ciclo._src.hooks import on_predict_batch_begin as on_predict_batch_begin
 from ciclo._src.hooks import on_predict_batch_end as on_predict_batch_end

@@ -33,6 +33,7 @@ import jax
 import numpy as np
 
 from ciclo._src.batches import BatchSizeFn, cut, is_stacked, leading_dim, stack, steps_of
+from ciclo._src.callback import Callback
 from ciclo._src.logs import Logs
 
 _log = logging.getLogger("ciclo")
@@ -254,7 +255,7 @@ def _describe(timings: Mapping[int, Timing]) -> str:
 
 
 @final
-class AutoSteps:
+class AutoSteps(Callback):
     """`steps_per_execution="auto"` for one `train_loop`: groups the batches, times them, chooses K.
 
     `groups(dataset)` is the loop's dataset: single batches first, then

@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import inspect
+import itertools
 import json
 import logging
 import math
@@ -40,22 +41,26 @@ import signal
 import socket
 import sys
 from collections.abc import Iterator
-from typing import Any, Protocol, TypeGuard, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeGuard, TypeVar, final
 
 import jax
 import numpy as np
 
 from ciclo._src.batches import BatchSizeFn, count
+from ciclo._src.callback import Callback
 from ciclo._src.checks import check_directory
-from ciclo._src.elapsed import Elapsed, Period, make_elapsed
+from ciclo._src.elapsed import Clock, Elapsed, Period, make_elapsed
 from ciclo._src.files import check_closed, open_own, remove_own, write_atomically
 from ciclo._src.finite import all_finite
 from ciclo._src.host_json import from_json, to_json
+from ciclo._src.learning_rate import changed_hyperparameters
 from ciclo._src.managed import ResumeRefused, check_static_options, static_options
 from ciclo._src.orbax_io import (
     abstract,
+    announce,
     barrier_prefix,
     check_structure,
+    note_lost_peer,
     open_manager,
     orbax,
     restore_everywhere,
@@ -63,9 +68,13 @@ from ciclo._src.orbax_io import (
 )
 from ciclo._src.reprs import short
 from ciclo._src.schedules import Every, crossed, next_boundary
+from ciclo._src.signals import SignalGuard
 
 if sys.platform != "win32":
     import fcntl
+
+if TYPE_CHECKING:
+    from ciclo._src.loop_state import LoopState
 
 _log = logging.getLogger("ciclo")
 
@@ -121,6 +130,15 @@ class Backup:
         return (
             f"ciclo.backup({self.directory!r}, every={self.every!r}, keep={self.keep}, sigint={self.sigint})"
         )
+
+    def callback(self, kind: str, *, default_every: Any = None) -> BackupCallback:
+        """This backup as a loop's callback: what `backup=` adds, for `run_phases(callbacks=[...])`.
+
+        Put it first: it restores the run before the other callbacks start.
+        `kind` names the loop in its backups (a backup of another kind is
+        refused); `default_every` is how often to back up when `every` is None.
+        """
+        return BackupCallback(self, kind=kind, default_every=default_every)
 
 
 def backup(
@@ -708,6 +726,174 @@ class Session:
         finally:
             if self._lock is not None:
                 _unlock(self.spec.directory, self._lock)
+
+
+@final
+class BackupCallback(Callback):
+    """A loop's backup as a callback: restores before the first step, saves on schedule and at the end.
+
+    The loops add it for `backup=`; put it first in `run_phases(callbacks=[...])`
+    for a loop of your own. Before the first step it restores the state, the
+    History, the counts, the callbacks' states and the dataset position from
+    the newest backup (a finished run that `stop` does not extend runs no
+    step); the backup of the start is written when the first batch is drawn.
+    After each step it saves when due, and on SIGTERM (or SIGINT with
+    `sigint=True`) it saves and raises `ciclo.types.Preempted`. At the end it
+    saves the finished run, after the other callbacks' `on_end` (loggers
+    flushed what the backup then claims).
+
+    Args:
+        spec: `ciclo.backup(...)`, or a directory.
+        kind: the loop's name, recorded in its backups: a backup of another
+            kind is refused.
+        default_every: how often to back up when `spec` does not say.
+    """
+
+    def __init__(
+        self, spec: Backup | str | os.PathLike[str], *, kind: str, default_every: Any = None
+    ) -> None:
+        self.spec = as_backup(spec)
+        self.kind = kind
+        self.default_every = default_every
+        self._session: Session | None = None
+        self._guard: SignalGuard | None = None
+        self._done = False
+        self._iterator: Any = None
+        self._samples_before = 0  # samples counted before this run drew its first batch
+        self._check_at: float = math.inf
+
+    def on_start(self, loop_state: LoopState[Any], /) -> None:
+        spec = self.spec
+        assert spec is not None
+        self._session = session = Session(spec, self.default_every, kind=self.kind, stop=loop_state._stop)
+        self._done = False
+        try:
+            restored = session.restore(loop_state.state)
+            if restored is None:
+                self._iterator = loop_state._iterator
+                self._samples_before = loop_state._clock.samples
+                # The backup of the start, once every on_start accepted the run: a run killed before its
+                # first periodic backup resumes as a resumed run (its checkpoints then are its own).
+                loop_state._iterator = itertools.chain(self._start_backup(loop_state), self._iterator)
+            else:
+                self._resume(loop_state, restored)
+        except BaseException as error:
+            note_lost_peer(error)
+            session.close()
+            raise
+        if not self._done:
+            self._guard = SignalGuard.for_loop(sigterm=True, sigint=spec.sigint)
+            self._check_at = self._next_check()
+
+    def _resume(self, loop_state: LoopState[Any], restored: Restored) -> None:
+        directory = self.spec.directory  # type: ignore[union-attr]
+        if restored.kind != self.kind:
+            raise ValueError(
+                f"the backup in {directory} was written by {short(restored.kind)}, "
+                f"and this loop is {self.kind!r}: resuming it would return the results of another "
+                "loop. Give backup= a directory of this loop's own"
+            )
+        loop_state.history.load_host(restored.history)
+        changes = changed_hyperparameters(restored.state, loop_state.state)
+        if changes:
+            _log.warning(
+                "the backup at step %d in %s was written with other optimizer hyperparameters than this "
+                "run's state has (%s): the backup's optimizer state, and these values, are resumed; "
+                "give backup= another directory to train with the new ones",
+                restored.step,
+                directory,
+                "; ".join(changes),
+            )
+        announce(
+            "ciclo: resumed %s from the backup at step %d in %s%s",
+            self.kind,
+            restored.step,
+            directory,
+            "".join(
+                [
+                    " (a finished run)" if restored.finished else "",
+                    f" (newer backups at steps {list(restored.skipped)} could not be read)"
+                    if restored.skipped
+                    else "",
+                ]
+            ),
+        )
+        clock = loop_state._clock = Clock(restored.elapsed, loop_state._clock.batch_size_fn)
+        loop_state.state, loop_state._now = restored.state, clock.now
+        stop = loop_state._stop
+        # A finished run is done, unless another stop that it has not reached asks for more.
+        if restored.finished and (stop == restored.stop or (stop is not None and restored.elapsed >= stop)):
+            self._done = True
+            loop_state.stop()
+            return
+        loop_state.load_state_dicts(restored.callbacks)
+        loop_state._iterator = self._iterator = position_dataset(
+            loop_state._iterator, loop_state._dataset, restored, clock.batch_size_fn
+        )
+        loop_state._drawn = restored.position
+        self._samples_before = restored.elapsed.samples - restored.samples
+
+    def _start_backup(self, loop_state: LoopState[Any]) -> Iterator[Any]:
+        self._save(loop_state, finished=False, wait=False)
+        yield from ()
+
+    def _next_check(self) -> float:
+        """The step count from which `on_step_end` has work besides a signal: its cheap gate."""
+        if self._guard is not None and self._guard.sync_point:
+            return 0
+        return self._session.next_due()  # type: ignore[union-attr]
+
+    def on_step_end(self, loop_state: LoopState[Any], /) -> None:
+        """Stops on a signal (saving first), or backs up when due.
+
+        Raises:
+            ciclo.types.Preempted: after saving, on SIGTERM (or SIGINT with `sigint=True`).
+        """
+        guard, clock = self._guard, loop_state._clock
+        if (
+            guard is None
+            or loop_state.stop_iteration
+            or (guard.signum is None and clock.steps < self._check_at)
+        ):
+            return
+        if guard.active and guard.requested(clock.steps):
+            assert guard.signum is not None
+            self._save(loop_state, finished=False, wait=True)
+            preempted = Preempted(guard.signum, clock.steps, self.spec.directory)  # type: ignore[union-attr]
+            announce("ciclo: %s", preempted)
+            raise preempted
+        if self._session.due(clock.steps, clock.now):  # type: ignore[union-attr]
+            self._save(loop_state, finished=False, wait=False)
+        self._check_at = self._next_check()
+
+    def on_end(self, loop_state: LoopState[Any], error: BaseException | None, /) -> None:
+        """Saves a run that ended by itself as finished, waits for the save in flight, frees the signals."""
+        try:
+            if error is None and not self._done:
+                self._save(loop_state, finished=True, wait=True)
+        finally:
+            try:
+                if error is not None:
+                    note_lost_peer(error)  # before the wait for the save in flight, which JAX may end
+                self._session.close()  # type: ignore[union-attr]
+            finally:
+                if self._guard is not None:
+                    self._guard.release()
+                    self._guard = None
+
+    def _save(self, loop_state: LoopState[Any], *, finished: bool, wait: bool) -> None:
+        clock = loop_state._clock
+        self._session.save(  # type: ignore[union-attr]
+            loop_state.state,
+            clock.now(),
+            loop_state.history,
+            loop_state.state_dicts(),
+            loop_state._drawn,
+            clock.samples - self._samples_before,
+            iterator_state(self._iterator),
+            finished=finished,
+            wait=wait,
+        )
 
 
 def position_dataset(

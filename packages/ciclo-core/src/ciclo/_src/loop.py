@@ -1,86 +1,32 @@
-"""The loop engine: ordered phases of `(schedule, callbacks)` over a dataset, and `ciclo.loop`.
+"""The loop engine: ordered phases of `(schedule, callbacks)` over a dataset.
 
 `run_phases` is the one engine: `ciclo.loop` is its dict front-end, and
 `train_loop`, `test_loop` and `predict_loop` are phases built from the same
 public pieces (`Phase`, `at_step_end`, `run_phases`), as a user's own loop is.
+It calls `ciclo.Callback`s only (the door, `ciclo._src.callback`, makes them)
+and knows no backup, signal or hook name: those are callbacks too.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import inspect
-import logging
 import math
-import os
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from time import perf_counter
-from typing import Any, Final, cast, final
+from typing import Any, cast, final
 
-from ciclo._src.backup import Backup
 from ciclo._src.batches import BatchSizeFn, Stacked, count, is_stacked, steps_of
-from ciclo._src.callbacks._clu import as_loop_callback as clu_callback
-from ciclo._src.checks import DataWarning, check_bool
+from ciclo._src.callback import Callback, as_callback_list, lifecycle_of, owners
+from ciclo._src.checks import DataWarning
 from ciclo._src.elapsed import Clock, Elapsed, Period, PeriodLike, make_elapsed, to_period
-from ciclo._src.hooks import LIFECYCLE, check_method_names, warn_misnamed
 from ciclo._src.logs import History, Logs, StackedLogs
 from ciclo._src.loop_state import LoopState as LoopState
 from ciclo._src.loop_state import keyed_callbacks
 from ciclo._src.reprs import short
-from ciclo._src.schedules import Every, ScheduleBase, next_boundary
+from ciclo._src.schedules import AtStepEnd, Every, next_boundary
 from ciclo._src.step_output import describe, step_output
-from ciclo._src.survival import Survival
-from ciclo._src.types import S, Schedule, StatefulCallback, Tasks
-
-_log = logging.getLogger("ciclo")
-
-_ARGUMENT_NAMES = ("state", "batch", "elapsed", "loop_state")
-
-_OBJECT: Final = 5
-"""The calling convention of a callback object: `obj.__loop_callback__(loop_state)`."""
-
-
-@final
-@dataclasses.dataclass(frozen=True, eq=False)
-class AtStepEnd(ScheduleBase):
-    """A schedule checked after the step, on the counts that include it; see `ciclo.at_step_end`."""
-
-    schedule: Schedule
-
-    def __call__(self, elapsed: Elapsed) -> bool:
-        return bool(self.schedule(elapsed))
-
-
-def at_step_end(schedule: Schedule) -> AtStepEnd:
-    """Checks `schedule` after the step, on the counts that include the step's batch.
-
-    A plain schedule sees the `Elapsed` from before the step (steps completed
-    so far). An epoch ends *after* the step that completes it, so epoch-end
-    work is scheduled `at_step_end(ciclo.every(steps_per_epoch))`: with 10
-    steps per epoch it runs after steps 10, 20, ... (its callbacks see
-    `elapsed.steps == 10`), never at step 0. Place such a task after the
-    phase that runs the step.
-
-    Example:
-        >>> import ciclo
-        >>> def train_step(state, batch):
-        ...     return state + 1
-        >>> def epoch_end(state, batch, elapsed):
-        ...     return ciclo.logs().add_metric("epoch_end_at", elapsed.steps)
-        >>> _, history, _ = ciclo.run_phases(
-        ...     0,
-        ...     range(7),
-        ...     [
-        ...         ciclo.types.Phase("train", [(ciclo.every(1), train_step)]),
-        ...         ciclo.types.Phase("epoch", [(ciclo.at_step_end(ciclo.every(3)), epoch_end)]),
-        ...     ],
-        ... )
-        >>> history.collect("epoch_end_at")
-        [3, 6]
-    """
-    if not callable(schedule):
-        raise TypeError(f"at_step_end needs a schedule (elapsed -> bool), got {short(schedule)}")
-    return AtStepEnd(schedule)
+from ciclo._src.types import S, Tasks
 
 
 @final
@@ -107,127 +53,6 @@ class Phase:
     tasks: Sequence[tuple[Any, Any]] | Tasks
 
 
-@dataclasses.dataclass(frozen=True, eq=False, slots=True)
-class _Callback:
-    """A callback in the form the engine calls it: `kind` says which arguments `fn` takes."""
-
-    kind: int  # 0 to 4 positional arguments of (state, batch, elapsed, loop_state), or _OBJECT
-    fn: Callable[..., Any]
-    source: Any
-
-    def describe(self) -> str:
-        return describe(self.source)
-
-
-_BY_NAME: Final[dict[str, Callable[[LoopState[Any]], Any]]] = {
-    "state": lambda loop_state: loop_state.state,
-    "batch": lambda loop_state: loop_state.batch,
-    "elapsed": lambda loop_state: loop_state.elapsed,
-    "loop_state": lambda loop_state: loop_state,
-    "logs": lambda loop_state: loop_state.logs,
-}
-"""What a plain function's parameter gets, by its name."""
-
-
-def _plain_function(fn: Callable[..., Any]) -> _Callback:
-    """`fn` in the form the engine calls: its arguments chosen by parameter name, else by position.
-
-    A function whose positional parameters all have names of `_BY_NAME`
-    (`def log(elapsed, logs)`) gets those values. Any other gets the first of
-    `(state, batch, elapsed, loop_state)` positionally, as in ciclo 0.1
-    (`def step(params, batch)`), unless one of its names would then get
-    another value: that is refused.
-    """
-    try:
-        signature = inspect.signature(fn)
-    except (TypeError, ValueError) as error:
-        raise TypeError(
-            f"cannot read the signature of callback {short(fn)}; wrap it in a function "
-            "such as `lambda state, batch: ...`"
-        ) from error
-    names: list[str] = []
-    required = 0
-    variadic = False
-    for parameter in signature.parameters.values():
-        if parameter.kind in (parameter.POSITIONAL_ONLY, parameter.POSITIONAL_OR_KEYWORD):
-            names.append(parameter.name)
-            required += parameter.default is parameter.empty
-        elif parameter.kind is parameter.VAR_POSITIONAL:
-            variadic = True
-        elif parameter.kind is parameter.KEYWORD_ONLY and parameter.default is parameter.empty:
-            raise TypeError(
-                f"callback {describe(fn)} has a required keyword-only argument "
-                f"{short(parameter.name)}; the loop passes only positional arguments "
-                f"{_ARGUMENT_NAMES}"
-            )
-    if variadic:
-        return _Callback(len(_ARGUMENT_NAMES), fn, fn)
-    if names and all(name in _BY_NAME for name in names) and names != list(_ARGUMENT_NAMES[: len(names)]):
-        getters = tuple(_BY_NAME[name] for name in names)
-        return _Callback(_OBJECT, lambda loop_state: fn(*(get(loop_state) for get in getters)), fn)
-    if required > len(_ARGUMENT_NAMES):
-        raise TypeError(
-            f"callback {describe(fn)} requires {required} positional arguments, but the "
-            f"loop passes at most {len(_ARGUMENT_NAMES)}: {', '.join(_ARGUMENT_NAMES)}"
-        )
-    arity = min(len(names), len(_ARGUMENT_NAMES))
-    for index, name in enumerate(names[:arity]):
-        if name in _BY_NAME and name != _ARGUMENT_NAMES[index]:
-            raise TypeError(
-                f"callback {describe(fn)} takes {short(name)} as argument {index + 1}, where the loop "
-                f"passes {short(_ARGUMENT_NAMES[index])}: name every parameter after what it gets "
-                f"({', '.join(_BY_NAME)}) to have them passed by name, or none of them"
-            )
-    return _Callback(arity, fn, fn)
-
-
-def as_callback(obj: Any) -> _Callback:
-    """Turns a callback object or function into the form the engine calls.
-
-    An object whose methods are named like a hook that no loop calls is
-    warned about (`on_ends`, see `ciclo.hooks`), or refused for a `__loop_*__`
-    other than `__loop_callback__` (`__loop_end__`).
-
-    Raises:
-        TypeError: if `obj` is not a callback: not callable, or requiring more
-            arguments than the loop passes; or if it has a `__loop_*__` method
-            that no loop calls.
-    """
-    if isinstance(obj, _Callback):
-        return obj
-    obj = clu_callback(obj) or obj  # adapters: a clu PeriodicAction becomes a callback object
-    if isinstance(obj, str):
-        raise TypeError(f"{short(obj)} is a string, not a callback")
-    misnamed = () if inspect.isroutine(obj) else check_method_names(obj)
-    if getattr(type(obj), "__loop_callback__", None) is not None:
-        callback = _Callback(_OBJECT, obj.__loop_callback__, obj)
-    elif not callable(obj):
-        raise TypeError(
-            f"{short(obj)} of type {type(obj).__name__} is not a callback: pass a callable taking "
-            f"0 to 4 of {_ARGUMENT_NAMES} (or any of {tuple(_BY_NAME)} by name), or an object "
-            "with __loop_callback__(loop_state)"
-        )
-    else:
-        callback = _plain_function(obj)
-    if misnamed:
-        warn_misnamed(obj, misnamed)
-    return callback
-
-
-def as_callback_list(value: Any, where: str) -> list[_Callback]:
-    """A callback, a list/tuple of callbacks, or None, as a list of `_Callback`s."""
-    if value is None:
-        return []
-    items = list(value) if isinstance(value, (list, tuple)) else [value]
-    callbacks = []
-    for item in items:
-        try:
-            callbacks.append(as_callback(item))
-        except TypeError as error:
-            raise TypeError(f"in {where}: {error}") from None
-    return callbacks
-
-
 @dataclasses.dataclass(eq=False)
 class _Task:
     """A compiled task: how its schedule is checked, and its callbacks.
@@ -241,7 +66,7 @@ class _Task:
 
     check: Callable[[Elapsed], bool] | None
     after_step: bool
-    callbacks: list[_Callback]
+    callbacks: list[Callback]
     boundary: tuple[int, int] | None = None
     due: int = 0
 
@@ -304,47 +129,22 @@ def _compile_phase(phase: Phase) -> list[_Task]:
     return tasks
 
 
-def _owners(callbacks: Iterable[_Callback]) -> list[Any]:
-    """The objects behind the callbacks, each once: a bound method `bar.on_train_batch_end` is `bar`."""
-    owners: list[Any] = []
-    seen: set[int] = set()
-    for callback in callbacks:
-        owner = getattr(callback.source, "__self__", callback.source)
-        if id(owner) not in seen:
-            seen.add(id(owner))
-            owners.append(owner)
-    return owners
-
-
-def _annotate(error: BaseException, callback: _Callback, loop_state: LoopState[Any]) -> None:
+def _annotate(error: BaseException, callback: Callback, loop_state: LoopState[Any]) -> None:
     where = f" at step {loop_state.elapsed.steps}" if loop_state._now or loop_state._elapsed else ""
     add_note = getattr(error, "add_note", None)  # Python >= 3.11
     if add_note is not None:
-        add_note(f"raised by callback {callback.describe()}{where}")
+        add_note(f"raised by callback {describe(callback)}{where}")
 
 
-def _run_callbacks(loop_state: LoopState[Any], callbacks: list[_Callback]) -> None:
+def _run_callbacks(loop_state: LoopState[Any], callbacks: list[Callback]) -> None:
     """Calls `callbacks` in order, merging their logs into the step's logs.
 
     The hot path of every loop. A callback's output is normalised by
     `step_output`; the usual `(logs, state)` pair skips the call.
     """
-    batch = loop_state.batch
     for callback in callbacks:
-        kind, fn = callback.kind, callback.fn
         try:
-            if kind == 2:
-                out = fn(loop_state.state, batch)
-            elif kind == _OBJECT:
-                out = fn(loop_state)
-            elif kind == 1:
-                out = fn(loop_state.state)
-            elif kind == 0:
-                out = fn()
-            elif kind == 3:
-                out = fn(loop_state.state, batch, loop_state.elapsed)
-            else:
-                out = fn(loop_state.state, batch, loop_state.elapsed, loop_state)
+            out = callback.__loop_callback__(loop_state)
         except Exception as error:
             _annotate(error, callback, loop_state)
             raise
@@ -359,7 +159,7 @@ def _run_callbacks(loop_state: LoopState[Any], callbacks: list[_Callback]) -> No
             new_logs, loop_state.state = out  # what step_output would return, without the call
         else:
             try:
-                new_logs, loop_state.state = step_output(out, loop_state.state, callback.source)
+                new_logs, loop_state.state = step_output(out, loop_state.state, callback)
             except (TypeError, ValueError) as error:
                 _annotate(error, callback, loop_state)
                 raise
@@ -438,15 +238,14 @@ def _after_step(before: Elapsed, batch: Any, batch_size_fn: BatchSizeFn) -> Elap
 
 @dataclasses.dataclass
 class _Plan:
-    """A loop's callbacks, compiled once when it is built: tasks, start and end callbacks, hooks."""
+    """A loop's callbacks, compiled once when it is built: its tasks and the lifecycle methods to call."""
 
     tasks: list[_Task]
-    start_callbacks: list[_Callback]
-    end_callbacks: list[_Callback]
-    start_hooks: list[Callable[[LoopState[Any]], None]]
-    end_hooks: list[Callable[[LoopState[Any], BaseException | None], None]]
+    start_hooks: list[Callback]
+    step_end_hooks: list[Callable[[LoopState[Any]], None]]
+    end_hooks: list[Callback]
     stateful: dict[str, Any]
-    every_step: list[_Callback]
+    every_step: list[Callback]
     """The callbacks of the tasks that fire at every step, in order: all a quiet step runs."""
 
     def start(self, steps: int) -> float:
@@ -470,38 +269,66 @@ class _Plan:
         return until
 
     @classmethod
-    def build(cls, phases: Sequence[Phase], on_start: Any, on_end: Any) -> _Plan:
+    def build(cls, phases: Sequence[Phase], callbacks: Any) -> _Plan:
         if isinstance(phases, Phase) or not isinstance(phases, Sequence):
             raise TypeError(f"phases must be a list of ciclo.types.Phase, got {short(phases)}")
         tasks = [task for phase in phases for task in _compile_phase(phase)]
-        start, end = as_callback_list(on_start, "on_start"), as_callback_list(on_end, "on_end")
-        owners = _owners([*start, *(callback for task in tasks for callback in task.callbacks), *end])
-        hooks = {name: [getattr(o, name) for o in owners if hasattr(o, name)] for name in LIFECYCLE}
-        stateful = keyed_callbacks(owner for owner in owners if isinstance(owner, StatefulCallback))
-        every_step = [
-            callback
-            for task in tasks
-            if task.check is None and task.boundary is None
-            for callback in task.callbacks
-        ]
-        return cls(tasks, start, end, hooks["on_start"], hooks["on_end"], stateful, every_step)
+        # The run's own callbacks wrap the tasks': they start before them and end after them.
+        outer = owners(as_callback_list(callbacks, "callbacks"))
+        inner = owners(callback for task in tasks for callback in task.callbacks)
+        inner = [callback for callback in inner if all(callback is not o for o in outer)]
+        lifecycle = [*outer, *inner]
+        return cls(
+            tasks,
+            [o for o in lifecycle if lifecycle_of(o, "on_start")],
+            [o.on_step_end for o in lifecycle if lifecycle_of(o, "on_step_end")],
+            [o for o in [*inner, *outer] if lifecycle_of(o, "on_end")],
+            keyed_callbacks(o for o in lifecycle if lifecycle_of(o, "state_dict")),
+            [
+                callback
+                for task in tasks
+                if task.check is None and task.boundary is None
+                for callback in task.callbacks
+            ],
+        )
 
-    def run_end_hooks(self, loop_state: LoopState[Any], clock: Clock, error: BaseException | None) -> None:
-        """Runs every `on_end(loop_state, error)` (loggers flush, checkpoints finish), even after one fails.
-
-        `error` is what ended the loop (None when it ended by itself); the first
-        error a hook raises is raised once every hook ran.
-        """
-        loop_state._elapsed = clock.now()
-        loop_state._ended = True
-        failed: BaseException | None = None
-        for hook in self.end_hooks:
+    def run_start_hooks(self, loop_state: LoopState[Any]) -> None:
+        """Runs every `on_start`; if one raises, those that ran get `on_end(loop_state, error)`."""
+        for index, callback in enumerate(self.start_hooks):
             try:
-                hook(loop_state, error)
-            except BaseException as raised:  # noqa: BLE001 - re-raised once the other hooks ran
-                failed = failed or raised
-        if failed is not None:
-            raise failed
+                callback.on_start(loop_state)
+            except BaseException as error:
+                started = self.start_hooks[:index]
+                _run_end_hooks([o for o in self.end_hooks if any(o is s for s in started)], loop_state, error)
+                raise
+
+    def run_end_hooks(self, loop_state: LoopState[Any], error: BaseException | None) -> bool:
+        """Runs every `on_end(loop_state, error)`, even after one fails; whether one of them took `error`."""
+        return _run_end_hooks(self.end_hooks, loop_state, error)
+
+
+def _run_end_hooks(
+    callbacks: list[Callback], loop_state: LoopState[Any], error: BaseException | None
+) -> bool:
+    """Calls `on_end(loop_state, error)` of each of `callbacks` (loggers flush, checkpoints finish).
+
+    `error` is what ended the loop (None when it ended by itself). Returns
+    whether one of them returned True: the loop then returns normally (as a
+    context manager's `__exit__`). The first error a callback raises is
+    what the callbacks after it see (a backup then claims no finished run),
+    and is raised once every callback ran.
+    """
+    loop_state._elapsed, loop_state._logs, loop_state._ended = loop_state._clock.now(), None, True
+    failed: BaseException | None = None
+    taken = False
+    for callback in callbacks:
+        try:
+            taken = bool(callback.on_end(loop_state, error or failed)) or taken
+        except BaseException as raised:  # noqa: BLE001 - re-raised once the other callbacks ran
+            failed = failed or raised
+    if failed is not None:
+        raise failed
+    return taken
 
 
 def _check_stop(stop: PeriodLike | None) -> Period | None:
@@ -535,44 +362,38 @@ def run_phases(
     dataset: Iterable[Any],
     phases: Sequence[Phase],
     *,
+    callbacks: Any = None,
     stop: PeriodLike | None = None,
-    on_start: Any = None,
-    on_end: Any = None,
     history: History | None = None,
     elapsed: Elapsed | None = None,
-    catch_keyboard_interrupt: bool = True,
     metadata: Any = None,
     batch_size_fn: BatchSizeFn | None = None,
-    backup: Backup | str | os.PathLike[str] | None = None,
-    backup_every: Any = None,
-    kind: str = "run_phases",
 ) -> tuple[S, History, Elapsed]:
     """The loop engine: at each step of `dataset`, runs the `ciclo.types.Phase`s in order.
 
     `ciclo.loop`, the predefined loops and a loop of your own (a GAN alternating
     two phases, say) are this engine with their own phases.
 
+    The life of a run: every `ciclo.Callback`'s `on_start(loop_state)` (those
+    of `callbacks` first), the steps, each followed by every
+    `on_step_end(loop_state)`, then every `on_end(loop_state, error)` (those
+    of `callbacks` last). A callback that stops the loop in `on_start` (a
+    backup of a finished run) leaves no step to run.
+
     Args:
         state: the initial state (any pytree).
         dataset: an iterable of batches.
         phases: the `ciclo.types.Phase`s of a step, in the order they run.
+        callbacks: the run's own callbacks, whose lifecycle wraps the tasks':
+            `ciclo.backup(...).callback(...)`, say.
         stop: stop at this `Period` or number of steps (else at the dataset's end).
-        on_start: callback(s) run once before the first step (not on a resume).
-        on_end: callback(s) run once after the last step.
         history: commit to this `History` instead of a new one.
         elapsed: resume counting from this `Elapsed`.
-        catch_keyboard_interrupt: on Ctrl-C, finish the step and return (a second one raises).
         metadata: any value, available to callbacks as `loop_state.metadata`.
         batch_size_fn: counts a batch's samples (default: its leading dimension).
-        backup: a directory or `ciclo.backup(...)` to back up to and resume from.
-        backup_every: how often to back up when `backup` does not say.
-        kind: the loop's name in its backups: a backup of another kind is refused.
 
     Returns:
         `(state, history, elapsed)` after the last step.
-
-    Raises:
-        ciclo.types.Preempted: after saving the backup on SIGTERM (or SIGINT, see `ciclo.backup`).
 
     Example:
         >>> import ciclo
@@ -592,63 +413,27 @@ def run_phases(
         (2, [0, 1, 2, 3], [0, 2])
     """
     stop_period = _check_stop(stop)
-    check_bool(catch_keyboard_interrupt, "catch_keyboard_interrupt")
-    plan = _Plan.build(phases, on_start, on_end)
-    history = _as_history(history)
-    iterator = iterate_dataset(dataset)
-    survival = Survival(
-        backup, backup_every, kind=kind, stop=stop_period, catch_keyboard_interrupt=catch_keyboard_interrupt
-    )
-    restored = survival.restore(state, history)
-    if restored is not None:
-        state, elapsed = restored.state, restored.elapsed
-        if survival.done:
-            survival.close()
-            return state, history, elapsed
+    plan = _Plan.build(phases, callbacks)
     clock = Clock(elapsed, batch_size_fn)
-    loop_state: LoopState[S] = LoopState(state, history=history, metadata=metadata)
-    loop_state._now = clock.now
+    loop_state: LoopState[S] = LoopState(state, history=_as_history(history), metadata=metadata)
+    loop_state._clock, loop_state._now, loop_state._stop = clock, clock.now, stop_period
+    loop_state._dataset, loop_state._iterator = dataset, iterate_dataset(dataset)
     loop_state._callback_objects = plan.stateful
-    iterator, drawn = survival.start(loop_state, clock, iterator, dataset, plan.start_hooks)
-    # Not again after a backup past the first step: test_loop's reset_step would zero its metrics.
-    start_callbacks = plan.start_callbacks if restored is None or restored.step == 0 else []
-    hooks_ran, error = False, cast(BaseException | None, None)
+    plan.run_start_hooks(loop_state)  # a backup restores here: the state, counts, iterator may change
     try:
-        drawn = _run_steps(plan, loop_state, clock, iterator, survival, drawn, stop_period, start_callbacks)
-        loop_state._elapsed, loop_state._logs, loop_state._ended = clock.now(), None, True
-        _run_callbacks(loop_state, plan.end_callbacks)
-        hooks_ran = True
-        plan.run_end_hooks(loop_state, clock, None)  # loggers flush before the finished backup claims rows
-        survival.finish(loop_state, clock, drawn)
-    except KeyboardInterrupt as interrupt:
-        error = interrupt  # the end hooks see it; a second Ctrl-C (the user insisting) is never caught
-        if not catch_keyboard_interrupt or survival.forced:
+        if not loop_state.stop_iteration:
+            _run_steps(plan, loop_state, stop_period)
+    except BaseException as error:
+        if not plan.run_end_hooks(loop_state, error):
             raise
-        _log.warning("KeyboardInterrupt: loop stopped at step %d", clock.steps)
-    except BaseException as raised:
-        error = raised
-        raise
-    finally:
-        try:
-            if not hooks_ran:
-                plan.run_end_hooks(loop_state, clock, error)
-        finally:
-            survival.close(error)
-    loop_state._elapsed = clock.now()
-    return loop_state.state, history, loop_state.elapsed
+    else:
+        plan.run_end_hooks(loop_state, None)
+    loop_state._elapsed = loop_state._clock.now()
+    return loop_state.state, loop_state.history, loop_state.elapsed
 
 
-def _run_steps(
-    plan: _Plan,
-    loop_state: LoopState[Any],
-    clock: Clock,
-    iterator: Iterator[Any],
-    survival: Survival,
-    drawn: int,
-    stop: Period | None,
-    start_callbacks: list[_Callback],
-) -> int:
-    """The steps: draws each batch, runs the tasks, commits the logs; returns the batches drawn.
+def _run_steps(plan: _Plan, loop_state: LoopState[Any], stop: Period | None) -> None:
+    """The steps: draws each batch, runs the tasks, commits the logs, runs the step-end hooks.
 
     The hot path of every loop. A step before which no scheduled task is due
     (`plan.quiet_until`, on the step counter) runs the callbacks of the tasks
@@ -661,47 +446,48 @@ def _run_steps(
     stop_at = None if stop is None or stop_steps is not None else stop
     stop_count = math.inf if stop_steps is None else stop_steps
     append, history = loop_state.history.append, loop_state.history
-    watching, guard, check_at = survival.watching, survival.guard, survival.check_at()
-    first_drawn, tasks, every_step = drawn, plan.tasks, plan.every_step
+    clock, iterator, drawn = loop_state._clock, loop_state._iterator, loop_state._drawn
+    first_drawn, tasks, every_step, step_end = drawn, plan.tasks, plan.every_step, plan.step_end_hooks
     quiet_until = plan.start(clock.steps)
     origin = clock.origin
-    while True:
-        steps = clock.steps
-        if steps >= stop_count or (stop_at is not None and clock.now() >= stop_at):
-            return drawn
-        try:
-            batch = next(iterator)
-        except StopIteration:
-            _warn_dataset_ended(drawn - first_drawn, steps, stop if stop_steps is None else stop_steps)
-            return drawn
-        except Exception as error:
-            _annotate_dataset_error(error, steps, drawn - first_drawn)
-            raise
-        drawn += 1
-        loop_state.batch = batch
-        loop_state._elapsed = None
-        loop_state._logs = None  # whether the loop owns the logs is set with them (`_run_callbacks`)
-        if start_callbacks:
-            _run_callbacks(loop_state, start_callbacks)
-            start_callbacks = []
-        stacked = type(batch) is Stacked
-        if steps < quiet_until and not stacked:
-            _run_callbacks(loop_state, every_step)
-        else:
-            _run_tasks(tasks, loop_state, clock, batch)
-            quiet_until = plan.quiet_until()
-        step_logs = loop_state._logs
-        if step_logs:
-            if loop_state._per_step is None and loop_state._elapsed is None:
-                append(steps, clock.samples, perf_counter() - origin, step_logs)
+    try:
+        while True:
+            steps = clock.steps
+            if steps >= stop_count or (stop_at is not None and clock.now() >= stop_at):
+                return
+            try:
+                batch = next(iterator)
+            except StopIteration:
+                _warn_dataset_ended(drawn - first_drawn, steps, stop if stop_steps is None else stop_steps)
+                return
+            except Exception as error:
+                _annotate_dataset_error(error, steps, drawn - first_drawn)
+                raise
+            drawn += 1
+            loop_state.batch = batch
+            loop_state._elapsed = None
+            loop_state._logs = None  # whether the loop owns the logs is set with them (`_run_callbacks`)
+            stacked = type(batch) is Stacked
+            if steps < quiet_until and not stacked:
+                _run_callbacks(loop_state, every_step)
             else:
-                _commit(history, loop_state, clock, step_logs)
-        clock.advance(batch)
-        if loop_state.stop_iteration:
-            return drawn
-        if watching and (guard.signum is not None or clock.steps >= check_at):  # type: ignore[union-attr]
-            survival.after_step(loop_state, clock, drawn)
-            check_at = survival.check_at()
+                _run_tasks(tasks, loop_state, clock, batch)
+                quiet_until = plan.quiet_until()
+            step_logs = loop_state._logs
+            if step_logs:
+                if loop_state._per_step is None and loop_state._elapsed is None:
+                    append(steps, clock.samples, perf_counter() - origin, step_logs)
+                else:
+                    _commit(history, loop_state, clock, step_logs)
+            clock.advance(batch)
+            if step_end:
+                loop_state._drawn, loop_state._elapsed = drawn, None  # the hooks see the counts after it
+                for hook in step_end:
+                    hook(loop_state)
+            if loop_state.stop_iteration:
+                return
+    finally:
+        loop_state._drawn = drawn
 
 
 def _run_tasks(tasks: list[_Task], loop_state: LoopState[Any], clock: Clock, batch: Any) -> None:
@@ -730,83 +516,3 @@ def _run_tasks(tasks: list[_Task], loop_state: LoopState[Any], clock: Clock, bat
             _run_callbacks(loop_state, task.callbacks)
         if loop_state.stop_iteration:
             return
-
-
-def loop(
-    state: S,
-    dataset: Iterable[Any],
-    tasks: Tasks,
-    *,
-    stop: PeriodLike | None = None,
-    on_start: Any = None,
-    on_end: Any = None,
-    history: History | None = None,
-    elapsed: Elapsed | None = None,
-    catch_keyboard_interrupt: bool = True,
-    metadata: Any = None,
-    batch_size_fn: BatchSizeFn | None = None,
-    backup: Backup | str | os.PathLike[str] | None = None,
-) -> tuple[S, History, Elapsed]:
-    """Runs `tasks` over `dataset`: at each step, the callbacks of each schedule that fires.
-
-    At each step the loop goes through `tasks` in dict order and, for each
-    schedule that fires, calls its callbacks in list order. Each callback may
-    return new logs (merged into the step's logs) and a new state. Steps that
-    logged anything are committed to the history. The loop never waits for the
-    device: logged arrays stay on it until they are shown or collected.
-
-    `loop` is the dict front-end of the engine, `ciclo.run_phases`: the tasks
-    form one `ciclo.types.Phase`.
-
-    Args:
-        state: the initial state (any pytree).
-        dataset: an iterable of batches.
-        tasks: `{schedule: callback or [callbacks]}`. A callback is an object with
-            `__loop_callback__(loop_state)`, or a callable taking 0 to 4 of
-            `(state, batch, elapsed, loop_state)`. Both return `(logs, state)`,
-            `logs`, `state` or `None` (no logs, the state unchanged).
-        stop: stop when this `Period` (or number of steps) is reached; otherwise
-            when the dataset ends or a callback stops the loop.
-        on_start: callback(s) run once, before the first step's tasks.
-        on_end: callback(s) run once after the last step.
-        history: commit to this `History` instead of a new one.
-        elapsed: resume counting from this `Elapsed`.
-        catch_keyboard_interrupt: on Ctrl-C, stop and return what was computed so
-            far instead of raising.
-        metadata: any value, available to callbacks as `loop_state.metadata`.
-        batch_size_fn: counts the samples of a batch (default: leading dimension
-            of its first array leaf).
-        backup: a directory or `ciclo.backup(directory, every=...)`: back up
-            (every 1000 steps by default, at the end and on SIGTERM) and resume
-            from the backup found there.
-
-    Returns:
-        `(state, history, elapsed)`: the final state, the history of logs, and
-        the `Elapsed` after the last step.
-
-    Example:
-        >>> import ciclo
-        >>> def train_step(state, batch):
-        ...     state = state + batch
-        ...     return ciclo.logs().add_metric("total", state), state
-        >>> state, history, elapsed = ciclo.loop(0, range(10), {ciclo.every(1): [train_step]}, stop=4)
-        >>> state, elapsed.steps, history.collect("total")
-        (6, 4, [0, 1, 3, 6])
-    """
-    if not isinstance(tasks, Mapping):
-        raise TypeError(f"tasks must be a dict of schedule -> callbacks, got {short(tasks)}")
-    return run_phases(
-        state,
-        dataset,
-        [Phase("tasks", tasks)],
-        stop=stop,
-        on_start=on_start,
-        on_end=on_end,
-        history=history,
-        elapsed=elapsed,
-        catch_keyboard_interrupt=catch_keyboard_interrupt,
-        metadata=metadata,
-        batch_size_fn=batch_size_fn,
-        backup=backup,
-        kind="loop",
-    )

@@ -15,34 +15,17 @@ S = TypeVar("S")
 _log = logging.getLogger("ciclo")
 
 
-def state_key(callback: Any) -> str:
-    """The name a stateful callback's snapshot is saved under: its `state_key`, else its class's name.
-
-    Example:
-        >>> import ciclo
-        >>> state_key(ciclo.early_stopping("val_loss", patience=3))
-        'EarlyStopping(val_loss, min)'
-        >>> state_key(ciclo.early_stopping("val_loss", patience=3, name="stopper"))
-        'stopper'
-    """
-    key = getattr(callback, "state_key", None)
-    if key is None:
-        return type(callback).__qualname__
-    if not isinstance(key, str) or not key:
-        name = type(callback).__qualname__
-        raise TypeError(f"{name}.state_key must be a non-empty str, got {type(key).__name__}")
-    return key
-
-
 def keyed_callbacks(callbacks: Iterable[Any]) -> dict[str, Any]:
     """Stateful `callbacks` by `state_key`; two with one key are refused, before any step runs."""
     keyed: dict[str, Any] = {}
     for callback in callbacks:
-        key = state_key(callback)
+        key = callback.state_key
+        if not isinstance(key, str) or not key:
+            raise TypeError(f"the state_key of {short(callback)} must be a non-empty str, got {short(key)}")
         if key in keyed:
             raise ValueError(
                 f"two stateful callbacks of this loop save their state under the key {short(key)}: "
-                f"{type(keyed[key]).__qualname__} and {type(callback).__qualname__}; give one of them "
+                f"{short(keyed[key])} and {short(callback)}; give one of them "
                 "another name= (or, for your own callback, a state_key attribute)"
             )
         keyed[key] = callback
@@ -79,12 +62,17 @@ class LoopState(Generic[S]):
     __slots__ = (
         "_accumulated",
         "_callback_objects",
+        "_clock",
+        "_dataset",
+        "_drawn",
         "_elapsed",
         "_ended",
         "_logs",
         "_now",
         "_owns_logs",
+        "_iterator",
         "_per_step",
+        "_stop",
         "batch",
         "history",
         "metadata",
@@ -116,6 +104,12 @@ class LoopState(Generic[S]):
         self._accumulated = accumulated_logs
         self._callback_objects: dict[str, Any] = {}
         self._ended = False  # the steps are over: on_end callbacks and end hooks run
+        # What the engine hands the run's lifecycle (a backup restores and saves through them):
+        self._clock: Any = None  # the step, sample and time counters (`ciclo._src.elapsed.Clock`)
+        self._dataset: Any = None  # the dataset as the loop was given it
+        self._iterator: Any = None  # what the loop draws batches from; on_start may replace it
+        self._drawn = 0  # batches drawn from the dataset by this run and the runs it resumes
+        self._stop: Any = None  # the loop's `stop`, as a `Period` or None
 
     @property
     def elapsed(self) -> Elapsed:

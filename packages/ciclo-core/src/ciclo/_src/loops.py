@@ -12,11 +12,20 @@ from __future__ import annotations
 import os
 import warnings
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, Literal
+from typing import Any, Final, Literal, final
 
 from ciclo._src.auto_steps import AUTO, AutoSteps, signature
-from ciclo._src.backup import Backup
+from ciclo._src.backup import Backup, BackupCallback
 from ciclo._src.batches import BatchSizeFn, stacked
+from ciclo._src.callback import (
+    Callback,
+    Named,
+    add_callbacks,
+    add_state_methods,
+    as_callback_list,
+    collect,
+    split_tasks,
+)
 from ciclo._src.callbacks._inner_loop import AggregationLike, inner_loop
 from ciclo._src.callbacks._training_options import TrainingOptionsWatch
 from ciclo._src.checks import DataWarning, TestData, check_bool, check_positive
@@ -25,10 +34,6 @@ from ciclo._src.hooks import (
     PREDICT,
     TEST,
     TRAIN,
-    Named,
-    add_callbacks,
-    add_state_methods,
-    collect,
     on_epoch_end,
     on_predict_begin,
     on_predict_end,
@@ -44,22 +49,91 @@ from ciclo._src.hooks import (
     on_train_step,
     predict_step,
     reset_step,
-    split_tasks,
     test_step,
     train_step,
 )
 from ciclo._src.logs import History
-from ciclo._src.loop import Phase, at_step_end, run_phases
+from ciclo._src.loop import Phase, run_phases
+from ciclo._src.loop_state import LoopState
 from ciclo._src.managed import ManagedState
 from ciclo._src.model_state import ModelState
 from ciclo._src.prefetch import prefetch_to_device
 from ciclo._src.reprs import short
-from ciclo._src.schedules import Every, every
+from ciclo._src.schedules import Every, at_step_end, every
+from ciclo._src.signals import CatchInterrupt
+from ciclo._src.step_output import step_output
 from ciclo._src.types import Evaluable, Predictable, S, Tasks, Trainable
 
 
 def _get(named: Named, *names: str) -> list[Any]:
     return [callback for name in names for callback in named.get(name, [])]
+
+
+@final
+class _AtEnd(Callback):
+    """Runs a loop's end callbacks (`on_train_end`, ...) once its steps ended by themselves."""
+
+    def __init__(self, callbacks: list[Any]) -> None:
+        self.callbacks = as_callback_list(callbacks, "the end callbacks")
+        self.ran_no_step = False
+
+    def on_start(self, loop_state: LoopState[Any], /) -> None:
+        self.ran_no_step = loop_state.stop_iteration  # a finished run restored: it has ended already
+
+    def on_end(self, loop_state: LoopState[Any], error: BaseException | None, /) -> None:
+        if error is not None or self.ran_no_step:
+            return
+        for callback in self.callbacks:
+            _, loop_state.state = step_output(
+                callback.__loop_callback__(loop_state), loop_state.state, callback
+            )
+
+
+_ONCE: Final = Period(steps=2**62)
+
+
+def _run(
+    kind: str,
+    state: S,
+    dataset: Iterable[Any],
+    phases: list[Phase],
+    begin: list[Any],
+    end: list[Any],
+    *,
+    stop: PeriodLike | None,
+    history: History | None,
+    elapsed: Elapsed | None,
+    catch_keyboard_interrupt: bool,
+    metadata: Any,
+    batch_size_fn: BatchSizeFn | None,
+    backup: Backup | str | os.PathLike[str] | None,
+    backup_every: Any = None,
+) -> tuple[S, History, Elapsed]:
+    """`run_phases` with a loop's shortcuts: `backup=`, `catch_keyboard_interrupt=`, begin and end callbacks.
+
+    The begin callbacks run at the loop's first step (not again in a run
+    resumed past it), before its phases; the end ones after its last step.
+    """
+    check_bool(catch_keyboard_interrupt, "catch_keyboard_interrupt")
+    callbacks: list[Callback] = []
+    if backup is not None:
+        callbacks.append(BackupCallback(backup, kind=kind, default_every=backup_every))
+    if catch_keyboard_interrupt:
+        callbacks.append(CatchInterrupt())
+    if begin or end:
+        first = Every(_ONCE, offset=Period(steps=0 if elapsed is None else int(elapsed.steps)))
+        phases = [Phase("begin", [(first, [_AtEnd(end), *begin])]), *phases]
+    return run_phases(
+        state,
+        dataset,
+        phases,
+        callbacks=callbacks,
+        stop=stop,
+        history=history,
+        elapsed=elapsed,
+        metadata=metadata,
+        batch_size_fn=batch_size_fn,
+    )
 
 
 def _step_phases(
@@ -142,9 +216,87 @@ def _watch_training_options(named: Named, state: Any, max_skipped_steps: Any, st
         max_skipped_steps=max_skipped_steps,
         stop_steps=stop.steps if stop is not None and stop == Period(steps=stop.steps) else None,
     )
-    if scaling:
-        named.setdefault(on_train_batch_end, []).append(watch)
-    named.setdefault(on_train_end, []).append(watch.on_train_end)
+    named.setdefault(on_train_batch_end, []).append(watch)
+
+
+def loop(
+    state: S,
+    dataset: Iterable[Any],
+    tasks: Tasks,
+    *,
+    stop: PeriodLike | None = None,
+    on_start: Any = None,
+    on_end: Any = None,
+    history: History | None = None,
+    elapsed: Elapsed | None = None,
+    catch_keyboard_interrupt: bool = True,
+    metadata: Any = None,
+    batch_size_fn: BatchSizeFn | None = None,
+    backup: Backup | str | os.PathLike[str] | None = None,
+) -> tuple[S, History, Elapsed]:
+    """Runs `tasks` over `dataset`: at each step, the callbacks of each schedule that fires.
+
+    At each step the loop goes through `tasks` in dict order and, for each
+    schedule that fires, calls its callbacks in list order. Each callback may
+    return new logs (merged into the step's logs) and a new state. Steps that
+    logged anything are committed to the history. The loop never waits for the
+    device: logged arrays stay on it until they are shown or collected.
+
+    `loop` is the dict front-end of the engine, `ciclo.run_phases`: the tasks
+    form one `ciclo.types.Phase`.
+
+    Args:
+        state: the initial state (any pytree).
+        dataset: an iterable of batches.
+        tasks: `{schedule: callback or [callbacks]}`. A callback is an object with
+            `__loop_callback__(loop_state)`, or a callable taking 0 to 4 of
+            `(state, batch, elapsed, loop_state)`. Both return `(logs, state)`,
+            `logs`, `state` or `None` (no logs, the state unchanged).
+        stop: stop when this `Period` (or number of steps) is reached; otherwise
+            when the dataset ends or a callback stops the loop.
+        on_start: callback(s) run once, before the first step's tasks.
+        on_end: callback(s) run once after the last step.
+        history: commit to this `History` instead of a new one.
+        elapsed: resume counting from this `Elapsed`.
+        catch_keyboard_interrupt: on Ctrl-C, stop and return what was computed so
+            far instead of raising.
+        metadata: any value, available to callbacks as `loop_state.metadata`.
+        batch_size_fn: counts the samples of a batch (default: leading dimension
+            of its first array leaf).
+        backup: a directory or `ciclo.backup(directory, every=...)`: back up
+            (every 1000 steps by default, at the end and on SIGTERM) and resume
+            from the backup found there.
+
+    Returns:
+        `(state, history, elapsed)`: the final state, the history of logs, and
+        the `Elapsed` after the last step.
+
+    Example:
+        >>> import ciclo
+        >>> def train_step(state, batch):
+        ...     state = state + batch
+        ...     return ciclo.logs().add_metric("total", state), state
+        >>> state, history, elapsed = ciclo.loop(0, range(10), {ciclo.every(1): [train_step]}, stop=4)
+        >>> state, elapsed.steps, history.collect("total")
+        (6, 4, [0, 1, 3, 6])
+    """
+    if not isinstance(tasks, Mapping):
+        raise TypeError(f"tasks must be a dict of schedule -> callbacks, got {short(tasks)}")
+    return _run(
+        "loop",
+        state,
+        dataset,
+        [Phase("tasks", tasks)],
+        as_callback_list(on_start, "on_start"),
+        as_callback_list(on_end, "on_end"),
+        stop=stop,
+        history=history,
+        elapsed=elapsed,
+        catch_keyboard_interrupt=catch_keyboard_interrupt,
+        metadata=metadata,
+        batch_size_fn=batch_size_fn,
+        backup=backup,
+    )
 
 
 def train_loop(
@@ -386,12 +538,13 @@ def train_loop(
         phases.append(Phase("epoch_end", [(at_step_end(Every(epoch, offset=epoch)), at_epoch_end)]))
     phases.append(Phase("train_batch_end", [(every(1), _get(named, on_train_batch_end))]))
     try:
-        return run_phases(
+        return _run(
+            "train_loop",
             state,
             dataset,
             phases,
-            on_start=_get(named, on_train_begin),
-            on_end=_get(named, on_train_end),
+            _get(named, on_train_begin),
+            _get(named, on_train_end),
             stop=stop,
             history=history,
             elapsed=elapsed,
@@ -399,7 +552,6 @@ def train_loop(
             metadata=metadata,
             batch_size_fn=batch_size_fn,
             backup=backup,
-            kind="train_loop",
             backup_every=epoch,  # by default, a backup at each epoch's end
         )
     finally:
@@ -455,12 +607,13 @@ def test_loop(
     """
     named, scheduled = collect(TEST, tasks, state=state, callbacks=callbacks, loop_name="test_loop")
     _check_runs_something(state, named, scheduled, Evaluable, "test_loop", (test_step, on_test_step))
-    return run_phases(
+    return _run(
+        "test_loop",
         state,
         dataset,
         _step_phases(named, scheduled, "test", (test_step, on_test_step)),
-        on_start=_get(named, on_test_begin, reset_step, on_reset_step),
-        on_end=_get(named, on_test_end),
+        _get(named, on_test_begin, reset_step, on_reset_step),
+        _get(named, on_test_end),
         stop=stop,
         history=history,
         elapsed=elapsed,
@@ -468,7 +621,6 @@ def test_loop(
         metadata=metadata,
         batch_size_fn=batch_size_fn,
         backup=backup,
-        kind="test_loop",
     )
 
 
@@ -526,12 +678,13 @@ def predict_loop(
     _check_runs_something(
         state, named, scheduled, Predictable, "predict_loop", (predict_step, on_predict_step)
     )
-    return run_phases(
+    return _run(
+        "predict_loop",
         state,
         dataset,
         _step_phases(named, scheduled, "predict", (predict_step, on_predict_step)),
-        on_start=_get(named, on_predict_begin),
-        on_end=_get(named, on_predict_end),
+        _get(named, on_predict_begin),
+        _get(named, on_predict_end),
         stop=stop,
         history=history,
         elapsed=elapsed,
@@ -539,5 +692,4 @@ def predict_loop(
         metadata=metadata,
         batch_size_fn=batch_size_fn,
         backup=backup,
-        kind="predict_loop",
     )

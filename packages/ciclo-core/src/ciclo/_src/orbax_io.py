@@ -33,6 +33,7 @@ import hashlib
 import logging
 import os
 import re
+import sys
 import threading
 import weakref
 from collections.abc import Callable, Iterator
@@ -42,8 +43,34 @@ import jax
 import numpy as np
 
 _log = logging.getLogger("ciclo")
+
+
+class _Stderr(logging.Handler):
+    """Writes each record's message alone to the `sys.stderr` of the moment it is written."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            sys.stderr.write(self.format(record) + "\n")
+            sys.stderr.flush()
+        except Exception:  # noqa: BLE001 - logging's own rule: a handler never raises
+            self.handleError(record)
+
+
 _announce = logging.getLogger("ciclo.resume")
-"""The lines a restarted job's output must show: `ciclo._src.survival` gives it its stderr handler."""
+_announce.addHandler(_Stderr())
+_announce.propagate = False  # printed once, whatever the root logger's handlers
+
+
+def announce(message: str, *args: Any) -> None:
+    """One line on stderr through the `ciclo.resume` logger: a resume, a preemption, a lost process.
+
+    What a restarted job's output must show, so it is on by default (level
+    WARNING, with a handler of its own). Silence it with
+    `logging.getLogger("ciclo.resume").setLevel(logging.ERROR)`; send it
+    elsewhere by replacing that logger's handlers.
+    """
+    _announce.warning(message, *args)
+
 
 TMP_MARK = ".orbax-checkpoint-tmp"
 """orbax writes a step into `<step>.orbax-checkpoint-tmp...` and renames it when the step is complete."""
@@ -260,7 +287,7 @@ def note_lost_peer(error: BaseException) -> None:
     process is gone and the last complete backup (of every backup directory
     open; without one, checkpoint) that a new start of every process resumes
     from. It goes through the `ciclo.resume` logger, as the lines of a resume
-    and a preemption do (`ciclo._src.survival.announce`). The error itself is
+    and a preemption do (`announce`). The error itself is
     the caller's to raise.
 
     Args:
@@ -285,7 +312,7 @@ def note_lost_peer(error: BaseException) -> None:
     cause = re.sub(r"^(?:\w+: )?(?:Error dispatching computation: )+", "", cause)
     cause = cause if len(cause) <= 160 else cause[:157] + "..."
     resume = f"; {'; '.join(places)}: start every process again to resume" if places else ""
-    _announce.warning(
+    announce(
         "ciclo: process %d of %d lost %s (%s: %s)%s",
         jax.process_index(),
         jax.process_count(),

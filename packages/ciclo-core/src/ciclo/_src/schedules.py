@@ -6,10 +6,13 @@ import abc
 import dataclasses
 import datetime
 from collections.abc import Callable, Mapping
-from typing import final
+from typing import TYPE_CHECKING, final
 
 from ciclo._src.elapsed import Elapsed, Period, PeriodLike, _seconds, to_period
 from ciclo._src.reprs import short
+
+if TYPE_CHECKING:
+    from ciclo._src.types import Schedule
 
 ScheduleFn = Callable[[Elapsed], bool]
 
@@ -345,3 +348,46 @@ def piecewise(initial: ScheduleFn, pieces: Mapping[PeriodLike, ScheduleFn]) -> P
         assert period is not None
         converted.append((period, _check_schedule(schedule)))
     return Piecewise(initial, tuple(converted))
+
+
+@final
+@dataclasses.dataclass(frozen=True, eq=False)
+class AtStepEnd(ScheduleBase):
+    """A schedule checked after the step, on the counts that include it; see `ciclo.at_step_end`."""
+
+    schedule: Schedule
+
+    def __call__(self, elapsed: Elapsed) -> bool:
+        return bool(self.schedule(elapsed))
+
+
+def at_step_end(schedule: Schedule) -> AtStepEnd:
+    """Checks `schedule` after the step, on the counts that include the step's batch.
+
+    A plain schedule sees the `Elapsed` from before the step (steps completed
+    so far). An epoch ends *after* the step that completes it, so epoch-end
+    work is scheduled `at_step_end(ciclo.every(steps_per_epoch))`: with 10
+    steps per epoch it runs after steps 10, 20, ... (its callbacks see
+    `elapsed.steps == 10`), never at step 0. Place such a task after the
+    phase that runs the step.
+
+    Example:
+        >>> import ciclo
+        >>> def train_step(state, batch):
+        ...     return state + 1
+        >>> def epoch_end(state, batch, elapsed):
+        ...     return ciclo.logs().add_metric("epoch_end_at", elapsed.steps)
+        >>> _, history, _ = ciclo.run_phases(
+        ...     0,
+        ...     range(7),
+        ...     [
+        ...         ciclo.types.Phase("train", [(ciclo.every(1), train_step)]),
+        ...         ciclo.types.Phase("epoch", [(ciclo.at_step_end(ciclo.every(3)), epoch_end)]),
+        ...     ],
+        ... )
+        >>> history.collect("epoch_end_at")
+        [3, 6]
+    """
+    if not callable(schedule):
+        raise TypeError(f"at_step_end needs a schedule (elapsed -> bool), got {short(schedule)}")
+    return AtStepEnd(schedule)

@@ -20,12 +20,24 @@ second SIGINT raises `KeyboardInterrupt` at once and marks the guard `forced`
 from __future__ import annotations
 
 import contextlib
+import logging
 import signal
 import threading
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any, final
 
 import jax
+
+from ciclo._src.callback import Callback
+
+if TYPE_CHECKING:
+    from ciclo._src.loop_state import LoopState
+
+_log = logging.getLogger("ciclo")
+
+
+class ForcedInterrupt(KeyboardInterrupt):
+    """A second Ctrl-C: the user insists, and no loop catches it."""
 
 
 class SignalGuard:
@@ -71,7 +83,7 @@ class SignalGuard:
     def _handle(self, signum: int, frame: Any) -> None:
         if self.signum is not None and signum == signal.SIGINT:
             self.forced = True
-            raise KeyboardInterrupt  # a second Ctrl-C stops at once
+            raise ForcedInterrupt  # a second Ctrl-C stops at once
         self.signum = signum
 
     def requested(self, steps: int) -> bool:
@@ -91,6 +103,38 @@ class SignalGuard:
         for signum, previous in self._previous.items():
             signal.signal(signum, previous)
         self._previous = {}
+
+
+@final
+class CatchInterrupt(Callback):
+    """Ctrl-C stops the loop after the step in flight, and the loop returns what it computed.
+
+    What `catch_keyboard_interrupt=True` adds to a loop; a `KeyboardInterrupt`
+    raised by a step is caught too. A second Ctrl-C raises at once, and that
+    `KeyboardInterrupt` is never caught. It takes
+    Ctrl-C only where Python's default handler is installed: a backup with
+    `sigint=True` before it in the loop's callbacks takes it first.
+    """
+
+    def __init__(self) -> None:
+        self._guard: SignalGuard | None = None
+
+    def on_start(self, loop_state: LoopState[Any], /) -> None:
+        self._guard = SignalGuard.for_loop(sigterm=False, sigint=True)
+
+    def on_step_end(self, loop_state: LoopState[Any], /) -> None:
+        if self._guard.signum is not None and not loop_state.stop_iteration:  # type: ignore[union-attr]
+            raise KeyboardInterrupt
+
+    def on_end(self, loop_state: LoopState[Any], error: BaseException | None, /) -> bool:
+        """Gives Ctrl-C back; returns True (the loop returns normally) after a Ctrl-C not insisted on."""
+        guard, self._guard = self._guard, None
+        assert guard is not None
+        guard.release()
+        if isinstance(error, KeyboardInterrupt) and not isinstance(error, ForcedInterrupt):
+            _log.warning("KeyboardInterrupt: loop stopped at step %d", loop_state.elapsed.steps)
+            return True
+        return False
 
 
 @contextlib.contextmanager

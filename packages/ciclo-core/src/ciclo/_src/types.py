@@ -58,17 +58,11 @@ class LoopCallback(Protocol[S]):
     after what it wants (any of `state`, `batch`, `elapsed`, `loop_state`,
     `logs`), or any callable taking 0 to 4 of `(state, batch, elapsed,
     loop_state)` in that order; each returns `(logs, state)`, `logs` (a dict),
-    `state`, or `None`. Any callback object (a `LoopCallback`, or a function's
-    owner such as a bar whose bound method is the callback) may also define
-    `on_start(loop_state)`, which the loop calls once before the first
-    step, after a resumed run handed back the callbacks' states (a checkpoint
-    refuses another run's directory there), and `on_end(loop_state, error)`,
-    which it calls once when it ends, also on an error: `error` is the
-    exception that ended the loop (a Ctrl-C, a preemption, a failed step), or
-    None when it ended by itself (progress bars draw their last line;
-    checkpointers finish writing; loggers flush). A callback that keeps state
-    across steps adds `state_dict()` / `load_state_dict(state)` and a
-    `state_key` (see `StatefulCallback`).
+    `state`, or `None`. `ciclo.Callback` implements this protocol with the
+    moments of a run's life (`on_start`, `on_step_end`, `on_end`) and
+    `state_dict` / `load_state_dict`; an object that satisfies it without
+    subclassing `ciclo.Callback` is adapted when the loop is built, with the
+    lifecycle methods and `state_dict` it has (see `StatefulCallback`).
     """
 
     def __loop_callback__(self, loop_state: LoopState[S], /) -> CallbackOutput[S]:

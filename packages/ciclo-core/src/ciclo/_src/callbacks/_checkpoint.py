@@ -28,11 +28,12 @@ import math
 import os
 import typing
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
 
 import jax
 
 from ciclo._src.batches import steps_of
+from ciclo._src.callback import Callback
 from ciclo._src.callbacks._monitor import (
     Mode,
     ModeLike,
@@ -284,7 +285,7 @@ def _steps_done(loop_state: LoopState[Any]) -> int:
 
 
 @typing.final
-class Checkpoint:
+class Checkpoint(Callback):
     """Saves the loop's state with orbax and keeps the latest or the best checkpoints.
 
     Create one with `ciclo.checkpoint`. A `Checkpoint` is a callback: put it under
@@ -323,6 +324,8 @@ class Checkpoint:
         {'loss': Array(0.2, dtype=float32)}
         >>> ckpt.close()
     """
+
+    hook: ClassVar[str | None] = "on_epoch_end"  # where train_loop(callbacks=[...]) places it
 
     __slots__ = (
         "_async_save",
@@ -575,13 +578,6 @@ class Checkpoint:
         """Saves the loop's state under the steps done with this step (monitor: accumulated logs)."""
         self.save(_steps_done(loop_state), loop_state.state, loop_state.accumulated_logs)
         return {}, loop_state.state
-
-    def on_epoch_end(
-        self, state: S, batch: Any, elapsed: Elapsed, loop_state: LoopState[Any]
-    ) -> CallbackOutput[S]:
-        """The named hook `ciclo.train_loop` runs at the end of each epoch: saves `state`."""
-        self.save(int(elapsed.steps), state, loop_state.accumulated_logs)
-        return {}, state
 
     @property
     def state_key(self) -> str:

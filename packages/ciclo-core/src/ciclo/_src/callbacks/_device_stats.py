@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol, final
+from typing import Any, ClassVar, Protocol, final
 
 import jax
 
-from ciclo._src.elapsed import Elapsed
+from ciclo._src.callback import Callback
 from ciclo._src.logs import Logs, LogsLike
 from ciclo._src.loop_state import LoopState
 from ciclo._src.reprs import short
@@ -89,7 +89,7 @@ def _add(
 
 
 @final
-class DeviceStats:
+class DeviceStats(Callback):
     """Logs each device's memory in use and its peak; see `ciclo.device_stats`.
 
     Called with no argument, it reads the stats now and returns them as logs:
@@ -105,6 +105,8 @@ class DeviceStats:
         >>> stats()
         {'device_stats': {'device3/bytes_in_use': 1024, 'device3/peak_bytes_in_use': 4096}}
     """
+
+    hook: ClassVar[str | None] = "on_train_step"  # where train_loop(callbacks=[...]) places it
 
     __slots__ = ("_devices", "_named")
 
@@ -131,10 +133,6 @@ class DeviceStats:
 
     def __loop_callback__(self, loop_state: LoopState[S]) -> CallbackOutput[S]:
         return self._read(), loop_state.state
-
-    def on_train_step(self, state: Any, batch: Any, elapsed: Elapsed) -> LogsLike:
-        """Named hook of the predefined loops: reads the stats after each training step."""
-        return self._read()
 
     def _read(self) -> LogsLike:
         named = self._named

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any, Generic, final
+from typing import Any, ClassVar, Generic, final
 
 import jax
 
+from ciclo._src.callback import Callback
 from ciclo._src.callbacks._monitor import (
     Mode,
     ModeLike,
@@ -34,8 +35,10 @@ def _kept(state: S) -> S:
 
 
 @final
-class EarlyStopping(Generic[S]):
+class EarlyStopping(Callback, Generic[S]):
     """Stops a loop when a monitored entry has not improved for `patience`; see `ciclo.early_stopping`."""
+
+    hook: ClassVar[str | None] = "on_epoch_end"  # where train_loop(callbacks=[...]) places it
 
     def __init__(
         self,
@@ -177,12 +180,6 @@ class EarlyStopping(Generic[S]):
         if stop:
             loop_state.stop()
         return {}, state
-
-    def on_epoch_end(
-        self, state: S, batch: Any, elapsed: Elapsed, loop_state: LoopState[S]
-    ) -> CallbackOutput[S]:
-        """Named hook: `train_loop` runs early stopping at the end of each epoch."""
-        return self.__loop_callback__(loop_state)
 
     def on_end(self, loop_state: LoopState[S], error: BaseException | None, /) -> None:
         """With `restore_best_weights`, the loop returns the best state however it ends.

@@ -7,6 +7,7 @@ from typing import Any, Final, Generic, Literal, final
 
 import numpy as np
 
+from ciclo._src.callback import Callback
 from ciclo._src.checks import check_bool
 from ciclo._src.elapsed import Elapsed
 from ciclo._src.logs import History, Logs
@@ -145,7 +146,7 @@ def _samples_per_step(counts: list[tuple[int, int]], elapsed: Elapsed | None) ->
 
 
 @final
-class InnerLoop(Generic[S]):
+class InnerLoop(Callback, Generic[S]):
     """Runs a loop function as a callback; see `ciclo.inner_loop`."""
 
     def __init__(

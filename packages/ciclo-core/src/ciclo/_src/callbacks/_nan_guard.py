@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from typing import Any, Generic, final
+from typing import Any, ClassVar, Generic, final
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ciclo._src.callback import Callback
 from ciclo._src.logs import Logs
 from ciclo._src.loop_state import LoopState
 from ciclo._src.reprs import short
@@ -26,11 +27,13 @@ def _first_bad(first: jax.Array, step: jax.Array, value: jax.Array) -> jax.Array
 
 
 @final
-class TerminateOnNaN(Generic[S]):
+class TerminateOnNaN(Callback, Generic[S]):
     """Stops a loop within `check_every` steps of a monitored value turning non-finite.
 
     Create it with `ciclo.terminate_on_nan`.
     """
+
+    hook: ClassVar[str | None] = "on_train_batch_end"  # where train_loop(callbacks=[...]) places it
 
     def __init__(self, monitor: str | Sequence[str], check_every: int) -> None:
         names = (monitor,) if isinstance(monitor, str) else tuple(monitor)
@@ -108,12 +111,6 @@ class TerminateOnNaN(Generic[S]):
             )
             loop_state.stop()
         return {}, loop_state.state
-
-    def on_train_batch_end(
-        self, state: S, batch: Any, elapsed: Any, loop_state: LoopState[S]
-    ) -> CallbackOutput[S]:
-        """Named hook: in `train_loop(callbacks=[...])` the guard checks each training step's logs."""
-        return self.__loop_callback__(loop_state)
 
     def on_end(self, loop_state: LoopState[S], error: BaseException | None, /) -> None:
         """Reads what the last steps left on the device, so that a late NaN is reported too."""

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from typing import Any, final
 
+from ciclo._src.callback import Callback
 from ciclo._src.loop import LoopState
 from ciclo._src.types import CallbackOutput
 
 
 @final
-class NoOp:
+class NoOp(Callback):
     """Does nothing; a placeholder where a callback is required.
 
     Example:

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import os
-from typing import Any, Literal, final
+from typing import Any, ClassVar, Literal, final
 
 import jax
 
 from ciclo._src.batches import steps_of
-from ciclo._src.elapsed import Elapsed
+from ciclo._src.callback import Callback
 from ciclo._src.loop_state import LoopState
 from ciclo._src.reprs import short
 from ciclo._src.step_output import NO_LOGS
@@ -41,7 +41,7 @@ def _check_steps(steps: int | tuple[int, int]) -> tuple[int, int]:
 
 
 @final
-class Profile:
+class Profile(Callback):
     """Captures a `jax.profiler` trace of chosen steps of a loop; see `ciclo.profile`.
 
     Example:
@@ -58,6 +58,8 @@ class Profile:
         >>> len(list(pathlib.Path(logdir).glob("plugins/profile/*/*.xplane.pb")))
         1
     """
+
+    hook: ClassVar[str | None] = "on_train_batch_begin"  # where train_loop(callbacks=[...]) places it
 
     __slots__ = ("_annotation", "_first", "_last", "_logdir", "_perfetto", "_status")
 
@@ -89,28 +91,17 @@ class Profile:
         return self._status
 
     def __loop_callback__(self, loop_state: LoopState[S]) -> CallbackOutput[S]:
-        # One call per step, before the step if listed before it: each call ends the
-        # previous step's marker and opens the current step's.
-        steps = loop_state.elapsed.steps
-        if self._status == "tracing":
-            self._close_step()
-            if steps > self._last:
-                self._stop(loop_state.state)
-                return NO_LOGS, loop_state.state
-        self._begin(steps, loop_state.batch)
+        # Before the step if listed before it: opens the step's marker (and the trace at the first).
+        self._begin(loop_state.elapsed.steps, loop_state.batch)
         return NO_LOGS, loop_state.state
 
-    def on_train_batch_begin(self, state: Any, batch: Any, elapsed: Elapsed) -> None:
-        """Named hook of `train_loop`: starts the trace before the first profiled step."""
-        self._begin(elapsed.steps, batch)
-
-    def on_train_batch_end(self, state: Any, batch: Any, elapsed: Elapsed) -> None:
-        """Named hook of `train_loop`: stops the trace after the last profiled step."""
+    def on_step_end(self, loop_state: LoopState[Any], /) -> None:
+        # The step's marker ends with the step; the trace stops after the last profiled one.
         if self._status != "tracing":
             return
         self._close_step()
-        if elapsed.steps + steps_of(batch) > self._last:
-            self._stop(state)
+        if loop_state.elapsed.steps > self._last:
+            self._stop(loop_state.state)
 
     def on_end(self, loop_state: LoopState[Any], error: BaseException | None) -> None:
         # The loop ended inside the window (the data ran out, `stop`, an error): the trace
@@ -175,8 +166,9 @@ def profile(
 
     In `ciclo.loop`, list it *before* the step (`{ciclo.every(1): [profiler,
     train_step]}`): each call starts or stops the trace before that step runs.
-    In `train_loop(callbacks=[...])` it runs as the `on_train_batch_begin` and
-    `on_train_batch_end` hooks, around everything a step does.
+    In `train_loop(callbacks=[...])` it runs under `on_train_batch_begin`.
+    Each step's marker, and the trace after the last step, end when the step
+    ends (`on_step_end`), around everything the step does.
 
     Args:
         logdir: the directory to write the trace under (a TensorBoard log

@@ -15,11 +15,12 @@ import math
 from collections.abc import Callable
 from time import perf_counter
 from types import MappingProxyType
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import jax
 import numpy as np
 
+from ciclo._src.callback import Callback
 from ciclo._src.elapsed import Elapsed, PeriodLike, to_period
 from ciclo._src.logs import Logs, LogsLike
 from ciclo._src.loop_state import LoopState
@@ -232,7 +233,7 @@ def check_interval(interval: object) -> float:
     return float(interval)
 
 
-class ProgressCallback(abc.ABC):
+class ProgressCallback(Callback, abc.ABC):
     """Base of the progress bars: follows the loop's progress and decides when to redraw.
 
     A bar is called once per step. Between redraws the call stores two
@@ -241,6 +242,8 @@ class ProgressCallback(abc.ABC):
     reaches `_next_count`, which the subclass sets after each redraw. A bar
     draws one run: once its final line is drawn, further calls do nothing.
     """
+
+    hook: ClassVar[str | None] = "on_train_batch_end"  # where train_loop(callbacks=[...]) places it
 
     __slots__ = (
         "_count",
@@ -298,12 +301,6 @@ class ProgressCallback(abc.ABC):
     def __loop_callback__(self, loop_state: LoopState[S]) -> CallbackOutput[S]:
         self._update(loop_state.elapsed, loop_state)
         return _NO_LOGS, loop_state.state
-
-    def on_train_batch_end(
-        self, state: Any, batch: Any, elapsed: Elapsed, loop_state: LoopState[Any]
-    ) -> None:
-        """Named hook of the predefined loops: updates the bar after each training step."""
-        self._update(elapsed, loop_state)
 
     def on_end(self, loop_state: LoopState[Any], error: BaseException | None) -> None:
         if self._finished:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import math
 from time import perf_counter
-from typing import Any, final
+from typing import Any, ClassVar, final
 
+from ciclo._src.callback import Callback
 from ciclo._src.elapsed import Elapsed, Period, PeriodLike, to_period
 from ciclo._src.logs import Logs, LogsLike
 from ciclo._src.loop_state import LoopState
@@ -35,7 +36,7 @@ def _check_window(window: PeriodLike) -> Period:
 
 
 @final
-class Throughput:
+class Throughput(Callback):
     """Logs steps and samples per second, measured over a window; see `ciclo.throughput`.
 
     The rates are the counts the loop's `Elapsed` advanced by, divided by the
@@ -55,6 +56,8 @@ class Throughput:
         >>> steps  # the clock starts at step 0; a window closes every 2 steps
         [2, 4]
     """
+
+    hook: ClassVar[str | None] = "on_train_step"  # where train_loop(callbacks=[...]) places it
 
     __slots__ = ("_limits", "_start", "_window")
 
@@ -88,10 +91,6 @@ class Throughput:
     def __loop_callback__(self, loop_state: LoopState[S]) -> CallbackOutput[S]:
         elapsed = loop_state.elapsed
         return self._measure(elapsed.steps, elapsed.samples), loop_state.state
-
-    def on_train_step(self, state: Any, batch: Any, elapsed: Elapsed) -> LogsLike:
-        """Named hook of the predefined loops: measures after each training step."""
-        return self._measure(elapsed.steps, elapsed.samples)
 
     def on_end(self, loop_state: LoopState[Any], error: BaseException | None) -> None:
         # The next loop starts a new window: the time between two loops is not throughput.

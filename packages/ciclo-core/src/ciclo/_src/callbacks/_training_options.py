@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ciclo._src.batches import steps_of
+from ciclo._src.callback import Callback
 from ciclo._src.loop_state import LoopState
 from ciclo._src.model_state import ModelState
 from ciclo._src.precision import MIN_SCALE
@@ -55,7 +56,7 @@ def _mini_step(state: ModelState) -> int:
 
 
 @final
-class TrainingOptionsWatch:
+class TrainingOptionsWatch(Callback):
     """Warns of a stuck float16 run and of micro-batches left unapplied; `train_loop` adds it.
 
     Args:
@@ -99,6 +100,8 @@ class TrainingOptionsWatch:
 
         Reads the count copied at the check before, then starts the next copy.
         """
+        if not self.loss_scaling:
+            return
         self._countdown -= steps_of(loop_state.batch)
         if self._countdown > 0:
             return
@@ -114,9 +117,11 @@ class TrainingOptionsWatch:
             copy.copy_to_host_async()
             self._pending = (loop_state.elapsed.steps + steps_of(loop_state.batch), copy)
 
-    def on_train_end(self, state: ModelState, batch: Any, elapsed: Any, loop_state: LoopState[Any]) -> None:
+    def on_end(self, loop_state: LoopState[Any], error: BaseException | None, /) -> None:
         """The loop ended by itself: a stall not yet reported, and the micro-batches left unapplied."""
-        steps = loop_state.elapsed.steps
+        if error is not None:
+            return
+        state, steps = loop_state.state, loop_state.elapsed.steps
         if self.loss_scaling and not self._warned:
             scale = state.loss_scale
             assert scale is not None

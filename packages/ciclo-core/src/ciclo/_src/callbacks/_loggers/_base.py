@@ -15,8 +15,9 @@ import importlib
 import numbers
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any, NamedTuple, Protocol, final
+from typing import Any, ClassVar, NamedTuple, Protocol, final
 
+from ciclo._src.callback import Callback
 from ciclo._src.callbacks._monitor import snapshot_fields
 from ciclo._src.logs import History, Logs, LogsLike
 from ciclo._src.loop_state import LoopState
@@ -204,7 +205,7 @@ def _number(value: Any) -> float | int | None:
 
 
 @final
-class Logger:
+class Logger(Callback):
     """A loop callback that writes every logged scalar entry to a backend, against its step.
 
     Create one with `ciclo.tensorboard`, `ciclo.csv_logger`, `ciclo.wandb_logger`,
@@ -254,6 +255,8 @@ class Logger:
         {'step': 2}
     """
 
+    hook: ClassVar[str | None] = "on_train_batch_end"  # where train_loop(callbacks=[...]) places it
+
     __slots__ = (
         "_date_start",
         "_history",
@@ -294,15 +297,6 @@ class Logger:
         if on_host > self._next_row:
             self._next_row = self._drain(history, self._next_row, on_host, self._date_start)
         return _NO_LOGS, loop_state.state
-
-    def on_train_batch_end(self, state: Any, batch: Any, elapsed: Any, loop_state: LoopState[Any]) -> None:
-        """The hook `train_loop(callbacks=[logger])` runs at the end of each step.
-
-        The logger has no test hook: `train_loop`'s evaluations log into the training
-        step's row (`loss_test`), which this hook writes; in a `test_loop` of its own,
-        put the logger in the tasks.
-        """
-        self.__loop_callback__(loop_state)
 
     def on_start(self, loop_state: LoopState[Any]) -> None:
         """Refuses a loop that would write steps this logger already wrote (a logger reused by a new loop).
