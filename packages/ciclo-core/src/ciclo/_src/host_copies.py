@@ -56,13 +56,13 @@ class Copy:
 
 
 @functools.cache
-def _array_type() -> tuple[type[Any], bool]:
-    """The concrete type of JAX arrays (`type(x) is` it is cheaper than `isinstance`), and if one device.
+def _one_device() -> bool:
+    """Whether JAX has one device; asked on first use, not at import.
 
-    Found on first use, not at import: creating an array starts the XLA backend, after
-    which `jax.distributed.initialize` and device-count settings can no longer run.
+    Asking starts the XLA backend, after which `jax.distributed.initialize` and
+    device-count settings can no longer run.
     """
-    return type(jnp.zeros(())), jax.device_count() == 1
+    return jax.device_count() == 1
 
 
 @jax.jit
@@ -80,8 +80,7 @@ def start_column(column: list[Any], kinds: set[type]) -> list[Copy]:
     """
     if kinds <= HOST_SCALARS:
         return []
-    array_type, one_device = _array_type()
-    if kinds == {array_type} and _stackable(column, one_device):
+    if all(issubclass(kind, jax.Array) for kind in kinds) and _stackable(column):
         copies = []
         for begin in range(0, len(column), CHUNK):
             chunk = column[begin : begin + CHUNK]
@@ -97,7 +96,7 @@ def start_column(column: list[Any], kinds: set[type]) -> list[Copy]:
     return copies
 
 
-def _stackable(arrays: list[Any], one_device: bool) -> bool:
+def _stackable(arrays: list[Any]) -> bool:
     """Whether JAX arrays are scalars that one compiled `jnp.stack` takes as they are.
 
     They must be of one dtype, and on one device or of one sharding (a data
@@ -106,7 +105,7 @@ def _stackable(arrays: list[Any], one_device: bool) -> bool:
     avals = set(map(_aval, arrays))
     if len(avals) != 1 or avals.pop().shape != ():
         return False
-    return one_device or len(set(map(_sharding, arrays))) == 1
+    return _one_device() or len(set(map(_sharding, arrays))) == 1
 
 
 _aval, _sharding = operator.attrgetter("aval"), operator.attrgetter("sharding")

@@ -345,8 +345,8 @@ class Logger:
             return upto
         rows = []
         resume_after, plans = self._resume_after, self._plans
-        paths_before: Paths = ()
-        columns: list[tuple[int, str]] | None = []
+        paths_before: Paths | None = None
+        columns: list[tuple[int, str]] | None = None
         for paths, values, step, _, seconds in history.host_rows(first, last):
             if resume_after is not None and step <= resume_after:
                 continue
