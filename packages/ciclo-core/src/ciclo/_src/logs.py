@@ -11,8 +11,8 @@ A row is at one of three stages, oldest rows first:
 2. in flight: a `_Window` of rows read column by column, in `_Block`s of rows
    that log the same entries, whose device values are being copied to the
    host (`host_copies`); it joins the host rows once the device is done;
-3. pending: the newest `_LAG` to `2 * _LAG` rows, kept as the logs their steps
-   returned, unread: committing a row only appends it.
+3. pending: the newest rows (fewer than `2 * _LAG`), kept as the logs their
+   steps returned, unread: committing a row only appends it.
 
 Rows of a fused group of steps (`append_steps`) are pending as `_FusedRow`s,
 whose values are their step's slice of the group's arrays.
@@ -465,7 +465,7 @@ class History(Sequence[Logs]):
             newest.update(zip(paths, values, strict=True))
         logs = Logs()
         for (collection, name), value in newest.items():
-            logs.add_entry(collection, name, value.array[value.index] if type(value) is _StepValue else value)
+            logs.add_entry(collection, name, value.array[value.step] if type(value) is _StepValue else value)
         return logs
 
     def _note_pending(self) -> None:
@@ -475,7 +475,7 @@ class History(Sequence[Logs]):
         for index in range(max(self._scanned, first), first + len(pending)):
             row = pending[index - first]
             if type(row) is _FusedRow:
-                self._note(index, row.paths, tuple([_StepValue(array, row.index) for array in row.arrays]))
+                self._note(index, row.paths, tuple([_StepValue(array, row.step) for array in row.arrays]))
             else:
                 self._note(index, *self._read(row))
         self._scanned = first + len(pending)
@@ -715,19 +715,21 @@ _LAG = 128
 """Rows younger than this keep their device arrays: their copies start once they are older."""
 
 
+@final
 class _FusedRow(NamedTuple):
-    """A pending row of a fused group of steps: its entry `k` is `arrays[k][index]`, on the device."""
+    """A pending row of a fused group of steps: its entry `k` is `arrays[k][step]`, on the device."""
 
     paths: Paths
     arrays: tuple[Any, ...]
-    index: int
+    step: int
 
 
+@final
 class _StepValue(NamedTuple):
     """One step's value of a fused group's array, indexed on the device only if `latest` shows it."""
 
     array: Any
-    index: int
+    step: int
 
 
 @final
@@ -757,10 +759,10 @@ class _Block:
     @classmethod
     def fused(cls, rows: list[_FusedRow], positions: Sequence[int]) -> _Block:
         """Consecutive rows of one fused group: each of the group's arrays is copied once."""
-        arrays, first, count = rows[0].arrays, rows[0].index, len(rows)
+        arrays, first, count = rows[0].arrays, rows[0].step, len(rows)
         columns: list[list[Any]] = [[None] * count for _ in arrays]
         copies = [[host_copies.Copy(array, range(count), first)] for array in arrays]
-        newest = tuple([_StepValue(array, rows[-1].index) for array in arrays])
+        newest = tuple([_StepValue(array, rows[-1].step) for array in arrays])
         return cls(rows[0].paths, positions, columns, copies, newest)
 
     def ready(self) -> bool:
