@@ -209,7 +209,8 @@ def test_history_starts_copying_rows_the_device_is_still_computing_and_never_wai
     seen: dict[int, tuple[int, int]] = {}  # step -> (rows whose copies started, rows on the host)
 
     def watch(elapsed: ciclo.types.Elapsed, loop_state: ciclo.types.LoopState[Any]) -> None:
-        seen[elapsed.steps] = (loop_state.history._started, loop_state.history.on_host)
+        history = loop_state.history
+        seen[elapsed.steps] = (len(history) - len(history._pending), history.on_host)
 
     bar = ciclo.keras_bar(total=STEPS, interval=INTERVAL, file=Screen())
     state, history, _ = ciclo.loop(state, data, {ciclo.every(1): [train_step, bar, gate, watch]})

@@ -1,5 +1,6 @@
 import copy
 import pickle
+import types
 
 import jax
 import jax.numpy as jnp
@@ -186,9 +187,9 @@ def test_history_copies_columns_of_scalars_to_python_numbers():
 
 def test_history_rows_logging_the_same_scalars_are_copied_column_by_column(monkeypatch):
     # Every row logs the same entries: each column of device scalars is stacked and copied whole.
-    copied_columns = []
-    start_column = host_copies.start_column
-    monkeypatch.setattr(host_copies, "start_column", lambda *a: copied_columns.append(1) or start_column(*a))
+    copies = []
+    copy = host_copies.Copy
+    monkeypatch.setattr(host_copies, "Copy", lambda *args: copies.append(copy(*args)) or copies[-1])
     history = ciclo.history()
     n = 3 * logs_module._LAG + 7
     for step in range(n):
@@ -196,7 +197,7 @@ def test_history_rows_logging_the_same_scalars_are_copied_column_by_column(monke
             loss=jnp.float32(step) / 2, correct=jnp.int32(step), best=jnp.bool_(step % 2)
         )
         history.commit(ciclo.types.Elapsed(step, 0, 0.0, 0.0), logs.add_metric("host", step * 1.5))
-    assert copied_columns, "no column was stacked"
+    assert copies and all(len(copy.cells) == host_copies.CHUNK for copy in copies), "a column was not stacked"
     assert history.latest().metrics == {
         "loss": (n - 1) / 2,
         "correct": n - 1,
@@ -210,6 +211,55 @@ def test_history_rows_logging_the_same_scalars_are_copied_column_by_column(monke
     assert best == [bool(step % 2) for step in range(n)] and all(type(v) is bool for v in best)
     assert host == [step * 1.5 for step in range(n)]
     assert history.on_host == n and history[5].metrics.correct == 5
+    assert type(history.latest().metrics.loss) is float  # rows on the host give their host values
+
+
+def test_history_keeps_the_type_of_each_value_in_a_column_of_several_dtypes(monkeypatch):
+    # Stacked together under JAX's default promotion, int32 and float32 scalars came back as floats.
+    monkeypatch.setattr(logs_module, "_LAG", 2)
+    history = ciclo.history()
+    with jax.numpy_dtype_promotion("standard"):
+        for step in range(8):
+            value = jnp.int32(step) if step % 2 else jnp.float32(step)
+            history.append(step, 0, 0.0, ciclo.logs().add_metric("mixed", value))
+        mixed = history.collect("mixed")
+    assert mixed == list(range(8)) and [type(v) for v in mixed] == [float, int] * 4
+
+
+def test_history_reads_rows_of_any_mapping(monkeypatch):
+    monkeypatch.setattr(logs_module, "_LAG", 2)
+    history = ciclo.history()
+    for step in range(8):
+        entries = {"a": jnp.float32(step)} if step % 3 else {"a": jnp.float32(step), "b": step}
+        history.append(step, 0, 0.0, types.MappingProxyType({"metrics": types.MappingProxyType(entries)}))
+    assert history.collect("a") == list(range(8)) and history.collect("b") == [0, 3, 6]
+    assert history.latest() == {"metrics": {"a": 7.0, "b": 6}}
+
+
+def test_history_rows_of_fused_groups_split_across_windows(monkeypatch):
+    # Groups of 5 steps, each followed by its last step's row, read 2 rows at a time: windows
+    # start and end inside groups.
+    monkeypatch.setattr(logs_module, "_LAG", 2)
+    history = ciclo.history()
+    seen = []
+    for group in range(4):
+        first = 6 * group
+        per_step = ciclo.logs().add_metric("loss", jnp.arange(first, first + 6, dtype=jnp.float32))
+        per_step.add_output("pair", jnp.arange(first, first + 6).repeat(2).reshape(6, 2))
+        history.append_steps(first, 4 * first, 0.5, per_step, 5, 4)
+        history.append(first + 5, 4 * first + 20, 0.5, ciclo.logs().add_metric("loss", first + 5.0))
+        seen.append(history.latest().metrics.loss)
+    assert seen == [5.0, 11.0, 17.0, 23.0]
+    assert history.collect("steps", "samples", "loss") == (
+        list(range(24)),
+        list(range(0, 96, 4)),
+        list(range(24)),
+    )
+    pairs = history.collect("steps", "pair")
+    assert pairs[0] == [s for s in range(24) if s % 6 != 5]
+    assert [pair.tolist() for pair in pairs[1]] == [[s, s] for s in pairs[0]]
+    history.append_steps(24, 96, 0.5, ciclo.logs().add_metric("acc", jnp.arange(3.0)), 2, 4)
+    assert history.latest().metrics == {"loss": 23.0, "acc": 1.0}  # a fused row's value, read when shown
 
 
 @pytest.mark.parametrize("mixed", [False, True], ids=["same entries", "two kinds of rows"])
@@ -254,8 +304,8 @@ def test_history_with_max_rows_keeps_each_kept_row_with_its_counts(monkeypatch):
     for step in range(20):
         history.append(step, 10 * step, 0.25 * step, ciclo.logs().add_metric("a", step))
     rows = list(history.host_rows(0, len(history)))
-    assert [values for _, values, _ in rows] == [(step,) for step in range(20 - len(history), 20)]
-    assert all(elapsed == (v, 10 * v, 0.25 * v) for _, (v,), elapsed in rows)
+    assert [values for _, values, *_ in rows] == [(step,) for step in range(20 - len(history), 20)]
+    assert all(counts == [v, 10 * v, 0.25 * v] for _, (v,), *counts in rows)
     assert history.dropped + len(history) == 20 and history.to_host()["elapsed"][-1] == (19, 190, 4.75)
 
 

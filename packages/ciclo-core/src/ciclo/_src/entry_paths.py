@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from ciclo._src.reprs import short
 
+EntryPath = tuple[str, str]
+"""Where a logged value lives: `(collection, name)`, as in `("metrics", "accuracy")`."""
 
-def entry_path(key: str, paths: set[tuple[str, str]] | frozenset[tuple[str, str]]) -> tuple[str, str] | None:
+
+def entry_path(key: str, paths: set[EntryPath] | frozenset[EntryPath]) -> EntryPath | None:
     """The `(collection, name)` path of `key` among `paths`, or None if absent.
 
     Raises:

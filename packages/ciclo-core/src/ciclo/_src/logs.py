@@ -1,18 +1,37 @@
-"""Logs (what one step reports) and History (what a loop reported, step by step)."""
+"""Logs (what one step reports) and the History (what a loop reported, step by step).
+
+This module owns the `Logs` a step returns and the `History` a loop commits
+them to. A History row is one step's entries, as `Paths` (each value's
+`(collection, name)`; rows that log the same entries share one `Paths` object)
+and a tuple of values, plus the step's counts (`steps`, `samples`, `time`).
+A row is at one of three stages, oldest rows first:
+
+1. on the host: `(paths, values)` with host values, what `collect`,
+   `host_rows` (the loggers) and `to_host` (backups) read;
+2. in flight: a `_Window` of rows read column by column, in `_Block`s of rows
+   that log the same entries, whose device values are being copied to the
+   host (`host_copies`); it joins the host rows once the device is done;
+3. pending: the newest rows (fewer than `2 * _LAG`), kept as the logs their
+   steps returned, unread: committing a row only appends it.
+
+Rows of a fused group of steps (`append_steps`) are pending as `_FusedRow`s,
+whose values are their step's slice of the group's arrays.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
-import operator
 import os
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, NoReturn, cast, final, overload
+from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn, cast, final, overload
 
 import jax
 
 from ciclo._src import host_copies
 from ciclo._src.elapsed import Elapsed
+from ciclo._src.entry_paths import EntryPath
 from ciclo._src.entry_paths import entry_path as _entry_path
 from ciclo._src.reprs import short
 
@@ -250,165 +269,12 @@ def logs() -> Logs:
     return Logs()
 
 
-_chain = itertools.chain.from_iterable
-_dict_values: Callable[[Mapping[str, Any]], Iterable[Any]] = dict.values  # type: ignore[assignment]
+Paths = tuple[EntryPath, ...]
+"""A History row's entry paths, in the order of its values; rows that log the same entries share one."""
 
-Schema = tuple[tuple[str, ...], tuple[tuple[str, ...], ...]]
-"""A row's collections and, for each, its entry names: cheap to build and to hash."""
-
-
-def _paths_of(schema: Schema) -> tuple[tuple[str, str], ...]:
-    collections, names = schema
-    return tuple(
-        [
-            (collection, name)
-            for collection, entries in zip(collections, names, strict=True)
-            for name in entries
-        ]
-    )
-
-
-def _interned_paths(
-    schema: Schema, interned: dict[Schema, tuple[tuple[str, str], ...]]
-) -> tuple[tuple[str, str], ...]:
-    """The entry paths of rows with `schema`: one tuple shared by every such row of a history."""
-    paths = interned.get(schema)
-    if paths is None:
-        paths = interned[schema] = _paths_of(schema)
-    return paths
-
-
-def _rows_of(
-    logs: Sequence[LogsLike | _StepRow], interned: dict[Schema, tuple[tuple[str, str], ...]]
-) -> tuple[list[tuple[tuple[str, str], ...]], list[tuple[Any, ...]]]:
-    """The entry paths and values of each of `logs`, a history's rows; paths interned by schema."""
-    all_paths, all_values = [], []
-    for row in logs:
-        if isinstance(row, _StepRow):
-            all_paths.append(row.paths)
-            all_values.append(tuple([host_copies.Step(array, row.index) for array in row.arrays]))
-            continue
-        values = row.values()
-        all_paths.append(_interned_paths((tuple(row), tuple(map(tuple, values))), interned))
-        all_values.append(tuple(_chain(map(_dict_values, values))))
-    return all_paths, all_values
-
-
-def _columns_of(
-    logs: Sequence[LogsLike | _StepRow], interned: dict[Schema, tuple[tuple[str, str], ...]]
-) -> tuple[tuple[tuple[str, str], ...], list[list[Any]]] | None:
-    """The entry paths and value columns of rows that all log the same entries; None if they do not.
-
-    Read with C-level calls, no object made per row: what a loop's rows are, step after step.
-    """
-    rows = cast("Sequence[LogsLike]", logs)
-    names: list[tuple[str, ...]] = []
-    columns: list[list[Any]] = []
-    # Rows with as many keys as the first, each of its keys among them, have its keys: no tuple is
-    # made per row to compare them (a missing key raises KeyError; a `_StepRow`, TypeError).
-    try:
-        collections = tuple(rows[0])
-        if list(map(len, rows)).count(len(collections)) != len(rows):
-            return None
-        for collection in collections:
-            entries = list(map(operator.itemgetter(collection), rows))
-            keys = tuple(entries[0])
-            if list(map(len, entries)).count(len(keys)) != len(entries):
-                return None
-            names.append(keys)
-            columns.extend([list(map(operator.itemgetter(name), entries)) for name in keys])
-    except (KeyError, TypeError):
-        return None
-    return _interned_paths((collections, tuple(names)), interned), columns
-
-
-@final
-class _StepRow:
-    """A pending row of a fused group: one step's values of the group's arrays (a leading axis over steps)."""
-
-    __slots__ = ("arrays", "index", "paths")
-
-    def __init__(self, paths: tuple[tuple[str, str], ...], arrays: tuple[Any, ...], index: int) -> None:
-        self.paths = paths
-        self.arrays = arrays
-        self.index = index
-
-
-@final
-class _ColumnWindow:
-    """Rows logging the same entries whose columns of device scalars are being copied, stacked."""
-
-    __slots__ = ("columns", "copies", "paths", "size")
-
-    def __init__(
-        self,
-        paths: tuple[tuple[str, str], ...],
-        columns: list[list[Any]],
-        copies: dict[int, list[host_copies.Copy]],
-        size: int,
-    ) -> None:
-        self.paths = paths
-        self.columns = columns  # host columns as they are; the copied ones are replaced when taken
-        self.copies = copies  # column -> its stacked copies
-        self.size = size  # rows (a row may log no entry, so not always the columns' length)
-
-    def ready(self) -> bool:
-        return all(copy.ready() for copies in self.copies.values() for copy in copies)
-
-    def take(self) -> tuple[list[tuple[tuple[str, str], ...]], list[tuple[Any, ...]]]:
-        columns = self.columns
-        for column, copies in self.copies.items():
-            columns[column] = list(_chain([copy.values() for copy in copies]))
-        rows = list(zip(*columns, strict=True)) if columns else [()] * self.size
-        return [self.paths] * self.size, rows
-
-    def row(self, index: int) -> tuple[tuple[tuple[str, str], ...], tuple[Any, ...]]:
-        return self.paths, tuple([column[index] for column in self.columns])
-
-
-@final
-class _RowWindow:
-    """Rows of any entries whose device values are being copied one value, or one group, at a time."""
-
-    __slots__ = ("converted", "copies", "paths", "values")
-
-    def __init__(self, paths: list[tuple[tuple[str, str], ...]], values: list[tuple[Any, ...]]) -> None:
-        self.paths = paths
-        self.values = values
-        self.copies, self.converted = host_copies.start(values, paths, 0)
-
-    @property
-    def size(self) -> int:
-        return len(self.values)
-
-    def ready(self) -> bool:
-        return all(copy.ready() for copy in self.copies)
-
-    def take(self) -> tuple[list[tuple[tuple[str, str], ...]], list[tuple[Any, ...]]]:
-        rows: dict[int, list[Any]] = {}
-        values = self.values
-        cells = [
-            (target, value)
-            for copy in self.copies
-            for target, value in zip(copy.targets, copy.values(), strict=True)
-        ]
-        for (row, column, _), value in itertools.chain(cells, self.converted.items()):
-            cells_of_row = rows.get(row)
-            if cells_of_row is None:
-                cells_of_row = rows[row] = list(values[row])
-            cells_of_row[column] = value
-        for row, row_values in rows.items():
-            values[row] = tuple(row_values)
-        return self.paths, values
-
-    def row(self, index: int) -> tuple[tuple[tuple[str, str], ...], tuple[Any, ...]]:
-        return self.paths[index], self.values[index]
-
-
-_Window = _ColumnWindow | _RowWindow
-
-_LAG = 128
-"""Rows younger than this keep their device arrays: their copies start once they are older."""
+HostRow = tuple[Paths, tuple[Any, ...], int, int, float]
+"""A History row with its values on the host, as `History.host_rows` gives it:
+`(paths, values, steps, samples, time)`."""
 
 
 class History(Sequence[Logs]):
@@ -440,25 +306,24 @@ class History(Sequence[Logs]):
         ):
             raise ValueError(f"max_rows must be None (keep every row) or an int >= 0, got {short(max_rows)}")
         self.max_rows = max_rows
-        # rows dropped from the front by `max_rows`; `latest` still knows their newest values
-        self.dropped = 0
-        self._evicted_latest: dict[tuple[tuple[str, str], ...], tuple[Any, ...]] = {}
-        # The rows on the host: their entry paths and values.
-        self._paths: list[tuple[tuple[str, str], ...]] = []
+        self.dropped = 0  # rows dropped from the front by `max_rows`
+        # Row `i` of those kept: its counts are `_steps[i]`, `_samples[i]`, `_times[i]`. Its entries
+        # are on the host (`_paths[i]`, `_values[i]`) for the first `on_host` rows; then come the rows
+        # whose copies to the host are in flight, window by window; then the newest rows, as the logs
+        # their steps returned, not read yet.
+        self._steps: list[int] = []
+        self._samples: list[int] = []
+        self._times: list[float] = []
+        self._paths: list[Paths] = []
         self._values: list[tuple[Any, ...]] = []
-        # Every row's steps, samples and time, on the host or not, one after the other: no tuple is
-        # kept per row (each would be one more object for the garbage collector to go through).
-        self._elapsed: list[float] = []
-        # schema (collections and names) -> the entry paths of rows with that schema, shared by the rows
-        self._interned: dict[Schema, tuple[tuple[str, str], ...]] = {}
-        # entry paths -> the index of the newest row with them that was read (for `latest`)
-        self._newest: dict[tuple[tuple[str, str], ...], int] = {}
-        # After the host rows: rows whose copies were started, oldest first...
         self._windows: deque[_Window] = deque()
-        # ...then the newest rows, as the logs their steps returned (rows `_started` onwards).
-        self._pending: list[LogsLike | _StepRow] = []
-        self._started = 0
-        self._scanned = 0  # pending rows whose paths `_newest` knows
+        self._pending: list[LogsLike | _FusedRow] = []
+        # For `latest`: the newest row of each set of paths (its index, dropped rows counted, and its
+        # values), read up to row `_scanned`; and the newest values of sets whose rows were all dropped.
+        self._newest: dict[Paths, tuple[int, tuple[Any, ...]]] = {}
+        self._scanned = 0
+        self._evicted_latest: dict[Paths, tuple[Any, ...]] = {}
+        self._interned: dict[Paths, Paths] = {}  # one `Paths` object for all the rows that log its entries
 
     def commit(self, elapsed: Elapsed, logs: LogsLike) -> None:
         """Appends `logs` as the entry for `elapsed`; does not wait on the device."""
@@ -472,7 +337,9 @@ class History(Sequence[Logs]):
         """
         pending = self._pending
         pending.append(logs)
-        self._elapsed += (steps, samples, time)
+        self._steps.append(steps)
+        self._samples.append(samples)
+        self._times.append(time)
         if len(pending) >= 2 * _LAG:
             self._advance()
 
@@ -485,11 +352,19 @@ class History(Sequence[Logs]):
         `samples + i * batch_size` samples. The values are sliced when the
         history copies them to the host: one copy per entry for the whole group.
         """
-        (paths,), (arrays,) = _rows_of([per_step], self._interned)
-        self._pending += [_StepRow(paths, arrays, i) for i in range(rows)]
-        self._elapsed += _chain([(steps + i, samples + i * batch_size, time) for i in range(rows)])
+        paths, arrays = self._read(per_step)
+        self._pending += [_FusedRow(paths, arrays, i) for i in range(rows)]
+        self._steps += range(steps, steps + rows)
+        self._samples += [samples + i * batch_size for i in range(rows)]
+        self._times += [time] * rows
         if len(self._pending) >= 2 * _LAG:
             self._advance()
+
+    def _read(self, logs: LogsLike) -> tuple[Paths, tuple[Any, ...]]:
+        """One row's entry paths (the object shared by rows that log the same entries) and values."""
+        paths = tuple([(collection, name) for collection, entries in logs.items() for name in entries])
+        values = tuple([value for entries in logs.values() for value in entries.values()])
+        return self._interned.setdefault(paths, paths), values
 
     def _advance(self) -> None:
         """Starts the copies of the rows now `_LAG` rows old, and takes those that are done; never waits.
@@ -503,51 +378,51 @@ class History(Sequence[Logs]):
             self._drop_old_rows()
 
     def _start(self, count: int) -> None:
-        """Starts copying the oldest `count` pending rows to the host, as a window."""
+        """Reads the oldest `count` pending rows into a window, and starts copying their device values."""
         if count <= 0:
             return
+        first = self.dropped + len(self) - len(self._pending)  # the first row's index, dropped rows counted
         rows = self._pending[:count]
         del self._pending[:count]
-        # `latest` already read the first `_scanned` pending rows into `_newest`, with newer rows after.
-        known = min(self._scanned, count)
-        window: _Window | None = self._column_window(rows)
-        if isinstance(window, _ColumnWindow):
-            if known < count:
-                self._newest[window.paths] = self._started + count - 1
-        else:
-            all_paths, values = _rows_of(rows, self._interned)
-            window = _RowWindow(all_paths, values)
-            first = self._started + known
-            self._newest.update(zip(all_paths[known:], range(first, self._started + count), strict=True))
-        self._windows.append(window)
-        self._started += count
-        self._scanned = max(self._scanned - count, 0)
+        blocks = self._blocks(rows)
+        for block in blocks:
+            self._note(first + block.positions[-1], block.paths, block.newest)
+        self._windows.append(_Window(blocks, count))
 
-    def _column_window(self, rows: list[LogsLike | _StepRow]) -> _ColumnWindow | None:
-        """The rows as a window of stacked column copies; None, having started nothing, if they are not.
+    def _blocks(self, rows: list[LogsLike | _FusedRow]) -> list[_Block]:
+        """`rows` as blocks of rows that log the same entries: one block, usually."""
+        alike = _alike_columns(rows)
+        if alike is not None:
+            paths, columns, kinds = alike
+            return [_Block.read(self._interned.setdefault(paths, paths), range(len(rows)), columns, kinds)]
+        by_paths: dict[Paths, tuple[list[int], list[tuple[Any, ...]]]] = {}
+        runs: list[tuple[list[int], list[_FusedRow]]] = []  # consecutive rows of one fused group
+        for position, row in enumerate(rows):
+            if type(row) is _FusedRow:
+                if not runs or runs[-1][1][-1].arrays is not row.arrays:
+                    runs.append(([], []))
+                runs[-1][0].append(position)
+                runs[-1][1].append(row)
+            else:
+                paths, values = self._read(row)
+                positions, group = by_paths.setdefault(paths, ([], []))
+                positions.append(position)
+                group.append(values)
+        blocks = []
+        for paths, (positions, group) in by_paths.items():
+            columns = [list(column) for column in zip(*group, strict=True)]
+            blocks.append(
+                _Block.read(paths, positions, columns, [set(map(type, column)) for column in columns])
+            )
+        return blocks + [_Block.fused(run, positions) for positions, run in runs]
 
-        They are when every row logs the same entries and each entry is a
-        Python number in every row, or a JAX scalar in every row.
-        """
-        columns_of = _columns_of(rows, self._interned)
-        if columns_of is None:
-            return None
-        paths, columns = columns_of
-        on_device = [
-            i for i, column in enumerate(columns) if not set(map(type, column)) <= host_copies.HOST_SCALARS
-        ]
-        if not all(host_copies.stacks(columns[i]) for i in on_device):
-            return None  # arrays, or host values to convert: copied value by value
-        copies: dict[int, list[host_copies.Copy]] = {}
-        for i in on_device:
-            column_copies = host_copies.start_column(columns[i])
-            if column_copies is None:
-                return None  # scalars that do not stack together (devices, shardings)
-            copies[i] = column_copies
-        return _ColumnWindow(paths, columns, copies, len(rows))
+    def _note(self, index: int, paths: Paths, values: tuple[Any, ...]) -> None:
+        """Keeps `values` as the newest of rows with `paths`, unless a newer row's are kept."""
+        if self._newest.get(paths, (-1, ()))[0] < index:
+            self._newest[paths] = (index, values)
 
     def _take_windows(self, *, wait: bool) -> None:
-        """Moves the finished windows' rows to the host rows (with `wait`: every window, waiting)."""
+        """Moves the windows the device is done with (with `wait`: every window, waiting) to the host rows."""
         windows = self._windows
         while windows and (wait or windows[0].ready()):
             paths, values = windows.popleft().take()
@@ -561,27 +436,13 @@ class History(Sequence[Logs]):
         excess = min(len(self) - int(self.max_rows or 0), len(self._values) - _LAG)
         if excess <= 0:
             return
-        for paths, index in list(self._newest.items()):
-            if index < excess:
-                self._evicted_latest[paths] = self._values[index]
+        for paths, (index, _) in list(self._newest.items()):
+            if index < self.dropped + excess:
+                self._evicted_latest[paths] = self._values[index - self.dropped]
                 del self._newest[paths]
-            else:
-                self._newest[paths] = index - excess
-        del self._paths[:excess], self._values[:excess], self._elapsed[: 3 * excess]
-        self._started -= excess
+        del self._paths[:excess], self._values[:excess]
+        del self._steps[:excess], self._samples[:excess], self._times[:excess]
         self.dropped += excess
-
-    def _row(self, index: int) -> tuple[tuple[tuple[str, str], ...], tuple[Any, ...]]:
-        """Row `index`'s entry paths and values, wherever it is (values may be on the device)."""
-        if index < len(self._values):
-            return self._paths[index], self._values[index]
-        index -= len(self._values)
-        for window in self._windows:
-            if index < window.size:
-                return window.row(index)
-            index -= window.size
-        (paths,), (values,) = _rows_of([self._pending[index]], self._interned)
-        return paths, values
 
     def latest(self) -> Logs:
         """The newest value of every entry in the history (values may still be device arrays).
@@ -594,28 +455,37 @@ class History(Sequence[Logs]):
             >>> history.latest()
             {'metrics': {'a': 3}, 'losses': {'b': 2}}
         """
-        unscanned = self._pending[self._scanned :]
-        if unscanned:
-            scanned, _ = _rows_of(unscanned, self._interned)
-            first = self._started + self._scanned
-            self._newest.update(zip(scanned, range(first, first + len(scanned)), strict=True))
-            self._scanned = len(self._pending)
+        self._note_pending()
+        newest: dict[EntryPath, Any] = {}  # each entry's value in the newest row that logs it
+        for paths, values in self._evicted_latest.items():
+            newest.update(zip(paths, values, strict=True))
+        on_host = self.dropped + len(self._values)  # rows before this one give their host values
+        for paths, (index, values) in sorted(self._newest.items(), key=lambda item: item[1][0]):
+            values = self._values[index - self.dropped] if index < on_host else values
+            newest.update(zip(paths, values, strict=True))
         logs = Logs()
-        for paths, row in self._evicted_latest.items():
-            for (collection, name), value in zip(paths, row, strict=True):
-                logs.add_entry(collection, name, value)
-        for _, index in sorted(self._newest.items(), key=lambda item: item[1]):
-            row_paths, row_values = self._row(index)
-            for (collection, name), value in zip(row_paths, row_values, strict=True):
-                logs.add_entry(collection, name, value.value() if type(value) is host_copies.Step else value)
+        for (collection, name), value in newest.items():
+            logs.add_entry(collection, name, value.array[value.step] if type(value) is _StepValue else value)
         return logs
+
+    def _note_pending(self) -> None:
+        """Notes the pending rows not noted yet for `latest`."""
+        pending = self._pending
+        first = self.dropped + len(self) - len(pending)  # the first pending row's index
+        for index in range(max(self._scanned, first), first + len(pending)):
+            row = pending[index - first]
+            if type(row) is _FusedRow:
+                self._note(index, row.paths, tuple([_StepValue(array, row.step) for array in row.arrays]))
+            else:
+                self._note(index, *self._read(row))
+        self._scanned = first + len(pending)
 
     def _fetch(self, upto: int) -> None:
         """Brings rows up to `upto` to the host, waiting for their device values."""
         if upto <= len(self._values):
             return
         self._take_windows(wait=True)
-        self._start(upto - self._started)
+        self._start(upto - len(self._values))
         self._take_windows(wait=True)
 
     @property
@@ -628,26 +498,30 @@ class History(Sequence[Logs]):
         """
         return len(self._values)
 
-    def host_rows(
-        self, start: int, stop: int
-    ) -> Iterator[tuple[tuple[tuple[str, str], ...], tuple[Any, ...], tuple[int, int, float]]]:
-        """Rows `start` to `stop` (of those kept) as `(entry paths, values, (steps, samples, time))`.
+    def host_rows(self, start: int, stop: int) -> Iterator[HostRow]:
+        """Rows `start` to `stop` (of those kept) as `HostRow`s: what loggers read.
 
         Values are host values: what is still on the device is copied first,
-        waiting for it (rows before `on_host` never wait). Rows that log the
-        same entries share one `paths` object. What loggers read: no `Logs` is
-        built.
+        waiting for it (rows before `on_host` never wait). `paths` names each
+        value by its `(collection, name)`; rows that log the same entries share
+        one `paths` object, so a reader can work out once per set of entries
+        what to do with a row. No `Logs` is built.
 
         Example:
             >>> import ciclo
             >>> history = ciclo.history()
             >>> history.append(0, 8, 0.5, ciclo.logs().add_metric("acc", 0.25))
             >>> list(history.host_rows(0, 1))
-            [((('metrics', 'acc'),), (0.25,), (0, 8, 0.5))]
+            [((('metrics', 'acc'),), (0.25,), 0, 8, 0.5)]
         """
         self._fetch(stop)
         return zip(
-            self._paths[start:stop], self._values[start:stop], self._elapsed_rows(start, stop), strict=True
+            self._paths[start:stop],
+            self._values[start:stop],
+            self._steps[start:stop],
+            self._samples[start:stop],
+            self._times[start:stop],
+            strict=True,
         )
 
     def to_host(self, first: int | None = None) -> dict[str, Any]:
@@ -663,7 +537,9 @@ class History(Sequence[Logs]):
         return {
             "paths": self._paths[start:],
             "values": self._values[start:],
-            "elapsed": self._elapsed_rows(start, len(self)),
+            "elapsed": list(
+                zip(self._steps[start:], self._samples[start:], self._times[start:], strict=True)
+            ),
             "max_rows": self.max_rows,
             "dropped": self.dropped,
             "evicted_latest": dict(self._evicted_latest),
@@ -671,22 +547,22 @@ class History(Sequence[Logs]):
 
     def load_host(self, rows: Mapping[str, Any]) -> None:
         """Replaces this history's rows with those of `to_host()` (a resumed loop's history)."""
-        self._paths, self._values = list(rows["paths"]), list(rows["values"])
-        self._elapsed = list(_chain(rows["elapsed"]))
+        self._interned = {}
+        self._paths = [self._interned.setdefault(paths, paths) for paths in rows["paths"]]
+        self._values = list(rows["values"])
+        self._steps = [steps for steps, _, _ in rows["elapsed"]]
+        self._samples = [samples for _, samples, _ in rows["elapsed"]]
+        self._times = [time for _, _, time in rows["elapsed"]]
         self.dropped = int(rows["dropped"])
         self._evicted_latest = dict(rows["evicted_latest"])
-        self._interned = {}  # new rows intern their paths again: equal paths are the same key
-        self._newest = {paths: index for index, paths in enumerate(self._paths)}
+        self._newest = {}
+        for index, (paths, values) in enumerate(zip(self._paths, self._values, strict=True)):
+            self._note(self.dropped + index, paths, values)
         self._pending, self._windows = [], deque()
-        self._started, self._scanned = len(self._values), 0
+        self._scanned = self.dropped + len(self)
 
     def __len__(self) -> int:
-        return len(self._elapsed) // 3
-
-    def _elapsed_rows(self, start: int, stop: int) -> list[tuple[int, int, float]]:
-        """The `(steps, samples, time)` of rows `start` to `stop`."""
-        flat = iter(self._elapsed[3 * start : 3 * stop])
-        return list(zip(flat, flat, flat, strict=True))  # type: ignore[arg-type]
+        return len(self._steps)
 
     @overload
     def __getitem__(self, index: int) -> Logs: ...
@@ -705,7 +581,8 @@ class History(Sequence[Logs]):
         logs = Logs()
         for (collection, name), value in zip(self._paths[index], self._values[index], strict=True):
             logs.add_entry(collection, name, value)
-        for name, value in zip(ELAPSED_KEYS, self._elapsed[3 * index : 3 * index + 3], strict=True):
+        counts = (self._steps[index], self._samples[index], self._times[index])
+        for name, value in zip(ELAPSED_KEYS, counts, strict=True):
             logs.add_entry("elapsed", name, value)
         return logs
 
@@ -741,29 +618,28 @@ class History(Sequence[Logs]):
         columns: tuple[list[Any], ...] = tuple([] for _ in keys)
         found = [False] * len(keys)
         # Resolve each key once per distinct set of paths, not once per entry.
-        resolved: dict[tuple[tuple[str, str], ...], list[tuple[bool, int]] | None] = {}
-        rows = zip(self._paths, self._values, self._elapsed_rows(0, len(self)), strict=True)
-        for paths, values, elapsed in rows:
+        resolved: dict[Paths, list[tuple[bool, int]] | None] = {}
+        counts = zip(self._steps, self._samples, self._times, strict=True)
+        for paths, values, row_counts in zip(self._paths, self._values, counts, strict=True):
             plan = resolved.get(paths, ())
             if plan == ():
                 plan = resolved[paths] = self._plan(paths, keys, found)
             if plan is None:
                 continue
-            for column, (from_elapsed, position) in zip(columns, plan, strict=True):
-                column.append(elapsed[position] if from_elapsed else values[position])
+            for column, (from_counts, position) in zip(columns, plan, strict=True):
+                column.append(row_counts[position] if from_counts else values[position])
         missing = [key for key, ok in zip(keys, found, strict=True) if not ok]
         if missing:
-            present = sorted({f"{c}.{n}" for paths in self._interned.values() for c, n in paths})
+            present = [f"{c}.{n}" for c, n in self._entry_paths()]
             raise KeyError(
-                f"{short(missing[0])} appears in no history entry; present: {present} "
+                f"{short(missing[0])} appears in no history entry; present: {sorted(present)} "
                 f"and the elapsed keys {list(ELAPSED_KEYS)}"
             )
         return columns[0] if len(keys) == 1 else columns
 
     @staticmethod
-    def _plan(
-        paths: tuple[tuple[str, str], ...], keys: tuple[str, ...], found: list[bool]
-    ) -> list[tuple[bool, int]] | None:
+    def _plan(paths: Paths, keys: tuple[str, ...], found: list[bool]) -> list[tuple[bool, int]] | None:
+        """Where each key's value is in rows with `paths`, `(in the counts, position)`; None if one lacks."""
         available = frozenset(paths) | {("elapsed", name) for name in ELAPSED_KEYS}
         plan: list[tuple[bool, int]] | None = []
         for i, key in enumerate(keys):
@@ -779,7 +655,7 @@ class History(Sequence[Logs]):
                     plan.append((False, paths.index(path)))
         return plan
 
-    def _entry_paths(self) -> tuple[tuple[str, str], ...]:
+    def _entry_paths(self) -> tuple[EntryPath, ...]:
         """Every `(collection, name)` some entry holds, in the order they first appeared."""
         self._fetch(len(self))
         return tuple(dict.fromkeys(path for paths in dict.fromkeys(self._paths) for path in paths))
@@ -833,6 +709,142 @@ def history(max_rows: int | None = None) -> History:
         0
     """
     return History(max_rows)
+
+
+_LAG = 128
+"""Rows younger than this keep their device arrays: their copies start once they are older."""
+
+
+@final
+class _FusedRow(NamedTuple):
+    """A pending row of a fused group of steps: its entry `k` is `arrays[k][step]`, on the device."""
+
+    paths: Paths
+    arrays: tuple[Any, ...]
+    step: int
+
+
+@final
+class _StepValue(NamedTuple):
+    """One step's value of a fused group's array, indexed on the device only if `latest` shows it."""
+
+    array: Any
+    step: int
+
+
+@final
+@dataclasses.dataclass(slots=True)
+class _Block:
+    """Rows of a window that log the same entries, column by column, while their values come to the host.
+
+    `columns[k]` holds the value of entry `paths[k]` in each row, and
+    `copies[k]` the copies that bring its device values to the host. The rows
+    are at `positions` in their window; `newest` is the last row's values.
+    """
+
+    paths: Paths
+    positions: Sequence[int]
+    columns: list[list[Any]]
+    copies: list[list[host_copies.Copy]]
+    newest: tuple[Any, ...]
+
+    @classmethod
+    def read(
+        cls, paths: Paths, positions: Sequence[int], columns: list[list[Any]], kinds: list[set[type]]
+    ) -> _Block:
+        """Rows read column by column (`kinds`: each column's value types); starts their copies."""
+        copies = list(map(host_copies.start_column, columns, kinds))
+        return cls(paths, positions, columns, copies, tuple([column[-1] for column in columns]))
+
+    @classmethod
+    def fused(cls, rows: list[_FusedRow], positions: Sequence[int]) -> _Block:
+        """Consecutive rows of one fused group: each of the group's arrays is copied once."""
+        arrays, first, count = rows[0].arrays, rows[0].step, len(rows)
+        columns: list[list[Any]] = [[None] * count for _ in arrays]
+        copies = [[host_copies.Copy(array, range(count), first)] for array in arrays]
+        newest = tuple([_StepValue(array, rows[-1].step) for array in arrays])
+        return cls(rows[0].paths, positions, columns, copies, newest)
+
+    def ready(self) -> bool:
+        return all(copy.ready() for copies in self.copies for copy in copies)
+
+    def take(self) -> list[tuple[Any, ...]]:
+        """The rows' host values (once `ready`: nothing waits)."""
+        for column, copies in zip(self.columns, self.copies, strict=True):
+            for copy in copies:
+                copy.fill(column)
+        return list(zip(*self.columns, strict=True)) if self.columns else [()] * len(self.positions)
+
+
+@final
+@dataclasses.dataclass(slots=True)
+class _Window:
+    """Rows whose device values are being copied to the host, as blocks of rows that log the same entries."""
+
+    blocks: list[_Block]
+    size: int
+
+    def ready(self) -> bool:
+        return all(block.ready() for block in self.blocks)
+
+    def take(self) -> tuple[list[Paths], list[tuple[Any, ...]]]:
+        """The rows' entry paths and host values, in order (once `ready`: nothing waits)."""
+        if len(self.blocks) == 1:  # the usual case: every row logs the same entries
+            (block,) = self.blocks
+            return [block.paths] * self.size, block.take()
+        paths: list[Paths] = [()] * self.size
+        values: list[tuple[Any, ...]] = [()] * self.size
+        for block in self.blocks:
+            for position, row in zip(block.positions, block.take(), strict=True):
+                paths[position], values[position] = block.paths, row
+        return paths, values
+
+
+@final
+class _Missing:
+    """What `_alike_columns` reads for an entry a row does not log."""
+
+
+_MISSING = _Missing()
+_DICTS = frozenset({dict, Logs, StackedLogs, Entries})
+
+
+def _alike_columns(
+    rows: Sequence[LogsLike | _FusedRow],
+) -> tuple[Paths, list[list[Any]], list[set[type]]] | None:
+    """`rows`' entry paths, value columns and each column's value types, if all log the same entries.
+
+    They do when each has as many collections (entries) as the first, and none
+    lacks one of the first's; None when they do not, or are not all dicts.
+    Read with C-level calls and no object made per row: how the history reads
+    a loop's rows, a few hundred at a time.
+    """
+    logs = cast("Sequence[dict[str, dict[str, Any]]]", rows)
+    count = len(logs)
+    if not set(map(type, logs)) <= _DICTS or list(map(len, logs)).count(len(logs[0])) != count:
+        return None
+    paths: list[EntryPath] = []
+    columns: list[list[Any]] = []
+    kinds: list[set[type]] = []
+    for collection, names in logs[0].items():
+        entries: list[Any] = list(
+            map(dict.get, logs, itertools.repeat(collection), itertools.repeat(_MISSING))
+        )
+        if not set(map(type, entries)) <= _DICTS or list(map(len, entries)).count(len(names)) != count:
+            return None
+        for name in names:
+            column = list(map(dict.get, entries, itertools.repeat(name), itertools.repeat(_MISSING)))
+            column_kinds = set(map(type, column))
+            if _Missing in column_kinds:
+                return None
+            paths.append((collection, name))
+            columns.append(column)
+            kinds.append(column_kinds)
+    return tuple(paths), columns, kinds
+
+
+_chain = itertools.chain.from_iterable
+_dict_values: Callable[[Mapping[str, Any]], Iterable[Any]] = dict.values  # type: ignore[assignment]
 
 
 # A `Logs` is one pytree node whose children are its entries' values, and whose aux data

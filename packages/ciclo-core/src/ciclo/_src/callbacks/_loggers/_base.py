@@ -19,7 +19,7 @@ from typing import Any, ClassVar, NamedTuple, Protocol, final
 
 from ciclo._src.callback import Callback
 from ciclo._src.callbacks._monitor import snapshot_fields
-from ciclo._src.logs import History, Logs, LogsLike
+from ciclo._src.logs import History, Logs, LogsLike, Paths
 from ciclo._src.loop_state import LoopState
 from ciclo._src.reprs import short
 from ciclo._src.types import CallbackOutput, S
@@ -152,7 +152,7 @@ def checked_hparams(hparams: Mapping[str, Any] | None) -> HParams:
     return checked
 
 
-def _scalar_columns(paths: tuple[tuple[str, str], ...]) -> list[tuple[int, str]] | None:
+def _scalar_columns(paths: Paths) -> list[tuple[int, str]] | None:
     """`(column, name)` of each entry of a row with these `paths` that `scalars` may write.
 
     None when a name appears in several collections: `scalars` then names them
@@ -182,7 +182,7 @@ def _scalars_at(columns: list[tuple[int, str]], values: tuple[Any, ...]) -> dict
     return out
 
 
-def _row_scalars(paths: tuple[tuple[str, str], ...], values: tuple[Any, ...]) -> dict[str, float | int]:
+def _row_scalars(paths: Paths, values: tuple[Any, ...]) -> dict[str, float | int]:
     logs: dict[str, dict[str, Any]] = {}
     for (collection, name), value in zip(paths, values, strict=True):
         logs.setdefault(collection, {})[name] = value
@@ -278,8 +278,8 @@ class Logger(Callback):
         self._resume_after: int | None = None  # restored: steps up to this one were written before
         self._own: History | None = None  # rows given to `write` by a hand-written loop
         self._own_next = 0
-        # id of a row's entry paths -> (those paths, their scalar columns): see `_scalar_columns`
-        self._plans: dict[int, tuple[Any, list[tuple[int, str]] | None]] = {}
+        # a row's entry paths -> their scalar columns: see `_scalar_columns`
+        self._plans: dict[Paths, list[tuple[int, str]] | None] = {}
 
     @property
     def sink(self) -> Sink:
@@ -293,7 +293,7 @@ class Logger(Callback):
         history = loop_state.history
         if history is not self._history:
             self._follow(history, loop_state)
-        on_host = _rows_on_host(history) + _dropped(history)
+        on_host = history.on_host + history.dropped
         if on_host > self._next_row:
             self._next_row = self._drain(history, self._next_row, on_host, self._date_start)
         return _NO_LOGS, loop_state.state
@@ -318,13 +318,13 @@ class Logger(Callback):
         history = loop_state.history
         if history is not self._history:
             self._follow(history, loop_state)
-        end = len(history) + _dropped(history)
+        end = len(history) + history.dropped
         self._next_row = self._drain(history, self._next_row, end, self._date_start)
         self._sink.close()
 
     def _follow(self, history: History, loop_state: LoopState[Any]) -> None:
         self._history = history
-        self._next_row = _dropped(history)
+        self._next_row = history.dropped
         self._date_start = loop_state.elapsed.date_start
 
     def _drain(self, history: History, start: int, upto: int, date_start: float) -> int:
@@ -334,19 +334,21 @@ class Logger(Callback):
         The rows are read as History holds them (`host_rows`): each set of
         entries is turned into a list of scalar columns once.
         """
-        dropped = _dropped(history)
-        first, last = max(start - dropped, 0), upto - dropped
+        first, last = max(start - history.dropped, 0), upto - history.dropped
         if last <= first:
             return upto
         rows = []
-        resume_after, plan_of = self._resume_after, self._plans.get
-        for paths, values, (step, _, seconds) in history.host_rows(first, last):
+        resume_after, plans = self._resume_after, self._plans
+        paths_before: Paths | None = None
+        columns: list[tuple[int, str]] | None = None
+        for paths, values, step, _, seconds in history.host_rows(first, last):
             if resume_after is not None and step <= resume_after:
                 continue
-            plan = plan_of(id(paths))
-            if plan is None or plan[0] is not paths:
-                plan = self._plans[id(paths)] = (paths, _scalar_columns(paths))
-            columns = plan[1]
+            if paths is not paths_before:  # rows that log the same entries share one `paths`
+                paths_before = paths
+                if paths not in plans:
+                    plans[paths] = _scalar_columns(paths)
+                columns = plans[paths]
             found = _scalars_at(columns, values) if columns is not None else _row_scalars(paths, values)
             if found:
                 rows.append(Row(step, date_start + seconds, found))
@@ -369,8 +371,8 @@ class Logger(Callback):
             own = self._own = History()
             self._own_next = 0
         own.append(int(step), 0, time.time(), logs)
-        if _rows_on_host(own) > self._own_next:
-            self._own_next = self._drain(own, self._own_next, _rows_on_host(own), 0.0)
+        if own.on_host > self._own_next:
+            self._own_next = self._drain(own, self._own_next, own.on_host, 0.0)
 
     def flush(self) -> None:
         """Writes every row given to `write` (copying what is still on the device) and flushes the backend."""
@@ -423,13 +425,3 @@ class Logger(Callback):
 
     def __repr__(self) -> str:
         return f"Logger({self._sink!r})"
-
-
-def _rows_on_host(history: History) -> int:
-    """How many of `history`'s first rows hold no device arrays: reading them never waits."""
-    return history.on_host
-
-
-def _dropped(history: History) -> int:
-    """Rows a bounded History dropped from its front (0 for an unbounded one)."""
-    return history.dropped
