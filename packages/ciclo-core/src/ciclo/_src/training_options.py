@@ -17,8 +17,9 @@ every adapter's). A state's step stays blind to them.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from typing import Any, Final, cast, final
+from typing import Any, Final, final
 
 import jax
 import jax.numpy as jnp
@@ -198,22 +199,22 @@ def apply_gradients(state: Any, grads: Any, value: Any, changes: dict[str, Any])
     options: TrainingOptions = state.options
     name = params_field(type(state))
     params, scale = getattr(state, name), state.loss_scale
-    finite = None
     if scale is not None:
         grads = unscale(grads, scale)
-        finite = finite_flag(grads)
-    if value is None:
-        updates, opt_state = _update(state.tx, options, grads, state.opt_state, params)
-    else:
-        # optax passes `value` on to the transformations that take it and drops it for the rest.
-        tx = optax.with_extra_args_support(state.tx)
-        updates, opt_state = _update(tx, options, grads, state.opt_state, params, value=value)
+    # optax passes `value` on to the transformations that take it and drops it for the rest.
+    tx, extra = (
+        (state.tx, {}) if value is None else (optax.with_extra_args_support(state.tx), {"value": value})
+    )
+    # optax.MultiSteps multiplies its float updates by an int flag, which strict promotion refuses.
+    with jax.numpy_dtype_promotion("standard") if options.accumulate_steps > 1 else contextlib.nullcontext():
+        updates, opt_state = tx.update(grads, state.opt_state, params, **extra)
     new = {name: optax.apply_updates(params, updates), "opt_state": opt_state}
     if options.ema_decay is not None and state.ema_params is not None:
         new["ema_params"] = ema(
             options.ema_decay, state.ema_params, new[name], opt_state, options.accumulate_steps
         )
-    if scale is not None and finite is not None:
+    if scale is not None:
+        finite = finite_flag(grads)
         new = skip_if_not_finite(finite, new, {key: getattr(state, key) for key in new})
         new["loss_scale"] = scale.update(finite=finite, growth_interval=options.precision.growth_interval)
     return state.replace(step=state.step + 1, **new, **changes)
@@ -226,16 +227,6 @@ def step_metrics(state: Any) -> dict[str, jax.Array]:
         metrics["loss_scale"] = state.loss_scale.scale
         metrics["skipped_steps"] = state.loss_scale.skipped_steps
     return metrics
-
-
-def _update(
-    tx: optax.GradientTransformation, options: TrainingOptions, *args: Any, **kwargs: Any
-) -> tuple[Any, Any]:
-    if options.accumulate_steps == 1:
-        return cast(tuple[Any, Any], tx.update(*args, **kwargs))
-    # optax.MultiSteps multiplies its float updates by an int flag, which strict promotion refuses.
-    with jax.numpy_dtype_promotion("standard"):
-        return cast(tuple[Any, Any], tx.update(*args, **kwargs))
 
 
 def _loss_scaling_of(precision: Any) -> bool | None:

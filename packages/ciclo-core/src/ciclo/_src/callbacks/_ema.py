@@ -36,29 +36,15 @@ class SwapEMAWeights:
 
     Example:
         >>> import ciclo, jax.numpy as jnp, optax
-        >>> class Scale:
-        ...     def init(self, key, inputs):
-        ...         return jnp.ones(()), None
-        ...     def apply(self, params, model_state, inputs, *, key, training):
-        ...         return params * inputs, model_state
-        >>> state = ciclo.create_model_state(
-        ...     Scale(), inputs=jnp.ones(1), tx=optax.sgd(0.1), losses=lambda p: p.mean(), ema_decay=0.9
-        ... )
-        >>> state, history, _ = ciclo.train_loop(
-        ...     state,
-        ...     [jnp.ones(1)] * 4,
-        ...     callbacks=[ciclo.swap_ema_weights()],
-        ...     test_dataset=lambda: [jnp.ones(1)],
-        ...     epoch_duration=4,
-        ... )
-        >>> round(float(history.collect("loss_test")[0]), 4) == round(float(state.ema_params), 4)
-        True
+        >>> from ciclo import managed
+        >>> state = managed.ManagedState.create(params=jnp.ones(()), tx=optax.sgd(1.0), ema_decay=0.5)
+        >>> state = state.apply_gradients(grads=jnp.ones(()))  # params 0, EMA 0.5
+        >>> tested = ciclo.swap_ema_weights().on_test_begin(state)
+        >>> float(tested.params), float(tested.ema_params)
+        (0.5, 0.0)
     """
 
     __slots__ = ("_swapped",)
-
-    def __repr__(self) -> str:
-        return "SwapEMAWeights()"
 
     def __init__(self) -> None:
         self._swapped = False  # a test loop with no batch runs its end, and not its beginning
@@ -81,11 +67,5 @@ class SwapEMAWeights:
 
 
 def swap_ema_weights() -> SwapEMAWeights:
-    """A `SwapEMAWeights` callback: `train_loop` tests with the EMA of the weights, and trains on.
-
-    Example:
-        >>> import ciclo
-        >>> ciclo.swap_ema_weights()
-        SwapEMAWeights()
-    """
+    """A `SwapEMAWeights` callback: `train_loop(callbacks=[...])` tests with the EMA of the weights."""
     return SwapEMAWeights()
