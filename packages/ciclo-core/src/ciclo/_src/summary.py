@@ -88,7 +88,7 @@ def summary(state: Any, *, file: IO[str] | None = None) -> str:
     then the parameters' total, the model state (batch statistics), the
     optimizer state and the state's other arrays (step counter, rng key,
     metrics) in bytes, and the whole state's total. A state is a
-    `managed.ManagedState` (a `ciclo.types.ModelState`) or any state with a field of
+    managed state (`managed.ManagedState`, `ciclo.types.ModelState`) or any state with a field of
     role `managed.Role.PARAMS`; any other pytree is summarised as parameters.
 
     Sizes are those of the arrays' logical (global) shapes, read without

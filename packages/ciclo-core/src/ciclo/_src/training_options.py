@@ -11,8 +11,9 @@ Each option is a part built on optax's own pieces, readable on its own:
 
 `TrainingOptions` holds the three settings, and `apply_gradients` combines the
 parts in the one place every managed state's update goes through
-(`managed.ManagedState.apply_gradients`, hence `ciclo.types.ModelState`'s and
-every adapter's). A state's step stays blind to them.
+(`managed.AbstractManagedState.apply_gradients`, which `managed.ManagedState`,
+`ciclo.types.ModelState` and every adapter's state inherit). A state's step
+stays blind to them.
 """
 
 from __future__ import annotations
