@@ -349,3 +349,18 @@ def _renamed_reference(data: list[Any]) -> jax.Array:
     for x, y in data:
         params = params - 0.01 * jax.grad(loss)(params, x, y)
     return params
+
+
+def test_a_state_is_frozen_and_keeps_its_defaults_however_it_is_built() -> None:
+    class Counted(managed.ManagedState):
+        count: jax.Array = dataclasses.field(default_factory=lambda: jnp.zeros(()))
+
+    state = Counted.create(params=jnp.zeros(2), tx=optax.sgd(0.1))
+    assert state.apply_fn is None and int(state.count) == 0 and state.options == managed.TrainingOptions()
+    leaves, treedef = jax.tree.flatten(state)
+    rebuilt = jax.tree.unflatten(treedef, leaves)
+    assert rebuilt.replace(step=jnp.ones((), jnp.int32)).tx is state.tx
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        rebuilt.step = 1  # type: ignore[misc]
+    with pytest.raises(TypeError, match="opt_state"):
+        Counted(step=state.step, params=state.params, tx=state.tx)  # type: ignore[call-arg]

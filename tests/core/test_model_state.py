@@ -220,3 +220,24 @@ def test_init_runs_under_the_strategy(strategy: str) -> None:
     # The mesh strategies build the state inside jax.jit, with its layout as output shardings.
     assert traced and all(traced) == (strategy in ("data_parallel", "fsdp"))
     assert all(isinstance(leaf, jax.Array) for leaf in jax.tree.leaves(state))
+
+
+def test_states_are_abstract_or_final_and_override_no_concrete_method() -> None:
+    base = managed.AbstractManagedState
+    abstract = {"resume_options", "resume_refusal"}
+    # What dataclasses generates for every class (__init__, __eq__, ...) is not ciclo's to override.
+    concrete = {
+        name
+        for name, value in vars(base).items()
+        if callable(value) and not name.startswith("__") and name not in abstract
+    }
+    for kind in (managed.ManagedState, ciclo.types.ModelState):
+        assert not concrete & set(vars(kind)), kind
+        assert abstract <= set(vars(kind)), kind
+    assert getattr(ciclo.types.ModelState, "__final__", False)
+    assert not issubclass(ciclo.types.ModelState, managed.ManagedState)
+    assert "apply_fn" not in {field.name for field in dataclasses.fields(ciclo.types.ModelState)}
+    with pytest.raises(TypeError, match="does not implement resume_options, resume_refusal"):
+
+        class _Half(managed.AbstractManagedState):
+            pass

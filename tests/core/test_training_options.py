@@ -18,6 +18,7 @@ import optax
 import pytest
 
 import ciclo
+from ciclo import managed
 
 FEATURES, CLASSES, BATCH = 4, 3, 8
 
@@ -330,3 +331,42 @@ def test_accumulate_steps_on_a_tx_that_accumulates_already_is_refused() -> None:
     ):
         make(tx=tx, accumulate_steps=2)
     make(tx=tx)  # its own accumulation alone is fine
+
+
+@managed.train_step
+def _own_step(state: Any, batch: Any) -> Any:
+    """The step of `Linear` written by hand, for a `managed.ManagedState` of one's own."""
+    inputs, target = batch
+    policy = state.options.precision
+    preds = (policy.cast(jnp.asarray(inputs)) @ policy.cast(state.params["w"])).astype(jnp.float32)
+    loss = jnp.mean(optax.softmax_cross_entropy_with_integer_labels(preds, target))
+    return ciclo.logs().add_loss("loss", loss), state
+
+
+def test_a_managed_state_of_ones_own_trains_with_every_option(expected: list[np.ndarray]) -> None:
+    like = make(**OPTIONS)  # the same initial weights
+    params = {"w": like.params["w"]}
+    state = ciclo.managed.ManagedState.create(params=params, tx=optax.sgd(0.5), **OPTIONS)
+    for batch in DATA:
+        logs, state = _own_step(state, batch)
+    assert sorted(logs.metrics) == ["loss_scale", "skipped_steps"]
+    for actual, wanted in zip(host(state), expected, strict=True):
+        np.testing.assert_allclose(actual, wanted, rtol=1e-6, atol=1e-7)
+    options = like.resume_options()
+    del options["key_impl"]  # a ModelState's own: its key's PRNG implementation
+    assert state.resume_options() == options
+
+
+def test_train_loop_watches_the_loss_scale_of_a_managed_state_of_ones_own(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    state = ciclo.managed.ManagedState.create(
+        params={"w": jnp.zeros((FEATURES, CLASSES))}, tx=optax.sgd(0.5), precision="16-mixed"
+    )
+    with caplog.at_level(logging.WARNING, logger="ciclo"):
+        _, _, elapsed = ciclo.train_loop(
+            state, _overflowing(60), {ciclo.on_train_step: _own_step}, max_skipped_steps=5
+        )
+    assert elapsed.steps == 20  # the count copied at step 10 is read at step 20
+    (message,) = _stuck(caplog)
+    assert "Stopping the loop: max_skipped_steps=5" in message

@@ -27,6 +27,7 @@ from ciclo._src.callbacks._checkpoint import checkpoint as checkpoint
 from ciclo._src.callbacks._checkpoint import restore_checkpoint as restore_checkpoint
 from ciclo._src.callbacks._device_stats import device_stats as device_stats
 from ciclo._src.callbacks._early_stopping import early_stopping as early_stopping
+from ciclo._src.callbacks._ema import swap_ema_weights as swap_ema_weights
 from ciclo._src.callbacks._inner_loop import inner_loop as inner_loop
 from ciclo._src.callbacks._keras_bar import keras_bar as keras_bar
 from ciclo._src.callbacks._loggers._csv import csv_logger as csv_logger
@@ -176,6 +177,7 @@ __all__ = [
     "stacked",
     "strategies",
     "summary",
+    "swap_ema_weights",
     "tensorboard",
     "terminate_on_nan",
     "test_loop",

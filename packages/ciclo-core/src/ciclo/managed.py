@@ -12,6 +12,7 @@ Example:
     1.0
 """
 
+from ciclo._src.managed import AbstractManagedState as AbstractManagedState
 from ciclo._src.managed import ManagedState as ManagedState
 from ciclo._src.managed import ManagedStep as ManagedStep
 from ciclo._src.managed import step as step
@@ -22,13 +23,18 @@ from ciclo._src.model_state import split_batch as split_batch
 from ciclo._src.roles import Role as Role
 from ciclo._src.roles import field as field
 from ciclo._src.roles import fields_with_role as fields_with_role
+from ciclo._src.training_options import TrainingOptions as TrainingOptions
+from ciclo._src.training_options import TrainingOptionsKwargs as TrainingOptionsKwargs
 
 __all__ = [
+    "AbstractManagedState",
     "BATCH_KEYS",
     "ManagedState",
     "ManagedStep",
     "NamedLosses",
     "Role",
+    "TrainingOptions",
+    "TrainingOptionsKwargs",
     "field",
     "fields_with_role",
     "split_batch",

@@ -25,6 +25,7 @@ from ciclo._src.batches import Stacked as Stacked
 from ciclo._src.callbacks._checkpoint import Checkpoint as Checkpoint
 from ciclo._src.callbacks._device_stats import DeviceStats as DeviceStats
 from ciclo._src.callbacks._early_stopping import EarlyStopping as EarlyStopping
+from ciclo._src.callbacks._ema import SwapEMAWeights as SwapEMAWeights
 from ciclo._src.callbacks._inner_loop import InnerLoop as InnerLoop
 from ciclo._src.callbacks._keras_bar import KerasBar as KerasBar
 from ciclo._src.callbacks._loggers._base import Logger as Logger
@@ -46,6 +47,7 @@ from ciclo._src.logs import StackedLogs as StackedLogs
 from ciclo._src.loop import Phase as Phase
 from ciclo._src.loop_state import LoopState as LoopState
 from ciclo._src.model_state import ModelState as ModelState
+from ciclo._src.model_state import ModelStateSettings as ModelStateSettings
 from ciclo._src.precision import LossScale as LossScale
 from ciclo._src.precision import Precision as Precision
 from ciclo._src.schedules import After as After
@@ -89,6 +91,7 @@ __all__ = [
     "LossScale",
     "ModelAdapter",
     "ModelState",
+    "ModelStateSettings",
     "NoOp",
     "Period",
     "Phase",
@@ -105,6 +108,7 @@ __all__ = [
     "State",
     "StatefulCallback",
     "SupportsToModel",
+    "SwapEMAWeights",
     "TerminateOnNaN",
     "Throughput",
     "TqdmBar",

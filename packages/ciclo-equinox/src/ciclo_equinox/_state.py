@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Hashable
 from typing import Any
 
 import equinox as eqx
-import jax
-import optax
+from typing_extensions import Unpack
 
 from ciclo import create_model_state
-from ciclo.strategies import Strategy
-from ciclo.types import ModelState, Precision
+from ciclo.types import ModelState, ModelStateSettings
 from ciclo_equinox._adapter import EquinoxAdapter
 
 
@@ -37,16 +35,9 @@ def create_equinox_state(
     model: eqx.Module | tuple[eqx.Module, eqx.nn.State],
     *,
     state: eqx.nn.State | None = None,
-    tx: optax.GradientTransformation,
-    losses: Mapping[str, Callable[..., Any]] | Callable[..., Any] | None = None,
-    metrics: Mapping[str, Any] | None = None,
-    strategy: str | Strategy = "jit",
-    key: jax.Array | int = 0,
-    precision: str | Precision = "32",
-    accumulate_steps: int = 1,
-    ema_decay: float | None = None,
     vmap: bool = True,
     batch_axis_name: Hashable = "batch",
+    **settings: Unpack[ModelStateSettings],
 ) -> ModelState:
     """A training state for an equinox module: `train_step`, `test_step`, `predict_step`, `reset_step`.
 
@@ -72,19 +63,13 @@ def create_equinox_state(
     Args:
         model: an `equinox.Module`, or the `(model, state)` pair of `eqx.nn.make_with_state`.
         state: the module's `eqx.nn.State`, if it has stateful layers.
-        tx: the optax optimizer.
-        losses: `{name: fn}`, summed for training.
-        metrics: `{name: metric}`: functions, jax_metrics or clu metrics.
-        strategy: a strategy or its name (`"jit"`, `"data_parallel"`, ...).
-        key: a seed or `jax.random.key` for the steps' keys (dropout). The module's
-            own weights come from the key it was built with.
-        precision: `"32"`, `"bf16-mixed"`, `"16-mixed"` or a `ciclo.types.Precision`.
-        accumulate_steps: micro-batches per optimizer step (`optax.MultiSteps`).
-        ema_decay: keep an EMA of the weights with this decay (`state.with_ema_params()`).
-            These three are `ciclo.create_model_state`'s: see there.
         vmap: map the module over the leading batch axis (True), or call it on
             the whole batch (False).
         batch_axis_name: the name of the mapped batch axis (with `vmap=True`).
+        **settings: `ciclo.create_model_state`'s (`ciclo.types.ModelStateSettings`):
+            `tx`, `losses`, `metrics`, `strategy`, `key` (for the steps' keys,
+            dropout; the module's own weights come from the key it was built
+            with), `precision`, `accumulate_steps`, `ema_decay`.
 
     Raises:
         TypeError: for a model that is not an equinox module, a state that is not
@@ -115,15 +100,4 @@ def create_equinox_state(
     adapter, variables = EquinoxAdapter.split(
         module, module_state, vmap=vmap, batch_axis_name=batch_axis_name
     )
-    return create_model_state(
-        adapter,
-        variables=variables,
-        tx=tx,
-        losses=losses,
-        metrics=metrics,
-        strategy=strategy,
-        key=key,
-        precision=precision,
-        accumulate_steps=accumulate_steps,
-        ema_decay=ema_decay,
-    )
+    return create_model_state(adapter, variables=variables, **settings)

@@ -2,33 +2,20 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
 from typing import Any
 
 import flax.linen as nn
-import jax
-import optax
 from flax import nnx
+from typing_extensions import Unpack
 
 from ciclo import create_model_state
-from ciclo.strategies import Strategy
-from ciclo.types import ModelState, Precision
+from ciclo.types import ModelState, ModelStateSettings
 from ciclo_flax._linen import LinenAdapter
 from ciclo_flax._nnx import NnxAdapter
 
 
 def create_flax_state(
-    model: nn.Module | nnx.Module,
-    *,
-    inputs: Any = None,
-    tx: optax.GradientTransformation,
-    losses: Mapping[str, Callable[..., Any]] | Callable[..., Any] | None = None,
-    metrics: Mapping[str, Any] | None = None,
-    strategy: str | Strategy = "jit",
-    key: jax.Array | int = 0,
-    precision: str | Precision = "32",
-    accumulate_steps: int = 1,
-    ema_decay: float | None = None,
+    model: nn.Module | nnx.Module, *, inputs: Any = None, **settings: Unpack[ModelStateSettings]
 ) -> ModelState:
     """A training state for a flax model: `train_step`, `test_step`, `predict_step`, `reset_step`.
 
@@ -48,15 +35,9 @@ def create_flax_state(
     Args:
         model: a `flax.linen.Module` or a `flax.nnx.Module`.
         inputs: sample inputs for a linen module, e.g. `jnp.empty((1, 28, 28, 1))`.
-        tx: the optax optimizer.
-        losses: `{name: fn}`, summed for training.
-        metrics: `{name: metric}`: functions, jax_metrics or clu metrics.
-        strategy: a strategy or its name (`"jit"`, `"data_parallel"`, ...).
-        key: a seed or `jax.random.key` for initialisation and dropout.
-        precision: `"32"`, `"bf16-mixed"`, `"16-mixed"` or a `ciclo.types.Precision`.
-        accumulate_steps: micro-batches per optimizer step (`optax.MultiSteps`).
-        ema_decay: keep an EMA of the weights with this decay (`state.with_ema_params()`).
-            These three are `ciclo.create_model_state`'s: see there.
+        **settings: `ciclo.create_model_state`'s (`ciclo.types.ModelStateSettings`):
+            `tx`, `losses`, `metrics`, `strategy`, `key` (for initialisation and
+            dropout), `precision`, `accumulate_steps`, `ema_decay`.
 
     Raises:
         TypeError: for a model that is neither a linen nor an nnx module, or a
@@ -74,16 +55,6 @@ def create_flax_state(
         >>> sorted(logs.losses)
         ['loss']
     """
-    settings: dict[str, Any] = {
-        "tx": tx,
-        "losses": losses,
-        "metrics": metrics,
-        "strategy": strategy,
-        "key": key,
-        "precision": precision,
-        "accumulate_steps": accumulate_steps,
-        "ema_decay": ema_decay,
-    }
     if isinstance(model, nn.Module):
         if inputs is None:
             raise TypeError(

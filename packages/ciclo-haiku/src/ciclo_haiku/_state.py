@@ -5,16 +5,14 @@ from __future__ import annotations
 import functools
 import inspect
 import reprlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import haiku as hk
-import jax
-import optax
+from typing_extensions import Unpack
 
 from ciclo import create_model_state
-from ciclo.strategies import Strategy
-from ciclo.types import ModelState, Precision
+from ciclo.types import ModelState, ModelStateSettings
 from ciclo_haiku._adapter import AUTO, HaikuAdapter
 
 _ACCEPTED = (
@@ -48,15 +46,8 @@ def create_haiku_state(
     model: hk.Transformed | hk.TransformedWithState | Callable[..., Any],
     *,
     inputs: Any,
-    tx: optax.GradientTransformation,
-    losses: Mapping[str, Callable[..., Any]] | Callable[..., Any] | None = None,
-    metrics: Mapping[str, Any] | None = None,
-    strategy: str | Strategy = "jit",
-    key: jax.Array | int = 0,
-    precision: str | Precision = "32",
-    accumulate_steps: int = 1,
-    ema_decay: float | None = None,
     training_flag: str | None = AUTO,
+    **settings: Unpack[ModelStateSettings],
 ) -> ModelState:
     """A training state for a haiku function: `train_step`, `test_step`, `predict_step`, `reset_step`.
 
@@ -83,17 +74,11 @@ def create_haiku_state(
         model: an `hk.Transformed`, an `hk.TransformedWithState`, or a function
             (def, lambda or `functools.partial`) that calls haiku modules.
         inputs: sample inputs to initialise the function with, e.g. `jnp.zeros((1, 64))`.
-        tx: the optax optimizer.
-        losses: `{name: fn}`, summed for training.
-        metrics: `{name: metric}`: functions, jax_metrics or clu metrics.
-        strategy: a strategy or its name (`"jit"`, `"data_parallel"`, ...).
-        key: a seed or `jax.random.key` for initialisation and the step keys.
-        precision: `"32"`, `"bf16-mixed"`, `"16-mixed"` or a `ciclo.types.Precision`.
-        accumulate_steps: micro-batches per optimizer step (`optax.MultiSteps`).
-        ema_decay: keep an EMA of the weights with this decay (`state.with_ema_params()`).
-            These three are `ciclo.create_model_state`'s: see there.
         training_flag: `"auto"`, the name of the function's argument that says
             whether it is training, or None.
+        **settings: `ciclo.create_model_state`'s (`ciclo.types.ModelStateSettings`):
+            `tx`, `losses`, `metrics`, `strategy`, `key` (for initialisation and
+            the step keys), `precision`, `accumulate_steps`, `ema_decay`.
 
     Raises:
         TypeError: for a model of another kind (the message says which are
@@ -122,14 +107,5 @@ def create_haiku_state(
             "e.g. inputs=jnp.zeros((1, 64))"
         )
     return create_model_state(
-        HaikuAdapter(transformed, training_flag=training_flag),
-        inputs=inputs,
-        tx=tx,
-        losses=losses,
-        metrics=metrics,
-        strategy=strategy,
-        key=key,
-        precision=precision,
-        accumulate_steps=accumulate_steps,
-        ema_decay=ema_decay,
+        HaikuAdapter(transformed, training_flag=training_flag), inputs=inputs, **settings
     )

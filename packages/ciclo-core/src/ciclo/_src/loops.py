@@ -26,6 +26,7 @@ from ciclo._src.callback import (
     collect,
     split_tasks,
 )
+from ciclo._src.callbacks._ema import SwapEMAWeights
 from ciclo._src.callbacks._inner_loop import AggregationLike, inner_loop
 from ciclo._src.callbacks._training_options import TrainingOptionsWatch
 from ciclo._src.checks import DataWarning, TestData, check_bool, check_positive
@@ -55,8 +56,7 @@ from ciclo._src.hooks import (
 from ciclo._src.logs import History
 from ciclo._src.loop import Phase, run_phases
 from ciclo._src.loop_state import LoopState
-from ciclo._src.managed import ManagedState
-from ciclo._src.model_state import ModelState
+from ciclo._src.managed import AbstractManagedState
 from ciclo._src.prefetch import prefetch_to_device
 from ciclo._src.reprs import short
 from ciclo._src.schedules import Every, at_step_end, every
@@ -198,7 +198,7 @@ def _group_bounds(
 
 def _watch_training_options(named: Named, state: Any, max_skipped_steps: Any, stop: Period | None) -> None:
     """Adds `TrainingOptionsWatch` for a `ModelState` that scales its loss or accumulates micro-batches."""
-    scaling = isinstance(state, ModelState) and state.loss_scale is not None
+    scaling = isinstance(state, AbstractManagedState) and state.loss_scale is not None
     if max_skipped_steps is not None and (
         isinstance(max_skipped_steps, bool) or not isinstance(max_skipped_steps, int) or max_skipped_steps < 1
     ):
@@ -206,13 +206,13 @@ def _watch_training_options(named: Named, state: Any, max_skipped_steps: Any, st
     if max_skipped_steps is not None and not scaling:
         raise ValueError(
             f"max_skipped_steps={short(max_skipped_steps)} counts the steps a loss scale skips, and this "
-            "state has none: it applies to a ciclo.types.ModelState created with precision='16-mixed'"
+            "state has none: it applies to a managed state created with precision='16-mixed'"
         )
-    if not isinstance(state, ModelState) or not (scaling or state.accumulate_steps > 1):
+    if not isinstance(state, AbstractManagedState) or not (scaling or state.options.accumulate_steps > 1):
         return
     watch = TrainingOptionsWatch(
         loss_scaling=scaling,
-        accumulate_steps=state.accumulate_steps,
+        accumulate_steps=state.options.accumulate_steps,
         max_skipped_steps=max_skipped_steps,
         stop_steps=stop.steps if stop is not None and stop == Period(steps=stop.steps) else None,
     )
@@ -355,14 +355,13 @@ def train_loop(
         test_aggregation: how the test loop's entries become one value each,
             per entry (`{"accuracy": "mean", "top2": "last"}`), per collection
             or for all (the `aggregation` of `ciclo.inner_loop`). Entries it
-            does not name follow the state's own `test_aggregation` attribute
-            (`ciclo.types.ModelState` keeps the last value of its running metrics),
-            else their kind: per-batch `metrics` and `losses` are averaged
+            does not name follow the state's running metrics (its fields of
+            role `managed.Role.METRICS`: their last value is kept), else
+            their kind: per-batch `metrics` and `losses` are averaged
             weighted by each batch's samples, running `stateful_metrics` keep
             their last value.
-        test_with_ema: evaluate with the EMA of the weights
-            (`state.with_ema_params()`, a state created with `ema_decay=`;
-            Keras' `SwapEMAWeights`): training goes on with the trained weights.
+        test_with_ema: evaluate with the EMA of the weights (a state created
+            with `ema_decay=`): adds `ciclo.swap_ema_weights()` to `callbacks`.
         stop: stop after this period or number of steps.
         history: commit to this `History`.
         elapsed: resume counting from this `Elapsed`.
@@ -436,7 +435,9 @@ def train_loop(
     """
     names = tuple(dict.fromkeys(TRAIN + TEST))
     named, scheduled = split_tasks(tasks, names, "train_loop")
-    add_callbacks(named, callbacks, names)
+    add_callbacks(
+        named, [*(callbacks or []), SwapEMAWeights()] if test_with_ema is True else callbacks, names
+    )
     # The test loop registers the state's own test methods itself: hand it only the user's.
     test_tasks = {name: named[name] for name in TEST if name in named and name not in TRAIN}
     # Asked for explicitly; a state's own `reset_step` method only runs when there are epochs.
@@ -459,11 +460,6 @@ def train_loop(
     if not isinstance(test_name, str):
         raise TypeError(f"test_name must be a string, got {short(test_name)}")
     check_bool(test_with_ema, "test_with_ema")
-    if test_with_ema and getattr(state, "ema_params", None) is None:
-        raise ValueError(
-            "test_with_ema=True evaluates with the EMA of the weights, which this state does not keep: "
-            "create it with ema_decay=, e.g. ciclo.create_model_state(..., ema_decay=0.999)"
-        )
     _check_runs_something(state, named, scheduled, Trainable, "train_loop", (train_step, on_train_step))
     _watch_training_options(named, state, max_skipped_steps, Period.of(stop))
     steps = _steps_per_execution(steps_per_execution)
@@ -486,7 +482,7 @@ def train_loop(
     prefetched = None
     if prefetch is not None and prefetch != 0:
         # After the grouping: each group is placed whole, as the fused step takes it.
-        strategy = state.strategy if isinstance(state, ManagedState) else None
+        strategy = state.strategy if isinstance(state, AbstractManagedState) else None
         dataset = prefetched = prefetch_to_device(dataset, prefetch, strategy)
 
     # Auto times each dispatch from before the step's first callback to after its last one.
@@ -512,7 +508,7 @@ def train_loop(
                     # A test set shorter than test_duration is no news; an empty one is warned below.
                     warnings.simplefilter("ignore", DataWarning)
                     result = test_loop(
-                        current.with_ema_params() if test_with_ema else current,
+                        current,
                         data,
                         test_tasks,
                         stop=test_period,
@@ -527,9 +523,6 @@ def train_loop(
                         DataWarning,
                         stacklevel=2,
                     )
-                if test_with_ema:  # the trained weights back, should the inner loop output its state
-                    tested, tested_history, tested_elapsed = result
-                    result = (tested.replace(params=current.params), tested_history, tested_elapsed)
                 return result
 
             at_epoch_end.append(inner_loop(test_name, run_test, **kwargs))

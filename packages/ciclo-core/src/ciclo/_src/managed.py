@@ -23,13 +23,20 @@ from typing_extensions import Self, dataclass_transform
 
 from ciclo._src.batches import Stacked, is_stacked
 from ciclo._src.fused import as_logs_and_state, scan_steps
-from ciclo._src.learning_rate import learning_rate_logs
 from ciclo._src.logs import Entries, Logs
 from ciclo._src.metrics import Metric
+from ciclo._src.precision import LossScale
 from ciclo._src.reprs import short
 from ciclo._src.roles import Role, field, fields_with_role, params_field, roles
 from ciclo._src.strategies._local import Eager
 from ciclo._src.strategies._registry import get_strategy
+from ciclo._src.training_options import (
+    OPTION_NAMES,
+    TrainingOptions,
+    step_metrics,
+    training_options,
+)
+from ciclo._src.training_options import apply_gradients as apply_options
 from ciclo._src.types import DeviceReductions, Strategy
 
 S = TypeVar("S")
@@ -38,15 +45,68 @@ StepBody = Callable[[Any, Any], Any]
 """What a managed step wraps: `(state, batch) -> (logs, state)`, `logs`, or `None`."""
 
 
+def _check_apply_gradients(cls: type[Any]) -> None:
+    """Refuses, when the class is defined, an `apply_gradients` override that cannot take the loss."""
+    try:
+        parameters = inspect.signature(cls.apply_gradients).parameters
+    except (TypeError, ValueError):  # a callable without a signature: trusted to follow the base
+        return
+    if "value" not in parameters:
+        raise TypeError(
+            f"{cls.__name__}.apply_gradients must take the step's loss as `value=` (managed.train_step "
+            "passes it, for optimizers such as optax.contrib.reduce_on_plateau): define it as "
+            "apply_gradients(self, *, grads, value=None, **changes) and pass value on to tx.update, "
+            "or ignore it"
+        )
+
+
+def _set_fields_at_once(cls: type[Any]) -> None:
+    """Gives a frozen dataclass an `__init__` that sets its fields in one assignment, defaults as before.
+
+    jax rebuilds a state through `__init__` after every compiled step, and the
+    one dataclasses writes sets each field on its own (a measurable part of a
+    small model's step: benchmarks/README.md). A class with `__post_init__` or
+    a field outside `__init__` keeps the one dataclasses wrote.
+    """
+    fields = dataclasses.fields(cls)
+    if "__post_init__" in dir(cls) or not all(f.init for f in fields):
+        return
+    missing = object()
+    scope: dict[str, Any] = {"_set": object.__setattr__, "_missing": missing}
+    params, factories = [], []
+    for f in fields:
+        if f.default is not dataclasses.MISSING:
+            scope[f"_d_{f.name}"] = f.default
+            params.append(f"{f.name}=_d_{f.name}")
+        elif f.default_factory is not dataclasses.MISSING:
+            scope[f"_f_{f.name}"] = f.default_factory
+            params.append(f"{f.name}=_missing")
+            factories.append(f"    if {f.name} is _missing: {f.name} = _f_{f.name}()\n")
+        else:
+            params.append(f.name)
+    values = ", ".join(f"{f.name!r}: {f.name}" for f in fields)
+    body = f"{''.join(factories)}    _set(self, '__dict__', {{{values}}})\n"
+    source = f"def __init__(self, *, {', '.join(params)}):\n{body}"
+    exec(source, scope)  # as dataclasses writes its own __init__
+    init = scope["__init__"]
+    init.__qualname__ = f"{cls.__qualname__}.__init__"
+    cls.__init__ = init
+
+
 @dataclass_transform(kw_only_default=True, frozen_default=True, field_specifiers=(dataclasses.field, field))
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class ManagedState:
-    """A training state that knows its optimizer and its strategy; a pytree.
+class AbstractManagedState:
+    """What every managed state is: a pytree that knows its optimizer, strategy and training options.
 
-    Subclass it to add fields (rng keys, metrics, batch statistics): subclasses
-    become frozen, keyword-only dataclasses registered as pytrees, with nothing
-    to decorate or register. A field holding configuration rather than arrays
-    must be static: `managed.field(static=True)` (or
+    Its two concrete kinds are `ManagedState`, the one to subclass with your
+    own fields, and the final `ciclo.types.ModelState`. Both inherit every
+    method here unchanged and implement the two abstract ones, `resume_options`
+    and `resume_refusal` (equinox's rule: a class is abstract or final, and no
+    concrete method is overridden); a subclass that does not is refused when
+    it is defined. Every subclass becomes a frozen,
+    keyword-only dataclass registered as a pytree, with nothing to decorate
+    or register. A field holding configuration rather than arrays must be
+    static: `managed.field(static=True)` (or
     `dataclasses.field(metadata={"static": True})`).
 
     **Roles.** ciclo finds the fields it treats specially by the role they
@@ -61,84 +121,59 @@ class ManagedState:
       that each device draws different numbers.
     - `Role.METRICS`: running metrics (`ciclo.types.ModelState.metrics`).
 
+    **Training options** (`managed.TrainingOptionsKwargs`: `precision`,
+    `accumulate_steps`, `ema_decay`) are set when the state is created and
+    applied by `apply_gradients` (see `ciclo._src.training_options`). Their
+    state (`loss_scale`, the accumulated gradients in `opt_state`,
+    `ema_params`) is part of the pytree: backed up, checkpointed and resumed
+    with the rest.
+
     Attributes:
-        step: the number of optimizer updates applied (an int32 array).
+        step: the number of `apply_gradients` calls (an int32 array).
         params: the trained parameters, any pytree (role `PARAMS`).
         opt_state: the optimizer's state.
-        tx: the optax optimizer (static).
-        apply_fn: the model's apply function, for the step's use (static).
+        ema_params: the exponential moving average of `params`, or None
+            without `ema_decay`; placed (and under `fsdp` sharded) as `params`.
+        loss_scale: the dynamic loss scale (`ciclo.types.LossScale`) under a
+            precision with loss scaling (`"16-mixed"`), else None.
+        tx: the optax optimizer, in an `optax.MultiSteps` under
+            `accumulate_steps` (static).
         strategy: where the state lives and how steps compile (static).
-
-    Example:
-        >>> import jax, jax.numpy as jnp, optax
-        >>> from ciclo import managed
-        >>> class State(managed.ManagedState):
-        ...     stats: jax.Array = managed.field(role=managed.Role.MODEL_STATE)
-        ...     rng: jax.Array = managed.field(role=managed.Role.KEY)
-        >>> state = State.create(
-        ...     params={"w": jnp.zeros(2)}, tx=optax.sgd(0.1), stats=jnp.zeros(2), rng=jax.random.key(0)
-        ... )
-        >>> state = state.apply_gradients(grads={"w": jnp.ones(2)})
-        >>> state.params["w"], int(state.step)
-        (Array([-0.1, -0.1], dtype=float32), 1)
-        >>> managed.fields_with_role(State, managed.Role.KEY)
-        ('rng',)
+        options: the `managed.TrainingOptions` (static).
     """
 
     step: jax.Array
     params: Any = field(role=Role.PARAMS)
     opt_state: Any
+    ema_params: Any = None
+    loss_scale: LossScale | None = None
     tx: optax.GradientTransformation = field(static=True)
-    apply_fn: Callable[..., Any] | None = field(static=True, default=None)
     strategy: Strategy = field(static=True, default_factory=Eager)
+    options: TrainingOptions = field(static=True, default=TrainingOptions())
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         dataclasses.dataclass(frozen=True, kw_only=True)(cls)
+        _set_fields_at_once(cls)
         jax.tree_util.register_dataclass(cls)
         params_field(cls)  # a subclass that loses or doubles the params role fails here, not at a step
         roles(cls)
         _check_apply_gradients(cls)
-
-    @classmethod
-    def create(
-        cls,
-        *,
-        params: Any,
-        tx: optax.GradientTransformation,
-        apply_fn: Callable[..., Any] | None = None,
-        strategy: str | Strategy = "jit",
-        **fields: Any,
-    ) -> Self:
-        """Makes a state at step 0 with a fresh optimizer state, built in place for `strategy`.
-
-        The optimizer state is initialised under the strategy (`strategy.create`):
-        under `fsdp` it is born sharded, as `params` are laid out.
-
-        Args:
-            params: the parameters to train, any pytree of arrays.
-            tx: an optax optimizer.
-            apply_fn: the model's apply function, kept for the steps' use.
-            strategy: a strategy or its name (see `ciclo.strategies.get_strategy`).
-            **fields: the values of a subclass's own fields.
-
-        Raises:
-            TypeError: if `params` has a leaf that is not an array (a function,
-                as in an equinox module): the message says how to keep it in a
-                static field.
-        """
-        check_params(params)
-        # Static fields are configuration: they go around the strategy's placement and jax.jit.
-        static = {f.name for f in dataclasses.fields(cast(Any, cls)) if f.metadata.get("static")}
-        return create_state(
-            cls,
-            lambda values: values,
-            {"params": params, **{name: value for name, value in fields.items() if name not in static}},
-            tx=tx,
-            apply_fn=apply_fn,
-            strategy=strategy,
-            **{name: value for name, value in fields.items() if name in static},
-        )
+        # Abstract methods checked here rather than by abc.ABC: its isinstance costs ~0.4 µs, once a step.
+        base = AbstractManagedState
+        missing = [
+            name
+            for name, method, abstract in (
+                ("resume_options", cls.resume_options, base.resume_options),
+                ("resume_refusal", cls.resume_refusal, base.resume_refusal),
+            )
+            if method is abstract
+        ]
+        if missing:
+            raise TypeError(
+                f"{cls.__name__} does not implement {', '.join(missing)} of managed.AbstractManagedState: "
+                "subclass managed.ManagedState, which does"
+            )
 
     def resume_options(self) -> dict[str, Any]:
         """The static options that give this state's arrays their meaning, as plain data (JSON).
@@ -146,32 +181,30 @@ class ManagedState:
         A backup records them (`ciclo.backup`); a resume compares them with the
         resumed run's state's before it reads any array. An option that differs
         is refused where `resume_refusal` gives a reason, else noted on the
-        `ciclo` logger and trained on with this state's value. `ManagedState`
-        has none (`tx` and `apply_fn` are code; a resume may change the
-        `strategy`); a subclass with static fields of its own adds them.
-
-        Example:
-            >>> import jax.numpy as jnp, optax
-            >>> from ciclo import managed
-            >>> managed.ManagedState.create(params=jnp.zeros(2), tx=optax.sgd(0.1)).resume_options()
-            {}
+        `ciclo` logger and trained on with this state's value. Abstract.
         """
-        return {}
+        raise NotImplementedError
 
     def resume_refusal(self, name: str, old: Any) -> str | None:
         """Why this state cannot resume a backup whose option `name` was `old`; None: the change is noted.
 
         Asked only for an option of `resume_options` whose recorded value
-        differs from this state's. By default every change is refused.
+        differs from this state's. Abstract.
         """
-        return f"the backup's arrays were made with {name}={short(old)}"
+        raise NotImplementedError
 
     def replace(self, **changes: Any) -> Self:
         """A copy with some fields changed."""
         return dataclasses.replace(cast(Any, self), **changes)  # type: ignore[no-any-return]
 
     def apply_gradients(self, *, grads: Any, value: Any = None, **changes: Any) -> Self:
-        """Applies one optimizer update: new params and opt_state, `step + 1`.
+        """Applies one optimizer update, under the state's training options: `step + 1`.
+
+        Under loss scaling the gradients are divided by the scale first, and a
+        step whose gradients are not finite is skipped (parameters, optimizer
+        state and EMA unchanged; the scale halved). The EMA follows
+        `ema = d * ema + (1 - d) * params` after each optimizer step (every
+        `accumulate_steps`-th call).
 
         Args:
             grads: the gradients, shaped as the params.
@@ -182,34 +215,45 @@ class ManagedState:
                 passes the step's total loss.
             **changes: other fields to replace.
         """
-        name = params_field(type(self))
-        params = getattr(self, name)
-        if value is None:
-            updates, opt_state = self.tx.update(grads, self.opt_state, params)
-        else:
-            # optax passes `value` on to the transformations that take it and drops it for the rest.
-            tx = optax.with_extra_args_support(self.tx)
-            updates, opt_state = tx.update(grads, self.opt_state, params, value=value)
-        new_params = optax.apply_updates(params, updates)
-        return self.replace(step=self.step + 1, opt_state=opt_state, **{name: new_params}, **changes)
+        return cast(Self, apply_options(self, grads, value, changes))
 
     def scale_loss(self, loss: jax.Array) -> jax.Array:
         """The value `managed.train_step` differentiates for a step whose losses sum to `loss`.
 
-        The identity; a state with dynamic loss scaling (`ciclo.types.ModelState`
-        with `precision="16-mixed"`) returns the loss times its scale, and its
-        `apply_gradients` divides the gradients by it again.
+        The loss times the loss scale under loss scaling (`precision="16-mixed"`),
+        which `apply_gradients` divides the gradients by again; else the loss.
         """
-        return loss
+        return loss if self.loss_scale is None else loss * self.loss_scale.scale
 
     def step_metrics(self) -> dict[str, jax.Array]:
         """What a training step logs about the state after its update, in `metrics`.
 
         The learning rate an `optax.inject_hyperparams` optimizer holds (see
-        `learning_rate_logs`); `ciclo.types.ModelState` adds its loss scale. An
-        entry the step logged itself is not replaced.
+        `learning_rate_logs`), and under loss scaling `loss_scale` and
+        `skipped_steps`. An entry the step logged itself is not replaced.
         """
-        return learning_rate_logs(self.opt_state)
+        return step_metrics(self)
+
+    def with_ema_params(self) -> Self:
+        """The state with its EMA weights as its parameters: for evaluation, prediction, checkpoints, `model`.
+
+        Raises:
+            ValueError: for a state created without `ema_decay`.
+
+        Example:
+            >>> import jax.numpy as jnp, optax
+            >>> from ciclo import managed
+            >>> state = managed.ManagedState.create(params=jnp.ones(()), tx=optax.sgd(1.0), ema_decay=0.9)
+            >>> state = state.apply_gradients(grads=jnp.ones(()))  # params 1 - 1 = 0; EMA 0.9 * 1 + 0.1 * 0
+            >>> float(state.params), round(float(state.with_ema_params().params), 4)
+            (0.0, 0.9)
+        """
+        if self.ema_params is None:
+            raise ValueError(
+                "this state keeps no EMA of its weights: create it with ema_decay=, e.g. "
+                "ciclo.create_model_state(..., ema_decay=0.999)"
+            )
+        return self.replace(**{params_field(type(self)): self.ema_params})
 
     def with_strategy(self, strategy: str | Strategy) -> Self:
         """Moves the state to another strategy.
@@ -232,23 +276,133 @@ class ManagedState:
         return new.place(self.strategy.unplace(self).replace(strategy=new))
 
 
+class ManagedState(AbstractManagedState):
+    """A training state that knows its optimizer and its strategy; a pytree. Subclass it to add fields.
+
+    Subclasses (rng keys, metrics, batch statistics) become frozen,
+    keyword-only dataclasses registered as pytrees; fields declare their roles
+    (see `managed.AbstractManagedState`). `ManagedState.create` takes the
+    training options too, so a step of your own trains under mixed precision,
+    accumulates gradients or keeps an EMA of the weights. Under a precision
+    with a compute dtype, cast what your step computes with through
+    `state.options.precision.cast(...)`; loss scaling and the skipping of
+    non-finite steps are `apply_gradients`'.
+
+    Attributes:
+        apply_fn: the model's apply function, for the step's use, as in
+            ciclo 0.1 and flax's `TrainState` (static).
+
+    Example:
+        >>> import jax, jax.numpy as jnp, optax
+        >>> from ciclo import managed
+        >>> class State(managed.ManagedState):
+        ...     stats: jax.Array = managed.field(role=managed.Role.MODEL_STATE)
+        ...     rng: jax.Array = managed.field(role=managed.Role.KEY)
+        >>> state = State.create(
+        ...     params={"w": jnp.zeros(2)}, tx=optax.sgd(0.1), stats=jnp.zeros(2), rng=jax.random.key(0)
+        ... )
+        >>> state = state.apply_gradients(grads={"w": jnp.ones(2)})
+        >>> state.params["w"], int(state.step)
+        (Array([-0.1, -0.1], dtype=float32), 1)
+        >>> managed.fields_with_role(State, managed.Role.KEY)
+        ('rng',)
+    """
+
+    apply_fn: Callable[..., Any] | None = field(static=True, default=None)
+
+    @classmethod
+    def create(
+        cls,
+        *,
+        params: Any,
+        tx: optax.GradientTransformation,
+        apply_fn: Callable[..., Any] | None = None,
+        strategy: str | Strategy = "jit",
+        **fields: Any,
+    ) -> Self:
+        """Makes a state at step 0 with a fresh optimizer state, built in place for `strategy`.
+
+        The optimizer state is initialised under the strategy (`strategy.create`):
+        under `fsdp` it is born sharded, as `params` are laid out.
+
+        Args:
+            params: the parameters to train, any pytree of arrays.
+            tx: an optax optimizer.
+            apply_fn: the model's apply function, kept for the steps' use.
+            strategy: a strategy or its name (see `ciclo.strategies.get_strategy`).
+            **fields: the values of a subclass's own fields, and the training
+                options: `precision`, `accumulate_steps`, `ema_decay`
+                (`managed.TrainingOptionsKwargs`).
+
+        Raises:
+            TypeError: if `params` has a leaf that is not an array (a function,
+                as in an equinox module): the message says how to keep it in a
+                static field.
+            ValueError: for a training option out of its range.
+
+        Example:
+            >>> import jax.numpy as jnp, optax
+            >>> from ciclo import managed
+            >>> state = managed.ManagedState.create(params=jnp.zeros(2), tx=optax.sgd(1), accumulate_steps=2)
+            >>> state.options.accumulate_steps, int(state.opt_state.mini_step)
+            (2, 0)
+        """
+        check_params(params)
+        options = training_options(**{name: fields.pop(name) for name in OPTION_NAMES & fields.keys()})
+        # Static fields are configuration: they go around the strategy's placement and jax.jit.
+        static = {f.name for f in dataclasses.fields(cast(Any, cls)) if f.metadata.get("static")}
+        return create_state(
+            cls,
+            lambda values: values,
+            {"params": params, **{name: value for name, value in fields.items() if name not in static}},
+            tx=tx,
+            strategy=strategy,
+            options=options,
+            apply_fn=apply_fn,
+            **{name: value for name, value in fields.items() if name in static},
+        )
+
+    def resume_options(self) -> dict[str, Any]:
+        """The training options (`precision`, `accumulate_steps`, `ema_decay`), as plain data (JSON).
+
+        `tx` and `apply_fn` are code, and a resume may change the `strategy`. A
+        subclass with static fields of its own that give its arrays their
+        meaning may add them here, and judge their changes in `resume_refusal`.
+
+        Example:
+            >>> import jax.numpy as jnp, optax
+            >>> from ciclo import managed
+            >>> managed.ManagedState.create(params=jnp.zeros(2), tx=optax.sgd(0.1)).resume_options()
+            {'precision': '32', 'accumulate_steps': 1, 'ema_decay': None}
+        """
+        return self.options.resume_options()
+
+    def resume_refusal(self, name: str, old: Any) -> str | None:
+        """The training options' verdict (`TrainingOptions.resume_refusal`); any other change is refused."""
+        if name in OPTION_NAMES:
+            return self.options.resume_refusal(name, old)
+        return f"the backup's arrays were made with {name}={short(old)}"
+
+
 def create_state(
     cls: type[S],
     fields: Callable[..., Mapping[str, Any]],
     *args: Any,
     tx: optax.GradientTransformation,
-    apply_fn: Callable[..., Any] | None,
     strategy: str | Strategy,
+    options: TrainingOptions,
     **static: Any,
 ) -> S:
-    """A `ManagedState` subclass's state at step 0, built by `strategy.create`.
+    """A managed state's state at step 0, built by `strategy.create`, under its training options.
 
     `fields(*args)` returns the values of the state's array fields, the
     parameters under `"params"`; it runs under the strategy (inside `jax.jit`
-    for the mesh strategies), as does the optimizer's `init`. `static` holds
-    the subclass's static fields.
+    for the mesh strategies), as do the optimizer's `init` and the options'
+    own (the EMA's copy of the parameters). `static` holds the class's other
+    static fields.
     """
     placed = get_strategy(strategy)
+    tx = options.accumulate(tx)
 
     def init(*args: Any) -> S:
         values = dict(fields(*args))
@@ -258,17 +412,17 @@ def create_state(
             step=jnp.zeros((), jnp.int32),
             opt_state=tx.init(params),
             tx=tx,
-            apply_fn=apply_fn,
             strategy=placed,
+            options=options,
             **{params_field(cls): params},
+            **options.init(params),
             **values,
             **static,
         )
 
-    return placed.create(init, *args)
-
-
-jax.tree_util.register_dataclass(ManagedState)
+    state = placed.create(init, *args)
+    options.check(cast(AbstractManagedState, state).opt_state)
+    return state
 
 
 def static_options(state: Any) -> dict[str, dict[str, Any]]:
@@ -281,9 +435,9 @@ def static_options(state: Any) -> dict[str, dict[str, Any]]:
     """
     found = {}
     for path, node in jax.tree_util.tree_flatten_with_path(
-        state, is_leaf=lambda node: isinstance(node, ManagedState)
+        state, is_leaf=lambda node: isinstance(node, AbstractManagedState)
     )[0]:
-        if isinstance(node, ManagedState):
+        if isinstance(node, AbstractManagedState):
             options = node.resume_options()
             try:
                 found[jax.tree_util.keystr(path)] = json.loads(json.dumps(options, allow_nan=False))
@@ -329,9 +483,9 @@ def check_static_options(recorded: Any, state: Any, where: str) -> list[str]:
     nodes = {
         jax.tree_util.keystr(path): node
         for path, node in jax.tree_util.tree_flatten_with_path(
-            state, is_leaf=lambda node: isinstance(node, ManagedState)
+            state, is_leaf=lambda node: isinstance(node, AbstractManagedState)
         )[0]
-        if isinstance(node, ManagedState)
+        if isinstance(node, AbstractManagedState)
     }
     current = static_options(state)
     notes = []
@@ -426,7 +580,7 @@ class ManagedStep(Generic[S]):
 
     def __call__(self, state: S, batch: Any) -> tuple[Logs, S]:
         """Runs one step, or all steps of a `ciclo.types.Stacked` batch in one dispatch."""
-        strategy = state.strategy if isinstance(state, ManagedState) else self._default
+        strategy = state.strategy if isinstance(state, AbstractManagedState) else self._default
         if is_stacked(batch):
             return self._call_fused(strategy, state, batch)
         last, compiled = self._cache
@@ -552,28 +706,13 @@ def step(
 
 def _check_trainable(state: Any) -> tuple[str, tuple[str, ...]]:
     """The names of the state's params field and of its fields to synchronise across devices."""
-    if not isinstance(state, ManagedState):
+    if not isinstance(state, AbstractManagedState):
         raise TypeError(
-            "managed.train_step needs a managed.ManagedState (or a subclass: ciclo.types.ModelState, "
-            f"the adapters' states), got {short(state)}"
+            "managed.train_step needs a managed.ManagedState (or a subclass), or a ciclo.types.ModelState "
+            f"(the adapters' states), got {short(state)}"
         )
     kind = type(state)
     return params_field(kind), fields_with_role(kind, Role.MODEL_STATE)
-
-
-def _check_apply_gradients(cls: type[ManagedState]) -> None:
-    """Refuses, when the class is defined, an `apply_gradients` override that cannot take the loss."""
-    try:
-        parameters = inspect.signature(cls.apply_gradients).parameters
-    except (TypeError, ValueError):  # a callable without a signature: trusted to follow the base
-        return
-    if "value" not in parameters:
-        raise TypeError(
-            f"{cls.__name__}.apply_gradients must take the step's loss as `value=` (managed.train_step "
-            "passes it, for optimizers such as optax.contrib.reduce_on_plateau): define it as "
-            "apply_gradients(self, *, grads, value=None, **changes) and pass value on to tx.update, "
-            "or ignore it"
-        )
 
 
 def _total_loss(logs: Logs, fn: StepBody) -> jax.Array:
@@ -629,7 +768,7 @@ def _train_body(
     return train
 
 
-def _with_step_metrics(logs: Logs, state: ManagedState) -> Logs:
+def _with_step_metrics(logs: Logs, state: AbstractManagedState) -> Logs:
     """The step's logs with the state's `step_metrics()` in `metrics`, but for the entries the step logged."""
     reported = state.step_metrics()
     logged = {name for entries in logs.values() for name in entries}

@@ -12,20 +12,21 @@ state's strategy.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any, cast, final
+from typing import Any, Final, cast, final
 
 import jax
 import jax.numpy as jnp
 import optax
+from typing_extensions import Required, Unpack
 
 from ciclo._src import managed as _managed
-from ciclo._src.finite import finite_flag
 from ciclo._src.logs import Logs
-from ciclo._src.managed import ManagedState, create_state
+from ciclo._src.managed import AbstractManagedState, create_state
 from ciclo._src.metrics import Metric, as_metric, call_with_available
-from ciclo._src.precision import PRECISIONS, LossScale, Precision, cast_like, to_float32
+from ciclo._src.precision import cast_like, to_float32
 from ciclo._src.reprs import short
 from ciclo._src.roles import Role, field
+from ciclo._src.training_options import OPTION_NAMES, TrainingOptionsKwargs, training_options
 from ciclo._src.types import ModelAdapter, Strategy, SupportsToModel
 
 
@@ -102,7 +103,8 @@ def split_batch(batch: Any) -> tuple[Any, Any]:
     return batch, None
 
 
-class ModelState(ManagedState):
+@final
+class ModelState(AbstractManagedState):
     """A training state for any model: `train_step`, `test_step`, `predict_step`, `reset_step`.
 
     Make one with `ciclo.create_model_state(adapter, ...)`, or through a
@@ -130,13 +132,12 @@ class ModelState(ManagedState):
     framework's own form (an nnx module, a linen variables dict, ...), when
     the adapter implements `to_model` (`ciclo.types.SupportsToModel`).
 
-    Three training options are set when the state is created (see
-    `ciclo.create_model_state`): mixed precision (`precision`), gradient
-    accumulation (`accumulate_steps`, through `optax.MultiSteps`) and an
-    exponential moving average of the weights (`ema_decay`, read with
-    `with_ema_params`). Their state (`loss_scale`, the accumulated gradients in
-    `opt_state`, `ema_params`) is part of the state's pytree: it is backed up,
-    checkpointed and resumed with the rest.
+    The training options (`precision`, `accumulate_steps`, `ema_decay`; see
+    `managed.TrainingOptionsKwargs`) are set when the state is created and
+    applied by `apply_gradients`, as for any managed state (see
+    `managed.AbstractManagedState`); under a precision with a compute dtype the
+    model computes in it. The class is final: a model of another framework
+    is an adapter, not a subclass.
 
     Attributes:
         model_state: the model's own state (batch statistics), or None (role
@@ -147,16 +148,9 @@ class ModelState(ManagedState):
             `step_key`; role `KEY`: `pmap` splits it per device). It is kept as
             raw `uint32` data: a typed key costs microseconds to rebuild in
             Python after every compiled step.
-        ema_params: the exponential moving average of `params`, or None
-            without `ema_decay`; placed (and under `fsdp` sharded) as `params`.
-        loss_scale: the dynamic loss scale (`ciclo.types.LossScale`) under a
-            precision with loss scaling (`"16-mixed"`), else None.
         adapter: the `ciclo.types.ModelAdapter` (static).
         losses: the loss functions by name (static).
         key_impl: the PRNG implementation of `key` (static).
-        precision: the `ciclo.types.Precision` policy steps compute under (static).
-        ema_decay: the decay `d` of `ema_params` (static).
-        accumulate_steps: the micro-batches per optimizer step (static).
 
     Example:
         >>> import ciclo, jax, jax.numpy as jnp, optax
@@ -182,14 +176,9 @@ class ModelState(ManagedState):
     model_state: Any = field(role=Role.MODEL_STATE)
     metrics: dict[str, Metric] = field(role=Role.METRICS)
     key: jax.Array = field(role=Role.KEY)
-    ema_params: Any = None
-    loss_scale: LossScale | None = None
     adapter: ModelAdapter = field(static=True)
     losses: NamedLosses = field(static=True)
     key_impl: Any = field(static=True, default=None)
-    precision: Precision = field(static=True, default=PRECISIONS["32"])
-    ema_decay: float | None = field(static=True, default=None)
-    accumulate_steps: int = field(static=True, default=1)
 
     @property
     def model(self) -> Any:
@@ -228,34 +217,6 @@ class ModelState(ManagedState):
         params, model_state = self.strategy.unplace((self.params, self.model_state))
         return self.adapter.to_model(params, model_state)
 
-    def with_ema_params(self) -> ModelState:
-        """The state with its EMA weights as its parameters: for evaluation, prediction, checkpoints, `model`.
-
-        Raises:
-            ValueError: for a state created without `ema_decay`.
-
-        Example:
-            >>> import ciclo, jax.numpy as jnp, optax
-            >>> class Scale:
-            ...     def init(self, key, inputs):
-            ...         return jnp.ones(()), None
-            ...     def apply(self, params, model_state, inputs, *, key, training):
-            ...         return params * inputs, model_state
-            >>> state = ciclo.create_model_state(
-            ...     Scale(), inputs=jnp.ones(1), tx=optax.sgd(1.0), losses=lambda preds: preds.mean(),
-            ...     ema_decay=0.9,
-            ... )
-            >>> _, state = state.train_step(jnp.ones(1))  # params 1 - 1 = 0; EMA 0.9 * 1 + 0.1 * 0
-            >>> float(state.params), round(float(state.with_ema_params().params), 4)
-            (0.0, 0.9)
-        """
-        if self.ema_params is None:
-            raise ValueError(
-                "this state keeps no EMA of its weights: create it with ema_decay=, e.g. "
-                "ciclo.create_model_state(..., ema_decay=0.999)"
-            )
-        return self.replace(params=self.ema_params)
-
     def resume_options(self) -> dict[str, Any]:
         """`precision`, `accumulate_steps`, `ema_decay` and `key_impl`, as a backup records them.
 
@@ -278,9 +239,7 @@ class ModelState(ManagedState):
             {'precision': 'bf16-mixed', 'accumulate_steps': 4, 'ema_decay': None, 'key_impl': 'threefry2x32'}
         """
         return {
-            "precision": self.precision.to_data(),
-            "accumulate_steps": self.accumulate_steps,
-            "ema_decay": self.ema_decay,
+            **self.options.resume_options(),
             "key_impl": None if self.key_impl is None else str(self.key_impl),
         }
 
@@ -289,82 +248,9 @@ class ModelState(ManagedState):
 
         See `resume_options`.
         """
-        if name == "accumulate_steps":
-            return (
-                f"its optimizer state holds gradients accumulated towards optimizer steps of {short(old)} "
-                "micro-batches (optax.MultiSteps)"
-            )
-        if name == "precision":
-            scaled = _loss_scaling_of(old)
-            if scaled is None:
-                return "this ciclo does not know the backup's precision"
-            if scaled != self.precision.loss_scaling:
-                if scaled:
-                    return "the backup holds a loss scale (loss_scale) that a precision without one drops"
-                return (
-                    "this state's precision scales the loss, and the backup holds no loss scale to go on from"
-                )
-            return None  # another compute dtype or scale growth: the arrays mean what they meant
-        if name == "ema_decay":
-            if old is None:
-                return "the backup holds no EMA of the weights (ema_params) to go on from"
-            if self.ema_decay is None:
-                return "the backup holds an EMA of the weights (ema_params) that this state does not keep"
-            return None  # the EMA goes on with the new decay
         if name == "key_impl":
             return "its random key is the data of another PRNG implementation"
-        return super().resume_refusal(name, old)
-
-    def scale_loss(self, loss: jax.Array) -> jax.Array:
-        """The loss times the loss scale under `"16-mixed"`; the loss itself otherwise."""
-        if self.loss_scale is None:
-            return loss
-        return loss * self.loss_scale.scale
-
-    def apply_gradients(self, *, grads: Any, value: Any = None, **changes: Any) -> ModelState:
-        """The optimizer update, then the EMA of the weights and the loss scale's own update.
-
-        Under loss scaling the gradients are divided by the scale first; when
-        they are not finite, the step is skipped: the parameters, the optimizer
-        state (with the accumulated gradients) and the EMA weights are left as
-        they were, and the scale is halved. The EMA follows
-        `ema = d * ema + (1 - d) * params` after each optimizer step (every
-        `accumulate_steps`-th step).
-        """
-        scale = self.loss_scale
-        finite: jax.Array | None = None
-        if scale is not None:
-            grads = jax.tree.map(lambda grad: grad / scale.scale.astype(grad.dtype), grads)
-            finite = finite_flag(grads)
-        if self.accumulate_steps > 1:
-            # optax.MultiSteps multiplies its float updates by an int flag, which strict promotion refuses.
-            with jax.numpy_dtype_promotion("standard"):
-                updated = super().apply_gradients(grads=grads, value=value, **changes)
-        else:
-            updated = super().apply_gradients(grads=grads, value=value, **changes)
-        if self.ema_params is not None:
-            decay = self.ema_decay if self.ema_decay is not None else 0.0
-            ema = jax.tree.map(
-                lambda old, new: decay * old + (1 - decay) * new, self.ema_params, updated.params
-            )
-            if self.accumulate_steps > 1:  # optax.MultiSteps has applied an update when its count wraps
-                ema = _where(updated.opt_state.mini_step == 0, ema, self.ema_params)
-            updated = updated.replace(ema_params=ema)
-        if scale is None or finite is None:
-            return updated
-        kept = {"params": self.params, "opt_state": self.opt_state, "ema_params": self.ema_params}
-        return updated.replace(
-            **{name: _where(finite, getattr(updated, name), old) for name, old in kept.items()},
-            loss_scale=scale.update(finite=finite, growth_interval=self.precision.growth_interval),
-        )
-
-    def step_metrics(self) -> dict[str, jax.Array]:
-        """The learning rate, and under loss scaling `loss_scale` and `skipped_steps`."""
-        metrics = super().step_metrics()
-        if self.loss_scale is not None:
-            metrics["loss_scale"] = self.loss_scale.scale
-            metrics["skipped_steps"] = self.loss_scale.skipped_steps
-        return metrics
+        return self.options.resume_refusal(name, old)
 
     def step_key(self) -> jax.Array:
         """The random key of the current step: `key` folded with `step`, a typed key."""
@@ -372,7 +258,7 @@ class ModelState(ManagedState):
 
     def _apply(self, inputs: Any, *, training: bool) -> tuple[Any, Any]:
         """The adapter's `apply` under the state's precision: float32 predictions, model state as stored."""
-        policy = self.precision
+        policy = self.options.precision
         if policy.compute_dtype is None:
             return self.adapter.apply(
                 self.params, self.model_state, inputs, key=self.step_key(), training=training
@@ -461,26 +347,6 @@ class ModelState(ManagedState):
         return cast(ModelState, state)
 
 
-def _holds_multi_steps(opt_state: Any) -> bool:
-    """Whether an optimizer state holds an `optax.MultiSteps` state anywhere (a `tx` that accumulates)."""
-    nodes = jax.tree.leaves(opt_state, is_leaf=lambda node: isinstance(node, optax.MultiStepsState))
-    return any(isinstance(node, optax.MultiStepsState) for node in nodes)
-
-
-def _loss_scaling_of(precision: Any) -> bool | None:
-    """Whether a precision as a backup records it (`Precision.to_data`) scales the loss; None: unknown."""
-    if isinstance(precision, str) and precision in PRECISIONS:
-        return PRECISIONS[precision].loss_scaling
-    if isinstance(precision, dict) and isinstance(precision.get("loss_scaling"), bool):
-        return bool(precision["loss_scaling"])
-    return None
-
-
-def _where(condition: jax.Array, new: Any, old: Any) -> Any:
-    """`new` where `condition` holds, else `old`, leaf by leaf (two trees of one structure)."""
-    return jax.tree.map(lambda a, b: jnp.where(condition, a, b), new, old)
-
-
 def _shapes(tree: Any) -> str:
     """`float32[4,8]`-style shapes and dtypes of a batch's arrays, for error notes."""
     leaves = [
@@ -535,26 +401,36 @@ def _as_key(key: jax.Array | int) -> jax.Array:
     raise TypeError(f"key must be an int seed or a jax.random.key, got {short(key)}")
 
 
+class ModelStateSettings(TrainingOptionsKwargs, total=False):
+    """The keywords of `ciclo.create_model_state` that every `create_*_state` forwards as they are.
+
+    One definition and one docstring (`ciclo.create_model_state`'s) for the
+    adapters' functions, which take them as `**settings: Unpack[ModelStateSettings]`:
+    `tx` (required), `losses`, `metrics`, `strategy`, `key` and the training
+    options (`managed.TrainingOptionsKwargs`).
+    """
+
+    tx: Required[optax.GradientTransformation]
+    losses: Mapping[str, Callable[..., Any]] | Callable[..., Any] | None
+    metrics: Mapping[str, Any] | None
+    strategy: str | Strategy
+    key: jax.Array | int
+
+
 def create_model_state(
     adapter: ModelAdapter,
     *,
     inputs: Any = None,
     variables: tuple[Any, Any] | None = None,
-    tx: optax.GradientTransformation,
-    losses: Mapping[str, Callable[..., Any]] | Callable[..., Any] | None = None,
-    metrics: Mapping[str, Any] | None = None,
-    strategy: str | Strategy = "jit",
-    key: jax.Array | int = 0,
-    precision: str | Precision = "32",
-    accumulate_steps: int = 1,
-    ema_decay: float | None = None,
+    **settings: Unpack[ModelStateSettings],
 ) -> ModelState:
     """Initialises a model through its adapter and returns its `ModelState`, placed for `strategy`.
 
     The model is initialised under the strategy (`adapter.init` runs inside
     `jax.jit` for `data_parallel` and `fsdp`), so that under `fsdp` its
     parameters and optimizer state are born sharded: no device holds a large
-    parameter whole.
+    parameter whole. Every `create_*_state` (`ciclo.create_flax_state`, ...)
+    takes the keywords after `variables` as they are here (`ModelStateSettings`).
 
     Args:
         adapter: how to initialise and apply the model (see `ciclo.types.ModelAdapter`).
@@ -562,34 +438,22 @@ def create_model_state(
             `jnp.empty((1, 28, 28, 1))`.
         variables: `(params, model_state)` of a model that is built initialised
             (flax nnx, equinox), instead of `inputs`.
-        tx: the optax optimizer.
-        losses: `{name: fn}`, summed for training; one function is named `"loss"`.
+        **settings: `tx`: the optax optimizer (required). `losses`:
+            `{name: fn}`, summed for training; one function is named `"loss"`.
             Any callable taking some of `preds`, `target`, `inputs`, ... by name
             (`optax` losses take `logits` and `labels`, which are given too).
-        metrics: `{name: metric}`: functions `(preds, target, ...) -> array`,
+            `metrics`: `{name: metric}`: functions `(preds, target, ...) -> array`,
             `ciclo.metrics.Metric`s such as `jax_metrics` metrics, or clu metrics.
-        strategy: a strategy or its name (see `ciclo.strategies.get_strategy`).
-        key: a seed or a `jax.random.key`; split into the initialisation key and
-            the state's `key`.
-        precision: mixed precision, Lightning's names: `"32"` (none),
-            `"bf16-mixed"` (the model computes in bfloat16), `"16-mixed"`
-            (float16, with dynamic loss scaling and skipped overflow steps), or
-            a `ciclo.types.Precision`. Parameters, optimizer state, losses and
-            metrics stay float32.
-        accumulate_steps: micro-batches per optimizer step (Keras'
-            `gradient_accumulation_steps`, Lightning's `accumulate_grad_batches`):
-            `tx` is wrapped in `optax.MultiSteps`, which averages the gradients
-            of `accumulate_steps` train steps and updates the parameters at every
-            `accumulate_steps`-th. `state.step` counts train steps; learning-rate
-            schedules (and the logged `learning_rate`) count optimizer steps.
-        ema_decay: keep `ema_params`, an exponential moving average of the
-            parameters with this decay (e.g. 0.999), updated in the compiled step
-            after each optimizer step; see `ModelState.with_ema_params`.
+            `strategy`: a strategy or its name (default `"jit"`, see
+            `ciclo.strategies.get_strategy`). `key`: a seed (default 0) or a
+            `jax.random.key`; split into the initialisation key and the state's
+            `key`. And the training options `precision`, `accumulate_steps`
+            and `ema_decay` (`managed.TrainingOptionsKwargs`).
 
     Raises:
         TypeError: for losses or metrics of the wrong kind (naming the entry),
-            a `tx` that is not an optax optimizer, a bad key, or not exactly one
-            of `inputs` and `variables`.
+            a `tx` that is not an optax optimizer, a bad key, an unknown
+            keyword, or not exactly one of `inputs` and `variables`.
         ValueError: for an unknown `precision`, `accumulate_steps` below 1 or an
             `ema_decay` outside [0, 1), or `accumulate_steps` above 1 with a `tx`
             that is an `optax.MultiSteps` already.
@@ -606,6 +470,14 @@ def create_model_state(
         >>> logs.outputs.preds
         Array([0., 1., 2.], dtype=float32)
     """
+    unknown = sorted(set(settings) - _SETTINGS)
+    if unknown or "tx" not in settings:
+        raise TypeError(
+            f"create_model_state got the unknown keyword(s) {short(unknown)}; it takes {sorted(_SETTINGS)}"
+            if unknown
+            else "create_model_state needs tx=, the optax optimizer (e.g. tx=optax.adam(1e-3))"
+        )
+    tx = settings["tx"]
     if not (hasattr(tx, "init") and hasattr(tx, "update")):
         raise TypeError(f"tx must be an optax optimizer (e.g. optax.adam(1e-3)), got {short(tx)}")
     if (inputs is None) == (variables is None):
@@ -619,18 +491,11 @@ def create_model_state(
             f"inputs={short(tuple(inputs))} looks like a shape: inputs must be an example batch, e.g. "
             f"inputs=jnp.zeros({short(tuple(inputs))}), from which the model's shapes are inferred"
         )
-    loss_fns = _check_losses(losses)
-    running = _check_metrics(metrics)
-    policy = Precision.of(precision)
-    if not (
-        isinstance(accumulate_steps, int) and not isinstance(accumulate_steps, bool) and accumulate_steps >= 1
-    ):
-        raise ValueError(f"accumulate_steps must be an int >= 1, got {short(accumulate_steps)}")
-    if ema_decay is not None and not (isinstance(ema_decay, (int, float)) and 0 <= ema_decay < 1):
-        raise ValueError(f"ema_decay must be a number in [0, 1), e.g. 0.999, or None; got {short(ema_decay)}")
-    if accumulate_steps > 1:
-        tx = optax.MultiSteps(tx, every_k_schedule=accumulate_steps).gradient_transformation()
-    init_key, state_key = jax.random.split(_as_key(key))
+    loss_fns = _check_losses(settings.get("losses"))
+    running = _check_metrics(settings.get("metrics"))
+    chosen: dict[str, Any] = {name: value for name, value in settings.items() if name in OPTION_NAMES}
+    options = training_options(**chosen)
+    init_key, state_key = jax.random.split(_as_key(settings.get("key", 0)))
 
     def fields(values: dict[str, Any]) -> dict[str, Any]:
         values = dict(values)
@@ -638,11 +503,9 @@ def create_model_state(
         init = values.pop("init")
         # Under a mesh strategy this runs inside `jax.jit`: the variables are born in their layout.
         params, model_state = adapter.init(*init) if variables is None else variables
-        if ema_decay is not None:  # a copy: a donating strategy must not see one buffer twice
-            values["ema_params"] = jax.tree.map(jnp.copy, params)
         return {"params": params, "model_state": model_state, **values}
 
-    state = create_state(
+    return create_state(
         ModelState,
         fields,
         {
@@ -650,23 +513,14 @@ def create_model_state(
             "variables": variables,
             "metrics": running,
             "key": jax.random.key_data(state_key),
-            "loss_scale": policy.loss_scale(),
         },
         tx=tx,
-        apply_fn=None,
-        strategy=strategy,
+        strategy=settings.get("strategy", "jit"),
+        options=options,
         key_impl=jax.random.key_impl(state_key),
         adapter=adapter,
         losses=loss_fns,
-        precision=policy,
-        ema_decay=None if ema_decay is None else float(ema_decay),
-        accumulate_steps=accumulate_steps,
     )
-    if accumulate_steps > 1 and _holds_multi_steps(state.opt_state.inner_opt_state):
-        raise ValueError(
-            f"tx is already an optax.MultiSteps, which accumulates micro-batches itself: "
-            f"accumulate_steps={accumulate_steps} would wrap it in a second one, and each optimizer step "
-            f"would wait for both groups. Pass the optimizer inside it with accumulate_steps="
-            f"{accumulate_steps}, or this tx with accumulate_steps=1"
-        )
-    return state
+
+
+_SETTINGS: Final = frozenset(ModelStateSettings.__required_keys__ | ModelStateSettings.__optional_keys__)

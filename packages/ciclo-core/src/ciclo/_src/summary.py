@@ -10,7 +10,7 @@ from typing import IO, Any
 import jax
 import numpy as np
 
-from ciclo._src.managed import ManagedState
+from ciclo._src.managed import AbstractManagedState
 from ciclo._src.roles import Role, fields_with_role
 
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
@@ -57,7 +57,7 @@ def _shapes(state: Any) -> Any:
     `strategy.unplace` removes what placement added (`pmap`'s device axis); the
     mesh strategies' arrays already have their global shapes.
     """
-    if isinstance(state, ManagedState):
+    if isinstance(state, AbstractManagedState):
         return jax.eval_shape(state.strategy.unplace, state)
     return jax.eval_shape(lambda tree: tree, state)
 
@@ -88,7 +88,7 @@ def summary(state: Any, *, file: IO[str] | None = None) -> str:
     then the parameters' total, the model state (batch statistics), the
     optimizer state and the state's other arrays (step counter, rng key,
     metrics) in bytes, and the whole state's total. A state is a
-    `managed.ManagedState` (a `ciclo.types.ModelState`) or any state with a field of
+    managed state (`managed.ManagedState`, `ciclo.types.ModelState`) or any state with a field of
     role `managed.Role.PARAMS`; any other pytree is summarised as parameters.
 
     Sizes are those of the arrays' logical (global) shapes, read without
@@ -137,7 +137,7 @@ def summary(state: Any, *, file: IO[str] | None = None) -> str:
             _, nbytes = _sizes(model_state)
             rows.append(("model state", None, nbytes))
             accounted += nbytes
-        if isinstance(state, ManagedState):
+        if isinstance(state, AbstractManagedState):
             _, nbytes = _sizes(shapes.opt_state)
             rows.append(("optimizer state", None, nbytes))
             accounted += nbytes

@@ -184,8 +184,8 @@ class InnerLoop(Callback, Generic[S]):
         """Reduces a history to one `Logs`, renaming entries with the `_name` suffix.
 
         Each entry takes the first rule that names it: this callback's
-        `aggregation`, then the `test_aggregation` that `state` declares (see
-        `ciclo.inner_loop`), then its kind's default (`default_aggregation`).
+        `aggregation`, then `state`'s running metrics (see `ciclo.inner_loop`),
+        then its kind's default (`default_aggregation`).
 
         Args:
             history: the inner loop's history.
@@ -247,9 +247,9 @@ def inner_loop(
     1. `aggregation`: one aggregation for every entry, or a dict keyed by full
        path (`"metrics.accuracy"`), entry name (`"accuracy"`) or collection
        (`"metrics"`), tried in that order;
-    2. the state's `test_aggregation` attribute, in the same forms: how a state
-       class reduces what its own steps log (`ciclo.types.ModelState` keeps the last
-       value of each of its running metrics);
+    2. the state's running metrics (the `Metric`s of its fields of role
+       `managed.Role.METRICS`, as `ciclo.types.ModelState.metrics`): each
+       keeps its last value;
     3. the entry's kind, from its collection: `metrics` and `losses` hold
        per-batch values, reduced to their mean weighted by each step's samples,
        which does not depend on the batch size; `stateful_metrics` holds

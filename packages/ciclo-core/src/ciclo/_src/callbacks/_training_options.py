@@ -1,4 +1,4 @@
-"""What `train_loop` watches of a `ModelState`'s training options, with no device sync per step.
+"""What `train_loop` watches of a managed state's training options, with no device sync per step.
 
 - Under loss scaling (`precision="16-mixed"`), a run whose steps are all
   skipped (gradients not finite at every scale tried) trains nothing, and
@@ -27,7 +27,7 @@ import numpy as np
 from ciclo._src.batches import steps_of
 from ciclo._src.callback import Callback
 from ciclo._src.loop_state import LoopState
-from ciclo._src.model_state import ModelState
+from ciclo._src.managed import AbstractManagedState
 from ciclo._src.precision import MIN_SCALE
 
 _log = logging.getLogger("ciclo")
@@ -50,7 +50,7 @@ def _first_copy(array: Any) -> jax.Array:
     return array.addressable_shards[0].data if isinstance(array, jax.Array) else jnp.asarray(array)
 
 
-def _mini_step(state: ModelState) -> int:
+def _mini_step(state: AbstractManagedState) -> int:
     """The micro-batches `optax.MultiSteps` has accumulated towards its next update (a host read)."""
     return int(np.asarray(_first_copy(state.opt_state.mini_step)).reshape(-1)[0])
 

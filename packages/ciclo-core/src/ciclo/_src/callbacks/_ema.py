@@ -1,0 +1,71 @@
+"""Evaluation with the EMA of the weights: `SwapEMAWeights`, Keras' callback of that name."""
+
+from __future__ import annotations
+
+from typing import Any, final
+
+from ciclo._src.managed import AbstractManagedState
+from ciclo._src.reprs import short
+from ciclo._src.roles import params_field
+
+
+def _swapped(state: AbstractManagedState) -> Any:
+    """The state with its parameters and `ema_params` exchanged (the same arrays: nothing is copied)."""
+    name = params_field(type(state))
+    return state.replace(**{name: state.ema_params, "ema_params": getattr(state, name)})
+
+
+def _check(state: Any) -> AbstractManagedState:
+    if not isinstance(state, AbstractManagedState) or state.ema_params is None:
+        raise ValueError(
+            "SwapEMAWeights (train_loop's test_with_ema=True) evaluates with the EMA of the weights, which "
+            f"this state ({short(type(state))}) does not keep: create it with ema_decay=, e.g. "
+            "ciclo.create_model_state(..., ema_decay=0.999)"
+        )
+    return state
+
+
+@final
+class SwapEMAWeights:
+    """Tests with the EMA of the weights (`ema_decay=`), then trains on with the trained weights.
+
+    Give it to `train_loop(callbacks=[ciclo.swap_ema_weights()])`, or pass `test_with_ema=True`,
+    which adds it. Before each test loop its `params` and `ema_params` are
+    exchanged, and after it exchanged back, as Keras' `SwapEMAWeights` does; the
+    state is checked to keep an EMA before the first training step.
+
+    Example:
+        >>> import ciclo, jax.numpy as jnp, optax
+        >>> from ciclo import managed
+        >>> state = managed.ManagedState.create(params=jnp.ones(()), tx=optax.sgd(1.0), ema_decay=0.5)
+        >>> state = state.apply_gradients(grads=jnp.ones(()))  # params 0, EMA 0.5
+        >>> tested = ciclo.swap_ema_weights().on_test_begin(state)
+        >>> float(tested.params), float(tested.ema_params)
+        (0.5, 0.0)
+    """
+
+    __slots__ = ("_swapped",)
+
+    def __init__(self) -> None:
+        self._swapped = False  # a test loop with no batch runs its end, and not its beginning
+
+    def on_train_begin(self, state: Any) -> None:
+        """Refuses a state without an EMA, before the first training step."""
+        _check(state)
+
+    def on_test_begin(self, state: Any) -> Any:
+        """The state to test: the EMA weights as its `params`."""
+        self._swapped = True
+        return _swapped(_check(state))
+
+    def on_test_end(self, state: Any) -> Any:
+        """The trained weights back."""
+        if not self._swapped:
+            return state
+        self._swapped = False
+        return _swapped(state)
+
+
+def swap_ema_weights() -> SwapEMAWeights:
+    """A `SwapEMAWeights` callback: `train_loop(callbacks=[...])` tests with the EMA of the weights."""
+    return SwapEMAWeights()
