@@ -154,6 +154,7 @@ STATELESS = {
     "Throughput": "measures one process's host clock over a window that starts again in each loop",
     "Profile": "traces steps of one process; a resumed run traces its own chosen steps",
     "DeviceStats": "reads the allocator's counters as they are now; a resumed run notes a CPU backend again",
+    "SwapEMAWeights": "swaps within one test loop; the trained and the EMA weights are the state's own",
 }
 """Public callbacks without the hook, and why they need none."""
 

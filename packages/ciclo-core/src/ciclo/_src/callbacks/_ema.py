@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any, final
 
+from ciclo._src.callback import Callback
 from ciclo._src.managed import AbstractManagedState
 from ciclo._src.reprs import short
 from ciclo._src.roles import params_field
@@ -26,7 +27,7 @@ def _check(state: Any) -> AbstractManagedState:
 
 
 @final
-class SwapEMAWeights:
+class SwapEMAWeights(Callback):
     """Tests with the EMA of the weights (`ema_decay=`), then trains on with the trained weights.
 
     Give it to `train_loop(callbacks=[ciclo.swap_ema_weights()])`, or pass `test_with_ema=True`,
@@ -43,8 +44,6 @@ class SwapEMAWeights:
         >>> float(tested.params), float(tested.ema_params)
         (0.5, 0.0)
     """
-
-    __slots__ = ("_swapped",)
 
     def __init__(self) -> None:
         self._swapped = False  # a test loop with no batch runs its end, and not its beginning
