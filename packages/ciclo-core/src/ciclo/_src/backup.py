@@ -986,7 +986,8 @@ def _holder_alive(holder: dict[str, Any]) -> bool:
         return True  # another machine's process: nothing here can tell
     if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
         return False
-    return _identity(pid) is not None and _identity(pid) == holder.get("started")
+    identity = _identity(pid)
+    return identity is not None and identity == holder.get("started")
 
 
 def _lock(directory: str) -> int | None:
