@@ -44,7 +44,7 @@ STANDARD_PROMOTION_DOCTESTS = ("ciclo_haiku",)
 DOCTEST_REQUIRES = {
     "ciclo._src.callbacks._loggers._tensorboard": "tensorboardX",
     # Its example is a grain iterator; grain installs on Python >= 3.11 only.
-    "ciclo._src.prefetch.StatefulPrefetched": "grain",
+    "ciclo._src.data.prefetch.StatefulPrefetched": "grain",
 }
 
 

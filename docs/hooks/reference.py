@@ -3,7 +3,7 @@
 An mkdocs hook (`hooks:` in mkdocs.yml): `on_files` adds the pages under
 `reference/`, so a name added to an `__all__` is documented without editing a
 page. Each name goes to the page of the private module that defines it (a
-`from ciclo._src.schedules import every as every` line puts `every` on the
+`from ciclo._src.base.schedules import every as every` line puts `every` on the
 schedules page); a name from a module no topic claims is listed on the
 reference's index page. The names are read from the sources with `ast`, so
 generating the pages imports neither ciclo nor JAX.
@@ -41,22 +41,24 @@ TOPICS = [
         "The loop",
         "`ciclo.loop`, its engine `ciclo.run_phases` and what callbacks see. "
         "Guide: [the loop language](../guide.md).",
-        ("ciclo._src.loop", "ciclo._src.loop_state", "ciclo._src.step_output"),
+        ("ciclo._src.engine.phases", "ciclo._src.engine.loop_state", "ciclo._src.logs.step_output"),
     ),
     Topic(
         "loops.md",
         "Predefined loops",
         "`train_loop`, `test_loop`, `predict_loop` and the hook vocabulary they run. "
         "Guide: [predefined loops](../loops.md).",
-        ("ciclo._src.loops", "ciclo._src.hooks", "ciclo.hooks"),
+        ("ciclo._src.loops.predefined", "ciclo._src.loops.hooks", "ciclo.hooks"),
     ),
     Topic(
         "time.md",
         "Time and schedules",
         "Counting steps, samples and seconds, and deciding when a callback runs.",
-        ("ciclo._src.elapsed", "ciclo._src.schedules"),
+        ("ciclo._src.base.elapsed", "ciclo._src.base.schedules"),
     ),
-    Topic("logs.md", "Logs and history", "What steps log and what the loop keeps.", ("ciclo._src.logs",)),
+    Topic(
+        "logs.md", "Logs and history", "What steps log and what the loop keeps.", ("ciclo._src.logs.logs",)
+    ),
     Topic(
         "callbacks.md",
         "Callbacks",
@@ -67,26 +69,31 @@ TOPICS = [
         "fused.md",
         "Fused steps",
         "Several steps per dispatch. Guide: [fused steps](../guide.md#fused-steps).",
-        ("ciclo._src.batches", "ciclo._src.fused"),
+        ("ciclo._src.base.batches", "ciclo._src.data.fused"),
     ),
     Topic(
         "data.md",
         "Data",
         "Batches put on their devices ahead of the step. Guide: [data pipelines](../data.md).",
-        ("ciclo._src.prefetch",),
+        ("ciclo._src.data.prefetch",),
     ),
     Topic(
         "states.md",
         "Model states and metrics",
         "Keras-like states for any model, and the metrics they accumulate. "
         "Guides: [frameworks](../frameworks/index.md), [metrics](../metrics.md).",
-        ("ciclo._src.model_state", "ciclo._src.metrics", "ciclo._src.frameworks", "ciclo.metrics"),
+        (
+            "ciclo._src.state.model_state",
+            "ciclo._src.state.metrics",
+            "ciclo._src.base.frameworks",
+            "ciclo.metrics",
+        ),
     ),
     Topic(
         "managed.md",
         "The managed API",
         "Steps that only compute losses. Guide: [strategies](../strategies.md).",
-        ("ciclo.managed", "ciclo._src.managed", "ciclo._src.roles"),
+        ("ciclo.managed", "ciclo._src.state.managed", "ciclo._src.base.roles"),
     ),
     Topic(
         "strategies.md",
@@ -98,7 +105,7 @@ TOPICS = [
         "types.md",
         "Protocols and types",
         "The small protocols the pieces meet through.",
-        ("ciclo._src.types", "ciclo.types"),
+        ("ciclo._src.base.types", "ciclo.types"),
     ),
     Topic(
         "adapters.md",

@@ -35,7 +35,7 @@ import pytest
 from jax.experimental import io_callback
 
 import ciclo
-from ciclo._src import logs as logs_module
+from ciclo._src.logs import logs as logs_module
 
 GATED = 2  # the held step: after the bars' first draw, at step 0
 # Steps the loop must run past the held one. Few: the CPU client makes a dispatch wait while

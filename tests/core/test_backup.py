@@ -366,7 +366,7 @@ def test_a_second_ctrl_c_during_the_preemption_save_raises_whatever_catch_keyboa
 ):
     # The second Ctrl-C arrives while the backup of the first is being written: the loop must raise
     # KeyboardInterrupt (exit 130), not return as if it had finished (exit 0, and no requeue).
-    import ciclo._src.backup as backup_module
+    import ciclo._src.resume.backup as backup_module
 
     def interrupt(state, batch, elapsed):
         if elapsed.steps == 6:
@@ -473,7 +473,7 @@ def test_a_marker_written_by_a_peer_while_this_process_looks_is_not_another_run(
 ):
     # Under several processes, process 0 writes the marker while process 1 checks the directory:
     # process 1 looks for the marker (not there yet), then lists the directory, which now holds it.
-    import ciclo._src.backup as backup_module
+    import ciclo._src.resume.backup as backup_module
 
     (tmp_path / "ciclo_backup.json").write_text('{"format": 1}\n')
     looked = []

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import ciclo
-from ciclo._src import frameworks
+from ciclo._src.base import frameworks
 
 
 class FakeEntryPoint:

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import ciclo
-from ciclo._src.host_json import from_json, to_json
+from ciclo._src.resume.host_json import from_json, to_json
 
 
 def round_trip(value):

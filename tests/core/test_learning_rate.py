@@ -118,7 +118,7 @@ def test_rates_and_scales_found_in_nested_optimizers() -> None:
 
 
 def _rates(state: managed.ManagedState) -> dict[str, float]:
-    from ciclo._src.learning_rate import learning_rate_logs
+    from ciclo._src.state.learning_rate import learning_rate_logs
 
     return {name: round(float(value), 6) for name, value in learning_rate_logs(state.opt_state).items()}
 

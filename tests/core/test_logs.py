@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 import ciclo
-from ciclo._src import host_copies
-from ciclo._src import logs as logs_module
+from ciclo._src.logs import host_copies
+from ciclo._src.logs import logs as logs_module
 
 
 def test_add_methods_and_attribute_access():

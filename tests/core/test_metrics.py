@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from support.optional import optional
 
-from ciclo._src.metrics import CluMetric, Mean, Metric, as_metric, call_with_available
+from ciclo._src.state.metrics import CluMetric, Mean, Metric, as_metric, call_with_available
 
 # Installed on Python < 3.12 only: its cases are left out of the parameter lists elsewhere.
 jax_metrics = optional("jax_metrics")

@@ -25,7 +25,7 @@ from support import processes
 from support.readme import run_readme
 
 import ciclo
-from ciclo._src import orbax_io
+from ciclo._src.resume import orbax_io
 
 if sys.version_info >= (3, 11):
     import tomllib

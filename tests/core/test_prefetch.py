@@ -12,7 +12,7 @@ from support import training
 from support.optional import optional
 
 import ciclo
-from ciclo._src.backup import iterator_state
+from ciclo._src.resume.backup import iterator_state
 
 grain = optional("grain")  # installs on Python >= 3.11 only
 needs_grain = pytest.mark.skipif(grain is None, reason="grain installs on Python >= 3.11 only")

@@ -21,8 +21,8 @@ import pytest
 from support import training
 
 import ciclo
-from ciclo._src import auto_steps
-from ciclo._src.auto_steps import Timing, choose, dispatch_cost
+from ciclo._src.loops import auto_steps
+from ciclo._src.loops.auto_steps import Timing, choose, dispatch_cost
 
 FEATURES, CLASSES = 4, 3
 

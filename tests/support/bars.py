@@ -14,7 +14,7 @@ import pytest
 
 import ciclo
 from ciclo._src.callbacks import _progress
-from ciclo._src.loop import LoopState
+from ciclo._src.engine.phases import LoopState
 
 
 class Clock:

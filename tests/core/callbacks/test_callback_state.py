@@ -270,7 +270,7 @@ def test_every_public_callback_is_classified():
         name: obj
         for name in ciclo.types.__all__
         if inspect.isclass(obj := getattr(ciclo.types, name))
-        and obj.__module__.startswith("ciclo._src.callbacks.")
+        and obj.__module__.startswith(("ciclo._src.callbacks.", "ciclo._src.loops.evaluation"))
     }
     assert set(classes) == set(STATEFUL) | set(STATELESS)
     for name, cls in classes.items():

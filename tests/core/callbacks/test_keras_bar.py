@@ -14,7 +14,7 @@ from support.bars import Clock, OutStream, Tripwire, in_notebook, loop_state, re
 
 import ciclo
 from ciclo._src.callbacks._keras_bar import is_notebook_stream
-from ciclo._src.loop import LoopState
+from ciclo._src.engine.phases import LoopState
 
 
 class Terminal(io.StringIO):

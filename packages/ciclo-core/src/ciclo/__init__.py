@@ -18,17 +18,23 @@ from ciclo import managed as managed
 from ciclo import metrics as metrics
 from ciclo import strategies as strategies
 from ciclo import types as types
-from ciclo._src import frameworks as _frameworks
-from ciclo._src import installation as _installation
-from ciclo._src.backup import backup as backup
-from ciclo._src.batches import stacked as stacked
-from ciclo._src.callback import Callback as Callback
+from ciclo._src.base import frameworks as _frameworks
+from ciclo._src.base import installation as _installation
+from ciclo._src.base.batches import stacked as stacked
+from ciclo._src.base.elapsed import at as at
+from ciclo._src.base.elapsed import elapse as elapse
+from ciclo._src.base.reprs import short
+from ciclo._src.base.schedules import after as after
+from ciclo._src.base.schedules import always as always
+from ciclo._src.base.schedules import at_step_end as at_step_end
+from ciclo._src.base.schedules import every as every
+from ciclo._src.base.schedules import never as never
+from ciclo._src.base.schedules import piecewise as piecewise
 from ciclo._src.callbacks._checkpoint import checkpoint as checkpoint
 from ciclo._src.callbacks._checkpoint import restore_checkpoint as restore_checkpoint
 from ciclo._src.callbacks._device_stats import device_stats as device_stats
 from ciclo._src.callbacks._early_stopping import early_stopping as early_stopping
 from ciclo._src.callbacks._ema import swap_ema_weights as swap_ema_weights
-from ciclo._src.callbacks._inner_loop import inner_loop as inner_loop
 from ciclo._src.callbacks._keras_bar import keras_bar as keras_bar
 from ciclo._src.callbacks._loggers._csv import csv_logger as csv_logger
 from ciclo._src.callbacks._loggers._metric_writer import metric_writer_logger as metric_writer_logger
@@ -40,38 +46,32 @@ from ciclo._src.callbacks._noop import noop as noop
 from ciclo._src.callbacks._profile import profile as profile
 from ciclo._src.callbacks._throughput import throughput as throughput
 from ciclo._src.callbacks._tqdm_bar import tqdm_bar as tqdm_bar
-from ciclo._src.elapsed import at as at
-from ciclo._src.elapsed import elapse as elapse
-from ciclo._src.fused import fuse as fuse
-from ciclo._src.hooks import on_epoch_end as on_epoch_end
-from ciclo._src.hooks import on_reset_step as on_reset_step
-from ciclo._src.hooks import on_test_batch_begin as on_test_batch_begin
-from ciclo._src.hooks import on_test_batch_end as on_test_batch_end
-from ciclo._src.hooks import on_test_begin as on_test_begin
-from ciclo._src.hooks import on_test_end as on_test_end
-from ciclo._src.hooks import on_test_step as on_test_step
-from ciclo._src.hooks import on_train_batch_begin as on_train_batch_begin
-from ciclo._src.hooks import on_train_batch_end as on_train_batch_end
-from ciclo._src.hooks import on_train_begin as on_train_begin
-from ciclo._src.hooks import on_train_end as on_train_end
-from ciclo._src.hooks import on_train_step as on_train_step
-from ciclo._src.logs import history as history
-from ciclo._src.logs import logs as logs
-from ciclo._src.loop import run_phases as run_phases
-from ciclo._src.loops import loop as loop
-from ciclo._src.loops import predict_loop as predict_loop
-from ciclo._src.loops import test_loop as test_loop
-from ciclo._src.loops import train_loop as train_loop
-from ciclo._src.model_state import create_model_state as create_model_state
-from ciclo._src.prefetch import prefetch_to_device as prefetch_to_device
-from ciclo._src.reprs import short
-from ciclo._src.schedules import after as after
-from ciclo._src.schedules import always as always
-from ciclo._src.schedules import at_step_end as at_step_end
-from ciclo._src.schedules import every as every
-from ciclo._src.schedules import never as never
-from ciclo._src.schedules import piecewise as piecewise
-from ciclo._src.summary import summary as summary
+from ciclo._src.data.fused import fuse as fuse
+from ciclo._src.data.prefetch import prefetch_to_device as prefetch_to_device
+from ciclo._src.engine.callback import Callback as Callback
+from ciclo._src.engine.phases import run_phases as run_phases
+from ciclo._src.logs.logs import history as history
+from ciclo._src.logs.logs import logs as logs
+from ciclo._src.loops.evaluation import inner_loop as inner_loop
+from ciclo._src.loops.hooks import on_epoch_end as on_epoch_end
+from ciclo._src.loops.hooks import on_reset_step as on_reset_step
+from ciclo._src.loops.hooks import on_test_batch_begin as on_test_batch_begin
+from ciclo._src.loops.hooks import on_test_batch_end as on_test_batch_end
+from ciclo._src.loops.hooks import on_test_begin as on_test_begin
+from ciclo._src.loops.hooks import on_test_end as on_test_end
+from ciclo._src.loops.hooks import on_test_step as on_test_step
+from ciclo._src.loops.hooks import on_train_batch_begin as on_train_batch_begin
+from ciclo._src.loops.hooks import on_train_batch_end as on_train_batch_end
+from ciclo._src.loops.hooks import on_train_begin as on_train_begin
+from ciclo._src.loops.hooks import on_train_end as on_train_end
+from ciclo._src.loops.hooks import on_train_step as on_train_step
+from ciclo._src.loops.predefined import loop as loop
+from ciclo._src.loops.predefined import predict_loop as predict_loop
+from ciclo._src.loops.predefined import test_loop as test_loop
+from ciclo._src.loops.predefined import train_loop as train_loop
+from ciclo._src.resume.backup import backup as backup
+from ciclo._src.state.model_state import create_model_state as create_model_state
+from ciclo._src.state.summary import summary as summary
 
 __version__ = _version("ciclo-core")
 
@@ -81,7 +81,7 @@ _installation.warn_if_old_ciclo_installed()
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from ciclo._src.model_state import ModelState
+    from ciclo._src.state.model_state import ModelState
 
     # Provided by the adapter packages (ciclo-flax, ciclo-haiku, ciclo-equinox), found by entry point.
     create_flax_state: Callable[..., ModelState]

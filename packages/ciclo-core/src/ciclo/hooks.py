@@ -17,31 +17,31 @@ Example:
     (True, False)
 """
 
-from ciclo._src.callback import collect as collect
-from ciclo._src.hooks import PREDICT as PREDICT
-from ciclo._src.hooks import TEST as TEST
-from ciclo._src.hooks import TRAIN as TRAIN
-from ciclo._src.hooks import on_epoch_end as on_epoch_end
-from ciclo._src.hooks import on_predict_batch_begin as on_predict_batch_begin
-from ciclo._src.hooks import on_predict_batch_end as on_predict_batch_end
-from ciclo._src.hooks import on_predict_begin as on_predict_begin
-from ciclo._src.hooks import on_predict_end as on_predict_end
-from ciclo._src.hooks import on_predict_step as on_predict_step
-from ciclo._src.hooks import on_reset_step as on_reset_step
-from ciclo._src.hooks import on_test_batch_begin as on_test_batch_begin
-from ciclo._src.hooks import on_test_batch_end as on_test_batch_end
-from ciclo._src.hooks import on_test_begin as on_test_begin
-from ciclo._src.hooks import on_test_end as on_test_end
-from ciclo._src.hooks import on_test_step as on_test_step
-from ciclo._src.hooks import on_train_batch_begin as on_train_batch_begin
-from ciclo._src.hooks import on_train_batch_end as on_train_batch_end
-from ciclo._src.hooks import on_train_begin as on_train_begin
-from ciclo._src.hooks import on_train_end as on_train_end
-from ciclo._src.hooks import on_train_step as on_train_step
-from ciclo._src.hooks import predict_step as predict_step
-from ciclo._src.hooks import reset_step as reset_step
-from ciclo._src.hooks import test_step as test_step
-from ciclo._src.hooks import train_step as train_step
+from ciclo._src.engine.callback import collect as collect
+from ciclo._src.loops.hooks import PREDICT as PREDICT
+from ciclo._src.loops.hooks import TEST as TEST
+from ciclo._src.loops.hooks import TRAIN as TRAIN
+from ciclo._src.loops.hooks import on_epoch_end as on_epoch_end
+from ciclo._src.loops.hooks import on_predict_batch_begin as on_predict_batch_begin
+from ciclo._src.loops.hooks import on_predict_batch_end as on_predict_batch_end
+from ciclo._src.loops.hooks import on_predict_begin as on_predict_begin
+from ciclo._src.loops.hooks import on_predict_end as on_predict_end
+from ciclo._src.loops.hooks import on_predict_step as on_predict_step
+from ciclo._src.loops.hooks import on_reset_step as on_reset_step
+from ciclo._src.loops.hooks import on_test_batch_begin as on_test_batch_begin
+from ciclo._src.loops.hooks import on_test_batch_end as on_test_batch_end
+from ciclo._src.loops.hooks import on_test_begin as on_test_begin
+from ciclo._src.loops.hooks import on_test_end as on_test_end
+from ciclo._src.loops.hooks import on_test_step as on_test_step
+from ciclo._src.loops.hooks import on_train_batch_begin as on_train_batch_begin
+from ciclo._src.loops.hooks import on_train_batch_end as on_train_batch_end
+from ciclo._src.loops.hooks import on_train_begin as on_train_begin
+from ciclo._src.loops.hooks import on_train_end as on_train_end
+from ciclo._src.loops.hooks import on_train_step as on_train_step
+from ciclo._src.loops.hooks import predict_step as predict_step
+from ciclo._src.loops.hooks import reset_step as reset_step
+from ciclo._src.loops.hooks import test_step as test_step
+from ciclo._src.loops.hooks import train_step as train_step
 
 __all__ = [
     "PREDICT",

@@ -12,19 +12,19 @@ Example:
     1.0
 """
 
-from ciclo._src.managed import AbstractManagedState as AbstractManagedState
-from ciclo._src.managed import ManagedState as ManagedState
-from ciclo._src.managed import ManagedStep as ManagedStep
-from ciclo._src.managed import step as step
-from ciclo._src.managed import train_step as train_step
-from ciclo._src.model_state import BATCH_KEYS as BATCH_KEYS
-from ciclo._src.model_state import NamedLosses as NamedLosses
-from ciclo._src.model_state import split_batch as split_batch
-from ciclo._src.roles import Role as Role
-from ciclo._src.roles import field as field
-from ciclo._src.roles import fields_with_role as fields_with_role
-from ciclo._src.training_options import TrainingOptions as TrainingOptions
-from ciclo._src.training_options import TrainingOptionsKwargs as TrainingOptionsKwargs
+from ciclo._src.base.roles import Role as Role
+from ciclo._src.base.roles import field as field
+from ciclo._src.base.roles import fields_with_role as fields_with_role
+from ciclo._src.state.managed import AbstractManagedState as AbstractManagedState
+from ciclo._src.state.managed import ManagedState as ManagedState
+from ciclo._src.state.managed import ManagedStep as ManagedStep
+from ciclo._src.state.managed import step as step
+from ciclo._src.state.managed import train_step as train_step
+from ciclo._src.state.model_state import BATCH_KEYS as BATCH_KEYS
+from ciclo._src.state.model_state import NamedLosses as NamedLosses
+from ciclo._src.state.model_state import split_batch as split_batch
+from ciclo._src.state.training_options import TrainingOptions as TrainingOptions
+from ciclo._src.state.training_options import TrainingOptionsKwargs as TrainingOptionsKwargs
 
 __all__ = [
     "AbstractManagedState",

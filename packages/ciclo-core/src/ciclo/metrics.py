@@ -9,10 +9,10 @@ Example:
     0.6666666865348816
 """
 
-from ciclo._src.metrics import CluMetric as CluMetric
-from ciclo._src.metrics import Mean as Mean
-from ciclo._src.metrics import Metric as Metric
-from ciclo._src.metrics import as_metric as as_metric
-from ciclo._src.metrics import call_with_available as call_with_available
+from ciclo._src.state.metrics import CluMetric as CluMetric
+from ciclo._src.state.metrics import Mean as Mean
+from ciclo._src.state.metrics import Metric as Metric
+from ciclo._src.state.metrics import as_metric as as_metric
+from ciclo._src.state.metrics import call_with_available as call_with_available
 
 __all__ = ["CluMetric", "Mean", "Metric", "as_metric", "call_with_available"]

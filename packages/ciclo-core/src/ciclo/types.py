@@ -19,14 +19,29 @@ Example:
     0
 """
 
-from ciclo._src.backup import Backup as Backup
-from ciclo._src.backup import Preempted as Preempted
-from ciclo._src.batches import Stacked as Stacked
+from ciclo._src.base.batches import Stacked as Stacked
+from ciclo._src.base.checks import DataWarning as DataWarning
+from ciclo._src.base.elapsed import Elapsed as Elapsed
+from ciclo._src.base.elapsed import Period as Period
+from ciclo._src.base.files import LinkError as LinkError
+from ciclo._src.base.schedules import After as After
+from ciclo._src.base.schedules import Every as Every
+from ciclo._src.base.schedules import Piecewise as Piecewise
+from ciclo._src.base.schedules import ScheduleBase as ScheduleBase
+from ciclo._src.base.types import Batch as Batch
+from ciclo._src.base.types import CallbackOutput as CallbackOutput
+from ciclo._src.base.types import Evaluable as Evaluable
+from ciclo._src.base.types import ModelAdapter as ModelAdapter
+from ciclo._src.base.types import Predictable as Predictable
+from ciclo._src.base.types import Schedule as Schedule
+from ciclo._src.base.types import State as State
+from ciclo._src.base.types import StatefulCallback as StatefulCallback
+from ciclo._src.base.types import SupportsToModel as SupportsToModel
+from ciclo._src.base.types import Trainable as Trainable
 from ciclo._src.callbacks._checkpoint import Checkpoint as Checkpoint
 from ciclo._src.callbacks._device_stats import DeviceStats as DeviceStats
 from ciclo._src.callbacks._early_stopping import EarlyStopping as EarlyStopping
 from ciclo._src.callbacks._ema import SwapEMAWeights as SwapEMAWeights
-from ciclo._src.callbacks._inner_loop import InnerLoop as InnerLoop
 from ciclo._src.callbacks._keras_bar import KerasBar as KerasBar
 from ciclo._src.callbacks._loggers._base import Logger as Logger
 from ciclo._src.callbacks._nan_guard import TerminateOnNaN as TerminateOnNaN
@@ -34,37 +49,22 @@ from ciclo._src.callbacks._noop import NoOp as NoOp
 from ciclo._src.callbacks._profile import Profile as Profile
 from ciclo._src.callbacks._throughput import Throughput as Throughput
 from ciclo._src.callbacks._tqdm_bar import TqdmBar as TqdmBar
-from ciclo._src.checks import DataWarning as DataWarning
-from ciclo._src.elapsed import Elapsed as Elapsed
-from ciclo._src.elapsed import Period as Period
-from ciclo._src.files import LinkError as LinkError
-from ciclo._src.fused import Fused as Fused
-from ciclo._src.logs import Entries as Entries
-from ciclo._src.logs import History as History
-from ciclo._src.logs import Logs as Logs
-from ciclo._src.logs import LogsLike as LogsLike
-from ciclo._src.logs import StackedLogs as StackedLogs
-from ciclo._src.loop import Phase as Phase
-from ciclo._src.loop_state import LoopState as LoopState
-from ciclo._src.model_state import ModelState as ModelState
-from ciclo._src.model_state import ModelStateSettings as ModelStateSettings
-from ciclo._src.precision import LossScale as LossScale
-from ciclo._src.precision import Precision as Precision
-from ciclo._src.schedules import After as After
-from ciclo._src.schedules import Every as Every
-from ciclo._src.schedules import Piecewise as Piecewise
-from ciclo._src.schedules import ScheduleBase as ScheduleBase
-from ciclo._src.types import Batch as Batch
-from ciclo._src.types import CallbackOutput as CallbackOutput
-from ciclo._src.types import Evaluable as Evaluable
-from ciclo._src.types import LoopCallback as LoopCallback
-from ciclo._src.types import ModelAdapter as ModelAdapter
-from ciclo._src.types import Predictable as Predictable
-from ciclo._src.types import Schedule as Schedule
-from ciclo._src.types import State as State
-from ciclo._src.types import StatefulCallback as StatefulCallback
-from ciclo._src.types import SupportsToModel as SupportsToModel
-from ciclo._src.types import Trainable as Trainable
+from ciclo._src.data.fused import Fused as Fused
+from ciclo._src.engine.callback import LoopCallback as LoopCallback
+from ciclo._src.engine.loop_state import LoopState as LoopState
+from ciclo._src.engine.phases import Phase as Phase
+from ciclo._src.logs.logs import Entries as Entries
+from ciclo._src.logs.logs import History as History
+from ciclo._src.logs.logs import Logs as Logs
+from ciclo._src.logs.logs import LogsLike as LogsLike
+from ciclo._src.logs.logs import StackedLogs as StackedLogs
+from ciclo._src.loops.evaluation import InnerLoop as InnerLoop
+from ciclo._src.resume.backup import Backup as Backup
+from ciclo._src.resume.backup import Preempted as Preempted
+from ciclo._src.state.model_state import ModelState as ModelState
+from ciclo._src.state.model_state import ModelStateSettings as ModelStateSettings
+from ciclo._src.state.precision import LossScale as LossScale
+from ciclo._src.state.precision import Precision as Precision
 
 __all__ = [
     "After",

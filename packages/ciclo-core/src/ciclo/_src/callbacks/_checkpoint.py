@@ -17,7 +17,7 @@ that neither resumed from a directory's checkpoints nor was told to overwrite
 them refuses to add its own.
 
 Everything orbax-specific (importing it, the manager's options, the structure
-check) is `ciclo._src.orbax_io`, shared with backups.
+check) is `ciclo._src.resume.orbax_io`, shared with backups.
 """
 
 from __future__ import annotations
@@ -32,8 +32,13 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
 
 import jax
 
-from ciclo._src.batches import steps_of
-from ciclo._src.callback import Callback
+from ciclo._src.base.batches import steps_of
+from ciclo._src.base.checks import check_directory
+from ciclo._src.base.elapsed import Elapsed
+from ciclo._src.base.files import check_closed, write_atomically
+from ciclo._src.base.finite import all_finite
+from ciclo._src.base.reprs import short
+from ciclo._src.base.types import CallbackOutput
 from ciclo._src.callbacks._monitor import (
     Mode,
     ModeLike,
@@ -44,12 +49,9 @@ from ciclo._src.callbacks._monitor import (
     resolve_mode,
     snapshot_fields,
 )
-from ciclo._src.checks import check_directory
-from ciclo._src.elapsed import Elapsed
-from ciclo._src.files import check_closed, write_atomically
-from ciclo._src.finite import all_finite
-from ciclo._src.logs import LogsLike
-from ciclo._src.orbax_io import (
+from ciclo._src.engine.callback import Callback
+from ciclo._src.logs.logs import LogsLike
+from ciclo._src.resume.orbax_io import (
     TMP_MARK,
     abstract,
     barrier_prefix,
@@ -61,12 +63,10 @@ from ciclo._src.orbax_io import (
     restore_everywhere,
     stored_tree,
 )
-from ciclo._src.reprs import short
-from ciclo._src.signals import held_interrupts
-from ciclo._src.types import CallbackOutput
+from ciclo._src.resume.signals import held_interrupts
 
 if TYPE_CHECKING:
-    from ciclo._src.loop_state import LoopState
+    from ciclo._src.engine.loop_state import LoopState
 
 S = TypeVar("S")
 T = TypeVar("T")

@@ -6,7 +6,9 @@ from typing import Any, ClassVar, Generic, final
 
 import jax
 
-from ciclo._src.callback import Callback
+from ciclo._src.base.elapsed import Elapsed, Period
+from ciclo._src.base.reprs import short
+from ciclo._src.base.types import CallbackOutput, S
 from ciclo._src.callbacks._monitor import (
     Mode,
     ModeLike,
@@ -18,11 +20,9 @@ from ciclo._src.callbacks._monitor import (
     snapshot_fields,
     snapshot_float,
 )
-from ciclo._src.elapsed import Elapsed, Period
-from ciclo._src.logs import LogsLike
-from ciclo._src.loop import LoopState
-from ciclo._src.reprs import short
-from ciclo._src.types import CallbackOutput, S
+from ciclo._src.engine.callback import Callback
+from ciclo._src.engine.phases import LoopState
+from ciclo._src.logs.logs import LogsLike
 
 _STATE_KEYS = ("best", "wait", "best_elapsed", "stopped", "best_state")
 _ELAPSED_KEYS = ("steps", "samples", "time", "date_start")

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any, final
 
-from ciclo._src.callback import Callback
-from ciclo._src.managed import AbstractManagedState
-from ciclo._src.reprs import short
-from ciclo._src.roles import params_field
+from ciclo._src.base.reprs import short
+from ciclo._src.base.roles import params_field
+from ciclo._src.engine.callback import Callback
+from ciclo._src.state.managed import AbstractManagedState
 
 
 def _swapped(state: AbstractManagedState) -> Any:

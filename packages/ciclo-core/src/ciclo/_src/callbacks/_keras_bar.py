@@ -7,6 +7,8 @@ import sys
 import typing
 from typing import TextIO
 
+from ciclo._src.base.elapsed import PeriodLike
+from ciclo._src.base.reprs import short
 from ciclo._src.callbacks._progress import (
     ProgressCallback,
     check_interval,
@@ -14,8 +16,6 @@ from ciclo._src.callbacks._progress import (
     format_rate,
     format_value,
 )
-from ciclo._src.elapsed import PeriodLike
-from ciclo._src.reprs import short
 
 _LOG_LINES = 10
 """Without a terminal, a bar with a known total writes a line at each tenth of it."""

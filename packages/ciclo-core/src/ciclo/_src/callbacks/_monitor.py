@@ -9,8 +9,8 @@ from typing import Any, Literal
 
 import numpy as np
 
-from ciclo._src.logs import Logs, LogsLike
-from ciclo._src.reprs import short
+from ciclo._src.base.reprs import short
+from ciclo._src.logs.logs import Logs, LogsLike
 
 Mode = Literal["min", "max"]
 """Whether lower (`"min"`) or higher (`"max"`) values of a monitored entry are better."""

@@ -10,11 +10,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ciclo._src.callback import Callback
-from ciclo._src.logs import Logs
-from ciclo._src.loop_state import LoopState
-from ciclo._src.reprs import short
-from ciclo._src.types import CallbackOutput, S
+from ciclo._src.base.reprs import short
+from ciclo._src.base.types import CallbackOutput, S
+from ciclo._src.engine.callback import Callback
+from ciclo._src.engine.loop_state import LoopState
+from ciclo._src.logs.logs import Logs
 
 _log = logging.getLogger("ciclo")
 

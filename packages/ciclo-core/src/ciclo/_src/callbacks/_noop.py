@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any, final
 
-from ciclo._src.callback import Callback
-from ciclo._src.loop import LoopState
-from ciclo._src.types import CallbackOutput
+from ciclo._src.base.types import CallbackOutput
+from ciclo._src.engine.callback import Callback
+from ciclo._src.engine.phases import LoopState
 
 
 @final

@@ -7,12 +7,12 @@ from typing import Any, ClassVar, Literal, final
 
 import jax
 
-from ciclo._src.batches import steps_of
-from ciclo._src.callback import Callback
-from ciclo._src.loop_state import LoopState
-from ciclo._src.reprs import short
-from ciclo._src.step_output import NO_LOGS
-from ciclo._src.types import CallbackOutput, S
+from ciclo._src.base.batches import steps_of
+from ciclo._src.base.reprs import short
+from ciclo._src.base.types import CallbackOutput, S
+from ciclo._src.engine.callback import Callback
+from ciclo._src.engine.loop_state import LoopState
+from ciclo._src.logs.step_output import NO_LOGS
 
 STEP_ANNOTATION = "step"
 """The name of the step markers in the trace (`jax.profiler.StepTraceAnnotation`)."""

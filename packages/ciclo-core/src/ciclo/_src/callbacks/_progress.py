@@ -20,12 +20,12 @@ from typing import Any, ClassVar, Literal
 import jax
 import numpy as np
 
-from ciclo._src.callback import Callback
-from ciclo._src.elapsed import Elapsed, PeriodLike, to_period
-from ciclo._src.logs import Logs, LogsLike
-from ciclo._src.loop_state import LoopState
-from ciclo._src.reprs import short
-from ciclo._src.types import CallbackOutput, S
+from ciclo._src.base.elapsed import Elapsed, PeriodLike, to_period
+from ciclo._src.base.reprs import short
+from ciclo._src.base.types import CallbackOutput, S
+from ciclo._src.engine.callback import Callback
+from ciclo._src.engine.loop_state import LoopState
+from ciclo._src.logs.logs import Logs, LogsLike
 
 Field = Literal["steps", "samples", "time"]
 """The `Elapsed` field a bar counts."""

@@ -6,13 +6,13 @@ import math
 from time import perf_counter
 from typing import Any, ClassVar, final
 
-from ciclo._src.callback import Callback
-from ciclo._src.elapsed import Elapsed, Period, PeriodLike, to_period
-from ciclo._src.logs import Logs, LogsLike
-from ciclo._src.loop_state import LoopState
-from ciclo._src.reprs import short
-from ciclo._src.step_output import NO_LOGS
-from ciclo._src.types import CallbackOutput, S
+from ciclo._src.base.elapsed import Elapsed, Period, PeriodLike, to_period
+from ciclo._src.base.reprs import short
+from ciclo._src.base.types import CallbackOutput, S
+from ciclo._src.engine.callback import Callback
+from ciclo._src.engine.loop_state import LoopState
+from ciclo._src.logs.logs import Logs, LogsLike
+from ciclo._src.logs.step_output import NO_LOGS
 
 STEPS_PER_SECOND = "steps_per_second"
 """The name of the logged steps per second (in the `metrics` collection)."""

@@ -7,8 +7,8 @@ import math
 import typing
 from typing import Any
 
+from ciclo._src.base.elapsed import PeriodLike
 from ciclo._src.callbacks._progress import ProgressCallback, check_interval, format_value
-from ciclo._src.elapsed import PeriodLike
 
 
 def _import_tqdm() -> Any:

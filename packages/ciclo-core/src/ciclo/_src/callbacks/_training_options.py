@@ -24,11 +24,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ciclo._src.batches import steps_of
-from ciclo._src.callback import Callback
-from ciclo._src.loop_state import LoopState
-from ciclo._src.managed import AbstractManagedState
-from ciclo._src.precision import MIN_SCALE
+from ciclo._src.base.batches import steps_of
+from ciclo._src.engine.callback import Callback
+from ciclo._src.engine.loop_state import LoopState
+from ciclo._src.state.managed import AbstractManagedState
+from ciclo._src.state.precision import MIN_SCALE
 
 _log = logging.getLogger("ciclo")
 

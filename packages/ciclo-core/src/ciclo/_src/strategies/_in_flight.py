@@ -21,7 +21,7 @@ from typing import Any, cast
 import jax
 import jax.numpy as jnp
 
-from ciclo._src.logs import Logs
+from ciclo._src.logs.logs import Logs
 
 MAX_STEPS_IN_FLIGHT = 4
 """Steps that may still run on the devices when a bounded step returns."""

@@ -9,7 +9,7 @@ from typing import Any, TypeVar, final
 import jax
 
 from ciclo._src.strategies._placement import gather, unaliased
-from ciclo._src.types import StepFn
+from ciclo._src.strategies._protocols import StepFn
 
 T = TypeVar("T")
 

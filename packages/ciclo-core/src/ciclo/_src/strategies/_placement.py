@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import multihost_utils
 
-from ciclo._src.reprs import short
+from ciclo._src.base.reprs import short
 
 T = TypeVar("T")
 

@@ -12,12 +12,12 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
-from ciclo._src.batches import is_stacked, split_rows
-from ciclo._src.logs import Entries, Logs, collapse_leading_axis
-from ciclo._src.roles import Role, fields_with_role
+from ciclo._src.base.batches import is_stacked, split_rows
+from ciclo._src.base.roles import Role, fields_with_role
+from ciclo._src.logs.logs import Entries, Logs, collapse_leading_axis
 from ciclo._src.strategies._in_flight import compile_bounded
 from ciclo._src.strategies._placement import check_divisible, check_placeable, gather, placed
-from ciclo._src.types import StepFn
+from ciclo._src.strategies._protocols import StepFn
 
 T = TypeVar("T")
 M = TypeVar("M")

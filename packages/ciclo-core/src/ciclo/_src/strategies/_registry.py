@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import overload
 
-from ciclo._src.reprs import short
+from ciclo._src.base.reprs import short
 from ciclo._src.strategies._local import JIT, Eager
 from ciclo._src.strategies._pmap import PMap
+from ciclo._src.strategies._protocols import Strategy
 from ciclo._src.strategies._sharding import FSDP, DataParallel
-from ciclo._src.types import Strategy
 
 StrategyFactory = Callable[[], Strategy]
 """Makes a strategy; called by `get_strategy` each time the name is asked for."""

@@ -20,11 +20,11 @@ import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
-from ciclo._src.batches import Stacked, is_stacked
-from ciclo._src.logs import Entries, Logs
+from ciclo._src.base.batches import Stacked, is_stacked
+from ciclo._src.logs.logs import Entries, Logs
 from ciclo._src.strategies._in_flight import compile_bounded
 from ciclo._src.strategies._placement import check_divisible, check_placeable, place, placed, unaliased
-from ciclo._src.types import StepFn
+from ciclo._src.strategies._protocols import StepFn
 
 T = TypeVar("T")
 

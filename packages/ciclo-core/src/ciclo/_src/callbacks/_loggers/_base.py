@@ -17,12 +17,12 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, NamedTuple, Protocol, final
 
-from ciclo._src.callback import Callback
+from ciclo._src.base.reprs import short
+from ciclo._src.base.types import CallbackOutput, S
 from ciclo._src.callbacks._monitor import snapshot_fields
-from ciclo._src.logs import History, Logs, LogsLike, Paths
-from ciclo._src.loop_state import LoopState
-from ciclo._src.reprs import short
-from ciclo._src.types import CallbackOutput, S
+from ciclo._src.engine.callback import Callback
+from ciclo._src.engine.loop_state import LoopState
+from ciclo._src.logs.logs import History, Logs, LogsLike, Paths
 
 _NO_LOGS: Logs = Logs()
 """What a logger adds to a step's logs: nothing (never changed: the loop only merges into its own copy)."""

@@ -9,10 +9,10 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from typing import Any, final
 
+from ciclo._src.base.checks import warn
+from ciclo._src.base.files import open_own, write_atomically
+from ciclo._src.base.reprs import short
 from ciclo._src.callbacks._loggers._base import HParams, Logger, Row, checked_hparams
-from ciclo._src.checks import warn
-from ciclo._src.files import open_own, write_atomically
-from ciclo._src.reprs import short
 
 STEP = "step"
 """The first column: the History's step."""

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, final
 
+from ciclo._src.base.reprs import short
 from ciclo._src.callbacks._loggers._base import HParams, Logger, Row, checked_hparams
-from ciclo._src.reprs import short
 
 
 @final

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, final
 
+from ciclo._src.base.reprs import short
 from ciclo._src.callbacks._loggers._base import HParams, Logger, Row, checked_hparams, import_extra
-from ciclo._src.reprs import short
 
 _BATCH = 1000
 """The most metric values MLflow takes in one `log_batch` call."""

@@ -11,9 +11,9 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, final
 
+from ciclo._src.base.files import open_own
+from ciclo._src.base.reprs import short
 from ciclo._src.callbacks._loggers._base import HParams, Logger, Row, checked_hparams, import_extra
-from ciclo._src.files import open_own
-from ciclo._src.reprs import short
 
 _DOUBLE = struct.Struct("<d").pack
 _FLOAT = struct.Struct("<f").pack

@@ -1,0 +1,234 @@
+"""Batches: how many samples one holds, `Stacked` groups of them, and splitting their rows.
+
+Every rule about a batch lives here: the loop's clock, the epoch-end schedule,
+the strategies and the managed steps all ask this module whether a batch is
+stacked and how many steps and samples it counts for.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, Generic, TypeVar, final
+
+import jax
+import numpy as np
+
+from ciclo._src.base.reprs import short
+
+B = TypeVar("B")
+
+BatchSizeFn = Callable[[Any], int]
+"""Returns the number of samples in a batch."""
+
+
+@final
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Stacked(Generic[B]):
+    """`steps` consecutive batches stacked along a new leading axis.
+
+    The loop counts a `Stacked` batch as `steps` steps and `samples` samples;
+    `ciclo.fuse`d steps and managed steps run all of them in one dispatch with
+    `jax.lax.scan`. Make them with `ciclo.stacked(dataset, steps)`.
+
+    Attributes:
+        batches: the batches' pytree, each leaf with a leading axis of length `steps`.
+        steps: how many batches are stacked (static under `jax.jit`).
+        samples: how many samples they hold together (static).
+    """
+
+    batches: B
+    steps: int = dataclasses.field(metadata={"static": True})
+    samples: int = dataclasses.field(metadata={"static": True})
+
+
+def stacked(
+    dataset: Iterable[B],
+    steps: int,
+    *,
+    batch_size_fn: Callable[[B], int] | None = None,
+    align: int | None = None,
+    start: int = 0,
+    total: int | None = None,
+) -> Iterator[Stacked[B]]:
+    """Groups each `steps` consecutive batches of `dataset` into one `Stacked` batch.
+
+    Leaves are stacked with `numpy` on the host (groups of JAX arrays on the
+    device, in one compiled call). A group with fewer batches (the last one, or
+    one cut at an `align` boundary) is yielded as it is: its first use compiles
+    the fused step once more.
+
+    Args:
+        dataset: any iterable of batches with the same structure and shapes.
+        steps: batches per group.
+        batch_size_fn: the samples in one batch; by default the leading
+            dimension of its first array leaf.
+        align: no group crosses a multiple of `align` steps (an epoch's length,
+            say), so a loop sees the state exactly at those steps.
+        start: the step count of the first batch (a resumed loop's), for `align`.
+        total: read at most this many batches (the steps left before a loop's stop).
+
+    Example:
+        >>> import ciclo, numpy as np
+        >>> groups = list(ciclo.stacked([np.ones((4, 2))] * 5, 2))
+        >>> [(group.steps, group.samples, group.batches.shape) for group in groups]
+        [(2, 8, (2, 4, 2)), (2, 8, (2, 4, 2)), (1, 4, (1, 4, 2))]
+        >>> [group.steps for group in ciclo.stacked([np.ones(4)] * 20, 4, align=6, total=14)]
+        [4, 2, 4, 2, 2]
+    """
+    for name, value, least in (("steps", steps, 1), ("align", align, 1), ("start", start, 0)):
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < least):
+            raise ValueError(f"{name} must be an int >= {least}, got {short(value)}")
+    if total is not None and (not isinstance(total, int) or total < 0):
+        raise ValueError(f"total must be an int >= 0, got {short(total)}")
+    size = leading_dim if batch_size_fn is None else batch_size_fn
+    for group in cut(dataset, lambda: steps, align=align, start=start, total=total):
+        yield stack(group, size)
+
+
+def cut(
+    dataset: Iterable[B], steps: Callable[[], int], *, align: int | None, start: int, total: int | None
+) -> Iterator[list[B]]:
+    """Consecutive batches of `dataset` in lists of `steps()` (asked before each list), cut as `stacked` cuts.
+
+    No list crosses a multiple of `align` steps (counted from `start`), and at
+    most `total` batches are read. The rule of `ciclo.stacked`, shared with
+    `train_loop(..., steps_per_execution="auto")`, whose lists grow as it measures.
+
+    Example:
+        >>> [len(group) for group in cut(range(20), lambda: 4, align=6, start=0, total=14)]
+        [4, 2, 4, 2, 2]
+    """
+    iterator = iter(dataset)
+    position, left = start, total
+    while left is None or left > 0:
+        wanted = steps()
+        if left is not None:
+            wanted = min(wanted, left)
+        if align is not None:
+            wanted = min(wanted, align - position % align)
+        group = list(itertools.islice(iterator, wanted))
+        if not group:
+            return
+        yield group
+        position += len(group)
+        if left is not None:
+            left -= len(group)
+        if len(group) < wanted:
+            return
+
+
+def stack(group: list[B], size: Callable[[B], int]) -> Stacked[B]:
+    """The batches of `group` as one `Stacked` batch; `size` counts a batch's samples."""
+    leaves = jax.tree.leaves(group)
+    if leaves and all(isinstance(leaf, jax.Array) for leaf in leaves):
+        batches = _stack_on_device(group)
+    else:
+        batches = jax.tree.map(_stack_leaves, *group)
+    return Stacked(batches, steps=len(group), samples=sum(size(batch) for batch in group))
+
+
+@jax.jit
+def _stack_on_device(group: list[Any]) -> Any:
+    # One compiled call for the whole group: eager jnp.stack costs ~15 µs per batch stacked.
+    return jax.tree.map(lambda *leaves: jax.numpy.stack(leaves), *group)
+
+
+def _stack_leaves(*leaves: Any) -> Any:
+    if isinstance(leaves[0], jax.Array):
+        return jax.numpy.stack(leaves)
+    return np.stack(leaves)
+
+
+def is_stacked(batch: Any) -> bool:
+    """Whether `batch` is a `Stacked` group of batches.
+
+    Example:
+        >>> import numpy as np
+        >>> is_stacked(np.ones(3)), is_stacked(Stacked(np.ones((2, 3)), steps=2, samples=2))
+        (False, True)
+    """
+    return type(batch) is Stacked
+
+
+_ARRAY_TYPES: set[type] = {np.ndarray}
+"""Array types seen as batch leaves: `type(x) in` is much cheaper than `isinstance(x, jax.Array)`."""
+
+
+def leading_dim(batch: Any) -> int:
+    """Default sample count of a batch: the leading dimension of its first array leaf.
+
+    A batch with no array leaf (a plain Python value) counts as one sample.
+
+    Example:
+        >>> import numpy as np
+        >>> leading_dim({"x": np.zeros((32, 4)), "y": np.zeros(32)})
+        32
+    """
+    kind = type(batch)
+    if kind is tuple or kind is list:
+        # The usual `(inputs, targets)`: its first leaf is its first item when that is an array.
+        first: Any = batch[0] if batch else None
+        if type(first) in _ARRAY_TYPES:
+            shape = first.shape  # one property read: `ndim` is another on JAX arrays
+            if shape:
+                return shape[0]  # type: ignore[no-any-return]
+    elif kind in _ARRAY_TYPES:
+        shape = batch.shape
+        if shape:
+            return shape[0]  # type: ignore[no-any-return]
+    for leaf in jax.tree.leaves(batch):
+        shape = getattr(leaf, "shape", None)
+        if shape:
+            if isinstance(leaf, (np.ndarray, jax.Array)):
+                _ARRAY_TYPES.add(type(leaf))
+            return int(shape[0])
+    return 1
+
+
+def steps_of(batch: Any) -> int:
+    """How many steps `batch` counts for: a `Stacked` group's steps, else 1.
+
+    Example:
+        >>> import numpy as np
+        >>> steps_of(np.zeros((8, 2))), steps_of(Stacked(np.zeros((3, 8, 2)), steps=3, samples=24))
+        (1, 3)
+    """
+    return batch.steps if type(batch) is Stacked else 1
+
+
+def count(batch: Any, batch_size_fn: BatchSizeFn) -> tuple[int, int]:
+    """`(steps, samples)` that `batch` counts for: `Stacked` groups count all their steps.
+
+    Example:
+        >>> import numpy as np
+        >>> count(np.zeros((8, 2)), leading_dim)
+        (1, 8)
+    """
+    if type(batch) is Stacked:
+        return batch.steps, batch.samples
+    return 1, batch_size_fn(batch)
+
+
+def split_rows(leaf: Any, parts: int) -> Any:
+    """Reshapes a batch leaf's leading axis `(rows, ...)` to `(parts, rows / parts, ...)`.
+
+    A scalar leaf is repeated `parts` times.
+
+    Raises:
+        ValueError: if the rows do not split evenly.
+
+    Example:
+        >>> import numpy as np
+        >>> split_rows(np.arange(6), 2).tolist(), split_rows(np.float32(1), 2).tolist()
+        ([[0, 1, 2], [3, 4, 5]], [1.0, 1.0])
+    """
+    shape = np.shape(leaf)
+    if not shape:
+        return np.broadcast_to(leaf, (parts,))
+    if shape[0] % parts:
+        raise ValueError(f"{shape[0]} rows do not split over {parts} devices")
+    rows = (parts, shape[0] // parts, *shape[1:])
+    return leaf.reshape(rows) if isinstance(leaf, (jax.Array, np.ndarray)) else np.reshape(leaf, rows)

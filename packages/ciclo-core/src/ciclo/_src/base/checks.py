@@ -1,0 +1,158 @@
+"""Checks of what a user hands a loop, made before any long work: data warnings, directories, datasets."""
+
+from __future__ import annotations
+
+import itertools
+import operator
+import os
+import sys
+import warnings
+from typing import Any
+
+from ciclo._src.base.reprs import short
+
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+"""The directory of the `ciclo` package: `warn` points at the first frame outside it."""
+
+
+class DataWarning(UserWarning):
+    """A loop was given data that is probably not what was meant.
+
+    Warned, not raised, because the run is still well defined: a dataset that
+    yields no batch, a dataset that ends before `stop`, a test pass that
+    yields nothing. Turn them into errors with
+    `warnings.simplefilter("error", ciclo.types.DataWarning)`.
+
+    Example:
+        >>> import ciclo, warnings
+        >>> with warnings.catch_warnings(record=True) as caught:
+        ...     warnings.simplefilter("always")
+        ...     _ = ciclo.loop(0, [], {ciclo.every(1): lambda state: state + 1})
+        >>> [type(w.message).__name__ for w in caught]
+        ['DataWarning']
+    """
+
+
+def warn(message: str, category: type[Warning] = UserWarning) -> None:
+    """`warnings.warn`, pointing at the user's line: the first frame outside ciclo (a loop's caller)."""
+    stacklevel, frame = 1, sys._getframe()
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(_PACKAGE):
+        stacklevel, frame = stacklevel + 1, frame.f_back
+    warnings.warn(message, category, stacklevel=stacklevel)
+
+
+def endless_iterator(obj: Any) -> str | None:
+    """The name of an iterator that never ends (`itertools.cycle`, `count`, endless `repeat`), else None.
+
+    Only these standard ones are recognised: any other iterable may or may
+    not end, which cannot be known without running it.
+
+    Example:
+        >>> import itertools
+        >>> endless_iterator(itertools.cycle([1])), endless_iterator(itertools.repeat(1, 3))
+        ('itertools.cycle', None)
+    """
+    if isinstance(obj, (itertools.cycle, itertools.count)):
+        return f"itertools.{type(obj).__name__}"
+    if isinstance(obj, itertools.repeat) and operator.length_hint(obj, -1) < 0:
+        return "itertools.repeat"
+    return None
+
+
+def check_directory(directory: str, what: str) -> None:
+    """Raises now, naming the remedy, if `directory` cannot be created or written to.
+
+    Remote paths (`gs://...`) are left to the storage library.
+
+    Args:
+        directory: an absolute local path.
+        what: names the directory in the message (`"checkpoint directory"`).
+
+    Raises:
+        NotADirectoryError: if `directory` or one of its parents is a file.
+        PermissionError: if the nearest existing directory is not writable.
+
+    Example:
+        >>> import tempfile
+        >>> check_directory(tempfile.mkdtemp(), "checkpoint directory")
+    """
+    if "://" in directory:
+        return
+    existing = directory
+    while not os.path.exists(existing):
+        parent = os.path.dirname(existing)
+        if parent == existing:
+            return
+        existing = parent
+    remedy = "pass a path to a directory you can write to"
+    if not os.path.isdir(existing):
+        where = "is a file" if existing == directory else f"cannot be created: {existing} is a file"
+        raise NotADirectoryError(f"{what} {directory} {where}, not a directory; {remedy}")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        where = "is" if existing == directory else f"cannot be created: {existing} is"
+        raise PermissionError(f"{what} {directory} {where} not writable by this process; {remedy}")
+
+
+def check_bool(value: Any, name: str) -> None:
+    """Refuses an option that must be True or False and is anything else (`"yes"`, `1`, None).
+
+    Raises:
+        TypeError: naming the option and the value.
+
+    Example:
+        >>> check_bool("yes", "test_with_ema")
+        Traceback (most recent call last):
+        TypeError: test_with_ema must be True or False, got 'yes'
+    """
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, got {short(value)}")
+
+
+def check_positive(period: Any, name: str, remedy: str) -> None:
+    """Raises if `period` (a `ciclo.types.Period` or None) is reached at once: every set field is 0.
+
+    Raises:
+        ValueError: naming `name` and `remedy`.
+    """
+    if period is None or period.date is not None:
+        return
+    if any(value is not None and value > 0 for value in (period.steps, period.samples, period.time)):
+        return
+    raise ValueError(f"{name} is zero ({short(period)}), which would never end or never run; {remedy}")
+
+
+class TestData:
+    """Calls `train_loop`'s `test_dataset` for each test pass, refusing what would hang or be empty.
+
+    Raises, before the test pass starts, on an endless standard iterator
+    (`itertools.cycle`, ...) when no `test_duration` bounds the pass, and on
+    the same iterator returned again after an unbounded pass used it up.
+    """
+
+    __test__ = False  # not a pytest test class
+
+    def __init__(self, make: Any, bounded: bool) -> None:
+        self.make = make
+        self.bounded = bounded
+        self.previous: Any = None  # the iterator of the previous pass, if it was one
+
+    def __call__(self) -> Any:
+        data = self.make()
+        endless = endless_iterator(data)
+        if endless is not None and not self.bounded:
+            raise ValueError(
+                f"test_dataset() returned an endless {endless}: the test pass would never end; return "
+                "a finite iterable of test batches, or pass test_duration=N to bound each test pass"
+            )
+        if not self.bounded and self.previous is not None and data is self.previous:
+            raise ValueError(
+                "test_dataset() returned the same iterator as for the previous test pass, which used it "
+                "up: this pass would test nothing. Return a fresh iterable each call, e.g. "
+                "test_dataset=lambda: iter(test_batches), or a function that makes a new generator"
+            )
+        try:
+            is_iterator = iter(data) is data
+        except TypeError:
+            is_iterator = False  # not iterable: the test loop says so
+        self.previous = data if is_iterator else None
+        return data

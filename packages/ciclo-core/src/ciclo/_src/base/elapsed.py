@@ -1,0 +1,325 @@
+"""Time tracking: how far a loop has run (`Elapsed`) and how far it should run (`Period`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import time as _time
+from collections.abc import Iterable, Iterator
+from typing import Any, TypeVar
+
+import jax
+
+from ciclo._src.base.batches import BatchSizeFn, count, leading_dim
+from ciclo._src.base.reprs import short
+
+B = TypeVar("B")
+
+
+def _check_count(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {short(value)} of type {type(value).__name__}")
+    if value < 0:
+        raise ValueError(f"{name} must be >= 0, got {short(value)}")
+
+
+def _seconds(name: str, value: object) -> float:
+    if isinstance(value, datetime.timedelta):
+        value = value.total_seconds()
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number of seconds or a timedelta, got {short(value)}")
+    if value < 0:
+        raise ValueError(f"{name} must be >= 0, got {short(value)}")
+    return float(value)
+
+
+@dataclasses.dataclass(frozen=True)
+class Period:
+    """A duration measured in steps, samples, seconds, or a wall-clock date.
+
+    A `Period` is reached as soon as *any* of its set fields is reached. Build one
+    with `ciclo.at`.
+
+    Example:
+        >>> import ciclo
+        >>> period = ciclo.at(steps=100)
+        >>> ciclo.types.Elapsed.create(steps=99) >= period, ciclo.types.Elapsed.create(steps=100) >= period
+        (False, True)
+    """
+
+    steps: int | None = None
+    samples: int | None = None
+    time: float | None = None
+    date: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.steps is None and self.samples is None and self.time is None and self.date is None:
+            raise ValueError("a Period needs at least one of steps, samples, time or date")
+        if self.steps is not None:
+            _check_count("steps", self.steps)
+        if self.samples is not None:
+            _check_count("samples", self.samples)
+        if self.time is not None:
+            object.__setattr__(self, "time", _seconds("time", self.time))
+        if self.date is not None:
+            date: object = self.date
+            if isinstance(date, datetime.datetime):
+                date = date.timestamp()
+            object.__setattr__(self, "date", _seconds("date", date))
+
+    @classmethod
+    def of(cls, value: PeriodLike | None, *, name: str = "period") -> Period | None:
+        """`value` as a `Period`: an int counts steps; a `Period` or None is returned as is.
+
+        Raises:
+            TypeError: for anything else; ValueError: for a negative step count.
+                The message names the argument `name`.
+
+        Example:
+            >>> import ciclo
+            >>> ciclo.types.Period.of(10)
+            Period(steps=10, samples=None, time=None, date=None)
+        """
+        return to_period(value, name=name)
+
+    @classmethod
+    def create(
+        cls,
+        steps: int | None = None,
+        samples: int | None = None,
+        time: float | datetime.timedelta | None = None,
+        date: float | datetime.datetime | None = None,
+    ) -> Period:
+        """Same as `ciclo.at`; kept for compatibility with ciclo 0.1."""
+        return at(steps, samples=samples, time=time, date=date)
+
+
+PeriodLike = Period | int
+"""A `Period`, or an int meaning that many steps."""
+
+
+def at(
+    steps: int | None = None,
+    *,
+    samples: int | None = None,
+    time: float | datetime.timedelta | None = None,
+    date: float | datetime.datetime | None = None,
+) -> Period:
+    """Creates a `Period`: the point at which a loop has run for so long.
+
+    Args:
+        steps: number of steps.
+        samples: number of samples (see `elapse` for how they are counted).
+        time: seconds (or a `timedelta`) since the loop started.
+        date: a wall-clock date (unix timestamp or `datetime`).
+
+    Example:
+        >>> import ciclo
+        >>> ciclo.at(1000)
+        Period(steps=1000, samples=None, time=None, date=None)
+        >>> ciclo.at(samples=50_000).samples
+        50000
+    """
+    return Period(
+        steps=steps,
+        samples=samples,
+        time=time,  # type: ignore[arg-type]  # normalised in __post_init__
+        date=date,  # type: ignore[arg-type]
+    )
+
+
+def to_period(value: PeriodLike | None, *, name: str = "stop") -> Period | None:
+    """Converts an int (steps) or a `Period` to a `Period`; `None` stays `None`."""
+    if value is None or isinstance(value, Period):
+        return value
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value < 0:
+            raise ValueError(
+                f"{name} must be >= 0 steps, got {short(value)}: pass a count of steps or a Period"
+            )
+        return Period(steps=value)
+    hint = "pass a count of steps such as 100, or a period such as ciclo.at(samples=...)"
+    if isinstance(value, str) and value.strip().isdigit():
+        hint = f"pass the int {name}={int(value)}, not the string {short(value)}"
+    elif isinstance(value, float) and float.is_integer(value):  # a float despite the annotation
+        hint = f"pass the int {name}={int(value)}"
+    raise TypeError(f"{name} must be an int (steps) or a ciclo.types.Period, got {short(value)}; {hint}")
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Elapsed:
+    """How far a loop has run: steps, samples and seconds since it started.
+
+    `Elapsed` is a pytree, so it can be passed to a `jax.jit`-compiled step.
+    Compare it with a `Period` (`elapsed >= ciclo.at(steps=10)`) to know whether
+    that period has been reached.
+
+    Attributes:
+        steps: steps completed before the current one.
+        samples: samples seen before the current step.
+        time: seconds since the loop (or the first of a series of resumed loops)
+            started.
+        date_start: unix timestamp of the start.
+
+    Example:
+        >>> import ciclo
+        >>> elapsed = ciclo.types.Elapsed.create(steps=10, samples=320)
+        >>> elapsed.steps, elapsed.samples
+        (10, 320)
+        >>> elapsed >= ciclo.at(samples=300)
+        True
+    """
+
+    steps: int = 0
+    samples: int = 0
+    time: float = 0.0
+    date_start: float = 0.0
+
+    @classmethod
+    def create(cls, steps: int = 0, samples: int = 0) -> Elapsed:
+        """An `Elapsed` starting now, at the given step and sample counts."""
+        _check_count("steps", steps)
+        _check_count("samples", samples)
+        return cls(steps, samples, 0.0, _time.time())
+
+    @property
+    def date(self) -> float:
+        """The current wall-clock time as a unix timestamp."""
+        return self.date_start + self.time
+
+    def to_dict(self) -> dict[str, Any]:
+        """The public fields as a dict: steps, samples and time."""
+        return {"steps": self.steps, "samples": self.samples, "time": self.time}
+
+    def __sub__(self, other: Elapsed) -> Elapsed:
+        return Elapsed(
+            self.steps - other.steps,
+            self.samples - other.samples,
+            self.time - other.time,
+            self.date_start,
+        )
+
+    def _reached(self, period: Period, strict: bool) -> bool:
+        if not isinstance(period, Period):
+            raise TypeError(f"Elapsed can only be compared with a ciclo.types.Period, got {short(period)}")
+        if strict:
+            return (
+                (period.steps is not None and self.steps > period.steps)
+                or (period.samples is not None and self.samples > period.samples)
+                or (period.time is not None and self.time > period.time)
+                or (period.date is not None and self.date > period.date)
+            )
+        return (
+            (period.steps is not None and self.steps >= period.steps)
+            or (period.samples is not None and self.samples >= period.samples)
+            or (period.time is not None and self.time >= period.time)
+            or (period.date is not None and self.date >= period.date)
+        )
+
+    def __ge__(self, period: Period) -> bool:
+        return self._reached(period, strict=False)
+
+    def __gt__(self, period: Period) -> bool:
+        return self._reached(period, strict=True)
+
+    def __lt__(self, period: Period) -> bool:
+        return not self._reached(period, strict=False)
+
+    def __le__(self, period: Period) -> bool:
+        return not self._reached(period, strict=True)
+
+
+def make_elapsed(steps: int, samples: int, time: float, date_start: float) -> Elapsed:
+    """`Elapsed(steps, samples, time, date_start)` at half the cost: the loop makes one per step.
+
+    A frozen dataclass's `__init__` sets each field through `object.__setattr__`;
+    the fields are set in the instance's dict directly instead.
+    """
+    elapsed = _new(Elapsed)
+    fields = elapsed.__dict__
+    fields["steps"] = steps
+    fields["samples"] = samples
+    fields["time"] = time
+    fields["date_start"] = date_start
+    return elapsed
+
+
+_new = object.__new__
+
+
+class Clock:
+    """Mutable step/sample/time counters behind `elapse` and `ciclo.loop`.
+
+    Kept separate from `Elapsed` so that the hot loop updates two ints and reads
+    one monotonic clock per step, and builds an immutable `Elapsed` only once.
+    """
+
+    __slots__ = ("batch_size_fn", "date_start", "origin", "samples", "steps")
+
+    def __init__(self, initial: Elapsed | None, batch_size_fn: BatchSizeFn | None) -> None:
+        if initial is None:
+            initial = Elapsed.create()
+        elif not isinstance(initial, Elapsed):
+            raise TypeError(f"elapsed must be a ciclo.types.Elapsed, got {short(initial)}")
+        self.steps = int(initial.steps)
+        self.samples = int(initial.samples)
+        self.date_start = float(initial.date_start)
+        # `perf_counter()` at time 0: time keeps counting from where `initial` left off, so resumed
+        # loops add up. The loop reads the clock as `perf_counter() - origin`, with no call.
+        self.origin = _time.perf_counter() - float(initial.time)
+        self.batch_size_fn = leading_dim if batch_size_fn is None else batch_size_fn
+
+    def now(self) -> Elapsed:
+        """An `Elapsed` snapshot of the counters at this instant."""
+        return make_elapsed(self.steps, self.samples, _time.perf_counter() - self.origin, self.date_start)
+
+    def seconds(self) -> float:
+        """Seconds counted at this instant: `now().time` without building an `Elapsed`."""
+        return _time.perf_counter() - self.origin
+
+    def advance(self, batch: Any) -> None:
+        """Counts one finished step over `batch` (`batch.steps` steps for a `Stacked` batch)."""
+        steps, samples = count(batch, self.batch_size_fn)
+        self.steps += steps
+        self.samples += samples
+
+
+def elapse(
+    dataset: Iterable[B],
+    *,
+    stop: PeriodLike | None = None,
+    initial: Elapsed | None = None,
+    batch_size_fn: BatchSizeFn | None = None,
+) -> Iterator[tuple[Elapsed, B]]:
+    """Iterates a dataset, yielding `(elapsed, batch)` pairs.
+
+    `elapsed` tells how much ran *before* this batch: the first batch comes with
+    `steps == 0`. The counters advance after the body of the `for` loop runs.
+
+    Args:
+        dataset: any iterable of batches.
+        stop: stop before the step at which this `Period` (or number of steps) is
+            reached. The dataset is not read past that point.
+        initial: resume counting from this `Elapsed`.
+        batch_size_fn: returns the number of samples in a batch; by default the
+            leading dimension of the batch's first array leaf.
+
+    Example:
+        >>> import ciclo
+        >>> [(e.steps, e.samples, b) for e, b in ciclo.elapse(["a", "b", "c"], stop=2)]
+        [(0, 0, 'a'), (1, 1, 'b')]
+    """
+    stop_period = to_period(stop)
+    clock = Clock(initial, batch_size_fn)
+    iterator = iter(dataset)
+    while True:
+        elapsed = clock.now()
+        if stop_period is not None and elapsed >= stop_period:
+            return
+        try:
+            batch = next(iterator)
+        except StopIteration:
+            return
+        yield elapsed, batch
+        clock.advance(batch)

@@ -1,0 +1,63 @@
+"""Framework adapters are found by entry point: `ciclo.create_flax_state` and friends resolve lazily.
+
+An adapter package declares its `create_*_state` function in the entry point
+group `ciclo.frameworks`, under the name it takes on `ciclo`:
+
+    [project.entry-points."ciclo.frameworks"]
+    create_flax_state = "ciclo_flax:create_flax_state"
+
+ciclo never imports a framework by name: `import ciclo` imports none, and
+`ciclo.create_flax_state` loads ciclo-flax (and so flax) on first use.
+"""
+
+from __future__ import annotations
+
+from importlib.metadata import entry_points
+from typing import Any
+
+from ciclo._src.base.reprs import short
+
+ENTRY_POINT_GROUP = "ciclo.frameworks"
+"""The entry point group adapter packages register their `create_*_state` functions in."""
+
+KNOWN_ADAPTERS = {
+    "create_flax_state": "ciclo-flax",
+    "create_haiku_state": "ciclo-haiku",
+    "create_equinox_state": "ciclo-equinox",
+}
+"""The adapters ciclo ships, by the name they take on `ciclo`, with their distribution."""
+
+
+def framework_entry_points() -> dict[str, Any]:
+    """The installed adapters: `{name: entry point}`, e.g. `{"create_flax_state": ...}`.
+
+    Example:
+        >>> isinstance(framework_entry_points(), dict)
+        True
+    """
+    return {point.name: point for point in entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def resolve(name: str) -> Any:
+    """Loads the adapter function registered as `name`.
+
+    Raises:
+        AttributeError: when nothing is registered as `name`; for one of the
+            adapters ciclo ships, the message says which package to install.
+
+    Example:
+        >>> resolve("create_nothing_state")
+        Traceback (most recent call last):
+        ...
+        AttributeError: module 'ciclo' has no attribute 'create_nothing_state'
+    """
+    point = framework_entry_points().get(name)
+    if point is not None:
+        return point.load()
+    package = KNOWN_ADAPTERS.get(name)
+    if package is not None:
+        raise AttributeError(
+            f"ciclo.{name} is provided by the {package} package, which is not installed: "
+            f"pip install {package}"
+        )
+    raise AttributeError(f"module 'ciclo' has no attribute {short(name)}")

@@ -1,0 +1,131 @@
+"""Roles of a managed state's fields, declared with dataclass field metadata.
+
+The core finds the fields it treats specially (the parameters to
+differentiate, the model state to synchronise, the rng key to split per
+device, the running metrics) by the role a field declares, never by its name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import weakref
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from ciclo._src.base.reprs import short
+
+ROLE_KEY = "ciclo.role"
+"""The dataclass field metadata key that holds a field's `Role`."""
+
+
+class Role(enum.Enum):
+    """What a field of a managed state holds, for the parts of ciclo that treat it specially.
+
+    Declare it with `managed.field(role=...)`. A field without a role is a
+    plain part of the state: carried through every step, placed like the rest.
+
+    Example:
+        >>> from ciclo import managed
+        >>> managed.Role.KEY
+        <Role.KEY: 'key'>
+    """
+
+    PARAMS = "params"
+    """The trained parameters: `train_step` differentiates the losses with respect to them."""
+    MODEL_STATE = "model_state"
+    """State the model updates itself (batch statistics): synchronised across devices after each update."""
+    KEY = "key"
+    """An rng key (typed or raw `uint32` data): `pmap` gives each device its own split of it."""
+    METRICS = "metrics"
+    """Running metrics (`ciclo.metrics.Metric`s, or a pytree of them)."""
+
+
+def field(
+    *,
+    role: Role | None = None,
+    static: bool = False,
+    default: Any = dataclasses.MISSING,
+    default_factory: Callable[[], Any] | Any = dataclasses.MISSING,
+) -> Any:
+    """A field of a `managed.ManagedState` subclass, with its role or as static configuration.
+
+    Args:
+        role: what the field holds for ciclo (see `managed.Role`); None for a plain field.
+        static: True for configuration rather than arrays: part of the pytree's
+            structure, not a leaf (`dataclasses.field(metadata={"static": True})`
+            does the same).
+        default: the field's default value.
+        default_factory: a zero-argument function making the default value.
+
+    Raises:
+        TypeError: for a static field with a role: roles are for arrays.
+
+    Example:
+        >>> import jax, jax.numpy as jnp, optax
+        >>> from ciclo import managed
+        >>> class State(managed.ManagedState):
+        ...     rng: jax.Array = managed.field(role=managed.Role.KEY)
+        ...     note: str = managed.field(static=True, default="")
+        >>> state = State.create(params=jnp.zeros(2), tx=optax.sgd(0.1), rng=jax.random.key(0))
+        >>> managed.fields_with_role(State, managed.Role.KEY)
+        ('rng',)
+    """
+    if static and role is not None:
+        raise TypeError(f"a static field cannot have a role ({role}): roles are for fields that hold arrays")
+    metadata: dict[str, Any] = {}
+    if static:
+        metadata["static"] = True
+    if role is not None:
+        if not isinstance(role, Role):
+            raise TypeError(f"role must be a managed.Role, got {short(role)}")
+        metadata[ROLE_KEY] = role
+    return dataclasses.field(default=default, default_factory=default_factory, metadata=metadata)
+
+
+_roles: weakref.WeakKeyDictionary[type, Mapping[Role, tuple[str, ...]]] = weakref.WeakKeyDictionary()
+
+
+def roles(cls: type) -> Mapping[Role, tuple[str, ...]]:
+    """The fields of a dataclass by role, read from their metadata once per class.
+
+    A type that is not a dataclass has no roles.
+    """
+    found = _roles.get(cls)
+    if found is None:
+        by_role: dict[Role, list[str]] = {}
+        if dataclasses.is_dataclass(cls):
+            for spec in dataclasses.fields(cls):
+                role = spec.metadata.get(ROLE_KEY)
+                if role is not None:
+                    by_role.setdefault(role, []).append(spec.name)
+        found = _roles[cls] = {role: tuple(names) for role, names in by_role.items()}
+    return found
+
+
+def fields_with_role(cls: type, role: Role) -> tuple[str, ...]:
+    """The names of the fields of `cls` declared with `role`, in field order.
+
+    Example:
+        >>> import ciclo
+        >>> from ciclo import managed
+        >>> managed.fields_with_role(ciclo.types.ModelState, managed.Role.MODEL_STATE)
+        ('model_state',)
+    """
+    return roles(cls).get(role, ())
+
+
+def params_field(cls: type) -> str:
+    """The one field of `cls` with the `PARAMS` role.
+
+    Raises:
+        TypeError: when `cls` declares none, or several.
+    """
+    names = fields_with_role(cls, Role.PARAMS)
+    if len(names) != 1:
+        found = f"declares {len(names)}: {', '.join(names)}" if names else "declares none"
+        raise TypeError(
+            f"a trainable state has one field with the role managed.Role.PARAMS (as "
+            f"managed.ManagedState.params); {cls.__name__} {found}"
+        )
+    return names[0]

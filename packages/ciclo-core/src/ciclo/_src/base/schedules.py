@@ -1,0 +1,393 @@
+"""Schedules: predicates over `Elapsed` that decide when callbacks run."""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import datetime
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, final
+
+from ciclo._src.base.elapsed import Elapsed, Period, PeriodLike, _seconds, to_period
+from ciclo._src.base.reprs import short
+
+if TYPE_CHECKING:
+    from ciclo._src.base.types import Schedule
+
+ScheduleFn = Callable[[Elapsed], bool]
+
+
+class ScheduleBase(abc.ABC):
+    """Gives schedules the combinators `&`, `|` and `~`.
+
+    Both sides of `&` and `|` are always evaluated, so stateful schedules (such as
+    `every`, which remembers the last step it saw) stay in step.
+
+    Example:
+        >>> import ciclo
+        >>> schedule = ciclo.every(2) & ~ciclo.every(3)
+        >>> [s for s in range(8) if schedule(ciclo.types.Elapsed.create(steps=s))]
+        [2, 4]
+    """
+
+    @abc.abstractmethod
+    def __call__(self, elapsed: Elapsed) -> bool:
+        """Returns True when the schedule fires at `elapsed`."""
+
+    def __and__(self, other: ScheduleFn) -> ScheduleBase:
+        return _All((self, _check_schedule(other)))
+
+    def __rand__(self, other: ScheduleFn) -> ScheduleBase:
+        return _All((_check_schedule(other), self))
+
+    def __or__(self, other: ScheduleFn) -> ScheduleBase:
+        return _Any((self, _check_schedule(other)))
+
+    def __ror__(self, other: ScheduleFn) -> ScheduleBase:
+        return _Any((_check_schedule(other), self))
+
+    def __invert__(self) -> ScheduleBase:
+        return _Not(self)
+
+
+def _check_schedule(value: object) -> ScheduleFn:
+    if not callable(value):
+        raise TypeError(f"a schedule must be callable as schedule(elapsed) -> bool, got {short(value)}")
+    return value
+
+
+@final
+@dataclasses.dataclass(frozen=True, eq=False)
+class _All(ScheduleBase):
+    parts: tuple[ScheduleFn, ...]
+
+    def __call__(self, elapsed: Elapsed) -> bool:
+        results = [bool(part(elapsed)) for part in self.parts]
+        return all(results)
+
+
+@final
+@dataclasses.dataclass(frozen=True, eq=False)
+class _Any(ScheduleBase):
+    parts: tuple[ScheduleFn, ...]
+
+    def __call__(self, elapsed: Elapsed) -> bool:
+        results = [bool(part(elapsed)) for part in self.parts]
+        return any(results)
+
+
+@final
+@dataclasses.dataclass(frozen=True, eq=False)
+class _Not(ScheduleBase):
+    inner: ScheduleFn
+
+    def __call__(self, elapsed: Elapsed) -> bool:
+        return not self.inner(elapsed)
+
+
+def _boundaries_upto(value: float, offset: float, interval: float) -> int:
+    """How many of the boundaries offset, offset + interval, ... are <= value (exact for ints)."""
+    if value < offset:
+        return 0
+    return int((value - offset) // interval) + 1
+
+
+def next_boundary(value: int, interval: int, offset: int = 0) -> int:
+    """The first boundary `offset + k * interval` (k >= 0) past `value`: where `crossed` next holds.
+
+    Example:
+        >>> [next_boundary(steps, 4) for steps in (-1, 0, 3, 4)], next_boundary(4, 4, offset=1)
+        ([0, 4, 4, 8], 5)
+    """
+    return offset + _boundaries_upto(value, offset, interval) * interval
+
+
+def crossed(before: float, after: float, interval: float, offset: float = 0) -> bool:
+    """Whether a boundary `offset + k * interval` (k >= 0) lies in `(before, after]`.
+
+    The one "boundary crossed" rule: `Every`, the loop's epoch ends and
+    `backup(every=N)` all fire when a count crosses a boundary, also when it
+    jumps over several at once (fused steps).
+
+    Example:
+        >>> crossed(7, 8, 4), crossed(8, 9, 4), crossed(3, 12, 4, offset=1)
+        (True, False, True)
+    """
+    return _boundaries_upto(after, offset, interval) > _boundaries_upto(before, offset, interval)
+
+
+@final
+class Every(ScheduleBase):
+    """Fires once each time a boundary `offset + k * interval` (k >= 0) is crossed.
+
+    Create it with `ciclo.every` or `ciclo.after(...).every(...)`. A boundary
+    counts as crossed when the current value reaches it, also when the loop jumps
+    over it by advancing several steps at once (fused steps). Calling the schedule
+    again with the same `Elapsed` returns the same answer, and a value lower than
+    the previous one (a new run of an inner loop) starts over.
+    """
+
+    __slots__ = ("_last", "_last_result", "offset", "period")
+
+    def __init__(self, period: Period, offset: Period | None = None) -> None:
+        self.period = period
+        self.offset = offset
+        self._last: tuple[float, ...] | None = None
+        self._last_result = False
+
+    def _values(self, elapsed: Elapsed) -> tuple[float, ...]:
+        return (elapsed.steps, elapsed.samples, elapsed.time)
+
+    def __call__(self, elapsed: Elapsed) -> bool:
+        period, offset = self.period, self.offset
+        if period.steps == 1 and offset is None:
+            return True  # the common every(1): no bookkeeping
+        current = self._values(elapsed)
+        last = self._last
+        if last is not None and current == last:
+            return self._last_result
+        restart = last is None or any(c < p for c, p in zip(current, last, strict=True))
+        fired = False
+        for index, interval in enumerate((period.steps, period.samples, period.time)):
+            if interval is None:
+                continue
+            start = 0.0
+            if offset is not None:
+                start = float((offset.steps, offset.samples, offset.time)[index] or 0)
+            value = current[index]
+            if restart:
+                if index == 2:
+                    # The run started at time 0, a boundary: the first call fires.
+                    hit = value >= start
+                else:
+                    hit = value >= start and (value - start) % interval == 0
+            else:
+                assert last is not None
+                hit = crossed(last[index], value, interval, start)
+            fired = fired or hit
+        self._last = current
+        self._last_result = fired
+        return fired
+
+    def __repr__(self) -> str:
+        return f"Every(period={self.period!r}, offset={self.offset!r})"
+
+
+def _positive_period(
+    steps: int | None, samples: int | None, time: float | datetime.timedelta | None, name: str
+) -> Period:
+    if steps is None and samples is None and time is None:
+        raise ValueError(f"{name}() needs one of steps=, samples= or time=")
+    for label, value in (("steps", steps), ("samples", samples)):
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(
+                f"{name}({label}={short(value)}): the interval must be a positive int number of {label}, "
+                f"such as {name}({label}=10) (an interval in seconds is {name}(time=...))"
+            )
+        if value <= 0:
+            raise ValueError(
+                f"{name}({label}={short(value)}): the interval must be a positive int, such as "
+                f"{name}({label}=1) "
+                "to fire at every one"
+            )
+    if time is not None and _seconds("time", time) <= 0:
+        raise ValueError(
+            f"{name}(time={short(time)}): the interval must be positive, such as {name}(time=60)"
+        )
+    return Period(steps=steps, samples=samples, time=time)  # type: ignore[arg-type]
+
+
+def every(
+    steps: int | None = None,
+    *,
+    samples: int | None = None,
+    time: float | datetime.timedelta | None = None,
+) -> Every:
+    """Fires every `steps` steps, `samples` samples or `time` seconds, starting at 0.
+
+    `every(2)` fires at steps 0, 2, 4, ...; `every(samples=100)` at the first step
+    and then at each step that reaches or crosses 100, 200, ... samples. With
+    several arguments it fires when any of them does.
+
+    Example:
+        >>> import ciclo
+        >>> schedule = ciclo.every(2)
+        >>> [s for s in range(7) if schedule(ciclo.types.Elapsed.create(steps=s))]
+        [0, 2, 4, 6]
+    """
+    return Every(_positive_period(steps, samples, time, "every"))
+
+
+@final
+class After(ScheduleBase):
+    """Fires at every step once a `Period` is reached; see `ciclo.after`."""
+
+    __slots__ = ("period",)
+
+    def __init__(self, period: Period) -> None:
+        self.period = period
+
+    def __call__(self, elapsed: Elapsed) -> bool:
+        return elapsed >= self.period
+
+    def every(
+        self,
+        steps: int | None = None,
+        *,
+        samples: int | None = None,
+        time: float | datetime.timedelta | None = None,
+    ) -> Every:
+        """Fires at the `after` point and every interval from there.
+
+        Example:
+            >>> import ciclo
+            >>> schedule = ciclo.after(steps=3).every(steps=5)
+            >>> [s for s in range(15) if schedule(ciclo.types.Elapsed.create(steps=s))]
+            [3, 8, 13]
+        """
+        return Every(_positive_period(steps, samples, time, "every"), offset=self.period)
+
+    def __repr__(self) -> str:
+        return f"After({self.period!r})"
+
+
+def after(
+    steps: int | None = None,
+    *,
+    samples: int | None = None,
+    time: float | datetime.timedelta | None = None,
+) -> After:
+    """Fires at every step from the moment a period is reached.
+
+    Example:
+        >>> import ciclo
+        >>> schedule = ciclo.after(3)
+        >>> [s for s in range(6) if schedule(ciclo.types.Elapsed.create(steps=s))]
+        [3, 4, 5]
+    """
+    return After(Period(steps=steps, samples=samples, time=time))  # type: ignore[arg-type]
+
+
+@final
+class _Constant(ScheduleBase):
+    __slots__ = ("value",)
+
+    def __init__(self, value: bool) -> None:
+        self.value = value
+
+    def __call__(self, elapsed: Elapsed) -> bool:
+        return self.value
+
+    def __repr__(self) -> str:
+        return "always()" if self.value else "never()"
+
+
+def always() -> ScheduleBase:
+    """Fires at every step.
+
+    Example:
+        >>> import ciclo
+        >>> ciclo.always()(ciclo.types.Elapsed.create(steps=7))
+        True
+    """
+    return _Constant(True)
+
+
+def never() -> ScheduleBase:
+    """Never fires.
+
+    Example:
+        >>> import ciclo
+        >>> ciclo.never()(ciclo.types.Elapsed.create())
+        False
+    """
+    return _Constant(False)
+
+
+@final
+class Piecewise(ScheduleBase):
+    """Switches between schedules at given periods; see `ciclo.piecewise`."""
+
+    __slots__ = ("initial", "pieces")
+
+    def __init__(self, initial: ScheduleFn, pieces: tuple[tuple[Period, ScheduleFn], ...]) -> None:
+        self.initial = initial
+        self.pieces = pieces
+
+    def __call__(self, elapsed: Elapsed) -> bool:
+        current = self.initial
+        for period, schedule in self.pieces:
+            if elapsed >= period:
+                current = schedule
+        return bool(current(elapsed))
+
+    def __repr__(self) -> str:
+        return f"Piecewise({self.initial!r}, {dict(self.pieces)!r})"
+
+
+def piecewise(initial: ScheduleFn, pieces: Mapping[PeriodLike, ScheduleFn]) -> Piecewise:
+    """Uses `initial` until the first period is reached, then the schedule of the latest period reached.
+
+    Args:
+        initial: the schedule used before any period in `pieces` is reached.
+        pieces: maps a `Period` (or a number of steps) to the schedule used from
+            then on.
+
+    Example:
+        >>> import ciclo
+        >>> schedule = ciclo.piecewise(ciclo.every(1), {ciclo.at(4): ciclo.every(3)})
+        >>> [s for s in range(10) if schedule(ciclo.types.Elapsed.create(steps=s))]
+        [0, 1, 2, 3, 6, 9]
+    """
+    _check_schedule(initial)
+    converted: list[tuple[Period, ScheduleFn]] = []
+    for key, schedule in pieces.items():
+        period = to_period(key, name="piecewise key")
+        assert period is not None
+        converted.append((period, _check_schedule(schedule)))
+    return Piecewise(initial, tuple(converted))
+
+
+@final
+@dataclasses.dataclass(frozen=True, eq=False)
+class AtStepEnd(ScheduleBase):
+    """A schedule checked after the step, on the counts that include it; see `ciclo.at_step_end`."""
+
+    schedule: Schedule
+
+    def __call__(self, elapsed: Elapsed) -> bool:
+        return bool(self.schedule(elapsed))
+
+
+def at_step_end(schedule: Schedule) -> AtStepEnd:
+    """Checks `schedule` after the step, on the counts that include the step's batch.
+
+    A plain schedule sees the `Elapsed` from before the step (steps completed
+    so far). An epoch ends *after* the step that completes it, so epoch-end
+    work is scheduled `at_step_end(ciclo.every(steps_per_epoch))`: with 10
+    steps per epoch it runs after steps 10, 20, ... (its callbacks see
+    `elapsed.steps == 10`), never at step 0. Place such a task after the
+    phase that runs the step.
+
+    Example:
+        >>> import ciclo
+        >>> def train_step(state, batch):
+        ...     return state + 1
+        >>> def epoch_end(state, batch, elapsed):
+        ...     return ciclo.logs().add_metric("epoch_end_at", elapsed.steps)
+        >>> _, history, _ = ciclo.run_phases(
+        ...     0,
+        ...     range(7),
+        ...     [
+        ...         ciclo.types.Phase("train", [(ciclo.every(1), train_step)]),
+        ...         ciclo.types.Phase("epoch", [(ciclo.at_step_end(ciclo.every(3)), epoch_end)]),
+        ...     ],
+        ... )
+        >>> history.collect("epoch_end_at")
+        [3, 6]
+    """
+    if not callable(schedule):
+        raise TypeError(f"at_step_end needs a schedule (elapsed -> bool), got {short(schedule)}")
+    return AtStepEnd(schedule)

@@ -1,0 +1,228 @@
+"""Batches put on their devices ahead of the step that takes them: `prefetch_to_device`.
+
+JAX's transfers are asynchronous: a batch put on its devices while the
+device still runs the steps before it arrives there for free. No thread is
+needed, only a short queue of batches read ahead. The queue is what makes a
+data position subtle: the loop has consumed fewer batches than were read, and
+a backup must resume at the first batch the loop did not take.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, TypeVar, final
+
+import jax
+
+from ciclo._src.base.reprs import short
+from ciclo._src.data.position import StatefulIterator, has_state, iterate_dataset
+from ciclo._src.strategies._placement import unplaceable
+from ciclo._src.strategies._protocols import Strategy
+from ciclo._src.strategies._registry import get_strategy
+
+B = TypeVar("B")
+
+
+def prefetch_to_device(
+    dataset: Iterable[B], size: int = 2, strategy: str | Strategy | None = None
+) -> Prefetched[B]:
+    """The batches of `dataset`, each put on its devices `size` batches before the loop takes it.
+
+    Each batch is placed where the strategy's compiled step wants it (the
+    strategy's `lift_batch`: under `data_parallel` and `fsdp` its rows are
+    split over the mesh, from each process's own rows under `jax.distributed`),
+    and what is still on the host goes to the default device. A managed step
+    then finds the batch in place and copies nothing. `train_loop(...,
+    prefetch=2)` does this with the state's strategy.
+
+    At most `size` batches are read ahead of the one the loop takes, and the
+    data position stays the loop's: when `dataset`'s iterator has `get_state()`
+    and `set_state()` (grain's `DatasetIterator`), so does the returned
+    iterator, and its state is that of the last batch *taken*, so a backup
+    resumes at the first batch the loop did not take; `close()` moves the
+    source back there. Without them a backup skips, on resume, the batches the
+    loop took.
+
+    An error of `dataset`, or of placing a batch, is raised when the loop asks
+    for that batch, after the batches read before it, as without prefetch. A
+    batch leaf that no device holds (a string) is refused with its path.
+
+    Args:
+        dataset: any iterable of batches (`ciclo.stacked` groups too).
+        size: how many batches to read ahead, at least 1.
+        strategy: a strategy or its name (`ciclo.strategies.get_strategy`), or
+            None to put each batch on the default device.
+
+    Returns:
+        An iterator over the placed batches.
+
+    Raises:
+        ValueError: if `size` is not an int >= 1, or the strategy's name is unknown.
+        TypeError: if `dataset` is not iterable, or (when its batch is taken) a
+            batch has a leaf that no device holds.
+
+    Example:
+        >>> import ciclo, jax, numpy as np
+        >>> batches = ciclo.prefetch_to_device([np.ones(4), np.zeros(4)], size=1, strategy="jit")
+        >>> [isinstance(batch, jax.Array) for batch in batches]
+        [True, True]
+    """
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise ValueError(f"prefetch size must be an int >= 1 (the batches read ahead), got {short(size)}")
+    place = _on_device if strategy is None else _lifted(get_strategy(strategy))
+    source = iterate_dataset(dataset)
+    if has_state(source):
+        return StatefulPrefetched(source, size, place)
+    return Prefetched(source, size, place)
+
+
+def _lifted(strategy: Strategy) -> Callable[[Any], Any]:
+    def place(batch: Any) -> Any:
+        return _on_device(strategy.lift_batch(batch))
+
+    return place
+
+
+def _placement_error(error: Exception, batch: Any, index: int) -> Exception:
+    """`error` of placing batch `index`, or a TypeError naming the leaf that no device holds."""
+    found = unplaceable(batch)
+    if found is None:
+        note = f"raised by prefetch_to_device placing batch {index} of the dataset (counted from 0)"
+        add_note = getattr(error, "add_note", None)  # Python >= 3.11
+        if add_note is not None:
+            add_note(note)
+        return error
+    path, kind, leaf = found
+    refusal = TypeError(
+        f"prefetch_to_device cannot put batch {index} of the dataset (counted from 0) on its devices: "
+        f"its leaf {path} is a {kind} ({short(leaf)}), not a number or an array of numbers. Drop it "
+        "from the batch or turn it into numbers before the loop (without prefetch, the step gets the "
+        "batch as it is)"
+    )
+    refusal.__cause__ = error
+    return refusal
+
+
+def _on_device(batch: Any) -> Any:
+    # What the strategy leaves on the host (`jit` lifts nothing) goes where a one-device step runs.
+    # A batch already all on devices is returned as it is: device_put would take ~15 µs to do nothing.
+    if all(isinstance(leaf, jax.Array) for leaf in jax.tree.leaves(batch)):
+        return batch
+    return jax.device_put(batch)
+
+
+class Prefetched(Iterator[B]):
+    """What `ciclo.prefetch_to_device` returns: placed batches, at most `size` read ahead.
+
+    Its source has no `get_state`, so neither has it: a backup counts the
+    batches the loop took (`StatefulPrefetched` is the other kind).
+
+    Example:
+        >>> import ciclo
+        >>> batches = ciclo.prefetch_to_device(iter(range(5)), size=2)
+        >>> int(next(batches)), hasattr(batches, "get_state")
+        (0, False)
+    """
+
+    __slots__ = ("_buffer", "_error", "_exhausted", "_place", "_read", "_size", "_source")
+
+    def __init__(self, source: Iterator[B], size: int, place: Callable[[Any], Any]) -> None:
+        self._source = source
+        self._size = size
+        self._place = place
+        # Each batch read ahead, with where its source stood once it was read.
+        self._buffer: collections.deque[tuple[B, Any]] = collections.deque()
+        self._exhausted = False
+        self._read = 0  # batches read from the source and placed
+        # What reading or placing the batch after the buffered ones raised: raised when the loop
+        # asks for that batch, so that the batches before it are taken first, as without prefetch.
+        self._error: Exception | None = None
+
+    def __iter__(self) -> Prefetched[B]:
+        return self
+
+    def __next__(self) -> B:
+        # The batch to return and `size` behind it: their transfers run while the steps before run.
+        while not self._exhausted and len(self._buffer) <= self._size:
+            try:
+                batch = next(self._source)
+            except StopIteration:
+                self._exhausted = True
+                break
+            except Exception as error:
+                self._error, self._exhausted = error, True
+                break
+            try:
+                placed = self._place(batch)
+            except Exception as error:
+                self._error, self._exhausted = _placement_error(error, batch, self._read), True
+                break
+            self._read += 1
+            self._buffer.append((placed, self._position()))
+        if not self._buffer:
+            failed, self._error = self._error, None
+            if failed is not None:
+                raise failed
+            raise StopIteration
+        batch, position = self._buffer.popleft()
+        self._taken(position)
+        return batch
+
+    def close(self) -> None:
+        """Drops the batches read ahead (a source without `set_state` cannot take them back)."""
+        self._buffer.clear()
+        self._error = None
+
+    def _position(self) -> Any:
+        return None
+
+    def _taken(self, position: Any) -> None:
+        pass
+
+
+@final
+class StatefulPrefetched(Prefetched[B]):
+    """`Prefetched` over an iterator with `get_state()` / `set_state()`: it has them too.
+
+    `get_state()` is the source's state after the last batch the loop took,
+    not after the last one read: what a backup saves, so that the batches
+    read ahead are read again on resume.
+
+    Example:
+        >>> import ciclo, grain
+        >>> batches = ciclo.prefetch_to_device(iter(grain.MapDataset.range(10).to_iter_dataset()), size=3)
+        >>> int(next(batches)), batches.get_state()
+        (0, {'next_index': 1})
+    """
+
+    __slots__ = ("_state",)
+
+    _source: StatefulIterator[B]
+
+    def __init__(self, source: StatefulIterator[B], size: int, place: Callable[[Any], Any]) -> None:
+        super().__init__(source, size, place)
+        self._state = source.get_state()
+
+    def get_state(self) -> Any:
+        """The source's state after the last batch taken (before the first, its state at the start)."""
+        return self._state
+
+    def set_state(self, state: Any, /) -> None:
+        """Moves the source to `state` and drops the batches read ahead."""
+        self._source.set_state(state)
+        self._buffer.clear()
+        self._exhausted = False
+        self._error = None
+        self._state = state
+
+    def close(self) -> None:
+        """Moves the source back to the last batch taken: its next batch is the loop's next one."""
+        if self._buffer or self._error is not None:
+            self.set_state(self._state)
+
+    def _position(self) -> Any:
+        return self._source.get_state()
+
+    def _taken(self, position: Any) -> None:
+        self._state = position

@@ -1,0 +1,888 @@
+"""Logs (what one step reports) and the History (what a loop reported, step by step).
+
+This module owns the `Logs` a step returns and the `History` a loop commits
+them to. A History row is one step's entries, as `Paths` (each value's
+`(collection, name)`; rows that log the same entries share one `Paths` object)
+and a tuple of values, plus the step's counts (`steps`, `samples`, `time`).
+A row is at one of three stages, oldest rows first:
+
+1. on the host: `(paths, values)` with host values, what `collect`,
+   `host_rows` (the loggers) and `to_host` (backups) read;
+2. in flight: a `_Window` of rows read column by column, in `_Block`s of rows
+   that log the same entries, whose device values are being copied to the
+   host (`host_copies`); it joins the host rows once the device is done;
+3. pending: the newest rows (fewer than `2 * _LAG`), kept as the logs their
+   steps returned, unread: committing a row only appends it.
+
+Rows of a fused group of steps (`append_steps`) are pending as `_FusedRow`s,
+whose values are their step's slice of the group's arrays.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import os
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn, cast, final, overload
+
+import jax
+
+from ciclo._src.base.elapsed import Elapsed
+from ciclo._src.base.entry_paths import EntryPath
+from ciclo._src.base.entry_paths import entry_path as _entry_path
+from ciclo._src.base.reprs import short
+from ciclo._src.base.types import LogsLike as LogsLike
+from ciclo._src.logs import host_copies
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+
+ELAPSED_KEYS = ("steps", "samples", "time")
+
+
+_NUMERIC_COLLECTIONS = frozenset({"metrics", "losses", "stateful_metrics"})
+"""Collections whose entries bars, loggers and aggregation treat as numbers."""
+
+
+class Entries(dict[str, Any]):
+    """The entries of one collection; entries are also readable as attributes."""
+
+    __slots__ = ()
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(f"no entry {short(name)}; entries are {sorted(self)}") from None
+
+
+class Logs(dict[str, Entries]):
+    """What a step reports: a dict of collections (`metrics`, `losses`, `outputs`, ...).
+
+    Values may be JAX arrays still being computed: nothing here reads them.
+    `Logs` is a pytree, so a `jax.jit`-compiled step can create and return it.
+
+    Example:
+        >>> import ciclo
+        >>> logs = ciclo.logs()
+        >>> logs.add_metric("accuracy", 0.9).add_loss("xent", 0.3)
+        {'metrics': {'accuracy': 0.9}, 'losses': {'xent': 0.3}}
+        >>> logs.metrics.accuracy, logs.entry_value("xent")
+        (0.9, 0.3)
+    """
+
+    __slots__ = ()
+
+    def __init__(self, logs: LogsLike | None = None) -> None:
+        super().__init__()
+        if logs is not None:
+            self.merge(logs)
+
+    def __getattr__(self, collection: str) -> Entries:
+        if collection == "updates":
+            # The property's getter raised AttributeError, which lands here.
+            raise AttributeError("Logs.updates is write-only: assign logs to it to merge them")
+        try:
+            return self[collection]
+        except KeyError:
+            raise AttributeError(
+                f"no collection {short(collection)}; collections are {sorted(self)}"
+            ) from None
+
+    @property
+    def updates(self) -> NoReturn:
+        """Write-only: `logs.updates = other` merges `other` into `logs`.
+
+        Lets a step's logs be merged in the same line that unpacks its outputs:
+        `logs.updates, state = train_step(state, batch)`.
+        """
+        raise AttributeError("Logs.updates is write-only: assign logs to it to merge them")
+
+    @updates.setter
+    def updates(self, updates: LogsLike | None) -> None:
+        if updates is not None:
+            self.merge(updates)
+
+    def add_entry(self, collection: str, name: str, value: Any) -> Logs:
+        """Sets `self[collection][name] = value`, creating the collection; returns self.
+
+        Raises:
+            TypeError: for a name that is not a non-empty string, or a string as a
+                metric or a loss (they must be numbers or arrays).
+        """
+        if not isinstance(name, str) or not name:
+            raise TypeError(
+                f"a log entry's name must be a non-empty string, got {short(name)} for {collection} "
+                f"(e.g. logs.add_metric('accuracy', value))"
+            )
+        if isinstance(value, (str, bytes)) and collection in _NUMERIC_COLLECTIONS:
+            raise TypeError(
+                f"{collection}.{name} is the {type(value).__name__} {short(value)}: metrics and losses "
+                "must be "
+                "numbers or arrays (log text as an output: logs.add_output(name, text))"
+            )
+        entries = self.get(collection)
+        if entries is None:
+            entries = self[collection] = Entries()
+        entries[name] = value
+        return self
+
+    def add_entries(self, collection: str, **values: Any) -> Logs:
+        """Adds several entries to one collection; returns self."""
+        for name, value in values.items():
+            self.add_entry(collection, name, value)
+        return self
+
+    def add_metric(self, name: str, value: Any) -> Logs:
+        """Adds an entry to the `metrics` collection (shown by progress bars); returns self."""
+        return self.add_entry("metrics", name, value)
+
+    def add_metrics(self, **values: Any) -> Logs:
+        """Adds several entries to the `metrics` collection; returns self."""
+        return self.add_entries("metrics", **values)
+
+    def add_loss(self, name: str, value: Any, *, add_metric: bool = False) -> Logs:
+        """Adds an entry to the `losses` collection (and to `metrics` if asked); returns self."""
+        self.add_entry("losses", name, value)
+        if add_metric:
+            self.add_metric(name, value)
+        return self
+
+    def add_losses(self, *, add_metrics: bool = False, **values: Any) -> Logs:
+        """Adds several entries to the `losses` collection; returns self."""
+        for name, value in values.items():
+            self.add_loss(name, value, add_metric=add_metrics)
+        return self
+
+    def add_output(self, name: str, value: Any) -> Logs:
+        """Adds an entry to the `outputs` collection (predictions and the like); returns self."""
+        return self.add_entry("outputs", name, value)
+
+    def add_outputs(self, **values: Any) -> Logs:
+        """Adds several entries to the `outputs` collection; returns self."""
+        return self.add_entries("outputs", **values)
+
+    def merge(self, other: LogsLike) -> Logs:
+        """Merges `other` into these logs in place (later values win); returns self.
+
+        Example:
+            >>> import ciclo
+            >>> ciclo.logs().add_metric("a", 1).merge({"metrics": {"b": 2}})
+            {'metrics': {'a': 1, 'b': 2}}
+        """
+        for collection, entries in other.items():
+            if type(entries) is not Entries and not isinstance(entries, Mapping):
+                raise TypeError(
+                    f"logs must map collection -> {{entry: value}}, but collection "
+                    f"{short(collection)} holds {short(entries)}"
+                )
+            mine = self.get(collection)
+            if mine is None:
+                self[collection] = Entries(entries)
+            else:
+                mine.update(entries)
+        return self
+
+    def entry_path(self, key: str) -> tuple[str, str] | None:
+        """Where `key` (`"name"` or `"collection.name"`) lives, or None if absent.
+
+        Raises:
+            ValueError: if a bare name is found in several collections.
+        """
+        return _entry_path(key, {(c, n) for c, entries in self.items() for n in entries})
+
+    def entry_value(self, key: str) -> Any:
+        """The value of `key` (`"name"` or `"collection.name"`).
+
+        Raises:
+            KeyError: if the key is absent, naming the keys present.
+            ValueError: if a bare name is found in several collections.
+        """
+        path = self.entry_path(key)
+        if path is None:
+            present = sorted(f"{c}.{n}" for c, entries in self.items() for n in entries)
+            raise KeyError(f"{short(key)} not found in logs; present: {present}")
+        return self[path[0]][path[1]]
+
+
+def collapse_leading_axis(logs: Logs, index: int) -> Logs:
+    """Logs whose values carry a leading axis (devices, fused steps) as one step's logs.
+
+    `outputs` are concatenated along that axis (`(n, rows, ...)` becomes
+    `(n * rows, ...)`); every other entry takes its value at `index`.
+    """
+    out = Logs()
+    for collection, entries in logs.items():
+        if collection == "outputs":
+            out[collection] = Entries({name: _merge_rows(value) for name, value in entries.items()})
+        else:
+            out[collection] = Entries({name: value[index] for name, value in entries.items()})
+    return out
+
+
+@final
+class StackedLogs(Logs):
+    """The logs of a fused group of steps: the last step's logs, with every step's in `per_step`.
+
+    Used as a `Logs`, it is the group's last step's logs. `per_step` holds
+    the same entries with a leading axis over the group's steps; a loop gives
+    the history one entry per step from it, as if the steps had run one by one.
+    Made by `ciclo.fuse`d steps and by managed steps given a `ciclo.types.Stacked` batch.
+
+    Example:
+        >>> import ciclo, jax.numpy as jnp
+        >>> logs = StackedLogs.of(ciclo.logs().add_metric("loss", jnp.array([3.0, 2.0, 1.0])))
+        >>> float(logs.metrics.loss), logs.per_step.metrics.loss.shape
+        (1.0, (3,))
+    """
+
+    __slots__ = ("per_step",)
+
+    per_step: Logs
+
+    @classmethod
+    def of(cls, per_step: Logs) -> StackedLogs:
+        """Stacked logs from every step's logs (a leading axis over steps); the last step's shown."""
+        new = cls()
+        for collection, entries in per_step.items():
+            dict.__setitem__(new, collection, Entries({name: value[-1] for name, value in entries.items()}))
+        new.per_step = per_step
+        return new
+
+
+def _merge_rows(value: Any) -> Any:
+    return value.reshape((-1, *value.shape[2:])) if value.ndim >= 2 else value
+
+
+def logs() -> Logs:
+    """Creates an empty `Logs`.
+
+    Example:
+        >>> import ciclo
+        >>> ciclo.logs().add_metric("loss", 0.5)
+        {'metrics': {'loss': 0.5}}
+    """
+    return Logs()
+
+
+Paths = tuple[EntryPath, ...]
+"""A History row's entry paths, in the order of its values; rows that log the same entries share one."""
+
+HostRow = tuple[Paths, tuple[Any, ...], int, int, float]
+"""A History row with its values on the host, as `History.host_rows` gives it:
+`(paths, values, steps, samples, time)`."""
+
+
+class History(Sequence[Logs]):
+    """The logs a loop committed, one entry per step that logged something.
+
+    Each entry is a `Logs` with an extra `elapsed` collection (`steps`, `samples`,
+    `time`). Committing never waits on the device: the history keeps the logs a
+    step returned as they are (do not change them afterwards), JAX arrays
+    included. Once rows are a few hundred steps old, it starts copying their
+    arrays to the host in batches (a column of scalars as one array), and takes
+    the copies a window later, once the device has computed them (`on_host`
+    counts the rows taken). Reading an entry or `collect` copies what is still
+    on the device, waiting for it. Scalars are stored as Python numbers, so long
+    runs take little memory.
+
+    Example:
+        >>> import ciclo
+        >>> history = ciclo.history()
+        >>> for step in range(3):
+        ...     logs = ciclo.logs().add_metric("loss", 1.0 / (step + 1))
+        ...     history.commit(ciclo.types.Elapsed.create(steps=step), logs)
+        >>> history.collect("steps", "loss")
+        ([0, 1, 2], [1.0, 0.5, 0.3333333333333333])
+    """
+
+    def __init__(self, max_rows: int | None = None) -> None:
+        if max_rows is not None and (
+            isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 0
+        ):
+            raise ValueError(f"max_rows must be None (keep every row) or an int >= 0, got {short(max_rows)}")
+        self.max_rows = max_rows
+        self.dropped = 0  # rows dropped from the front by `max_rows`
+        # Row `i` of those kept: its counts are `_steps[i]`, `_samples[i]`, `_times[i]`. Its entries
+        # are on the host (`_paths[i]`, `_values[i]`) for the first `on_host` rows; then come the rows
+        # whose copies to the host are in flight, window by window; then the newest rows, as the logs
+        # their steps returned, not read yet.
+        self._steps: list[int] = []
+        self._samples: list[int] = []
+        self._times: list[float] = []
+        self._paths: list[Paths] = []
+        self._values: list[tuple[Any, ...]] = []
+        self._windows: deque[_Window] = deque()
+        self._pending: list[LogsLike | _FusedRow] = []
+        # For `latest`: the newest row of each set of paths (its index, dropped rows counted, and its
+        # values), read up to row `_scanned`; and the newest values of sets whose rows were all dropped.
+        self._newest: dict[Paths, tuple[int, tuple[Any, ...]]] = {}
+        self._scanned = 0
+        self._evicted_latest: dict[Paths, tuple[Any, ...]] = {}
+        self._interned: dict[Paths, Paths] = {}  # one `Paths` object for all the rows that log its entries
+
+    def commit(self, elapsed: Elapsed, logs: LogsLike) -> None:
+        """Appends `logs` as the entry for `elapsed`; does not wait on the device."""
+        self.append(elapsed.steps, elapsed.samples, elapsed.time, logs)
+
+    def append(self, steps: int, samples: int, time: float, logs: LogsLike) -> None:
+        """Appends `logs` as the entry at these counts: `commit` without building an `Elapsed`.
+
+        The history keeps `logs` itself (the hot path of every loop): rows are
+        read out of it in batches, a few hundred rows later.
+        """
+        pending = self._pending
+        pending.append(logs)
+        self._steps.append(steps)
+        self._samples.append(samples)
+        self._times.append(time)
+        if len(pending) >= 2 * _LAG:
+            self._advance()
+
+    def append_steps(
+        self, steps: int, samples: int, time: float, per_step: Logs, rows: int, batch_size: int
+    ) -> None:
+        """Appends `rows` entries from logs with a leading axis over steps (a fused group's first steps).
+
+        Row `i` holds each entry's value at index `i`, at `steps + i` steps and
+        `samples + i * batch_size` samples. The values are sliced when the
+        history copies them to the host: one copy per entry for the whole group.
+        """
+        paths, arrays = self._read(per_step)
+        self._pending += [_FusedRow(paths, arrays, i) for i in range(rows)]
+        self._steps += range(steps, steps + rows)
+        self._samples += [samples + i * batch_size for i in range(rows)]
+        self._times += [time] * rows
+        if len(self._pending) >= 2 * _LAG:
+            self._advance()
+
+    def _read(self, logs: LogsLike) -> tuple[Paths, tuple[Any, ...]]:
+        """One row's entry paths (the object shared by rows that log the same entries) and values."""
+        paths = tuple([(collection, name) for collection, entries in logs.items() for name in entries])
+        values = tuple([value for entries in logs.values() for value in entries.values()])
+        return self._interned.setdefault(paths, paths), values
+
+    def _advance(self) -> None:
+        """Starts the copies of the rows now `_LAG` rows old, and takes those that are done; never waits.
+
+        A window whose device values are still being computed is taken at a
+        later call (the next one is `_LAG` rows later), once they are.
+        """
+        self._start(len(self._pending) - _LAG)
+        self._take_windows(wait=False)
+        if self.max_rows is not None:
+            self._drop_old_rows()
+
+    def _start(self, count: int) -> None:
+        """Reads the oldest `count` pending rows into a window, and starts copying their device values."""
+        if count <= 0:
+            return
+        first = self.dropped + len(self) - len(self._pending)  # the first row's index, dropped rows counted
+        rows = self._pending[:count]
+        del self._pending[:count]
+        blocks = self._blocks(rows)
+        for block in blocks:
+            self._note(first + block.positions[-1], block.paths, block.newest)
+        self._windows.append(_Window(blocks, count))
+
+    def _blocks(self, rows: list[LogsLike | _FusedRow]) -> list[_Block]:
+        """`rows` as blocks of rows that log the same entries: one block, usually."""
+        alike = _alike_columns(rows)
+        if alike is not None:
+            paths, columns, kinds = alike
+            return [_Block.read(self._interned.setdefault(paths, paths), range(len(rows)), columns, kinds)]
+        by_paths: dict[Paths, tuple[list[int], list[tuple[Any, ...]]]] = {}
+        runs: list[tuple[list[int], list[_FusedRow]]] = []  # consecutive rows of one fused group
+        for position, row in enumerate(rows):
+            if type(row) is _FusedRow:
+                if not runs or runs[-1][1][-1].arrays is not row.arrays:
+                    runs.append(([], []))
+                runs[-1][0].append(position)
+                runs[-1][1].append(row)
+            else:
+                paths, values = self._read(row)
+                positions, group = by_paths.setdefault(paths, ([], []))
+                positions.append(position)
+                group.append(values)
+        blocks = []
+        for paths, (positions, group) in by_paths.items():
+            columns = [list(column) for column in zip(*group, strict=True)]
+            blocks.append(
+                _Block.read(paths, positions, columns, [set(map(type, column)) for column in columns])
+            )
+        return blocks + [_Block.fused(run, positions) for positions, run in runs]
+
+    def _note(self, index: int, paths: Paths, values: tuple[Any, ...]) -> None:
+        """Keeps `values` as the newest of rows with `paths`, unless a newer row's are kept."""
+        if self._newest.get(paths, (-1, ()))[0] < index:
+            self._newest[paths] = (index, values)
+
+    def _take_windows(self, *, wait: bool) -> None:
+        """Moves the windows the device is done with (with `wait`: every window, waiting) to the host rows."""
+        windows = self._windows
+        while windows and (wait or windows[0].ready()):
+            paths, values = windows.popleft().take()
+            self._paths += paths
+            self._values += values
+
+    def _drop_old_rows(self) -> None:
+        """Drops the oldest host rows beyond `max_rows`; `latest` keeps the newest value of each entry."""
+        # The newest rows copied to the host stay for one more batch, so that a logger reading the
+        # history at every step sees each row before it goes.
+        excess = min(len(self) - int(self.max_rows or 0), len(self._values) - _LAG)
+        if excess <= 0:
+            return
+        for paths, (index, _) in list(self._newest.items()):
+            if index < self.dropped + excess:
+                self._evicted_latest[paths] = self._values[index - self.dropped]
+                del self._newest[paths]
+        del self._paths[:excess], self._values[:excess]
+        del self._steps[:excess], self._samples[:excess], self._times[:excess]
+        self.dropped += excess
+
+    def latest(self) -> Logs:
+        """The newest value of every entry in the history (values may still be device arrays).
+
+        Example:
+            >>> import ciclo
+            >>> history = ciclo.history()
+            >>> history.append(0, 0, 0.0, ciclo.logs().add_metric("a", 1).add_loss("b", 2))
+            >>> history.append(1, 0, 0.0, ciclo.logs().add_metric("a", 3))
+            >>> history.latest()
+            {'metrics': {'a': 3}, 'losses': {'b': 2}}
+        """
+        self._note_pending()
+        newest: dict[EntryPath, Any] = {}  # each entry's value in the newest row that logs it
+        for paths, values in self._evicted_latest.items():
+            newest.update(zip(paths, values, strict=True))
+        on_host = self.dropped + len(self._values)  # rows before this one give their host values
+        for paths, (index, values) in sorted(self._newest.items(), key=lambda item: item[1][0]):
+            values = self._values[index - self.dropped] if index < on_host else values
+            newest.update(zip(paths, values, strict=True))
+        logs = Logs()
+        for (collection, name), value in newest.items():
+            logs.add_entry(collection, name, value.array[value.step] if type(value) is _StepValue else value)
+        return logs
+
+    def _note_pending(self) -> None:
+        """Notes the pending rows not noted yet for `latest`."""
+        pending = self._pending
+        first = self.dropped + len(self) - len(pending)  # the first pending row's index
+        for index in range(max(self._scanned, first), first + len(pending)):
+            row = pending[index - first]
+            if type(row) is _FusedRow:
+                self._note(index, row.paths, tuple([_StepValue(array, row.step) for array in row.arrays]))
+            else:
+                self._note(index, *self._read(row))
+        self._scanned = first + len(pending)
+
+    def _fetch(self, upto: int) -> None:
+        """Brings rows up to `upto` to the host, waiting for their device values."""
+        if upto <= len(self._values):
+            return
+        self._take_windows(wait=True)
+        self._start(upto - len(self._values))
+        self._take_windows(wait=True)
+
+    @property
+    def on_host(self) -> int:
+        """How many of the first rows are on the host: reading them never waits on the device.
+
+        Rows are copied in batches, a few hundred steps behind the newest, and
+        counted here once the device has computed them; a logger that writes
+        these rows as they come never forces a sync.
+        """
+        return len(self._values)
+
+    def host_rows(self, start: int, stop: int) -> Iterator[HostRow]:
+        """Rows `start` to `stop` (of those kept) as `HostRow`s: what loggers read.
+
+        Values are host values: what is still on the device is copied first,
+        waiting for it (rows before `on_host` never wait). `paths` names each
+        value by its `(collection, name)`; rows that log the same entries share
+        one `paths` object, so a reader can work out once per set of entries
+        what to do with a row. No `Logs` is built.
+
+        Example:
+            >>> import ciclo
+            >>> history = ciclo.history()
+            >>> history.append(0, 8, 0.5, ciclo.logs().add_metric("acc", 0.25))
+            >>> list(history.host_rows(0, 1))
+            [((('metrics', 'acc'),), (0.25,), 0, 8, 0.5)]
+        """
+        self._fetch(stop)
+        return zip(
+            self._paths[start:stop],
+            self._values[start:stop],
+            self._steps[start:stop],
+            self._samples[start:stop],
+            self._times[start:stop],
+            strict=True,
+        )
+
+    def to_host(self, first: int | None = None) -> dict[str, Any]:
+        """The rows as plain host values: what a backup saves, and `load_host` reads back.
+
+        Args:
+            first: only the rows from this one on, counted from the first row
+                ever (dropped rows counted): a backup saves the rows since its
+                last one. Default: every row kept.
+        """
+        self._fetch(len(self))
+        start = 0 if first is None else max(first - self.dropped, 0)
+        return {
+            "paths": self._paths[start:],
+            "values": self._values[start:],
+            "elapsed": list(
+                zip(self._steps[start:], self._samples[start:], self._times[start:], strict=True)
+            ),
+            "max_rows": self.max_rows,
+            "dropped": self.dropped,
+            "evicted_latest": dict(self._evicted_latest),
+        }
+
+    def load_host(self, rows: Mapping[str, Any]) -> None:
+        """Replaces this history's rows with those of `to_host()` (a resumed loop's history)."""
+        self._interned = {}
+        self._paths = [self._interned.setdefault(paths, paths) for paths in rows["paths"]]
+        self._values = list(rows["values"])
+        self._steps = [steps for steps, _, _ in rows["elapsed"]]
+        self._samples = [samples for _, samples, _ in rows["elapsed"]]
+        self._times = [time for _, _, time in rows["elapsed"]]
+        self.dropped = int(rows["dropped"])
+        self._evicted_latest = dict(rows["evicted_latest"])
+        self._newest = {}
+        for index, (paths, values) in enumerate(zip(self._paths, self._values, strict=True)):
+            self._note(self.dropped + index, paths, values)
+        self._pending, self._windows = [], deque()
+        self._scanned = self.dropped + len(self)
+
+    def __len__(self) -> int:
+        return len(self._steps)
+
+    @overload
+    def __getitem__(self, index: int) -> Logs: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[Logs]: ...
+
+    def __getitem__(self, index: int | slice) -> Logs | list[Logs]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        if index < 0:
+            index += len(self)
+        if not 0 <= index < len(self):
+            raise IndexError(f"history index {index} out of range for {len(self)} entries")
+        self._fetch(index + 1)
+        logs = Logs()
+        for (collection, name), value in zip(self._paths[index], self._values[index], strict=True):
+            logs.add_entry(collection, name, value)
+        counts = (self._steps[index], self._samples[index], self._times[index])
+        for name, value in zip(ELAPSED_KEYS, counts, strict=True):
+            logs.add_entry("elapsed", name, value)
+        return logs
+
+    def __iter__(self) -> Iterator[Logs]:
+        for index in range(len(self)):
+            yield self[index]
+
+    def __repr__(self) -> str:
+        return f"History({len(self)} entries)"
+
+    @overload
+    def collect(self, key: str, /) -> list[Any]: ...
+
+    @overload
+    def collect(self, key: str, key2: str, /, *keys: str) -> tuple[list[Any], ...]: ...
+
+    def collect(self, *keys: str) -> list[Any] | tuple[list[Any], ...]:
+        """Values of `keys` over the entries in which all of them appear.
+
+        A key is an entry name (`"accuracy"`), a full path (`"metrics.accuracy"`),
+        or one of the elapsed keys `steps`, `samples`, `time`.
+
+        Returns:
+            One list for one key; a tuple of lists, one per key, for several.
+
+        Raises:
+            KeyError: if a key appears in no entry (the message lists those present).
+            ValueError: if a bare name is found in several collections.
+        """
+        if not keys:
+            raise TypeError("collect() needs at least one key")
+        self._fetch(len(self))
+        columns: tuple[list[Any], ...] = tuple([] for _ in keys)
+        found = [False] * len(keys)
+        # Resolve each key once per distinct set of paths, not once per entry.
+        resolved: dict[Paths, list[tuple[bool, int]] | None] = {}
+        counts = zip(self._steps, self._samples, self._times, strict=True)
+        for paths, values, row_counts in zip(self._paths, self._values, counts, strict=True):
+            plan = resolved.get(paths, ())
+            if plan == ():
+                plan = resolved[paths] = self._plan(paths, keys, found)
+            if plan is None:
+                continue
+            for column, (from_counts, position) in zip(columns, plan, strict=True):
+                column.append(row_counts[position] if from_counts else values[position])
+        missing = [key for key, ok in zip(keys, found, strict=True) if not ok]
+        if missing:
+            present = [f"{c}.{n}" for c, n in self._entry_paths()]
+            raise KeyError(
+                f"{short(missing[0])} appears in no history entry; present: {sorted(present)} "
+                f"and the elapsed keys {list(ELAPSED_KEYS)}"
+            )
+        return columns[0] if len(keys) == 1 else columns
+
+    @staticmethod
+    def _plan(paths: Paths, keys: tuple[str, ...], found: list[bool]) -> list[tuple[bool, int]] | None:
+        """Where each key's value is in rows with `paths`, `(in the counts, position)`; None if one lacks."""
+        available = frozenset(paths) | {("elapsed", name) for name in ELAPSED_KEYS}
+        plan: list[tuple[bool, int]] | None = []
+        for i, key in enumerate(keys):
+            path = _entry_path(key, available)
+            if path is None:
+                plan = None
+                continue
+            found[i] = True
+            if plan is not None:
+                if path[0] == "elapsed" and path not in paths:
+                    plan.append((True, ELAPSED_KEYS.index(path[1])))
+                else:
+                    plan.append((False, paths.index(path)))
+        return plan
+
+    def _entry_paths(self) -> tuple[EntryPath, ...]:
+        """Every `(collection, name)` some entry holds, in the order they first appeared."""
+        self._fetch(len(self))
+        return tuple(dict.fromkeys(path for paths in dict.fromkeys(self._paths) for path in paths))
+
+    def plot(self, *entries: str, path: str | os.PathLike[str] | None = None) -> Figure:
+        """Draws entries against steps with matplotlib; one subplot per entry, its test curve with it.
+
+        Each subplot draws an entry (`"loss"`, or a full path `"losses.loss"`)
+        and, when the history has it, its test entry (`"loss_test"`, as
+        `train_loop` names what its evaluation logs). The figure is built without
+        `pyplot`, so it needs no screen; in a notebook, it shows as the cell's value.
+        Needs matplotlib (`pip install "ciclo-core[plot]"`).
+
+        Args:
+            *entries: the entries to draw; none draws every scalar entry.
+            path: where to save the figure (as PNG, or the format its suffix names).
+
+        Returns:
+            The `matplotlib.figure.Figure`.
+
+        Raises:
+            ImportError: if matplotlib is not installed.
+            KeyError: if an entry appears in no history entry.
+
+        Example:
+            >>> import ciclo
+            >>> history = ciclo.history()
+            >>> for step in range(3):
+            ...     history.append(step, step, 0.0, ciclo.logs().add_loss("loss", 1.0 / (step + 1)))
+            >>> figure = history.plot("loss")
+            >>> figure.axes[0].lines[0].get_ydata().tolist()
+            [1.0, 0.5, 0.3333333333333333]
+        """
+        from ciclo._src.logs.plot import plot_history
+
+        return plot_history(self, entries, path)
+
+
+def history(max_rows: int | None = None) -> History:
+    """Creates an empty `History`.
+
+    Args:
+        max_rows: keep at most about this many of the newest rows (older rows are
+            dropped once they are on the host; `latest()` still knows every
+            entry's newest value). `0` keeps none: for long runs that log
+            elsewhere. `None` (the default) keeps every row.
+
+    Example:
+        >>> import ciclo
+        >>> len(ciclo.history())
+        0
+    """
+    return History(max_rows)
+
+
+_LAG = 128
+"""Rows younger than this keep their device arrays: their copies start once they are older."""
+
+
+@final
+class _FusedRow(NamedTuple):
+    """A pending row of a fused group of steps: its entry `k` is `arrays[k][step]`, on the device."""
+
+    paths: Paths
+    arrays: tuple[Any, ...]
+    step: int
+
+
+@final
+class _StepValue(NamedTuple):
+    """One step's value of a fused group's array, indexed on the device only if `latest` shows it."""
+
+    array: Any
+    step: int
+
+
+@final
+@dataclasses.dataclass(slots=True)
+class _Block:
+    """Rows of a window that log the same entries, column by column, while their values come to the host.
+
+    `columns[k]` holds the value of entry `paths[k]` in each row, and
+    `copies[k]` the copies that bring its device values to the host. The rows
+    are at `positions` in their window; `newest` is the last row's values.
+    """
+
+    paths: Paths
+    positions: Sequence[int]
+    columns: list[list[Any]]
+    copies: list[list[host_copies.Copy]]
+    newest: tuple[Any, ...]
+
+    @classmethod
+    def read(
+        cls, paths: Paths, positions: Sequence[int], columns: list[list[Any]], kinds: list[set[type]]
+    ) -> _Block:
+        """Rows read column by column (`kinds`: each column's value types); starts their copies."""
+        copies = list(map(host_copies.start_column, columns, kinds))
+        return cls(paths, positions, columns, copies, tuple([column[-1] for column in columns]))
+
+    @classmethod
+    def fused(cls, rows: list[_FusedRow], positions: Sequence[int]) -> _Block:
+        """Consecutive rows of one fused group: each of the group's arrays is copied once."""
+        arrays, first, count = rows[0].arrays, rows[0].step, len(rows)
+        columns: list[list[Any]] = [[None] * count for _ in arrays]
+        copies = [[host_copies.Copy(array, range(count), first)] for array in arrays]
+        newest = tuple([_StepValue(array, rows[-1].step) for array in arrays])
+        return cls(rows[0].paths, positions, columns, copies, newest)
+
+    def ready(self) -> bool:
+        return all(copy.ready() for copies in self.copies for copy in copies)
+
+    def take(self) -> list[tuple[Any, ...]]:
+        """The rows' host values (once `ready`: nothing waits)."""
+        for column, copies in zip(self.columns, self.copies, strict=True):
+            for copy in copies:
+                copy.fill(column)
+        return list(zip(*self.columns, strict=True)) if self.columns else [()] * len(self.positions)
+
+
+@final
+@dataclasses.dataclass(slots=True)
+class _Window:
+    """Rows whose device values are being copied to the host, as blocks of rows that log the same entries."""
+
+    blocks: list[_Block]
+    size: int
+
+    def ready(self) -> bool:
+        return all(block.ready() for block in self.blocks)
+
+    def take(self) -> tuple[list[Paths], list[tuple[Any, ...]]]:
+        """The rows' entry paths and host values, in order (once `ready`: nothing waits)."""
+        if len(self.blocks) == 1:  # the usual case: every row logs the same entries
+            (block,) = self.blocks
+            return [block.paths] * self.size, block.take()
+        paths: list[Paths] = [()] * self.size
+        values: list[tuple[Any, ...]] = [()] * self.size
+        for block in self.blocks:
+            for position, row in zip(block.positions, block.take(), strict=True):
+                paths[position], values[position] = block.paths, row
+        return paths, values
+
+
+@final
+class _Missing:
+    """What `_alike_columns` reads for an entry a row does not log."""
+
+
+_MISSING = _Missing()
+_DICTS = frozenset({dict, Logs, StackedLogs, Entries})
+
+
+def _alike_columns(
+    rows: Sequence[LogsLike | _FusedRow],
+) -> tuple[Paths, list[list[Any]], list[set[type]]] | None:
+    """`rows`' entry paths, value columns and each column's value types, if all log the same entries.
+
+    They do when each has as many collections (entries) as the first, and none
+    lacks one of the first's; None when they do not, or are not all dicts.
+    Read with C-level calls and no object made per row: how the history reads
+    a loop's rows, a few hundred at a time.
+    """
+    logs = cast("Sequence[dict[str, dict[str, Any]]]", rows)
+    count = len(logs)
+    if not set(map(type, logs)) <= _DICTS or list(map(len, logs)).count(len(logs[0])) != count:
+        return None
+    paths: list[EntryPath] = []
+    columns: list[list[Any]] = []
+    kinds: list[set[type]] = []
+    for collection, names in logs[0].items():
+        entries: list[Any] = list(
+            map(dict.get, logs, itertools.repeat(collection), itertools.repeat(_MISSING))
+        )
+        if not set(map(type, entries)) <= _DICTS or list(map(len, entries)).count(len(names)) != count:
+            return None
+        for name in names:
+            column = list(map(dict.get, entries, itertools.repeat(name), itertools.repeat(_MISSING)))
+            column_kinds = set(map(type, column))
+            if _Missing in column_kinds:
+                return None
+            paths.append((collection, name))
+            columns.append(column)
+            kinds.append(column_kinds)
+    return tuple(paths), columns, kinds
+
+
+_chain = itertools.chain.from_iterable
+_dict_values: Callable[[Mapping[str, Any]], Iterable[Any]] = dict.values  # type: ignore[assignment]
+
+
+# A `Logs` is one pytree node whose children are its entries' values, and whose aux data
+# names them, collection by collection: unflattening a compiled step's output (in Python,
+# after every step) is then one call, where a node per collection took one call each.
+def _flatten_logs_tree(tree: Logs) -> tuple[list[Any], tuple[tuple[str, tuple[str, ...]], ...]]:
+    return list(_chain(map(_dict_values, tree.values()))), tuple(
+        [(collection, tuple(entries)) for collection, entries in tree.items()]
+    )
+
+
+def _unflatten_logs_tree(names: tuple[tuple[str, tuple[str, ...]], ...], children: Iterable[Any]) -> Logs:
+    values = iter(children)
+    new = dict.__new__(Logs)
+    dict.update(new, [(collection, Entries(zip(keys, values, strict=False))) for collection, keys in names])
+    return new
+
+
+def _flatten_entries_tree(tree: Entries) -> tuple[tuple[Any, ...], tuple[str, ...]]:
+    return tuple(tree.values()), tuple(tree)
+
+
+def _unflatten_entries_tree(keys: tuple[str, ...], children: tuple[Any, ...]) -> Entries:
+    return Entries(zip(keys, children, strict=True))
+
+
+jax.tree_util.register_pytree_node(Logs, _flatten_logs_tree, _unflatten_logs_tree)
+jax.tree_util.register_pytree_node(Entries, _flatten_entries_tree, _unflatten_entries_tree)
+
+
+def _flatten_stacked_logs(tree: StackedLogs) -> tuple[tuple[Any, ...], tuple[str, ...]]:
+    return (*tree.values(), tree.per_step), tuple(tree)
+
+
+def _unflatten_stacked_logs(keys: tuple[str, ...], children: tuple[Any, ...]) -> StackedLogs:
+    new = dict.__new__(StackedLogs)
+    dict.update(new, zip(keys, children[:-1], strict=True))
+    new.per_step = children[-1]
+    return new
+
+
+jax.tree_util.register_pytree_node(StackedLogs, _flatten_stacked_logs, _unflatten_stacked_logs)

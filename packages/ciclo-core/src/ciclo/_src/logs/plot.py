@@ -1,0 +1,114 @@
+"""Drawing a `History` with matplotlib: one subplot per entry, its test curve beside it.
+
+matplotlib is an optional dependency (`ciclo-core[plot]`), imported only when a
+history is drawn. Figures are built with `matplotlib.figure.Figure`, not
+`pyplot`: they need no screen, leave pyplot's global state alone, and save
+through the Agg canvas.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import os
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+
+from ciclo._src.base.entry_paths import entry_path as _entry_path
+from ciclo._src.base.reprs import short
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+
+class _Columns(Protocol):
+    """What drawing needs of a `History` (which calls this module, so is not imported here)."""
+
+    def _entry_paths(self) -> tuple[tuple[str, str], ...]: ...
+
+    def collect(self, key: str, key2: str, /) -> tuple[list[Any], ...]: ...
+
+
+TEST_SUFFIX = "_test"
+"""The suffix `train_loop` gives test entries: `loss_test` is drawn with `loss`."""
+
+
+def _matplotlib() -> Any:
+    try:
+        figure = importlib.import_module("matplotlib.figure")
+        backend = importlib.import_module("matplotlib.backends.backend_agg")
+    except ImportError as error:
+        raise ImportError('History.plot needs matplotlib: pip install "ciclo-core[plot]"') from error
+    return figure, backend
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float, np.integer, np.floating)) or (
+        isinstance(value, np.ndarray) and value.ndim == 0
+    )
+
+
+def _curves(history: _Columns, entries: Sequence[str]) -> list[tuple[str, list[str]]]:
+    """The subplots to draw: a title and the keys of the curves drawn in it."""
+    ordered = history._entry_paths()
+    present = frozenset(ordered)
+    names = [name for _, name in ordered]
+    if entries:
+        plots = []
+        for entry in entries:
+            if _entry_path(entry, present) is None:
+                raise KeyError(
+                    f"{short(entry)} appears in no history entry; present: {[f'{c}.{n}' for c, n in ordered]}"
+                )
+            test = entry + TEST_SUFFIX
+            plots.append((entry, [entry, test] if _entry_path(test, present) is not None else [entry]))
+        return plots
+    plots = []
+    for collection, name in ordered:
+        if name.endswith(TEST_SUFFIX) and (collection, name[: -len(TEST_SUFFIX)]) in present:
+            continue  # drawn with its train entry
+        title = name if names.count(name) == 1 else f"{collection}.{name}"
+        keys = [f"{collection}.{name}"]
+        if (collection, name + TEST_SUFFIX) in present:
+            keys.append(f"{collection}.{name}{TEST_SUFFIX}")
+        plots.append((title, keys))
+    return plots
+
+
+def plot_history(history: _Columns, entries: Sequence[str], path: str | os.PathLike[str] | None) -> Figure:
+    """Draws `entries` of `history` (all scalar entries when empty) against steps; see `History.plot`."""
+    figure_module, backend = _matplotlib()
+    drawn: list[tuple[str, list[tuple[str, list[Any], list[Any]]]]] = []
+    for title, keys in _curves(history, entries):
+        curves = []
+        for key in keys:
+            steps, values = history.collect("steps", key)
+            if not all(_is_number(value) for value in values):
+                if entries:
+                    raise ValueError(f"History.plot draws scalar entries; {short(key)} holds arrays")
+                break  # outputs and other arrays: not curves
+            curves.append((key, steps, [float(value) for value in values]))
+        else:
+            drawn.append((title, curves))
+    if not drawn:
+        raise ValueError("History.plot found no scalar entries to draw; the history is empty")
+    columns = min(len(drawn), 3)
+    rows = math.ceil(len(drawn) / columns)
+    figure: Figure = figure_module.Figure(figsize=(4.5 * columns, 3.2 * rows), layout="constrained")
+    backend.FigureCanvasAgg(figure)
+    for index, (title, curves) in enumerate(drawn):
+        axes = figure.add_subplot(rows, columns, index + 1)
+        for key, steps, values in curves:
+            label = key.partition(".")[2] or key
+            # A test entry logged once per epoch is one point: draw it so that it shows.
+            axes.plot(steps, values, label=label, marker="o" if key.endswith(TEST_SUFFIX) else None)
+        axes.set_title(title)
+        axes.set_xlabel("steps")
+        axes.grid(alpha=0.3)
+        if len(curves) > 1:
+            axes.legend()
+    if path is not None:
+        figure.savefig(os.fspath(path), dpi=100)
+    return figure

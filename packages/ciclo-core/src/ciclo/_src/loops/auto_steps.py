@@ -1,0 +1,520 @@
+"""`train_loop(..., steps_per_execution="auto")`: the steps per dispatch, measured on the first steps.
+
+A dispatch costs the host about the same time (Python, the loop, the runtime)
+however many steps it runs, so running K steps in one `jax.lax.scan` spreads
+that cost over K. Auto measures, on the run's first batches (real training
+steps, none thrown away), the host time of one dispatch and the device time of
+one step at K = 1, 2, 4, ... as far as needed, and runs the rest of the run with
+the smallest K at which the loop's own cost is under 5% of a step's device time.
+
+Every group is a power of two of steps, those cut at an epoch's end or at
+`stop` too (a tail of 68 steps runs as 64 + 4): each group size is a program
+compiled once, so a run compiles at most the programs of 1, 2, 4, ..., 128
+steps, whatever K it chooses. What it measured is remembered in the process for
+the same step functions, state shapes and batch shapes: a later `train_loop`
+that would measure on no more steps reuses it, and compiles nothing new.
+
+`choose` is the decision alone, a function of given timings; `AutoSteps` groups
+the batches, times the groups and keeps what it measured.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import logging
+import math
+import statistics
+import time
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Final, NamedTuple, final
+
+import jax
+import numpy as np
+
+from ciclo._src.base.batches import BatchSizeFn, cut, is_stacked, leading_dim, stack, steps_of
+from ciclo._src.engine.callback import Callback
+from ciclo._src.logs.logs import Logs
+
+_log = logging.getLogger("ciclo")
+
+AUTO: Final = "auto"
+"""The value of `steps_per_execution` that asks for this."""
+
+TARGET_SHARE: Final = 0.05
+"""The loop's cost per step that auto accepts, as a share of a step's device time."""
+
+MAX_STEPS: Final = 128
+"""The most steps per dispatch auto chooses: a group's batches are on the device together."""
+
+CALIBRATION_STEPS: Final = 256
+"""The most training steps auto measures on."""
+
+CALIBRATION_SHARE: Final = 4
+"""Auto measures on at most 1/4 of the steps before `stop`, when known: each K measured costs a compile."""
+
+REPEATS: Final = 3
+"""Timed dispatches per K, after one untimed dispatch that compiles the step for that K."""
+
+COLLECTION: Final = "performance"
+"""The history collection of the chosen K (loggers write it; progress bars do not show it)."""
+
+ENTRY: Final = "steps_per_execution"
+"""The history entry of the chosen K."""
+
+REMEMBERED: Final = 32
+"""How many measurements (step functions, state and batch shapes) the process remembers, the latest."""
+
+# The clock and the wait for the device, read at each use: tests replace them to measure
+# without timing anything.
+_clock: Callable[[], float] = time.perf_counter
+_block: Callable[[Any], Any] = jax.block_until_ready
+
+
+class Timing(NamedTuple):
+    """What was measured at one number of steps per dispatch.
+
+    Attributes:
+        host: seconds for the host to return from a dispatch, without waiting for
+            the device (the loop's callbacks of the step and the step's call).
+        device: seconds per step from the dispatch until its result is ready
+            (blocked on), the dispatch's steps over its number of steps.
+    """
+
+    host: float
+    device: float
+
+
+def loop_share(steps: int, timing: Timing) -> float:
+    """The loop's own cost per step (host seconds per dispatch / `steps`) over a step's device seconds.
+
+    Example:
+        >>> round(loop_share(4, Timing(host=40e-6, device=1e-3)), 3)
+        0.01
+    """
+    if timing.device <= 0:
+        return math.inf
+    return timing.host / steps / timing.device
+
+
+def dispatch_cost(timings: Mapping[int, Timing]) -> Timing | None:
+    """The fixed seconds of a dispatch and the seconds of a step, fitted to the times at two K.
+
+    A dispatch of K steps, from its start until its result is ready, takes
+    `fixed + K * step`: `step` is the slope between the smallest and largest K
+    measured, `fixed` what is left at the smallest. This is the loop's cost
+    whether or not the device computes during the dispatch (on CPU, XLA runs a
+    small step inline, so a dispatch's host time holds the step's compute).
+    Returned as a `Timing` of K = 1: `host` the fixed cost, `device` the step.
+    None with fewer than two K measured.
+
+    Example:
+        >>> # 300 us per dispatch, 1 ms per step: 1.3 ms at K=1, 4.3 ms at K=4
+        >>> cost = dispatch_cost({1: Timing(1e-3, 1.3e-3), 4: Timing(1e-3, 4.3e-3 / 4)})
+        >>> round(cost.host * 1e6), round(cost.device * 1e6)
+        (300, 1000)
+    """
+    measured = sorted(timings)
+    if len(measured) < 2:
+        return None
+    small, large = measured[0], measured[-1]
+    small_total, large_total = timings[small].device * small, timings[large].device * large
+    step = (large_total - small_total) / (large - small)
+    if step <= 0:  # noise larger than the steps' own time: the dispatch is all there is
+        return Timing(host=small_total, device=0.0)
+    return Timing(host=max(small_total - small * step, 0.0), device=step)
+
+
+def loop_share_at(steps: int, timings: Mapping[int, Timing]) -> float:
+    """The loop's share of a step at `steps` per dispatch: fitted from two K, else as measured."""
+    cost = dispatch_cost(timings)
+    if cost is not None:
+        return loop_share(steps, cost)
+    return loop_share(steps, timings[steps]) if steps in timings else math.inf
+
+
+def choose(timings: Mapping[int, Timing], cap: int) -> int:
+    """The steps per dispatch to run with, from the timings measured at 1, 2, 4, ... steps per dispatch.
+
+    The smallest power of two at which the loop's share of a step is under
+    `TARGET_SHARE`: the share fitted from two K or more (`dispatch_cost`), else
+    from the one timing measured (a dispatch's host time does not grow with its
+    steps). Never more than `cap`; 1 without timings.
+
+    Args:
+        timings: a `Timing` per steps per dispatch (powers of two).
+        cap: the most steps per dispatch, a power of two (`MAX_STEPS`, or the
+            largest power of two in an epoch).
+
+    Example:
+        >>> tiny = {1: Timing(host=300e-6, device=305e-6), 2: Timing(host=300e-6, device=155e-6)}
+        >>> choose(tiny, cap=128), choose(tiny, cap=16)
+        (128, 16)
+        >>> choose({1: Timing(host=300e-6, device=20e-3)}, cap=128)
+        1
+    """
+    measured = {steps: timing for steps, timing in timings.items() if steps <= cap}
+    if not measured:
+        return 1
+    cost = dispatch_cost(measured)
+    if cost is None:
+        ((one, timing),) = measured.items()
+        cost = Timing(host=timing.host * one, device=timing.device)  # per dispatch, per step
+    steps = 1
+    while steps < cap and loop_share(steps, cost) >= TARGET_SHARE:
+        steps *= 2
+    return steps
+
+
+class _Measured(NamedTuple):
+    """What one `train_loop` measured: its timings, on a budget of steps."""
+
+    timings: Mapping[int, Timing]
+    budget: int
+
+
+# What the runs of this process measured, by `signature` and the first batch's shapes, oldest first.
+# Like jax.jit's cache, it holds the step functions and the static parts of the state's tree.
+_remembered: collections.OrderedDict[Hashable, _Measured] = collections.OrderedDict()
+
+
+def _abstract(tree: Any) -> tuple[Any, ...]:
+    """The tree's structure and its leaves' shapes, dtypes and shardings: what a compiled program is for."""
+    leaves, treedef = jax.tree.flatten(tree)
+    return (treedef, *(_abstract_leaf(leaf) for leaf in leaves))
+
+
+def _abstract_leaf(leaf: Any) -> object:
+    if isinstance(leaf, jax.Array):
+        return leaf.shape, leaf.dtype, leaf.sharding
+    if isinstance(leaf, (np.ndarray, np.generic)):
+        return leaf.shape, leaf.dtype
+    return type(leaf)
+
+
+def signature(state: Any, steps: Sequence[Callable[..., Any]]) -> Hashable | None:
+    """What a measurement holds for, the batches aside: the step functions and the state's shapes.
+
+    None when a part cannot be hashed (a step that is a mutable dataclass,
+    say): such a run measures, and is not remembered.
+
+    Example:
+        >>> import numpy as np
+        >>> def step(state, batch): ...
+        >>> signature({"w": np.zeros(3)}, [step]) == signature({"w": np.ones(3)}, [step])
+        True
+        >>> signature({"w": np.zeros(3)}, [step]) == signature({"w": np.zeros(4)}, [step])
+        False
+    """
+    key = (tuple(steps), _abstract(state))
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+def largest_power_of_two(limit: int) -> int:
+    """The largest power of two not above `limit` (>= 1).
+
+    Example:
+        >>> largest_power_of_two(10), largest_power_of_two(128), largest_power_of_two(1)
+        (8, 128, 1)
+    """
+    return 1 << (max(limit, 1).bit_length() - 1)
+
+
+def _agreed(value: int) -> int:
+    """`value` as process 0 has it: under several processes (`jax.distributed`), all run the same groups.
+
+    Each process measures its own timings, so each would choose on its own;
+    the group sizes must agree, or the processes' compiled steps would differ.
+    Every process calls this at the same step: the decisions fall at counts of
+    steps that the group sizes alone fix.
+    """
+    if jax.process_count() == 1:
+        return value
+    from jax.experimental import multihost_utils
+
+    return int(multihost_utils.broadcast_one_to_all(np.int32(value)))
+
+
+_END: Final = object()
+
+
+def _median(timings: Sequence[Timing]) -> Timing:
+    return Timing(statistics.median(t.host for t in timings), statistics.median(t.device for t in timings))
+
+
+def _describe(timings: Mapping[int, Timing]) -> str:
+    return ", ".join(
+        f"K={steps}: {timing.host * 1e6:.0f} us per dispatch, {timing.device * 1e6:.0f} us per step "
+        f"({loop_share(steps, timing):.0%})"
+        for steps, timing in sorted(timings.items())
+    )
+
+
+@final
+class AutoSteps(Callback):
+    """`steps_per_execution="auto"` for one `train_loop`: groups the batches, times them, chooses K.
+
+    `groups(dataset)` is the loop's dataset: single batches first, then
+    `ciclo.types.Stacked` groups of 2, 4, ... batches while it measures, then
+    groups of the chosen K, every group cut as `ciclo.stacked` cuts them (at
+    the epoch ends and at `stop`, to a power of two). `before_step` (the first
+    callback of each step) and `after_dispatch` (the last of the step's phase)
+    time the dispatches while it measures: each K's first dispatch compiles
+    and is not timed, the next `REPEATS` are. Once it chooses, they return at
+    once. With a `signature`, it first looks for what an earlier run of the
+    process measured on the same steps, state and batch shapes, on at least
+    as many steps as it would: then it measures nothing.
+
+    It is a stateful callback of the loop: a backup keeps the group sizes it
+    drew while measuring, its timings and its choice, so a resumed run draws
+    the same groups (and skips those the backed-up run trained on).
+
+    Args:
+        align: the epoch's length in steps, if any: no group crosses an epoch's
+            end, and K is at most the largest power of two in it.
+        start: the step count of the first batch.
+        total: how many steps the loop runs (to its `stop`), if known.
+        batch_size_fn: counts a batch's samples.
+        signature: the run's `signature(state, steps)`, to reuse an earlier
+            measurement and be remembered; None: neither.
+
+    Example:
+        >>> import numpy as np
+        >>> auto = AutoSteps(align=None, start=0, total=8, batch_size_fn=None)
+        >>> [type(batch).__name__ for batch in auto.groups([np.ones(2)] * 8)]  # too short to measure
+        ['ndarray', 'ndarray', 'ndarray', 'ndarray', 'ndarray', 'ndarray', 'ndarray', 'ndarray']
+        >>> auto.chosen
+        1
+    """
+
+    state_key = "steps_per_execution='auto'"
+    """The key of its state in a backup."""
+
+    def __init__(
+        self,
+        *,
+        align: int | None,
+        start: int,
+        total: int | None,
+        batch_size_fn: BatchSizeFn | None,
+        signature: Hashable | None = None,
+    ) -> None:
+        self._align, self._start, self._total = align, start, total
+        self._count = leading_dim if batch_size_fn is None else batch_size_fn
+        self._cap = largest_power_of_two(MAX_STEPS if align is None else min(MAX_STEPS, align))
+        self._budget = (
+            CALIBRATION_STEPS if total is None else min(CALIBRATION_STEPS, total // CALIBRATION_SHARE)
+        )
+        self._signature = signature
+        self._key: Hashable | None = None  # the signature with the first batch's shapes
+        self._position = start  # the step count of the next group's first batch
+        self.chosen: int | None = None
+        """The chosen steps per dispatch; None while measuring."""
+        self._candidate = 1  # the K being measured
+        self._timed: dict[int, list[Timing]] = {}
+        self._compiled: set[int] = set()  # the Ks dispatched once already, in this process
+        self._started: float | None = None  # the clock when the timed dispatch in flight began
+        self._calibrated = 0  # the steps drawn while measuring
+        self._sizes: list[list[int]] = []  # the K of each group drawn while measuring, as [K, groups] runs
+        self._replay: collections.deque[int] = collections.deque()  # a resumed run's sizes, drawn again
+        self._wanted, self._recording = 1, False  # the K of the group being drawn, and whether to record it
+        self._announce = False  # the choice is still to be logged in the history
+
+    def __repr__(self) -> str:
+        return f"steps_per_execution={AUTO!r}"
+
+    def groups(self, dataset: Iterable[Any]) -> Iterator[Any]:
+        """The batches of `dataset` as the loop runs them: plain at K = 1, else `Stacked` groups."""
+        batches = iter(dataset)
+        if self._signature is not None and self._total != 0:
+            first = next(batches, _END)
+            if first is _END:
+                return
+            self._reuse((self._signature, _abstract(first)))
+            batches = itertools.chain([first], batches)
+        for group in cut(batches, self._next_size, align=self._align, start=self._start, total=self._total):
+            if self._recording:  # before the group is yielded: a backup after its step must know it
+                self._record(self._wanted, len(group))
+            self._position += len(group)
+            yield group[0] if self._wanted == 1 else stack(group, self._count)
+
+    def _reuse(self, key: Hashable) -> None:
+        """Chooses K from an earlier run's measurement on `key`, if one measured on as many steps."""
+        if self.chosen is not None:  # restored from a backup
+            return
+        try:
+            earlier = _remembered.get(key)
+        except (TypeError, ValueError):
+            # A static field that cannot be compared (an array, which jax.jit refuses too): neither
+            # reused nor remembered.
+            earlier = None
+        else:
+            self._key = key
+        if earlier is not None and earlier.budget < self._budget:
+            earlier = None  # this run would measure on more steps than it did
+        # Under several processes, process 0's memory decides for all.
+        chosen = _agreed(0 if earlier is None else choose(earlier.timings, self._cap))
+        if not chosen:
+            return
+        if earlier is not None:
+            _remembered.move_to_end(key)
+        self.chosen, self._announce = chosen, True
+        _log.info(
+            "steps_per_execution='auto' runs %d steps per dispatch, measured by an earlier train_loop of "
+            "this process on the same steps, state and batch shapes (%s): it measures nothing",
+            chosen,
+            _describe(earlier.timings) if earlier is not None else "by process 0",
+        )
+
+    def _next_size(self) -> int:
+        recording = False
+        if self._replay:
+            wanted = self._replay.popleft()
+        else:
+            if self.chosen is None and self._calibrated >= self._budget:
+                self._decide()
+            if self.chosen is None:
+                wanted, recording = self._candidate, True
+            else:
+                wanted = self.chosen
+            wanted = self._fitted(wanted)
+        self._wanted, self._recording = wanted, recording
+        return wanted
+
+    def _fitted(self, wanted: int) -> int:
+        """`wanted` cut as `cut` would cut it here, then to a power of two: a size compiled already."""
+        if self._total is not None:
+            wanted = min(wanted, self._total - (self._position - self._start))
+        if self._align is not None:
+            wanted = min(wanted, self._align - self._position % self._align)
+        return largest_power_of_two(wanted)
+
+    def _record(self, wanted: int, steps: int) -> None:
+        if self._sizes and self._sizes[-1][0] == wanted:
+            self._sizes[-1][1] += 1
+        else:
+            self._sizes.append([wanted, 1])
+        self._calibrated += steps
+
+    def before_step(self, state: Any, batch: Any) -> None:
+        """While measuring, the first callback of a step: waits for the device, then starts the clock."""
+        if self.chosen is not None:
+            return
+        steps = steps_of(batch)
+        if is_stacked(batch) != (steps > 1):
+            return  # a group cut to one batch: neither what K=1 runs nor a group
+        if steps not in self._compiled:
+            self._compiled.add(steps)  # this dispatch compiles the step for its K: not timed
+            return
+        _block(state)  # the steps before are done: the device starts this dispatch idle
+        self._started = _clock()
+
+    def after_dispatch(self, state: Any, batch: Any) -> Logs | None:
+        """The last callback of the step's phase: times the dispatch; logs K in the history once chosen."""
+        started = self._started
+        if started is not None:
+            self._started = None
+            dispatched = _clock()
+            _block(state)
+            done = _clock()
+            steps = steps_of(batch)
+            self._timed.setdefault(steps, []).append(Timing(dispatched - started, (done - started) / steps))
+            if self.chosen is None and steps == self._candidate and len(self._timed[steps]) >= REPEATS:
+                self._next_candidate()
+        if self._announce:
+            self._announce = False
+            return Logs().add_entry(COLLECTION, ENTRY, self.chosen)
+        return None
+
+    def _next_candidate(self) -> None:
+        steps = self._candidate
+        done = (
+            loop_share_at(steps, self._measured()) < TARGET_SHARE
+            or 2 * steps > self._cap
+            or self._calibrated + (REPEATS + 1) * 2 * steps > self._budget
+        )
+        if _agreed(int(done)):
+            self._decide()
+        else:
+            self._candidate = 2 * steps
+
+    def _measured(self) -> dict[int, Timing]:
+        """The median timing of each K timed `REPEATS` times (a K cut short by the budget does not count)."""
+        return {
+            steps: _median(timings)
+            for steps, timings in self._timed.items()
+            if len(timings) >= REPEATS and steps == largest_power_of_two(steps)
+        }
+
+    def _decide(self) -> None:
+        timings = self._measured()
+        self.chosen = _agreed(choose(timings, self._cap))
+        self._announce = True
+        if timings and self._key is not None:
+            _remembered[self._key] = _Measured(timings, self._budget)
+            _remembered.move_to_end(self._key)
+            while len(_remembered) > REMEMBERED:
+                _remembered.popitem(last=False)
+        if not timings:
+            _log.info(
+                "steps_per_execution='auto': the run is too short to measure (%d steps to measure on, "
+                "1/%d of the steps to stop; a K takes %d): it runs with 1 step per dispatch",
+                self._budget,
+                CALIBRATION_SHARE,
+                REPEATS + 1,
+            )
+            return
+        share = loop_share_at(self.chosen, timings) if self.chosen in timings or len(timings) > 1 else None
+        _log.info(
+            "steps_per_execution='auto' runs %d steps per dispatch after %d steps of measuring (%s); "
+            "measured host time per dispatch, device time per step and the loop's share: %s",
+            self.chosen,
+            self._calibrated,
+            f"the loop costs {share:.1%} of a step's device time"
+            if share is not None and share < TARGET_SHARE
+            else f"extrapolated to the {TARGET_SHARE:.0%} target, at most {self._cap}",
+            _describe(timings),
+        )
+
+    def on_end(self, loop_state: Any, error: BaseException | None) -> None:
+        """At the loop's end: says so when it ended before a K was chosen."""
+        if self.chosen is None and self._calibrated:
+            timings = self._measured()
+            _log.info(
+                "steps_per_execution='auto': the run ended after %d steps, before it had measured enough to "
+                "choose; it ran up to %d steps per dispatch (measured: %s)",
+                self._calibrated,
+                self._candidate,
+                _describe(timings) if timings else "nothing",
+            )
+
+    def state_dict(self) -> dict[str, Any]:
+        """The sizes of the groups drawn while measuring, the timings and the choice."""
+        return {
+            "chosen": self.chosen,
+            "candidate": self._candidate,
+            "calibrated": self._calibrated,
+            "announce": self._announce,
+            "sizes": [list(run) for run in self._sizes],
+            "timings": [
+                [steps, timing.host, timing.device]
+                for steps, timings in sorted(self._timed.items())
+                for timing in timings
+            ],
+        }
+
+    def load_state_dict(self, state: Any, /) -> None:
+        """Takes back a `state_dict()`: the groups it lists are drawn again before any other."""
+        self.chosen = state["chosen"]
+        self._candidate = state["candidate"]
+        self._calibrated = state["calibrated"]
+        self._announce = state["announce"]
+        self._sizes = [[int(wanted), int(groups)] for wanted, groups in state["sizes"]]
+        self._replay = collections.deque(wanted for wanted, groups in self._sizes for _ in range(groups))
+        self._timed = {}
+        for steps, host, device in state["timings"]:
+            self._timed.setdefault(int(steps), []).append(Timing(float(host), float(device)))

@@ -1,0 +1,296 @@
+"""Runs a whole loop inside a callback (an evaluation loop inside training, say)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Final, Generic, Literal, final
+
+import numpy as np
+
+from ciclo._src.base.checks import check_bool
+from ciclo._src.base.elapsed import Elapsed
+from ciclo._src.base.reprs import short
+from ciclo._src.base.types import CallbackOutput, S
+from ciclo._src.engine.callback import Callback
+from ciclo._src.engine.phases import LoopState
+from ciclo._src.logs.logs import History, Logs
+from ciclo._src.logs.step_output import describe
+from ciclo._src.state.metrics import running_entries
+
+AggregationName = Literal["last", "first", "mean", "sum", "min", "max"]
+Aggregation = AggregationName | Callable[[Sequence[Any]], Any]
+"""How an entry's values over the inner loop's history become one value."""
+
+AggregationLike = Aggregation | Mapping[str, Aggregation]
+"""One aggregation for every entry, or a dict keyed by entry (`"accuracy"`, `"metrics.accuracy"`)
+or by collection (`"metrics"`); entries it does not name take their kind's default."""
+
+LoopFn = Callable[[Any], tuple[Any, History, Elapsed]]
+
+Reducer = Callable[[Sequence[Any], np.ndarray], Any]
+"""An aggregation as applied: `(values, samples per step) -> value`."""
+
+PER_BATCH_COLLECTIONS: Final = ("metrics", "losses")
+"""Collections whose entries are per-batch values by default: their mean, weighted by samples."""
+
+RUNNING_COLLECTION: Final = "stateful_metrics"
+"""The collection of running values (Keras' `stateful_metrics`): each value covers all batches so far."""
+
+# Collections a dict may name although the inner loop logged nothing there (a test step with no losses).
+_KNOWN_COLLECTIONS: Final = frozenset((*PER_BATCH_COLLECTIONS, RUNNING_COLLECTION, "outputs"))
+
+
+def _reduce(fn: Callable[..., Any], values: Sequence[Any]) -> Any:
+    result = fn(np.stack([np.asarray(v) for v in values]), axis=0)
+    return result.item() if np.ndim(result) == 0 else result
+
+
+def _weighted_mean(values: Sequence[Any], samples: np.ndarray) -> Any:
+    stacked = np.stack([np.asarray(v) for v in values])
+    # Batches that count no samples (plain Python values count one each) weigh the same.
+    weights = samples if samples.sum() > 0 else None
+    result = np.average(stacked, axis=0, weights=weights)
+    if np.issubdtype(stacked.dtype, np.floating):
+        result = result.astype(stacked.dtype)
+    return result.item() if np.ndim(result) == 0 else result
+
+
+_REDUCERS: dict[str, Reducer] = {
+    "last": lambda values, _: values[-1],
+    "first": lambda values, _: values[0],
+    "mean": _weighted_mean,
+    "sum": lambda values, _: _reduce(np.sum, values),
+    "min": lambda values, _: _reduce(np.min, values),
+    "max": lambda values, _: _reduce(np.max, values),
+}
+
+
+def _check_aggregation(aggregation: Any, where: str) -> Reducer:
+    if isinstance(aggregation, str):
+        if aggregation in _REDUCERS:
+            return _REDUCERS[aggregation]
+    elif callable(aggregation):
+        fn = aggregation
+        return lambda values, _: fn(values)
+    raise ValueError(
+        f"{where}: unknown aggregation {short(aggregation)}; use one of {sorted(_REDUCERS)} or a function"
+    )
+
+
+class _Rules:
+    """An `AggregationLike` checked: one reducer for all, or reducers by path, name and collection."""
+
+    __slots__ = ("by_key", "every")
+
+    def __init__(self, aggregation: AggregationLike, where: str) -> None:
+        self.every: Reducer | None = None
+        self.by_key: dict[str, Reducer] = {}
+        if isinstance(aggregation, Mapping):
+            for key, agg in aggregation.items():
+                if not isinstance(key, str):
+                    raise TypeError(f"{where} keys are entry or collection names, got {short(key)}")
+                self.by_key[key] = _check_aggregation(agg, f"{where}[{short(key)}]")
+        else:
+            self.every = _check_aggregation(aggregation, where)
+
+    def find(self, collection: str, name: str) -> Reducer | None:
+        """The reducer of an entry: by full path, else by name, else by collection."""
+        if self.every is not None:
+            return self.every
+        by_key = self.by_key
+        return by_key.get(f"{collection}.{name}") or by_key.get(name) or by_key.get(collection)
+
+    def check_names(self, paths: Sequence[tuple[str, str]]) -> None:
+        """Refuses keys that name no entry, so that a misspelt name is not silently ignored."""
+        known = {f"{c}.{n}" for c, n in paths} | {n for _, n in paths} | {c for c, _ in paths}
+        unknown = [key for key in self.by_key if key not in known and key not in _KNOWN_COLLECTIONS]
+        if unknown:
+            present = sorted(f"{c}.{n}" for c, n in paths)
+            raise ValueError(
+                f"aggregation names {short(unknown[0])}, which is no entry or collection of the inner "
+                f"loop's logs; present: {present}"
+            )
+
+
+def default_aggregation(collection: str) -> AggregationName:
+    """The aggregation of an entry no rule names, by the kind its collection says it is.
+
+    Entries of `metrics` and `losses` are per-batch values: their mean over the
+    steps, each step weighted by its batch's samples, which does not depend on
+    how the data is cut into batches. Entries of `stateful_metrics` are running
+    values, each covering all the batches so far: the last one. Other
+    collections (`outputs`, ...) keep their last value.
+
+    Example:
+        >>> default_aggregation("metrics"), default_aggregation("stateful_metrics")
+        ('mean', 'last')
+    """
+    return "mean" if collection in PER_BATCH_COLLECTIONS else "last"
+
+
+def _samples_per_step(counts: list[tuple[int, int]], elapsed: Elapsed | None) -> np.ndarray:
+    """The samples of each history entry's step, from the entries' `(steps, samples)` counts.
+
+    An entry is committed with the counts before its step, so its step counted
+    the samples up to the next entry (or to `elapsed`, the loop's final counts,
+    for the last one); a gap of several steps is shared evenly among them.
+    """
+    if elapsed is not None:
+        counts = [*counts, (elapsed.steps, elapsed.samples)]
+    samples = np.ones(len(counts) - (elapsed is not None))
+    for i, ((steps, seen), (next_steps, next_seen)) in enumerate(zip(counts, counts[1:], strict=False)):
+        samples[i] = (next_seen - seen) / max(next_steps - steps, 1)
+    if elapsed is None and len(samples) > 1:
+        samples[-1] = samples[-2]  # the last step's batch is unknown: taken as the one before
+    return samples
+
+
+@final
+class InnerLoop(Callback, Generic[S]):
+    """Runs a loop function as a callback; see `ciclo.inner_loop`."""
+
+    def __init__(
+        self,
+        name: str | None,
+        loop_fn: LoopFn,
+        output_state: bool,
+        aggregation: AggregationLike | None,
+    ) -> None:
+        if not callable(loop_fn):
+            raise TypeError(
+                f"inner_loop needs a function state -> (state, history, elapsed), got {short(loop_fn)}"
+            )
+        check_bool(output_state, "output_state")
+        self.name = name
+        self.loop_fn = loop_fn
+        self.output_state = output_state
+        self._rules = None if aggregation is None else _Rules(aggregation, "aggregation")
+
+    def __repr__(self) -> str:
+        # Named in the notes of errors raised inside the inner loop ("raised by callback ...").
+        return f"inner_loop({self.name!r}, {describe(self.loop_fn)})"
+
+    def __call__(self, state: S) -> CallbackOutput[S]:
+        """Runs the inner loop from `state`; returns its aggregated logs and a state.
+
+        The state is the inner loop's final state with `output_state=True`,
+        else `state` unchanged.
+        """
+        inner_state, inner_history, elapsed = self.loop_fn(state)
+        logs = self.aggregate(inner_history, elapsed=elapsed, state=state)
+        return logs, (inner_state if self.output_state else state)
+
+    def aggregate(self, history: History, *, elapsed: Elapsed | None = None, state: Any = None) -> Logs:
+        """Reduces a history to one `Logs`, renaming entries with the `_name` suffix.
+
+        Each entry takes the first rule that names it: this callback's
+        `aggregation`, then `state`'s running metrics (see `ciclo.inner_loop`),
+        then its kind's default (`default_aggregation`).
+
+        Args:
+            history: the inner loop's history.
+            elapsed: the inner loop's final counts, which tell how many samples
+                its last step saw (for the weighted `"mean"`).
+            state: the state the inner loop started from.
+        """
+        values: dict[tuple[str, str], list[Any]] = {}
+        steps: dict[tuple[str, str], list[int]] = {}
+        counts: list[tuple[int, int]] = []
+        for index, entry in enumerate(history):
+            for collection, entries in entry.items():
+                if collection == "elapsed":
+                    counts.append((entries["steps"], entries["samples"]))
+                    continue
+                for key, value in entries.items():
+                    values.setdefault((collection, key), []).append(value)
+                    steps.setdefault((collection, key), []).append(index)
+        if not values:
+            return Logs()
+        if self._rules is not None:
+            self._rules.check_names(list(values))
+        running = running_entries(state)
+        rules = [rule for rule in (self._rules, running and _Rules(running, "running metrics")) if rule]
+        samples = _samples_per_step(counts, elapsed)
+        logs = Logs()
+        suffix = f"_{self.name}" if self.name else ""
+        for (collection, key), series in values.items():
+            reduce = _REDUCERS[default_aggregation(collection)]
+            for rule in rules:
+                found = rule.find(collection, key)
+                if found is not None:
+                    reduce = found
+                    break
+            logs.add_entry(collection, key + suffix, reduce(series, samples[steps[(collection, key)]]))
+        return logs
+
+    def __loop_callback__(self, loop_state: LoopState[S]) -> CallbackOutput[S]:
+        """Runs the inner loop from the current state."""
+        return self(loop_state.state)
+
+
+def inner_loop(
+    name_or_loop_fn: str | LoopFn,
+    maybe_loop_fn: LoopFn | None = None,
+    *,
+    output_state: bool = False,
+    aggregation: AggregationLike | None = None,
+) -> InnerLoop[Any]:
+    """A callback that runs a whole loop, e.g. an evaluation loop during training.
+
+    The loop function receives the current state and returns
+    `(state, history, elapsed)`, as `ciclo.loop` and the predefined loops do.
+    Its history is reduced to one value per entry, and each entry is renamed
+    `<entry>_<name>` when a name is given.
+
+    How an entry is reduced is decided per entry, by the first of:
+
+    1. `aggregation`: one aggregation for every entry, or a dict keyed by full
+       path (`"metrics.accuracy"`), entry name (`"accuracy"`) or collection
+       (`"metrics"`), tried in that order;
+    2. the state's running metrics (the `Metric`s of its fields of role
+       `managed.Role.METRICS`, as `ciclo.types.ModelState.metrics`): each
+       keeps its last value;
+    3. the entry's kind, from its collection: `metrics` and `losses` hold
+       per-batch values, reduced to their mean weighted by each step's samples,
+       which does not depend on the batch size; `stateful_metrics` holds
+       running values (each covering all the batches so far, as Keras'
+       `stateful_metrics`), reduced to the last one; other collections keep
+       their last value.
+
+    A hand-written running metric (a sum and a count kept in the state) is
+    logged in `stateful_metrics`, or named in `aggregation` as `"last"`: its
+    mean over the steps would be wrong.
+
+    Args:
+        name_or_loop_fn: the name used as suffix, or the loop function.
+        maybe_loop_fn: the loop function when a name is given first.
+        output_state: return the inner loop's final state (default: keep the
+            outer state unchanged).
+        aggregation: `"last"`, `"first"`, `"mean"` (weighted by each step's
+            samples), `"sum"`, `"min"`, `"max"`, a function of the list of
+            values, or a dict of those by entry or collection (see above).
+
+    Raises:
+        ValueError: for an unknown aggregation, and, when the inner loop has
+            run, for a dict key that names none of its entries or collections.
+
+    Example:
+        >>> import ciclo, numpy as np
+        >>> def eval_step(state, batch):
+        ...     return ciclo.logs().add_metric("error", float(batch.mean()))
+        >>> batches = [np.full(4, 1.0), np.full(4, 2.0), np.full(2, 4.0)]  # the last batch is short
+        >>> evaluate = ciclo.inner_loop(
+        ...     "test", lambda state: ciclo.loop(state, batches, {ciclo.every(1): [eval_step]})
+        ... )
+        >>> evaluate(state=None)  # the mean over the 10 samples
+        ({'metrics': {'error_test': 2.0}}, None)
+        >>> ciclo.inner_loop("test", evaluate.loop_fn, aggregation={"error": "last"})(None)
+        ({'metrics': {'error_test': 4.0}}, None)
+    """
+    if isinstance(name_or_loop_fn, str):
+        if maybe_loop_fn is None:
+            raise TypeError(f"inner_loop({short(name_or_loop_fn)}, ...) also needs the loop function")
+        return InnerLoop(name_or_loop_fn, maybe_loop_fn, output_state, aggregation)
+    if maybe_loop_fn is not None:
+        raise TypeError("inner_loop takes (name, loop_fn) or (loop_fn), not two loop functions")
+    return InnerLoop(None, name_or_loop_fn, output_state, aggregation)

@@ -1,0 +1,1055 @@
+"""Backups: what a loop needs to go on after a kill, saved atomically with orbax.
+
+`ciclo.backup(directory)` returns a `Backup`, given to a loop as `backup=`. The
+loop then saves, every `every` (default: each epoch in `train_loop`, every 1000
+steps elsewhere), at its end and when it is preempted, one orbax checkpoint
+holding two items:
+
+- `state`: the loop state, saved by orbax (each process writes its own shards),
+- `loop`: a JSON document with the `Elapsed`, the History's counts and the
+  chunks of rows it spans, every stateful callback's `state_dict()`, and
+  the position in the dataset: plain data (`ciclo._src.resume.host_json`), checked
+  field by field when it is read, never code,
+- `kept` (when a callback holds one): trees shaped like the state, such as an
+  early stopping's best state, saved by orbax like the state.
+
+The History's rows are in `history/rows-<first>-<end>.json` beside the steps:
+each backup writes the rows since the one before, so its cost does not grow
+with the run; chunks no kept backup refers to are deleted.
+
+When the directory holds a backup at start, the loop restores all of it and
+continues; a backup written at the loop's end is marked finished, and a loop
+that finds one returns its results at once.
+
+orbax writes each checkpoint into a temporary directory and renames it when it
+is complete, so a kill during a save leaves the previous backup intact; the
+last `keep` (at least 2) are kept.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import inspect
+import itertools
+import json
+import logging
+import math
+import os
+import re
+import signal
+import socket
+import sys
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any, final
+
+import jax
+import numpy as np
+
+from ciclo._src.base.batches import BatchSizeFn, count
+from ciclo._src.base.checks import check_directory
+from ciclo._src.base.elapsed import Clock, Elapsed, Period, make_elapsed
+from ciclo._src.base.files import check_closed, open_own, remove_own, write_atomically
+from ciclo._src.base.finite import all_finite
+from ciclo._src.base.reprs import short
+from ciclo._src.base.schedules import Every, crossed, next_boundary
+from ciclo._src.data.position import iterator_state
+from ciclo._src.engine.callback import Callback
+from ciclo._src.resume.host_json import from_json, to_json
+from ciclo._src.resume.orbax_io import (
+    abstract,
+    announce,
+    barrier_prefix,
+    check_structure,
+    note_lost_peer,
+    open_manager,
+    orbax,
+    restore_everywhere,
+    stored_tree,
+)
+from ciclo._src.resume.signals import SignalGuard
+from ciclo._src.state.learning_rate import changed_hyperparameters
+from ciclo._src.state.managed import ResumeRefused, check_static_options, static_options
+
+if sys.platform != "win32":
+    import fcntl
+
+if TYPE_CHECKING:
+    from ciclo._src.engine.loop_state import LoopState
+
+_log = logging.getLogger("ciclo")
+
+
+_FORMAT = 4
+"""The loop item's format: 4 records the state's static options, 3 the loop (kind, stop, samples drawn);
+1 held a pickle, never read."""
+_MARKER = "ciclo_backup.json"
+"""Written next to the checkpoints: says the directory holds ciclo backups."""
+_HISTORY_DIR = "history"
+"""The History's rows, in files `rows-<first>-<end>.json`: each backup writes only the rows since the last."""
+_BARRIERS = "ciclo_backup"
+"""The backups' kind in orbax's barrier names (a checkpoint's saves of the same step never wait on them)."""
+_CHUNK = re.compile(r"rows-(\d+)-(\d+)\.json")
+_LOCK = "ciclo_backup.lock"
+"""Held while a loop uses the directory: the owner's pid and host, so that a second one is refused."""
+
+
+class Preempted(SystemExit):
+    """Raised by a loop after it saved its backup on SIGTERM (or SIGINT when asked).
+
+    A `SystemExit`: unless caught, the process exits with `code`, 128 plus the
+    signal's number (143 for SIGTERM), without a traceback. Run the same script
+    again to resume from the backup.
+    """
+
+    def __init__(self, signum: int, steps: int, directory: str | None = None) -> None:
+        super().__init__(128 + signum)
+        self.signum = signum
+        self.steps = steps
+        self.directory = directory
+
+    def __str__(self) -> str:
+        name = signal.Signals(self.signum).name
+        where = "" if self.directory is None else f" in {self.directory}"
+        return (
+            f"preempted by {name} after step {self.steps}: the backup is saved{where}; run the same "
+            "command again to resume from it"
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class Backup:
+    """Where and how often a loop saves what it needs to resume; create it with `ciclo.backup`."""
+
+    directory: str
+    every: Any = None
+    keep: int = 2
+    sigint: bool = False
+
+    def __repr__(self) -> str:
+        return (
+            f"ciclo.backup({self.directory!r}, every={self.every!r}, keep={self.keep}, sigint={self.sigint})"
+        )
+
+    def callback(self, kind: str, *, default_every: Any = None) -> BackupCallback:
+        """This backup as a loop's callback: what `backup=` adds, for `run_phases(callbacks=[...])`.
+
+        Put it first: it restores the run before the other callbacks start.
+        `kind` names the loop in its backups (a backup of another kind is
+        refused); `default_every` is how often to back up when `every` is None.
+        """
+        return BackupCallback(self, kind=kind, default_every=default_every)
+
+
+def backup(
+    directory: str | os.PathLike[str],
+    *,
+    every: int | Period | Any = None,
+    keep: int = 2,
+    sigint: bool = False,
+) -> Backup:
+    """Backups of a loop in `directory`, so that a killed run goes on where it stopped.
+
+    Give it to `ciclo.loop`, `train_loop`, `test_loop`, `predict_loop` or
+    `run_phases` as `backup=` (a plain directory means `ciclo.backup(directory)`).
+    The loop saves the state, the `Elapsed`, the History, the stateful
+    callbacks' states and the dataset position; when it starts and finds a
+    backup, it restores them and continues. Results equal those of a run that
+    was never interrupted, bit for bit, as long as the steps are deterministic.
+
+    The dataset position: an iterator with `get_state()` / `set_state()` (like
+    grain's `DatasetIterator`) has its own state saved. Any other dataset is
+    iterated again from its start, skipping the batches already used (so it
+    must give the same batches in the same order, and the skipped batches cost
+    their loading time). A generator that was already partly consumed cannot
+    be positioned and is refused.
+
+    On SIGTERM (and SIGINT with `sigint=True`) the loop finishes the step in
+    flight, saves, and raises `ciclo.types.Preempted`, which exits the process with
+    code 143 (130 for SIGINT) unless caught. Under several processes they all
+    stop at the same step (JAX's preemption sync point).
+
+    Args:
+        directory: where the backups go (created if needed).
+        every: how often to save: a number of steps, a `ciclo.types.Period`, or a
+            schedule (`ciclo.every(...)`). Default: at each epoch's end in
+            `train_loop`, every 1000 steps in the other loops. The loop also
+            saves at its end and when preempted.
+        keep: how many backups to keep (at least 2, so that a kill during a
+            save leaves the previous one).
+        sigint: also treat SIGINT (Ctrl-C) as a preemption.
+
+    Example:
+        >>> import ciclo, tempfile
+        >>> def train_step(state, batch):
+        ...     return ciclo.logs().add_metric("x", state), state + batch
+        >>> directory = tempfile.mkdtemp()
+        >>> state, history, elapsed = ciclo.loop(
+        ...     0, range(10), {ciclo.every(1): train_step}, stop=6, backup=directory
+        ... )
+        >>> state, elapsed.steps
+        (15, 6)
+        >>> state, history, elapsed = ciclo.loop(  # finished: returns at once
+        ...     0, range(10), {ciclo.every(1): train_step}, stop=6, backup=directory
+        ... )
+        >>> int(state), elapsed.steps, len(history)
+        (15, 6, 6)
+    """
+    if not isinstance(directory, (str, os.PathLike)):
+        raise TypeError(f"backup directory must be a path, got {short(directory)}")
+    if isinstance(keep, bool) or not isinstance(keep, int) or keep < 2:
+        raise ValueError(f"keep must be an int >= 2 (a kill during a save must leave one), got {short(keep)}")
+    if not isinstance(sigint, bool):
+        raise TypeError(f"sigint must be a bool, got {short(sigint)}")
+    _schedule(every)  # checked now, not at the first step
+    path = os.path.abspath(os.fspath(directory))
+    check_directory(path, "backup directory")
+    return Backup(path, every, keep, sigint)
+
+
+def as_backup(value: Any) -> Backup | None:
+    """`backup=` as given to a loop: None, a directory, or a `Backup`."""
+    if value is None or isinstance(value, Backup):
+        return value
+    if isinstance(value, (str, os.PathLike)):
+        return backup(value)
+    raise TypeError(f"backup must be a directory or ciclo.backup(directory, ...), got {short(value)}")
+
+
+def _schedule(every: Any) -> Any:
+    """`every` as `(steps_interval, None)` for steps alone, or `(None, schedule)`."""
+    if every is None:
+        return None, None
+    if isinstance(every, bool):
+        raise TypeError(
+            f"every must be a number of steps, a ciclo.types.Period or a schedule, got {short(every)}"
+        )
+    if isinstance(every, int):
+        if every < 1:
+            raise ValueError(f"every must be >= 1 step, got {short(every)}")
+        return every, None
+    if isinstance(every, Period):
+        if every.steps is not None and every == Period(steps=every.steps):
+            return every.steps, None
+        return None, Every(every)
+    if callable(every):
+        return None, every
+    raise TypeError(
+        f"every must be a number of steps, a ciclo.types.Period or a schedule, got {short(every)}"
+    )
+
+
+@dataclasses.dataclass
+class Restored:
+    """What a backup held: the loop goes on from here."""
+
+    step: int
+    state: Any
+    elapsed: Elapsed
+    history: dict[str, Any]
+    callbacks: dict[str, Any]
+    position: int
+    iterator_state: Any
+    finished: bool
+    kind: str
+    stop: Period | None
+    samples: int
+    skipped: tuple[int, ...] = ()
+    """The newer backups that could not be read (warned about, then deleted)."""
+
+
+_LOOP_FIELDS = (
+    "format",
+    "kind",
+    "stop",
+    "finished",
+    "elapsed",
+    "history",
+    "callbacks",
+    "position",
+    "samples",
+    "iterator_state",
+    "kept",
+    "options",
+)
+
+
+def stop_fields(stop: Period | None) -> list[Any] | None:
+    """`stop` as the loop document records it: `[steps, samples, time, date]` or None."""
+    return None if stop is None else [stop.steps, stop.samples, stop.time, stop.date]
+
+
+def _stop_period(fields: Any, where: str) -> Period | None:
+    if fields is None:
+        return None
+    if (
+        not isinstance(fields, list)
+        or len(fields) != 4
+        or not all(x is None or (isinstance(x, (int, float)) and not isinstance(x, bool)) for x in fields)
+    ):
+        raise ValueError(f"{where}: stop is {short(fields)}, not null or [steps, samples, time, date]")
+    try:
+        return Period(*fields)
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"{where}: stop is {short(fields)}: {error}") from None
+
+
+def _checked_loop_item(item: Any, step: int, where: str) -> dict[str, Any]:
+    """The loop item's fields, each checked: a backup is data, and a damaged or crafted one is named."""
+    if not isinstance(item, dict):
+        raise ValueError(f"{where} holds a {type(item).__name__}, not the loop's JSON document")
+    if item.get("format") == 1:
+        raise ValueError(
+            f"{where} was written by an earlier ciclo, whose backups held a pickle: it is not read, as "
+            "loading a backup never runs code from the directory. Give backup= another directory to "
+            "start afresh"
+        )
+    if item.get("format") != _FORMAT:
+        raise ValueError(f"{where} has format {short(item.get('format'))}; this ciclo reads format {_FORMAT}")
+    unknown, missing = sorted(set(item) - set(_LOOP_FIELDS)), sorted(set(_LOOP_FIELDS) - set(item))
+    if unknown or missing:
+        raise ValueError(f"{where}: unknown fields {unknown}, missing fields {missing}")
+    if not isinstance(item["finished"], bool):
+        raise ValueError(f"{where}: finished is {short(item['finished'])}, not true or false")
+    elapsed = item["elapsed"]
+    if (
+        not isinstance(elapsed, list)
+        or len(elapsed) != 4
+        or not all(_is_count(x) for x in elapsed[:2])
+        or not all(_is_time(x) for x in elapsed[2:])
+        or elapsed[2] < 0
+    ):
+        raise ValueError(f"{where}: elapsed is {short(elapsed)}, not [steps, samples, time, date_start]")
+    if elapsed[0] != step:
+        raise ValueError(f"{where}: elapsed counts {elapsed[0]} steps, but the backup is numbered {step}")
+    position = item["position"]
+    if not isinstance(position, int) or isinstance(position, bool) or not 0 <= position <= step:
+        raise ValueError(
+            f"{where}: position is {short(position)}, not a number of batches from 0 to the {step} steps "
+            "completed"
+        )
+    samples = item["samples"]
+    if not isinstance(samples, int) or isinstance(samples, bool) or samples < 0:
+        raise ValueError(f"{where}: samples is {short(samples)}, not a count")
+    if not isinstance(item["kind"], str):
+        raise ValueError(f"{where}: kind is {short(item['kind'])}, not the name of a loop")
+    kept = item["kept"]
+    if not isinstance(kept, list) or not all(isinstance(name, str) for name in kept):
+        raise ValueError(f"{where}: kept is {short(kept)}, not a list of names")
+    if not isinstance(item["callbacks"], dict):
+        raise ValueError(f"{where}: callbacks is a {type(item['callbacks']).__name__}, not a dict")
+    return dict(item)
+
+
+def _is_count(x: Any) -> bool:
+    return type(x) is int and x >= 0
+
+
+def _is_time(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _check_rows(part: dict[str, Any], where: str, first: int) -> None:
+    """Each row of a chunk file as `History.to_host` writes it: names, numbers, and finite counts.
+
+    A damaged or crafted file (strings for values, NaN times) is refused like
+    any other damaged backup: the loop falls back to the one before.
+    """
+    for index, (paths, values, elapsed) in enumerate(zip(*(part[name] for name in _COLUMNS), strict=True)):
+        row = f"{where}: row {first + index}"
+        if not isinstance(paths, tuple) or not all(
+            isinstance(p, tuple) and len(p) == 2 and all(isinstance(x, str) for x in p) for p in paths
+        ):
+            raise ValueError(f"{row}: paths is {short(paths)}, not (collection, name) pairs")
+        if not isinstance(values, tuple) or len(values) != len(paths):
+            raise ValueError(
+                f"{row}: values is {short(values)}, not one value for each of its {len(paths)} paths"
+            )
+        for (collection, name), value in zip(paths, values, strict=True):
+            numeric = isinstance(value, (np.ndarray, np.generic)) and value.dtype.kind in "biufc"
+            if not numeric and (not isinstance(value, (bool, int, float)) or isinstance(value, str)):
+                raise ValueError(f"{row}: {collection}.{name} is {short(value)}, not a number or an array")
+        if not (
+            isinstance(elapsed, tuple)
+            and len(elapsed) == 3
+            and _is_count(elapsed[0])
+            and _is_count(elapsed[1])
+            and _is_time(elapsed[2])
+        ):
+            raise ValueError(f"{row}: elapsed is {short(elapsed)}, not (steps, samples, time)")
+
+
+_HISTORY_ITEM_FIELDS = {"chunks", "max_rows", "dropped", "evicted_latest"}
+_COLUMNS = ("paths", "values", "elapsed")
+
+
+def _checked_chunks(item: Any, where: str) -> list[tuple[int, int]]:
+    """The document's history chunks, `[[first, end], ...]`, checked to follow each other."""
+    if not isinstance(item, dict) or set(item) != _HISTORY_ITEM_FIELDS:
+        raise ValueError(f"{where} does not have the fields {sorted(_HISTORY_ITEM_FIELDS)}")
+    chunks, dropped = item["chunks"], item["dropped"]
+    if not isinstance(dropped, int) or isinstance(dropped, bool) or dropped < 0:
+        raise ValueError(f"{where}: dropped is {short(dropped)}, not a count")
+    if not isinstance(item["evicted_latest"], dict):
+        raise ValueError(f"{where}: evicted_latest is not a dict")
+    if not isinstance(chunks, list) or not all(
+        isinstance(c, list) and len(c) == 2 and all(type(x) is int and x >= 0 for x in c) for c in chunks
+    ):
+        raise ValueError(f"{where}: chunks is {short(chunks)}, not a list of [first, end] rows")
+    ranges = [(first, end) for first, end in chunks]
+    follows = all(a[1] == b[0] for a, b in zip(ranges, ranges[1:], strict=False))
+    if not all(first < end for first, end in ranges) or not follows or (ranges and ranges[0][0] > dropped):
+        raise ValueError(f"{where}: chunks {short(chunks)} do not cover the rows from {dropped} on, in order")
+    return ranges
+
+
+class Session:
+    """One loop's use of a `Backup`: opens the orbax manager, restores, saves on schedule."""
+
+    def __init__(self, spec: Backup, default_every: Any, *, kind: str, stop: Period | None) -> None:
+        self.spec = spec
+        self.kind = kind
+        self.stop = stop
+        interval, schedule = _schedule(spec.every if spec.every is not None else default_every)
+        if interval is None and schedule is None:
+            interval = 1000
+        self.interval: int | None = interval
+        self.schedule = schedule
+        if schedule is not None and jax.process_count() > 1:
+            raise ValueError(
+                "under several processes, backup(every=...) must be a number of steps: all processes "
+                f"must save at the same step, and a schedule in time would not agree; got {short(spec.every)}"
+            )
+        ocp = orbax()
+        self._ocp = ocp
+        os.makedirs(spec.directory, exist_ok=True)
+        check_closed(spec.directory, "the backup directory")
+        self._check_marker()
+        self._lock = _lock(spec.directory)
+        self.manager = open_manager(
+            spec.directory,
+            _BARRIERS,
+            item_handlers={
+                "state": ocp.StandardCheckpointHandler(),
+                "kept": ocp.StandardCheckpointHandler(),
+                "loop": ocp.JsonCheckpointHandler(),
+            },
+            max_to_keep=spec.keep,
+        )
+        self.last_saved: int | None = None
+        self._chunks: list[tuple[int, int]] = []  # the History chunks of the newest backup
+        self._recent: list[list[tuple[int, int]]] = []  # those of the backups that may still be kept
+
+    def _check_marker(self) -> None:
+        path = os.path.join(self.spec.directory, _MARKER)
+        if os.path.exists(path):
+            return
+        # The marker's temporary file is ours (a kill between its write and its rename). Under several
+        # processes, process 0 writes the marker and may already be saving: the others leave the
+        # check of orbax's step directories to it, and may see the marker appear after looking for it.
+        ours = re.compile(
+            r"ciclo_backup\.(json|lock)(\.tmp)?|history"
+            if jax.process_index() == 0
+            else r"ciclo_backup\.(json|lock)(\.tmp)?|history|\d+(\..*)?"
+        )
+        entries = [e for e in os.listdir(self.spec.directory) if not ours.fullmatch(e)]
+        if entries:
+            raise FileExistsError(
+                f"{self.spec.directory} is not empty and holds no ciclo backup ({sorted(entries)[:5]}...): "
+                "give backup= a directory of its own (a checkpoint directory cannot double as one)"
+            )
+        if jax.process_index() == 0:
+            _write_json(self.spec.directory, _MARKER, {"format": _FORMAT})
+
+    def restore(self, target: Any) -> Restored | None:
+        """The newest backup that can be read, restored into the structure, shapes and shardings of `target`.
+
+        A newer backup that cannot be read (a damaged file, a document that is
+        not ciclo's) is warned about with what failed, then deleted once an
+        older one is restored, so that the run saves its steps again.
+
+        Raises:
+            ValueError: if no backup in the directory can be read, naming each
+                one and what failed.
+        """
+        failures: list[tuple[int, Exception]] = []
+        for step in sorted((int(step) for step in self.manager.all_steps()), reverse=True):
+            try:
+                # Every process resumes from the same step: the reads fail on all of them together.
+                restored = self._restore_step(step, target)
+            except ResumeRefused:
+                raise  # the run's own options, which every backup in the directory was written with
+            except Exception as error:  # noqa: BLE001 - orbax, tensorstore and json raise anything
+                failures.append((step, error))
+                _log.warning(
+                    "cannot resume from the backup at step %d in %s: %s; trying the one before",
+                    step,
+                    self.spec.directory,
+                    error,
+                )
+                continue
+            for damaged, _ in failures:
+                self.manager.delete(damaged)
+            return dataclasses.replace(restored, skipped=tuple(step for step, _ in failures))
+        if not failures:
+            return None
+        errors = "\n".join(f"- step {step}: {error}" for step, error in failures)
+        raise ValueError(
+            f"no backup in {self.spec.directory} can be resumed from:\n{errors}\nIf the loop's state "
+            "changed (another model), give backup= another directory to start afresh."
+        )
+
+    def _restore_step(self, step: int, target: Any) -> Restored:
+        """The backup of `step`, checked field by field; raises if any part of it cannot be read."""
+        ocp, manager = self._ocp, self.manager
+        barriers = barrier_prefix(_BARRIERS, self.spec.directory)
+        loop_item = restore_everywhere(
+            manager, step, ocp.args.Composite(loop=ocp.args.JsonRestore()), barriers=barriers
+        )["loop"]
+        document = os.path.join(self.spec.directory, str(step), "loop")
+        fields = _checked_loop_item(loop_item, step, document)
+        where = f"at step {step} in {self.spec.directory}"
+        # The options that give the arrays their meaning (accumulate_steps, ...), before the arrays.
+        changed = check_static_options(fields["options"], target, where)
+        target_tree = abstract(target)
+        stored = stored_tree(self.manager, step, "state")
+        # Compared before orbax reads anything: its own errors name no leaf.
+        check_structure(
+            None if stored is None else stored["state"], target_tree, "the backup", where, dtypes=True
+        )
+        try:
+            restored = restore_everywhere(
+                manager,
+                step,
+                ocp.args.Composite(state=ocp.args.StandardRestore({"state": target_tree})),
+                barriers=barriers,
+            )["state"]["state"]
+        except Exception as error:  # noqa: BLE001 - orbax and tensorstore raise plain Exceptions
+            # The structure fits (checked above): what fails is reading the arrays' files.
+            raise ValueError(f"the state of the backup {where} cannot be read: {error}") from None
+        states = {}
+        if fields["kept"]:
+            # Trees shaped like the loop's state (an early stopping's best state), saved by orbax.
+            states = restore_everywhere(
+                manager,
+                step,
+                ocp.args.Composite(
+                    kept=ocp.args.StandardRestore({name: target_tree for name in fields["kept"]})
+                ),
+                barriers=barriers,
+            )["kept"]
+        callbacks = from_json(fields["callbacks"], f"{document}: callbacks", states=states)
+        item = from_json(fields["history"], f"{document}: history")
+        chunks = _checked_chunks(item, f"{document}: history")
+        history = self._read_history(item, chunks, f"{document}: history")
+        self.last_saved = step
+        self._chunks = chunks
+        self._recent = [chunks]
+        if changed:
+            _log.warning(
+                "the backup at step %d in %s was written with other options than this run's state has "
+                "(%s): the run goes on with this state's, so it will not equal the run that was backed up; "
+                "give backup= another directory to start afresh",
+                step,
+                self.spec.directory,
+                "; ".join(changed),
+            )
+        return Restored(
+            step=step,
+            state=restored,
+            elapsed=make_elapsed(*fields["elapsed"]),
+            history=history,
+            callbacks=callbacks,
+            position=fields["position"],
+            iterator_state=from_json(fields["iterator_state"], f"{document}: iterator_state"),
+            finished=fields["finished"],
+            kind=fields["kind"],
+            stop=_stop_period(fields["stop"], document),
+            samples=fields["samples"],
+        )
+
+    def _read_history(
+        self, item: dict[str, Any], chunks: list[tuple[int, int]], where: str
+    ) -> dict[str, Any]:
+        """The History rows of `chunks`, from the chunk files, as `History.to_host()` gives them."""
+        rows: dict[str, list[Any]] = {name: [] for name in _COLUMNS}
+        for first, end in chunks:
+            path = os.path.join(self.spec.directory, _HISTORY_DIR, f"rows-{first}-{end}.json")
+            try:
+                with open_own(path, "r") as file:
+                    part = from_json(json.load(file), path)
+            except (OSError, ValueError) as error:
+                raise ValueError(f"{where}: the rows {first} to {end} cannot be read: {error}") from None
+            if not isinstance(part, dict) or set(part) != set(_COLUMNS):
+                raise ValueError(f"{path} does not have the fields {list(_COLUMNS)}")
+            if not all(isinstance(part[name], list) and len(part[name]) == end - first for name in _COLUMNS):
+                raise ValueError(f"{path}: paths, values and elapsed are not lists of {end - first} rows")
+            _check_rows(part, path, first)
+            for name in _COLUMNS:
+                rows[name] += part[name]
+        skip = item["dropped"] - chunks[0][0] if chunks else 0  # rows a bounded History dropped since
+        history = {name: column[skip:] for name, column in rows.items()}
+        history.update(
+            max_rows=item["max_rows"], dropped=item["dropped"], evicted_latest=item["evicted_latest"]
+        )
+        return history
+
+    def _history_item(self, history: Any) -> dict[str, Any]:
+        """The document's history field; writes the rows since the last backup as a new chunk."""
+        dropped, total = history.dropped, history.dropped + len(history)
+        chunks = [chunk for chunk in self._chunks if chunk[1] > dropped]
+        written = chunks[-1][1] if chunks else dropped
+        rows = history.to_host(written)
+        if total > written:
+            if jax.process_index() == 0:
+                part = to_json({name: rows[name] for name in _COLUMNS}, "the history")
+                _write_json(
+                    os.path.join(self.spec.directory, _HISTORY_DIR), f"rows-{written}-{total}.json", part
+                )
+            chunks.append((written, total))
+        self._chunks = chunks
+        self._recent = [*self._recent, chunks][-(self.spec.keep + 1) :]
+        return {
+            "chunks": [list(chunk) for chunk in chunks],
+            "max_rows": rows["max_rows"],
+            "dropped": dropped,
+            "evicted_latest": rows["evicted_latest"],
+        }
+
+    def _delete_unused_chunks(self) -> None:
+        """Deletes the chunk files no kept backup refers to (a bounded History's old rows, a killed run's)."""
+        directory = os.path.join(self.spec.directory, _HISTORY_DIR)
+        if jax.process_index() != 0 or os.path.islink(directory) or not os.path.isdir(directory):
+            return
+        used = {chunk for chunks in self._recent for chunk in chunks}
+        for name in os.listdir(directory):
+            match = _CHUNK.fullmatch(name)
+            if match is not None and (int(match[1]), int(match[2])) not in used:
+                remove_own(directory, name, _CHUNK)  # only a chunk file of ours, never through a link
+
+    def next_due(self) -> int:
+        """The step count at which `due` may first hold: the next boundary of `every=N`, else 0."""
+        if self.interval is None:
+            return 0
+        return next_boundary(self.last_saved or 0, self.interval)
+
+    def due(self, steps: int, now: Any) -> bool:
+        """Whether the schedule asks for a backup after a step that ended at `steps`."""
+        if self.interval is not None:
+            return crossed(self.last_saved or 0, steps, self.interval)
+        return bool(self.schedule(now()))
+
+    def save(
+        self,
+        state: Any,
+        elapsed: Elapsed,
+        history: Any,
+        callbacks: dict[str, Any],
+        position: int,
+        samples: int,
+        iterator_state: Any,
+        *,
+        finished: bool,
+        wait: bool,
+    ) -> None:
+        """Saves a backup numbered by the steps completed; `wait` blocks until it is on disk.
+
+        A state holding NaN or inf is not saved (nor marked finished): the newest
+        finite backup stays the resume point, and no rotation deletes it.
+        """
+        step = int(elapsed.steps)
+        if step == self.last_saved and not finished:
+            return
+        if not all_finite(state):
+            _log.warning(
+                "backup of step %d not saved: the state holds NaN or inf; running the script again resumes "
+                "from the newest finite backup (%s)",
+                step,
+                "none yet" if self.last_saved is None else f"step {self.last_saved}",
+            )
+            return
+        structure = jax.tree.structure(state)
+        kept: dict[str, Any] = {}
+        callbacks_data = {
+            name: to_json(
+                value,
+                f"the state of callback {name}",
+                state_structure=None if jax.tree_util.treedef_is_leaf(structure) else structure,
+                kept=kept,
+            )
+            for name, value in callbacks.items()
+        }
+        loop_item = {
+            "format": _FORMAT,
+            "kind": self.kind,
+            "stop": stop_fields(self.stop),
+            "finished": finished,
+            "elapsed": [
+                int(elapsed.steps),
+                int(elapsed.samples),
+                float(elapsed.time),
+                float(elapsed.date_start),
+            ],
+            "history": to_json(self._history_item(history), "the history"),
+            "callbacks": callbacks_data,
+            "position": int(position),
+            "samples": int(samples),
+            "iterator_state": to_json(iterator_state, "the dataset iterator's get_state()"),
+            "kept": sorted(kept),
+            "options": static_options(state),
+        }
+        ocp = self._ocp
+        if step == self.last_saved:
+            # Same step, now finished: replace the backup in place of a second one.
+            self.manager.wait_until_finished()
+            self.manager.delete(step)
+        self.manager.save(
+            step,
+            args=ocp.args.Composite(
+                # Wrapped: orbax refuses a state that is a single leaf at the root.
+                state=ocp.args.StandardSave({"state": state}),
+                loop=ocp.args.JsonSave(loop_item),
+                **({"kept": ocp.args.StandardSave(kept)} if kept else {}),
+            ),
+            force=True,
+        )
+        self.last_saved = step
+        self._delete_unused_chunks()
+        if wait:
+            self.manager.wait_until_finished()
+
+    def close(self) -> None:
+        """Finishes the pending save (also after Ctrl-C or an error), releases the manager and the lock."""
+        try:
+            self.manager.wait_until_finished()
+            self.manager.close()
+        finally:
+            if self._lock is not None:
+                _unlock(self.spec.directory, self._lock)
+
+
+@final
+class BackupCallback(Callback):
+    """A loop's backup as a callback: restores before the first step, saves on schedule and at the end.
+
+    The loops add it for `backup=`; put it first in `run_phases(callbacks=[...])`
+    for a loop of your own. Before the first step it restores the state, the
+    History, the counts, the callbacks' states and the dataset position from
+    the newest backup (a finished run that `stop` does not extend runs no
+    step); the backup of the start is written when the first batch is drawn.
+    After each step it saves when due, and on SIGTERM (or SIGINT with
+    `sigint=True`) it saves and raises `ciclo.types.Preempted`. At the end it
+    saves the finished run, after the other callbacks' `on_end` (loggers
+    flushed what the backup then claims).
+
+    Args:
+        spec: `ciclo.backup(...)`, or a directory.
+        kind: the loop's name, recorded in its backups: a backup of another
+            kind is refused.
+        default_every: how often to back up when `spec` does not say.
+    """
+
+    def __init__(
+        self, spec: Backup | str | os.PathLike[str], *, kind: str, default_every: Any = None
+    ) -> None:
+        self.spec = as_backup(spec)
+        self.kind = kind
+        self.default_every = default_every
+        self._session: Session | None = None
+        self._guard: SignalGuard | None = None
+        self._done = False
+        self._iterator: Any = None
+        self._samples_before = 0  # samples counted before this run drew its first batch
+        self._check_at: float = math.inf
+
+    def on_start(self, loop_state: LoopState[Any], /) -> None:
+        spec = self.spec
+        assert spec is not None
+        self._session = session = Session(spec, self.default_every, kind=self.kind, stop=loop_state._stop)
+        self._done = False
+        try:
+            restored = session.restore(loop_state.state)
+            if restored is None:
+                self._iterator = loop_state._iterator
+                self._samples_before = loop_state._clock.samples
+                # The backup of the start, once every on_start accepted the run: a run killed before its
+                # first periodic backup resumes as a resumed run (its checkpoints then are its own).
+                loop_state._iterator = itertools.chain(self._start_backup(loop_state), self._iterator)
+            else:
+                self._resume(loop_state, restored)
+        except BaseException as error:
+            note_lost_peer(error)
+            session.close()
+            raise
+        if not self._done:
+            self._guard = SignalGuard.for_loop(sigterm=True, sigint=spec.sigint)
+            self._check_at = self._next_check()
+
+    def _resume(self, loop_state: LoopState[Any], restored: Restored) -> None:
+        directory = self.spec.directory  # type: ignore[union-attr]
+        if restored.kind != self.kind:
+            raise ValueError(
+                f"the backup in {directory} was written by {short(restored.kind)}, "
+                f"and this loop is {self.kind!r}: resuming it would return the results of another "
+                "loop. Give backup= a directory of this loop's own"
+            )
+        loop_state.history.load_host(restored.history)
+        changes = changed_hyperparameters(restored.state, loop_state.state)
+        if changes:
+            _log.warning(
+                "the backup at step %d in %s was written with other optimizer hyperparameters than this "
+                "run's state has (%s): the backup's optimizer state, and these values, are resumed; "
+                "give backup= another directory to train with the new ones",
+                restored.step,
+                directory,
+                "; ".join(changes),
+            )
+        announce(
+            "ciclo: resumed %s from the backup at step %d in %s%s",
+            self.kind,
+            restored.step,
+            directory,
+            "".join(
+                [
+                    " (a finished run)" if restored.finished else "",
+                    f" (newer backups at steps {list(restored.skipped)} could not be read)"
+                    if restored.skipped
+                    else "",
+                ]
+            ),
+        )
+        clock = loop_state._clock = Clock(restored.elapsed, loop_state._clock.batch_size_fn)
+        loop_state.state, loop_state._now = restored.state, clock.now
+        stop = loop_state._stop
+        # A finished run is done, unless another stop that it has not reached asks for more.
+        if restored.finished and (stop == restored.stop or (stop is not None and restored.elapsed >= stop)):
+            self._done = True
+            loop_state.stop()
+            return
+        loop_state.load_state_dicts(restored.callbacks)
+        loop_state._iterator = self._iterator = position_dataset(
+            loop_state._iterator, loop_state._dataset, restored, clock.batch_size_fn
+        )
+        loop_state._drawn = restored.position
+        self._samples_before = restored.elapsed.samples - restored.samples
+
+    def _start_backup(self, loop_state: LoopState[Any]) -> Iterator[Any]:
+        self._save(loop_state, finished=False, wait=False)
+        yield from ()
+
+    def _next_check(self) -> float:
+        """The step count from which `on_step_end` has work besides a signal: its cheap gate."""
+        if self._guard is not None and self._guard.sync_point:
+            return 0
+        return self._session.next_due()  # type: ignore[union-attr]
+
+    def on_step_end(self, loop_state: LoopState[Any], /) -> None:
+        """Stops on a signal (saving first), or backs up when due.
+
+        Raises:
+            ciclo.types.Preempted: after saving, on SIGTERM (or SIGINT with `sigint=True`).
+        """
+        guard, clock = self._guard, loop_state._clock
+        if (
+            guard is None
+            or loop_state.stop_iteration
+            or (guard.signum is None and clock.steps < self._check_at)
+        ):
+            return
+        if guard.active and guard.requested(clock.steps):
+            assert guard.signum is not None
+            self._save(loop_state, finished=False, wait=True)
+            preempted = Preempted(guard.signum, clock.steps, self.spec.directory)  # type: ignore[union-attr]
+            announce("ciclo: %s", preempted)
+            raise preempted
+        if self._session.due(clock.steps, clock.now):  # type: ignore[union-attr]
+            self._save(loop_state, finished=False, wait=False)
+        self._check_at = self._next_check()
+
+    def on_end(self, loop_state: LoopState[Any], error: BaseException | None, /) -> None:
+        """Saves a run that ended by itself as finished, waits for the save in flight, frees the signals."""
+        try:
+            if error is None and not self._done:
+                self._save(loop_state, finished=True, wait=True)
+        finally:
+            try:
+                if error is not None:
+                    note_lost_peer(error)  # before the wait for the save in flight, which JAX may end
+                self._session.close()  # type: ignore[union-attr]
+            finally:
+                if self._guard is not None:
+                    self._guard.release()
+                    self._guard = None
+
+    def _save(self, loop_state: LoopState[Any], *, finished: bool, wait: bool) -> None:
+        clock = loop_state._clock
+        self._session.save(  # type: ignore[union-attr]
+            loop_state.state,
+            clock.now(),
+            loop_state.history,
+            loop_state.state_dicts(),
+            loop_state._drawn,
+            clock.samples - self._samples_before,
+            iterator_state(self._iterator),
+            finished=finished,
+            wait=wait,
+        )
+
+
+def position_dataset(
+    iterator: Iterator[Any], dataset: Any, restored: Restored, batch_size_fn: BatchSizeFn
+) -> Iterator[Any]:
+    """`iterator` moved to where the backed-up run stopped drawing batches.
+
+    Batches are skipped by number, so their samples are counted too: a dataset
+    whose first `position` batches hold another number of samples (another
+    batch size) would resume misaligned, and is refused.
+    """
+    if restored.iterator_state is not None:
+        iterator.set_state(restored.iterator_state)  # type: ignore[attr-defined]
+        return iterator
+    if restored.position == 0:
+        return iterator
+    if inspect.isgenerator(dataset) and inspect.getgeneratorstate(dataset) != inspect.GEN_CREATED:
+        raise ValueError(
+            "cannot resume from the backup: the dataset is a generator that was already partly consumed, "
+            f"and the run must skip the {restored.position} batches it used. Pass a fresh generator, or an "
+            "iterator with get_state()/set_state()"
+        )
+    samples = 0
+    for index in range(restored.position):
+        try:
+            samples += count(next(iterator), batch_size_fn)[1]
+        except StopIteration:
+            raise ValueError(
+                f"cannot resume from the backup: the dataset ended after {index} batches, but the backed-up "
+                f"run had used {restored.position}. Resuming needs the same batches in the same order"
+            ) from None
+    if samples != restored.samples:
+        raise ValueError(
+            f"cannot resume from the backup: the backed-up run had drawn {restored.position} batches holding "
+            f"{restored.samples} samples, but the first {restored.position} batches of this dataset hold "
+            f"{samples}: another batch size would resume at another sample. Resume with the batch size of "
+            "the backed-up run, or give backup= another directory to start afresh"
+        )
+    return iterator
+
+
+def _identity(pid: int) -> str | None:
+    """What tells process `pid` of this machine from any other that had its pid: boot id and start time.
+
+    None where /proc cannot say (not Linux, or the process is gone).
+    """
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8") as file:
+            fields = file.read().rpartition(")")[2].split()
+        with open("/proc/sys/kernel/random/boot_id", encoding="utf-8") as file:
+            boot = file.read().strip()
+    except (OSError, IndexError):
+        return None
+    return f"{boot}/{fields[19]}"  # field 22 of stat: the start time in clock ticks since boot
+
+
+def _holder_alive(holder: dict[str, Any]) -> bool:
+    """Whether the process a lock names still runs: only where flock cannot tell (a filesystem without it).
+
+    Same host, same pid, and the same start time: a restarted container's
+    pid 1, or another process that reused the pid, is not the holder.
+    """
+    pid = holder.get("pid")
+    if holder.get("host") != socket.gethostname():
+        return True  # another machine's process: nothing here can tell
+    if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
+        return False
+    identity = _identity(pid)
+    return identity is not None and identity == holder.get("started")
+
+
+def _lock(directory: str) -> int | None:
+    """Takes the directory's lock for this process (process 0 of several): its open descriptor, else None.
+
+    The lock is an `flock` on `ciclo_backup.lock`, which the kernel releases
+    when the holder dies however it dies, so a SIGKILLed run (a container's
+    pid 1 too) never blocks the next. The file names the holder (host, pid,
+    start time) for the messages. A lock whose holder is gone, empty or
+    unreadable is taken over with a warning naming the old holder.
+
+    Raises:
+        FileExistsError: if a live process holds it, naming its pid and host.
+    """
+    if jax.process_index() != 0:
+        return None
+    path = os.path.join(directory, _LOCK)
+    nofollow = getattr(os, "O_NOFOLLOW", 0)
+    while True:
+        try:
+            fd, left = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | nofollow, 0o644), False
+        except FileExistsError:
+            try:
+                fd, left = os.open(path, os.O_RDWR | nofollow), True  # a holder's, live or gone
+            except FileNotFoundError:
+                continue  # released meanwhile
+        try:
+            held = _flock(fd)
+            holder = _lock_holder(fd)
+            if held is None:  # no flock on this filesystem: the holder's identity decides
+                held = holder is None or not _holder_alive(holder)
+            if not held:
+                pid, host = (None, None) if holder is None else (holder.get("pid"), holder.get("host"))
+                raise FileExistsError(
+                    f"the backup directory {directory} is in use by process {short(pid)} "
+                    f"on host {short(host)} ({path}): two runs on one backup would "
+                    "overwrite each other's steps. Give this run another directory"
+                )
+            if os.path.exists(path) and os.path.samestat(os.fstat(fd), os.stat(path)):
+                break
+        except BaseException:
+            os.close(fd)
+            raise
+        os.close(fd)  # the file was removed by the holder that released it: lock the new one
+    if left:
+        _log.warning(
+            "taking over the lock of %s left by %s, which is gone (its process ended, or its pid now "
+            "belongs to another process)",
+            directory,
+            "a process that wrote no readable owner" if holder is None else short(holder),
+        )
+    owner = {"pid": os.getpid(), "host": socket.gethostname(), "started": _identity(os.getpid())}
+    os.ftruncate(fd, 0)
+    os.lseek(fd, 0, os.SEEK_SET)
+    os.write(fd, json.dumps(owner).encode())
+    return fd
+
+
+def _flock(fd: int) -> bool | None:
+    """An exclusive flock on `fd`, not waited for: True; False if another holds it; None if unsupported."""
+    if sys.platform == "win32":
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    except OSError:
+        return None
+    return True
+
+
+def _lock_holder(fd: int) -> dict[str, Any] | None:
+    try:
+        os.lseek(fd, 0, os.SEEK_SET)
+        holder = json.loads(os.read(fd, 4096))
+    except (OSError, ValueError):
+        return None
+    return holder if isinstance(holder, dict) else None
+
+
+def _unlock(directory: str, fd: int) -> None:
+    """Removes the lock file, then releases the flock: a process waiting on the old file then retries."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(os.path.join(directory, _LOCK))
+    os.close(fd)
+
+
+def _write_json(directory: str, name: str, document: Any) -> None:
+    """Writes `document` to `directory/name` atomically and durably: a reader sees all of it or nothing."""
+    write_atomically(os.path.join(directory, name), json.dumps(document))  # written by process 0 only

@@ -1,0 +1,229 @@
+"""Host values as JSON data: what a backup stores of a loop besides its state.
+
+`to_json` turns numbers, strings, lists, tuples, dicts, bytes, numpy arrays and
+JAX arrays (typed PRNG keys too) into plain JSON: numbers, strings, lists and
+dicts, with a few tagged forms (`{"$array": ...}`, `{"$tuple": [...]}`, ...).
+`from_json` turns them back, checking every tag and value; it builds numpy
+arrays from their bytes with `np.frombuffer` and never runs code from the data
+(no pickle anywhere). Any other value is refused where it is encoded, with the
+path of the value in the error.
+
+A value whose pytree structure is the loop state's (an early stopping's best
+state) is not JSON: `to_json` hands it to `kept` and stores a reference
+(`{"$state": "0"}`); the backup saves those with orbax, next to the state, and
+`from_json` puts the restored trees back in their places.
+"""
+
+from __future__ import annotations
+
+import base64
+import math
+import typing
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ciclo._src.base.reprs import cut, short
+
+_TAGS = ("$array", "$bytes", "$dict", "$float", "$key", "$state", "$tuple")
+_NON_FINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
+
+
+def to_json(
+    value: Any, where: str, *, state_structure: Any = None, kept: dict[str, Any] | None = None
+) -> Any:
+    """`value` as JSON data; raises TypeError naming `where` for a value that is not data.
+
+    Example:
+        >>> import numpy as np
+        >>> data = to_json({"best": np.float32(0.5), "steps": (1, 2)}, "state")
+        >>> data["steps"]
+        {'$tuple': [1, 2]}
+        >>> from_json(data, "state")["best"]
+        np.float32(0.5)
+    """
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, int) and not isinstance(value, np.generic):
+        return int(value)
+    if isinstance(value, float) and not isinstance(value, np.generic):
+        return value if math.isfinite(value) else {"$float": repr(value)}
+    if (
+        kept is not None
+        and state_structure is not None
+        and not isinstance(value, (list, tuple, dict, bytes, np.ndarray, np.generic, jax.Array))
+        and jax.tree.structure(value) == state_structure
+    ):
+        name = str(len(kept))
+        kept[name] = value
+        return {"$state": name}
+    if isinstance(value, bytes):
+        return {"$bytes": base64.b64encode(value).decode("ascii")}
+    if isinstance(value, jax.Array) and jnp.issubdtype(value.dtype, jax.dtypes.prng_key):
+        impl = str(jax.random.key_impl(value))
+        return {"$key": {"impl": impl, "data": to_json(_host_array(jax.random.key_data(value)), where)}}
+    if isinstance(value, (np.ndarray, np.generic, jax.Array)):
+        array = _host_array(value)
+        if not _is_data_dtype(array.dtype):
+            raise TypeError(
+                f"{cut(where)} is an array of dtype {array.dtype}, which a backup cannot hold as data"
+            )
+        return {
+            "$array": {
+                "dtype": array.dtype.name,
+                "shape": list(array.shape),
+                "scalar": isinstance(value, np.generic),
+                "data": base64.b64encode(np.ascontiguousarray(array).tobytes()).decode("ascii"),
+            }
+        }
+    if isinstance(value, tuple):
+        return {
+            "$tuple": [
+                to_json(v, f"{where}[{i}]", state_structure=state_structure, kept=kept)
+                for i, v in enumerate(value)
+            ]
+        }
+    if isinstance(value, list):
+        return [
+            to_json(v, f"{where}[{i}]", state_structure=state_structure, kept=kept)
+            for i, v in enumerate(value)
+        ]
+    if isinstance(value, dict):
+        if all(isinstance(key, str) and not key.startswith("$") for key in value):
+            return {
+                key: to_json(v, f"{where}[{short(key)}]", state_structure=state_structure, kept=kept)
+                for key, v in value.items()
+            }
+        return {
+            "$dict": [
+                [
+                    to_json(key, f"{where} key {short(key)}"),
+                    to_json(v, f"{where}[{short(key)}]", state_structure=state_structure, kept=kept),
+                ]
+                for key, v in value.items()
+            ]
+        }
+    raise TypeError(
+        f"{cut(where)} is of type {type(value).__name__}, which a backup cannot hold: a backup holds "
+        "numbers, strings, bytes, lists, tuples, dicts and arrays (and trees shaped like the loop's state), "
+        "never objects"
+    )
+
+
+def from_json(data: Any, where: str, *, states: Mapping[str, Any] | None = None) -> Any:
+    """The value `to_json` encoded; raises ValueError naming `where` for data it did not write."""
+    if data is None or isinstance(data, (bool, str, int, float)):
+        return data
+    if isinstance(data, list):
+        return [from_json(v, f"{where}[{i}]", states=states) for i, v in enumerate(data)]
+    if not isinstance(data, dict):
+        raise ValueError(f"{cut(where)} holds a {type(data).__name__}, which no backup writes")
+    tags = [key for key in data if key.startswith("$")]
+    if not tags:
+        return {key: from_json(v, f"{where}[{short(key)}]", states=states) for key, v in data.items()}
+    if len(data) != 1 or tags[0] not in _TAGS:
+        raise ValueError(f"{cut(where)} holds unknown fields {short(sorted(data)[:5])}")
+    tag, body = tags[0], data[tags[0]]
+    if tag == "$tuple":
+        return tuple(from_json(_list(body, where), where, states=states))
+    if tag == "$dict":
+        pairs = _list(body, where)
+        if not all(isinstance(pair, list) and len(pair) == 2 for pair in pairs):
+            raise ValueError(f"{cut(where)} holds a $dict whose items are not [key, value] pairs")
+        return {
+            _hashable(from_json(k, f"{where} key", states=states), where): from_json(
+                v, f"{where}[{short(k)}]", states=states
+            )
+            for k, v in pairs
+        }
+    if tag == "$float":
+        if body not in _NON_FINITE:
+            raise ValueError(f"{cut(where)} holds a $float of {short(body)}, not nan, inf or -inf")
+        return _NON_FINITE[body]
+    if tag == "$bytes":
+        return _base64(body, where)
+    if tag == "$state":
+        if states is None or body not in states:
+            raise ValueError(
+                f"{cut(where)} refers to a kept state {short(body)} that the backup does not hold"
+            )
+        return states[body]
+    if tag == "$key":
+        if not isinstance(body, dict) or set(body) != {"impl", "data"} or not isinstance(body["impl"], str):
+            raise ValueError(f"{cut(where)} holds a $key without its impl and data")
+        key_data = from_json(body["data"], f"{where} key data")
+        try:
+            return jax.random.wrap_key_data(jnp.asarray(key_data), impl=body["impl"])
+        except (KeyError, TypeError, ValueError):
+            raise ValueError(
+                f"{cut(where)} holds a $key of impl {short(body['impl'])}, which JAX does not know "
+                "(or whose key data does not fit it)"
+            ) from None
+    return _array(body, where)
+
+
+def _host_array(value: Any) -> np.ndarray:
+    """A numpy copy; an array sharded over several processes is gathered from all of them."""
+    if isinstance(value, jax.Array) and not value.is_fully_addressable:
+        from jax.experimental import multihost_utils
+
+        return np.asarray(multihost_utils.process_allgather(value, tiled=True))
+    return np.asarray(value)
+
+
+def _array(body: Any, where: str) -> np.ndarray | np.generic:
+    if not isinstance(body, dict) or set(body) != {"dtype", "shape", "scalar", "data"}:
+        raise ValueError(f"{cut(where)} holds an $array without exactly dtype, shape, scalar and data")
+    shape = body["shape"]
+    if not isinstance(shape, list) or not all(isinstance(n, int) and n >= 0 for n in shape):
+        raise ValueError(f"{cut(where)} holds an $array of shape {short(shape)}, not a list of sizes")
+    try:
+        if not isinstance(body["dtype"], str):  # a dict or list would describe a structured dtype
+            raise TypeError
+        dtype = np.dtype(jnp.dtype(body["dtype"]))
+    except (TypeError, ValueError):
+        raise ValueError(f"{cut(where)} holds an $array of unknown dtype {short(body['dtype'])}") from None
+    if not _is_data_dtype(dtype):
+        raise ValueError(f"{cut(where)} holds an $array of dtype {cut(str(dtype))}, which no backup writes")
+    raw = _base64(body["data"], where)
+    if len(raw) != dtype.itemsize * math.prod(shape):
+        raise ValueError(
+            f"{cut(where)} holds {len(raw)} bytes, not those of a {dtype} array of shape "
+            f"{short(tuple(shape))}"
+        )
+    array: np.ndarray = np.frombuffer(raw, dtype=dtype).reshape(shape).copy()
+    if body["scalar"] is True and not shape:
+        return typing.cast(np.generic, array[()])
+    return array
+
+
+def _is_data_dtype(dtype: np.dtype[Any]) -> bool:
+    return dtype.kind in "biufc" or jnp.issubdtype(dtype, jnp.floating)
+
+
+def _base64(text: Any, where: str) -> bytes:
+    if not isinstance(text, str):
+        raise ValueError(f"{cut(where)} holds {type(text).__name__} where base64 text belongs")
+    try:
+        return base64.b64decode(text.encode("ascii"), validate=True)
+    except ValueError:
+        raise ValueError(f"{cut(where)} holds text that is not base64") from None
+
+
+def _list(body: Any, where: str) -> list[Any]:
+    if not isinstance(body, list):
+        raise ValueError(f"{cut(where)} holds a {type(body).__name__} where a list belongs")
+    return body
+
+
+def _hashable(key: Any, where: str) -> Any:
+    try:
+        hash(key)
+    except TypeError:
+        raise ValueError(
+            f"{cut(where)} holds a dict key that is not hashable: {type(key).__name__}"
+        ) from None
+    return key

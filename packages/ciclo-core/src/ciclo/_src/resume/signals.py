@@ -1,0 +1,153 @@
+"""Signals: the one mechanism that turns SIGTERM and Ctrl-C into a request, and a second Ctrl-C into an exit.
+
+`SignalGuard` catches the signals it is given and records the first one; a
+second SIGINT raises `KeyboardInterrupt` at once and marks the guard `forced`
+(the user insisting: a loop never swallows it, whatever
+`catch_keyboard_interrupt` says). Two uses:
+
+- a loop's guard (`SignalGuard.for_loop`) asks the loop to stop after the
+  step in flight; it only takes a signal that still has Python's default
+  handler, in the main thread, so a loop inside another (or a program with
+  its own handlers) leaves them alone. Under several processes SIGTERM is
+  JAX's preemption notice: every process stops at the same step, its sync
+  point.
+- `held_interrupts()` holds Ctrl-C back while orbax starts, finishes or
+  deletes a save (a KeyboardInterrupt inside orbax leaves a step
+  half-registered), then delivers it to the handler that was there before (a
+  loop's guard included).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import signal
+import threading
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any, final
+
+import jax
+
+from ciclo._src.engine.callback import Callback
+
+if TYPE_CHECKING:
+    from ciclo._src.engine.loop_state import LoopState
+
+_log = logging.getLogger("ciclo")
+
+
+class ForcedInterrupt(KeyboardInterrupt):
+    """A second Ctrl-C: the user insists, and no loop catches it."""
+
+
+class SignalGuard:
+    """Records the first of `signals`; a second SIGINT raises `KeyboardInterrupt` at once.
+
+    Args:
+        signals: the signals to catch.
+        take_over: catch them whatever handler they have (else only where Python's
+            default handler is installed).
+        sync_point: also stop at JAX's preemption sync point (several processes).
+    """
+
+    def __init__(
+        self, signals: tuple[int, ...], *, take_over: bool = False, sync_point: bool = False
+    ) -> None:
+        self.signum: int | None = None
+        self.forced = False
+        """Whether a second Ctrl-C raised: that KeyboardInterrupt always propagates."""
+        self.sync_point = sync_point
+        self._previous: dict[int, Any] = {}
+        if threading.current_thread() is not threading.main_thread():
+            return  # only the main thread can handle signals
+        for signum in signals:
+            current = signal.getsignal(signum)
+            if current is None:  # installed outside Python: it could not be put back
+                continue
+            default = signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL
+            if take_over or current is default:
+                self._previous[signum] = signal.signal(signum, self._handle)
+
+    @classmethod
+    def for_loop(cls, *, sigterm: bool, sigint: bool) -> SignalGuard:
+        """A loop's guard: SIGTERM if it backs up (a sync point under several processes), SIGINT if asked."""
+        sync_point = sigterm and jax.process_count() > 1
+        signals = (signal.SIGTERM,) if sigterm and not sync_point else ()
+        return cls(signals + ((signal.SIGINT,) if sigint else ()), sync_point=sync_point)
+
+    @property
+    def active(self) -> bool:
+        """Whether anything can ask the loop to stop: a handler installed, or the sync point."""
+        return bool(self._previous) or self.sync_point
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.signum is not None and signum == signal.SIGINT:
+            self.forced = True
+            raise ForcedInterrupt  # a second Ctrl-C stops at once
+        self.signum = signum
+
+    def requested(self, steps: int) -> bool:
+        """Whether to stop after the step that ended at `steps`."""
+        if self.signum is not None:
+            return True
+        if self.sync_point:
+            from jax.experimental import multihost_utils
+
+            if multihost_utils.reached_preemption_sync_point(steps):
+                self.signum = signal.SIGTERM
+                return True
+        return False
+
+    def release(self) -> None:
+        """Gives the signals back to the handlers they had."""
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
+        self._previous = {}
+
+
+@final
+class CatchInterrupt(Callback):
+    """Ctrl-C stops the loop after the step in flight, and the loop returns what it computed.
+
+    What `catch_keyboard_interrupt=True` adds to a loop; a `KeyboardInterrupt`
+    raised by a step is caught too. A second Ctrl-C raises at once, and that
+    `KeyboardInterrupt` is never caught. It takes
+    Ctrl-C only where Python's default handler is installed: a backup with
+    `sigint=True` before it in the loop's callbacks takes it first.
+    """
+
+    def __init__(self) -> None:
+        self._guard: SignalGuard | None = None
+
+    def on_start(self, loop_state: LoopState[Any], /) -> None:
+        self._guard = SignalGuard.for_loop(sigterm=False, sigint=True)
+
+    def on_step_end(self, loop_state: LoopState[Any], /) -> None:
+        if self._guard.signum is not None and not loop_state.stop_iteration:  # type: ignore[union-attr]
+            raise KeyboardInterrupt
+
+    def on_end(self, loop_state: LoopState[Any], error: BaseException | None, /) -> bool:
+        """Gives Ctrl-C back; returns True (the loop returns normally) after a Ctrl-C not insisted on."""
+        guard, self._guard = self._guard, None
+        assert guard is not None
+        guard.release()
+        if isinstance(error, KeyboardInterrupt) and not isinstance(error, ForcedInterrupt):
+            _log.warning("KeyboardInterrupt: loop stopped at step %d", loop_state.elapsed.steps)
+            return True
+        return False
+
+
+@contextlib.contextmanager
+def held_interrupts() -> Iterator[None]:
+    """Holds Ctrl-C back for the block, then delivers it to the handler that was there before.
+
+    A second Ctrl-C inside the block raises at once (the save in flight is then
+    left as a tmp directory, removed by the next run; finished saves are kept).
+    """
+    guard = SignalGuard((signal.SIGINT,), take_over=True)
+    try:
+        yield
+    finally:
+        guard.release()
+        if guard.signum is not None and not guard.forced:
+            signal.raise_signal(signal.SIGINT)

@@ -1,0 +1,9 @@
+"""Managed training states.
+
+`ManagedState` (losses, metrics, the train/test/predict steps, strategy
+handling), `ModelState` built on the model-adapter protocol, the training
+options that compose (precision, accumulation, non-finite skipping, EMA), the
+metrics, learning-rate readout and `ciclo.summary`.
+
+May import: data, strategies, logs, base.
+"""

@@ -1,0 +1,118 @@
+"""What a managed training step learns from and tells about its optax optimizer.
+
+A step logs the learning rate that an `optax.inject_hyperparams` optimizer
+holds in its state, read from the state's structure, which is fixed when the
+step is traced: nothing here runs per step in Python. (The loss reaches the
+optimizers that take it, `optax.contrib.reduce_on_plateau`, through
+`optax.with_extra_args_support`, in `ManagedState.apply_gradients`.)
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from typing import Any, cast
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ciclo._src.base.reprs import short
+
+LEARNING_RATE = "learning_rate"
+"""The entry the learning rate is logged as (in the `metrics` collection)."""
+
+LEARNING_RATE_SCALE = "learning_rate_scale"
+"""The entry logged for `reduce_on_plateau`'s scale when no learning rate is injected."""
+
+
+@functools.cache
+def _plateau_state() -> type[Any]:
+    from optax.contrib import ReduceLROnPlateauState
+
+    return cast(type[Any], ReduceLROnPlateauState)
+
+
+def _is_injected(node: Any) -> bool:
+    hyperparams = getattr(node, "hyperparams", None)
+    return isinstance(hyperparams, Mapping) and LEARNING_RATE in hyperparams
+
+
+def learning_rate_logs(opt_state: Any) -> dict[str, jax.Array]:
+    """The learning-rate entries to log for an optimizer state; empty when it holds none.
+
+    - `learning_rate`: the learning rate an `optax.inject_hyperparams` state
+      holds (the one its last update used), found anywhere in the state
+      (inside `optax.chain`, `optax.MultiSteps`, `optax.masked`, ...), times
+      the `scale` of each `optax.contrib.reduce_on_plateau` state beside it:
+      `reduce_on_plateau` multiplies the updates by its scale, so this is the
+      rate the update was made with. Several injected rates (one per
+      `optax.multi_transform` group, say) are logged as `learning_rate_0`,
+      `learning_rate_1`, ... in the state's order.
+    - `learning_rate_scale`: the product of the `reduce_on_plateau` scales when
+      no learning rate is injected.
+
+    Example:
+        >>> import jax.numpy as jnp, optax
+        >>> tx = optax.inject_hyperparams(optax.sgd)(learning_rate=0.1)
+        >>> learning_rate_logs(tx.init(jnp.zeros(2)))
+        {'learning_rate': Array(0.1, dtype=float32)}
+        >>> learning_rate_logs(optax.adam(0.1).init(jnp.zeros(2)))
+        {}
+    """
+    plateau = _plateau_state()
+    nodes = jax.tree_util.tree_leaves(
+        opt_state, is_leaf=lambda node: isinstance(node, plateau) or _is_injected(node)
+    )
+    rates = [jnp.asarray(node.hyperparams[LEARNING_RATE]) for node in nodes if _is_injected(node)]
+    scales: list[jax.Array] = [jnp.asarray(node.scale) for node in nodes if isinstance(node, plateau)]
+    scale = functools.reduce(lambda a, b: a * b.astype(a.dtype), scales) if scales else None
+    if not rates:
+        return {} if scale is None else {LEARNING_RATE_SCALE: scale}
+    if scale is not None:
+        rates = [rate * scale.astype(rate.dtype) for rate in rates]
+    if len(rates) == 1:
+        return {LEARNING_RATE: rates[0]}
+    return {f"{LEARNING_RATE}_{i}": rate for i, rate in enumerate(rates)}
+
+
+def changed_hyperparameters(resumed: Any, given: Any) -> list[str]:
+    """What the `optax.inject_hyperparams` states of two states hold differently, as `name: old -> new`.
+
+    These are the optimizer's hyperparameters that a state shows: the others
+    live in closures of `tx` that nothing can compare. `resumed` and `given`
+    have one structure (a resume checked it). Read on the host, once.
+
+    Example:
+        >>> import jax.numpy as jnp, optax
+        >>> tx = optax.inject_hyperparams(optax.sgd)
+        >>> old = tx(learning_rate=0.1).init(jnp.zeros(2))
+        >>> changed_hyperparameters(old, tx(learning_rate=0.01).init(jnp.zeros(2)))
+        ['learning_rate: 0.1 -> 0.01']
+        >>> changed_hyperparameters(old, old)
+        []
+    """
+    nodes = [jax.tree_util.tree_leaves(tree, is_leaf=_is_injected) for tree in (resumed, given)]
+    injected = [(a, b) for a, b in zip(*nodes, strict=True) if _is_injected(a) and _is_injected(b)]
+    changes = []
+    for index, (old, new) in enumerate(injected):
+        for name in old.hyperparams:
+            before, after = _on_host(old.hyperparams[name]), _on_host(new.hyperparams.get(name))
+            if before is None or after is None or np.array_equal(before, after):
+                continue
+            where = f"{name} (optimizer {index})" if len(injected) > 1 else name
+            changes.append(f"{where}: {_shown(before)} -> {_shown(after)}")
+    return changes
+
+
+def _on_host(value: Any) -> np.ndarray[Any, Any] | None:
+    """`value` as numpy, from this process's first copy (a replicated or pmapped array has several)."""
+    if value is None:
+        return None
+    if isinstance(value, jax.Array):
+        value = value.addressable_shards[0].data
+    return np.asarray(value)
+
+
+def _shown(value: np.ndarray[Any, Any]) -> str:
+    return f"{value.reshape(-1)[0].item():.6g}" if value.size == 1 else short(value)

@@ -1,0 +1,801 @@
+"""The managed API: a state that carries its optimizer and strategy, and steps that only report losses.
+
+`train_step` differentiates the sum of the `losses` a step logs, applies the
+optimizer and runs the whole step under the state's strategy; `step` runs a
+step under the strategy without updating anything. Neither needs a framework:
+`ManagedState` is a plain pytree dataclass.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+import json
+from collections.abc import Callable, Mapping
+from typing import Any, Generic, TypeVar, cast, final, overload
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from typing_extensions import Self, dataclass_transform
+
+from ciclo._src.base.batches import Stacked, is_stacked
+from ciclo._src.base.reprs import short
+from ciclo._src.base.roles import Role, field, fields_with_role, params_field, roles
+from ciclo._src.data.fused import as_logs_and_state, scan_steps
+from ciclo._src.logs.logs import Entries, Logs
+from ciclo._src.state.metrics import Metric
+from ciclo._src.state.precision import LossScale
+from ciclo._src.state.training_options import (
+    OPTION_NAMES,
+    TrainingOptions,
+    step_metrics,
+    training_options,
+)
+from ciclo._src.state.training_options import apply_gradients as apply_options
+from ciclo._src.strategies._local import Eager
+from ciclo._src.strategies._protocols import DeviceReductions, Strategy
+from ciclo._src.strategies._registry import get_strategy
+
+S = TypeVar("S")
+
+StepBody = Callable[[Any, Any], Any]
+"""What a managed step wraps: `(state, batch) -> (logs, state)`, `logs`, or `None`."""
+
+
+def _check_apply_gradients(cls: type[Any]) -> None:
+    """Refuses, when the class is defined, an `apply_gradients` override that cannot take the loss."""
+    try:
+        parameters = inspect.signature(cls.apply_gradients).parameters
+    except (TypeError, ValueError):  # a callable without a signature: trusted to follow the base
+        return
+    if "value" not in parameters:
+        raise TypeError(
+            f"{cls.__name__}.apply_gradients must take the step's loss as `value=` (managed.train_step "
+            "passes it, for optimizers such as optax.contrib.reduce_on_plateau): define it as "
+            "apply_gradients(self, *, grads, value=None, **changes) and pass value on to tx.update, "
+            "or ignore it"
+        )
+
+
+def _set_fields_at_once(cls: type[Any]) -> None:
+    """Gives a frozen dataclass an `__init__` that sets its fields in one assignment, defaults as before.
+
+    jax rebuilds a state through `__init__` after every compiled step, and the
+    one dataclasses writes sets each field on its own (a measurable part of a
+    small model's step: benchmarks/README.md). A class with `__post_init__` or
+    a field outside `__init__` keeps the one dataclasses wrote.
+    """
+    fields = dataclasses.fields(cls)
+    if "__post_init__" in dir(cls) or not all(f.init for f in fields):
+        return
+    missing = object()
+    scope: dict[str, Any] = {"_set": object.__setattr__, "_missing": missing}
+    params, factories = [], []
+    for f in fields:
+        if f.default is not dataclasses.MISSING:
+            scope[f"_d_{f.name}"] = f.default
+            params.append(f"{f.name}=_d_{f.name}")
+        elif f.default_factory is not dataclasses.MISSING:
+            scope[f"_f_{f.name}"] = f.default_factory
+            params.append(f"{f.name}=_missing")
+            factories.append(f"    if {f.name} is _missing: {f.name} = _f_{f.name}()\n")
+        else:
+            params.append(f.name)
+    values = ", ".join(f"{f.name!r}: {f.name}" for f in fields)
+    body = f"{''.join(factories)}    _set(self, '__dict__', {{{values}}})\n"
+    source = f"def __init__(self, *, {', '.join(params)}):\n{body}"
+    exec(source, scope)  # as dataclasses writes its own __init__
+    init = scope["__init__"]
+    init.__qualname__ = f"{cls.__qualname__}.__init__"
+    cls.__init__ = init
+
+
+@dataclass_transform(kw_only_default=True, frozen_default=True, field_specifiers=(dataclasses.field, field))
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class AbstractManagedState:
+    """What every managed state is: a pytree that knows its optimizer, strategy and training options.
+
+    Its two concrete kinds are `ManagedState`, the one to subclass with your
+    own fields, and the final `ciclo.types.ModelState`. Both inherit every
+    method here unchanged and implement the two abstract ones, `resume_options`
+    and `resume_refusal` (equinox's rule: a class is abstract or final, and no
+    concrete method is overridden); a subclass that does not is refused when
+    it is defined. Every subclass becomes a frozen,
+    keyword-only dataclass registered as a pytree, with nothing to decorate
+    or register. A field holding configuration rather than arrays must be
+    static: `managed.field(static=True)` (or
+    `dataclasses.field(metadata={"static": True})`).
+
+    **Roles.** ciclo finds the fields it treats specially by the role they
+    declare with `managed.field(role=...)`, never by their names:
+
+    - `Role.PARAMS`: what `train_step` differentiates and `apply_gradients`
+      updates; `params` carries it.
+    - `Role.MODEL_STATE`: state the model updates itself, such as batch
+      statistics; a training step synchronises it across devices (averaged
+      under `pmap`; one global value under the other strategies).
+    - `Role.KEY`: an rng key (typed, or raw `uint32` data); `pmap` splits it so
+      that each device draws different numbers.
+    - `Role.METRICS`: running metrics (`ciclo.types.ModelState.metrics`).
+
+    **Training options** (`managed.TrainingOptionsKwargs`: `precision`,
+    `accumulate_steps`, `ema_decay`) are set when the state is created and
+    applied by `apply_gradients` (see `ciclo._src.state.training_options`). Their
+    state (`loss_scale`, the accumulated gradients in `opt_state`,
+    `ema_params`) is part of the pytree: backed up, checkpointed and resumed
+    with the rest.
+
+    Attributes:
+        step: the number of `apply_gradients` calls (an int32 array).
+        params: the trained parameters, any pytree (role `PARAMS`).
+        opt_state: the optimizer's state.
+        ema_params: the exponential moving average of `params`, or None
+            without `ema_decay`; placed (and under `fsdp` sharded) as `params`.
+        loss_scale: the dynamic loss scale (`ciclo.types.LossScale`) under a
+            precision with loss scaling (`"16-mixed"`), else None.
+        tx: the optax optimizer, in an `optax.MultiSteps` under
+            `accumulate_steps` (static).
+        strategy: where the state lives and how steps compile (static).
+        options: the `managed.TrainingOptions` (static).
+    """
+
+    step: jax.Array
+    params: Any = field(role=Role.PARAMS)
+    opt_state: Any
+    ema_params: Any = None
+    loss_scale: LossScale | None = None
+    tx: optax.GradientTransformation = field(static=True)
+    strategy: Strategy = field(static=True, default_factory=Eager)
+    options: TrainingOptions = field(static=True, default=TrainingOptions())
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        dataclasses.dataclass(frozen=True, kw_only=True)(cls)
+        _set_fields_at_once(cls)
+        jax.tree_util.register_dataclass(cls)
+        params_field(cls)  # a subclass that loses or doubles the params role fails here, not at a step
+        roles(cls)
+        _check_apply_gradients(cls)
+        # Abstract methods checked here rather than by abc.ABC: its isinstance costs ~0.4 µs, once a step.
+        base = AbstractManagedState
+        missing = [
+            name
+            for name, method, abstract in (
+                ("resume_options", cls.resume_options, base.resume_options),
+                ("resume_refusal", cls.resume_refusal, base.resume_refusal),
+            )
+            if method is abstract
+        ]
+        if missing:
+            raise TypeError(
+                f"{cls.__name__} does not implement {', '.join(missing)} of managed.AbstractManagedState: "
+                "subclass managed.ManagedState, which does"
+            )
+
+    def resume_options(self) -> dict[str, Any]:
+        """The static options that give this state's arrays their meaning, as plain data (JSON).
+
+        A backup records them (`ciclo.backup`); a resume compares them with the
+        resumed run's state's before it reads any array. An option that differs
+        is refused where `resume_refusal` gives a reason, else noted on the
+        `ciclo` logger and trained on with this state's value. Abstract.
+        """
+        raise NotImplementedError
+
+    def resume_refusal(self, name: str, old: Any) -> str | None:
+        """Why this state cannot resume a backup whose option `name` was `old`; None: the change is noted.
+
+        Asked only for an option of `resume_options` whose recorded value
+        differs from this state's. Abstract.
+        """
+        raise NotImplementedError
+
+    def replace(self, **changes: Any) -> Self:
+        """A copy with some fields changed."""
+        return dataclasses.replace(cast(Any, self), **changes)  # type: ignore[no-any-return]
+
+    def apply_gradients(self, *, grads: Any, value: Any = None, **changes: Any) -> Self:
+        """Applies one optimizer update, under the state's training options: `step + 1`.
+
+        Under loss scaling the gradients are divided by the scale first, and a
+        step whose gradients are not finite is skipped (parameters, optimizer
+        state and EMA unchanged; the scale halved). The EMA follows
+        `ema = d * ema + (1 - d) * params` after each optimizer step (every
+        `accumulate_steps`-th call).
+
+        Args:
+            grads: the gradients, shaped as the params.
+            value: the loss the gradients are of, passed on as `value=` to an
+                optimizer that takes extra arguments (an
+                `optax.GradientTransformationExtraArgs`), as
+                `optax.contrib.reduce_on_plateau` needs; `managed.train_step`
+                passes the step's total loss.
+            **changes: other fields to replace.
+        """
+        return cast(Self, apply_options(self, grads, value, changes))
+
+    def scale_loss(self, loss: jax.Array) -> jax.Array:
+        """The value `managed.train_step` differentiates for a step whose losses sum to `loss`.
+
+        The loss times the loss scale under loss scaling (`precision="16-mixed"`),
+        which `apply_gradients` divides the gradients by again; else the loss.
+        """
+        return loss if self.loss_scale is None else loss * self.loss_scale.scale
+
+    def step_metrics(self) -> dict[str, jax.Array]:
+        """What a training step logs about the state after its update, in `metrics`.
+
+        The learning rate an `optax.inject_hyperparams` optimizer holds (see
+        `learning_rate_logs`), and under loss scaling `loss_scale` and
+        `skipped_steps`. An entry the step logged itself is not replaced.
+        """
+        return step_metrics(self)
+
+    def with_ema_params(self) -> Self:
+        """The state with its EMA weights as its parameters: for evaluation, prediction, checkpoints, `model`.
+
+        Raises:
+            ValueError: for a state created without `ema_decay`.
+
+        Example:
+            >>> import jax.numpy as jnp, optax
+            >>> from ciclo import managed
+            >>> state = managed.ManagedState.create(params=jnp.ones(()), tx=optax.sgd(1.0), ema_decay=0.9)
+            >>> state = state.apply_gradients(grads=jnp.ones(()))  # params 1 - 1 = 0; EMA 0.9 * 1 + 0.1 * 0
+            >>> float(state.params), round(float(state.with_ema_params().params), 4)
+            (0.0, 0.9)
+        """
+        if self.ema_params is None:
+            raise ValueError(
+                "this state keeps no EMA of its weights: create it with ema_decay=, e.g. "
+                "ciclo.create_model_state(..., ema_decay=0.999)"
+            )
+        return self.replace(**{params_field(type(self)): self.ema_params})
+
+    def with_strategy(self, strategy: str | Strategy) -> Self:
+        """Moves the state to another strategy.
+
+        Between `data_parallel` and `fsdp` the arrays are resharded device to
+        device, never gathered whole onto one; `"eager"` and `"jit"` bring the
+        state whole to this process's first device; `pmap` adds or removes its
+        device axis.
+
+        Example:
+            >>> import jax.numpy as jnp, optax
+            >>> from ciclo import managed
+            >>> state = managed.ManagedState.create(params=jnp.zeros(2), tx=optax.sgd(0.1))
+            >>> state.with_strategy("data_parallel").strategy
+            DataParallel(axis_name='data', donate=False)
+        """
+        new = get_strategy(strategy)
+        if new == self.strategy:
+            return self
+        return new.place(self.strategy.unplace(self).replace(strategy=new))
+
+
+class ManagedState(AbstractManagedState):
+    """A training state that knows its optimizer and its strategy; a pytree. Subclass it to add fields.
+
+    Subclasses (rng keys, metrics, batch statistics) become frozen,
+    keyword-only dataclasses registered as pytrees; fields declare their roles
+    (see `managed.AbstractManagedState`). `ManagedState.create` takes the
+    training options too, so a step of your own trains under mixed precision,
+    accumulates gradients or keeps an EMA of the weights. Under a precision
+    with a compute dtype, cast what your step computes with through
+    `state.options.precision.cast(...)`; loss scaling and the skipping of
+    non-finite steps are `apply_gradients`'.
+
+    Attributes:
+        apply_fn: the model's apply function, for the step's use, as in
+            ciclo 0.1 and flax's `TrainState` (static).
+
+    Example:
+        >>> import jax, jax.numpy as jnp, optax
+        >>> from ciclo import managed
+        >>> class State(managed.ManagedState):
+        ...     stats: jax.Array = managed.field(role=managed.Role.MODEL_STATE)
+        ...     rng: jax.Array = managed.field(role=managed.Role.KEY)
+        >>> state = State.create(
+        ...     params={"w": jnp.zeros(2)}, tx=optax.sgd(0.1), stats=jnp.zeros(2), rng=jax.random.key(0)
+        ... )
+        >>> state = state.apply_gradients(grads={"w": jnp.ones(2)})
+        >>> state.params["w"], int(state.step)
+        (Array([-0.1, -0.1], dtype=float32), 1)
+        >>> managed.fields_with_role(State, managed.Role.KEY)
+        ('rng',)
+    """
+
+    apply_fn: Callable[..., Any] | None = field(static=True, default=None)
+
+    @classmethod
+    def create(
+        cls,
+        *,
+        params: Any,
+        tx: optax.GradientTransformation,
+        apply_fn: Callable[..., Any] | None = None,
+        strategy: str | Strategy = "jit",
+        **fields: Any,
+    ) -> Self:
+        """Makes a state at step 0 with a fresh optimizer state, built in place for `strategy`.
+
+        The optimizer state is initialised under the strategy (`strategy.create`):
+        under `fsdp` it is born sharded, as `params` are laid out.
+
+        Args:
+            params: the parameters to train, any pytree of arrays.
+            tx: an optax optimizer.
+            apply_fn: the model's apply function, kept for the steps' use.
+            strategy: a strategy or its name (see `ciclo.strategies.get_strategy`).
+            **fields: the values of a subclass's own fields, and the training
+                options: `precision`, `accumulate_steps`, `ema_decay`
+                (`managed.TrainingOptionsKwargs`).
+
+        Raises:
+            TypeError: if `params` has a leaf that is not an array (a function,
+                as in an equinox module): the message says how to keep it in a
+                static field.
+            ValueError: for a training option out of its range.
+
+        Example:
+            >>> import jax.numpy as jnp, optax
+            >>> from ciclo import managed
+            >>> state = managed.ManagedState.create(params=jnp.zeros(2), tx=optax.sgd(1), accumulate_steps=2)
+            >>> state.options.accumulate_steps, int(state.opt_state.mini_step)
+            (2, 0)
+        """
+        check_params(params)
+        options = training_options(**{name: fields.pop(name) for name in OPTION_NAMES & fields.keys()})
+        # Static fields are configuration: they go around the strategy's placement and jax.jit.
+        static = {f.name for f in dataclasses.fields(cast(Any, cls)) if f.metadata.get("static")}
+        return create_state(
+            cls,
+            lambda values: values,
+            {"params": params, **{name: value for name, value in fields.items() if name not in static}},
+            tx=tx,
+            strategy=strategy,
+            options=options,
+            apply_fn=apply_fn,
+            **{name: value for name, value in fields.items() if name in static},
+        )
+
+    def resume_options(self) -> dict[str, Any]:
+        """The training options (`precision`, `accumulate_steps`, `ema_decay`), as plain data (JSON).
+
+        `tx` and `apply_fn` are code, and a resume may change the `strategy`. A
+        subclass with static fields of its own that give its arrays their
+        meaning may add them here, and judge their changes in `resume_refusal`.
+
+        Example:
+            >>> import jax.numpy as jnp, optax
+            >>> from ciclo import managed
+            >>> managed.ManagedState.create(params=jnp.zeros(2), tx=optax.sgd(0.1)).resume_options()
+            {'precision': '32', 'accumulate_steps': 1, 'ema_decay': None}
+        """
+        return self.options.resume_options()
+
+    def resume_refusal(self, name: str, old: Any) -> str | None:
+        """The training options' verdict (`TrainingOptions.resume_refusal`); any other change is refused."""
+        if name in OPTION_NAMES:
+            return self.options.resume_refusal(name, old)
+        return f"the backup's arrays were made with {name}={short(old)}"
+
+
+def create_state(
+    cls: type[S],
+    fields: Callable[..., Mapping[str, Any]],
+    *args: Any,
+    tx: optax.GradientTransformation,
+    strategy: str | Strategy,
+    options: TrainingOptions,
+    **static: Any,
+) -> S:
+    """A managed state's state at step 0, built by `strategy.create`, under its training options.
+
+    `fields(*args)` returns the values of the state's array fields, the
+    parameters under `"params"`; it runs under the strategy (inside `jax.jit`
+    for the mesh strategies), as do the optimizer's `init` and the options'
+    own (the EMA's copy of the parameters). `static` holds the class's other
+    static fields.
+    """
+    placed = get_strategy(strategy)
+    tx = options.accumulate(tx)
+
+    def init(*args: Any) -> S:
+        values = dict(fields(*args))
+        params = values.pop("params")
+        check_params(params)
+        return cls(  # type: ignore[call-arg]
+            step=jnp.zeros((), jnp.int32),
+            opt_state=tx.init(params),
+            tx=tx,
+            strategy=placed,
+            options=options,
+            **{params_field(cls): params},
+            **options.init(params),
+            **values,
+            **static,
+        )
+
+    state = placed.create(init, *args)
+    options.check(cast(AbstractManagedState, state).opt_state)
+    return state
+
+
+def static_options(state: Any) -> dict[str, dict[str, Any]]:
+    """The `resume_options()` of each `ManagedState` in `state`, by its path (`""` for the state itself).
+
+    What a backup records: plain data, checked to be JSON.
+
+    Raises:
+        TypeError: if a `resume_options()` is not plain data.
+    """
+    found = {}
+    for path, node in jax.tree_util.tree_flatten_with_path(
+        state, is_leaf=lambda node: isinstance(node, AbstractManagedState)
+    )[0]:
+        if isinstance(node, AbstractManagedState):
+            options = node.resume_options()
+            try:
+                found[jax.tree_util.keystr(path)] = json.loads(json.dumps(options, allow_nan=False))
+            except (TypeError, ValueError) as error:
+                raise TypeError(
+                    f"{type(node).__name__}.resume_options() must return plain data (JSON): {error}"
+                ) from None
+    return found
+
+
+class ResumeRefused(ValueError):
+    """A resume refused for an option of the state (`ManagedState.resume_refusal`).
+
+    Every backup of a directory was written with the same options, so a loop
+    refuses at once rather than trying the backups before.
+    """
+
+
+def check_static_options(recorded: Any, state: Any, where: str) -> list[str]:
+    """Compares the options a backup recorded (`static_options`) with those of the state resumed into.
+
+    Only the states and options on both sides are compared: a state present on
+    one side only is a change of structure, which the structure check names.
+
+    Args:
+        recorded: the backup's record, as read from its document.
+        state: the state the run resumes into.
+        where: names the backup in the messages, e.g. "at step 20 in /runs".
+
+    Returns:
+        Notes on the options that changed where the state allows it.
+
+    Raises:
+        ValueError: for a record that is not what `static_options` writes.
+        ResumeRefused: for an option whose change the state refuses
+            (`resume_refusal`): its name, both values, why, and the fix.
+    """
+    if not isinstance(recorded, dict) or not all(
+        isinstance(path, str) and isinstance(options, dict) and all(isinstance(name, str) for name in options)
+        for path, options in recorded.items()
+    ):
+        raise ValueError(f"the backup {where}: options is {short(recorded)}, not a dict of options by state")
+    nodes = {
+        jax.tree_util.keystr(path): node
+        for path, node in jax.tree_util.tree_flatten_with_path(
+            state, is_leaf=lambda node: isinstance(node, AbstractManagedState)
+        )[0]
+        if isinstance(node, AbstractManagedState)
+    }
+    current = static_options(state)
+    notes = []
+    for path in sorted(set(recorded) & set(current)):
+        for name in sorted(set(recorded[path]) & set(current[path])):
+            old, new = recorded[path][name], current[path][name]
+            if old == new:
+                continue
+            option = f"{path} {name}" if path else name
+            reason = nodes[path].resume_refusal(name, old)
+            if reason is not None:
+                raise ResumeRefused(
+                    f"the backup {where} was written with {option}={short(old)}, and this run's state has "
+                    f"{option}={short(new)}: {reason}. Resume with {name}={short(old)}, or give backup= "
+                    "another directory to start afresh"
+                )
+            notes.append(f"{option}: {short(old)} -> {short(new)}")
+    return notes
+
+
+_ARRAY_LEAVES = (jax.Array, np.ndarray, np.generic, bool, int, float, complex)
+
+
+def check_params(params: Any) -> None:
+    """Refuses parameters with a leaf that is not an array, before optax or `jax.jit` meet it.
+
+    optax cannot make an optimizer state for a function (`zeros_like` fails deep
+    inside it) and `jax.jit` cannot take one, so a model that keeps its
+    activation functions as leaves (an equinox module) must be split first.
+
+    Raises:
+        TypeError: naming the first such leaf by its path, and how to split the model.
+
+    Example:
+        >>> import jax
+        >>> check_params({"w": jax.numpy.ones(2), "activation": jax.nn.relu})
+        Traceback (most recent call last):
+        TypeError: params['activation'] is ... not an array: ...
+    """
+    found = [
+        (path, leaf)
+        for path, leaf in jax.tree_util.tree_leaves_with_path(params)
+        if not isinstance(leaf, _ARRAY_LEAVES)
+    ]
+    if not found:
+        return
+    path, leaf = found[0]
+    more = f" (and {len(found) - 1} more leaves)" if len(found) > 1 else ""
+    raise TypeError(
+        f"params{jax.tree_util.keystr(path)} is {short(leaf)}{more}, not an array: optax cannot train it "
+        "and jax.jit cannot take it. Train only the arrays and keep the rest in a static field: for an "
+        "equinox module, ciclo.create_equinox_state(model, ...) does it; by hand, "
+        "`params, static = eqx.partition(model, eqx.is_array)`, a field "
+        "`static: Any = managed.field(static=True)` given `static=static`, and "
+        "`eqx.combine(state.params, state.static)` in the step"
+    )
+
+
+@final
+class ManagedStep(Generic[S]):
+    """A step function run under a strategy: what `train_step` and `step` return.
+
+    Call it as `logs, state = step(state, batch)`. It compiles once per
+    strategy: the state's own (`state.strategy`) when it has one, else the one
+    given to the decorator, else `"jit"`. Defined in a class body, it binds
+    like a method: `state.train_step(batch)`.
+    """
+
+    __slots__ = ("__name__", "__wrapped__", "_cache", "_compiled", "_default", "_fused", "_update")
+
+    def __init__(self, fn: StepBody, strategy: str | Strategy | None, *, update: bool) -> None:
+        self.__wrapped__ = fn
+        self.__name__ = getattr(fn, "__name__", type(fn).__name__)
+        self._default = get_strategy(strategy if strategy is not None else "jit")
+        self._update = update
+        self._compiled: dict[Strategy, Callable[[Any, Any], tuple[Logs, Any]]] = {}
+        self._fused: dict[Strategy, Callable[[Any, Any], tuple[Logs, Any]]] = {}
+        self._cache: tuple[Strategy | None, Callable[[Any, Any], tuple[Logs, Any]] | None] = (None, None)
+
+    def __repr__(self) -> str:
+        kind = "train_step" if self._update else "step"
+        return f"managed.{kind}({self.__name__})"
+
+    @overload
+    def __get__(self, instance: None, owner: type[Any]) -> Self: ...
+
+    @overload
+    def __get__(self, instance: S, owner: type[Any]) -> Callable[[Any], tuple[Logs, S]]: ...
+
+    def __get__(self, instance: S | None, owner: type[Any]) -> Self | Callable[[Any], tuple[Logs, S]]:
+        return self if instance is None else functools.partial(self, instance)
+
+    def __call__(self, state: S, batch: Any) -> tuple[Logs, S]:
+        """Runs one step, or all steps of a `ciclo.types.Stacked` batch in one dispatch."""
+        strategy = state.strategy if isinstance(state, AbstractManagedState) else self._default
+        if is_stacked(batch):
+            return self._call_fused(strategy, state, batch)
+        last, compiled = self._cache
+        if strategy is not last or compiled is None:
+            compiled = self._compiled.get(strategy)
+            if compiled is None:
+                compiled = self._compiled[strategy] = self._compile(strategy, state, fused=False)
+            self._cache = (strategy, compiled)
+        return compiled(state, strategy.lift_batch(batch))
+
+    def _call_fused(self, strategy: Strategy, state: S, batch: Stacked[Any]) -> tuple[Logs, S]:
+        lifted = strategy.lift_batch(batch)
+        compiled = self._fused.get(strategy)
+        if compiled is None:
+            compiled = self._fused[strategy] = self._compile(strategy, state, fused=True)
+        return compiled(state, lifted)
+
+    def _compile(
+        self, strategy: Strategy, state: Any, *, fused: bool
+    ) -> Callable[[Any, Any], tuple[Logs, Any]]:
+        # Asked once per compiled step: only strategies that run one program per device reduce in it.
+        reductions = strategy if isinstance(strategy, DeviceReductions) else None
+        if self._update:
+            body = _train_body(self.__wrapped__, reductions, _check_trainable(state))
+        else:
+            body = _body(self.__wrapped__, reductions)
+        # Only training consumes the state: the state an evaluation reads stays valid, since a train
+        # loop trains on from it after a test pass.
+        donate = self._update
+        if fused:
+            return strategy.compile(
+                lambda state, stacked: scan_steps(body, state, stacked.batches), donate=donate
+            )
+        return strategy.compile(body, donate=donate)
+
+
+@overload
+def train_step(fn: StepBody, /, strategy: str | Strategy | None = None) -> ManagedStep[Any]: ...
+
+
+@overload
+def train_step(*, strategy: str | Strategy | None = None) -> Callable[[StepBody], ManagedStep[Any]]: ...
+
+
+def train_step(
+    fn: StepBody | None = None, /, strategy: str | Strategy | None = None
+) -> ManagedStep[Any] | Callable[[StepBody], ManagedStep[Any]]:
+    """Turns a step that logs losses into a training step: gradients and update are ciclo's.
+
+    The step `fn(state, batch)` returns `(logs, state)` (or just `logs`) with at
+    least one scalar entry in the `losses` collection. ciclo differentiates the
+    sum of the losses with respect to `state.params` (the field with the role
+    `managed.Role.PARAMS`), combines the gradients of all devices, applies
+    `state.apply_gradients`, synchronises the fields with the role
+    `managed.Role.MODEL_STATE` across devices, and runs all of it under the
+    strategy.
+
+    Logs come back per collection: losses and metrics averaged over devices,
+    outputs concatenated in batch order. A logged stateful metric (see
+    `ciclo.metrics.Metric`), typically a state field after its `update`, is logged as
+    its `compute()`; under `pmap`, where each device's copy has seen only that
+    device's rows, the copies are first combined with `merge`/`reduce`.
+
+    Args:
+        fn: the step; `train_step` also works as `@train_step(strategy=...)`.
+        strategy: the strategy for states that carry none (default `"jit"`).
+
+    Raises:
+        ValueError: at the first call, if the logs have no losses or a loss is not a scalar.
+
+    Example:
+        >>> import ciclo, jax.numpy as jnp, optax
+        >>> from ciclo import managed
+        >>> @managed.train_step
+        ... def train_step(state, batch):
+        ...     x, y = batch
+        ...     loss = jnp.mean((x @ state.params - y) ** 2)
+        ...     return ciclo.logs().add_loss("mse", loss), state
+        >>> state = managed.ManagedState.create(params=jnp.zeros(2), tx=optax.sgd(0.5))
+        >>> batch = (jnp.array([[1.0, 0.0], [0.0, 1.0]]), jnp.array([1.0, -1.0]))
+        >>> for _ in range(50):
+        ...     logs, state = train_step(state, batch)
+        >>> state.params, float(logs.losses.mse) < 1e-4
+        (Array([ 1., -1.], dtype=float32), True)
+    """
+    if fn is None:
+        return lambda fn: ManagedStep(fn, strategy, update=True)
+    return ManagedStep(fn, strategy, update=True)
+
+
+@overload
+def step(fn: StepBody, /, strategy: str | Strategy | None = None) -> ManagedStep[Any]: ...
+
+
+@overload
+def step(*, strategy: str | Strategy | None = None) -> Callable[[StepBody], ManagedStep[Any]]: ...
+
+
+def step(
+    fn: StepBody | None = None, /, strategy: str | Strategy | None = None
+) -> ManagedStep[Any] | Callable[[StepBody], ManagedStep[Any]]:
+    """Runs a step under the state's strategy, with no gradients and no update.
+
+    For evaluation and inference: logs are lowered as in `train_step`, and a
+    returned state (updated metrics, say) is kept.
+
+    Example:
+        >>> import ciclo, jax.numpy as jnp, optax
+        >>> from ciclo import managed
+        >>> @managed.step
+        ... def test_step(state, batch):
+        ...     x, y = batch
+        ...     return ciclo.logs().add_metric("mse", jnp.mean((x @ state.params - y) ** 2)), state
+        >>> state = managed.ManagedState.create(params=jnp.ones(2), tx=optax.sgd(0.1))
+        >>> logs, state = test_step(state, (jnp.eye(2), jnp.zeros(2)))
+        >>> float(logs.metrics.mse)
+        1.0
+    """
+    if fn is None:
+        return lambda fn: ManagedStep(fn, strategy, update=False)
+    return ManagedStep(fn, strategy, update=False)
+
+
+def _check_trainable(state: Any) -> tuple[str, tuple[str, ...]]:
+    """The names of the state's params field and of its fields to synchronise across devices."""
+    if not isinstance(state, AbstractManagedState):
+        raise TypeError(
+            "managed.train_step needs a managed.ManagedState (or a subclass), or a ciclo.types.ModelState "
+            f"(the adapters' states), got {short(state)}"
+        )
+    kind = type(state)
+    return params_field(kind), fields_with_role(kind, Role.MODEL_STATE)
+
+
+def _total_loss(logs: Logs, fn: StepBody) -> jax.Array:
+    losses = logs.get("losses")
+    if not losses:
+        raise ValueError(
+            f"managed.train_step: {short(getattr(fn, '__name__', fn))} logged no losses (collections: "
+            f"{sorted(logs)}); add the loss to differentiate with logs.add_loss('loss', value)"
+        )
+    total = jnp.zeros((), jnp.float32)
+    for name, value in losses.items():
+        shape = jnp.shape(value)
+        if shape != ():
+            raise ValueError(
+                f"managed.train_step: loss {short(name)} has shape {shape}, but losses must be scalars; "
+                "reduce it over the batch first, e.g. with .mean()"
+            )
+        total = total + value
+    return total
+
+
+def _train_body(
+    fn: StepBody, reductions: DeviceReductions | None, fields: tuple[str, tuple[str, ...]]
+) -> Callable[[Any, Any], tuple[Logs, Any]]:
+    params_name, model_state_names = fields
+
+    def train(state: Any, batch: Any) -> tuple[Logs, Any]:
+        def loss(params: Any) -> tuple[jax.Array, tuple[jax.Array, Logs, Any]]:
+            logs, new_state = as_logs_and_state(fn, state.replace(**{params_name: params}), batch)
+            total = _total_loss(logs, fn)
+            return state.scale_loss(total), (total, logs, new_state)
+
+        (_, (total, logs, new_state)), grads = jax.value_and_grad(loss, has_aux=True)(
+            getattr(state, params_name)
+        )
+        if reductions is not None:
+            grads = reductions.reduce_grads(grads)
+            # Every device's optimizer sees the same loss, as it sees the same gradients.
+            total = reductions.reduce_logs(Logs().add_loss("total", total)).losses.total
+        new_state = new_state.apply_gradients(grads=grads, value=total)
+        logs = _with_step_metrics(logs, new_state)
+        if reductions is None:
+            return _finish(logs, new_state, None)
+        synced = {
+            name: reductions.reduce_model_state(getattr(new_state, name))
+            for name in model_state_names
+            if getattr(new_state, name) is not None
+        }
+        if synced:
+            new_state = new_state.replace(**synced)
+        return _finish(logs, new_state, reductions)
+
+    return train
+
+
+def _with_step_metrics(logs: Logs, state: AbstractManagedState) -> Logs:
+    """The step's logs with the state's `step_metrics()` in `metrics`, but for the entries the step logged."""
+    reported = state.step_metrics()
+    logged = {name for entries in logs.values() for name in entries}
+    reported = {name: value for name, value in reported.items() if name not in logged}
+    return Logs(logs).add_metrics(**reported) if reported else logs
+
+
+def _body(fn: StepBody, reductions: DeviceReductions | None) -> Callable[[Any, Any], tuple[Logs, Any]]:
+    def run(state: Any, batch: Any) -> tuple[Logs, Any]:
+        logs, new_state = as_logs_and_state(fn, state, batch)
+        return _finish(logs, new_state, reductions)
+
+    return run
+
+
+def _finish(logs: Logs, state: Any, reductions: DeviceReductions | None) -> tuple[Logs, Any]:
+    """Replaces stateful metrics in the logs by their values, then reduces the logs over devices."""
+    lowered = Logs()
+    for collection, entries in logs.items():
+        values = lowered[collection] = Entries()
+        for name, value in entries.items():
+            if not isinstance(value, Metric):
+                values[name] = value
+                continue
+            computed = (value if reductions is None else reductions.reduce_metric(value)).compute()
+            if isinstance(computed, Mapping):
+                values.update(computed)
+            else:
+                values[name] = computed
+    return (lowered if reductions is None else reductions.reduce_logs(lowered)), state

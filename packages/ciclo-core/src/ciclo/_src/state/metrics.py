@@ -1,0 +1,342 @@
+"""Metrics: values accumulated over batches inside a jitted state (`Metric`, `Mean`, `as_metric`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from collections.abc import Callable, Mapping
+from typing import Any, Literal, Protocol, TypeVar, final, runtime_checkable
+
+import jax
+import jax.numpy as jnp
+from typing_extensions import Self
+
+from ciclo._src.base.reprs import short
+from ciclo._src.base.roles import Role, fields_with_role
+
+T = TypeVar("T")
+
+
+@runtime_checkable
+class Metric(Protocol):
+    """A metric that accumulates over batches: the interface of `jax_metrics`.
+
+    Metrics are immutable pytrees, so they can live inside the state of a
+    `jax.jit`-compiled step: every method returns a new metric. `Mean` and
+    `CluMetric` are the built-in ones; `as_metric` turns plain functions and clu
+    metrics into one. Metrics from `jax_metrics` satisfy this protocol as they are.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> metric = Mean(lambda preds, target: jnp.abs(preds - target))
+        >>> isinstance(metric, Metric)
+        True
+        >>> metric = metric.update(preds=jnp.array([1.0, 2.0]), target=jnp.array([1.0, 0.0]))
+        >>> float(metric.compute())
+        1.0
+    """
+
+    def reset(self) -> Self:
+        """Returns an empty metric with the same configuration."""
+        ...
+
+    def update(self, **kwargs: Any) -> Self:
+        """Returns the metric with one more batch accumulated.
+
+        Args:
+            **kwargs: the named values of the batch (`preds=`, `target=`,
+                `inputs=`, `batch=`, ...). A metric takes the ones it needs and
+                ignores the others.
+        """
+        ...
+
+    def merge(self, other: Self, /) -> Self:
+        """Returns a metric that has accumulated what both `self` and `other` have."""
+        ...
+
+    def reduce(self) -> Self:
+        """Combines a metric whose leaves carry a stacked leading axis into one.
+
+        The leading axis is the one added by `jax.lax.all_gather` across devices,
+        or by stacking several metrics with `jax.tree.map(jnp.stack, ...)`.
+        """
+        ...
+
+    def compute(self) -> Any:
+        """Returns the value of the metric: a scalar array or a dict of them."""
+        ...
+
+
+def _name(fn: Callable[..., Any]) -> str:
+    return str(getattr(fn, "__qualname__", None) or repr(fn))
+
+
+def call_with_available(fn: Callable[..., T], /, **available: Any) -> T:
+    """Calls `fn` with the arguments it accepts, by name, out of `available`.
+
+    A function that takes `**kwargs` receives everything. Parameters with a
+    default that are not available keep their default.
+
+    Args:
+        fn: the function to call; its parameters are matched by name.
+        **available: the values that may be passed.
+
+    Returns:
+        What `fn` returns.
+
+    Raises:
+        TypeError: when `fn` needs an argument that is not available, takes a
+            required positional-only parameter (which cannot be passed by name),
+            or has no signature that can be inspected.
+
+    Example:
+        >>> def accuracy(preds, target):
+        ...     return (preds == target).mean()
+        >>> import numpy as np
+        >>> float(call_with_available(accuracy, preds=np.array([1, 2]), target=np.array([1, 3]), batch=None))
+        0.5
+    """
+    # Inspected at every call: this runs at trace time, not in the compiled step,
+    # and a cache keyed by `fn` would keep every lambda it ever saw alive.
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError) as error:
+        raise TypeError(
+            f"cannot inspect the signature of {_name(fn)} to pass it arguments by name; "
+            "wrap it in a function, e.g. `lambda preds, target: fn(preds, target)`"
+        ) from error
+    kwargs: dict[str, Any] = {}
+    takes_all = False
+    missing: list[str] = []
+    positional_only: list[str] = []
+    for parameter in signature.parameters.values():
+        required = parameter.default is inspect.Parameter.empty
+        if parameter.kind is inspect.Parameter.VAR_KEYWORD:
+            takes_all = True
+        elif parameter.kind is inspect.Parameter.POSITIONAL_ONLY:
+            if required:
+                positional_only.append(parameter.name)
+        elif parameter.kind is inspect.Parameter.VAR_POSITIONAL:
+            continue
+        elif parameter.name in available:
+            kwargs[parameter.name] = available[parameter.name]
+        elif required:
+            missing.append(parameter.name)
+    if positional_only:
+        names = ", ".join(repr(name) for name in positional_only)
+        raise TypeError(
+            f"{_name(fn)}() takes {names} as positional-only, but arguments are passed by name; "
+            f"wrap it, e.g. `lambda preds, target: fn(preds, target)`"
+        )
+    if missing:
+        names = ", ".join(repr(name) for name in missing)
+        plural = "s" if len(missing) > 1 else ""
+        have = f"only {', '.join(available)} are available" if available else "none are available"
+        raise TypeError(f"{_name(fn)}() needs argument{plural} {names}, but {have}")
+    return fn(**(available if takes_all else kwargs))
+
+
+def _zero() -> jax.Array:
+    return jnp.zeros((), jnp.float32)
+
+
+@final
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True, eq=False)
+class Mean:
+    """The running mean of a function of the batch, such as a loss or an accuracy.
+
+    `fn` is called by name with the values given to `update` (see
+    `call_with_available`). A scalar result counts as one observation; an array
+    result counts each of its elements, so a per-sample function gives a mean
+    weighted by samples, also across batches of different sizes.
+
+    Attributes:
+        fn: the function, `fn(preds, target, ...) -> array`; static under `jax.jit`.
+        total: the sum of the observations so far.
+        count: how many observations were summed.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> accuracy = Mean(lambda preds, target: preds.argmax(-1) == target)
+        >>> accuracy = accuracy.update(preds=jnp.array([[0.9, 0.1], [0.2, 0.8]]), target=jnp.array([0, 0]))
+        >>> accuracy = accuracy.update(preds=jnp.array([[0.3, 0.7]]), target=jnp.array([1]))
+        >>> round(float(accuracy.compute()), 4)
+        0.6667
+    """
+
+    fn: Callable[..., Any] = dataclasses.field(metadata={"static": True})
+    total: jax.Array = dataclasses.field(default_factory=_zero)
+    count: jax.Array = dataclasses.field(default_factory=_zero)
+
+    def reset(self) -> Mean:
+        """Returns the same mean with nothing accumulated."""
+        return dataclasses.replace(self, total=_zero(), count=_zero())
+
+    def update(self, **kwargs: Any) -> Mean:
+        """Adds the result of `fn` on one batch; see the class docstring."""
+        value = jnp.asarray(call_with_available(self.fn, **kwargs), dtype=jnp.float32)
+        return dataclasses.replace(self, total=self.total + value.sum(), count=self.count + value.size)
+
+    def merge(self, other: Mean, /) -> Mean:
+        """Returns the mean of what both `self` and `other` have seen."""
+        return dataclasses.replace(self, total=self.total + other.total, count=self.count + other.count)
+
+    def reduce(self) -> Mean:
+        """Sums totals and counts along the leading (stacked) axis."""
+        return dataclasses.replace(self, total=self.total.sum(axis=0), count=self.count.sum(axis=0))
+
+    def compute(self) -> jax.Array:
+        """Returns `total / count`: NaN when nothing was accumulated."""
+        return self.total / self.count
+
+
+@final
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True, eq=False)
+class CluMetric:
+    """Gives a clu metric (`clu.metrics.Metric` or `Collection`) the `Metric` interface.
+
+    clu metrics are built with the class methods `empty()` and
+    `from_model_output(**outputs)` instead of `reset()` and `update()`. Build one
+    with `as_metric(SomeCluMetric)`. The keyword names are clu's: its `Accuracy`
+    needs `logits=` and `labels=`, its `Average` needs `values=`.
+
+    Attributes:
+        metric: the wrapped clu metric instance (a pytree).
+        cls: its class, used to build empty metrics and batch updates; static
+            under `jax.jit`.
+
+    Example:
+        >>> import dataclasses
+        >>> @dataclasses.dataclass
+        ... class Count:  # stands in for a clu metric, which needs flax
+        ...     n: int
+        ...     @classmethod
+        ...     def empty(cls): return cls(0)
+        ...     @classmethod
+        ...     def from_model_output(cls, *, target, **_): return cls(len(target))
+        ...     def merge(self, other): return Count(self.n + other.n)
+        ...     def reduce(self): return Count(sum(self.n))
+        ...     def compute(self): return self.n
+        >>> metric = as_metric(Count)
+        >>> metric.update(target=[1, 2, 3], preds=[1, 2, 2]).update(target=[4]).compute()
+        4
+    """
+
+    metric: Any
+    cls: type[Any] = dataclasses.field(metadata={"static": True})
+
+    def reset(self) -> CluMetric:
+        """Returns `cls.empty()`, wrapped."""
+        return dataclasses.replace(self, metric=self.cls.empty())
+
+    def update(self, **kwargs: Any) -> CluMetric:
+        """Merges in `cls.from_model_output(**kwargs)`; all keywords are passed on."""
+        from_model_output = getattr(self.cls, "from_model_output", None)
+        if from_model_output is None:
+            # A clu `Collection` names it `single_from_model_output`.
+            from_model_output = self.cls.single_from_model_output
+        return dataclasses.replace(self, metric=self.metric.merge(from_model_output(**kwargs)))
+
+    def merge(self, other: CluMetric, /) -> CluMetric:
+        """Merges the wrapped metrics."""
+        return dataclasses.replace(self, metric=self.metric.merge(other.metric))
+
+    def reduce(self) -> CluMetric:
+        """Reduces the wrapped metric along its leading axis (clu's `reduce`)."""
+        return dataclasses.replace(self, metric=self.metric.reduce())
+
+    def compute(self) -> Any:
+        """Returns the wrapped metric's `compute()`."""
+        return self.metric.compute()
+
+
+def _is_clu_class(obj: type[Any]) -> bool:
+    return hasattr(obj, "empty") and (
+        hasattr(obj, "from_model_output") or hasattr(obj, "single_from_model_output")
+    )
+
+
+_ACCEPTED = (
+    "a Metric (reset/update/merge/reduce/compute, e.g. a jax_metrics metric instance), "
+    "a clu metric class or instance, or a function fn(preds, target, ...) -> array"
+)
+
+
+def as_metric(obj: object) -> Metric:
+    """Turns a metric-like object into a `Metric`.
+
+    - an object that already has the `Metric` methods (a `Mean`, a
+      `jax_metrics` metric) is returned as is;
+    - a clu metric class becomes `CluMetric` of `cls.empty()`, and a clu metric
+      instance is wrapped in a `CluMetric`;
+    - any other callable becomes `Mean(obj)`.
+
+    Raises:
+        TypeError: for anything else, including a class that is not a clu metric
+            class (pass an instance of a `jax_metrics` metric, not its class).
+
+    Example:
+        >>> metric = as_metric(lambda preds, target: (preds - target) ** 2)
+        >>> type(metric).__name__
+        'Mean'
+        >>> as_metric(metric) is metric
+        True
+    """
+    if isinstance(obj, type):
+        if _is_clu_class(obj):
+            clu_class: type[Any] = obj
+            return CluMetric(clu_class.empty(), clu_class)
+        hint = " (pass an instance, not the class)" if issubclass(obj, Metric) else ""
+        raise TypeError(f"as_metric() got the class {obj.__qualname__}{hint}; it accepts {_ACCEPTED}")
+    if isinstance(obj, Metric):
+        return obj
+    if _is_clu_class(type(obj)) and hasattr(obj, "merge") and hasattr(obj, "compute"):
+        return CluMetric(obj, type(obj))
+    if callable(obj):
+        return Mean(obj)
+    raise TypeError(f"as_metric() got {short(obj)} of type {type(obj).__qualname__}; it accepts {_ACCEPTED}")
+
+
+_RUNNING: dict[Any, Mapping[str, Literal["last"]]] = {}
+
+
+def running_entries(state: Any) -> Mapping[str, Literal["last"]]:
+    """`{"metrics.<entry>": "last"}` for each entry the running metrics of `state` log.
+
+    The running metrics are the `Metric`s in the fields the state's class
+    declares with the role `managed.Role.METRICS` (`ciclo.types.ModelState.metrics`),
+    logged in the `metrics` collection under their name, or under each key of
+    a `compute()` that returns a dict. Each covers every batch so far, so an
+    evaluation loop keeps its last value. The entries are traced, not
+    computed, once per structure of those fields.
+
+    Example:
+        >>> import jax.numpy as jnp, optax
+        >>> from ciclo import managed, metrics
+        >>> class State(managed.ManagedState):
+        ...     scores: dict = managed.field(role=managed.Role.METRICS)
+        >>> mae = metrics.as_metric(lambda preds, target: abs(preds - target))
+        >>> state = State.create(params=jnp.zeros(()), tx=optax.sgd(0.1), scores={"mae": mae})
+        >>> running_entries(state)
+        {'metrics.mae': 'last'}
+    """
+    fields = [getattr(state, name) for name in fields_with_role(type(state), Role.METRICS)]
+    if not fields:
+        return {}
+    structure = jax.tree.structure(fields)
+    found = _RUNNING.get(structure)
+    if found is None:
+        entries: dict[str, Literal["last"]] = {}
+        for field in fields:
+            named = field.items() if isinstance(field, Mapping) else [("metric", field)]
+            for name, metric in named:
+                # Traced, not run: a metric whose compute() returns a dict logs its keys.
+                value = jax.eval_shape(lambda metric: metric.reset().compute(), metric)
+                for entry in value if isinstance(value, Mapping) else (name,):
+                    entries[f"metrics.{entry}"] = "last"
+        if len(_RUNNING) < 256:  # one per kind of state in a process, in practice
+            _RUNNING[structure] = entries
+        found = entries
+    return found

@@ -1,0 +1,527 @@
+"""A managed state for any model: losses, metrics and the four steps the predefined loops call.
+
+The state knows nothing of frameworks: a `ModelAdapter` says how to `init` and
+`apply` the model, and the framework packages are adapters plus a
+`create_*_state` function. `ModelState` brings the rest, Keras style: the
+losses are summed and differentiated, metrics accumulate over an epoch, a
+fresh dropout key comes every step, the model's own state (batch statistics)
+is kept and synchronised across devices, and every step runs under the
+state's strategy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, Final, cast, final
+
+import jax
+import jax.numpy as jnp
+import optax
+from typing_extensions import Required, Unpack
+
+from ciclo._src.base.reprs import short
+from ciclo._src.base.roles import Role, field
+from ciclo._src.base.types import ModelAdapter, SupportsToModel
+from ciclo._src.logs.logs import Logs
+from ciclo._src.state import managed as _managed
+from ciclo._src.state.managed import AbstractManagedState, create_state
+from ciclo._src.state.metrics import Metric, as_metric, call_with_available
+from ciclo._src.state.precision import cast_like, to_float32
+from ciclo._src.state.training_options import OPTION_NAMES, TrainingOptionsKwargs, training_options
+from ciclo._src.strategies._protocols import Strategy
+
+
+@final
+class NamedLosses(Mapping[str, Callable[..., Any]]):
+    """The loss functions of a `ModelState` by name; a static, hashable mapping.
+
+    It compares by identity, so that a state's compiled steps are reused for as
+    long as the state keeps the same losses, whatever the losses themselves are.
+
+    Example:
+        >>> losses = NamedLosses({"mse": lambda preds, target: (preds - target) ** 2})
+        >>> list(losses)
+        ['mse']
+    """
+
+    __slots__ = ("_losses",)
+
+    def __init__(self, losses: Mapping[str, Callable[..., Any]]) -> None:
+        self._losses = dict(losses)
+
+    def __getitem__(self, name: str) -> Callable[..., Any]:
+        return self._losses[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._losses)
+
+    def __len__(self) -> int:
+        return len(self._losses)
+
+    def __repr__(self) -> str:
+        return f"NamedLosses({self._losses!r})"
+
+    __eq__ = object.__eq__
+    __hash__ = object.__hash__
+
+
+BATCH_KEYS = (("inputs", "target"), ("image", "label"), ("x", "y"))
+"""The `(inputs, target)` key pairs a batch given as a mapping may use, in lookup order."""
+
+
+def split_batch(batch: Any) -> tuple[Any, Any]:
+    """Splits a batch into `(inputs, target)`; `target` is None when the batch has none.
+
+    A batch is `(inputs, target)`, `(inputs,)`, the inputs alone, or a mapping
+    with the keys `"inputs"`/`"target"`, `"image"`/`"label"` (TFDS style) or
+    `"x"`/`"y"`; the target key may be absent.
+
+    Raises:
+        KeyError: for a mapping with none of those input keys (the message lists its keys).
+        ValueError: for a tuple with more than two elements.
+
+    Example:
+        >>> split_batch(([1, 2], [0, 1]))
+        ([1, 2], [0, 1])
+        >>> split_batch({"image": [1, 2], "label": [0, 1]})
+        ([1, 2], [0, 1])
+        >>> split_batch({"inputs": [1, 2]})
+        ([1, 2], None)
+    """
+    if isinstance(batch, Mapping):
+        for inputs, target in BATCH_KEYS:
+            if inputs in batch:
+                return batch[inputs], batch.get(target)
+        pairs = ", ".join(f"{short(inputs)}/{short(target)}" for inputs, target in BATCH_KEYS)
+        raise KeyError(f"a batch given as a mapping needs the keys {pairs}; it has {sorted(batch)}")
+    if isinstance(batch, (tuple, list)):
+        if len(batch) > 2:
+            raise ValueError(
+                f"a batch tuple is (inputs, target) or (inputs,), got {len(batch)} elements; pass "
+                "several inputs as one pytree, e.g. ((x1, x2), target), or a dict with 'inputs' and 'target'"
+            )
+        return batch[0], (batch[1] if len(batch) == 2 else None)
+    return batch, None
+
+
+@final
+class ModelState(AbstractManagedState):
+    """A training state for any model: `train_step`, `test_step`, `predict_step`, `reset_step`.
+
+    Make one with `ciclo.create_model_state(adapter, ...)`, or through a
+    framework package (`ciclo.create_flax_state`, ...). Its steps are methods,
+    so `ciclo.train_loop`, `test_loop` and `predict_loop` register them by
+    themselves.
+
+    Losses and metrics are called with the arguments they name, out of
+    `preds` (also as `logits`), `target` (also as `labels`), `inputs`, `batch`
+    and `params`; metrics may also take `loss`, the batch's total loss. A loss
+    that returns one value per sample is averaged. Plain functions used as
+    metrics become running means (`ciclo.metrics.Mean`), weighted by samples.
+
+    - `train_step` applies the model with `training=True` and a fresh key,
+      differentiates the sum of the losses, applies the optimizer, keeps the
+      model's new state (synchronised across devices) and updates the
+      metrics. It logs each loss of the batch and each metric's running value.
+    - `test_step` does the same without training, and updates the metrics.
+    - `predict_step` logs the model's outputs as the output `preds`.
+    - `reset_step` empties the metrics; the predefined loops call it at the
+      end of each epoch and before each test run, so the metrics logged are
+      those of the epoch, or of the whole test set, so far.
+
+    After training, `state.model` gives the trained model back in its
+    framework's own form (an nnx module, a linen variables dict, ...), when
+    the adapter implements `to_model` (`ciclo.types.SupportsToModel`).
+
+    The training options (`precision`, `accumulate_steps`, `ema_decay`; see
+    `managed.TrainingOptionsKwargs`) are set when the state is created and
+    applied by `apply_gradients`, as for any managed state (see
+    `managed.AbstractManagedState`); under a precision with a compute dtype the
+    model computes in it. The class is final: a model of another framework
+    is an adapter, not a subclass.
+
+    Attributes:
+        model_state: the model's own state (batch statistics), or None (role
+            `managed.Role.MODEL_STATE`: synchronised across devices).
+        metrics: the running metrics by name (`ciclo.metrics.Metric`s; role
+            `METRICS`: an evaluation loop keeps the last value of what they log).
+        key: the data of the random key steps derive their keys from (see
+            `step_key`; role `KEY`: `pmap` splits it per device). It is kept as
+            raw `uint32` data: a typed key costs microseconds to rebuild in
+            Python after every compiled step.
+        adapter: the `ciclo.types.ModelAdapter` (static).
+        losses: the loss functions by name (static).
+        key_impl: the PRNG implementation of `key` (static).
+
+    Example:
+        >>> import ciclo, jax, jax.numpy as jnp, optax
+        >>> class Linear:  # a ModelAdapter for a linear model
+        ...     def init(self, key, inputs):
+        ...         return jnp.zeros(inputs.shape[-1]), None
+        ...     def apply(self, params, model_state, inputs, *, key, training):
+        ...         return inputs @ params, model_state
+        >>> state = ciclo.create_model_state(
+        ...     Linear(),
+        ...     inputs=jnp.ones((1, 2)),
+        ...     tx=optax.sgd(0.3),
+        ...     losses={"mse": lambda preds, target: (preds - target) ** 2},
+        ...     metrics={"mae": lambda preds, target: abs(preds - target)},
+        ... )
+        >>> batch = (jnp.array([[1.0, 0.0], [0.0, 1.0]]), jnp.array([2.0, -1.0]))
+        >>> for _ in range(30):
+        ...     logs, state = state.train_step(batch)
+        >>> round(float(logs.losses.mse), 4), state.params.round(2)
+        (0.0, Array([ 2., -1.], dtype=float32))
+    """
+
+    model_state: Any = field(role=Role.MODEL_STATE)
+    metrics: dict[str, Metric] = field(role=Role.METRICS)
+    key: jax.Array = field(role=Role.KEY)
+    adapter: ModelAdapter = field(static=True)
+    losses: NamedLosses = field(static=True)
+    key_impl: Any = field(static=True, default=None)
+
+    @property
+    def model(self) -> Any:
+        """The trained model in its framework's own form, from the adapter's `to_model`.
+
+        A flax linen state gives the module's variables dict, an nnx state the
+        nnx module, a haiku state `params` or `(params, state)`, an equinox state
+        the module or `(module, state)`: see `ciclo.types.SupportsToModel`. Each access
+        builds the model anew from the state's current `params` and
+        `model_state` (under `pmap`, from the first device's copy), so use it
+        after training, e.g. on the best checkpoint restored.
+
+        Raises:
+            AttributeError: when the adapter has no `to_model` method (the
+                variables are still `params` and `model_state`).
+
+        Example:
+            >>> import ciclo, jax.numpy as jnp, optax
+            >>> class Scale:
+            ...     def init(self, key, inputs):
+            ...         return jnp.full((), 2.0), None
+            ...     def apply(self, params, model_state, inputs, *, key, training):
+            ...         return params * inputs, model_state
+            ...     def to_model(self, params, model_state):
+            ...         return lambda inputs: params * inputs
+            >>> state = ciclo.create_model_state(Scale(), inputs=jnp.ones(3), tx=optax.sgd(0.1))
+            >>> state.model(jnp.arange(3.0))
+            Array([0., 2., 4.], dtype=float32)
+        """
+        if not isinstance(self.adapter, SupportsToModel):
+            raise AttributeError(
+                f"{type(self.adapter).__name__} has no to_model(params, model_state) method, so this "
+                "state cannot build its model: add one to the adapter (see ciclo.types.SupportsToModel), "
+                "or use state.params and state.model_state"
+            )
+        params, model_state = self.strategy.unplace((self.params, self.model_state))
+        return self.adapter.to_model(params, model_state)
+
+    def resume_options(self) -> dict[str, Any]:
+        """`precision`, `accumulate_steps`, `ema_decay` and `key_impl`, as a backup records them.
+
+        A resume refuses another `accumulate_steps` or `key_impl`, a precision
+        with or without loss scaling where the backup had the other, and an
+        `ema_decay` where the backup kept no EMA (or the reverse); another
+        precision or decay otherwise is noted and trained on (docs/resume.md).
+
+        Example:
+            >>> import ciclo, jax.numpy as jnp, optax
+            >>> class Scale:
+            ...     def init(self, key, inputs):
+            ...         return jnp.ones(()), None
+            ...     def apply(self, params, model_state, inputs, *, key, training):
+            ...         return params * inputs, model_state
+            >>> state = ciclo.create_model_state(
+            ...     Scale(), inputs=jnp.ones(1), tx=optax.sgd(0.1), precision="bf16-mixed", accumulate_steps=4
+            ... )
+            >>> state.resume_options()
+            {'precision': 'bf16-mixed', 'accumulate_steps': 4, 'ema_decay': None, 'key_impl': 'threefry2x32'}
+        """
+        return {
+            **self.options.resume_options(),
+            "key_impl": None if self.key_impl is None else str(self.key_impl),
+        }
+
+    def resume_refusal(self, name: str, old: Any) -> str | None:
+        """Why a backup whose option `name` was `old` cannot be resumed into this state; None where it can.
+
+        See `resume_options`.
+        """
+        if name == "key_impl":
+            return "its random key is the data of another PRNG implementation"
+        return self.options.resume_refusal(name, old)
+
+    def step_key(self) -> jax.Array:
+        """The random key of the current step: `key` folded with `step`, a typed key."""
+        return jax.random.fold_in(jax.random.wrap_key_data(self.key, impl=self.key_impl), self.step)
+
+    def _apply(self, inputs: Any, *, training: bool) -> tuple[Any, Any]:
+        """The adapter's `apply` under the state's precision: float32 predictions, model state as stored."""
+        policy = self.options.precision
+        if policy.compute_dtype is None:
+            return self.adapter.apply(
+                self.params, self.model_state, inputs, key=self.step_key(), training=training
+            )
+        # The model's own state (batch statistics) keeps its dtype: normalisation layers update their
+        # statistics in float32 from half-precision activations (flax and haiku promote them).
+        preds, model_state = self.adapter.apply(
+            policy.cast(self.params),
+            self.model_state,
+            policy.cast(inputs),
+            key=self.step_key(),
+            training=training,
+        )
+        return to_float32(preds), cast_like(model_state, self.model_state)
+
+    def _run_model(self, batch: Any, *, training: bool) -> tuple[Logs, ModelState]:
+        inputs, target = split_batch(batch)
+        try:
+            preds, model_state = self._apply(inputs, training=training)
+        except Exception as error:  # any framework's own error (flax's ScopeParamShapeError, ...)
+            _add_note(
+                error,
+                f"the model failed on inputs {_shapes(inputs)}: give every step (train, test, predict) "
+                "batches shaped like those the state was created with",
+            )
+            raise
+        available: dict[str, Any] = {
+            "preds": preds,
+            "logits": preds,
+            "inputs": inputs,
+            "batch": batch,
+            "params": self.params,
+        }
+        if target is not None:
+            available["target"] = available["labels"] = target
+        logs = Logs()
+        total = jnp.zeros((), jnp.float32)
+        for name, fn in self.losses.items():
+            try:
+                value = jnp.mean(call_with_available(fn, **available))
+            except (TypeError, ValueError) as error:
+                _add_note(
+                    error,
+                    f"loss {short(name)} failed on preds {_shapes(preds)} and target {_shapes(target)}; "
+                    "integer-label losses (optax.softmax_cross_entropy_with_integer_labels) need int "
+                    "labels, e.g. labels.astype(np.int32)",
+                )
+                raise
+            logs.add_loss(name, value)
+            total = total + value
+        metrics = {
+            name: call_with_available(metric.update, **available, loss=total)
+            for name, metric in self.metrics.items()
+        }
+        for name, metric in metrics.items():
+            logs.add_metric(name, metric)
+        return logs, self.replace(model_state=model_state, metrics=metrics)
+
+    def _train(self, batch: Any) -> tuple[Logs, ModelState]:
+        if not self.losses:
+            raise ValueError(
+                "this state has no losses to train on; create it with losses={'loss': fn}, e.g. "
+                "losses={'loss': optax.softmax_cross_entropy_with_integer_labels}"
+            )
+        return self._run_model(batch, training=True)
+
+    def _test(self, batch: Any) -> tuple[Logs, ModelState]:
+        return self._run_model(batch, training=False)
+
+    def _predict(self, batch: Any) -> tuple[Logs, ModelState]:
+        inputs, _ = split_batch(batch)
+        preds, _ = self._apply(inputs, training=False)
+        return Logs().add_output("preds", preds), self
+
+    def _reset(self, batch: Any = None) -> tuple[None, ModelState]:
+        return None, self.replace(metrics={name: metric.reset() for name, metric in self.metrics.items()})
+
+    train_step = _managed.train_step(_train)
+    test_step = _managed.step(_test)
+    predict_step = _managed.step(_predict)
+    _reset_metrics = _managed.step(_reset)
+
+    def reset_step(self) -> ModelState:
+        """Returns the state with empty metrics, placed as before."""
+        _, state = self._reset_metrics(None)
+        return cast(ModelState, state)
+
+
+def _shapes(tree: Any) -> str:
+    """`float32[4,8]`-style shapes and dtypes of a batch's arrays, for error notes."""
+    leaves = [
+        f"{getattr(x, 'dtype', type(x).__name__)}{list(getattr(x, 'shape', ()))}"
+        for x in jax.tree.leaves(tree)
+    ]
+    return ", ".join(leaves) or "(none)"
+
+
+def _add_note(error: BaseException, note: str) -> None:
+    add_note = getattr(error, "add_note", None)  # Python >= 3.11
+    if add_note is not None:
+        add_note(note)
+
+
+def _check_losses(losses: Mapping[str, Callable[..., Any]] | Callable[..., Any] | None) -> NamedLosses:
+    if losses is None:
+        return NamedLosses({})
+    if callable(losses) and not isinstance(losses, Mapping):
+        return NamedLosses({"loss": losses})
+    if not isinstance(losses, Mapping):
+        raise TypeError(f"losses must be a dict of name -> function (or one function), got {short(losses)}")
+    for name, fn in losses.items():
+        if not isinstance(name, str) or not callable(fn):
+            raise TypeError(f"losses must map names to functions; entry {short(name)} is {short(fn)}")
+    return NamedLosses(losses)
+
+
+def _check_metrics(metrics: Mapping[str, Any] | None) -> dict[str, Metric]:
+    if metrics is None:
+        return {}
+    if not isinstance(metrics, Mapping):
+        raise TypeError(f"metrics must be a dict of name -> metric or function, got {short(metrics)}")
+    checked: dict[str, Metric] = {}
+    for name, metric in metrics.items():
+        if not isinstance(name, str):
+            raise TypeError(f"metric names must be strings, got {short(name)}")
+        try:
+            checked[name] = as_metric(metric).reset()
+        except TypeError as error:
+            raise TypeError(f"metric {short(name)}: {error}") from None
+    return checked
+
+
+def _as_key(key: jax.Array | int) -> jax.Array:
+    if isinstance(key, int) and not isinstance(key, bool):
+        return jax.random.key(key)
+    if isinstance(key, jax.Array) and jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
+        return key
+    if isinstance(key, jax.Array) and key.shape == (2,) and key.dtype == jnp.uint32:
+        return cast(jax.Array, jax.random.wrap_key_data(key))
+    raise TypeError(f"key must be an int seed or a jax.random.key, got {short(key)}")
+
+
+class ModelStateSettings(TrainingOptionsKwargs, total=False):
+    """The keywords of `ciclo.create_model_state` that every `create_*_state` forwards as they are.
+
+    One definition and one docstring (`ciclo.create_model_state`'s) for the
+    adapters' functions, which take them as `**settings: Unpack[ModelStateSettings]`:
+    `tx` (required), `losses`, `metrics`, `strategy`, `key` and the training
+    options (`managed.TrainingOptionsKwargs`).
+    """
+
+    tx: Required[optax.GradientTransformation]
+    losses: Mapping[str, Callable[..., Any]] | Callable[..., Any] | None
+    metrics: Mapping[str, Any] | None
+    strategy: str | Strategy
+    key: jax.Array | int
+
+
+def create_model_state(
+    adapter: ModelAdapter,
+    *,
+    inputs: Any = None,
+    variables: tuple[Any, Any] | None = None,
+    **settings: Unpack[ModelStateSettings],
+) -> ModelState:
+    """Initialises a model through its adapter and returns its `ModelState`, placed for `strategy`.
+
+    The model is initialised under the strategy (`adapter.init` runs inside
+    `jax.jit` for `data_parallel` and `fsdp`), so that under `fsdp` its
+    parameters and optimizer state are born sharded: no device holds a large
+    parameter whole. Every `create_*_state` (`ciclo.create_flax_state`, ...)
+    takes the keywords after `variables` as they are here (`ModelStateSettings`).
+
+    Args:
+        adapter: how to initialise and apply the model (see `ciclo.types.ModelAdapter`).
+        inputs: sample inputs to initialise the model with (`adapter.init`), e.g.
+            `jnp.empty((1, 28, 28, 1))`.
+        variables: `(params, model_state)` of a model that is built initialised
+            (flax nnx, equinox), instead of `inputs`.
+        **settings: `tx`: the optax optimizer (required). `losses`:
+            `{name: fn}`, summed for training; one function is named `"loss"`.
+            Any callable taking some of `preds`, `target`, `inputs`, ... by name
+            (`optax` losses take `logits` and `labels`, which are given too).
+            `metrics`: `{name: metric}`: functions `(preds, target, ...) -> array`,
+            `ciclo.metrics.Metric`s such as `jax_metrics` metrics, or clu metrics.
+            `strategy`: a strategy or its name (default `"jit"`, see
+            `ciclo.strategies.get_strategy`). `key`: a seed (default 0) or a
+            `jax.random.key`; split into the initialisation key and the state's
+            `key`. And the training options `precision`, `accumulate_steps`
+            and `ema_decay` (`managed.TrainingOptionsKwargs`).
+
+    Raises:
+        TypeError: for losses or metrics of the wrong kind (naming the entry),
+            a `tx` that is not an optax optimizer, a bad key, an unknown
+            keyword, or not exactly one of `inputs` and `variables`.
+        ValueError: for an unknown `precision`, `accumulate_steps` below 1 or an
+            `ema_decay` outside [0, 1), or `accumulate_steps` above 1 with a `tx`
+            that is an `optax.MultiSteps` already.
+
+    Example:
+        >>> import ciclo, jax.numpy as jnp, optax
+        >>> class Scale:
+        ...     def init(self, key, inputs):
+        ...         return jnp.ones(()), None
+        ...     def apply(self, params, model_state, inputs, *, key, training):
+        ...         return params * inputs, model_state
+        >>> state = ciclo.create_model_state(Scale(), inputs=jnp.ones(3), tx=optax.sgd(0.1), strategy="eager")
+        >>> logs, _ = state.predict_step(jnp.arange(3.0))
+        >>> logs.outputs.preds
+        Array([0., 1., 2.], dtype=float32)
+    """
+    unknown = sorted(set(settings) - _SETTINGS)
+    if unknown or "tx" not in settings:
+        raise TypeError(
+            f"create_model_state got the unknown keyword(s) {short(unknown)}; it takes {sorted(_SETTINGS)}"
+            if unknown
+            else "create_model_state needs tx=, the optax optimizer (e.g. tx=optax.adam(1e-3))"
+        )
+    tx = settings["tx"]
+    if not (hasattr(tx, "init") and hasattr(tx, "update")):
+        raise TypeError(f"tx must be an optax optimizer (e.g. optax.adam(1e-3)), got {short(tx)}")
+    if (inputs is None) == (variables is None):
+        raise TypeError(
+            "create_model_state needs sample `inputs` to initialise the model with (e.g. "
+            "inputs=jnp.empty((1, 28, 28, 1))), or the `variables` of a model built initialised; "
+            + ("got neither" if inputs is None else "got both")
+        )
+    if isinstance(inputs, (tuple, list)) and inputs and all(type(n) is int for n in inputs):
+        raise TypeError(
+            f"inputs={short(tuple(inputs))} looks like a shape: inputs must be an example batch, e.g. "
+            f"inputs=jnp.zeros({short(tuple(inputs))}), from which the model's shapes are inferred"
+        )
+    loss_fns = _check_losses(settings.get("losses"))
+    running = _check_metrics(settings.get("metrics"))
+    chosen: dict[str, Any] = {name: value for name, value in settings.items() if name in OPTION_NAMES}
+    options = training_options(**chosen)
+    init_key, state_key = jax.random.split(_as_key(settings.get("key", 0)))
+
+    def fields(values: dict[str, Any]) -> dict[str, Any]:
+        values = dict(values)
+        variables = values.pop("variables")
+        init = values.pop("init")
+        # Under a mesh strategy this runs inside `jax.jit`: the variables are born in their layout.
+        params, model_state = adapter.init(*init) if variables is None else variables
+        return {"params": params, "model_state": model_state, **values}
+
+    return create_state(
+        ModelState,
+        fields,
+        {
+            "init": None if variables is not None else (init_key, inputs),
+            "variables": variables,
+            "metrics": running,
+            "key": jax.random.key_data(state_key),
+        },
+        tx=tx,
+        strategy=settings.get("strategy", "jit"),
+        options=options,
+        key_impl=jax.random.key_impl(state_key),
+        adapter=adapter,
+        losses=loss_fns,
+    )
+
+
+_SETTINGS: Final = frozenset(ModelStateSettings.__required_keys__ | ModelStateSettings.__optional_keys__)

@@ -1,0 +1,244 @@
+"""Training options: mixed precision, gradient accumulation, skipping non-finite steps, the weight EMA.
+
+Each option is a part built on optax's own pieces, readable on its own:
+
+- **accumulation** wraps the optimizer in `optax.MultiSteps` (`accumulate`);
+- **precision** scales the loss by a `LossScale` kept in the state and divides
+  the gradients by it again (`unscale`); under it a step whose gradients are
+  not finite is skipped, `optax.apply_if_finite`'s idea (`skip_if_not_finite`);
+- **the EMA** averages the weights after each optimizer step, which
+  `optax.MultiSteps.has_updated` tells (`ema`).
+
+`TrainingOptions` holds the three settings, and `apply_gradients` combines the
+parts in the one place every managed state's update goes through
+(`managed.AbstractManagedState.apply_gradients`, which `managed.ManagedState`,
+`ciclo.types.ModelState` and every adapter's state inherit). A state's step
+stays blind to them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from typing import Any, Final, final
+
+import jax
+import jax.numpy as jnp
+import optax
+from typing_extensions import TypedDict
+
+from ciclo._src.base.finite import finite_flag
+from ciclo._src.base.reprs import short
+from ciclo._src.base.roles import params_field
+from ciclo._src.state.learning_rate import learning_rate_logs
+from ciclo._src.state.precision import PRECISIONS, LossScale, Precision
+
+
+class TrainingOptionsKwargs(TypedDict, total=False):
+    """The training options as keywords, as `ManagedState.create` and every `create_*_state` take them.
+
+    Attributes:
+        precision: mixed precision, Lightning's names: `"32"` (none, the
+            default), `"bf16-mixed"` (the model computes in bfloat16),
+            `"16-mixed"` (float16, with dynamic loss scaling and skipped
+            overflow steps), or a `ciclo.types.Precision`. Parameters,
+            optimizer state, losses and metrics stay float32.
+        accumulate_steps: micro-batches per optimizer step (Keras'
+            `gradient_accumulation_steps`, Lightning's `accumulate_grad_batches`;
+            default 1): `tx` is wrapped in `optax.MultiSteps`, which averages the
+            gradients of `accumulate_steps` train steps and updates the
+            parameters at every `accumulate_steps`-th. `state.step` counts train
+            steps; learning-rate schedules (and the logged `learning_rate`)
+            count optimizer steps.
+        ema_decay: keep `ema_params`, an exponential moving average of the
+            parameters with this decay (e.g. 0.999; default None: none), updated
+            in the compiled step after each optimizer step; see
+            `with_ema_params` and `ciclo.callbacks.SwapEMAWeights`.
+    """
+
+    precision: str | Precision
+    accumulate_steps: int
+    ema_decay: float | None
+
+
+OPTION_NAMES: Final = frozenset(TrainingOptionsKwargs.__annotations__)
+"""The keywords of `TrainingOptionsKwargs`."""
+
+
+@final
+@dataclasses.dataclass(frozen=True)
+class TrainingOptions:
+    """The training options of a managed state (static): see `TrainingOptionsKwargs`.
+
+    Build one with `training_options(...)`, which checks the values.
+
+    Example:
+        >>> options = training_options(precision="bf16-mixed", accumulate_steps=4)
+        >>> options.accumulate_steps, options.resume_options()["precision"]
+        (4, 'bf16-mixed')
+    """
+
+    precision: Precision = PRECISIONS["32"]
+    accumulate_steps: int = 1
+    ema_decay: float | None = None
+
+    def accumulate(self, tx: optax.GradientTransformation) -> optax.GradientTransformation:
+        """The accumulation part: `tx` in an `optax.MultiSteps` of `accumulate_steps`, or `tx` itself."""
+        if self.accumulate_steps == 1:
+            return tx
+        return optax.MultiSteps(tx, every_k_schedule=self.accumulate_steps).gradient_transformation()
+
+    def init(self, params: Any) -> dict[str, Any]:
+        """The options' own state at step 0: `ema_params` (a copy of `params`) and `loss_scale`."""
+        # A copy: a donating strategy must not see one buffer twice.
+        ema = None if self.ema_decay is None else jax.tree.map(jnp.copy, params)
+        return {"ema_params": ema, "loss_scale": self.precision.loss_scale()}
+
+    def check(self, opt_state: Any) -> None:
+        """Refuses a `tx` that accumulates itself (an `optax.MultiSteps`) under `accumulate_steps` > 1."""
+        if self.accumulate_steps == 1:
+            return
+        nodes = jax.tree.leaves(
+            opt_state.inner_opt_state, is_leaf=lambda node: isinstance(node, optax.MultiStepsState)
+        )
+        if any(isinstance(node, optax.MultiStepsState) for node in nodes):
+            k = self.accumulate_steps
+            raise ValueError(
+                f"tx is already an optax.MultiSteps, which accumulates micro-batches itself: "
+                f"accumulate_steps={k} would wrap it in a second one, and each optimizer step would wait "
+                f"for both groups. Pass the optimizer inside it with accumulate_steps={k}, or this tx "
+                "with accumulate_steps=1"
+            )
+
+    def resume_options(self) -> dict[str, Any]:
+        """`precision`, `accumulate_steps` and `ema_decay` as plain data, as a backup records them."""
+        return {
+            "precision": self.precision.to_data(),
+            "accumulate_steps": self.accumulate_steps,
+            "ema_decay": self.ema_decay,
+        }
+
+    def resume_refusal(self, name: str, old: Any) -> str | None:
+        """Why a backup whose option `name` was `old` cannot go on under these options; None where it can.
+
+        Another `accumulate_steps`, loss scaling on one side only and an EMA on
+        one side only are refused; another precision or decay otherwise is noted.
+        """
+        if name == "accumulate_steps":
+            return (
+                f"its optimizer state holds gradients accumulated towards optimizer steps of {short(old)} "
+                "micro-batches (optax.MultiSteps)"
+            )
+        if name == "precision":
+            scaled = _loss_scaling_of(old)
+            if scaled is None:
+                return "this ciclo does not know the backup's precision"
+            if scaled == self.precision.loss_scaling:
+                return None  # another compute dtype or scale growth: the arrays mean what they meant
+            if scaled:
+                return "the backup holds a loss scale (loss_scale) that a precision without one drops"
+            return "this state's precision scales the loss, and the backup holds no loss scale to go on from"
+        if old is None:  # ema_decay
+            return "the backup holds no EMA of the weights (ema_params) to go on from"
+        if self.ema_decay is None:
+            return "the backup holds an EMA of the weights (ema_params) that this state does not keep"
+        return None  # the EMA goes on with the new decay
+
+
+def training_options(
+    *, precision: str | Precision = "32", accumulate_steps: int = 1, ema_decay: float | None = None
+) -> TrainingOptions:
+    """Checks the training options (`TrainingOptionsKwargs`) and returns them as `TrainingOptions`.
+
+    Raises:
+        ValueError: for an unknown `precision`, `accumulate_steps` below 1 or an
+            `ema_decay` outside [0, 1).
+
+    Example:
+        >>> training_options(ema_decay=0.999).ema_decay
+        0.999
+    """
+    policy = Precision.of(precision)
+    if not (
+        isinstance(accumulate_steps, int) and not isinstance(accumulate_steps, bool) and accumulate_steps >= 1
+    ):
+        raise ValueError(f"accumulate_steps must be an int >= 1, got {short(accumulate_steps)}")
+    if ema_decay is not None and not (
+        isinstance(ema_decay, (int, float)) and not isinstance(ema_decay, bool) and 0 <= ema_decay < 1
+    ):
+        raise ValueError(f"ema_decay must be a number in [0, 1), e.g. 0.999, or None; got {short(ema_decay)}")
+    return TrainingOptions(policy, accumulate_steps, None if ema_decay is None else float(ema_decay))
+
+
+def unscale(grads: Any, scale: LossScale) -> Any:
+    """The precision part: gradients of a scaled loss divided by the scale again."""
+    return jax.tree.map(lambda grad: grad / scale.scale.astype(grad.dtype), grads)
+
+
+def ema(decay: float, average: Any, params: Any, opt_state: Any, accumulate_steps: int) -> Any:
+    """The EMA part: `decay * average + (1 - decay) * params`, after each optimizer step only."""
+    new = jax.tree.map(lambda old, new: decay * old + (1 - decay) * new, average, params)
+    if accumulate_steps == 1:
+        return new
+    return _where(optax.MultiSteps(optax.identity(), accumulate_steps).has_updated(opt_state), new, average)
+
+
+def skip_if_not_finite(finite: jax.Array, new: dict[str, Any], old: dict[str, Any]) -> dict[str, Any]:
+    """`optax.apply_if_finite`'s idea: the values of `old` where the gradients were not `finite`."""
+    return {name: _where(finite, value, old[name]) for name, value in new.items()}
+
+
+def apply_gradients(state: Any, grads: Any, value: Any, changes: dict[str, Any]) -> Any:
+    """One update of a managed state, with its training options combined: the one place they meet.
+
+    Under loss scaling the gradients are divided by the scale first; when they
+    are not finite the step is skipped: the parameters, the optimizer state
+    (with the accumulated gradients) and the EMA weights are left as they were,
+    and the scale is halved. `tx` accumulates by itself (`optax.MultiSteps`),
+    and the EMA follows each optimizer step. `step` counts every call.
+    """
+    options: TrainingOptions = state.options
+    name = params_field(type(state))
+    params, scale = getattr(state, name), state.loss_scale
+    if scale is not None:
+        grads = unscale(grads, scale)
+    # optax passes `value` on to the transformations that take it and drops it for the rest.
+    tx, extra = (
+        (state.tx, {}) if value is None else (optax.with_extra_args_support(state.tx), {"value": value})
+    )
+    # optax.MultiSteps multiplies its float updates by an int flag, which strict promotion refuses.
+    with jax.numpy_dtype_promotion("standard") if options.accumulate_steps > 1 else contextlib.nullcontext():
+        updates, opt_state = tx.update(grads, state.opt_state, params, **extra)
+    new = {name: optax.apply_updates(params, updates), "opt_state": opt_state}
+    if options.ema_decay is not None and state.ema_params is not None:
+        new["ema_params"] = ema(
+            options.ema_decay, state.ema_params, new[name], opt_state, options.accumulate_steps
+        )
+    if scale is not None:
+        finite = finite_flag(grads)
+        new = skip_if_not_finite(finite, new, {key: getattr(state, key) for key in new})
+        new["loss_scale"] = scale.update(finite=finite, growth_interval=options.precision.growth_interval)
+    return state.replace(step=state.step + 1, **new, **changes)
+
+
+def step_metrics(state: Any) -> dict[str, jax.Array]:
+    """What a training step logs about a state after its update: the learning rate, the loss scale."""
+    metrics = learning_rate_logs(state.opt_state)
+    if state.loss_scale is not None:
+        metrics["loss_scale"] = state.loss_scale.scale
+        metrics["skipped_steps"] = state.loss_scale.skipped_steps
+    return metrics
+
+
+def _loss_scaling_of(precision: Any) -> bool | None:
+    """Whether a precision as a backup records it (`Precision.to_data`) scales the loss; None: unknown."""
+    if isinstance(precision, str) and precision in PRECISIONS:
+        return PRECISIONS[precision].loss_scaling
+    if isinstance(precision, dict) and isinstance(precision.get("loss_scaling"), bool):
+        return bool(precision["loss_scaling"])
+    return None
+
+
+def _where(condition: jax.Array, new: Any, old: Any) -> Any:
+    """`new` where `condition` holds, else `old`, leaf by leaf (two trees of one structure)."""
+    return jax.tree.map(lambda a, b: jnp.where(condition, a, b), new, old)

@@ -1,0 +1,57 @@
+"""The rooms of `ciclo._src` and their import direction (ARCHITECTURE.md)."""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python < 3.11
+    import tomli as tomllib
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+SRC = ROOT / "packages" / "ciclo-core" / "src" / "ciclo" / "_src"
+
+
+def _layers() -> list[str]:
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    (contract,) = config["tool"]["importlinter"]["contracts"]
+    assert contract["type"] == "layers" and contract["containers"] == ["ciclo._src"]
+    return list(contract["layers"])
+
+
+def test_every_module_lives_in_a_room():
+    flat = sorted(path.name for path in SRC.glob("*.py") if path.name != "__init__.py")
+    assert flat == []
+    rooms = sorted(path.name for path in SRC.iterdir() if (path / "__init__.py").is_file())
+    assert rooms == sorted(_layers())
+
+
+@pytest.mark.parametrize("room", _layers())
+def test_each_room_says_what_it_may_import(room):
+    doc = ast.get_docstring(ast.parse((SRC / room / "__init__.py").read_text(encoding="utf-8")))
+    assert doc, f"{room}/__init__.py has no docstring"
+    (line,) = [line for line in doc.splitlines() if line.startswith("May import:")]
+    below = _layers()[_layers().index(room) + 1 :]
+    said = line.removeprefix("May import:").strip().rstrip(".")
+    if said == "every other room":
+        assert below == _layers()[1:]
+    elif said.startswith("nothing"):
+        assert below == []
+    else:
+        assert [name.strip() for name in said.split(",")] == below
+
+
+def test_the_import_direction_holds():
+    """import-linter's layers contract in pyproject.toml: a room imports only the rooms below it."""
+    executable = shutil.which("lint-imports", path=str(pathlib.Path(sys.executable).parent))
+    assert executable, "import-linter is in the test dependency group"
+    result = subprocess.run([executable], cwd=ROOT, capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "1 kept, 0 broken" in result.stdout
