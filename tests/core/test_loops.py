@@ -217,6 +217,15 @@ def test_bad_arguments(call, error, match):
         call()
 
 
+@pytest.mark.parametrize("run", [ciclo.loop, ciclo.train_loop, ciclo.test_loop, ciclo.predict_loop])
+def test_every_loop_takes_the_loop_settings_and_refuses_other_keywords(run):
+    tasks = {ciclo.every(1): lambda state: state + 1}
+    state, history, elapsed = run(0, range(5), tasks, stop=3, metadata="m", catch_keyboard_interrupt=False)
+    assert (state, elapsed.steps) == (3, 3)
+    with pytest.raises(TypeError, match=r"unknown keyword\(s\) \['stpo'\].*'stop'.*LoopSettings"):
+        run(0, range(5), tasks, stpo=3)
+
+
 @pytest.mark.parametrize(
     ("call", "name", "value"),
     [

@@ -12,7 +12,9 @@ from __future__ import annotations
 import os
 import warnings
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, Final, Literal, final
+from typing import Any, Final, Literal, TypedDict, final
+
+from typing_extensions import Unpack
 
 from ciclo._src.base.batches import BatchSizeFn, stacked
 from ciclo._src.base.checks import DataWarning, TestData, check_bool, check_positive
@@ -93,6 +95,48 @@ class _AtEnd(Callback):
 _ONCE: Final = Period(steps=2**62)
 
 
+class LoopSettings(TypedDict, total=False):
+    """The keywords every loop takes: `ciclo.loop`, `train_loop`, `test_loop` and `predict_loop`.
+
+    One definition for the four (they take them as `**settings`), and one docstring:
+
+    Attributes:
+        stop: stop when this `Period` (or number of steps) is reached; otherwise
+            when the dataset ends or a callback stops the loop.
+        history: commit to this `History` instead of a new one.
+        elapsed: resume counting from this `Elapsed`.
+        catch_keyboard_interrupt: on Ctrl-C, stop after the step in flight and
+            return what was computed so far instead of raising (default True).
+        metadata: any value, available to callbacks as `loop_state.metadata`.
+        batch_size_fn: counts the samples of a batch (default: the leading
+            dimension of its first array leaf).
+        backup: a directory or `ciclo.backup(directory, every=...)`: back up the
+            run (`train_loop`: at each epoch's end by default; else every 1000
+            steps), at its end and on SIGTERM, and resume from the backup found
+            there (see `ciclo.backup`).
+    """
+
+    stop: PeriodLike | None
+    history: History | None
+    elapsed: Elapsed | None
+    catch_keyboard_interrupt: bool
+    metadata: Any
+    batch_size_fn: BatchSizeFn | None
+    backup: Backup | str | os.PathLike[str] | None
+
+
+_SETTINGS: Final = frozenset(LoopSettings.__optional_keys__)
+
+
+def _check_settings(loop_name: str, settings: LoopSettings) -> None:
+    unknown = sorted(set(settings) - _SETTINGS)
+    if unknown:
+        raise TypeError(
+            f"{loop_name} got the unknown keyword(s) {short(unknown)}: besides those of its signature, "
+            f"a loop takes {sorted(_SETTINGS)} (ciclo.types.LoopSettings)"
+        )
+
+
 def _run(
     kind: str,
     state: S,
@@ -100,14 +144,7 @@ def _run(
     phases: list[Phase],
     begin: list[Any],
     end: list[Any],
-    *,
-    stop: PeriodLike | None,
-    history: History | None,
-    elapsed: Elapsed | None,
-    catch_keyboard_interrupt: bool,
-    metadata: Any,
-    batch_size_fn: BatchSizeFn | None,
-    backup: Backup | str | os.PathLike[str] | None,
+    settings: LoopSettings,
     backup_every: Any = None,
 ) -> tuple[S, History, Elapsed]:
     """`run_phases` with a loop's shortcuts: `backup=`, `catch_keyboard_interrupt=`, begin and end callbacks.
@@ -115,7 +152,9 @@ def _run(
     The begin callbacks run at the loop's first step (not again in a run
     resumed past it), before its phases; the end ones after its last step.
     """
+    catch_keyboard_interrupt = settings.get("catch_keyboard_interrupt", True)
     check_bool(catch_keyboard_interrupt, "catch_keyboard_interrupt")
+    backup, elapsed = settings.get("backup"), settings.get("elapsed")
     callbacks: list[Callback] = []
     if backup is not None:
         callbacks.append(BackupCallback(backup, kind=kind, default_every=backup_every))
@@ -129,11 +168,11 @@ def _run(
         dataset,
         phases,
         callbacks=callbacks,
-        stop=stop,
-        history=history,
+        stop=settings.get("stop"),
+        history=settings.get("history"),
         elapsed=elapsed,
-        metadata=metadata,
-        batch_size_fn=batch_size_fn,
+        metadata=settings.get("metadata"),
+        batch_size_fn=settings.get("batch_size_fn"),
     )
 
 
@@ -225,15 +264,9 @@ def loop(
     dataset: Iterable[Any],
     tasks: Tasks,
     *,
-    stop: PeriodLike | None = None,
     on_start: Any = None,
     on_end: Any = None,
-    history: History | None = None,
-    elapsed: Elapsed | None = None,
-    catch_keyboard_interrupt: bool = True,
-    metadata: Any = None,
-    batch_size_fn: BatchSizeFn | None = None,
-    backup: Backup | str | os.PathLike[str] | None = None,
+    **settings: Unpack[LoopSettings],
 ) -> tuple[S, History, Elapsed]:
     """Runs `tasks` over `dataset`: at each step, the callbacks of each schedule that fires.
 
@@ -253,20 +286,10 @@ def loop(
             `__loop_callback__(loop_state)`, or a callable taking 0 to 4 of
             `(state, batch, elapsed, loop_state)`. Both return `(logs, state)`,
             `logs`, `state` or `None` (no logs, the state unchanged).
-        stop: stop when this `Period` (or number of steps) is reached; otherwise
-            when the dataset ends or a callback stops the loop.
         on_start: callback(s) run once, before the first step's tasks.
         on_end: callback(s) run once after the last step.
-        history: commit to this `History` instead of a new one.
-        elapsed: resume counting from this `Elapsed`.
-        catch_keyboard_interrupt: on Ctrl-C, stop and return what was computed so
-            far instead of raising.
-        metadata: any value, available to callbacks as `loop_state.metadata`.
-        batch_size_fn: counts the samples of a batch (default: leading dimension
-            of its first array leaf).
-        backup: a directory or `ciclo.backup(directory, every=...)`: back up
-            (every 1000 steps by default, at the end and on SIGTERM) and resume
-            from the backup found there.
+        **settings: `stop`, `history`, `elapsed`, `catch_keyboard_interrupt`,
+            `metadata`, `batch_size_fn`, `backup` (see `ciclo.types.LoopSettings`).
 
     Returns:
         `(state, history, elapsed)`: the final state, the history of logs, and
@@ -281,6 +304,7 @@ def loop(
         >>> state, elapsed.steps, history.collect("total")
         (6, 4, [0, 1, 3, 6])
     """
+    _check_settings("loop", settings)
     if not isinstance(tasks, Mapping):
         raise TypeError(f"tasks must be a dict of schedule -> callbacks, got {short(tasks)}")
     return _run(
@@ -290,13 +314,7 @@ def loop(
         [Phase("tasks", tasks)],
         as_callback_list(on_start, "on_start"),
         as_callback_list(on_end, "on_end"),
-        stop=stop,
-        history=history,
-        elapsed=elapsed,
-        catch_keyboard_interrupt=catch_keyboard_interrupt,
-        metadata=metadata,
-        batch_size_fn=batch_size_fn,
-        backup=backup,
+        settings,
     )
 
 
@@ -313,16 +331,10 @@ def train_loop(
     inner_loop_kwargs: Mapping[str, Any] | None = None,
     test_aggregation: AggregationLike | None = None,
     test_with_ema: bool = False,
-    stop: PeriodLike | None = None,
-    history: History | None = None,
-    elapsed: Elapsed | None = None,
-    catch_keyboard_interrupt: bool = True,
-    metadata: Any = None,
-    batch_size_fn: BatchSizeFn | None = None,
-    backup: Backup | str | os.PathLike[str] | None = None,
     steps_per_execution: int | Literal["auto"] = 1,
     prefetch: int | None = None,
     max_skipped_steps: int | None = None,
+    **settings: Unpack[LoopSettings],
 ) -> tuple[S, History, Elapsed]:
     """A training loop with epochs and an evaluation loop at the end of each epoch.
 
@@ -363,15 +375,6 @@ def train_loop(
             their last value.
         test_with_ema: evaluate with the EMA of the weights (a state created
             with `ema_decay=`): adds `ciclo.swap_ema_weights()` to `callbacks`.
-        stop: stop after this period or number of steps.
-        history: commit to this `History`.
-        elapsed: resume counting from this `Elapsed`.
-        catch_keyboard_interrupt: on Ctrl-C return what was computed so far.
-        metadata: available to callbacks as `loop_state.metadata`.
-        batch_size_fn: counts the samples of a batch.
-        backup: a directory or `ciclo.backup(...)`: back up the run (by default
-            at each epoch's end) and resume from the backup found there (see
-            `ciclo.backup`).
         steps_per_execution: run this many training steps per dispatch, as one
             compiled `jax.lax.scan` (Keras' `steps_per_execution`): the batches
             are grouped with `ciclo.stacked`, cut so that no group crosses an
@@ -405,6 +408,9 @@ def train_loop(
             device sync per step). Whatever it is, the loop warns after 20
             steps skipped in a row, or a step skipped at the loss scale's
             floor (docs/recipes.md, "Mixed precision").
+        **settings: `stop`, `history`, `elapsed`, `catch_keyboard_interrupt`,
+            `metadata`, `batch_size_fn`, `backup` (see `ciclo.types.LoopSettings`;
+            a backup is made at each epoch's end by default).
 
     Returns:
         `(state, history, elapsed)`.
@@ -434,6 +440,8 @@ def train_loop(
         >>> state, history.collect("steps", "batch_test")
         (10, ([4, 9], [2.0, 2.0]))
     """
+    _check_settings("train_loop", settings)
+    stop, batch_size_fn = Period.of(settings.get("stop")), settings.get("batch_size_fn")
     names = tuple(dict.fromkeys(TRAIN + TEST))
     named, scheduled = split_tasks(tasks, names, "train_loop")
     add_callbacks(
@@ -462,11 +470,11 @@ def train_loop(
         raise TypeError(f"test_name must be a string, got {short(test_name)}")
     check_bool(test_with_ema, "test_with_ema")
     _check_runs_something(state, named, scheduled, Trainable, "train_loop", (train_step, on_train_step))
-    _watch_training_options(named, state, max_skipped_steps, Period.of(stop))
+    _watch_training_options(named, state, max_skipped_steps, stop)
     steps = _steps_per_execution(steps_per_execution)
     auto = None
     if steps != 1:
-        align, start, total = _group_bounds(epoch, Period.of(stop), elapsed)
+        align, start, total = _group_bounds(epoch, stop, settings.get("elapsed"))
         if isinstance(steps, str):
             auto = AutoSteps(
                 align=align,
@@ -514,7 +522,7 @@ def train_loop(
                         test_tasks,
                         stop=test_period,
                         catch_keyboard_interrupt=False,
-                        metadata=metadata,
+                        metadata=settings.get("metadata"),
                         batch_size_fn=batch_size_fn,
                     )
                 if result[2].steps == 0:
@@ -539,13 +547,7 @@ def train_loop(
             phases,
             _get(named, on_train_begin),
             _get(named, on_train_end),
-            stop=stop,
-            history=history,
-            elapsed=elapsed,
-            catch_keyboard_interrupt=catch_keyboard_interrupt,
-            metadata=metadata,
-            batch_size_fn=batch_size_fn,
-            backup=backup,
+            settings,
             backup_every=epoch,  # by default, a backup at each epoch's end
         )
     finally:
@@ -559,13 +561,7 @@ def test_loop(
     tasks: Tasks | None = None,
     *,
     callbacks: list[Any] | None = None,
-    stop: PeriodLike | None = None,
-    history: History | None = None,
-    elapsed: Elapsed | None = None,
-    catch_keyboard_interrupt: bool = True,
-    metadata: Any = None,
-    batch_size_fn: BatchSizeFn | None = None,
-    backup: Backup | str | os.PathLike[str] | None = None,
+    **settings: Unpack[LoopSettings],
 ) -> tuple[S, History, Elapsed]:
     """An evaluation loop: `test_step` on each batch, after `reset_step` at the start.
 
@@ -579,14 +575,8 @@ def test_loop(
         dataset: the test batches.
         tasks: `{named schedule or schedule: callbacks}`.
         callbacks: objects whose named test hooks are registered by name.
-        stop: stop after this period or number of steps.
-        history: commit to this `History`.
-        elapsed: resume counting from this `Elapsed`.
-        catch_keyboard_interrupt: on Ctrl-C return what was computed so far.
-        metadata: available to callbacks as `loop_state.metadata`.
-        batch_size_fn: counts the samples of a batch.
-        backup: a directory or `ciclo.backup(...)`: back up the run and resume
-            from the backup found there (see `ciclo.backup`).
+        **settings: `stop`, `history`, `elapsed`, `catch_keyboard_interrupt`,
+            `metadata`, `batch_size_fn`, `backup` (see `ciclo.types.LoopSettings`).
 
     Raises:
         TypeError: if the state is not a `ciclo.types.Evaluable` and `tasks` hold no step.
@@ -599,6 +589,7 @@ def test_loop(
         >>> history.collect("error")
         [1.0, 0.0, 2.0]
     """
+    _check_settings("test_loop", settings)
     named, scheduled = collect(TEST, tasks, state=state, callbacks=callbacks, loop_name="test_loop")
     _check_runs_something(state, named, scheduled, Evaluable, "test_loop", (test_step, on_test_step))
     return _run(
@@ -608,13 +599,7 @@ def test_loop(
         _step_phases(named, scheduled, "test", (test_step, on_test_step)),
         _get(named, on_test_begin, reset_step, on_reset_step),
         _get(named, on_test_end),
-        stop=stop,
-        history=history,
-        elapsed=elapsed,
-        catch_keyboard_interrupt=catch_keyboard_interrupt,
-        metadata=metadata,
-        batch_size_fn=batch_size_fn,
-        backup=backup,
+        settings,
     )
 
 
@@ -628,13 +613,7 @@ def predict_loop(
     tasks: Tasks | None = None,
     *,
     callbacks: list[Any] | None = None,
-    stop: PeriodLike | None = None,
-    history: History | None = None,
-    elapsed: Elapsed | None = None,
-    catch_keyboard_interrupt: bool = True,
-    metadata: Any = None,
-    batch_size_fn: BatchSizeFn | None = None,
-    backup: Backup | str | os.PathLike[str] | None = None,
+    **settings: Unpack[LoopSettings],
 ) -> tuple[S, History, Elapsed]:
     """An inference loop: `predict_step` on each batch; collect outputs from the history.
 
@@ -648,14 +627,8 @@ def predict_loop(
         dataset: the batches to predict.
         tasks: `{named schedule or schedule: callbacks}`.
         callbacks: objects whose named predict hooks are registered by name.
-        stop: stop after this period or number of steps.
-        history: commit to this `History`.
-        elapsed: resume counting from this `Elapsed`.
-        catch_keyboard_interrupt: on Ctrl-C return what was computed so far.
-        metadata: available to callbacks as `loop_state.metadata`.
-        batch_size_fn: counts the samples of a batch.
-        backup: a directory or `ciclo.backup(...)`: back up the run and resume
-            from the backup found there (see `ciclo.backup`).
+        **settings: `stop`, `history`, `elapsed`, `catch_keyboard_interrupt`,
+            `metadata`, `batch_size_fn`, `backup` (see `ciclo.types.LoopSettings`).
 
     Raises:
         TypeError: if the state is not a `ciclo.types.Predictable` and `tasks` hold no step.
@@ -668,6 +641,7 @@ def predict_loop(
         >>> history.collect("doubled")
         [2, 4, 6]
     """
+    _check_settings("predict_loop", settings)
     named, scheduled = collect(PREDICT, tasks, state=state, callbacks=callbacks, loop_name="predict_loop")
     _check_runs_something(
         state, named, scheduled, Predictable, "predict_loop", (predict_step, on_predict_step)
@@ -679,11 +653,5 @@ def predict_loop(
         _step_phases(named, scheduled, "predict", (predict_step, on_predict_step)),
         _get(named, on_predict_begin),
         _get(named, on_predict_end),
-        stop=stop,
-        history=history,
-        elapsed=elapsed,
-        catch_keyboard_interrupt=catch_keyboard_interrupt,
-        metadata=metadata,
-        batch_size_fn=batch_size_fn,
-        backup=backup,
+        settings,
     )
