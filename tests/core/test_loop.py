@@ -1,6 +1,8 @@
 import functools
 import inspect
 import logging
+import os
+import signal
 import sys
 import types
 
@@ -264,6 +266,24 @@ def test_keyboard_interrupt_is_caught_and_state_returned(caplog):
     assert "KeyboardInterrupt" in caplog.text
     with pytest.raises(KeyboardInterrupt):
         ciclo.loop(0, range(10), {ciclo.every(1): step}, catch_keyboard_interrupt=False)
+
+
+def test_catching_ctrl_c_adds_a_step_end_hook_only_once_ctrl_c_arrives():
+    # The guard costs no call per step: the first Ctrl-C adds the hook that ends the step in flight.
+    hooks, steps = [], []
+
+    def probe(state, elapsed, loop_state):
+        hooks.append(len(loop_state._step_end))
+        steps.append(elapsed.steps)
+        if elapsed.steps == 2:
+            os.kill(os.getpid(), signal.SIGINT)
+            hooks.append(len(loop_state._step_end))
+        return state + 1
+
+    state, _, elapsed = ciclo.loop(0, range(10), {ciclo.every(1): probe})
+    assert hooks == [0, 0, 0, 1] and steps == [0, 1, 2]
+    assert state == elapsed.steps == 3
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
 @jax.jit

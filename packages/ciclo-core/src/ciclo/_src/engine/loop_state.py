@@ -72,6 +72,7 @@ class LoopState(Generic[S]):
         "_owns_logs",
         "_iterator",
         "_per_step",
+        "_step_end",
         "_stop",
         "batch",
         "history",
@@ -110,6 +111,9 @@ class LoopState(Generic[S]):
         self._iterator: Any = None  # what the loop draws batches from; on_start may replace it
         self._drawn = 0  # batches drawn from the dataset by this run and the runs it resumes
         self._stop: Any = None  # the loop's `stop`, as a `Period` or None
+        # The hooks run after each step. One added here (a signal handler may add one) runs from
+        # the end of the step in flight on: a callback pays for step ends only once it needs them.
+        self._step_end: list[Callable[[LoopState[Any]], None]] = []
 
     @property
     def elapsed(self) -> Elapsed:

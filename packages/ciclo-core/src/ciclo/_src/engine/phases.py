@@ -411,7 +411,7 @@ def run_phases(
     loop_state: LoopState[S] = LoopState(state, history=_as_history(history), metadata=metadata)
     loop_state._clock, loop_state._now, loop_state._stop = clock, clock.now, stop_period
     loop_state._dataset, loop_state._iterator = dataset, iterate_dataset(dataset)
-    loop_state._callback_objects = plan.stateful
+    loop_state._callback_objects, loop_state._step_end = plan.stateful, plan.step_end_hooks
     plan.run_start_hooks(loop_state)  # a backup restores here: the state, counts, iterator may change
     try:
         if not loop_state.stop_iteration:
@@ -440,7 +440,7 @@ def _run_steps(plan: _Plan, loop_state: LoopState[Any], stop: Period | None) -> 
     stop_count = math.inf if stop_steps is None else stop_steps
     append, history = loop_state.history.append, loop_state.history
     clock, iterator, drawn = loop_state._clock, loop_state._iterator, loop_state._drawn
-    first_drawn, tasks, every_step, step_end = drawn, plan.tasks, plan.every_step, plan.step_end_hooks
+    first_drawn, tasks, every_step, step_end = drawn, plan.tasks, plan.every_step, loop_state._step_end
     quiet_until = plan.start(clock.steps)
     origin = clock.origin
     try:

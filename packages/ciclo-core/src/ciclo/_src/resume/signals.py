@@ -23,7 +23,7 @@ import contextlib
 import logging
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, final
 
 import jax
@@ -48,12 +48,19 @@ class SignalGuard:
         take_over: catch them whatever handler they have (else only where Python's
             default handler is installed).
         sync_point: also stop at JAX's preemption sync point (several processes).
+        on_signal: called (in the signal handler) when the first signal arrives.
     """
 
     def __init__(
-        self, signals: tuple[int, ...], *, take_over: bool = False, sync_point: bool = False
+        self,
+        signals: tuple[int, ...],
+        *,
+        take_over: bool = False,
+        sync_point: bool = False,
+        on_signal: Callable[[], None] | None = None,
     ) -> None:
         self.signum: int | None = None
+        self._on_signal = on_signal
         self.forced = False
         """Whether a second Ctrl-C raised: that KeyboardInterrupt always propagates."""
         self.sync_point = sync_point
@@ -69,11 +76,13 @@ class SignalGuard:
                 self._previous[signum] = signal.signal(signum, self._handle)
 
     @classmethod
-    def for_loop(cls, *, sigterm: bool, sigint: bool) -> SignalGuard:
+    def for_loop(
+        cls, *, sigterm: bool, sigint: bool, on_signal: Callable[[], None] | None = None
+    ) -> SignalGuard:
         """A loop's guard: SIGTERM if it backs up (a sync point under several processes), SIGINT if asked."""
         sync_point = sigterm and jax.process_count() > 1
         signals = (signal.SIGTERM,) if sigterm and not sync_point else ()
-        return cls(signals + ((signal.SIGINT,) if sigint else ()), sync_point=sync_point)
+        return cls(signals + ((signal.SIGINT,) if sigint else ()), sync_point=sync_point, on_signal=on_signal)
 
     @property
     def active(self) -> bool:
@@ -84,7 +93,10 @@ class SignalGuard:
         if self.signum is not None and signum == signal.SIGINT:
             self.forced = True
             raise ForcedInterrupt  # a second Ctrl-C stops at once
+        first = self.signum is None
         self.signum = signum
+        if first and self._on_signal is not None:
+            self._on_signal()
 
     def requested(self, steps: int) -> bool:
         """Whether to stop after the step that ended at `steps`."""
@@ -120,11 +132,10 @@ class CatchInterrupt(Callback):
         self._guard: SignalGuard | None = None
 
     def on_start(self, loop_state: LoopState[Any], /) -> None:
-        self._guard = SignalGuard.for_loop(sigterm=False, sigint=True)
-
-    def on_step_end(self, loop_state: LoopState[Any], /) -> None:
-        if self._guard.signum is not None and not loop_state.stop_iteration:  # type: ignore[union-attr]
-            raise KeyboardInterrupt
+        # No hook at every step's end: the first Ctrl-C adds one, which ends the step in flight.
+        self._guard = SignalGuard.for_loop(
+            sigterm=False, sigint=True, on_signal=lambda: loop_state._step_end.append(_interrupt)
+        )
 
     def on_end(self, loop_state: LoopState[Any], error: BaseException | None, /) -> bool:
         """Gives Ctrl-C back; returns True (the loop returns normally) after a Ctrl-C not insisted on."""
@@ -135,6 +146,11 @@ class CatchInterrupt(Callback):
             _log.warning("KeyboardInterrupt: loop stopped at step %d", loop_state.elapsed.steps)
             return True
         return False
+
+
+def _interrupt(loop_state: LoopState[Any]) -> None:
+    if not loop_state.stop_iteration:
+        raise KeyboardInterrupt
 
 
 @contextlib.contextmanager
