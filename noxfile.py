@@ -284,10 +284,8 @@ def examples(session: nox.Session) -> None:
     """
     _install(session, DEMO_CORE, *ADAPTERS, "keras>=3", *_group("demo"))
     python = str(Path(session.bin) / "python")
-    # grain (the demo group's) installs on Python >= 3.11 only.
-    scripts = {s: f for s, f in EXAMPLES.items() if sys.version_info >= (3, 11) or "/grain/" not in s}
     commands = [
-        [python, script, f"--min-accuracy={floor}", *session.posargs] for script, floor in scripts.items()
+        [python, script, f"--min-accuracy={floor}", *session.posargs] for script, floor in EXAMPLES.items()
     ]
     with concurrent.futures.ThreadPoolExecutor(int(WORKERS)) as pool:
         done = list(

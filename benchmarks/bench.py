@@ -937,7 +937,7 @@ def ciclo_version() -> str:
 
 def header(pinning: str) -> str:
     device = jax.devices()[0]
-    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     processor = platform.processor() or platform.machine()
     return (
         f"{now} · {platform.system()} {platform.machine()} ({processor}), {os.cpu_count()} CPUs, {pinning} · "

@@ -7,13 +7,9 @@ import pathlib
 import shutil
 import subprocess
 import sys
+import tomllib
 
 import pytest
-
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python < 3.11
-    import tomli as tomllib
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SRC = ROOT / "packages" / "ciclo-core" / "src" / "ciclo" / "_src"

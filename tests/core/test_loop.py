@@ -250,8 +250,7 @@ def test_end_hooks_run_for_bound_method_owners_even_on_error():
     with pytest.raises(RuntimeError, match="boom") as info:
         ciclo.loop(0, range(3), {ciclo.every(1): [Owner().hook]})
     assert Owner.ended is info.value  # the hook sees what ended the loop
-    if sys.version_info >= (3, 11):
-        assert any("Owner.hook" in note and "step 0" in note for note in info.value.__notes__)
+    assert any("Owner.hook" in note and "step 0" in note for note in info.value.__notes__)
 
 
 def test_keyboard_interrupt_is_caught_and_state_returned(caplog):

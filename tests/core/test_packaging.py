@@ -15,6 +15,7 @@ import re
 import subprocess
 import sys
 import textwrap
+import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -26,11 +27,6 @@ from support.readme import run_readme
 
 import ciclo
 from ciclo._src.resume import orbax_io
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
 
 PACKAGES = Path(__file__).parents[2] / "packages"
 DISTRIBUTIONS = ["ciclo-core", "ciclo-flax", "ciclo-haiku", "ciclo-equinox"]

@@ -132,9 +132,7 @@ def _compile_phase(phase: Phase) -> list[_Task]:
 
 def _annotate(error: BaseException, callback: Callback, loop_state: LoopState[Any]) -> None:
     where = f" at step {loop_state.elapsed.steps}" if loop_state._now or loop_state._elapsed else ""
-    add_note = getattr(error, "add_note", None)  # Python >= 3.11
-    if add_note is not None:
-        add_note(f"raised by callback {describe(callback)}{where}")
+    error.add_note(f"raised by callback {describe(callback)}{where}")
 
 
 def _run_callbacks(loop_state: LoopState[Any], callbacks: list[Callback]) -> None:
@@ -190,12 +188,10 @@ def _hold_steps(loop_state: LoopState[Any], logs: StackedLogs) -> None:
 
 
 def _annotate_dataset_error(error: BaseException, steps: int, drawn: int) -> None:
-    add_note = getattr(error, "add_note", None)  # Python >= 3.11
-    if add_note is not None:
-        add_note(
-            f"raised by the dataset when the loop asked for the batch of step {steps} "
-            f"({drawn} batches drawn before it in this run); the loop stopped there"
-        )
+    error.add_note(
+        f"raised by the dataset when the loop asked for the batch of step {steps} "
+        f"({drawn} batches drawn before it in this run); the loop stopped there"
+    )
 
 
 def _warn_dataset_ended(drawn: int, steps: int, stop: Any) -> None:

@@ -13,13 +13,13 @@ import functools
 import inspect
 import json
 from collections.abc import Callable, Mapping
-from typing import Any, Generic, TypeVar, cast, final, overload
+from typing import Any, Generic, Self, TypeVar, cast, final, overload
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from typing_extensions import Self, dataclass_transform
+from typing_extensions import dataclass_transform
 
 from ciclo._src.base.batches import Stacked, is_stacked
 from ciclo._src.base.reprs import short

@@ -5,11 +5,10 @@ from __future__ import annotations
 import dataclasses
 import inspect
 from collections.abc import Callable, Mapping
-from typing import Any, Literal, Protocol, TypeVar, final, runtime_checkable
+from typing import Any, Literal, Protocol, Self, TypeVar, final, runtime_checkable
 
 import jax
 import jax.numpy as jnp
-from typing_extensions import Self
 
 from ciclo._src.base.reprs import short
 from ciclo._src.base.roles import Role, fields_with_role

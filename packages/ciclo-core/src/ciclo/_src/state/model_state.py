@@ -12,12 +12,12 @@ state's strategy.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any, Final, cast, final
+from typing import Any, Final, Required, cast, final
 
 import jax
 import jax.numpy as jnp
 import optax
-from typing_extensions import Required, Unpack
+from typing_extensions import Unpack
 
 from ciclo._src.base.reprs import short
 from ciclo._src.base.roles import Role, field
