@@ -432,7 +432,7 @@ def test_a_near_miss_of_on_end_on_a_loop_callback_object_is_warned():
 
 
 def test_no_class_of_ciclo_has_a_method_taken_for_a_misspelt_hook():
-    from ciclo._src.engine.callback import misnamed_methods
+    from ciclo._src.engine.door import misnamed_methods
 
     classes = [value for value in vars(ciclo.types).values() if isinstance(value, type)]
     assert len(classes) > 30

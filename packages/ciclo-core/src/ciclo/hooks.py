@@ -17,7 +17,7 @@ Example:
     (True, False)
 """
 
-from ciclo._src.engine.callback import collect as collect
+from ciclo._src.engine.door import collect as collect
 from ciclo._src.loops.hooks import PREDICT as PREDICT
 from ciclo._src.loops.hooks import TEST as TEST
 from ciclo._src.loops.hooks import TRAIN as TRAIN

@@ -3,7 +3,7 @@
 `run_phases` is the one engine: `ciclo.loop` is its dict front-end, and
 `train_loop`, `test_loop` and `predict_loop` are phases built from the same
 public pieces (`Phase`, `at_step_end`, `run_phases`), as a user's own loop is.
-It calls `ciclo.Callback`s only (the door, `ciclo._src.engine.callback`, makes them)
+It calls `ciclo.Callback`s only (the door, `ciclo._src.engine.door`, makes them)
 and knows no backup, signal or hook name: those are callbacks too.
 """
 
@@ -23,7 +23,8 @@ from ciclo._src.base.reprs import short
 from ciclo._src.base.schedules import AtStepEnd, Every, next_boundary
 from ciclo._src.base.types import S
 from ciclo._src.data.position import iterate_dataset
-from ciclo._src.engine.callback import Callback, Tasks, as_callback_list, lifecycle_of, owners
+from ciclo._src.engine.callback import Callback, Tasks
+from ciclo._src.engine.door import as_callback_list, lifecycle_of, owners
 from ciclo._src.engine.loop_state import LoopState as LoopState
 from ciclo._src.engine.loop_state import keyed_callbacks
 from ciclo._src.logs.logs import History, Logs, StackedLogs

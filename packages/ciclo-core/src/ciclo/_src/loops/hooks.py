@@ -5,7 +5,7 @@ A hook name is a string. In a loop's tasks dict it is a named schedule
 (`state.train_step`); a `ciclo.Callback` declares the one it runs under
 (`keras_bar` runs under `on_train_batch_end`), and a user's own object in
 `callbacks=[...]` names its methods after them. `ciclo.hooks.collect` (in the
-one door, `ciclo._src.engine.callback`) gathers all of them for a set of names.
+one door, `ciclo._src.engine.door`) gathers all of them for a set of names.
 """
 
 from __future__ import annotations

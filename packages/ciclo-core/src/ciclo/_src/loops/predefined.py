@@ -25,10 +25,9 @@ from ciclo._src.base.types import Evaluable, Predictable, S, Trainable
 from ciclo._src.callbacks._ema import SwapEMAWeights
 from ciclo._src.callbacks._training_options import TrainingOptionsWatch
 from ciclo._src.data.prefetch import prefetch_to_device
-from ciclo._src.engine.callback import (
-    Callback,
+from ciclo._src.engine.callback import Callback, Tasks
+from ciclo._src.engine.door import (
     Named,
-    Tasks,
     add_callbacks,
     add_state_methods,
     as_callback_list,

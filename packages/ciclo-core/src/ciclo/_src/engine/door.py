@@ -1,0 +1,442 @@
+"""The one door: every form of callback a user may give becomes a `ciclo.Callback` here, once.
+
+A function taking its arguments by parameter name or, as in ciclo 0.1, by
+position; an object with `__loop_callback__` that does not subclass
+`ciclo.Callback`; an object whose methods are named after the hooks of a
+predefined loop; a clu periodic action. This is also where a method named like
+a hook that no loop calls is refused or warned about, and the only place ciclo
+looks at a user's object by the names of its methods.
+"""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+import sys
+import weakref
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Final, final
+
+from ciclo._src.base.checks import warn
+from ciclo._src.base.reprs import short
+from ciclo._src.base.types import StatefulCallback
+from ciclo._src.engine.callback import LIFECYCLE, Callback, vars_lookup
+from ciclo._src.logs.step_output import describe
+
+if TYPE_CHECKING:
+    from ciclo._src.engine.loop_state import LoopState
+
+
+class _Adapted(Callback):
+    """A user's function or object as a `Callback`: `__loop_callback__` is set per instance."""
+
+    def __init__(self, call: Callable[[LoopState[Any]], Any], source: Any) -> None:
+        self.__loop_callback__ = call  # type: ignore[method-assign]  # one call less per step
+        self.source = source
+
+    def __repr__(self) -> str:
+        return describe(self.source)
+
+
+@final
+class _Object(_Adapted):
+    """A user's object that satisfies the protocols without subclassing `Callback`."""
+
+    def __init__(self, obj: Any, call: Callable[[LoopState[Any]], Any]) -> None:
+        super().__init__(call, obj)
+        # The 0.1 contract: a user's object is read by the names of its methods, here only.
+        cls = type(obj)
+        for name in LIFECYCLE:
+            if callable(vars_lookup(cls, name)):
+                setattr(self, name, getattr(obj, name))
+        if isinstance(obj, StatefulCallback):
+            self.state_dict = obj.state_dict  # type: ignore[method-assign]
+            self.load_state_dict = obj.load_state_dict  # type: ignore[method-assign]
+
+    @property
+    def state_key(self) -> str:
+        has_key = vars_lookup(type(self.source), "state_key") is not None
+        return self.source.state_key if has_key else type(self.source).__qualname__
+
+
+def lifecycle_of(callback: Callback, name: str) -> bool:
+    """Whether the engine calls `callback`'s lifecycle or state method `name`: whether its class overrides it.
+
+    Found nominally, as Keras' `CallbackList` does: a method left as `Callback`
+    has it is never called. A user's object adapted by the door has the
+    methods it brought.
+    """
+    if type(callback) is _Object:
+        return name in vars(callback)
+    return getattr(type(callback), name) is not getattr(Callback, name)
+
+
+_ARGUMENT_NAMES: Final = ("state", "batch", "elapsed", "loop_state")
+
+_BY_NAME: Final[dict[str, Callable[[LoopState[Any]], Any]]] = {
+    "state": lambda loop_state: loop_state.state,
+    "batch": lambda loop_state: loop_state.batch,
+    "elapsed": lambda loop_state: loop_state.elapsed,
+    "loop_state": lambda loop_state: loop_state,
+    "logs": lambda loop_state: loop_state.logs,
+}
+"""What a plain function's parameter gets, by its name."""
+
+_BY_POSITION: Final[tuple[Callable[[Callable[..., Any]], Callable[[LoopState[Any]], Any]], ...]] = (
+    lambda fn: lambda loop_state: fn(),
+    lambda fn: lambda loop_state: fn(loop_state.state),
+    lambda fn: lambda loop_state: fn(loop_state.state, loop_state.batch),
+    lambda fn: lambda loop_state: fn(loop_state.state, loop_state.batch, loop_state.elapsed),
+    lambda fn: lambda loop_state: fn(loop_state.state, loop_state.batch, loop_state.elapsed, loop_state),
+)
+"""A 0.1 function taking the first N of `(state, batch, elapsed, loop_state)`, called by the loop state."""
+
+
+def _plain_function(fn: Callable[..., Any]) -> Callback:
+    """`fn` as a `Callback`: its arguments chosen by parameter name, else by position.
+
+    A function whose positional parameters all have names of `_BY_NAME`
+    (`def log(elapsed, logs)`) gets those values. Any other gets the first of
+    `(state, batch, elapsed, loop_state)` positionally, as in ciclo 0.1
+    (`def step(params, batch)`), unless one of its names would then get
+    another value: that is refused.
+    """
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError) as error:
+        raise TypeError(
+            f"cannot read the signature of callback {short(fn)}; wrap it in a function "
+            "such as `lambda state, batch: ...`"
+        ) from error
+    names: list[str] = []
+    required = 0
+    variadic = False
+    for parameter in signature.parameters.values():
+        if parameter.kind in (parameter.POSITIONAL_ONLY, parameter.POSITIONAL_OR_KEYWORD):
+            names.append(parameter.name)
+            required += parameter.default is parameter.empty
+        elif parameter.kind is parameter.VAR_POSITIONAL:
+            variadic = True
+        elif parameter.kind is parameter.KEYWORD_ONLY and parameter.default is parameter.empty:
+            raise TypeError(
+                f"callback {describe(fn)} has a required keyword-only argument "
+                f"{short(parameter.name)}; the loop passes only positional arguments "
+                f"{_ARGUMENT_NAMES}"
+            )
+    if variadic:
+        return _Adapted(_BY_POSITION[len(_ARGUMENT_NAMES)](fn), fn)
+    if names and all(name in _BY_NAME for name in names) and names != list(_ARGUMENT_NAMES[: len(names)]):
+        getters = tuple(_BY_NAME[name] for name in names)
+        return _Adapted(lambda loop_state: fn(*(get(loop_state) for get in getters)), fn)
+    if required > len(_ARGUMENT_NAMES):
+        raise TypeError(
+            f"callback {describe(fn)} requires {required} positional arguments, but the "
+            f"loop passes at most {len(_ARGUMENT_NAMES)}: {', '.join(_ARGUMENT_NAMES)}"
+        )
+    arity = min(len(names), len(_ARGUMENT_NAMES))
+    for index, name in enumerate(names[:arity]):
+        if name in _BY_NAME and name != _ARGUMENT_NAMES[index]:
+            raise TypeError(
+                f"callback {describe(fn)} takes {short(name)} as argument {index + 1}, where the loop "
+                f"passes {short(_ARGUMENT_NAMES[index])}: name every parameter after what it gets "
+                f"({', '.join(_BY_NAME)}) to have them passed by name, or none of them"
+            )
+    return _Adapted(_BY_POSITION[arity](fn), fn)
+
+
+def _clu_action(obj: Any) -> Callback | None:
+    """A clu `PeriodicAction` as a `Callback` called with the steps done; None for anything else.
+
+    ciclo never imports clu: an object is only recognised as a periodic action
+    once the user has imported clu.
+    """
+    module = sys.modules.get("clu.periodic_actions")
+    if module is None or not isinstance(obj, module.PeriodicAction):
+        return None
+    return _Adapted(lambda loop_state: obj(loop_state.elapsed.steps), obj)
+
+
+def as_callback(obj: Any) -> Callback:
+    """Turns any form of callback a user may give into a `Callback`: the one door in.
+
+    An object whose methods are named like a hook that no loop calls is
+    warned about (`on_ends`), or refused for a `__loop_*__` other than
+    `__loop_callback__` (`__loop_end__`).
+
+    Raises:
+        TypeError: if `obj` is not a callback: not callable, or requiring more
+            arguments than the loop passes; or if it has a `__loop_*__` method
+            that no loop calls.
+    """
+    if isinstance(obj, Callback):
+        misnamed = check_method_names(obj)  # a subclass of a user's may misspell a lifecycle method
+        if misnamed:
+            warn_misnamed(obj, misnamed)
+        return obj
+    clu = _clu_action(obj)
+    if clu is not None:
+        return clu
+    if isinstance(obj, str):
+        raise TypeError(f"{short(obj)} is a string, not a callback")
+    misnamed = () if inspect.isroutine(obj) else check_method_names(obj)
+    call = vars_lookup(type(obj), "__loop_callback__")
+    if call is not None:
+        callback: Callback = _Object(obj, obj.__loop_callback__)
+    elif not callable(obj):
+        raise TypeError(
+            f"{short(obj)} of type {type(obj).__name__} is not a callback: pass a callable taking "
+            f"0 to 4 of {_ARGUMENT_NAMES} (or any of {tuple(_BY_NAME)} by name), or an object "
+            "with __loop_callback__(loop_state)"
+        )
+    elif inspect.isroutine(obj):
+        callback = _plain_function(obj)
+    else:
+        callback = _Object(obj, _plain_function(obj).__loop_callback__)
+    if misnamed:
+        warn_misnamed(obj, misnamed)
+    return callback
+
+
+def as_callback_list(value: Any, where: str) -> list[Callback]:
+    """A callback, a list/tuple of callbacks, or None, as a list of `Callback`s."""
+    if value is None:
+        return []
+    items = list(value) if isinstance(value, (list, tuple)) else [value]
+    callbacks = []
+    for item in items:
+        try:
+            callbacks.append(as_callback(item))
+        except TypeError as error:
+            raise TypeError(f"in {where}: {error}") from None
+    return callbacks
+
+
+def owners(callbacks: Iterable[Callback]) -> list[Callback]:
+    """The callbacks whose lifecycle the engine runs, each once, in order.
+
+    A user's object placed twice, or by its bound methods (`bar.on_epoch_end`),
+    has its `on_start` / `on_end` run once: a bound method stands for its owner.
+    """
+    found: dict[int, Callback] = {}
+    for callback in callbacks:
+        owner: Any = callback
+        if isinstance(callback, _Adapted):
+            source = callback.source
+            owner = source.__self__ if inspect.ismethod(source) else source
+            if owner is not source and not isinstance(owner, Callback):
+                callback = _Object(owner, Callback().__loop_callback__)
+            if not isinstance(owner, Callback):
+                found.setdefault(id(owner), callback)
+                continue
+        found.setdefault(id(owner), owner)
+    return list(found.values())
+
+
+# --- placement by name: the hooks of the predefined loops on users' objects and states ---------------
+
+Named = dict[str, list[Any]]
+
+
+def collect(
+    names: Iterable[str],
+    tasks: Mapping[Any, Any] | None = None,
+    *,
+    state: Any = None,
+    callbacks: Iterable[Any] | None = None,
+    loop_name: str = "this loop",
+) -> tuple[Named, dict[Any, Any]]:
+    """The callbacks of each hook name in `names`, and the rest of `tasks`.
+
+    For each name, in this order: the method of that name of `state`'s class
+    (unbound, so the loop passes the current state as `self`), the tasks given
+    under that name in `tasks`, then the callbacks in `callbacks`: a
+    `ciclo.Callback` under the `hook` it declares, a user's object by the
+    methods it has of those names. A string key of `tasks` not in `names`, or
+    a callback object with none of the names, is refused.
+
+    Args:
+        names: the hook names the loop runs.
+        tasks: `{hook name or schedule: callbacks}`, as a loop receives it.
+        state: the loop's initial state, whose methods named in `names` are hooks.
+        callbacks: callbacks placed by their hook.
+        loop_name: the loop's name, for error messages.
+
+    Returns:
+        `(named, scheduled)`: `{name: [callbacks]}` with every name of `names`
+        present, and the entries of `tasks` keyed by a schedule.
+
+    Example:
+        >>> import ciclo
+        >>> class Printer:
+        ...     def on_validate_step(self, state, batch):
+        ...         print("validated", batch)
+        >>> named, scheduled = ciclo.hooks.collect(
+        ...     ["validate_step", "on_validate_step"], {ciclo.every(2): []}, callbacks=[Printer()]
+        ... )
+        >>> [len(named[name]) for name in ("validate_step", "on_validate_step")], len(scheduled)
+        ([0, 1], 1)
+    """
+    names = tuple(names)
+    named, scheduled = split_tasks(tasks, names, loop_name)
+    add_callbacks(named, callbacks, names)
+    add_state_methods(named, state, names)
+    return {name: named.get(name, []) for name in names}, scheduled
+
+
+def split_tasks(
+    tasks: Mapping[Any, Any] | None, names: tuple[str, ...], loop_name: str
+) -> tuple[Named, dict[Any, Any]]:
+    """Splits `tasks` into named tasks (validated against `names`) and scheduled tasks."""
+    if tasks is None:
+        return {}, {}
+    if not isinstance(tasks, Mapping):
+        raise TypeError(f"tasks must be a dict of schedule -> callbacks, got {short(tasks)}")
+    named: Named = {}
+    scheduled: dict[Any, Any] = {}
+    for key, callbacks in tasks.items():
+        if isinstance(key, str):
+            if key not in names:
+                raise ValueError(
+                    f"{loop_name} does not know the named schedule {short(key)}; valid names: "
+                    f"{', '.join(names)}"
+                )
+            named[key] = list(callbacks) if isinstance(callbacks, (list, tuple)) else [callbacks]
+        else:
+            scheduled[key] = callbacks
+    return named, scheduled
+
+
+def add_state_methods(named: Named, state: Any, names: tuple[str, ...]) -> None:
+    """Puts the methods of `state`'s class named in `names` first under their names."""
+    state_type = type(state)
+    for name in names:
+        # The unbound method, so that the loop passes the *current* state as `self`.
+        method = vars_lookup(state_type, name)
+        if method is not None and callable(method):
+            named.setdefault(name, []).insert(0, getattr(state_type, name))
+
+
+def add_callbacks(named: Named, callbacks: Iterable[Any] | None, names: tuple[str, ...]) -> None:
+    """Appends each of `callbacks` under its hook: a `Callback`'s declared one, a user's object's methods."""
+    if callbacks is None:
+        return
+    if not isinstance(callbacks, (list, tuple)):
+        raise TypeError(f"callbacks must be a list of callback objects, got {short(callbacks)}")
+    for callback in callbacks:
+        if isinstance(callback, Callback) and callback.hook is not None:
+            if callback.hook not in names:
+                raise ValueError(
+                    f"callback {short(callback)} runs under {callback.hook}, which this loop does not "
+                    f"run: {', '.join(names)}; put it in the tasks dict under a schedule instead"
+                )
+            named.setdefault(callback.hook, []).append(callback)
+            continue
+        misnamed = check_method_names(callback, names)
+        hooks = {name: vars_lookup(type(callback), name) for name in names}
+        hooks = {name: getattr(callback, name) for name, hook in hooks.items() if callable(hook)}
+        if not hooks:
+            fix = "; ".join(f"{name} is not a hook: {_fix(meant)}" for name, meant in misnamed)
+            raise ValueError(
+                f"callback {short(callback)} has none of the hooks this loop runs: {', '.join(names)}; "
+                + (fix or "put it in the tasks dict under a schedule instead")
+            )
+        if misnamed:
+            warn_misnamed(callback, misnamed)
+        for name, hook in hooks.items():
+            named.setdefault(name, []).append(hook)
+
+
+# --- names that look like a hook and are none ---------------------------------------------------------
+
+_CLOSE: Final = 0.905
+"""How alike (difflib's ratio) a method's name must be to a hook's to be taken for its misspelling.
+
+`on_epoch_ends` (0.96), `on_epoch_edn` and `on_trian_end` (0.92) are;
+`latest_step` (0.90 to `test_step`), `reset` (0.67 to `reset_step`), `update`
+and `state_dict` (under 0.5) are not.
+"""
+
+OBJECT_CALLBACK: Final = "__loop_callback__"
+
+_MISNAMED: weakref.WeakKeyDictionary[type, dict[tuple[str, ...], tuple[tuple[str, str], ...]]] = (
+    weakref.WeakKeyDictionary()
+)
+"""`misnamed_methods` of each class met: a loop is built once per call, and a test loop at each epoch."""
+
+
+def misnamed_methods(cls: type, names: tuple[str, ...] = ()) -> tuple[tuple[str, str], ...]:
+    """The methods of `cls` named like a hook that no loop calls, each with the name it may have meant.
+
+    A method is misnamed when its name is a close match of one of `names`
+    (the hooks a loop runs) or of a lifecycle method without being one
+    (`on_epoch_ends`), or when it is a `__loop_*__` other than
+    `__loop_callback__` (`__loop_end__`). The name meant is `""` when none is
+    close.
+
+    Example:
+        >>> from ciclo._src.engine.door import misnamed_methods
+        >>> class Bar:
+        ...     def on_epoch_ends(self, state): ...
+        ...     def __loop_end__(self, loop_state): ...
+        ...     def update(self): ...
+        >>> misnamed_methods(Bar, ("on_epoch_end",))
+        (('__loop_end__', 'on_end'), ('on_epoch_ends', 'on_epoch_end'))
+    """
+    by_names = _MISNAMED.setdefault(cls, {})
+    misnamed = by_names.get(names)
+    if misnamed is None:
+        misnamed = by_names[names] = _misnamed(cls, names)
+    return misnamed
+
+
+def _misnamed(cls: type, names: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
+    vocabulary = (*names, *LIFECYCLE)
+    found = []
+    for name in dir(cls):
+        if name in vocabulary or name == OBJECT_CALLBACK:
+            continue
+        if name.startswith("__loop_") and name.endswith("__"):
+            meant = difflib.get_close_matches(name, [OBJECT_CALLBACK], 1, 0.8) or difflib.get_close_matches(
+                "on_" + name[len("__loop_") : -2], LIFECYCLE, 1, 0.8
+            )
+        elif name.startswith("_"):
+            continue
+        else:
+            meant = difflib.get_close_matches(name, vocabulary, 1, _CLOSE)
+            if not meant:
+                continue
+        if callable(vars_lookup(cls, name)):
+            found.append((name, meant[0] if meant else ""))
+    return tuple(found)
+
+
+def _fix(meant: str) -> str:
+    if meant:
+        return f"rename it {meant}"
+    return (
+        f"a loop calls {OBJECT_CALLBACK}(loop_state), on_start(loop_state), on_end(loop_state, error) "
+        "and the methods named in ciclo.hooks"
+    )
+
+
+def check_method_names(callback: Any, names: tuple[str, ...] = ()) -> tuple[tuple[str, str], ...]:
+    """Refuses a callback object with a `__loop_*__` method no loop calls; returns its other misnamed methods.
+
+    Raises:
+        TypeError: if `callback`'s class has a `__loop_*__` method other than
+            `__loop_callback__` (`__loop_end__`): its author expects a call that
+            never comes.
+    """
+    misnamed = misnamed_methods(type(callback), names)
+    for name, meant in misnamed:
+        if name.startswith("__"):
+            raise TypeError(
+                f"callback {short(callback)} has a method {name}, which no loop calls: {_fix(meant)}"
+            )
+    return misnamed
+
+
+def warn_misnamed(callback: Any, misnamed: tuple[tuple[str, str], ...]) -> None:
+    """Warns that the methods `misnamed` of `callback` are never called, naming the hook each may mean."""
+    for name, meant in misnamed:
+        warn(f"callback {short(callback)} has a method {name}, which no loop calls: {_fix(meant)}")
