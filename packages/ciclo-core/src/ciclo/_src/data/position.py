@@ -1,4 +1,4 @@
-"""Where a dataset is: iterating it, and iterators that can say where they are and go back there.
+"""The dataset a loop draws from: iterating it, saying when it fails or ends, and where it is.
 
 The loop's backups and `ciclo.prefetch_to_device` keep the data position
 through the one test here, `has_state`.
@@ -6,9 +6,11 @@ through the one test here, `has_state`.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable, Iterator
 from typing import Any, Protocol, TypeGuard, TypeVar
 
+from ciclo._src.base.checks import DataWarning
 from ciclo._src.base.reprs import short
 
 T_co = TypeVar("T_co", covariant=True)
@@ -20,6 +22,32 @@ def iterate_dataset(dataset: Iterable[Any]) -> Iterator[Any]:
         return iter(dataset)
     except TypeError:
         raise TypeError(f"dataset must be an iterable of batches, got {short(dataset)}") from None
+
+
+def dataset_raised(error: BaseException, steps: int, drawn: int) -> None:
+    """Notes on `error` which batch the loop asked the dataset for."""
+    error.add_note(
+        f"raised by the dataset when the loop asked for the batch of step {steps} "
+        f"({drawn} batches drawn before it in this run); the loop stopped there"
+    )
+
+
+def dataset_ended(drawn: int, steps: int, stop: Any) -> None:
+    """Warns when the dataset yielded nothing, or ran out before `stop`."""
+    if drawn == 0:
+        warnings.warn(
+            "the dataset yielded no batch, so the loop ran no step; check the dataset (an iterator or "
+            "generator already used by an earlier loop is empty: create a fresh one for each loop)",
+            DataWarning,
+            stacklevel=5,
+        )
+    elif stop is not None:
+        warnings.warn(
+            f"the dataset ended after {steps} steps, before stop={short(stop)}: the loop stopped there; "
+            "pass a longer or repeating dataset (one that repeats for several epochs), or a smaller stop",
+            DataWarning,
+            stacklevel=5,
+        )
 
 
 class StatefulIterator(Iterator[T_co], Protocol):

@@ -11,18 +11,16 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from time import perf_counter
 from typing import Any, cast, final
 
 from ciclo._src.base.batches import BatchSizeFn, Stacked, count, is_stacked, steps_of
-from ciclo._src.base.checks import DataWarning
 from ciclo._src.base.elapsed import Clock, Elapsed, Period, PeriodLike, make_elapsed, to_period
 from ciclo._src.base.reprs import short
 from ciclo._src.base.schedules import AtStepEnd, Every, next_boundary
 from ciclo._src.base.types import S
-from ciclo._src.data.position import iterate_dataset
+from ciclo._src.data.position import dataset_ended, dataset_raised, iterate_dataset
 from ciclo._src.engine.callback import Callback, Tasks
 from ciclo._src.engine.door import as_callback_list, lifecycle_of, owners
 from ciclo._src.engine.loop_state import LoopState as LoopState
@@ -188,31 +186,6 @@ def _hold_steps(loop_state: LoopState[Any], logs: StackedLogs) -> None:
     loop_state._per_step = logs.per_step if held is None else Logs(held).merge(logs.per_step)
 
 
-def _annotate_dataset_error(error: BaseException, steps: int, drawn: int) -> None:
-    error.add_note(
-        f"raised by the dataset when the loop asked for the batch of step {steps} "
-        f"({drawn} batches drawn before it in this run); the loop stopped there"
-    )
-
-
-def _warn_dataset_ended(drawn: int, steps: int, stop: Any) -> None:
-    """Warns when the dataset yielded nothing, or ran out before `stop`."""
-    if drawn == 0:
-        warnings.warn(
-            "the dataset yielded no batch, so the loop ran no step; check the dataset (an iterator or "
-            "generator already used by an earlier loop is empty: create a fresh one for each loop)",
-            DataWarning,
-            stacklevel=5,
-        )
-    elif stop is not None:
-        warnings.warn(
-            f"the dataset ended after {steps} steps, before stop={short(stop)}: the loop stopped there; "
-            "pass a longer or repeating dataset (one that repeats for several epochs), or a smaller stop",
-            DataWarning,
-            stacklevel=5,
-        )
-
-
 def _commit(history: History, loop_state: LoopState[Any], clock: Clock, logs: Any) -> None:
     now = loop_state._elapsed
     if now is None:
@@ -299,10 +272,6 @@ class _Plan:
                 started = self.start_hooks[:index]
                 _run_end_hooks([o for o in self.end_hooks if any(o is s for s in started)], loop_state, error)
                 raise
-
-    def run_end_hooks(self, loop_state: LoopState[Any], error: BaseException | None) -> bool:
-        """Runs every `on_end(loop_state, error)`, even after one fails; whether one of them took `error`."""
-        return _run_end_hooks(self.end_hooks, loop_state, error)
 
 
 def _run_end_hooks(
@@ -414,10 +383,10 @@ def run_phases(
         if not loop_state.stop_iteration:
             _run_steps(plan, loop_state, stop_period)
     except BaseException as error:
-        if not plan.run_end_hooks(loop_state, error):
+        if not _run_end_hooks(plan.end_hooks, loop_state, error):
             raise
     else:
-        plan.run_end_hooks(loop_state, None)
+        _run_end_hooks(plan.end_hooks, loop_state, None)
     loop_state._elapsed = loop_state._clock.now()
     return loop_state.state, loop_state.history, loop_state.elapsed
 
@@ -448,10 +417,10 @@ def _run_steps(plan: _Plan, loop_state: LoopState[Any], stop: Period | None) -> 
             try:
                 batch = next(iterator)
             except StopIteration:
-                _warn_dataset_ended(drawn - first_drawn, steps, stop if stop_steps is None else stop_steps)
+                dataset_ended(drawn - first_drawn, steps, stop if stop_steps is None else stop_steps)
                 return
             except Exception as error:
-                _annotate_dataset_error(error, steps, drawn - first_drawn)
+                dataset_raised(error, steps, drawn - first_drawn)
                 raise
             drawn += 1
             loop_state.batch = batch
