@@ -35,7 +35,7 @@ def _in_kernel() -> bool:
 
 
 def is_notebook_stream(file: object) -> bool:
-    """Whether `file` is a Jupyter kernel's output stream: `ipykernel`'s `OutStream`, or `sys.stdout`/`stderr` in a kernel.
+    """Whether `file` is a Jupyter kernel's output stream (`OutStream`, or `sys.stdout`/`stderr` in a kernel).
 
     A notebook renders their carriage returns as a terminal does, although
     they are not terminals (`isatty()` is False).
@@ -101,7 +101,12 @@ class KerasBar(ProgressCallback):
     """
 
     def __init__(
-        self, total: PeriodLike | None = None, *, interval: float = 0.1, width: int = 30, file: TextIO | None = None
+        self,
+        total: PeriodLike | None = None,
+        *,
+        interval: float = 0.1,
+        width: int = 30,
+        file: TextIO | None = None,
     ) -> None:
         if isinstance(width, bool) or not isinstance(width, int):
             raise TypeError(f"width must be an int, got {short(width)}")
@@ -135,7 +140,9 @@ class KerasBar(ProgressCallback):
             progress = min(count / total, 1.0) if total > 0 else 1.0
             filled = int(self._width * progress)
             bar = "=" * (filled - 1) + (">" if count < total else "=") if filled else ""
-            parts = [f"{int(count):{len(str(int(total)))}d}/{int(total)} [{bar}{'.' * (self._width - filled)}]"]
+            parts = [
+                f"{int(count):{len(str(int(total)))}d}/{int(total)} [{bar}{'.' * (self._width - filled)}]"
+            ]
         # Seconds since the first call, and per unit counted (per step for time bars), measured over
         # the steps since the first call; samples via the average batch.
         start_time, start_steps = self._start or (now, steps)

@@ -48,7 +48,7 @@ _UNITS: tuple[tuple[Field, str], ...] = (("steps", "step"), ("samples", "sample"
 
 
 def resolve_total(total: PeriodLike | None) -> Unit:
-    """The `Unit` of a bar's `total`: an int counts steps, a `Period` its first field set (steps, samples, time).
+    """The `Unit` of a bar's `total`: an int counts steps, a `Period` the first of steps, samples, time it sets.
 
     A `Period` with only a date is refused: a bar counts from the start of its loop.
 
@@ -67,7 +67,8 @@ def resolve_total(total: PeriodLike | None) -> Unit:
         if count is not None:
             return Unit(field, label, count)
     raise ValueError(
-        f"total must count steps, samples or time; a progress bar cannot count toward a date, got {short(total)}"
+        "total must count steps, samples or time; a progress bar cannot count toward a date, "
+        f"got {short(total)}"
     )
 
 
@@ -226,7 +227,9 @@ class ProgressCallback(Callback, abc.ABC):
             self._next_time = self._next_count = math.inf
             self._release()
         else:
-            self._advance(perf_counter(), count_after(elapsed, self._unit.field), elapsed.steps + 1, final=True)
+            self._advance(
+                perf_counter(), count_after(elapsed, self._unit.field), elapsed.steps + 1, final=True
+            )
 
     def _update(self, elapsed: Elapsed, logs: LogsLike | LoopState[Any]) -> None:
         # The hot path: runs at every step, so it must not read logged values.

@@ -29,7 +29,7 @@ class TqdmBar(ProgressCallback):
     """
 
     def __init__(self, total: PeriodLike | None = None, *, interval: float = 0.1, **tqdm_kwargs: Any) -> None:
-        # `tqdm.auto` draws an ipywidgets bar in a notebook (where ipywidgets is installed), else the text bar.
+        # `tqdm.auto` draws an ipywidgets bar in a notebook (with ipywidgets installed), else the text bar.
         tqdm = import_extra("tqdm.auto", "tqdm", "ciclo.tqdm_bar")
         super().__init__(total, interval)
         unit = self._unit

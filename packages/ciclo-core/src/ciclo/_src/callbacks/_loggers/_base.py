@@ -45,8 +45,9 @@ class Row(NamedTuple):
 class Sink(Protocol):
     """Where a `Logger` writes: one backend (an event file, a CSV file, a W&B or MLflow run, ...).
 
-    `write` may be called again after `close`: the sink then opens again
-    (a new event file, the same run resumed, ...).
+    `write` may be called again after `close`: the sink then opens again (a new
+    event file, the same run resumed, ...). A class that subclasses `Sink`
+    inherits the other methods, which do nothing.
     """
 
     def write(self, rows: Sequence[Row], /) -> None:
@@ -55,15 +56,13 @@ class Sink(Protocol):
 
     def flush(self) -> None:
         """Makes everything written so far durable (on disk, handed to the backend's client)."""
-        ...
 
     def close(self) -> None:
         """Flushes and releases the file, run or connection; a later `write` opens it again."""
-        ...
 
     def state(self) -> dict[str, Any]:
         """What a resumed sink needs besides the last step (a run id); strings and numbers only."""
-        ...
+        return {}
 
     def restore(self, state: Mapping[str, Any], after_step: int | None, /) -> int | None:
         """Takes back `state()`; rows of steps after `after_step` that the backend holds are stale.
@@ -73,7 +72,7 @@ class Sink(Protocol):
         hold rows a killed run wrote after its backup). The logger then writes
         the restored History's rows after that step, and none before.
         """
-        ...
+        return None
 
 
 def import_extra(module: str, extra: str, what: str) -> Any:
@@ -255,19 +254,7 @@ class Logger(Callback):
         {'step': 2}
     """
 
-    hook: ClassVar[str | None] = "on_train_batch_end"  # where train_loop(callbacks=[...]) places it
-
-    __slots__ = (
-        "_date_start",
-        "_history",
-        "_last_step",
-        "_next_row",
-        "_own",
-        "_own_next",
-        "_plans",
-        "_resume_after",
-        "_sink",
-    )
+    hook: ClassVar[str | None] = "on_train_batch_end"
 
     def __init__(self, sink: Sink) -> None:
         self._sink = sink
@@ -290,12 +277,7 @@ class Logger(Callback):
 
     def __loop_callback__(self, loop_state: LoopState[S]) -> CallbackOutput[S]:
         """Hands the rows the loop's History has copied to the host since the last call to the sink."""
-        history = loop_state.history
-        if history is not self._history:
-            self._follow(history, loop_state)
-        on_host = history.on_host + history.dropped
-        if on_host > self._next_row:
-            self._next_row = self._drain(history, self._next_row, on_host, self._date_start)
+        self._drain_loop(loop_state, ended=False)
         return _NO_LOGS, loop_state.state
 
     def on_start(self, loop_state: LoopState[Any]) -> None:
@@ -315,17 +297,18 @@ class Logger(Callback):
 
     def on_end(self, loop_state: LoopState[Any], error: BaseException | None) -> None:
         """Copies the rows left on the device (one batched copy), writes them and closes the backend."""
-        history = loop_state.history
-        if history is not self._history:
-            self._follow(history, loop_state)
-        end = len(history) + history.dropped
-        self._next_row = self._drain(history, self._next_row, end, self._date_start)
+        self._drain_loop(loop_state, ended=True)
         self._sink.close()
 
-    def _follow(self, history: History, loop_state: LoopState[Any]) -> None:
-        self._history = history
-        self._next_row = history.dropped
-        self._date_start = loop_state.elapsed.date_start
+    def _drain_loop(self, loop_state: LoopState[Any], *, ended: bool) -> None:
+        """Writes the rows of the loop's History on the host (all of them once the loop `ended`)."""
+        history = loop_state.history
+        if history is not self._history:
+            self._history, self._next_row = history, history.dropped
+            self._date_start = loop_state.elapsed.date_start
+        upto = (len(history) if ended else history.on_host) + history.dropped
+        if upto > self._next_row:
+            self._next_row = self._drain(history, self._next_row, upto, self._date_start)
 
     def _drain(self, history: History, start: int, upto: int, date_start: float) -> int:
         """Writes rows [`start`, `upto`) of `history`, counted from its first row ever; returns `upto`.

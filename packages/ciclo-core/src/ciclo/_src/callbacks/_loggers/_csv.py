@@ -3,23 +3,23 @@
 from __future__ import annotations
 
 import csv
+import io
 import json
 import os
-import tempfile
 from collections.abc import Mapping, Sequence
 from typing import Any, final
 
 from ciclo._src.base.checks import warn
 from ciclo._src.base.files import open_own, write_atomically
 from ciclo._src.base.reprs import short
-from ciclo._src.callbacks._loggers._base import HParams, Logger, Row, checked_hparams
+from ciclo._src.callbacks._loggers._base import HParams, Logger, Row, Sink, checked_hparams
 
 STEP = "step"
 """The first column: the History's step."""
 
 
 @final
-class CsvSink:
+class CsvSink(Sink):
     """Writes rows to a CSV file whose header is every entry seen so far; see `ciclo.csv_logger`."""
 
     def __init__(self, path: str | os.PathLike[str], hparams: HParams | None = None) -> None:
@@ -96,18 +96,11 @@ class CsvSink:
 
     def _replace(self, header: list[str], rows: Sequence[Sequence[Any]]) -> None:
         """Writes the whole file anew, atomically: a reader sees the old file or the new one."""
-        directory = os.path.dirname(os.path.abspath(self.path))
-        os.makedirs(directory, exist_ok=True)
-        descriptor, temporary = tempfile.mkstemp(dir=directory, prefix=".ciclo-", suffix=".csv")
-        try:
-            with os.fdopen(descriptor, "w", newline="") as file:
-                writer = csv.writer(file)
-                writer.writerow(header)
-                writer.writerows(rows)
-            os.replace(temporary, self.path)
-        except BaseException:
-            os.unlink(temporary)
-            raise
+        text = io.StringIO()
+        writer = csv.writer(text)
+        writer.writerow(header)
+        writer.writerows(rows)
+        write_atomically(self.path, text.getvalue())
 
     def write(self, rows: Sequence[Row]) -> None:
         """Appends one line per row; when new entries appear, rewrites the file with the wider header."""
@@ -132,13 +125,6 @@ class CsvSink:
         if self._columns is not None:
             with open_own(self.path, "r") as file:
                 os.fsync(file.fileno())
-
-    def close(self) -> None:
-        """Nothing to hold: a later write appends to the same file."""
-
-    def state(self) -> dict[str, Any]:
-        """Nothing besides the last step."""
-        return {}
 
     def restore(self, state: Mapping[str, Any], after_step: int | None) -> None:
         """Appends to the existing file, after dropping its rows of steps after `after_step`."""

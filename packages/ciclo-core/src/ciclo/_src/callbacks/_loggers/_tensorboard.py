@@ -13,7 +13,7 @@ from typing import Any, final
 
 from ciclo._src.base.files import open_own
 from ciclo._src.base.reprs import short
-from ciclo._src.callbacks._loggers._base import HParams, Logger, Row, checked_hparams, import_extra
+from ciclo._src.callbacks._loggers._base import HParams, Logger, Row, Sink, checked_hparams, import_extra
 
 _DOUBLE = struct.Struct("<d").pack
 _FLOAT = struct.Struct("<f").pack
@@ -107,7 +107,7 @@ class _EventFile:
 
 
 @final
-class TensorBoardSink:
+class TensorBoardSink(Sink):
     """Writes rows as TensorBoard scalar events to a new event file in `logdir`; see `ciclo.tensorboard`."""
 
     def __init__(self, logdir: str | os.PathLike[str], hparams: HParams | None = None) -> None:
@@ -167,10 +167,6 @@ class TensorBoardSink:
         if self._writer is not None:
             self._writer.close()
             self._writer = None
-
-    def state(self) -> dict[str, Any]:
-        """Nothing besides the last step: a resumed logger writes a new file in the same `logdir`."""
-        return {}
 
     def restore(self, state: Mapping[str, Any], after_step: int | None) -> None:
         """Marks the new event file with a `SessionLog.START` at the step after `after_step`.
