@@ -28,18 +28,12 @@ class Device(Protocol):
     """What `ciclo.device_stats` reads of a device: a `jax.Device` has it (so can a stand-in)."""
 
     @property
-    def id(self) -> int:
-        """The device's id (`jax.Device.id`: unique across the processes of a run)."""
-        ...
+    def id(self) -> int: ...
 
     @property
-    def platform(self) -> str:
-        """The backend's name: `"cpu"`, `"gpu"`, `"tpu"`."""
-        ...
+    def platform(self) -> str: ...
 
-    def memory_stats(self) -> Mapping[str, Any] | None:
-        """The allocator's counters (`bytes_in_use`, `peak_bytes_in_use`, ...), or None."""
-        ...
+    def memory_stats(self) -> Mapping[str, Any] | None: ...
 
 
 def _check_devices(devices: object) -> tuple[Device, ...] | None:
@@ -79,15 +73,6 @@ def _memory_stats(device: Device) -> tuple[Mapping[str, Any] | None, str]:
     return stats, ""
 
 
-def _add(
-    entries: dict[str, int], stats: Mapping[str, Any] | None, names: tuple[tuple[str, str], ...]
-) -> None:
-    if stats is not None:
-        for key, name in names:
-            if key in stats:
-                entries[name] = int(stats[key])
-
-
 @final
 class DeviceStats(Callback):
     """Logs each device's memory in use and its peak; see `ciclo.device_stats`.
@@ -106,14 +91,11 @@ class DeviceStats(Callback):
         {'device_stats': {'device3/bytes_in_use': 1024, 'device3/peak_bytes_in_use': 4096}}
     """
 
-    hook: ClassVar[str | None] = "on_train_step"  # where train_loop(callbacks=[...]) places it
-
-    __slots__ = ("_devices", "_named")
+    hook: ClassVar[str | None] = "on_train_step"
 
     def __init__(self, devices: Sequence[Device] | None = None) -> None:
         self._devices = _check_devices(devices)
-        # (device, ((memory_stats key, entry name), ...)) of each device that reported at the first
-        # read; None before it. The others are noted once and not asked again.
+        # (device, ((memory_stats key, entry name), ...)) of each device that reported at the first read.
         self._named: tuple[tuple[Device, tuple[tuple[str, str], ...]], ...] | None = None
 
     @property
@@ -135,18 +117,24 @@ class DeviceStats(Callback):
         return self._read(), loop_state.state
 
     def _read(self) -> LogsLike:
-        named = self._named
-        if named is None:
-            return self._first_read()
-        entries: dict[str, int] = {}
-        for device, names in named:
-            _add(entries, device.memory_stats(), names)
+        if self._named is None:
+            read = self._first_read()
+        else:
+            read = [(names, device.memory_stats()) for device, names in self._named]
+        entries = {
+            name: int(stats[key])
+            for names, stats in read
+            if stats is not None
+            for key, name in names
+            if key in stats
+        }
         return {COLLECTION: entries} if entries else NO_LOGS
 
-    def _first_read(self) -> LogsLike:
+    def _first_read(self) -> list[tuple[tuple[tuple[str, str], ...], Mapping[str, Any] | None]]:
+        """`(names, stats)` of the devices that report stats, which are named; the others are noted once."""
         named = []
+        read: list[tuple[tuple[tuple[str, str], ...], Mapping[str, Any] | None]] = []
         silent: list[tuple[Device, str]] = []
-        entries: dict[str, int] = {}
         for device in self.devices:
             stats, why_not = _memory_stats(device)
             if stats is None:
@@ -154,7 +142,7 @@ class DeviceStats(Callback):
                 continue
             names = tuple((key, f"device{device.id}/{key}") for key in STATS)
             named.append((device, names))
-            _add(entries, stats, names)
+            read.append((names, stats))
         self._named = tuple(named)
         if silent:
             platforms = sorted({device.platform for device, _ in silent})
@@ -165,7 +153,7 @@ class DeviceStats(Callback):
                 silent[0][1],
                 short([f"device{device.id}" for device, _ in silent]),
             )
-        return {COLLECTION: entries} if entries else NO_LOGS
+        return read
 
     def __repr__(self) -> str:
         if self._devices is None:

@@ -131,11 +131,6 @@ def snapshot_float(value: Any) -> float:
     return float(value)
 
 
-def optional_float(value: Any) -> float | None:
-    """A snapshot's number as a float (it may come back from storage as a 0-d array), None kept."""
-    return None if value is None else snapshot_float(value)
-
-
 def optional_int(value: Any) -> int | None:
     """A snapshot's integer as an int (it may come back from storage as a 0-d array), None kept."""
     return None if value is None else int(value)

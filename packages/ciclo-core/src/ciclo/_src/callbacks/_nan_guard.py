@@ -12,6 +12,7 @@ import numpy as np
 
 from ciclo._src.base.reprs import short
 from ciclo._src.base.types import CallbackOutput, S
+from ciclo._src.callbacks._monitor import present_keys
 from ciclo._src.engine.callback import Callback
 from ciclo._src.engine.loop_state import LoopState
 from ciclo._src.logs.logs import Logs
@@ -33,7 +34,7 @@ class TerminateOnNaN(Callback, Generic[S]):
     Create it with `ciclo.terminate_on_nan`.
     """
 
-    hook: ClassVar[str | None] = "on_train_batch_end"  # where train_loop(callbacks=[...]) places it
+    hook: ClassVar[str | None] = "on_train_batch_end"
 
     def __init__(self, monitor: str | Sequence[str], check_every: int) -> None:
         names = (monitor,) if isinstance(monitor, str) else tuple(monitor)
@@ -96,10 +97,9 @@ class TerminateOnNaN(Callback, Generic[S]):
         self._calls += 1
         if self._calls % self.check_every == 0:
             if not self._seen:
-                present = sorted(f"{c}.{n}" for c, entries in (logs or {}).items() for n in entries)
                 raise KeyError(
                     f"terminate_on_nan monitors {list(self.monitor)}, none of which was logged in "
-                    f"{self._calls} steps; present now: {present}"
+                    f"{self._calls} steps; present now: {present_keys(logs or {})}"
                 )
             self._read_pending()
         if self.step is not None:

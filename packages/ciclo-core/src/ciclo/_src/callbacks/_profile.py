@@ -59,9 +59,7 @@ class Profile(Callback):
         1
     """
 
-    hook: ClassVar[str | None] = "on_train_batch_begin"  # where train_loop(callbacks=[...]) places it
-
-    __slots__ = ("_annotation", "_first", "_last", "_logdir", "_perfetto", "_status")
+    hook: ClassVar[str | None] = "on_train_batch_begin"
 
     def __init__(
         self, logdir: str | os.PathLike[str], steps: int | tuple[int, int], *, perfetto: bool = False

@@ -57,9 +57,7 @@ class Throughput(Callback):
         [2, 4]
     """
 
-    hook: ClassVar[str | None] = "on_train_step"  # where train_loop(callbacks=[...]) places it
-
-    __slots__ = ("_limits", "_start", "_window")
+    hook: ClassVar[str | None] = "on_train_step"
 
     def __init__(self, window: PeriodLike = 100) -> None:
         self._window = window = _check_window(window)
