@@ -147,7 +147,7 @@ class EarlyStopping(Callback, Generic[S]):
         }
 
     def load_state_dict(self, state: Any, /) -> None:
-        """Takes back `state_dict()`'s snapshot (its numbers maybe 0-d arrays) before a resumed run's first check."""
+        """Takes back a `state_dict()` snapshot (numbers maybe as 0-d arrays) before the first check."""
         fields = snapshot_fields(state, _STATE_KEYS, "early_stopping")
         best_elapsed = fields["best_elapsed"]
         if best_elapsed is not None:

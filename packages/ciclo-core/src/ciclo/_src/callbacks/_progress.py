@@ -48,7 +48,7 @@ _UNITS: tuple[tuple[Field, str], ...] = (("steps", "step"), ("samples", "sample"
 
 
 def resolve_total(total: PeriodLike | None) -> Unit:
-    """The `Unit` of a bar's `total`: an int counts steps, a `Period` the first of steps, samples, time it sets.
+    """The `Unit` of a bar's `total`: an int counts steps; a `Period`, the first of steps, samples, time set.
 
     A `Period` with only a date is refused: a bar counts from the start of its loop.
 

@@ -102,7 +102,7 @@ class TrainingOptionsWatch(Callback):
             self._warn_unapplied(left, f"will end at stop={self.stop_steps} steps", "will not be")
 
     def __loop_callback__(self, loop_state: LoopState[Any], /) -> None:
-        """Every `CHECK_EVERY` training steps under loss scaling: judges the copy started before, starts one."""
+        """Every `CHECK_EVERY` steps under loss scaling: judges the copy started before, starts the next."""
         if not self.loss_scaling:
             return
         self._countdown -= steps_of(loop_state.batch)

@@ -1,13 +1,4 @@
-"""`Logger`: the callback that writes a loop's scalar entries to a `Sink` (TensorBoard, CSV, ...).
-
-Every logger is this one class around a backend-specific sink. The logger reads
-the loop's `History`: at each step it looks only at how many rows History has
-already copied to the host (it copies them in batches of 128, a few hundred
-steps late, when their values are long computed) and hands the new ones to its
-sink. So logging never waits on the device. When the loop ends, also on an
-exception or a preemption, it copies the rows left (one batched copy) and
-writes and flushes them.
-"""
+"""`Logger`: the one callback that writes a loop's scalar entries, to a backend's `Sink` (TensorBoard, CSV, ...)."""
 
 from __future__ import annotations
 
@@ -313,9 +304,8 @@ class Logger(Callback):
     def _drain(self, history: History, start: int, upto: int, date_start: float) -> int:
         """Writes rows [`start`, `upto`) of `history`, counted from its first row ever; returns `upto`.
 
-        Rows a bounded History dropped before they could be read are skipped.
-        The rows are read as History holds them (`host_rows`): each set of
-        entries is turned into a list of scalar columns once.
+        Rows a bounded History dropped are skipped; each set of entries is
+        turned into scalar columns once.
         """
         first, last = max(start - history.dropped, 0), upto - history.dropped
         if last <= first:
