@@ -1,4 +1,4 @@
-"""`Logger`: the one callback that writes a loop's scalar entries, to a backend's `Sink` (TensorBoard, CSV, ...)."""
+"""`Logger`: the one callback that writes scalar entries, to a backend's `Sink` (TensorBoard, CSV, ...)."""
 
 from __future__ import annotations
 
