@@ -77,9 +77,6 @@ def _memory_stats(device: Device) -> tuple[Mapping[str, Any] | None, str]:
 class DeviceStats(Callback):
     """Logs each device's memory in use and its peak; see `ciclo.device_stats`.
 
-    Called with no argument, it reads the stats now and returns them as logs:
-    in a loop of your own, hand them to a logger (`logger.write(step, stats())`).
-
     Example:
         >>> import ciclo
         >>> class Gpu:  # a stand-in for a jax.Device whose backend reports memory stats
@@ -105,12 +102,7 @@ class DeviceStats(Callback):
         return tuple(jax.local_devices()) if self._devices is None else self._devices
 
     def __call__(self) -> Logs:
-        """Reads the stats now, when iterating by hand.
-
-        Returns:
-            The `device_stats` entries of the devices that report memory stats
-            (empty logs where none does).
-        """
+        """Reads the stats now (in a loop of your own, hand them to `logger.write(step, stats())`)."""
         return Logs(self._read())
 
     def __loop_callback__(self, loop_state: LoopState[S]) -> CallbackOutput[S]:
@@ -164,34 +156,24 @@ class DeviceStats(Callback):
 def device_stats(devices: Sequence[Device] | None = None) -> DeviceStats:
     """Creates a callback that logs each device's memory in use and its peak, where the backend has them.
 
-    Each call reads every device's `memory_stats()` (what the backend's
-    allocator counts, read on the host: it never waits for the device) and logs
-    two entries per device in the `device_stats` collection, named by the
-    device's id:
+    Each call reads every device's `memory_stats()` (the backend allocator's
+    counts, read on the host: it never waits for the device) and logs, in the
+    `device_stats` collection, `device<id>/bytes_in_use` (the bytes its buffers
+    take now) and `device<id>/peak_bytes_in_use` (the most since the process
+    started). The History holds them and the loggers write them; progress bars
+    do not show them. GPU and TPU backends report these stats; the CPU backend
+    does not (`memory_stats()` is None): there the callback logs nothing and
+    says so once, in a warning on the `ciclo` logger, at its first call. A
+    device that reports nothing then is not asked again.
 
-    - `device<id>/bytes_in_use`: the bytes the device's buffers take now;
-    - `device<id>/peak_bytes_in_use`: the most they have taken since the
-      process started.
-
-    The History holds them (`history.collect("device0/peak_bytes_in_use")`)
-    and the loggers write them; progress bars, which show the `losses` and
-    `metrics` collections, do not. GPU and TPU backends report these stats;
-    the CPU backend does not (its `memory_stats()` is None): there the
-    callback logs nothing and says so once, in a warning on the `ciclo`
-    logger, the first time it runs. A device that reports nothing at that first
-    call is not asked again.
-
-    Put it in `train_loop(callbacks=[...])`, where it runs as the
-    `on_train_step` hook after each training step, or under a schedule in the
-    tasks dict, which also sets how often it reads: `{ciclo.every(100):
-    ciclo.device_stats()}`. Called with no argument it returns the logs, for
-    a loop of your own.
+    In `train_loop(callbacks=[...])` it runs as the `on_train_step` hook; under
+    a schedule in the tasks dict (`{ciclo.every(100): ciclo.device_stats()}`)
+    that sets how often it reads. Called with no argument it returns the logs.
 
     Args:
-        devices: the devices to read, by default `jax.local_devices()` (the
-            devices of this process, asked at the first call). Any object with
-            an `id`, a `platform` and a `memory_stats()` method will do: a
-            stand-in device in a test, say.
+        devices: the devices to read, by default `jax.local_devices()` (asked
+            at the first call). Any object with an `id`, a `platform` and a
+            `memory_stats()` method will do.
 
     Returns:
         A `DeviceStats` callback.

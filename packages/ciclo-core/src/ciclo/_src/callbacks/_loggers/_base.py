@@ -210,17 +210,13 @@ class Logger(Callback):
     - in a hand-written loop: `logger.write(step, logs)` at each step, then
       `logger.close()` (or `with logger: ...`).
 
-    Values are written from the rows `History` has already copied to the host
-    (it does so in batches of 128, a few hundred steps after they were logged),
-    so the logger never makes the loop wait for the device. Rows still on the
-    device when the loop ends (normally, on an exception or a preemption) are
-    copied then and written, and the backend is closed. A logger used in a later
-    loop opens its backend again.
-
-    A logger is a `ciclo.types.StatefulCallback`: `state_dict()` holds the last
-    step written (and the run id of W&B and MLflow), and a fresh logger given it
-    with `load_state_dict` skips the steps already written and appends
-    after them, to the same file or run.
+    It writes the rows `History` has already copied to the host (in batches of
+    128, a few hundred steps after they were logged), so it never makes the
+    loop wait for the device. When the loop ends (also on an exception or a
+    preemption), the rows left are copied, written, and the backend closed; a
+    later loop opens it again. `state_dict()` holds the last step written (and
+    the W&B or MLflow run id): a fresh logger given it with `load_state_dict`
+    appends after that step, to the same file or run.
 
     Example:
         >>> import io
@@ -267,17 +263,11 @@ class Logger(Callback):
     # ------------------------------------------------------------------ as a loop callback
 
     def __loop_callback__(self, loop_state: LoopState[S]) -> CallbackOutput[S]:
-        """Hands the rows the loop's History has copied to the host since the last call to the sink."""
         self._drain_loop(loop_state, ended=False)
         return _NO_LOGS, loop_state.state
 
     def on_start(self, loop_state: LoopState[Any]) -> None:
-        """Refuses a loop that would write steps this logger already wrote (a logger reused by a new loop).
-
-        Raises:
-            ValueError: if the loop starts at or before the last step written,
-                unless the loop resumed this logger's own run from a backup.
-        """
+        """Refuses a loop starting at or before the last step written, unless it resumed this logger's run."""
         last, start = self._last_step, loop_state.elapsed.steps
         if last is not None and start <= last:
             raise ValueError(
@@ -287,7 +277,6 @@ class Logger(Callback):
             )
 
     def on_end(self, loop_state: LoopState[Any], error: BaseException | None) -> None:
-        """Copies the rows left on the device (one batched copy), writes them and closes the backend."""
         self._drain_loop(loop_state, ended=True)
         self._sink.close()
 
@@ -333,12 +322,7 @@ class Logger(Callback):
     # ------------------------------------------------------------------ by hand
 
     def write(self, step: int, logs: LogsLike) -> None:
-        """Logs `logs` at `step` from a hand-written loop; does not wait on the device.
-
-        The values are kept as they are (device arrays too) and copied to the
-        host in batches, as a loop's History does; `flush` or `close` writes what
-        is left.
-        """
+        """Logs `logs` at `step` from a hand-written loop, copied in batches as History does; never waits."""
         own = self._own
         if own is None:
             own = self._own = History()
@@ -376,8 +360,7 @@ class Logger(Callback):
     def state_dict(self) -> dict[str, Any]:
         """The last step written (`step`, None before any) and what the backend needs to resume.
 
-        The backend is flushed first (to disk, for the file backends): a backup
-        holding this state claims only rows that survive a kill.
+        The backend is flushed first: a backup holding this state claims only rows that survive a kill.
         """
         self._sink.flush()
         return {"step": self._last_step, **self._sink.state()}
