@@ -29,7 +29,7 @@ def _first_bad(first: jax.Array, step: jax.Array, value: jax.Array) -> jax.Array
 
 @final
 class TerminateOnNaN(Callback, Generic[S]):
-    """Stops a loop within `check_every` steps of a monitored value turning non-finite; see `terminate_on_nan`."""
+    """Stops a loop within `check_every` steps of a monitored value turning non-finite: `terminate_on_nan`."""
 
     hook: ClassVar[str | None] = "on_train_batch_end"
 
@@ -74,7 +74,7 @@ class TerminateOnNaN(Callback, Generic[S]):
 
     def __loop_callback__(self, loop_state: LoopState[S], /) -> CallbackOutput[S]:
         """Records whether this step's monitored values are finite; every `check_every` steps, reads it."""
-        logs = loop_state._logs  # read only: the loop's own logs need no copy
+        logs = loop_state._logs or {}  # read only: the loop's own logs need no copy
         step = int(loop_state.elapsed.steps)
         for name in self.monitor if logs else ():
             value = self._value(logs, name)
@@ -93,7 +93,7 @@ class TerminateOnNaN(Callback, Generic[S]):
             if not self._seen:
                 raise KeyError(
                     f"terminate_on_nan monitors {list(self.monitor)}, none of which was logged in "
-                    f"{self._calls} steps; present now: {present_keys(logs or {})}"
+                    f"{self._calls} steps; present now: {present_keys(logs)}"
                 )
             self._read_pending()
         if self.step is not None:

@@ -48,7 +48,8 @@ def _stall(state: AbstractManagedState) -> jax.Array:
     """`[scale, steps skipped in a row]` of one device's copy, as a fresh array (the state's are donated)."""
     scale = state.loss_scale
     assert scale is not None
-    return _stack(_first_copy(scale.scale), _first_copy(scale.skipped_in_a_row))
+    stall: jax.Array = _stack(_first_copy(scale.scale), _first_copy(scale.skipped_in_a_row))
+    return stall
 
 
 def _first_copy(array: Any) -> jax.Array:

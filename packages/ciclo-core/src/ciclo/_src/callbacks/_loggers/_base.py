@@ -47,9 +47,11 @@ class Sink(Protocol):
 
     def flush(self) -> None:
         """Makes everything written so far durable (on disk, handed to the backend's client)."""
+        return None
 
     def close(self) -> None:
         """Flushes and releases the file, run or connection; a later `write` opens it again."""
+        return None
 
     def state(self) -> dict[str, Any]:
         """What a resumed sink needs besides the last step (a run id); strings and numbers only."""
@@ -90,22 +92,9 @@ def scalars(logs: LogsLike) -> dict[str, float | int]:
         >>> scalars(logs.add_output("logits", [1.0, 2.0]))
         {'loss': 0.5, 'acc': 0.9}
     """
-    found: dict[str, list[tuple[str, float | int]]] = {}
-    for collection, entries in logs.items():
-        if collection in _SKIPPED_COLLECTIONS:
-            continue
-        for name, value in entries.items():
-            number = _number(value)
-            if number is not None:
-                found.setdefault(name, []).append((collection, number))
-    out: dict[str, float | int] = {}
-    for name, values in found.items():
-        if all(value == values[0][1] for _, value in values):
-            out[name] = values[0][1]
-        else:
-            for collection, value in values:
-                out[f"{collection}.{name}"] = value
-    return out
+    paths = tuple((collection, name) for collection, entries in logs.items() for name in entries)
+    values = tuple(value for entries in logs.values() for value in entries.values())
+    return _row_scalars(paths, values, _scalar_columns(paths))
 
 
 HParams = dict[str, "bool | int | float | str"]
@@ -145,8 +134,8 @@ def checked_hparams(hparams: Mapping[str, Any] | None) -> HParams:
 def _scalar_columns(paths: Paths) -> list[tuple[int, str]] | None:
     """`(column, name)` of each entry of a row with these `paths` that `scalars` may write.
 
-    None when a name appears in several collections: `scalars` then names them
-    by the values, row by row (`_row_scalars`).
+    None when a name appears in several collections: `_row_scalars` then names
+    them by the values, row by row.
     """
     columns = [
         (column, name)
@@ -157,26 +146,29 @@ def _scalar_columns(paths: Paths) -> list[tuple[int, str]] | None:
     return columns if len(set(names)) == len(names) else None
 
 
-def _scalars_at(columns: list[tuple[int, str]], values: tuple[Any, ...]) -> dict[str, float | int]:
-    """`scalars` of a row whose entry names are unique, from its `_scalar_columns`."""
+def _row_scalars(
+    paths: Paths, values: tuple[Any, ...], columns: list[tuple[int, str]] | None
+) -> dict[str, float | int]:
+    """`scalars` of a row, from its `_scalar_columns` where its entry names are unique."""
     out: dict[str, float | int] = {}
-    for column, name in columns:
-        value = values[column]
-        kind = type(value)
-        if kind is float or kind is int:
-            out[name] = value
-        else:
-            number = _number(value)
+    if columns is not None:
+        for column, name in columns:
+            number = _number(values[column])
             if number is not None:
                 out[name] = number
-    return out
-
-
-def _row_scalars(paths: Paths, values: tuple[Any, ...]) -> dict[str, float | int]:
-    logs: dict[str, dict[str, Any]] = {}
+        return out
+    found: dict[str, list[tuple[str, float | int]]] = {}
     for (collection, name), value in zip(paths, values, strict=True):
-        logs.setdefault(collection, {})[name] = value
-    return scalars(logs)
+        number = None if collection in _SKIPPED_COLLECTIONS else _number(value)
+        if number is not None:
+            found.setdefault(name, []).append((collection, number))
+    for name, found_values in found.items():
+        if all(number == found_values[0][1] for _, number in found_values):
+            out[name] = found_values[0][1]
+        else:
+            for collection, number in found_values:
+                out[f"{collection}.{name}"] = number
+    return out
 
 
 def _number(value: Any) -> float | int | None:
@@ -311,7 +303,7 @@ class Logger(Callback):
                 if paths not in plans:
                     plans[paths] = _scalar_columns(paths)
                 columns = plans[paths]
-            found = _scalars_at(columns, values) if columns is not None else _row_scalars(paths, values)
+            found = _row_scalars(paths, values, columns)
             if found:
                 rows.append(Row(step, date_start + seconds, found))
         if rows:

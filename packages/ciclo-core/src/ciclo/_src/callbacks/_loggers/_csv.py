@@ -26,20 +26,11 @@ class CsvSink(Sink):
         if not isinstance(path, (str, os.PathLike)):
             raise TypeError(f"path must be a file path, got {short(path)}")
         self.path = os.fspath(path)
+        self.hparams_path = os.path.splitext(self.path)[0] + ".hparams.json"  # log.csv -> log.hparams.json
         self._hparams = dict(hparams or {})
-        self._columns: list[str] | None = None  # None: the file is not opened yet
+        self._columns: list[str] | None = None  # the header; None: the file is not opened yet
         self._after_step: int | None = None
         self._resumed = False
-
-    @property
-    def columns(self) -> list[str]:
-        """The header: `step`, then the entries in the order they first appeared."""
-        return [STEP] if self._columns is None else list(self._columns)
-
-    @property
-    def hparams_path(self) -> str:
-        """Where the hyperparameters are written: `log.csv` -> `log.hparams.json`."""
-        return os.path.splitext(self.path)[0] + ".hparams.json"
 
     def _open(self) -> list[str]:
         """The columns of the file to append to: a new file, or a resumed run's file."""
