@@ -18,9 +18,19 @@ _LOG_PERIOD = 30.0
 """Without a terminal and with an unknown total, a bar writes a line at most this often (seconds)."""
 
 
-def _in_kernel() -> bool:
-    """Whether this process is a Jupyter kernel, asked of IPython as tqdm and Keras do."""
-    # Looked up, never imported: a kernel has imported IPython before running any cell.
+def is_notebook_stream(file: object) -> bool:
+    """Whether `file` is a Jupyter kernel's output stream (`OutStream`, or `sys.stdout`/`stderr` in a kernel).
+
+    A notebook renders their carriage returns as a terminal does, although
+    they are not terminals (`isatty()` is False).
+    """
+    out_stream = getattr(sys.modules.get("ipykernel.iostream"), "OutStream", None)
+    if isinstance(out_stream, type) and isinstance(file, out_stream):
+        return True
+    if file is not sys.stdout and file is not sys.stderr:
+        return False
+    # In a kernel? Asked of IPython as tqdm and Keras do: looked up, never imported (a kernel has
+    # imported it before running any cell).
     get_ipython = getattr(sys.modules.get("IPython"), "get_ipython", None)
     if not callable(get_ipython):
         return False
@@ -32,18 +42,6 @@ def _in_kernel() -> bool:
         )
     except Exception:  # a stand-in IPython, or one half torn down
         return False
-
-
-def is_notebook_stream(file: object) -> bool:
-    """Whether `file` is a Jupyter kernel's output stream (`OutStream`, or `sys.stdout`/`stderr` in a kernel).
-
-    A notebook renders their carriage returns as a terminal does, although
-    they are not terminals (`isatty()` is False).
-    """
-    out_stream = getattr(sys.modules.get("ipykernel.iostream"), "OutStream", None)
-    if isinstance(out_stream, type) and isinstance(file, out_stream):
-        return True
-    return (file is sys.stdout or file is sys.stderr) and _in_kernel()
 
 
 def _redraws_in_place(file: TextIO) -> bool:

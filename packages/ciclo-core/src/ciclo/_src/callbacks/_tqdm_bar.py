@@ -33,10 +33,8 @@ class TqdmBar(ProgressCallback):
         tqdm = import_extra("tqdm.auto", "tqdm", "ciclo.tqdm_bar")
         super().__init__(total, interval)
         unit = self._unit
-        # Time bars count whole seconds: tqdm would print a float count with all its digits.
-        self._integral = unit.field == "time"
         bar_total = unit.total
-        if bar_total is not None and self._integral and float(bar_total).is_integer():
+        if bar_total is not None and unit.field == "time" and float(bar_total).is_integer():
             bar_total = int(bar_total)
         tqdm_kwargs.setdefault("unit", unit.label)
         self._tqdm: Any = tqdm.tqdm(total=bar_total, **tqdm_kwargs)
@@ -52,7 +50,7 @@ class TqdmBar(ProgressCallback):
         if values:
             # Not refreshed here: tqdm redraws on `update`, at its own pace.
             self._tqdm.set_postfix({name: format_value(value) for name, value in values}, refresh=False)
-        if self._integral:
+        if self._unit.field == "time":  # whole seconds: tqdm would print a float count with all its digits
             count = math.floor(count)
         if count > self._passed:
             self._tqdm.update(count - self._passed)
