@@ -122,7 +122,7 @@ class KerasBar(ProgressCallback):
     def _schedule(self, now: float, count: float, first: bool) -> bool:
         if self._terminal:
             return super()._schedule(now, count, first)
-        total = self._unit.total
+        total = self.unit.total
         if total is None:
             self._next_time = now + _LOG_PERIOD
         else:
@@ -131,7 +131,7 @@ class KerasBar(ProgressCallback):
         return not first  # the first call only starts the bar's clock
 
     def _draw(self, now: float, count: float, steps: float, *, final: bool) -> None:
-        total, field = self._unit.total, self._unit.field
+        total, field = self.unit.total, self.unit.field
         if total is None:
             parts = [f"{int(count):7d}/Unknown"]
         else:

@@ -170,26 +170,18 @@ class ProgressCallback(Callback, abc.ABC):
         if not interval >= 0:  # also refuses NaN
             raise ValueError(f"interval must be >= 0 seconds, got {short(interval)}")
         self._interval = float(interval)
-        self._unit = resolve_total(total)
+        self.unit = resolve_total(total)
+        """What the bar counts (`steps`, `samples` or `time`) and its total."""
         self._next_time = -math.inf  # the first call always draws: it starts the bar's clock
         self._next_count = math.inf
-        self._finished = False
+        self.finished = False
+        """Whether the final line was drawn (or the bar closed)."""
         self._start: tuple[float, float] | None = None  # (time, steps) at the first call
         self._elapsed: Elapsed | None = None
         # The logs to show, or the loop state whose accumulated logs (derived from the history)
         # are read only when the bar draws.
         self._logs: LogsLike | LoopState[Any] = NO_LOGS
         self._own_logs = Logs()
-
-    @property
-    def unit(self) -> Unit:
-        """What the bar counts (`steps`, `samples` or `time`) and its total."""
-        return self._unit
-
-    @property
-    def finished(self) -> bool:
-        """Whether the final line was drawn (or the bar closed)."""
-        return self._finished
 
     def __call__(self, elapsed: Elapsed, logs: LogsLike | None = None) -> None:
         """Updates the bar after a step, when iterating by hand.
@@ -208,10 +200,10 @@ class ProgressCallback(Callback, abc.ABC):
         return NO_LOGS, loop_state.state
 
     def on_end(self, loop_state: LoopState[Any], error: BaseException | None) -> None:
-        if not self._finished:
+        if not self.finished:
             self._logs = loop_state.accumulated_logs
             elapsed = loop_state.elapsed  # which now includes every step that ran
-            self._advance(perf_counter(), getattr(elapsed, self._unit.field), elapsed.steps, final=True)
+            self._advance(perf_counter(), getattr(elapsed, self.unit.field), elapsed.steps, final=True)
 
     def close(self) -> None:
         """Draws the final line (if not drawn yet) and releases the bar.
@@ -220,15 +212,15 @@ class ProgressCallback(Callback, abc.ABC):
         total (or the total is unknown); loops close their bars when they end.
         """
         elapsed = self._elapsed
-        if self._finished:
+        if self.finished:
             return
         if elapsed is None:
-            self._finished = True
+            self.finished = True
             self._next_time = self._next_count = math.inf
             self._release()
         else:
             self._advance(
-                perf_counter(), count_after(elapsed, self._unit.field), elapsed.steps + 1, final=True
+                perf_counter(), count_after(elapsed, self.unit.field), elapsed.steps + 1, final=True
             )
 
     def _update(self, elapsed: Elapsed, logs: LogsLike | LoopState[Any]) -> None:
@@ -236,7 +228,7 @@ class ProgressCallback(Callback, abc.ABC):
         self._elapsed = elapsed
         self._logs = logs
         now = perf_counter()
-        count = count_after(elapsed, self._unit.field)
+        count = count_after(elapsed, self.unit.field)
         if now >= self._next_time or count >= self._next_count:
             self._advance(now, count, elapsed.steps + 1, final=False)
 
@@ -244,9 +236,9 @@ class ProgressCallback(Callback, abc.ABC):
         first = self._start is None
         if first:
             self._start = (now, steps)
-        total = self._unit.total
+        total = self.unit.total
         if final or (total is not None and count >= total):
-            self._finished = True
+            self.finished = True
             self._next_time = self._next_count = math.inf
             self._draw(now, count, steps, final=True)
             self._release()
@@ -256,7 +248,7 @@ class ProgressCallback(Callback, abc.ABC):
     def _schedule(self, now: float, count: float, first: bool) -> bool:
         """Sets `_next_time` and `_next_count` after a call that drew; returns whether to draw now."""
         self._next_time = now + self._interval
-        self._next_count = math.inf if self._unit.total is None else self._unit.total
+        self._next_count = math.inf if self.unit.total is None else self.unit.total
         return True
 
     def _shown_values(self) -> list[tuple[str, float]]:

@@ -32,7 +32,7 @@ class TqdmBar(ProgressCallback):
         # `tqdm.auto` draws an ipywidgets bar in a notebook (with ipywidgets installed), else the text bar.
         tqdm = import_extra("tqdm.auto", "tqdm", "ciclo.tqdm_bar")
         super().__init__(total, interval)
-        unit = self._unit
+        unit = self.unit
         bar_total = unit.total
         if bar_total is not None and unit.field == "time" and float(bar_total).is_integer():
             bar_total = int(bar_total)
@@ -50,7 +50,7 @@ class TqdmBar(ProgressCallback):
         if values:
             # Not refreshed here: tqdm redraws on `update`, at its own pace.
             self._tqdm.set_postfix({name: format_value(value) for name, value in values}, refresh=False)
-        if self._unit.field == "time":  # whole seconds: tqdm would print a float count with all its digits
+        if self.unit.field == "time":  # whole seconds: tqdm would print a float count with all its digits
             count = math.floor(count)
         if count > self._passed:
             self._tqdm.update(count - self._passed)
@@ -94,10 +94,10 @@ def tqdm_bar(total: PeriodLike | None = None, *, interval: float = 0.1, **tqdm_k
     Example:
         >>> import io
         >>> import ciclo
-        >>> def train_step(state, batch):
-        ...     return ciclo.logs().add_metric("accuracy", batch / 10), state
         >>> buffer = io.StringIO()
         >>> bar = ciclo.tqdm_bar(total=10, file=buffer, bar_format="{n}/{total} {unit}{postfix}")
+        >>> def train_step(state, batch):
+        ...     return ciclo.logs().add_metric("accuracy", batch / 10), state
         >>> _ = ciclo.loop(None, range(10), {ciclo.every(1): [train_step, bar]}, stop=10)
         >>> print(buffer.getvalue().splitlines()[-1])
         10/10 step, accuracy=0.9000
