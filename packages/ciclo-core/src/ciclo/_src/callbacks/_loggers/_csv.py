@@ -138,21 +138,18 @@ def _shown(hparams: Mapping[str, Any], name: str) -> str:
 def csv_logger(path: str | os.PathLike[str], *, hparams: Mapping[str, Any] | None = None) -> Logger:
     """A logger that writes one CSV row per logged step: `step`, then a column per entry.
 
-    The header is the union of the entries seen so far, in the order they first
-    appeared; a row leaves empty the entries its step did not log (the test
-    entries of steps without an evaluation, say). When new entries appear (the
+    The header is the entries seen so far, in the order they first appeared; a
+    row leaves empty those its step did not log. When new entries appear (the
     first evaluation's `loss_test`), the file is rewritten with the wider header
-    atomically (a new file moved over the old one), so a reader never sees a
-    half-written file; this happens once per new entry, not per step. Values
-    are written exactly (Python's shortest round-trip form). The standard
-    library's `csv` writes it: no extra needed.
+    atomically, so a reader never sees a half-written file (once per new entry,
+    not per step). Values are written exactly (Python's shortest round-trip
+    form), by the standard library's `csv`: no extra needed.
 
     A new logger starts a new file (replacing one at `path`); one restored with
-    `load_state_dict` appends to it, after dropping any rows of steps
-    after the restored step. `hparams` go to a JSON file beside the CSV
-    (`log.csv` -> `log.hparams.json`), written whole when the file opens; a
-    restored logger keeps the file its run started with, and warns, naming
-    each name with both values, when it was given other hparams.
+    `load_state_dict` appends to it, after dropping rows of later steps.
+    `hparams` go to a JSON file beside the CSV (`log.csv` -> `log.hparams.json`)
+    when the file opens; a restored logger keeps its run's file, and warns,
+    naming each name with both values, when given other hparams.
 
     Args:
         path: the CSV file (its directory is created if missing).
