@@ -28,18 +28,12 @@ class Device(Protocol):
     """What `ciclo.device_stats` reads of a device: a `jax.Device` has it (so can a stand-in)."""
 
     @property
-    def id(self) -> int:
-        """The device's id (`jax.Device.id`: unique across the processes of a run)."""
-        ...
+    def id(self) -> int: ...
 
     @property
-    def platform(self) -> str:
-        """The backend's name: `"cpu"`, `"gpu"`, `"tpu"`."""
-        ...
+    def platform(self) -> str: ...
 
-    def memory_stats(self) -> Mapping[str, Any] | None:
-        """The allocator's counters (`bytes_in_use`, `peak_bytes_in_use`, ...), or None."""
-        ...
+    def memory_stats(self) -> Mapping[str, Any] | None: ...
 
 
 def _check_devices(devices: object) -> tuple[Device, ...] | None:
@@ -79,21 +73,9 @@ def _memory_stats(device: Device) -> tuple[Mapping[str, Any] | None, str]:
     return stats, ""
 
 
-def _add(
-    entries: dict[str, int], stats: Mapping[str, Any] | None, names: tuple[tuple[str, str], ...]
-) -> None:
-    if stats is not None:
-        for key, name in names:
-            if key in stats:
-                entries[name] = int(stats[key])
-
-
 @final
 class DeviceStats(Callback):
     """Logs each device's memory in use and its peak; see `ciclo.device_stats`.
-
-    Called with no argument, it reads the stats now and returns them as logs:
-    in a loop of your own, hand them to a logger (`logger.write(step, stats())`).
 
     Example:
         >>> import ciclo
@@ -106,14 +88,11 @@ class DeviceStats(Callback):
         {'device_stats': {'device3/bytes_in_use': 1024, 'device3/peak_bytes_in_use': 4096}}
     """
 
-    hook: ClassVar[str | None] = "on_train_step"  # where train_loop(callbacks=[...]) places it
-
-    __slots__ = ("_devices", "_named")
+    hook: ClassVar[str | None] = "on_train_step"
 
     def __init__(self, devices: Sequence[Device] | None = None) -> None:
         self._devices = _check_devices(devices)
-        # (device, ((memory_stats key, entry name), ...)) of each device that reported at the first
-        # read; None before it. The others are noted once and not asked again.
+        # (device, ((memory_stats key, entry name), ...)) of each device that reported at the first read.
         self._named: tuple[tuple[Device, tuple[tuple[str, str], ...]], ...] | None = None
 
     @property
@@ -123,30 +102,31 @@ class DeviceStats(Callback):
         return tuple(jax.local_devices()) if self._devices is None else self._devices
 
     def __call__(self) -> Logs:
-        """Reads the stats now, when iterating by hand.
-
-        Returns:
-            The `device_stats` entries of the devices that report memory stats
-            (empty logs where none does).
-        """
+        """Reads the stats now (in a loop of your own, hand them to `logger.write(step, stats())`)."""
         return Logs(self._read())
 
     def __loop_callback__(self, loop_state: LoopState[S]) -> CallbackOutput[S]:
         return self._read(), loop_state.state
 
     def _read(self) -> LogsLike:
-        named = self._named
-        if named is None:
-            return self._first_read()
-        entries: dict[str, int] = {}
-        for device, names in named:
-            _add(entries, device.memory_stats(), names)
+        if self._named is None:
+            read = self._first_read()
+        else:
+            read = [(names, device.memory_stats()) for device, names in self._named]
+        entries = {
+            name: int(stats[key])
+            for names, stats in read
+            if stats is not None
+            for key, name in names
+            if key in stats
+        }
         return {COLLECTION: entries} if entries else NO_LOGS
 
-    def _first_read(self) -> LogsLike:
+    def _first_read(self) -> list[tuple[tuple[tuple[str, str], ...], Mapping[str, Any] | None]]:
+        """`(names, stats)` of the devices that report stats, which are named; the others are noted once."""
         named = []
+        read: list[tuple[tuple[tuple[str, str], ...], Mapping[str, Any] | None]] = []
         silent: list[tuple[Device, str]] = []
-        entries: dict[str, int] = {}
         for device in self.devices:
             stats, why_not = _memory_stats(device)
             if stats is None:
@@ -154,7 +134,7 @@ class DeviceStats(Callback):
                 continue
             names = tuple((key, f"device{device.id}/{key}") for key in STATS)
             named.append((device, names))
-            _add(entries, stats, names)
+            read.append((names, stats))
         self._named = tuple(named)
         if silent:
             platforms = sorted({device.platform for device, _ in silent})
@@ -165,7 +145,7 @@ class DeviceStats(Callback):
                 silent[0][1],
                 short([f"device{device.id}" for device, _ in silent]),
             )
-        return {COLLECTION: entries} if entries else NO_LOGS
+        return read
 
     def __repr__(self) -> str:
         if self._devices is None:
@@ -176,34 +156,24 @@ class DeviceStats(Callback):
 def device_stats(devices: Sequence[Device] | None = None) -> DeviceStats:
     """Creates a callback that logs each device's memory in use and its peak, where the backend has them.
 
-    Each call reads every device's `memory_stats()` (what the backend's
-    allocator counts, read on the host: it never waits for the device) and logs
-    two entries per device in the `device_stats` collection, named by the
-    device's id:
+    Each call reads every device's `memory_stats()` (the backend allocator's
+    counts, read on the host: it never waits for the device) and logs, in the
+    `device_stats` collection, `device<id>/bytes_in_use` (the bytes its buffers
+    take now) and `device<id>/peak_bytes_in_use` (the most since the process
+    started). The History holds them and the loggers write them; progress bars
+    do not show them. GPU and TPU backends report these stats; the CPU backend
+    does not (`memory_stats()` is None): there the callback logs nothing and
+    says so once, in a warning on the `ciclo` logger, at its first call. A
+    device that reports nothing then is not asked again.
 
-    - `device<id>/bytes_in_use`: the bytes the device's buffers take now;
-    - `device<id>/peak_bytes_in_use`: the most they have taken since the
-      process started.
-
-    The History holds them (`history.collect("device0/peak_bytes_in_use")`)
-    and the loggers write them; progress bars, which show the `losses` and
-    `metrics` collections, do not. GPU and TPU backends report these stats;
-    the CPU backend does not (its `memory_stats()` is None): there the
-    callback logs nothing and says so once, in a warning on the `ciclo`
-    logger, the first time it runs. A device that reports nothing at that first
-    call is not asked again.
-
-    Put it in `train_loop(callbacks=[...])`, where it runs as the
-    `on_train_step` hook after each training step, or under a schedule in the
-    tasks dict, which also sets how often it reads: `{ciclo.every(100):
-    ciclo.device_stats()}`. Called with no argument it returns the logs, for
-    a loop of your own.
+    In `train_loop(callbacks=[...])` it runs as the `on_train_step` hook; under
+    a schedule in the tasks dict (`{ciclo.every(100): ciclo.device_stats()}`)
+    that sets how often it reads. Called with no argument it returns the logs.
 
     Args:
-        devices: the devices to read, by default `jax.local_devices()` (the
-            devices of this process, asked at the first call). Any object with
-            an `id`, a `platform` and a `memory_stats()` method will do: a
-            stand-in device in a test, say.
+        devices: the devices to read, by default `jax.local_devices()` (asked
+            at the first call). Any object with an `id`, a `platform` and a
+            `memory_stats()` method will do.
 
     Returns:
         A `DeviceStats` callback.

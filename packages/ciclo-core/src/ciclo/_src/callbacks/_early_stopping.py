@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, ClassVar, Generic, final
 
 import jax
@@ -14,7 +15,6 @@ from ciclo._src.callbacks._monitor import (
     ModeLike,
     is_improvement,
     monitored_value,
-    optional_float,
     present_keys,
     resolve_mode,
     snapshot_fields,
@@ -25,7 +25,7 @@ from ciclo._src.engine.phases import LoopState
 from ciclo._src.logs.logs import LogsLike
 
 _STATE_KEYS = ("best", "wait", "best_elapsed", "stopped", "best_state")
-_ELAPSED_KEYS = ("steps", "samples", "time", "date_start")
+_ELAPSED_KEYS = tuple(field.name for field in dataclasses.fields(Elapsed))
 
 
 def _kept(state: S) -> S:
@@ -38,7 +38,7 @@ def _kept(state: S) -> S:
 class EarlyStopping(Callback, Generic[S]):
     """Stops a loop when a monitored entry has not improved for `patience`; see `ciclo.early_stopping`."""
 
-    hook: ClassVar[str | None] = "on_epoch_end"  # where train_loop(callbacks=[...]) places it
+    hook: ClassVar[str | None] = "on_epoch_end"
 
     def __init__(
         self,
@@ -140,35 +140,25 @@ class EarlyStopping(Callback, Generic[S]):
         return {
             "best": self.best,
             "wait": self.wait,
-            "best_elapsed": None
-            if best_elapsed is None
-            else {key: getattr(best_elapsed, key) for key in _ELAPSED_KEYS},
+            "best_elapsed": None if best_elapsed is None else dataclasses.asdict(best_elapsed),
             "stopped": self.stopped,
             # Arrays are immutable and later checks rebind `best_state`, so holding it is a snapshot.
             "best_state": self.best_state,
         }
 
     def load_state_dict(self, state: Any, /) -> None:
-        """Takes back a snapshot made by `state_dict`, before the first check of a resumed run.
-
-        Args:
-            state: the dict `state_dict()` returned, possibly with its numbers
-                turned into 0-d arrays by storage.
-
-        Raises:
-            TypeError, ValueError: if `state` is not such a dict.
-        """
+        """Takes back a `state_dict()` snapshot (numbers maybe as 0-d arrays) before the first check."""
         fields = snapshot_fields(state, _STATE_KEYS, "early_stopping")
         best_elapsed = fields["best_elapsed"]
         if best_elapsed is not None:
-            elapsed_fields = snapshot_fields(best_elapsed, _ELAPSED_KEYS, "early_stopping best_elapsed")
+            counts = snapshot_fields(best_elapsed, _ELAPSED_KEYS, "early_stopping best_elapsed")
             best_elapsed = Elapsed(
-                steps=int(elapsed_fields["steps"]),
-                samples=int(elapsed_fields["samples"]),
-                time=snapshot_float(elapsed_fields["time"]),
-                date_start=snapshot_float(elapsed_fields["date_start"]),
+                int(counts["steps"]),
+                int(counts["samples"]),
+                snapshot_float(counts["time"]),
+                snapshot_float(counts["date_start"]),
             )
-        self.best = optional_float(fields["best"])
+        self.best = None if fields["best"] is None else snapshot_float(fields["best"])
         self.wait = int(fields["wait"])
         self._best_elapsed = best_elapsed
         self.stopped = bool(fields["stopped"])

@@ -9,13 +9,7 @@ from typing import TextIO
 
 from ciclo._src.base.elapsed import PeriodLike
 from ciclo._src.base.reprs import short
-from ciclo._src.callbacks._progress import (
-    ProgressCallback,
-    check_interval,
-    format_duration,
-    format_rate,
-    format_value,
-)
+from ciclo._src.callbacks._progress import ProgressCallback, format_value
 
 _LOG_LINES = 10
 """Without a terminal, a bar with a known total writes a line at each tenth of it."""
@@ -24,9 +18,19 @@ _LOG_PERIOD = 30.0
 """Without a terminal and with an unknown total, a bar writes a line at most this often (seconds)."""
 
 
-def _in_kernel() -> bool:
-    """Whether this process is a Jupyter kernel, asked of IPython as tqdm and Keras do."""
-    # Looked up, never imported: a kernel has imported IPython before running any cell.
+def is_notebook_stream(file: object) -> bool:
+    """Whether `file` is a Jupyter kernel's output stream (`OutStream`, or `sys.stdout`/`stderr` in a kernel).
+
+    A notebook renders their carriage returns as a terminal does, although
+    they are not terminals (`isatty()` is False).
+    """
+    out_stream = getattr(sys.modules.get("ipykernel.iostream"), "OutStream", None)
+    if isinstance(out_stream, type) and isinstance(file, out_stream):
+        return True
+    if file is not sys.stdout and file is not sys.stderr:
+        return False
+    # In a kernel? Asked of IPython as tqdm and Keras do: looked up, never imported (a kernel has
+    # imported it before running any cell).
     get_ipython = getattr(sys.modules.get("IPython"), "get_ipython", None)
     if not callable(get_ipython):
         return False
@@ -40,20 +44,6 @@ def _in_kernel() -> bool:
         return False
 
 
-def is_notebook_stream(file: object) -> bool:
-    """Whether `file` is a Jupyter kernel's output stream, which a notebook shows.
-
-    That is `ipykernel`'s `OutStream`, or `sys.stdout` or `sys.stderr` in a
-    kernel. A notebook renders their carriage returns as a terminal does (a line
-    written after a carriage return covers the one before), although they are
-    not terminals (`isatty()` is False).
-    """
-    out_stream = getattr(sys.modules.get("ipykernel.iostream"), "OutStream", None)
-    if isinstance(out_stream, type) and isinstance(file, out_stream):
-        return True
-    return (file is sys.stdout or file is sys.stderr) and _in_kernel()
-
-
 def _redraws_in_place(file: TextIO) -> bool:
     isatty = getattr(file, "isatty", None)
     try:
@@ -64,24 +54,38 @@ def _redraws_in_place(file: TextIO) -> bool:
     return is_notebook_stream(file)
 
 
+def format_duration(seconds: float) -> str:
+    """Formats a duration like Keras: `42s`, `3:05` or `1:02:03`.
+
+    Example:
+        >>> format_duration(42.4), format_duration(185), format_duration(3723)
+        ('42s', '3:05', '1:02:03')
+    """
+    seconds = max(seconds, 0.0)
+    if seconds >= 3600:
+        return f"{int(seconds // 3600)}:{int(seconds % 3600 // 60):02d}:{int(seconds % 60):02d}"
+    if seconds >= 60:
+        return f"{int(seconds // 60)}:{int(seconds % 60):02d}"
+    return f"{seconds:.0f}s"
+
+
+def format_rate(seconds_per_unit: float, label: str) -> str:
+    """Formats the time per unit like Keras: `2s/step`, `530ms/step`, `12us/sample`.
+
+    Example:
+        >>> format_rate(0.53, "step"), format_rate(1.2e-5, "sample")
+        ('530ms/step', '12us/sample')
+    """
+    if seconds_per_unit >= 1 or seconds_per_unit == 0:
+        return f"{seconds_per_unit:.0f}s/{label}"
+    if seconds_per_unit >= 1e-3:
+        return f"{seconds_per_unit * 1e3:.0f}ms/{label}"
+    return f"{seconds_per_unit * 1e6:.0f}us/{label}"
+
+
 @typing.final
 class KerasBar(ProgressCallback):
-    """A progress bar like Keras': `80/100 [=======>...] - ETA: 42s - loss: 1.5371`.
-
-    Shows the latest value of each scalar entry of the `losses`, `metrics` and
-    `stateful_metrics` collections. Create one with `ciclo.keras_bar`; it runs
-    as a loop callback (put it after the step whose metrics it shows), as the
-    `on_train_batch_end` hook of the predefined loops, or by hand as
-    `bar(elapsed, logs)`.
-
-    On a terminal, and in a Jupyter notebook (the stream is `ipykernel`'s
-    output stream, or the kernel's `sys.stdout` or `sys.stderr`), the line is
-    redrawn in place with a carriage return at most once per `interval`
-    seconds, so a cell shows one line; elsewhere (log files, pipes) a full line
-    is written at each tenth of the total, or every 30 seconds if the total is
-    unknown. Between redraws
-    a call reads no logged value, so it never waits for the device; the values
-    shown are copied to the host, all at once, only when a line is drawn.
+    """A progress bar like Keras': `80/100 [=======>...] - ETA: 42s - loss: 1.5371`; see `ciclo.keras_bar`.
 
     Example:
         >>> import io
@@ -94,8 +98,6 @@ class KerasBar(ProgressCallback):
         4/4 [==============================] - 0s ...s/step - loss: 0.1000
     """
 
-    __slots__ = ("_drawn_width", "_file", "_interval", "_terminal", "_width")
-
     def __init__(
         self,
         total: PeriodLike | None = None,
@@ -104,71 +106,62 @@ class KerasBar(ProgressCallback):
         width: int = 30,
         file: TextIO | None = None,
     ) -> None:
-        self._interval = check_interval(interval)
         if isinstance(width, bool) or not isinstance(width, int):
             raise TypeError(f"width must be an int, got {short(width)}")
         if width < 1:
             raise ValueError(f"width must be >= 1, got {short(width)}")
-        if file is None:
-            file = sys.stdout
+        file = sys.stdout if file is None else file
         if not callable(getattr(file, "write", None)):
             raise TypeError(f"file must be a text stream with a write method, got {short(file)}")
-        super().__init__(total)
+        super().__init__(total, interval)
         self._width = width
         self._file = file
         self._terminal = _redraws_in_place(file)
         self._drawn_width = 0
 
-    def _refresh(self, now: float, count: float, steps: float, first: bool) -> None:
-        total = self._total
+    def _schedule(self, now: float, count: float, first: bool) -> bool:
         if self._terminal:
-            self._write(self._line(now, count, steps, final=False), final=False)
-            self._next_time = now + self._interval
-            self._next_count = math.inf if total is None else total
-            return
-        if not first:  # the first call only starts the bar's clock
-            self._write(self._line(now, count, steps, final=False), final=False)
+            return super()._schedule(now, count, first)
+        total = self.unit.total
         if total is None:
             self._next_time = now + _LOG_PERIOD
         else:
             self._next_time = math.inf
             self._next_count = min((count * _LOG_LINES // total + 1) * total / _LOG_LINES, total)
+        return not first  # the first call only starts the bar's clock
 
-    def _finish(self, now: float, count: float, steps: float) -> None:
-        self._write(self._line(now, count, steps, final=True), final=True)
-
-    def _line(self, now: float, count: float, steps: float, *, final: bool) -> str:
-        total = self._total
+    def _draw(self, now: float, count: float, steps: float, *, final: bool) -> None:
+        total, field = self.unit.total, self.unit.field
         if total is None:
             parts = [f"{int(count):7d}/Unknown"]
         else:
-            digits = len(str(int(total)))
             progress = min(count / total, 1.0) if total > 0 else 1.0
             filled = int(self._width * progress)
             bar = "=" * (filled - 1) + (">" if count < total else "=") if filled else ""
-            parts = [f"{int(count):{digits}d}/{int(total)} [{bar}{'.' * (self._width - filled)}]"]
-        seconds, per_unit = self._timing(now, count, steps)
+            parts = [
+                f"{int(count):{len(str(int(total)))}d}/{int(total)} [{bar}{'.' * (self._width - filled)}]"
+            ]
+        # Seconds since the first call, and per unit counted (per step for time bars), measured over
+        # the steps since the first call; samples via the average batch.
+        start_time, start_steps = self._start or (now, steps)
+        seconds = now - start_time
+        per_unit = seconds / (steps - start_steps) if steps > start_steps else None
+        if per_unit is not None and field == "samples":
+            per_unit = per_unit * steps / count if count > 0 else None
         if final or total is None:
-            rate = "" if per_unit is None else " " + format_rate(per_unit, self._rate_label())
+            label = "sample" if field == "samples" else "step"
+            rate = "" if per_unit is None else " " + format_rate(per_unit, label)
             parts.append(f"{format_duration(seconds)}{rate}")
         else:
-            # A time bar counts seconds: its remaining count is its remaining time.
-            per_count = 1.0 if self._field == "time" else per_unit
+            per_count = 1.0 if field == "time" else per_unit  # a time bar's remaining count is its ETA
             if per_count is not None:
                 parts.append(f"ETA: {format_duration((total - count) * per_count)}")
         parts.extend(f"{name}: {format_value(value)}" for name, value in self._shown_values())
-        return " - ".join(parts)
-
-    def _rate_label(self) -> str:
-        return "sample" if self._field == "samples" else "step"
-
-    def _write(self, line: str, *, final: bool) -> None:
+        line = " - ".join(parts)
         if self._terminal:
-            # Pad so that a shorter line fully covers the longer one it overwrites.
-            text = "\r" + line.ljust(self._drawn_width)
+            # Padded so that a shorter line fully covers the longer one it overwrites.
+            text = "\r" + line.ljust(self._drawn_width) + ("\n" if final else "")
             self._drawn_width = 0 if final else len(line)
-            if final:
-                text += "\n"
         else:
             text = line + "\n"
         self._file.write(text)
@@ -176,23 +169,32 @@ class KerasBar(ProgressCallback):
 
 
 def keras_bar(
-    total: PeriodLike | None = None,
-    *,
-    interval: float = 0.1,
-    width: int = 30,
-    file: TextIO | None = None,
+    total: PeriodLike | None = None, *, interval: float = 0.1, width: int = 30, file: TextIO | None = None
 ) -> KerasBar:
     """Creates a Keras-style progress bar callback.
 
+    Shows the latest value of each scalar entry of the `losses`, `metrics` and
+    `stateful_metrics` collections. It runs as a loop callback (put it after
+    the step whose metrics it shows), as the `on_train_batch_end` hook of the
+    predefined loops, or by hand as `bar(elapsed, logs)`.
+
+    On a terminal, and in a Jupyter notebook (the stream is `ipykernel`'s
+    output stream, or the kernel's `sys.stdout` or `sys.stderr`), the line is
+    redrawn in place with a carriage return at most once per `interval`
+    seconds, so a cell shows one line; elsewhere (log files, pipes) a full line
+    is written at each tenth of the total, or every 30 seconds if the total is
+    unknown. Between redraws a call reads no logged value, so it never waits
+    for the device; the values shown are copied to the host, all at once, only
+    when a line is drawn.
+
     Args:
-        total: where the bar is full: an int (steps), a `ciclo.types.Period` counting
-            steps, samples or time (the bar counts in that unit), or None if
-            unknown.
+        total: where the bar is full: an int (steps), a `ciclo.types.Period`
+            counting steps, samples or time (the bar counts in that unit), or
+            None if unknown.
         interval: on a terminal or in a notebook, the least number of seconds between two
             redraws. Each redraw copies the values shown from the device.
         width: the number of characters of the bar itself.
-        file: where to write; `sys.stdout` (as it is when the bar is created)
-            by default.
+        file: where to write; `sys.stdout` (as it is when the bar is created) by default.
 
     Returns:
         A `KerasBar`: a loop callback, also callable as `bar(elapsed, logs)`.

@@ -28,12 +28,9 @@ _TOP_K = re.compile(r"top\d*k?")
 def auto_mode(monitor: str) -> Mode:
     """The mode `"auto"` stands for: `"max"` for accuracy-like names, `"min"` otherwise.
 
-    The entry's name (the part after the last `.`) is split into words at every
-    character that is not a letter or digit (`val_top_5_accuracy` gives `val`,
-    `top`, `5`, `accuracy`). The mode is `"max"` if a word is one of `acc`,
-    `accuracy`, `auc`, `precision`, `recall`, `f1`, `fbeta`, `iou`, `miou`,
-    `map`, `dice`, `r2`, or `top`, `top5`, `topk` and the like; otherwise
-    `"min"` (`loss`, `error`, `mae`, `perplexity`, ...). Case is ignored.
+    `"max"` if a word of the entry's name (after the last `.`, split at each
+    character that is not a letter or digit, case ignored) is in
+    `_HIGHER_IS_BETTER` or is `top`, `top5`, `topk` and the like.
 
     Example:
         >>> from ciclo._src.callbacks._monitor import auto_mode
@@ -54,7 +51,7 @@ def check_mode(mode: str) -> Mode:
 
 
 def resolve_mode(mode: str, monitor: str | None) -> Mode:
-    """Validates `mode` (`"auto"`, `"min"` or `"max"`) and resolves `"auto"` with `auto_mode(monitor)`."""
+    """`mode`, checked, with `"auto"` resolved by `auto_mode(monitor)`."""
     if mode == "auto":
         return "min" if monitor is None else auto_mode(monitor)
     if mode not in ("min", "max"):
@@ -63,10 +60,7 @@ def resolve_mode(mode: str, monitor: str | None) -> Mode:
 
 
 def monitored_value(logs: LogsLike, key: str) -> float | None:
-    """The value of `key` in `logs` as a host float, or None if it is not there.
-
-    This is where a monitored value is copied from the device.
-    """
+    """The value of `key` in `logs` copied to the host as a float, or None if it is not there."""
     source = logs if isinstance(logs, Logs) else Logs(logs)
     path = source.entry_path(key)
     if path is None:
@@ -90,20 +84,9 @@ def is_improvement(value: float, best: float | None, mode: Mode, min_delta: floa
 
 
 def snapshot_fields(snapshot: Any, names: tuple[str, ...], owner: str) -> Mapping[str, Any]:
-    """Checks that a snapshot given to `load_state_dict` has exactly the keys `names`.
+    """`snapshot`, given to `owner`'s `load_state_dict`, checked to be a mapping with the keys `names`.
 
-    Args:
-        snapshot: what `load_state_dict` received.
-        names: the keys `state_dict()` writes.
-        owner: the callback's name, for the error message.
-
-    Returns:
-        `snapshot`, as a mapping.
-
-    Raises:
-        TypeError: if `snapshot` is not a mapping.
-        ValueError: if keys are missing or unknown (the message names them), as
-            happens with a snapshot of another callback.
+    A snapshot of another callback is refused with a `ValueError` naming the keys missing and unknown.
     """
     if not isinstance(snapshot, Mapping):
         raise TypeError(
@@ -120,20 +103,10 @@ def snapshot_fields(snapshot: Any, names: tuple[str, ...], owner: str) -> Mappin
 
 
 def snapshot_float(value: Any) -> float:
-    """A snapshot's number as a float (it may come back from storage as a 0-d array).
-
-    Raises:
-        ValueError: for text (a damaged or crafted backup), shown bounded: `float`'s own error
-            would quote it whole.
-    """
+    """A snapshot's number (maybe a 0-d array) as a float; text (a damaged backup) is refused, bounded."""
     if isinstance(value, (str, bytes)):
         raise ValueError(f"a callback state holds {short(value)} where a number belongs")
     return float(value)
-
-
-def optional_float(value: Any) -> float | None:
-    """A snapshot's number as a float (it may come back from storage as a 0-d array), None kept."""
-    return None if value is None else snapshot_float(value)
 
 
 def optional_int(value: Any) -> int | None:

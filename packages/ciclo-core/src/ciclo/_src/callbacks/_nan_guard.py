@@ -12,6 +12,7 @@ import numpy as np
 
 from ciclo._src.base.reprs import short
 from ciclo._src.base.types import CallbackOutput, S
+from ciclo._src.callbacks._monitor import present_keys
 from ciclo._src.engine.callback import Callback
 from ciclo._src.engine.loop_state import LoopState
 from ciclo._src.logs.logs import Logs
@@ -28,12 +29,9 @@ def _first_bad(first: jax.Array, step: jax.Array, value: jax.Array) -> jax.Array
 
 @final
 class TerminateOnNaN(Callback, Generic[S]):
-    """Stops a loop within `check_every` steps of a monitored value turning non-finite.
+    """Stops a loop within `check_every` steps of a monitored value turning non-finite: `terminate_on_nan`."""
 
-    Create it with `ciclo.terminate_on_nan`.
-    """
-
-    hook: ClassVar[str | None] = "on_train_batch_end"  # where train_loop(callbacks=[...]) places it
+    hook: ClassVar[str | None] = "on_train_batch_end"
 
     def __init__(self, monitor: str | Sequence[str], check_every: int) -> None:
         names = (monitor,) if isinstance(monitor, str) else tuple(monitor)
@@ -76,30 +74,26 @@ class TerminateOnNaN(Callback, Generic[S]):
 
     def __loop_callback__(self, loop_state: LoopState[S], /) -> CallbackOutput[S]:
         """Records whether this step's monitored values are finite; every `check_every` steps, reads it."""
-        logs = loop_state._logs  # read only: the loop's own logs need no copy
-        if logs:
-            step = None
-            for name in self.monitor:
-                value = self._value(logs, name)
-                if value is None:
-                    continue
-                self._seen = True
-                if step is None:
-                    step = int(loop_state.elapsed.steps)
-                if isinstance(value, jax.Array):
-                    first = self._pending.get(name)
-                    if first is None:
-                        first = jnp.int32(-1)
-                    self._pending[name] = _first_bad(first, jnp.int32(step), value)
-                elif not np.all(np.isfinite(np.asarray(value, dtype=np.float64))):
-                    self._found(step, name)  # a host value: checked at once, for free
+        logs = loop_state._logs or {}  # read only: the loop's own logs need no copy
+        step = int(loop_state.elapsed.steps)
+        for name in self.monitor if logs else ():
+            value = self._value(logs, name)
+            if value is None:
+                continue
+            self._seen = True
+            if isinstance(value, jax.Array):
+                first = self._pending.get(name)
+                self._pending[name] = _first_bad(
+                    jnp.int32(-1) if first is None else first, jnp.int32(step), value
+                )
+            elif not np.all(np.isfinite(np.asarray(value, dtype=np.float64))):
+                self._found(step, name)  # a host value: checked at once, for free
         self._calls += 1
         if self._calls % self.check_every == 0:
             if not self._seen:
-                present = sorted(f"{c}.{n}" for c, entries in (logs or {}).items() for n in entries)
                 raise KeyError(
                     f"terminate_on_nan monitors {list(self.monitor)}, none of which was logged in "
-                    f"{self._calls} steps; present now: {present}"
+                    f"{self._calls} steps; present now: {present_keys(logs)}"
                 )
             self._read_pending()
         if self.step is not None:
@@ -107,7 +101,7 @@ class TerminateOnNaN(Callback, Generic[S]):
                 "terminate_on_nan: %r is NaN or infinite at step %d; stopping the loop at step %d",
                 self.entry,
                 self.step,
-                int(loop_state.elapsed.steps),
+                step,
             )
             loop_state.stop()
         return {}, loop_state.state

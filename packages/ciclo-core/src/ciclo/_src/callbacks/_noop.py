@@ -20,8 +20,6 @@ class NoOp(Callback):
         (1, 0, 3)
     """
 
-    __slots__ = ()
-
     def __loop_callback__(self, loop_state: LoopState[Any]) -> CallbackOutput[Any]:
         """Returns no logs and the state unchanged."""
         return {}, loop_state.state

@@ -20,24 +20,18 @@ STEP_ANNOTATION = "step"
 _Status = Literal["waiting", "tracing", "done"]
 
 
-def _check_step(value: object, what: str, steps: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(
-            f"steps must be a step number or a (first, last) pair of step numbers, got {short(steps)}"
-        )
-    if value < 0:
-        raise ValueError(f"the {what} step to profile must be >= 0, got {short(steps)}")
-    return value
-
-
 def _check_steps(steps: int | tuple[int, int]) -> tuple[int, int]:
-    if isinstance(steps, tuple) and len(steps) == 2:
-        first, last = _check_step(steps[0], "first", steps), _check_step(steps[1], "last", steps)
-        if last < first:
-            raise ValueError(f"steps must be (first, last) with first <= last, got {short(steps)}")
-        return first, last
-    step = _check_step(steps, "", steps)
-    return step, step
+    first, last = steps if isinstance(steps, tuple) and len(steps) == 2 else (steps, steps)
+    for value in (first, last):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(
+                f"steps must be a step number or a (first, last) pair of step numbers, got {short(steps)}"
+            )
+        if value < 0:
+            raise ValueError(f"the steps to profile must be >= 0, got {short(steps)}")
+    if last < first:
+        raise ValueError(f"steps must be (first, last) with first <= last, got {short(steps)}")
+    return first, last
 
 
 @final
@@ -59,9 +53,7 @@ class Profile(Callback):
         1
     """
 
-    hook: ClassVar[str | None] = "on_train_batch_begin"  # where train_loop(callbacks=[...]) places it
-
-    __slots__ = ("_annotation", "_first", "_last", "_logdir", "_perfetto", "_status")
+    hook: ClassVar[str | None] = "on_train_batch_begin"
 
     def __init__(
         self, logdir: str | os.PathLike[str], steps: int | tuple[int, int], *, perfetto: bool = False
@@ -92,51 +84,43 @@ class Profile(Callback):
 
     def __loop_callback__(self, loop_state: LoopState[S]) -> CallbackOutput[S]:
         # Before the step if listed before it: opens the step's marker (and the trace at the first).
-        self._begin(loop_state.elapsed.steps, loop_state.batch)
+        steps = loop_state.elapsed.steps
+        # A `ciclo.stacked` group of steps is traced whole if it reaches into the window.
+        if (
+            self._status == "waiting"
+            and self._first < steps + steps_of(loop_state.batch)
+            and steps <= self._last
+        ):
+            jax.profiler.start_trace(self._logdir, create_perfetto_trace=self._perfetto)
+            self._status = "tracing"
+        if self._status == "tracing":
+            self._annotation = jax.profiler.StepTraceAnnotation(STEP_ANNOTATION, step_num=steps)
+            self._annotation.__enter__()
         return NO_LOGS, loop_state.state
 
     def on_step_end(self, loop_state: LoopState[Any], /) -> None:
         # The step's marker ends with the step; the trace stops after the last profiled one.
-        if self._status != "tracing":
-            return
-        self._close_step()
-        if loop_state.elapsed.steps > self._last:
-            self._stop(loop_state.state)
+        self._end_step(loop_state, stop=loop_state.elapsed.steps > self._last)
 
     def on_end(self, loop_state: LoopState[Any], error: BaseException | None) -> None:
         # The loop ended inside the window (the data ran out, `stop`, an error): the trace
         # still covers the steps that ran.
-        if self._status == "tracing":
-            self._close_step()
-            self._stop(loop_state.state)
+        self._end_step(loop_state, stop=True)
 
-    def _begin(self, steps: int, batch: Any) -> None:
-        status = self._status
-        if status == "waiting":
-            # A `ciclo.stacked` group of steps is traced whole if it reaches into the window.
-            if steps > self._last or steps + steps_of(batch) <= self._first:
-                return
-            jax.profiler.start_trace(self._logdir, create_perfetto_trace=self._perfetto)
-            self._status = "tracing"
-        elif status == "done":
+    def _end_step(self, loop_state: LoopState[Any], *, stop: bool) -> None:
+        if self._status != "tracing":
             return
-        annotation = jax.profiler.StepTraceAnnotation(STEP_ANNOTATION, step_num=steps)
-        annotation.__enter__()
-        self._annotation = annotation
-
-    def _close_step(self) -> None:
         annotation, self._annotation = self._annotation, None
         if annotation is not None:
             annotation.__exit__(None, None, None)
-
-    def _stop(self, state: Any) -> None:
-        self._status = "done"
-        try:
-            # Dispatch is asynchronous: the device may still be running the profiled steps,
-            # and the trace must contain them. The only wait this callback makes.
-            jax.block_until_ready(state)  # type: ignore[no-untyped-call]
-        finally:
-            jax.profiler.stop_trace()  # type: ignore[no-untyped-call]
+        if stop:
+            self._status = "done"
+            try:
+                # Dispatch is asynchronous: the device may still be running the profiled steps,
+                # and the trace must contain them. The only wait this callback makes.
+                jax.block_until_ready(loop_state.state)  # type: ignore[no-untyped-call]
+            finally:
+                jax.profiler.stop_trace()  # type: ignore[no-untyped-call]
 
     def __repr__(self) -> str:
         return f"ciclo.profile({self._logdir!r}, steps={self.steps!r})"
@@ -165,10 +149,9 @@ def profile(
     time in a process, and a `Profile` traces once.
 
     In `ciclo.loop`, list it *before* the step (`{ciclo.every(1): [profiler,
-    train_step]}`): each call starts or stops the trace before that step runs.
-    In `train_loop(callbacks=[...])` it runs under `on_train_batch_begin`.
-    Each step's marker, and the trace after the last step, end when the step
-    ends (`on_step_end`), around everything the step does.
+    train_step]}`); in `train_loop(callbacks=[...])` it runs under
+    `on_train_batch_begin`. Each step's marker, and the trace after the last
+    step, end when the step ends (`on_step_end`), around all the step does.
 
     Args:
         logdir: the directory to write the trace under (a TensorBoard log

@@ -39,11 +39,6 @@ def _check_window(window: PeriodLike) -> Period:
 class Throughput(Callback):
     """Logs steps and samples per second, measured over a window; see `ciclo.throughput`.
 
-    The rates are the counts the loop's `Elapsed` advanced by, divided by the
-    host seconds between two calls. A call reads the loop's counters and the
-    host clock only: it never reads a logged or computed value, so it never
-    waits for the device.
-
     Example:
         >>> import numpy as np
         >>> import ciclo
@@ -57,9 +52,7 @@ class Throughput(Callback):
         [2, 4]
     """
 
-    hook: ClassVar[str | None] = "on_train_step"  # where train_loop(callbacks=[...]) places it
-
-    __slots__ = ("_limits", "_start", "_window")
+    hook: ClassVar[str | None] = "on_train_step"
 
     def __init__(self, window: PeriodLike = 100) -> None:
         self._window = window = _check_window(window)
@@ -76,29 +69,19 @@ class Throughput(Callback):
         return self._window
 
     def __call__(self, elapsed: Elapsed) -> Logs:
-        """Measures after a step, when iterating by hand with `ciclo.elapse`.
-
-        Args:
-            elapsed: the `Elapsed` of the step that just ran, as yielded by
-                `ciclo.elapse`.
-
-        Returns:
-            The rates as `metrics` entries when a window closed at this call,
-            else empty logs.
-        """
-        return Logs(self._measure(elapsed.steps, elapsed.samples))
+        """Measures after the step `elapsed` (from `ciclo.elapse`) describes: the rates if a window closed."""
+        return Logs(self._measure(elapsed))
 
     def __loop_callback__(self, loop_state: LoopState[S]) -> CallbackOutput[S]:
-        elapsed = loop_state.elapsed
-        return self._measure(elapsed.steps, elapsed.samples), loop_state.state
+        return self._measure(loop_state.elapsed), loop_state.state
 
     def on_end(self, loop_state: LoopState[Any], error: BaseException | None) -> None:
         # The next loop starts a new window: the time between two loops is not throughput.
         self._start = None
 
-    def _measure(self, steps: int, samples: int) -> LogsLike:
+    def _measure(self, elapsed: Elapsed) -> LogsLike:
         # The hot path: two ints, one clock read and a comparison until the window closes.
-        now = perf_counter()
+        now, steps, samples = perf_counter(), elapsed.steps, elapsed.samples
         start = self._start
         if start is None:
             # The first call starts the clock: the first step, which compiles, is not counted.
@@ -125,35 +108,27 @@ class Throughput(Callback):
 def throughput(window: PeriodLike = 100) -> Throughput:
     """Creates a callback that logs the loop's throughput: steps and samples per second.
 
-    Each time `window` has passed since the last measurement, the callback logs
-    two entries in the `metrics` collection (so progress bars show them and
-    loggers write them):
+    Each time `window` has passed since the last measurement, it logs
+    `steps_per_second` and `samples_per_second` in the `metrics` collection (so
+    progress bars show them and loggers write them): the steps and samples the
+    loop's `ciclo.types.Elapsed` advanced by (a `ciclo.stacked` group counts all
+    its steps; samples are counted by `batch_size_fn`), over the host seconds
+    (`time.perf_counter`) it took. Nothing is read from the device: with
+    asynchronous dispatch the host runs at most a few steps ahead, so over many
+    steps the host's rate is the device's. The time includes everything the
+    loop does between two calls (data, evaluation, checkpoints). The first call
+    only starts the clock, so the first step, which usually compiles, is not
+    counted; each loop starts a new window.
 
-    - `steps_per_second`: steps done over the window / host seconds it took;
-    - `samples_per_second`: samples done over the window / host seconds it took.
-
-    The counts are the loop's own (`ciclo.types.Elapsed`: a `ciclo.stacked` group
-    counts all its steps, samples are counted by the loop's `batch_size_fn`)
-    and the time is the host's `time.perf_counter`. Nothing is read from the
-    device: with asynchronous dispatch the host runs at most a few steps ahead
-    of the device, so over a window of many steps the host's rate is the
-    device's. The time is wall-clock time between two calls: it includes
-    everything the loop does in between (loading data, evaluating, saving
-    checkpoints). The first call only starts the clock, so the first step,
-    which usually compiles, is not counted; each loop starts a new window.
-
-    Put it after the step in `ciclo.loop`'s callbacks
-    (`{ciclo.every(1): [train_step, ciclo.throughput()]}`), or in
+    Put it after the step in `ciclo.loop`'s callbacks, or in
     `train_loop(callbacks=[...])`, where it runs as the `on_train_step` hook,
-    after the training step and before the progress bars (it is not run by the
-    evaluation loop inside `train_loop`). In `test_loop` or `predict_loop`, put
-    it in the tasks dict under `ciclo.every(1)`. It can also be called by hand
-    as `meter(elapsed)`, which returns the logs.
+    before the progress bars (not in the evaluation loop inside `train_loop`).
+    By hand, `meter(elapsed)` returns the logs.
 
     Args:
         window: how long each measurement lasts: an int (steps) or a
-            `ciclo.types.Period` in steps, samples or time (`ciclo.at(time=10)` logs
-            about every 10 seconds). A window closes at the first call at
+            `ciclo.types.Period` in steps, samples or time (`ciclo.at(time=10)`
+            logs about every 10 seconds). A window closes at the first call at
             which it has passed.
 
     Returns:

@@ -2,40 +2,18 @@
 
 from __future__ import annotations
 
-import importlib
 import math
 import typing
 from typing import Any
 
 from ciclo._src.base.elapsed import PeriodLike
-from ciclo._src.callbacks._progress import ProgressCallback, check_interval, format_value
-
-
-def _import_tqdm() -> Any:
-    # Imported when a bar is created: tqdm is an optional extra (and ships no type information).
-    # `tqdm.auto` draws an ipywidgets bar in a Jupyter notebook (where ipywidgets is installed)
-    # and the text bar elsewhere.
-    try:
-        return importlib.import_module("tqdm.auto")
-    except ImportError as error:
-        raise ImportError('ciclo.tqdm_bar needs tqdm: pip install "ciclo-core[tqdm]"') from error
+from ciclo._src.callbacks._loggers._base import import_extra
+from ciclo._src.callbacks._progress import ProgressCallback, format_value
 
 
 @typing.final
 class TqdmBar(ProgressCallback):
-    """A progress bar drawn by `tqdm.auto.tqdm`, with the latest metrics as its postfix.
-
-    Create one with `ciclo.tqdm_bar`; it runs as a loop callback (put it after
-    the step whose metrics it shows), as the `on_train_batch_end` hook of the
-    predefined loops, or by hand as `bar(elapsed, logs)`. The tqdm bar counts
-    steps, samples or whole seconds, as `total` says. In a Jupyter notebook
-    `tqdm.auto` draws a widget (if ipywidgets is installed; otherwise the text
-    bar, which the notebook redraws in place).
-
-    The count and the postfix (the scalar entries of the `losses`, `metrics`
-    and `stateful_metrics` collections) are passed to tqdm at most once per
-    `interval` seconds: between those updates a call reads no logged value, so
-    it never waits for the device.
+    """A progress bar drawn by `tqdm.auto.tqdm`, with the latest metrics as its postfix; see `ciclo.tqdm_bar`.
 
     Example:
         >>> import io
@@ -50,17 +28,13 @@ class TqdmBar(ProgressCallback):
         4
     """
 
-    __slots__ = ("_integral", "_interval", "_passed", "_tqdm")
-
     def __init__(self, total: PeriodLike | None = None, *, interval: float = 0.1, **tqdm_kwargs: Any) -> None:
-        self._interval = check_interval(interval)
-        tqdm = _import_tqdm()
-        super().__init__(total)
+        # `tqdm.auto` draws an ipywidgets bar in a notebook (with ipywidgets installed), else the text bar.
+        tqdm = import_extra("tqdm.auto", "tqdm", "ciclo.tqdm_bar")
+        super().__init__(total, interval)
         unit = self.unit
-        # Time bars count whole seconds: tqdm would print a float count with all its digits.
-        self._integral = unit.field == "time"
         bar_total = unit.total
-        if bar_total is not None and self._integral and float(bar_total).is_integer():
+        if bar_total is not None and unit.field == "time" and float(bar_total).is_integer():
             bar_total = int(bar_total)
         tqdm_kwargs.setdefault("unit", unit.label)
         self._tqdm: Any = tqdm.tqdm(total=bar_total, **tqdm_kwargs)
@@ -71,24 +45,15 @@ class TqdmBar(ProgressCallback):
         """The underlying `tqdm.auto.tqdm` bar (to set its description, for instance)."""
         return self._tqdm
 
-    def _refresh(self, now: float, count: float, steps: float, first: bool) -> None:
-        self._pass(count)
-        self._next_time = now + self._interval
-        self._next_count = math.inf if self._total is None else self._total
-
-    def _finish(self, now: float, count: float, steps: float) -> None:
-        self._pass(count)
-
-    def _pass(self, count: float) -> None:
+    def _draw(self, now: float, count: float, steps: float, *, final: bool) -> None:
         values = self._shown_values()
         if values:
             # Not refreshed here: tqdm redraws on `update`, at its own pace.
             self._tqdm.set_postfix({name: format_value(value) for name, value in values}, refresh=False)
-        if self._integral:
+        if self.unit.field == "time":  # whole seconds: tqdm would print a float count with all its digits
             count = math.floor(count)
-        increment = count - self._passed
-        if increment > 0:
-            self._tqdm.update(increment)
+        if count > self._passed:
+            self._tqdm.update(count - self._passed)
             self._passed = count
 
     def _release(self) -> None:
@@ -97,14 +62,21 @@ class TqdmBar(ProgressCallback):
 
 
 def tqdm_bar(total: PeriodLike | None = None, *, interval: float = 0.1, **tqdm_kwargs: Any) -> TqdmBar:
-    """Creates a progress bar callback drawn by tqdm.
+    """Creates a progress bar callback drawn by tqdm (`pip install "ciclo-core[tqdm]"`).
 
-    Needs the optional dependency tqdm (`pip install "ciclo-core[tqdm]"`).
+    It runs as a loop callback (put it after the step whose metrics it shows),
+    as the `on_train_batch_end` hook of the predefined loops, or by hand as
+    `bar(elapsed, logs)`. The tqdm bar counts steps, samples or whole seconds,
+    as `total` says; in a Jupyter notebook `tqdm.auto` draws a widget (if
+    ipywidgets is installed; otherwise the text bar, which the notebook redraws
+    in place). The count and the postfix (the scalar entries of the `losses`,
+    `metrics` and `stateful_metrics` collections) are passed to tqdm at most
+    once per `interval` seconds: in between a call reads no logged value, so it
+    never waits for the device.
 
     Args:
-        total: where the bar is full: an int (steps), a `ciclo.types.Period` counting
-            steps, samples or time (the bar counts in that unit), or None if
-            unknown.
+        total: where the bar is full, as for `ciclo.keras_bar`: steps (an int),
+            a `ciclo.types.Period` of steps, samples or time, or None.
         interval: the least number of seconds between two updates of the tqdm
             bar. Each update copies the metrics shown from the device.
         **tqdm_kwargs: passed to `tqdm.auto.tqdm` (`desc`, `file`, `leave`,
@@ -122,10 +94,10 @@ def tqdm_bar(total: PeriodLike | None = None, *, interval: float = 0.1, **tqdm_k
     Example:
         >>> import io
         >>> import ciclo
-        >>> def train_step(state, batch):
-        ...     return ciclo.logs().add_metric("accuracy", batch / 10), state
         >>> buffer = io.StringIO()
         >>> bar = ciclo.tqdm_bar(total=10, file=buffer, bar_format="{n}/{total} {unit}{postfix}")
+        >>> def train_step(state, batch):
+        ...     return ciclo.logs().add_metric("accuracy", batch / 10), state
         >>> _ = ciclo.loop(None, range(10), {ciclo.every(1): [train_step, bar]}, stop=10)
         >>> print(buffer.getvalue().splitlines()[-1])
         10/10 step, accuracy=0.9000

@@ -40,9 +40,16 @@ CHECK_EVERY: Final = 10
 
 
 @jax.jit
-def _stall(scale: jax.Array, in_a_row: jax.Array) -> jax.Array:
-    """`[scale, steps skipped in a row]` of one device's copy, as a fresh array (the state's are donated)."""
+def _stack(scale: jax.Array, in_a_row: jax.Array) -> jax.Array:
     return jnp.stack([scale.reshape(-1)[0], in_a_row.reshape(-1)[0].astype(jnp.float32)])
+
+
+def _stall(state: AbstractManagedState) -> jax.Array:
+    """`[scale, steps skipped in a row]` of one device's copy, as a fresh array (the state's are donated)."""
+    scale = state.loss_scale
+    assert scale is not None
+    stall: jax.Array = _stack(_first_copy(scale.scale), _first_copy(scale.skipped_in_a_row))
+    return stall
 
 
 def _first_copy(array: Any) -> jax.Array:
@@ -96,24 +103,18 @@ class TrainingOptionsWatch(Callback):
             self._warn_unapplied(left, f"will end at stop={self.stop_steps} steps", "will not be")
 
     def __loop_callback__(self, loop_state: LoopState[Any], /) -> None:
-        """After each training step under loss scaling; every `CHECK_EVERY` steps, looks at the count.
-
-        Reads the count copied at the check before, then starts the next copy.
-        """
+        """Every `CHECK_EVERY` steps under loss scaling: judges the copy started before, starts the next."""
         if not self.loss_scaling:
             return
         self._countdown -= steps_of(loop_state.batch)
         if self._countdown > 0:
             return
         self._countdown = CHECK_EVERY
-        state = loop_state.state
         pending, self._pending = self._pending, None
         if pending is not None:
             self._judge(pending[0], np.asarray(pending[1]), loop_state)
         if not loop_state.stop_iteration:
-            scale = state.loss_scale
-            assert scale is not None
-            copy = _stall(_first_copy(scale.scale), _first_copy(scale.skipped_in_a_row))
+            copy = _stall(loop_state.state)
             copy.copy_to_host_async()
             self._pending = (loop_state.elapsed.steps + steps_of(loop_state.batch), copy)
 
@@ -123,11 +124,7 @@ class TrainingOptionsWatch(Callback):
             return
         state, steps = loop_state.state, loop_state.elapsed.steps
         if self.loss_scaling and not self._warned:
-            scale = state.loss_scale
-            assert scale is not None
-            self._judge(
-                steps, np.asarray(_stall(_first_copy(scale.scale), _first_copy(scale.skipped_in_a_row))), None
-            )
+            self._judge(steps, np.asarray(_stall(state)), None)
         if self.accumulate_steps > 1:
             left = _mini_step(state)
             if left and left != self._announced:

@@ -1,13 +1,4 @@
-"""`Logger`: the callback that writes a loop's scalar entries to a `Sink` (TensorBoard, CSV, ...).
-
-Every logger is this one class around a backend-specific sink. The logger reads
-the loop's `History`: at each step it looks only at how many rows History has
-already copied to the host (it copies them in batches of 128, a few hundred
-steps late, when their values are long computed) and hands the new ones to its
-sink. So logging never waits on the device. When the loop ends, also on an
-exception or a preemption, it copies the rows left (one batched copy) and
-writes and flushes them.
-"""
+"""`Logger`: the one callback that writes scalar entries, to a backend's `Sink` (TensorBoard, CSV, ...)."""
 
 from __future__ import annotations
 
@@ -45,8 +36,9 @@ class Row(NamedTuple):
 class Sink(Protocol):
     """Where a `Logger` writes: one backend (an event file, a CSV file, a W&B or MLflow run, ...).
 
-    `write` may be called again after `close`: the sink then opens again
-    (a new event file, the same run resumed, ...).
+    `write` may be called again after `close`: the sink then opens again (a new
+    event file, the same run resumed, ...). A class that subclasses `Sink`
+    inherits the other methods, which do nothing.
     """
 
     def write(self, rows: Sequence[Row], /) -> None:
@@ -55,15 +47,15 @@ class Sink(Protocol):
 
     def flush(self) -> None:
         """Makes everything written so far durable (on disk, handed to the backend's client)."""
-        ...
+        return None
 
     def close(self) -> None:
         """Flushes and releases the file, run or connection; a later `write` opens it again."""
-        ...
+        return None
 
     def state(self) -> dict[str, Any]:
         """What a resumed sink needs besides the last step (a run id); strings and numbers only."""
-        ...
+        return {}
 
     def restore(self, state: Mapping[str, Any], after_step: int | None, /) -> int | None:
         """Takes back `state()`; rows of steps after `after_step` that the backend holds are stale.
@@ -73,7 +65,7 @@ class Sink(Protocol):
         hold rows a killed run wrote after its backup). The logger then writes
         the restored History's rows after that step, and none before.
         """
-        ...
+        return None
 
 
 def import_extra(module: str, extra: str, what: str) -> Any:
@@ -100,22 +92,9 @@ def scalars(logs: LogsLike) -> dict[str, float | int]:
         >>> scalars(logs.add_output("logits", [1.0, 2.0]))
         {'loss': 0.5, 'acc': 0.9}
     """
-    found: dict[str, list[tuple[str, float | int]]] = {}
-    for collection, entries in logs.items():
-        if collection in _SKIPPED_COLLECTIONS:
-            continue
-        for name, value in entries.items():
-            number = _number(value)
-            if number is not None:
-                found.setdefault(name, []).append((collection, number))
-    out: dict[str, float | int] = {}
-    for name, values in found.items():
-        if all(value == values[0][1] for _, value in values):
-            out[name] = values[0][1]
-        else:
-            for collection, value in values:
-                out[f"{collection}.{name}"] = value
-    return out
+    paths = tuple((collection, name) for collection, entries in logs.items() for name in entries)
+    values = tuple(value for entries in logs.values() for value in entries.values())
+    return _row_scalars(paths, values, _scalar_columns(paths))
 
 
 HParams = dict[str, "bool | int | float | str"]
@@ -155,8 +134,8 @@ def checked_hparams(hparams: Mapping[str, Any] | None) -> HParams:
 def _scalar_columns(paths: Paths) -> list[tuple[int, str]] | None:
     """`(column, name)` of each entry of a row with these `paths` that `scalars` may write.
 
-    None when a name appears in several collections: `scalars` then names them
-    by the values, row by row (`_row_scalars`).
+    None when a name appears in several collections: `_row_scalars` then names
+    them by the values, row by row.
     """
     columns = [
         (column, name)
@@ -167,26 +146,29 @@ def _scalar_columns(paths: Paths) -> list[tuple[int, str]] | None:
     return columns if len(set(names)) == len(names) else None
 
 
-def _scalars_at(columns: list[tuple[int, str]], values: tuple[Any, ...]) -> dict[str, float | int]:
-    """`scalars` of a row whose entry names are unique, from its `_scalar_columns`."""
+def _row_scalars(
+    paths: Paths, values: tuple[Any, ...], columns: list[tuple[int, str]] | None
+) -> dict[str, float | int]:
+    """`scalars` of a row, from its `_scalar_columns` where its entry names are unique."""
     out: dict[str, float | int] = {}
-    for column, name in columns:
-        value = values[column]
-        kind = type(value)
-        if kind is float or kind is int:
-            out[name] = value
-        else:
-            number = _number(value)
+    if columns is not None:
+        for column, name in columns:
+            number = _number(values[column])
             if number is not None:
                 out[name] = number
-    return out
-
-
-def _row_scalars(paths: Paths, values: tuple[Any, ...]) -> dict[str, float | int]:
-    logs: dict[str, dict[str, Any]] = {}
+        return out
+    found: dict[str, list[tuple[str, float | int]]] = {}
     for (collection, name), value in zip(paths, values, strict=True):
-        logs.setdefault(collection, {})[name] = value
-    return scalars(logs)
+        number = None if collection in _SKIPPED_COLLECTIONS else _number(value)
+        if number is not None:
+            found.setdefault(name, []).append((collection, number))
+    for name, found_values in found.items():
+        if all(number == found_values[0][1] for _, number in found_values):
+            out[name] = found_values[0][1]
+        else:
+            for collection, number in found_values:
+                out[f"{collection}.{name}"] = number
+    return out
 
 
 def _number(value: Any) -> float | int | None:
@@ -220,17 +202,13 @@ class Logger(Callback):
     - in a hand-written loop: `logger.write(step, logs)` at each step, then
       `logger.close()` (or `with logger: ...`).
 
-    Values are written from the rows `History` has already copied to the host
-    (it does so in batches of 128, a few hundred steps after they were logged),
-    so the logger never makes the loop wait for the device. Rows still on the
-    device when the loop ends (normally, on an exception or a preemption) are
-    copied then and written, and the backend is closed. A logger used in a later
-    loop opens its backend again.
-
-    A logger is a `ciclo.types.StatefulCallback`: `state_dict()` holds the last
-    step written (and the run id of W&B and MLflow), and a fresh logger given it
-    with `load_state_dict` skips the steps already written and appends
-    after them, to the same file or run.
+    It writes the rows `History` has already copied to the host (in batches of
+    128, a few hundred steps after they were logged), so it never makes the
+    loop wait for the device. When the loop ends (also on an exception or a
+    preemption), the rows left are copied, written, and the backend closed; a
+    later loop opens it again. `state_dict()` holds the last step written (and
+    the W&B or MLflow run id): a fresh logger given it with `load_state_dict`
+    appends after that step, to the same file or run.
 
     Example:
         >>> import io
@@ -255,19 +233,7 @@ class Logger(Callback):
         {'step': 2}
     """
 
-    hook: ClassVar[str | None] = "on_train_batch_end"  # where train_loop(callbacks=[...]) places it
-
-    __slots__ = (
-        "_date_start",
-        "_history",
-        "_last_step",
-        "_next_row",
-        "_own",
-        "_own_next",
-        "_plans",
-        "_resume_after",
-        "_sink",
-    )
+    hook: ClassVar[str | None] = "on_train_batch_end"
 
     def __init__(self, sink: Sink) -> None:
         self._sink = sink
@@ -289,22 +255,11 @@ class Logger(Callback):
     # ------------------------------------------------------------------ as a loop callback
 
     def __loop_callback__(self, loop_state: LoopState[S]) -> CallbackOutput[S]:
-        """Hands the rows the loop's History has copied to the host since the last call to the sink."""
-        history = loop_state.history
-        if history is not self._history:
-            self._follow(history, loop_state)
-        on_host = history.on_host + history.dropped
-        if on_host > self._next_row:
-            self._next_row = self._drain(history, self._next_row, on_host, self._date_start)
+        self._drain_loop(loop_state, ended=False)
         return _NO_LOGS, loop_state.state
 
     def on_start(self, loop_state: LoopState[Any]) -> None:
-        """Refuses a loop that would write steps this logger already wrote (a logger reused by a new loop).
-
-        Raises:
-            ValueError: if the loop starts at or before the last step written,
-                unless the loop resumed this logger's own run from a backup.
-        """
+        """Refuses a loop starting at or before the last step written, unless it resumed this logger's run."""
         last, start = self._last_step, loop_state.elapsed.steps
         if last is not None and start <= last:
             raise ValueError(
@@ -314,25 +269,24 @@ class Logger(Callback):
             )
 
     def on_end(self, loop_state: LoopState[Any], error: BaseException | None) -> None:
-        """Copies the rows left on the device (one batched copy), writes them and closes the backend."""
-        history = loop_state.history
-        if history is not self._history:
-            self._follow(history, loop_state)
-        end = len(history) + history.dropped
-        self._next_row = self._drain(history, self._next_row, end, self._date_start)
+        self._drain_loop(loop_state, ended=True)
         self._sink.close()
 
-    def _follow(self, history: History, loop_state: LoopState[Any]) -> None:
-        self._history = history
-        self._next_row = history.dropped
-        self._date_start = loop_state.elapsed.date_start
+    def _drain_loop(self, loop_state: LoopState[Any], *, ended: bool) -> None:
+        """Writes the rows of the loop's History on the host (all of them once the loop `ended`)."""
+        history = loop_state.history
+        if history is not self._history:
+            self._history, self._next_row = history, history.dropped
+            self._date_start = loop_state.elapsed.date_start
+        upto = (len(history) if ended else history.on_host) + history.dropped
+        if upto > self._next_row:
+            self._next_row = self._drain(history, self._next_row, upto, self._date_start)
 
     def _drain(self, history: History, start: int, upto: int, date_start: float) -> int:
         """Writes rows [`start`, `upto`) of `history`, counted from its first row ever; returns `upto`.
 
-        Rows a bounded History dropped before they could be read are skipped.
-        The rows are read as History holds them (`host_rows`): each set of
-        entries is turned into a list of scalar columns once.
+        Rows a bounded History dropped are skipped; each set of entries is
+        turned into scalar columns once.
         """
         first, last = max(start - history.dropped, 0), upto - history.dropped
         if last <= first:
@@ -349,7 +303,7 @@ class Logger(Callback):
                 if paths not in plans:
                     plans[paths] = _scalar_columns(paths)
                 columns = plans[paths]
-            found = _scalars_at(columns, values) if columns is not None else _row_scalars(paths, values)
+            found = _row_scalars(paths, values, columns)
             if found:
                 rows.append(Row(step, date_start + seconds, found))
         if rows:
@@ -360,12 +314,7 @@ class Logger(Callback):
     # ------------------------------------------------------------------ by hand
 
     def write(self, step: int, logs: LogsLike) -> None:
-        """Logs `logs` at `step` from a hand-written loop; does not wait on the device.
-
-        The values are kept as they are (device arrays too) and copied to the
-        host in batches, as a loop's History does; `flush` or `close` writes what
-        is left.
-        """
+        """Logs `logs` at `step` from a hand-written loop, copied in batches as History does; never waits."""
         own = self._own
         if own is None:
             own = self._own = History()
@@ -403,8 +352,7 @@ class Logger(Callback):
     def state_dict(self) -> dict[str, Any]:
         """The last step written (`step`, None before any) and what the backend needs to resume.
 
-        The backend is flushed first (to disk, for the file backends): a backup
-        holding this state claims only rows that survive a kill.
+        The backend is flushed first: a backup holding this state claims only rows that survive a kill.
         """
         self._sink.flush()
         return {"step": self._last_step, **self._sink.state()}

@@ -3,43 +3,34 @@
 from __future__ import annotations
 
 import csv
+import io
 import json
 import os
-import tempfile
 from collections.abc import Mapping, Sequence
 from typing import Any, final
 
 from ciclo._src.base.checks import warn
 from ciclo._src.base.files import open_own, write_atomically
 from ciclo._src.base.reprs import short
-from ciclo._src.callbacks._loggers._base import HParams, Logger, Row, checked_hparams
+from ciclo._src.callbacks._loggers._base import HParams, Logger, Row, Sink, checked_hparams
 
 STEP = "step"
 """The first column: the History's step."""
 
 
 @final
-class CsvSink:
+class CsvSink(Sink):
     """Writes rows to a CSV file whose header is every entry seen so far; see `ciclo.csv_logger`."""
 
     def __init__(self, path: str | os.PathLike[str], hparams: HParams | None = None) -> None:
         if not isinstance(path, (str, os.PathLike)):
             raise TypeError(f"path must be a file path, got {short(path)}")
         self.path = os.fspath(path)
+        self.hparams_path = os.path.splitext(self.path)[0] + ".hparams.json"  # log.csv -> log.hparams.json
         self._hparams = dict(hparams or {})
-        self._columns: list[str] | None = None  # None: the file is not opened yet
+        self._columns: list[str] | None = None  # the header; None: the file is not opened yet
         self._after_step: int | None = None
         self._resumed = False
-
-    @property
-    def columns(self) -> list[str]:
-        """The header: `step`, then the entries in the order they first appeared."""
-        return [STEP] if self._columns is None else list(self._columns)
-
-    @property
-    def hparams_path(self) -> str:
-        """Where the hyperparameters are written: `log.csv` -> `log.hparams.json`."""
-        return os.path.splitext(self.path)[0] + ".hparams.json"
 
     def _open(self) -> list[str]:
         """The columns of the file to append to: a new file, or a resumed run's file."""
@@ -96,18 +87,11 @@ class CsvSink:
 
     def _replace(self, header: list[str], rows: Sequence[Sequence[Any]]) -> None:
         """Writes the whole file anew, atomically: a reader sees the old file or the new one."""
-        directory = os.path.dirname(os.path.abspath(self.path))
-        os.makedirs(directory, exist_ok=True)
-        descriptor, temporary = tempfile.mkstemp(dir=directory, prefix=".ciclo-", suffix=".csv")
-        try:
-            with os.fdopen(descriptor, "w", newline="") as file:
-                writer = csv.writer(file)
-                writer.writerow(header)
-                writer.writerows(rows)
-            os.replace(temporary, self.path)
-        except BaseException:
-            os.unlink(temporary)
-            raise
+        text = io.StringIO()
+        writer = csv.writer(text)
+        writer.writerow(header)
+        writer.writerows(rows)
+        write_atomically(self.path, text.getvalue())
 
     def write(self, rows: Sequence[Row]) -> None:
         """Appends one line per row; when new entries appear, rewrites the file with the wider header."""
@@ -133,13 +117,6 @@ class CsvSink:
             with open_own(self.path, "r") as file:
                 os.fsync(file.fileno())
 
-    def close(self) -> None:
-        """Nothing to hold: a later write appends to the same file."""
-
-    def state(self) -> dict[str, Any]:
-        """Nothing besides the last step."""
-        return {}
-
     def restore(self, state: Mapping[str, Any], after_step: int | None) -> None:
         """Appends to the existing file, after dropping its rows of steps after `after_step`."""
         self._resumed = True
@@ -161,21 +138,18 @@ def _shown(hparams: Mapping[str, Any], name: str) -> str:
 def csv_logger(path: str | os.PathLike[str], *, hparams: Mapping[str, Any] | None = None) -> Logger:
     """A logger that writes one CSV row per logged step: `step`, then a column per entry.
 
-    The header is the union of the entries seen so far, in the order they first
-    appeared; a row leaves empty the entries its step did not log (the test
-    entries of steps without an evaluation, say). When new entries appear (the
+    The header is the entries seen so far, in the order they first appeared; a
+    row leaves empty those its step did not log. When new entries appear (the
     first evaluation's `loss_test`), the file is rewritten with the wider header
-    atomically (a new file moved over the old one), so a reader never sees a
-    half-written file; this happens once per new entry, not per step. Values
-    are written exactly (Python's shortest round-trip form). The standard
-    library's `csv` writes it: no extra needed.
+    atomically, so a reader never sees a half-written file (once per new entry,
+    not per step). Values are written exactly (Python's shortest round-trip
+    form), by the standard library's `csv`: no extra needed.
 
     A new logger starts a new file (replacing one at `path`); one restored with
-    `load_state_dict` appends to it, after dropping any rows of steps
-    after the restored step. `hparams` go to a JSON file beside the CSV
-    (`log.csv` -> `log.hparams.json`), written whole when the file opens; a
-    restored logger keeps the file its run started with, and warns, naming
-    each name with both values, when it was given other hparams.
+    `load_state_dict` appends to it, after dropping rows of later steps.
+    `hparams` go to a JSON file beside the CSV (`log.csv` -> `log.hparams.json`)
+    when the file opens; a restored logger keeps its run's file, and warns,
+    naming each name with both values, when given other hparams.
 
     Args:
         path: the CSV file (its directory is created if missing).

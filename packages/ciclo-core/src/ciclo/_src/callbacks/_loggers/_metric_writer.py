@@ -6,11 +6,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any, final
 
 from ciclo._src.base.reprs import short
-from ciclo._src.callbacks._loggers._base import HParams, Logger, Row, checked_hparams
+from ciclo._src.callbacks._loggers._base import HParams, Logger, Row, Sink, checked_hparams
 
 
 @final
-class MetricWriterSink:
+class MetricWriterSink(Sink):
     """Writes rows with `writer.write_scalars(step, scalars)`; see `ciclo.metric_writer_logger`."""
 
     def __init__(self, writer: Any, hparams: HParams | None = None) -> None:
@@ -39,10 +39,6 @@ class MetricWriterSink:
     def close(self) -> None:
         """Flushes the writer; closing it is left to its owner, who may write more with it."""
         self.writer.flush()
-
-    def state(self) -> dict[str, Any]:
-        """Nothing besides the last step."""
-        return {}
 
     def restore(self, state: Mapping[str, Any], after_step: int | None) -> None:
         """Nothing to restore; the hparams were written with the first rows, if there were any."""

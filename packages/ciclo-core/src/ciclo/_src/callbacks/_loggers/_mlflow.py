@@ -6,14 +6,14 @@ from collections.abc import Mapping, Sequence
 from typing import Any, final
 
 from ciclo._src.base.reprs import short
-from ciclo._src.callbacks._loggers._base import HParams, Logger, Row, checked_hparams, import_extra
+from ciclo._src.callbacks._loggers._base import HParams, Logger, Row, Sink, checked_hparams, import_extra
 
 _BATCH = 1000
 """The most metric values MLflow takes in one `log_batch` call."""
 
 
 @final
-class MlflowSink:
+class MlflowSink(Sink):
     """Logs rows to an MLflow run with `MlflowClient.log_batch`; see `ciclo.mlflow_logger`."""
 
     def __init__(

@@ -13,7 +13,7 @@ from typing import Any, final
 
 from ciclo._src.base.files import open_own
 from ciclo._src.base.reprs import short
-from ciclo._src.callbacks._loggers._base import HParams, Logger, Row, checked_hparams, import_extra
+from ciclo._src.callbacks._loggers._base import HParams, Logger, Row, Sink, checked_hparams, import_extra
 
 _DOUBLE = struct.Struct("<d").pack
 _FLOAT = struct.Struct("<f").pack
@@ -76,11 +76,10 @@ class _EventFile:
     step to step: they are computed once per length.
     """
 
-    def __init__(self, path: str, crc32c: Callable[[bytes], int], first_event: bytes) -> None:
+    def __init__(self, path: str, crc32c: Callable[[bytes], int]) -> None:
         self._file = open_own(path, "ab")  # closed by `close`; never written through a link
         self._crc32c = crc32c
         self._headers: dict[int, bytes] = {}
-        self.write(first_event)
 
     def _masked(self, data: bytes) -> bytes:
         # TFRecord's masked CRC-32C (rotate right by 15, add a constant), as tensorboardX's
@@ -107,7 +106,7 @@ class _EventFile:
 
 
 @final
-class TensorBoardSink:
+class TensorBoardSink(Sink):
     """Writes rows as TensorBoard scalar events to a new event file in `logdir`; see `ciclo.tensorboard`."""
 
     def __init__(self, logdir: str | os.PathLike[str], hparams: HParams | None = None) -> None:
@@ -126,26 +125,23 @@ class TensorBoardSink:
         # Named as tensorboardX names them, by the second: a writer opened again within one second (a
         # resumed run) would overwrite the first file. The nanosecond suffix keeps each file,
         # in the order TensorBoard reads them.
-        now = time.time()
+        now, event = time.time(), self._events.Event
         name = f"events.out.tfevents.{int(now)}.{socket.gethostname()}.{time.time_ns()}"
-        version = self._events.Event(wall_time=now, file_version="brain.Event:2").SerializeToString()
-        writer = _EventFile(os.path.join(self.logdir, name), self._crc32c, version)
-        if self._resume_step is not None:
-            # TensorBoard's reader drops the events of earlier files at this step and after: those a
-            # killed run wrote after its backup, which the resumed run writes again.
+        events = [event(wall_time=now, file_version="brain.Event:2")]
+        if self._resume_step is not None:  # see `restore`
             start = self._events.SessionLog(status=self._events.SessionLog.START)
-            event = self._events.Event(wall_time=time.time(), step=self._resume_step, session_log=start)
-            writer.write(event.SerializeToString())
+            events.append(event(wall_time=now, step=self._resume_step, session_log=start))
             self._resume_step = None
         if self._hparams:
             # The hparams plugin's experiment and session summaries, as tensorboardX's add_hparams
             # writes them, but in this run's own directory: the run is the session.
             summary = import_extra("tensorboardX.summary", "tensorboard", "ciclo.tensorboard")
             experiment, session_start, _ = summary.hparams(self._hparams, {})
-            for part in (experiment, session_start):
-                event = self._events.Event(wall_time=time.time(), step=0, summary=part)
-                writer.write(event.SerializeToString())
+            events += [event(wall_time=now, step=0, summary=part) for part in (experiment, session_start)]
             self._hparams = {}
+        writer = _EventFile(os.path.join(self.logdir, name), self._crc32c)
+        for each in events:
+            writer.write(each.SerializeToString())
         return writer
 
     def write(self, rows: Sequence[Row]) -> None:
@@ -168,15 +164,10 @@ class TensorBoardSink:
             self._writer.close()
             self._writer = None
 
-    def state(self) -> dict[str, Any]:
-        """Nothing besides the last step: a resumed logger writes a new file in the same `logdir`."""
-        return {}
-
     def restore(self, state: Mapping[str, Any], after_step: int | None) -> None:
-        """Marks the new event file with a `SessionLog.START` at the step after `after_step`.
+        """Starts the new event file with a `SessionLog.START` at the step after `after_step`.
 
-        TensorBoard then drops the events of earlier files from that step on (what
-        a killed run wrote after its backup), so each step is read once.
+        TensorBoard's reader then drops the events of earlier files from that step on.
         """
         self._resume_step = 0 if after_step is None else after_step + 1
         if after_step is not None:  # rows were written: the first event file holds the hparams
@@ -189,16 +180,13 @@ class TensorBoardSink:
 def tensorboard(logdir: str | os.PathLike[str], *, hparams: Mapping[str, Any] | None = None) -> Logger:
     """A logger that writes every scalar entry to TensorBoard event files in `logdir`.
 
-    No TensorFlow needed: the files are written with tensorboardX (the
-    `tensorboard` extra: `pip install "ciclo-core[tensorboard]"`). Each logged
-    step is one event holding its scalar entries (`loss`, `accuracy`,
-    `loss_test`, ...) at the History's step. Each time the logger opens (a loop,
-    a resumed run) it starts a new event file in `logdir`; TensorBoard reads
-    them all. A resumed run's file starts with a `SessionLog.START` at its first
-    step, so TensorBoard drops what the killed run wrote from there on.
-    View with `tensorboard --logdir <logdir>`. `hparams` go to the first event
-    file as the TensorBoard hparams plugin's experiment and session start, so
-    the HPARAMS tab lists the run with them.
+    No TensorFlow needed: tensorboardX writes the files (`pip install
+    "ciclo-core[tensorboard]"`). Each logged step is one event holding its
+    scalar entries at the History's step. Each time the logger opens (a loop, a
+    resumed run) it starts a new event file in `logdir`; a resumed run's starts
+    with a `SessionLog.START` at its first step, so TensorBoard drops what the
+    killed run wrote from there on. `hparams` go to the first event file as the
+    hparams plugin's experiment and session start (the HPARAMS tab).
 
     Args:
         logdir: the directory of the event files (created if missing).

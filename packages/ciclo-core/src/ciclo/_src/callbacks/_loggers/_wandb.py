@@ -9,11 +9,11 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, final
 
-from ciclo._src.callbacks._loggers._base import HParams, Logger, Row, checked_hparams, import_extra
+from ciclo._src.callbacks._loggers._base import HParams, Logger, Row, Sink, checked_hparams, import_extra
 
 
 @final
-class WandbSink:
+class WandbSink(Sink):
     """Logs rows to a W&B run, one `run.log(scalars, step=step)` per row; see `ciclo.wandb_logger`."""
 
     def __init__(self, run: Any, init_kwargs: Mapping[str, Any], hparams: HParams | None = None) -> None:
@@ -48,9 +48,6 @@ class WandbSink:
         log = self.run.log
         for row in rows:
             log(dict(row.scalars), step=row.step, commit=True)
-
-    def flush(self) -> None:
-        """Nothing to do: W&B's own process sends what `run.log` was given."""
 
     def close(self) -> None:
         """Finishes the run the logger started (a run passed to `wandb_logger` is left running)."""
