@@ -42,7 +42,6 @@ from ciclo._src.logs.logs import LogsLike
 from ciclo._src.resume.orbax_io import (
     TMP_MARK,
     abstract,
-    barrier_prefix,
     check_structure,
     epath,
     is_single_leaf,
@@ -203,9 +202,7 @@ def _restore(manager: Any, directory: str, target: T, step: object, monitor: str
     # dtypes=False: restoring a checkpoint casts to the target's dtype (docs/guide.md).
     check_structure(stored_tree(manager, resolved), item, "the checkpoint", where, dtypes=False)
     # Under several processes, a checkpoint one of them cannot read raises on all of them.
-    restored = restore_everywhere(
-        manager, resolved, orbax().args.StandardRestore(item), barriers=barrier_prefix(_BARRIERS, directory)
-    )
+    restored = restore_everywhere(manager, resolved, orbax().args.StandardRestore(item))
     return typing.cast(T, restored["state"] if wrapped else restored)
 
 
@@ -683,7 +680,7 @@ def restore_checkpoint(directory: str | os.PathLike[str], target: T, *, step: St
         raise FileNotFoundError(f"checkpoint directory {path} does not exist")
     check_closed(path, "the checkpoint directory")
     settings = _read_settings(path) or _settings(None, "min")
-    monitor, mode = settings["monitor"], settings["mode"] or "min"
+    monitor, mode = settings["monitor"], typing.cast(Mode, settings["mode"] or "min")
     manager = _open_manager(path, keep=None, monitor=monitor, mode=mode, async_save=False, create=False)
     try:
         return _restore(manager, path, target, step, monitor)
