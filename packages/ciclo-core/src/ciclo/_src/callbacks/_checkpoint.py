@@ -222,27 +222,23 @@ def _steps_done(loop_state: LoopState[Any]) -> int:
 class Checkpoint(Callback):
     """Saves the loop's state with orbax and keeps the latest or the best checkpoints.
 
-    Create one with `ciclo.checkpoint`. A `Checkpoint` is a callback: put it under
-    a schedule in `ciclo.loop` (`{ciclo.at_step_end(ciclo.every(steps=1000)): [ckpt]}`),
-    pass it to `ciclo.train_loop(callbacks=[...])` (it runs on `on_epoch_end`), or
-    call `ckpt(elapsed, state, logs)` in a hand-written loop. Each checkpoint is
-    numbered with the steps completed: the checkpoint of step N holds the state
-    after N updates (a managed state's `step`). In a loop's task that is the
-    task's `elapsed.steps` plus the step's batch (a plain `every(1000)` saves
-    after steps 1, 1001, ...; `at_step_end(every(1000))` after 1000, 2000, ...).
+    Create one with `ciclo.checkpoint`. Put it under a schedule in `ciclo.loop`
+    (`{ciclo.at_step_end(ciclo.every(steps=1000)): [ckpt]}`), pass it to
+    `ciclo.train_loop(callbacks=[...])` (it runs on `on_epoch_end`), or call
+    `ckpt(elapsed, state, logs)` in a hand-written loop. In a loop's task the
+    steps completed are the task's `elapsed.steps` plus the step's batch (a
+    plain `every(1000)` saves after steps 1, 1001, ...; `at_step_end(every(1000))`
+    after 1000, 2000, ...).
 
     A step at or before the newest checkpoint, in the directory or already saved,
-    is skipped: calling it twice at one step saves once, and a resumed run does
-    not rewrite the checkpoint it resumed from. A state whose monitored value
-    (without `monitor`: its `loss` entry, when logged) is NaN or infinite is not
-    saved, so a diverged state never becomes the latest or the best.
+    is skipped. A state whose monitored value (without `monitor`: its `loss`
+    entry, when logged) is NaN or infinite is not saved, so a diverged state
+    never becomes the latest or the best.
 
-    Saves run in the background: `save()` returns once the state is copied off
-    the device, and the checkpoint is complete (durable, listed in a new
-    process) a little later (about 0.1 s for a small state). The loop waits for
-    them when it ends (`on_end`), and `wait()` or `close()` do the same in
-    a hand-written loop; Ctrl-C is held back until a save in flight is started
-    or finished, so a finished checkpoint is never lost.
+    `save()` returns once the state is copied off the device; the checkpoint is
+    complete a little later. The loop waits for the saves in flight when it ends
+    (`on_end`), `wait()` and `close()` do in a hand-written loop; Ctrl-C is held
+    back until a save in flight is started or finished.
 
     Example:
         >>> import tempfile

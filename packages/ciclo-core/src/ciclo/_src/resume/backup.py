@@ -116,9 +116,8 @@ class Backup:
         )
 
     def callback(self, kind: str, *, default_every: Any = None) -> BackupCallback:
-        """This backup as a loop's callback: what `backup=` adds, for `run_phases(callbacks=[...])`.
+        """This backup as a loop's callback, for `run_phases(callbacks=[...])`: put it first.
 
-        Put it first: it restores the run before the other callbacks start.
         `kind` names the loop in its backups (a backup of another kind is
         refused); `default_every` is how often to back up when `every` is None.
         """
@@ -313,7 +312,7 @@ def _check_rows(part: dict[str, Any], where: str, first: int) -> None:
             )
         for (collection, name), value in zip(paths, values, strict=True):
             numeric = isinstance(value, (np.ndarray, np.generic)) and value.dtype.kind in "biufc"
-            if not numeric and (not isinstance(value, (bool, int, float)) or isinstance(value, str)):
+            if not numeric and not isinstance(value, (bool, int, float)):
                 raise ValueError(f"{row}: {collection}.{name} is {short(value)}, not a number or an array")
         if not (isinstance(elapsed, tuple) and len(elapsed) == 3 and _is_time(elapsed[2])) or not all(
             map(_is_count, elapsed[:2])
@@ -376,8 +375,9 @@ class Session:
             max_to_keep=spec.keep,
         )
         self.last_saved: int | None = None
-        self._chunks: list[tuple[int, int]] = []  # the History chunks of the newest backup
-        self._recent: list[list[tuple[int, int]]] = []  # those of the backups that may still be kept
+        self._recent: list[
+            list[tuple[int, int]]
+        ] = []  # the History chunks of the backups still kept, newest last
 
     def _check_marker(self) -> None:
         path = os.path.join(self.spec.directory, _MARKER)
@@ -387,9 +387,7 @@ class Session:
         # processes, process 0 writes the marker and may already be saving: the others leave the
         # check of orbax's step directories to it, and may see the marker appear after looking for it.
         ours = re.compile(
-            r"ciclo_backup\.(json|lock)(\.tmp)?|history"
-            if jax.process_index() == 0
-            else r"ciclo_backup\.(json|lock)(\.tmp)?|history|\d+(\..*)?"
+            r"ciclo_backup\.(json|lock)(\.tmp)?|history" + (r"|\d+(\..*)?" if jax.process_index() else "")
         )
         entries = [e for e in os.listdir(self.spec.directory) if not ours.fullmatch(e)]
         if entries:
@@ -403,9 +401,7 @@ class Session:
     def restore(self, target: Any) -> Restored | None:
         """The newest backup that can be read, restored into the structure, shapes and shardings of `target`.
 
-        A newer backup that cannot be read (a damaged file, a document that is
-        not ciclo's) is warned about with what failed, then deleted once an
-        older one is restored, so that the run saves its steps again.
+        Newer ones that cannot be read are warned about, then deleted (the run saves their steps again).
 
         Raises:
             ValueError: if no backup in the directory can be read, naming each
@@ -448,11 +444,9 @@ class Session:
         # The options that give the arrays their meaning (accumulate_steps, ...), before the arrays.
         changed = check_static_options(fields["options"], target, where)
         target_tree = abstract(target)
-        stored = stored_tree(self.manager, step, "state")
         # Compared before orbax reads anything: its own errors name no leaf.
-        check_structure(
-            None if stored is None else stored["state"], target_tree, "the backup", where, dtypes=True
-        )
+        stored = stored_tree(self.manager, step, "state", "state")  # saved wrapped, as {"state": state}
+        check_structure(stored, target_tree, "the backup", where, dtypes=True)
         items = {"state": ocp.args.StandardRestore({"state": target_tree})}
         if fields["kept"]:  # trees shaped like the loop's state (an early stopping's best state)
             items["kept"] = ocp.args.StandardRestore({name: target_tree for name in fields["kept"]})
@@ -466,9 +460,7 @@ class Session:
         item = from_json(fields["history"], f"{document}: history")
         chunks = _checked_chunks(item, f"{document}: history")
         history = self._read_history(item, chunks, f"{document}: history")
-        self.last_saved = step
-        self._chunks = chunks
-        self._recent = [chunks]
+        self.last_saved, self._recent = step, [chunks]
         if changed:
             _log.warning(
                 "the backup at step %d in %s was written with other options than this run's state has "
@@ -521,7 +513,7 @@ class Session:
     def _history_item(self, history: Any) -> dict[str, Any]:
         """The document's history field; writes the rows since the last backup as a new chunk."""
         dropped, total = history.dropped, history.dropped + len(history)
-        chunks = [chunk for chunk in self._chunks if chunk[1] > dropped]
+        chunks = [chunk for chunk in (self._recent[-1] if self._recent else []) if chunk[1] > dropped]
         written = chunks[-1][1] if chunks else dropped
         rows = history.to_host(written)
         if total > written:
@@ -531,7 +523,6 @@ class Session:
                     os.path.join(self.spec.directory, _HISTORY_DIR), f"rows-{written}-{total}.json", part
                 )
             chunks.append((written, total))
-        self._chunks = chunks
         self._recent = [*self._recent, chunks][-(self.spec.keep + 1) :]
         return {
             "chunks": [list(chunk) for chunk in chunks],
@@ -558,23 +549,17 @@ class Session:
         return bool(self.schedule(now()))
 
     def save(
-        self,
-        state: Any,
-        elapsed: Elapsed,
-        history: Any,
-        callbacks: dict[str, Any],
-        position: int,
-        samples: int,
-        iterator_state: Any,
-        *,
-        finished: bool,
-        wait: bool,
+        self, loop_state: LoopState[Any], samples: int, iterator_state: Any, *, finished: bool, wait: bool
     ) -> None:
         """Saves a backup numbered by the steps completed; `wait` blocks until it is on disk.
+
+        `samples`: those this run drew (the dataset position's check);
+        `iterator_state`: the dataset iterator's `get_state()`, if it has one.
 
         A state holding NaN or inf is not saved (nor marked finished): the newest
         finite backup stays the resume point, and no rotation deletes it.
         """
+        state, elapsed = loop_state.state, loop_state._clock.now()
         step = int(elapsed.steps)
         if step == self.last_saved and not finished:
             return
@@ -595,7 +580,7 @@ class Session:
                 state_structure=None if jax.tree_util.treedef_is_leaf(structure) else structure,
                 kept=kept,
             )
-            for name, value in callbacks.items()
+            for name, value in loop_state.state_dicts().items()
         }
         loop_item = {
             "format": _FORMAT,
@@ -610,9 +595,9 @@ class Session:
                 float(elapsed.time),
                 float(elapsed.date_start),
             ],
-            "history": to_json(self._history_item(history), "the history"),
+            "history": to_json(self._history_item(loop_state.history), "the history"),
             "callbacks": callbacks_data,
-            "position": int(position),
+            "position": int(loop_state._drawn),
             "samples": int(samples),
             "iterator_state": to_json(iterator_state, "the dataset iterator's get_state()"),
             "kept": sorted(kept),
@@ -712,19 +697,15 @@ class BackupCallback(Callback):
                 directory,
                 "; ".join(changes),
             )
+        skipped = restored.skipped and f" (newer backups at steps {list(restored.skipped)} could not be read)"
+        finished = " (a finished run)" if restored.finished else ""
         announce(
-            "ciclo: resumed %s from the backup at step %d in %s%s",
+            "ciclo: resumed %s from the backup at step %d in %s%s%s",
             self.kind,
             restored.step,
             directory,
-            "".join(
-                [
-                    " (a finished run)" if restored.finished else "",
-                    f" (newer backups at steps {list(restored.skipped)} could not be read)"
-                    if restored.skipped
-                    else "",
-                ]
-            ),
+            finished,
+            skipped or "",
         )
         clock = loop_state._clock = Clock(restored.elapsed, loop_state._clock.batch_size_fn)
         loop_state.state, loop_state._now = restored.state, clock.now
@@ -754,7 +735,7 @@ class BackupCallback(Callback):
         guard, clock = self._guard, loop_state._clock
         if guard is None or loop_state.stop_iteration:
             return
-        if guard.active and guard.requested(clock.steps):
+        if guard.requested(clock.steps):
             assert guard.signum is not None
             self._save(loop_state, finished=False, wait=True)
             preempted = Preempted(guard.signum, clock.steps, self.spec.directory)
@@ -779,17 +760,9 @@ class BackupCallback(Callback):
                     self._guard = None
 
     def _save(self, loop_state: LoopState[Any], *, finished: bool, wait: bool) -> None:
-        clock = loop_state._clock
+        samples = loop_state._clock.samples - self._samples_before
         self._session.save(  # type: ignore[union-attr]
-            loop_state.state,
-            clock.now(),
-            loop_state.history,
-            loop_state.state_dicts(),
-            loop_state._drawn,
-            clock.samples - self._samples_before,
-            iterator_state(self._iterator),
-            finished=finished,
-            wait=wait,
+            loop_state, samples, iterator_state(self._iterator), finished=finished, wait=wait
         )
 
 
@@ -860,13 +833,7 @@ def _holder_alive(holder: dict[str, Any]) -> bool:
 
 
 def _lock(directory: str) -> int | None:
-    """Takes the directory's lock for this process (process 0 of several): its open descriptor, else None.
-
-    The lock is an `flock` on `ciclo_backup.lock`, which the kernel releases
-    when the holder dies however it dies, so a SIGKILLed run (a container's
-    pid 1 too) never blocks the next. The file names the holder (host, pid,
-    start time) for the messages. A lock whose holder is gone, empty or
-    unreadable is taken over with a warning naming the old holder.
+    """Takes the directory's lock (docs/resume.md, "The lock") in process 0: its open descriptor, else None.
 
     Raises:
         FileExistsError: if a live process holds it, naming its pid and host.

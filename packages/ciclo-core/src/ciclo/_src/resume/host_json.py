@@ -1,17 +1,10 @@
 """Host values as JSON data: what a backup stores of a loop besides its state.
 
-`to_json` turns numbers, strings, lists, tuples, dicts, bytes, numpy arrays and
-JAX arrays (typed PRNG keys too) into plain JSON: numbers, strings, lists and
-dicts, with a few tagged forms (`{"$array": ...}`, `{"$tuple": [...]}`, ...).
-`from_json` turns them back, checking every tag and value; it builds numpy
-arrays from their bytes with `np.frombuffer` and never runs code from the data
-(no pickle anywhere). Any other value is refused where it is encoded, with the
-path of the value in the error.
-
-A value whose pytree structure is the loop state's (an early stopping's best
-state) is not JSON: `to_json` hands it to `kept` and stores a reference
-(`{"$state": "0"}`); the backup saves those with orbax, next to the state, and
-`from_json` puts the restored trees back in their places.
+`to_json` writes numbers, strings, lists, dicts, and tagged forms for the rest
+(`{"$array": ...}`, `{"$tuple": [...]}`, ...); any other value is refused, named
+by its path. `from_json` checks every tag and value and never runs code from
+the data (no pickle). A tree shaped like the loop state (an early stopping's
+best state) goes to `kept`, saved by orbax, and is stored as `{"$state": "0"}`.
 """
 
 from __future__ import annotations

@@ -338,12 +338,12 @@ def _leaf_table(tree: Any) -> dict[tuple[str, ...], tuple[str, Any, Any]]:
     return table
 
 
-def stored_tree(manager: Any, step: int, item: str | None = None) -> Any:
-    """The tree of array metadata orbax stored for `step` (its `item`), or None where it has none."""
+def stored_tree(manager: Any, step: int, *keys: str) -> Any:
+    """The tree of array metadata orbax stored for `step` (under `keys`), or None where it has none."""
     try:
         metadata = manager.item_metadata(step)
-        if item is not None:
-            metadata = metadata[item]
+        for key in keys:
+            metadata = getattr(metadata[key], "tree", metadata[key])
         return getattr(metadata, "tree", metadata)
     except Exception:  # noqa: BLE001 - no metadata to compare with (an older format): orbax's own checks remain
         return None

@@ -65,11 +65,6 @@ class SignalGuard:
         signals = (signal.SIGTERM,) if sigterm and not sync_point else ()
         return cls(signals + ((signal.SIGINT,) if sigint else ()), sync_point=sync_point)
 
-    @property
-    def active(self) -> bool:
-        """Whether anything can ask the loop to stop: a handler installed, or the sync point."""
-        return bool(self._previous) or self.sync_point
-
     def _handle(self, signum: int, frame: Any) -> None:
         if self.signum is not None and signum == signal.SIGINT:
             self.forced = True
@@ -78,15 +73,12 @@ class SignalGuard:
 
     def requested(self, steps: int) -> bool:
         """Whether to stop after the step that ended at `steps`."""
-        if self.signum is not None:
-            return True
-        if self.sync_point:
+        if self.signum is None and self.sync_point:
             from jax.experimental import multihost_utils
 
             if multihost_utils.reached_preemption_sync_point(steps):
                 self.signum = signal.SIGTERM
-                return True
-        return False
+        return self.signum is not None
 
     def release(self) -> None:
         """Gives the signals back to the handlers they had."""
