@@ -45,6 +45,7 @@ from ciclo._src.resume.orbax_io import (
     abstract,
     announce,
     check_structure,
+    is_single_leaf,
     note_lost_peer,
     open_manager,
     orbax,
@@ -231,15 +232,12 @@ _LOOP_FIELDS |= {"samples", "iterator_state", "kept", "options"}
 
 
 def _stop_period(fields: Any, where: str) -> Period | None:
+    """The document's `stop`: null, or `[steps, samples, time, date]` that `Period` checks."""
     if fields is None:
         return None
-    if (
-        not isinstance(fields, list)
-        or len(fields) != 4
-        or not all(x is None or (isinstance(x, (int, float)) and not isinstance(x, bool)) for x in fields)
-    ):
-        raise ValueError(f"{where}: stop is {short(fields)}, not null or [steps, samples, time, date]")
     try:
+        if not isinstance(fields, list) or len(fields) != 4:
+            raise TypeError("not null or [steps, samples, time, date]")
         return Period(*fields)
     except (TypeError, ValueError) as error:
         raise ValueError(f"{where}: stop is {short(fields)}: {error}") from None
@@ -571,30 +569,18 @@ class Session:
                 "none yet" if self.last_saved is None else f"step {self.last_saved}",
             )
             return
-        structure = jax.tree.structure(state)
         kept: dict[str, Any] = {}
+        structure = None if is_single_leaf(state) else jax.tree.structure(state)
         callbacks_data = {
-            name: to_json(
-                value,
-                f"the state of callback {name}",
-                state_structure=None if jax.tree_util.treedef_is_leaf(structure) else structure,
-                kept=kept,
-            )
+            name: to_json(value, f"the state of callback {name}", state_structure=structure, kept=kept)
             for name, value in loop_state.state_dicts().items()
         }
         loop_item = {
             "format": _FORMAT,
             "kind": self.kind,
-            "stop": None
-            if self.stop is None
-            else [self.stop.steps, self.stop.samples, self.stop.time, self.stop.date],
+            "stop": None if self.stop is None else list(dataclasses.astuple(self.stop)),
             "finished": finished,
-            "elapsed": [
-                int(elapsed.steps),
-                int(elapsed.samples),
-                float(elapsed.time),
-                float(elapsed.date_start),
-            ],
+            "elapsed": [step, int(elapsed.samples), float(elapsed.time), float(elapsed.date_start)],
             "history": to_json(self._history_item(loop_state.history), "the history"),
             "callbacks": callbacks_data,
             "position": int(loop_state._drawn),
