@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
 import jax
 
 from ciclo._src.base.batches import steps_of
-from ciclo._src.base.checks import check_directory
+from ciclo._src.base.checks import check_bool, check_directory
 from ciclo._src.base.elapsed import Elapsed
 from ciclo._src.base.files import check_closed, write_atomically
 from ciclo._src.base.finite import all_finite
@@ -270,8 +270,7 @@ class Checkpoint(Callback):
     ) -> None:
         """Validates the arguments, creates `directory` and opens it; see `ciclo.checkpoint`."""
         for flag, value in (("async_save", async_save), ("overwrite", overwrite), ("resume", resume)):
-            if not isinstance(value, bool):
-                raise TypeError(f"{flag} must be a bool, got {short(value)}")
+            check_bool(value, flag)
         if resume and overwrite:
             raise ValueError("pass resume=True (save after the checkpoints) or overwrite=True, not both")
         if name is not None and (not isinstance(name, str) or not name):
@@ -290,10 +289,7 @@ class Checkpoint(Callback):
         self._async_save, self._overwrite = async_save, overwrite
         check_directory(self._directory, "checkpoint directory")
         check_closed(self._directory, "the checkpoint directory")
-        path = epath(self._directory)
-        if path.exists() and not path.is_dir():
-            raise NotADirectoryError(f"checkpoint directory {self._directory} exists and is not a directory")
-        if path.exists() and overwrite:
+        if overwrite and epath(self._directory).exists():
             _remove_all(self._directory)
         self._manager: Any = None
         steps = self.all_steps()

@@ -32,7 +32,7 @@ import jax
 import numpy as np
 
 from ciclo._src.base.batches import BatchSizeFn, count
-from ciclo._src.base.checks import check_directory
+from ciclo._src.base.checks import check_bool, check_directory
 from ciclo._src.base.elapsed import Clock, Elapsed, Period, make_elapsed
 from ciclo._src.base.files import check_closed, open_own, remove_own, write_atomically
 from ciclo._src.base.finite import all_finite
@@ -66,8 +66,7 @@ _log = logging.getLogger("ciclo")
 
 
 _FORMAT = 4
-"""The loop item's format: 4 records the state's static options, 3 the loop (kind, stop, samples drawn);
-1 held a pickle, never read."""
+"""The loop document's format (format 1 held a pickle: refused, never read)."""
 _MARKER = "ciclo_backup.json"
 """Written next to the checkpoints: says the directory holds ciclo backups."""
 _HISTORY_DIR = "history"
@@ -183,8 +182,7 @@ def backup(
         raise TypeError(f"backup directory must be a path, got {short(directory)}")
     if isinstance(keep, bool) or not isinstance(keep, int) or keep < 2:
         raise ValueError(f"keep must be an int >= 2 (a kill during a save must leave one), got {short(keep)}")
-    if not isinstance(sigint, bool):
-        raise TypeError(f"sigint must be a bool, got {short(sigint)}")
+    check_bool(sigint, "sigint")
     _schedule(every)  # checked now, not at the first step
     path = os.path.abspath(os.fspath(directory))
     check_directory(path, "backup directory")
@@ -373,9 +371,7 @@ class Session:
             max_to_keep=spec.keep,
         )
         self.last_saved: int | None = None
-        self._recent: list[
-            list[tuple[int, int]]
-        ] = []  # the History chunks of the backups still kept, newest last
+        self._recent: list[list[tuple[int, int]]] = []  # the History chunks of the kept backups, newest last
 
     def _check_marker(self) -> None:
         path = os.path.join(self.spec.directory, _MARKER)
