@@ -1,27 +1,15 @@
 """Checkpointing: save the loop's state with orbax, keep the latest or the best, restore it.
 
-`ciclo.checkpoint(directory)` returns a `Checkpoint`, a callback that saves the
-state with `orbax.checkpoint.CheckpointManager` (asynchronously by default) and
-keeps the most recent or, with `monitor`, the best checkpoints.
+`ciclo.checkpoint(directory)` returns a `Checkpoint` callback;
 `ciclo.restore_checkpoint(directory, target)` reads one back in any process.
-
-The monitored entry and mode are written to `ciclo_checkpoint.json` in the
-directory, so that "best" can be found later without restating them.
-
-Survival rules: a checkpoint is numbered with the steps completed, so the one of
-step N holds the state after N updates; a state whose monitored value (or,
-without `monitor`, whose `loss` entry) is NaN or infinite is never saved; Ctrl-C
-is held back while orbax starts or finishes a save; at start, unfinished
-`*.orbax-checkpoint-tmp*` directories are removed (by orbax) and `keep` is enforced; a run
-that neither resumed from a directory's checkpoints nor was told to overwrite
-them refuses to add its own.
-
-Everything orbax-specific (importing it, the manager's options, the structure
-check) is `ciclo._src.resume.orbax_io`, shared with backups.
+The monitor and mode that rank a directory's checkpoints are recorded in its
+`ciclo_checkpoint.json`, so that "best" is found later without restating them.
+Everything orbax-specific is `ciclo._src.resume.orbax_io`, shared with backups.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -33,7 +21,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
 import jax
 
 from ciclo._src.base.batches import steps_of
-from ciclo._src.base.checks import check_directory
+from ciclo._src.base.checks import check_bool, check_directory
 from ciclo._src.base.elapsed import Elapsed
 from ciclo._src.base.files import check_closed, write_atomically
 from ciclo._src.base.finite import all_finite
@@ -54,7 +42,6 @@ from ciclo._src.logs.logs import LogsLike
 from ciclo._src.resume.orbax_io import (
     TMP_MARK,
     abstract,
-    barrier_prefix,
     check_structure,
     epath,
     is_single_leaf,
@@ -80,9 +67,9 @@ SETTINGS_FILE = "ciclo_checkpoint.json"
 _STATE_KEYS = ("newest_step", "newest_at_start", "warned")
 
 _LOSS = "loss"
+"""Without `monitor`, the entry whose non-finite value keeps a state from being saved."""
 _BARRIERS = "ciclo_checkpoint"
 """The checkpoints' kind in orbax's barrier names (a backup's saves of the same step never wait on them)."""
-"""Without `monitor`, the entry whose non-finite value keeps a state from being saved."""
 
 _log = logging.getLogger("ciclo")
 
@@ -92,8 +79,8 @@ def _absolute_directory(directory: object) -> str:
         directory = os.fspath(directory)
     if not isinstance(directory, str):
         raise TypeError(
-            "directory must be a str or os.PathLike[str], "
-            f"got {short(directory)} of type {type(directory).__name__}"
+            f"directory must be a str or os.PathLike[str], got {short(directory)} of type "
+            f"{type(directory).__name__}"
         )
     if not directory:
         raise ValueError("directory must not be empty")
@@ -102,38 +89,13 @@ def _absolute_directory(directory: object) -> str:
     return os.path.abspath(os.path.expanduser(directory))
 
 
-def _check_keep(keep: object) -> int | None:
-    if keep is None:
-        return None
-    if isinstance(keep, bool) or not isinstance(keep, int):
-        raise TypeError(f"keep must be an int >= 1 or None, got {short(keep)}")
-    if keep < 1:
-        raise ValueError(f"keep must be >= 1 (or None to keep every checkpoint), got {short(keep)}")
-    return keep
-
-
-def _check_monitor(monitor: object) -> str | None:
-    if monitor is None:
-        return None
-    if not isinstance(monitor, str):
-        raise TypeError(
-            f"monitor must be an entry name such as 'loss' or 'metrics.loss', got {short(monitor)}"
-        )
-    if not monitor:
-        raise ValueError("monitor must be an entry name such as 'loss' or 'metrics.loss', got ''")
-    return monitor
-
-
 def _rank_fn(monitor: str, mode: Mode) -> Callable[[Any], float]:
     """The `best_fn` given to orbax: the monitored value, with missing or NaN values ranked worst."""
     worst = math.inf if mode == "min" else -math.inf
 
     def rank(metrics: Any) -> float:
         value = metrics.get(monitor) if isinstance(metrics, Mapping) else None
-        if value is None:
-            return worst
-        value = float(value)
-        return worst if math.isnan(value) else value
+        return worst if value is None or math.isnan(float(value)) else float(value)
 
     return rank
 
@@ -143,14 +105,7 @@ def _open_manager(
 ) -> Any:
     ocp = orbax()
     policies = ocp.checkpoint_managers
-    if monitor is None:
-        best_fn = None
-        preservation = policies.LatestN(n=keep)
-    else:
-        best_fn = _rank_fn(monitor, mode)
-        # orbax keeps the last `n` after an ascending sort; "min" sorts descending to keep the lowest.
-        preservation = policies.BestN(get_metric_fn=best_fn, reverse=mode == "min", n=keep)
-    # Naming the handler lets a manager opened later read a step's metadata (for the structure check).
+    best_fn = None if monitor is None else _rank_fn(monitor, mode)
     return open_manager(
         directory,
         _BARRIERS,
@@ -160,41 +115,43 @@ def _open_manager(
         # best_fn and best_mode still drive `best_step()` and whether metrics are written.
         best_fn=best_fn,
         best_mode=mode,
-        preservation_policy=preservation,
+        # orbax keeps the last `n` after an ascending sort; "min" sorts descending to keep the lowest.
+        preservation_policy=policies.LatestN(n=keep)
+        if best_fn is None
+        else policies.BestN(get_metric_fn=best_fn, reverse=mode == "min", n=keep),
     )
 
 
-def _read_settings(directory: str) -> tuple[str | None, Mode]:
-    """The monitor and mode recorded in `directory`; `(None, "min")` if none were."""
+def _settings(monitor: str | None, mode: Mode) -> dict[str, Any]:
+    """The ranking as `ciclo_checkpoint.json` records it: no mode without a monitor."""
+    return {"monitor": monitor, "mode": mode if monitor is not None else None}
+
+
+def _read_settings(directory: str) -> dict[str, Any] | None:
+    """The settings recorded in `directory`, checked; None if none were."""
     path = epath(directory) / SETTINGS_FILE
     if not path.exists():
-        return None, "min"
+        return None
     try:
         settings = json.loads(path.read_text())
-        monitor = settings["monitor"]
-        mode = settings["mode"]
-        if monitor is None:
-            return None, "min"
-        if not isinstance(monitor, str):
+        monitor, mode = settings["monitor"], settings["mode"]
+        if monitor is not None and not isinstance(monitor, str):
             raise TypeError(f"monitor is {short(monitor)}")
-        return monitor, check_mode(mode)
+        return _settings(monitor, "min" if monitor is None else check_mode(mode))
     except (ValueError, TypeError, KeyError) as error:
         raise ValueError(f"cannot read the checkpoint settings in {path}: {error}") from error
 
 
-def _write_settings(directory: str, monitor: str | None, mode: Mode) -> None:
+def _write_settings(directory: str, settings: dict[str, Any]) -> None:
     """Records the ranking, only when it changed, and atomically: a reader never sees half a file."""
-    if jax.process_index() != 0:
-        return
-    settings = {"monitor": monitor, "mode": mode if monitor is not None else None}
     text = json.dumps(settings, indent=2) + "\n"
     path = epath(directory) / SETTINGS_FILE
-    if path.exists() and path.read_text() == text:
+    if jax.process_index() != 0 or (path.exists() and path.read_text() == text):
         return
     if "://" in directory:
         path.write_text(text)  # object stores replace whole objects: already atomic
-        return
-    write_atomically(os.path.join(directory, SETTINGS_FILE), text)
+    else:
+        write_atomically(os.path.join(directory, SETTINGS_FILE), text)
 
 
 def _remove_all(directory: str) -> None:
@@ -238,35 +195,15 @@ def _resolve_step(manager: Any, directory: str, step: object, monitor: str | Non
 
 def _restore(manager: Any, directory: str, target: T, step: object, monitor: str | None) -> T:
     resolved = _resolve_step(manager, directory, step, monitor)
-    ocp = orbax()
     # orbax's StandardSave takes only containers, so a single-leaf state is saved as {"state": leaf}.
     wrapped = is_single_leaf(target)
     item = {"state": abstract(target)} if wrapped else abstract(target)
-    check_structure(
-        stored_tree(manager, resolved),
-        item,
-        "the checkpoint",
-        f"of step {resolved} in {directory}",
-        dtypes=False,  # restoring a checkpoint casts to the target's dtype (docs/guide.md)
-    )
+    where = f"of step {resolved} in {directory}"
+    # dtypes=False: restoring a checkpoint casts to the target's dtype (docs/guide.md).
+    check_structure(stored_tree(manager, resolved), item, "the checkpoint", where, dtypes=False)
     # Under several processes, a checkpoint one of them cannot read raises on all of them.
-    restored = restore_everywhere(
-        manager,
-        resolved,
-        ocp.args.StandardRestore(item),
-        barriers=barrier_prefix(_BARRIERS, directory),
-    )
+    restored = restore_everywhere(manager, resolved, orbax().args.StandardRestore(item))
     return typing.cast(T, restored["state"] if wrapped else restored)
-
-
-def _loss_value(logs: LogsLike) -> float | None:
-    """The `loss` entry as a float, when the logs hold it as a scalar (else None: nothing to check)."""
-    if not logs:
-        return None
-    try:
-        return monitored_value(logs, _LOSS)
-    except ValueError:  # a loss of several values (per example, say) is not a monitor's business
-        return None
 
 
 def _steps_done(loop_state: LoopState[Any]) -> int:
@@ -275,11 +212,8 @@ def _steps_done(loop_state: LoopState[Any]) -> int:
     A task's `elapsed` holds the counts before its step (the step's batch is
     added); in an `at_step_end` task it already holds them after.
     """
-    elapsed = loop_state.elapsed
-    now = loop_state._now
-    if loop_state._ended:  # on_end: no step in flight
-        return int(elapsed.steps)
-    if now is not None and elapsed.steps == now().steps:
+    elapsed, now = loop_state.elapsed, loop_state._now
+    if not loop_state._ended and now is not None and elapsed.steps == now().steps:
         return int(elapsed.steps) + steps_of(loop_state.batch)
     return int(elapsed.steps)
 
@@ -288,27 +222,23 @@ def _steps_done(loop_state: LoopState[Any]) -> int:
 class Checkpoint(Callback):
     """Saves the loop's state with orbax and keeps the latest or the best checkpoints.
 
-    Create one with `ciclo.checkpoint`. A `Checkpoint` is a callback: put it under
-    a schedule in `ciclo.loop` (`{ciclo.at_step_end(ciclo.every(steps=1000)): [ckpt]}`),
-    pass it to `ciclo.train_loop(callbacks=[...])` (it runs on `on_epoch_end`), or
-    call `ckpt(elapsed, state, logs)` in a hand-written loop. Each checkpoint is
-    numbered with the steps completed: the checkpoint of step N holds the state
-    after N updates (a managed state's `step`). In a loop's task that is the
-    task's `elapsed.steps` plus the step's batch (a plain `every(1000)` saves
-    after steps 1, 1001, ...; `at_step_end(every(1000))` after 1000, 2000, ...).
+    Create one with `ciclo.checkpoint`. Put it under a schedule in `ciclo.loop`
+    (`{ciclo.at_step_end(ciclo.every(steps=1000)): [ckpt]}`), pass it to
+    `ciclo.train_loop(callbacks=[...])` (it runs on `on_epoch_end`), or call
+    `ckpt(elapsed, state, logs)` in a hand-written loop. In a loop's task the
+    steps completed are the task's `elapsed.steps` plus the step's batch (a
+    plain `every(1000)` saves after steps 1, 1001, ...; `at_step_end(every(1000))`
+    after 1000, 2000, ...).
 
     A step at or before the newest checkpoint, in the directory or already saved,
-    is skipped: calling it twice at one step saves once, and a resumed run does
-    not rewrite the checkpoint it resumed from. A state whose monitored value
-    (without `monitor`: its `loss` entry, when logged) is NaN or infinite is not
-    saved, so a diverged state never becomes the latest or the best.
+    is skipped. A state whose monitored value (without `monitor`: its `loss`
+    entry, when logged) is NaN or infinite is not saved, so a diverged state
+    never becomes the latest or the best.
 
-    Saves run in the background: `save()` returns once the state is copied off
-    the device, and the checkpoint is complete (durable, listed in a new
-    process) a little later (about 0.1 s for a small state). The loop waits for
-    them when it ends (`on_end`), and `wait()` or `close()` do the same in
-    a hand-written loop; Ctrl-C is held back until a save in flight is started
-    or finished, so a finished checkpoint is never lost.
+    `save()` returns once the state is copied off the device; the checkpoint is
+    complete a little later. The loop waits for the saves in flight when it ends
+    (`on_end`), `wait()` and `close()` do in a hand-written loop; Ctrl-C is held
+    back until a save in flight is started or finished.
 
     Example:
         >>> import tempfile
@@ -327,94 +257,70 @@ class Checkpoint(Callback):
 
     hook: ClassVar[str | None] = "on_epoch_end"  # where train_loop(callbacks=[...]) places it
 
-    __slots__ = (
-        "_async_save",
-        "_directory",
-        "_found_newest",
-        "_keep",
-        "_manager",
-        "_mode",
-        "_monitor",
-        "_newest",
-        "_overwrite",
-        "_resumed",
-        "_warned",
-        "_name",
-        "__weakref__",
-    )
-
     def __init__(
         self,
         directory: str | os.PathLike[str],
-        *,
-        keep: int | None = 1,
-        monitor: str | None = None,
-        mode: ModeLike = "auto",
-        async_save: bool = True,
-        overwrite: bool = False,
-        resume: bool = False,
-        name: str | None = None,
+        keep: int | None,
+        monitor: str | None,
+        mode: ModeLike,
+        async_save: bool,
+        overwrite: bool,
+        resume: bool,
+        name: str | None,
     ) -> None:
         """Validates the arguments, creates `directory` and opens it; see `ciclo.checkpoint`."""
-        if not isinstance(resume, bool):
-            raise TypeError(f"resume must be a bool, got {type(resume).__name__}")
+        for flag, value in (("async_save", async_save), ("overwrite", overwrite), ("resume", resume)):
+            check_bool(value, flag)
         if resume and overwrite:
             raise ValueError("pass resume=True (save after the checkpoints) or overwrite=True, not both")
         if name is not None and (not isinstance(name, str) or not name):
             raise TypeError(f"name must be a non-empty str or None, got {type(name).__name__}")
-        self._name = name
+        if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int)):
+            raise TypeError(f"keep must be an int >= 1 or None, got {short(keep)}")
+        if keep is not None and keep < 1:
+            raise ValueError(f"keep must be >= 1 (or None to keep every checkpoint), got {short(keep)}")
+        if monitor is not None and (not isinstance(monitor, str) or not monitor):
+            raise (ValueError if isinstance(monitor, str) else TypeError)(
+                f"monitor must be an entry name such as 'loss' or 'metrics.loss', got {short(monitor)}"
+            )
+        self._name, self._keep, self._monitor = name, keep, monitor
         self._directory = _absolute_directory(directory)
-        self._keep = _check_keep(keep)
-        self._monitor = _check_monitor(monitor)
-        self._mode = resolve_mode(mode, self._monitor)
-        if not isinstance(async_save, bool):
-            raise TypeError(f"async_save must be a bool, got {short(async_save)}")
-        if not isinstance(overwrite, bool):
-            raise TypeError(f"overwrite must be a bool, got {short(overwrite)}")
-        self._async_save = async_save
-        self._overwrite = overwrite
+        self._mode = resolve_mode(mode, monitor)
+        self._async_save, self._overwrite = async_save, overwrite
         check_directory(self._directory, "checkpoint directory")
         check_closed(self._directory, "the checkpoint directory")
-        path = epath(self._directory)
-        if path.exists() and not path.is_dir():
-            raise NotADirectoryError(f"checkpoint directory {self._directory} exists and is not a directory")
-        if path.exists():
-            if overwrite:
-                _remove_all(self._directory)
+        if overwrite and epath(self._directory).exists():
+            _remove_all(self._directory)
         self._manager: Any = None
-        self._manager = self._open()
-        steps = [int(s) for s in self._manager.all_steps()]
+        steps = self.all_steps()
+        settings = _settings(monitor, self._mode)
         if steps:
-            self._check_settings_match()
+            recorded = _read_settings(self._directory)
+            if recorded is not None and recorded != settings:
+                self.close()
+                raise ValueError(
+                    f"{self._directory} holds checkpoints saved with monitor={short(recorded['monitor'])}, "
+                    f"mode={short(recorded['mode'])}, but this checkpoint has monitor={short(monitor)}, "
+                    f"mode={short(settings['mode'])}; use another directory, or pass overwrite=True to "
+                    "delete the old checkpoints"
+                )
             steps = self._enforce_keep(steps)
-        _write_settings(self._directory, self._monitor, self._mode)
+        _write_settings(self._directory, settings)
         self._found_newest: int | None = max(steps, default=None)
         self._newest = self._found_newest
         self._warned = False
         self._resumed = resume
 
-    def _open(self) -> Any:
-        manager = _open_manager(
-            self._directory,
-            keep=self._keep,
-            monitor=self._monitor,
-            mode=self._mode,
-            async_save=self._async_save,
-            create=True,
-        )
-        return manager
-
     def _enforce_keep(self, steps: list[int]) -> list[int]:
         """Deletes what `keep` does not allow, as a run killed between a save and its cleanup leaves more."""
         if self._keep is None or len(steps) <= self._keep or jax.process_index() != 0:
             return steps
-        if self._monitor is None:
-            ranked = sorted(steps)  # oldest first
-        else:
+        ranked = sorted(steps)  # oldest first
+        if self._monitor is not None:
             rank = _rank_fn(self._monitor, self._mode)
             sign = -1.0 if self._mode == "min" else 1.0
-            # worst first; among equals, the oldest goes first
-            ranked = sorted(steps, key=lambda step: (sign * rank(self._manager.metrics(step) or {}), step))
+            # worst first; among equals, the oldest goes first (the sort is stable)
+            ranked.sort(key=lambda step: sign * rank(self._manager.metrics(step) or {}))
         drop = ranked[: len(steps) - self._keep]
         with held_interrupts():
             for step in drop:
@@ -427,26 +333,16 @@ class Checkpoint(Callback):
         )
         return sorted(set(steps) - set(drop))
 
-    def _check_settings_match(self) -> None:
-        """Refuses to mix checkpoints ranked by different rules in one directory."""
-        if not (epath(self._directory) / SETTINGS_FILE).exists():
-            return
-        monitor, mode = _read_settings(self._directory)
-        mine = (self._monitor, self._mode if self._monitor is not None else None)
-        theirs = (monitor, mode if monitor is not None else None)
-        if mine != theirs:
-            self._manager.close()
-            raise ValueError(
-                f"{self._directory} holds checkpoints saved with monitor={short(theirs[0])}, "
-                f"mode={short(theirs[1])}, "
-                f"but this checkpoint has monitor={short(mine[0])}, mode={short(mine[1])}; use another "
-                "directory, "
-                "or pass overwrite=True to delete the old checkpoints"
-            )
-
     def _get_manager(self) -> Any:
         if self._manager is None:
-            self._manager = self._open()
+            self._manager = _open_manager(
+                self._directory,
+                keep=self._keep,
+                monitor=self._monitor,
+                mode=self._mode,
+                async_save=self._async_save,
+                create=True,
+            )
         return self._manager
 
     @property
@@ -516,8 +412,8 @@ class Checkpoint(Callback):
                     step,
                 )
             return
-        metrics = None
         source: LogsLike = {} if logs is None else logs
+        guarded, value = self._monitor or _LOSS, None
         if self._monitor is not None:
             value = monitored_value(source, self._monitor)
             if value is None:
@@ -525,33 +421,26 @@ class Checkpoint(Callback):
                     f"checkpoint monitor {short(self._monitor)} not found in the logs at step {step}; "
                     f"present: {present_keys(source)}"
                 )
-            metrics = {self._monitor: value}
-            guarded: tuple[str, float | None] = (self._monitor, value)
-        else:
-            guarded = (_LOSS, _loss_value(source))
-        if guarded[1] is not None and not math.isfinite(guarded[1]):
+        elif source:
+            with contextlib.suppress(ValueError):  # a loss of several values (per example) is not checked
+                value = monitored_value(source, _LOSS)
+        # A finite loss can come with a NaN update (the gradient of sqrt at 0): the state decides too.
+        why = f"{short(guarded)} is {value}" if value is not None and not math.isfinite(value) else None
+        if why is None and not all_finite(state):
+            why = "the state holds NaN or inf"
+        if why is not None:
             _log.warning(
-                "checkpoint of step %d not saved: %s is %s; the checkpoints kept are still those of steps %s",
+                "checkpoint of step %d not saved: %s; the checkpoints kept are still those of steps %s",
                 step,
-                short(guarded[0]),
-                guarded[1],
+                why,
                 short(self.all_steps()),
             )
             return
-        if not all_finite(state):
-            # A finite loss can come with a NaN update (the gradient of sqrt at 0): the state decides.
-            _log.warning(
-                "checkpoint of step %d not saved: the state holds NaN or inf; the checkpoints kept are still "
-                "those of steps %s",
-                step,
-                short(self.all_steps()),
-            )
-            return
-        ocp = orbax()
         wrapped = {"state": state} if is_single_leaf(state) else state
+        metrics = None if self._monitor is None else {self._monitor: value}
         manager = self._get_manager()
         with held_interrupts():
-            manager.save(step, args=ocp.args.StandardSave(wrapped), metrics=metrics, force=True)
+            manager.save(step, args=orbax().args.StandardSave(wrapped), metrics=metrics, force=True)
         self._newest = step
 
     def __call__(self, elapsed: Elapsed, state: Any, logs: LogsLike | None = None) -> None:
@@ -561,11 +450,6 @@ class Checkpoint(Callback):
         on: the counts before that step. The checkpoint is numbered with the
         steps completed, `elapsed.steps + 1`. To pick the number, call
         `save(step, state, logs)`.
-
-        Args:
-            elapsed: the `Elapsed` of the step that produced `state`.
-            state: the pytree to save.
-            logs: the logs to read the monitored entry from; needed with `monitor`.
         """
         if not isinstance(elapsed, Elapsed):
             raise TypeError(
@@ -587,19 +471,12 @@ class Checkpoint(Callback):
         return f"Checkpoint({self._monitor}, {self._mode})" if self._monitor else "Checkpoint(latest)"
 
     def state_dict(self) -> dict[str, Any]:
-        """A snapshot of what decides which steps are saved, for `load_state_dict`.
+        """What decides which steps are saved, for `load_state_dict`; reads neither the directory nor orbax.
 
         The ranking is not in it: orbax writes each checkpoint's monitored value
-        next to it, and a `Checkpoint` opened on the directory ranks what it finds
-        there. The snapshot holds what only this object knows. Cheap: it reads
-        neither the directory nor orbax.
-
-        Returns:
-            A dict: `newest_step` (the newest step saved or found; steps up to it
-            are skipped), `newest_at_start` (the newest step found in the directory
-            when this run began; older steps are warned about, as they suggest a
-            new run in an old directory) and `warned` (whether that warning was
-            given). The steps are ints or None.
+        next to it. `newest_step` is the newest step saved or found (steps up to
+        it are skipped); `newest_at_start` the newest step in the directory when
+        this run began (older steps are warned about, once: `warned`).
 
         Example:
             >>> import tempfile
@@ -613,20 +490,11 @@ class Checkpoint(Callback):
         return {"newest_step": self._newest, "newest_at_start": self._found_newest, "warned": self._warned}
 
     def load_state_dict(self, state: Any, /) -> None:
-        """Takes back a snapshot made by `state_dict`, before the first save of a resumed run.
+        """Takes back a `state_dict()` (its numbers maybe 0-d arrays) before a resumed run's first save.
 
-        The directory may hold checkpoints newer than the snapshot (the run went on
-        after it was taken): they are kept, and their steps are skipped, as the
-        resumed run would save the same states there. Warnings about older steps
-        follow the snapshot's run, so that the resumed run does not take its own
-        checkpoints for those of an earlier run.
-
-        Args:
-            state: the dict `state_dict()` returned, possibly with its numbers
-                turned into 0-d arrays by storage.
-
-        Raises:
-            TypeError, ValueError: if `state` is not such a dict.
+        Checkpoints in the directory newer than the snapshot are kept and their
+        steps skipped (the resumed run would save the same states there).
+        Warnings about older steps follow the snapshot's run.
         """
         fields = snapshot_fields(state, _STATE_KEYS, "checkpoint")
         newest = optional_int(fields["newest_step"])
@@ -647,20 +515,11 @@ class Checkpoint(Callback):
             )
 
     def on_start(self, loop_state: LoopState[Any], /) -> None:
-        """Refuses another run's directory before the first step, rather than at the first save.
-
-        Raises:
-            FileExistsError: if the directory held checkpoints when this object
-                opened it, and neither `resume=True`, nor a restore from this
-                object, nor a resumed backup made them this run's.
-        """
+        """Refuses another run's directory (see `save`) before the first step, not at the first save."""
         self._refuse_another_run()
 
     def on_end(self, loop_state: LoopState[Any], error: BaseException | None, /) -> None:
-        """Waits for the saves in flight, so that the loop returns with every checkpoint written.
-
-        Also after an error or Ctrl-C: the save in flight is finished, never dropped.
-        """
+        """Waits for the saves in flight, also after an error or Ctrl-C: a save is finished, never dropped."""
         self.wait()
 
     def wait(self) -> None:
@@ -687,28 +546,13 @@ class Checkpoint(Callback):
 
     def best_step(self) -> int | None:
         """The step with the best monitored value, or None without `monitor` or checkpoints."""
-        if self._monitor is None:
-            return None
-        best = self._get_manager().best_step()
+        best = None if self._monitor is None else self._get_manager().best_step()
         return None if best is None else int(best)
 
     def restore(self, target: T, *, step: StepLike = "latest") -> T:
-        """Restores a checkpoint into the structure of `target`.
+        """Restores a checkpoint into the structure of `target`, as `ciclo.restore_checkpoint` does.
 
-        Args:
-            target: a pytree like the saved state (e.g. the freshly initialised
-                state): its structure, shapes, dtypes and shardings are those of
-                the result. Its values are not read.
-            step: `"latest"`, `"best"` (the best monitored value), or a step number.
-
-        Returns:
-            The restored state, with the structure of `target`.
-
-        Raises:
-            FileNotFoundError: if there is no checkpoint, or none for `step`.
-            ValueError: if `step` is not valid, or is `"best"` without `monitor`,
-                or if `target` does not match the checkpoint (the message names
-                the leaves, with their shapes and dtypes).
+        Restoring makes the directory's checkpoints this run's: later saves go after them.
         """
         manager = self._get_manager()
         self.wait()
@@ -760,9 +604,6 @@ def checkpoint(
             default `"Checkpoint(monitor, mode)"`, or `"Checkpoint(latest)"`.
             Needed only to tell two checkpoints with one monitor apart.
 
-    Returns:
-        The `Checkpoint`.
-
     Raises:
         TypeError, ValueError: if an argument is not valid (the message names it),
             or if `directory` holds checkpoints ranked with another monitor or mode.
@@ -785,16 +626,7 @@ def checkpoint(
         >>> ckpt.restore({"w": jnp.float32(0)}, step=9)  # after 9 steps: 0 + 1 + ... + 8
         {'w': Array(36., dtype=float32)}
     """
-    return Checkpoint(
-        directory,
-        keep=keep,
-        monitor=monitor,
-        mode=mode,
-        async_save=async_save,
-        overwrite=overwrite,
-        resume=resume,
-        name=name,
-    )
+    return Checkpoint(directory, keep, monitor, mode, async_save, overwrite, resume, name)
 
 
 def restore_checkpoint(directory: str | os.PathLike[str], target: T, *, step: StepLike = "latest") -> T:
@@ -839,7 +671,8 @@ def restore_checkpoint(directory: str | os.PathLike[str], target: T, *, step: St
     if not epath(path).is_dir():
         raise FileNotFoundError(f"checkpoint directory {path} does not exist")
     check_closed(path, "the checkpoint directory")
-    monitor, mode = _read_settings(path)
+    settings = _read_settings(path) or _settings(None, "min")
+    monitor, mode = settings["monitor"], typing.cast(Mode, settings["mode"] or "min")
     manager = _open_manager(path, keep=None, monitor=monitor, mode=mode, async_save=False, create=False)
     try:
         return _restore(manager, path, target, step, monitor)

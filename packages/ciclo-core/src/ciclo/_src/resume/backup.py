@@ -1,29 +1,14 @@
 """Backups: what a loop needs to go on after a kill, saved atomically with orbax.
 
-`ciclo.backup(directory)` returns a `Backup`, given to a loop as `backup=`. The
-loop then saves, every `every` (default: each epoch in `train_loop`, every 1000
-steps elsewhere), at its end and when it is preempted, one orbax checkpoint
-holding two items:
-
-- `state`: the loop state, saved by orbax (each process writes its own shards),
-- `loop`: a JSON document with the `Elapsed`, the History's counts and the
-  chunks of rows it spans, every stateful callback's `state_dict()`, and
-  the position in the dataset: plain data (`ciclo._src.resume.host_json`), checked
-  field by field when it is read, never code,
-- `kept` (when a callback holds one): trees shaped like the state, such as an
-  early stopping's best state, saved by orbax like the state.
-
-The History's rows are in `history/rows-<first>-<end>.json` beside the steps:
-each backup writes the rows since the one before, so its cost does not grow
-with the run; chunks no kept backup refers to are deleted.
-
-When the directory holds a backup at start, the loop restores all of it and
-continues; a backup written at the loop's end is marked finished, and a loop
-that finds one returns its results at once.
-
-orbax writes each checkpoint into a temporary directory and renames it when it
-is complete, so a kill during a save leaves the previous backup intact; the
-last `keep` (at least 2) are kept.
+`ciclo.backup(directory)` is given to a loop as `backup=`; the loop then saves,
+on schedule, at its end and when preempted, one orbax step holding `state` (the
+loop state), `loop` (a JSON document: the `Elapsed`, the History's chunks, the
+callbacks' `state_dict()`s, the dataset position; data checked field by field
+when read, never code) and `kept` (trees shaped like the state that callbacks
+hold, such as an early stopping's best state). The History's rows are in
+`history/rows-<first>-<end>.json`: each backup writes the rows since the one
+before, and chunks no kept backup refers to are deleted. orbax renames a step
+into place when complete, so a kill during a save leaves the previous one.
 """
 
 from __future__ import annotations
@@ -47,20 +32,20 @@ import jax
 import numpy as np
 
 from ciclo._src.base.batches import BatchSizeFn, count
-from ciclo._src.base.checks import check_directory
+from ciclo._src.base.checks import check_bool, check_directory
 from ciclo._src.base.elapsed import Clock, Elapsed, Period, make_elapsed
 from ciclo._src.base.files import check_closed, open_own, remove_own, write_atomically
 from ciclo._src.base.finite import all_finite
 from ciclo._src.base.reprs import short
-from ciclo._src.base.schedules import Every, crossed, next_boundary
+from ciclo._src.base.schedules import Every, crossed
 from ciclo._src.data.position import iterator_state
 from ciclo._src.engine.callback import Callback
 from ciclo._src.resume.host_json import from_json, to_json
 from ciclo._src.resume.orbax_io import (
     abstract,
     announce,
-    barrier_prefix,
     check_structure,
+    is_single_leaf,
     note_lost_peer,
     open_manager,
     orbax,
@@ -81,8 +66,7 @@ _log = logging.getLogger("ciclo")
 
 
 _FORMAT = 4
-"""The loop item's format: 4 records the state's static options, 3 the loop (kind, stop, samples drawn);
-1 held a pickle, never read."""
+"""The loop document's format (format 1 held a pickle: refused, never read)."""
 _MARKER = "ciclo_backup.json"
 """Written next to the checkpoints: says the directory holds ciclo backups."""
 _HISTORY_DIR = "history"
@@ -132,9 +116,8 @@ class Backup:
         )
 
     def callback(self, kind: str, *, default_every: Any = None) -> BackupCallback:
-        """This backup as a loop's callback: what `backup=` adds, for `run_phases(callbacks=[...])`.
+        """This backup as a loop's callback, for `run_phases(callbacks=[...])`: put it first.
 
-        Put it first: it restores the run before the other callbacks start.
         `kind` names the loop in its backups (a backup of another kind is
         refused); `default_every` is how often to back up when `every` is None.
         """
@@ -199,41 +182,25 @@ def backup(
         raise TypeError(f"backup directory must be a path, got {short(directory)}")
     if isinstance(keep, bool) or not isinstance(keep, int) or keep < 2:
         raise ValueError(f"keep must be an int >= 2 (a kill during a save must leave one), got {short(keep)}")
-    if not isinstance(sigint, bool):
-        raise TypeError(f"sigint must be a bool, got {short(sigint)}")
+    check_bool(sigint, "sigint")
     _schedule(every)  # checked now, not at the first step
     path = os.path.abspath(os.fspath(directory))
     check_directory(path, "backup directory")
     return Backup(path, every, keep, sigint)
 
 
-def as_backup(value: Any) -> Backup | None:
-    """`backup=` as given to a loop: None, a directory, or a `Backup`."""
-    if value is None or isinstance(value, Backup):
-        return value
-    if isinstance(value, (str, os.PathLike)):
-        return backup(value)
-    raise TypeError(f"backup must be a directory or ciclo.backup(directory, ...), got {short(value)}")
-
-
 def _schedule(every: Any) -> Any:
     """`every` as `(steps_interval, None)` for steps alone, or `(None, schedule)`."""
+    if isinstance(every, Period) and every.steps is not None and every == Period(steps=every.steps):
+        every = every.steps
     if every is None:
         return None, None
-    if isinstance(every, bool):
-        raise TypeError(
-            f"every must be a number of steps, a ciclo.types.Period or a schedule, got {short(every)}"
-        )
-    if isinstance(every, int):
+    if isinstance(every, int) and not isinstance(every, bool):
         if every < 1:
             raise ValueError(f"every must be >= 1 step, got {short(every)}")
         return every, None
-    if isinstance(every, Period):
-        if every.steps is not None and every == Period(steps=every.steps):
-            return every.steps, None
-        return None, Every(every)
-    if callable(every):
-        return None, every
+    if isinstance(every, Period) or callable(every):
+        return None, Every(every) if isinstance(every, Period) else every
     raise TypeError(
         f"every must be a number of steps, a ciclo.types.Period or a schedule, got {short(every)}"
     )
@@ -258,37 +225,17 @@ class Restored:
     """The newer backups that could not be read (warned about, then deleted)."""
 
 
-_LOOP_FIELDS = (
-    "format",
-    "kind",
-    "stop",
-    "finished",
-    "elapsed",
-    "history",
-    "callbacks",
-    "position",
-    "samples",
-    "iterator_state",
-    "kept",
-    "options",
-)
-
-
-def stop_fields(stop: Period | None) -> list[Any] | None:
-    """`stop` as the loop document records it: `[steps, samples, time, date]` or None."""
-    return None if stop is None else [stop.steps, stop.samples, stop.time, stop.date]
+_LOOP_FIELDS = {"format", "kind", "stop", "finished", "elapsed", "history", "callbacks", "position"}
+_LOOP_FIELDS |= {"samples", "iterator_state", "kept", "options"}
 
 
 def _stop_period(fields: Any, where: str) -> Period | None:
+    """The document's `stop`: null, or `[steps, samples, time, date]` that `Period` checks."""
     if fields is None:
         return None
-    if (
-        not isinstance(fields, list)
-        or len(fields) != 4
-        or not all(x is None or (isinstance(x, (int, float)) and not isinstance(x, bool)) for x in fields)
-    ):
-        raise ValueError(f"{where}: stop is {short(fields)}, not null or [steps, samples, time, date]")
     try:
+        if not isinstance(fields, list) or len(fields) != 4:
+            raise TypeError("not null or [steps, samples, time, date]")
         return Period(*fields)
     except (TypeError, ValueError) as error:
         raise ValueError(f"{where}: stop is {short(fields)}: {error}") from None
@@ -306,36 +253,30 @@ def _checked_loop_item(item: Any, step: int, where: str) -> dict[str, Any]:
         )
     if item.get("format") != _FORMAT:
         raise ValueError(f"{where} has format {short(item.get('format'))}; this ciclo reads format {_FORMAT}")
-    unknown, missing = sorted(set(item) - set(_LOOP_FIELDS)), sorted(set(_LOOP_FIELDS) - set(item))
+    unknown, missing = sorted(set(item) - _LOOP_FIELDS), sorted(_LOOP_FIELDS - set(item))
     if unknown or missing:
         raise ValueError(f"{where}: unknown fields {unknown}, missing fields {missing}")
-    if not isinstance(item["finished"], bool):
-        raise ValueError(f"{where}: finished is {short(item['finished'])}, not true or false")
-    elapsed = item["elapsed"]
-    if (
-        not isinstance(elapsed, list)
-        or len(elapsed) != 4
-        or not all(_is_count(x) for x in elapsed[:2])
-        or not all(_is_time(x) for x in elapsed[2:])
-        or elapsed[2] < 0
-    ):
-        raise ValueError(f"{where}: elapsed is {short(elapsed)}, not [steps, samples, time, date_start]")
+    elapsed, kept = item["elapsed"], item["kept"]
+    times = isinstance(elapsed, list) and len(elapsed) == 4 and all(map(_is_time, elapsed[2:]))
+    checks = {
+        "finished": (isinstance(item["finished"], bool), "true or false"),
+        "elapsed": (
+            times and all(map(_is_count, elapsed[:2])) and elapsed[2] >= 0,
+            "[steps, samples, time, date_start]",
+        ),
+        "position": (
+            _is_count(item["position"]) and item["position"] <= step,
+            f"a number of batches from 0 to the {step} steps completed",
+        ),
+        "samples": (_is_count(item["samples"]), "a count"),
+        "kind": (isinstance(item["kind"], str), "the name of a loop"),
+        "kept": (isinstance(kept, list) and all(isinstance(name, str) for name in kept), "a list of names"),
+    }
+    for name, (ok, what) in checks.items():
+        if not ok:
+            raise ValueError(f"{where}: {name} is {short(item[name])}, not {what}")
     if elapsed[0] != step:
         raise ValueError(f"{where}: elapsed counts {elapsed[0]} steps, but the backup is numbered {step}")
-    position = item["position"]
-    if not isinstance(position, int) or isinstance(position, bool) or not 0 <= position <= step:
-        raise ValueError(
-            f"{where}: position is {short(position)}, not a number of batches from 0 to the {step} steps "
-            "completed"
-        )
-    samples = item["samples"]
-    if not isinstance(samples, int) or isinstance(samples, bool) or samples < 0:
-        raise ValueError(f"{where}: samples is {short(samples)}, not a count")
-    if not isinstance(item["kind"], str):
-        raise ValueError(f"{where}: kind is {short(item['kind'])}, not the name of a loop")
-    kept = item["kept"]
-    if not isinstance(kept, list) or not all(isinstance(name, str) for name in kept):
-        raise ValueError(f"{where}: kept is {short(kept)}, not a list of names")
     if not isinstance(item["callbacks"], dict):
         raise ValueError(f"{where}: callbacks is a {type(item['callbacks']).__name__}, not a dict")
     return dict(item)
@@ -367,14 +308,10 @@ def _check_rows(part: dict[str, Any], where: str, first: int) -> None:
             )
         for (collection, name), value in zip(paths, values, strict=True):
             numeric = isinstance(value, (np.ndarray, np.generic)) and value.dtype.kind in "biufc"
-            if not numeric and (not isinstance(value, (bool, int, float)) or isinstance(value, str)):
+            if not numeric and not isinstance(value, (bool, int, float)):
                 raise ValueError(f"{row}: {collection}.{name} is {short(value)}, not a number or an array")
-        if not (
-            isinstance(elapsed, tuple)
-            and len(elapsed) == 3
-            and _is_count(elapsed[0])
-            and _is_count(elapsed[1])
-            and _is_time(elapsed[2])
+        if not (isinstance(elapsed, tuple) and len(elapsed) == 3 and _is_time(elapsed[2])) or not all(
+            map(_is_count, elapsed[:2])
         ):
             raise ValueError(f"{row}: elapsed is {short(elapsed)}, not (steps, samples, time)")
 
@@ -388,12 +325,12 @@ def _checked_chunks(item: Any, where: str) -> list[tuple[int, int]]:
     if not isinstance(item, dict) or set(item) != _HISTORY_ITEM_FIELDS:
         raise ValueError(f"{where} does not have the fields {sorted(_HISTORY_ITEM_FIELDS)}")
     chunks, dropped = item["chunks"], item["dropped"]
-    if not isinstance(dropped, int) or isinstance(dropped, bool) or dropped < 0:
+    if not _is_count(dropped):
         raise ValueError(f"{where}: dropped is {short(dropped)}, not a count")
     if not isinstance(item["evicted_latest"], dict):
         raise ValueError(f"{where}: evicted_latest is not a dict")
     if not isinstance(chunks, list) or not all(
-        isinstance(c, list) and len(c) == 2 and all(type(x) is int and x >= 0 for x in c) for c in chunks
+        isinstance(c, list) and len(c) == 2 and all(map(_is_count, c)) for c in chunks
     ):
         raise ValueError(f"{where}: chunks is {short(chunks)}, not a list of [first, end] rows")
     ranges = [(first, end) for first, end in chunks]
@@ -410,18 +347,15 @@ class Session:
         self.spec = spec
         self.kind = kind
         self.stop = stop
-        interval, schedule = _schedule(spec.every if spec.every is not None else default_every)
-        if interval is None and schedule is None:
-            interval = 1000
-        self.interval: int | None = interval
-        self.schedule = schedule
-        if schedule is not None and jax.process_count() > 1:
+        every = next(every for every in (spec.every, default_every, 1000) if every is not None)
+        self.interval: int | None
+        self.interval, self.schedule = _schedule(every)
+        if self.schedule is not None and jax.process_count() > 1:
             raise ValueError(
                 "under several processes, backup(every=...) must be a number of steps: all processes "
                 f"must save at the same step, and a schedule in time would not agree; got {short(spec.every)}"
             )
-        ocp = orbax()
-        self._ocp = ocp
+        self._ocp = ocp = orbax()
         os.makedirs(spec.directory, exist_ok=True)
         check_closed(spec.directory, "the backup directory")
         self._check_marker()
@@ -437,8 +371,7 @@ class Session:
             max_to_keep=spec.keep,
         )
         self.last_saved: int | None = None
-        self._chunks: list[tuple[int, int]] = []  # the History chunks of the newest backup
-        self._recent: list[list[tuple[int, int]]] = []  # those of the backups that may still be kept
+        self._recent: list[list[tuple[int, int]]] = []  # the History chunks of the kept backups, newest last
 
     def _check_marker(self) -> None:
         path = os.path.join(self.spec.directory, _MARKER)
@@ -448,9 +381,7 @@ class Session:
         # processes, process 0 writes the marker and may already be saving: the others leave the
         # check of orbax's step directories to it, and may see the marker appear after looking for it.
         ours = re.compile(
-            r"ciclo_backup\.(json|lock)(\.tmp)?|history"
-            if jax.process_index() == 0
-            else r"ciclo_backup\.(json|lock)(\.tmp)?|history|\d+(\..*)?"
+            r"ciclo_backup\.(json|lock)(\.tmp)?|history" + (r"|\d+(\..*)?" if jax.process_index() else "")
         )
         entries = [e for e in os.listdir(self.spec.directory) if not ours.fullmatch(e)]
         if entries:
@@ -464,9 +395,7 @@ class Session:
     def restore(self, target: Any) -> Restored | None:
         """The newest backup that can be read, restored into the structure, shapes and shardings of `target`.
 
-        A newer backup that cannot be read (a damaged file, a document that is
-        not ciclo's) is warned about with what failed, then deleted once an
-        older one is restored, so that the run saves its steps again.
+        Newer ones that cannot be read are warned about, then deleted (the run saves their steps again).
 
         Raises:
             ValueError: if no backup in the directory can be read, naming each
@@ -502,49 +431,30 @@ class Session:
     def _restore_step(self, step: int, target: Any) -> Restored:
         """The backup of `step`, checked field by field; raises if any part of it cannot be read."""
         ocp, manager = self._ocp, self.manager
-        barriers = barrier_prefix(_BARRIERS, self.spec.directory)
-        loop_item = restore_everywhere(
-            manager, step, ocp.args.Composite(loop=ocp.args.JsonRestore()), barriers=barriers
-        )["loop"]
+        loop_item = restore_everywhere(manager, step, ocp.args.Composite(loop=ocp.args.JsonRestore()))["loop"]
         document = os.path.join(self.spec.directory, str(step), "loop")
         fields = _checked_loop_item(loop_item, step, document)
         where = f"at step {step} in {self.spec.directory}"
         # The options that give the arrays their meaning (accumulate_steps, ...), before the arrays.
         changed = check_static_options(fields["options"], target, where)
         target_tree = abstract(target)
-        stored = stored_tree(self.manager, step, "state")
         # Compared before orbax reads anything: its own errors name no leaf.
-        check_structure(
-            None if stored is None else stored["state"], target_tree, "the backup", where, dtypes=True
-        )
+        stored = stored_tree(self.manager, step, "state", "state")  # saved wrapped, as {"state": state}
+        check_structure(stored, target_tree, "the backup", where, dtypes=True)
+        items = {"state": ocp.args.StandardRestore({"state": target_tree})}
+        if fields["kept"]:  # trees shaped like the loop's state (an early stopping's best state)
+            items["kept"] = ocp.args.StandardRestore({name: target_tree for name in fields["kept"]})
         try:
-            restored = restore_everywhere(
-                manager,
-                step,
-                ocp.args.Composite(state=ocp.args.StandardRestore({"state": target_tree})),
-                barriers=barriers,
-            )["state"]["state"]
+            arrays = restore_everywhere(manager, step, ocp.args.Composite(**items))
         except Exception as error:  # noqa: BLE001 - orbax and tensorstore raise plain Exceptions
             # The structure fits (checked above): what fails is reading the arrays' files.
             raise ValueError(f"the state of the backup {where} cannot be read: {error}") from None
-        states = {}
-        if fields["kept"]:
-            # Trees shaped like the loop's state (an early stopping's best state), saved by orbax.
-            states = restore_everywhere(
-                manager,
-                step,
-                ocp.args.Composite(
-                    kept=ocp.args.StandardRestore({name: target_tree for name in fields["kept"]})
-                ),
-                barriers=barriers,
-            )["kept"]
+        restored, states = arrays["state"]["state"], arrays["kept"] if fields["kept"] else {}
         callbacks = from_json(fields["callbacks"], f"{document}: callbacks", states=states)
         item = from_json(fields["history"], f"{document}: history")
         chunks = _checked_chunks(item, f"{document}: history")
         history = self._read_history(item, chunks, f"{document}: history")
-        self.last_saved = step
-        self._chunks = chunks
-        self._recent = [chunks]
+        self.last_saved, self._recent = step, [chunks]
         if changed:
             _log.warning(
                 "the backup at step %d in %s was written with other options than this run's state has "
@@ -597,7 +507,7 @@ class Session:
     def _history_item(self, history: Any) -> dict[str, Any]:
         """The document's history field; writes the rows since the last backup as a new chunk."""
         dropped, total = history.dropped, history.dropped + len(history)
-        chunks = [chunk for chunk in self._chunks if chunk[1] > dropped]
+        chunks = [chunk for chunk in (self._recent[-1] if self._recent else []) if chunk[1] > dropped]
         written = chunks[-1][1] if chunks else dropped
         rows = history.to_host(written)
         if total > written:
@@ -607,7 +517,6 @@ class Session:
                     os.path.join(self.spec.directory, _HISTORY_DIR), f"rows-{written}-{total}.json", part
                 )
             chunks.append((written, total))
-        self._chunks = chunks
         self._recent = [*self._recent, chunks][-(self.spec.keep + 1) :]
         return {
             "chunks": [list(chunk) for chunk in chunks],
@@ -627,12 +536,6 @@ class Session:
             if match is not None and (int(match[1]), int(match[2])) not in used:
                 remove_own(directory, name, _CHUNK)  # only a chunk file of ours, never through a link
 
-    def next_due(self) -> int:
-        """The step count at which `due` may first hold: the next boundary of `every=N`, else 0."""
-        if self.interval is None:
-            return 0
-        return next_boundary(self.last_saved or 0, self.interval)
-
     def due(self, steps: int, now: Any) -> bool:
         """Whether the schedule asks for a backup after a step that ended at `steps`."""
         if self.interval is not None:
@@ -640,23 +543,17 @@ class Session:
         return bool(self.schedule(now()))
 
     def save(
-        self,
-        state: Any,
-        elapsed: Elapsed,
-        history: Any,
-        callbacks: dict[str, Any],
-        position: int,
-        samples: int,
-        iterator_state: Any,
-        *,
-        finished: bool,
-        wait: bool,
+        self, loop_state: LoopState[Any], samples: int, iterator_state: Any, *, finished: bool, wait: bool
     ) -> None:
         """Saves a backup numbered by the steps completed; `wait` blocks until it is on disk.
+
+        `samples`: those this run drew (the dataset position's check);
+        `iterator_state`: the dataset iterator's `get_state()`, if it has one.
 
         A state holding NaN or inf is not saved (nor marked finished): the newest
         finite backup stays the resume point, and no rotation deletes it.
         """
+        state, elapsed = loop_state.state, loop_state._clock.now()
         step = int(elapsed.steps)
         if step == self.last_saved and not finished:
             return
@@ -668,31 +565,21 @@ class Session:
                 "none yet" if self.last_saved is None else f"step {self.last_saved}",
             )
             return
-        structure = jax.tree.structure(state)
         kept: dict[str, Any] = {}
+        structure = None if is_single_leaf(state) else jax.tree.structure(state)
         callbacks_data = {
-            name: to_json(
-                value,
-                f"the state of callback {name}",
-                state_structure=None if jax.tree_util.treedef_is_leaf(structure) else structure,
-                kept=kept,
-            )
-            for name, value in callbacks.items()
+            name: to_json(value, f"the state of callback {name}", state_structure=structure, kept=kept)
+            for name, value in loop_state.state_dicts().items()
         }
         loop_item = {
             "format": _FORMAT,
             "kind": self.kind,
-            "stop": stop_fields(self.stop),
+            "stop": None if self.stop is None else list(dataclasses.astuple(self.stop)),
             "finished": finished,
-            "elapsed": [
-                int(elapsed.steps),
-                int(elapsed.samples),
-                float(elapsed.time),
-                float(elapsed.date_start),
-            ],
-            "history": to_json(self._history_item(history), "the history"),
+            "elapsed": [step, int(elapsed.samples), float(elapsed.time), float(elapsed.date_start)],
+            "history": to_json(self._history_item(loop_state.history), "the history"),
             "callbacks": callbacks_data,
-            "position": int(position),
+            "position": int(loop_state._drawn),
             "samples": int(samples),
             "iterator_state": to_json(iterator_state, "the dataset iterator's get_state()"),
             "kept": sorted(kept),
@@ -730,29 +617,20 @@ class Session:
 
 @final
 class BackupCallback(Callback):
-    """A loop's backup as a callback: restores before the first step, saves on schedule and at the end.
+    """A loop's backup as a callback (`Backup.callback`): restores before the first step, saves after.
 
-    The loops add it for `backup=`; put it first in `run_phases(callbacks=[...])`
-    for a loop of your own. Before the first step it restores the state, the
-    History, the counts, the callbacks' states and the dataset position from
-    the newest backup (a finished run that `stop` does not extend runs no
-    step); the backup of the start is written when the first batch is drawn.
-    After each step it saves when due, and on SIGTERM (or SIGINT with
-    `sigint=True`) it saves and raises `ciclo.types.Preempted`. At the end it
-    saves the finished run, after the other callbacks' `on_end` (loggers
-    flushed what the backup then claims).
-
-    Args:
-        spec: `ciclo.backup(...)`, or a directory.
-        kind: the loop's name, recorded in its backups: a backup of another
-            kind is refused.
-        default_every: how often to back up when `spec` does not say.
+    Before the first step it restores the newest backup (a finished run that
+    `stop` does not extend runs no step); the backup of the start is written
+    when the first batch is drawn. After each step it saves when due, and on
+    SIGTERM (or SIGINT with `sigint=True`) it saves and raises
+    `ciclo.types.Preempted`. At the end it saves the finished run, after the
+    other callbacks' `on_end` (loggers flushed what the backup then claims).
     """
 
     def __init__(
         self, spec: Backup | str | os.PathLike[str], *, kind: str, default_every: Any = None
     ) -> None:
-        self.spec = as_backup(spec)
+        self.spec = spec if isinstance(spec, Backup) else backup(spec)
         self.kind = kind
         self.default_every = default_every
         self._session: Session | None = None
@@ -760,11 +638,9 @@ class BackupCallback(Callback):
         self._done = False
         self._iterator: Any = None
         self._samples_before = 0  # samples counted before this run drew its first batch
-        self._check_at: float = math.inf
 
     def on_start(self, loop_state: LoopState[Any], /) -> None:
         spec = self.spec
-        assert spec is not None
         self._session = session = Session(spec, self.default_every, kind=self.kind, stop=loop_state._stop)
         self._done = False
         try:
@@ -783,10 +659,9 @@ class BackupCallback(Callback):
             raise
         if not self._done:
             self._guard = SignalGuard.for_loop(sigterm=True, sigint=spec.sigint)
-            self._check_at = self._next_check()
 
     def _resume(self, loop_state: LoopState[Any], restored: Restored) -> None:
-        directory = self.spec.directory  # type: ignore[union-attr]
+        directory = self.spec.directory
         if restored.kind != self.kind:
             raise ValueError(
                 f"the backup in {directory} was written by {short(restored.kind)}, "
@@ -804,19 +679,15 @@ class BackupCallback(Callback):
                 directory,
                 "; ".join(changes),
             )
+        skipped = restored.skipped and f" (newer backups at steps {list(restored.skipped)} could not be read)"
+        finished = " (a finished run)" if restored.finished else ""
         announce(
-            "ciclo: resumed %s from the backup at step %d in %s%s",
+            "ciclo: resumed %s from the backup at step %d in %s%s%s",
             self.kind,
             restored.step,
             directory,
-            "".join(
-                [
-                    " (a finished run)" if restored.finished else "",
-                    f" (newer backups at steps {list(restored.skipped)} could not be read)"
-                    if restored.skipped
-                    else "",
-                ]
-            ),
+            finished,
+            skipped or "",
         )
         clock = loop_state._clock = Clock(restored.elapsed, loop_state._clock.batch_size_fn)
         loop_state.state, loop_state._now = restored.state, clock.now
@@ -837,12 +708,6 @@ class BackupCallback(Callback):
         self._save(loop_state, finished=False, wait=False)
         yield from ()
 
-    def _next_check(self) -> float:
-        """The step count from which `on_step_end` has work besides a signal: its cheap gate."""
-        if self._guard is not None and self._guard.sync_point:
-            return 0
-        return self._session.next_due()  # type: ignore[union-attr]
-
     def on_step_end(self, loop_state: LoopState[Any], /) -> None:
         """Stops on a signal (saving first), or backs up when due.
 
@@ -850,21 +715,16 @@ class BackupCallback(Callback):
             ciclo.types.Preempted: after saving, on SIGTERM (or SIGINT with `sigint=True`).
         """
         guard, clock = self._guard, loop_state._clock
-        if (
-            guard is None
-            or loop_state.stop_iteration
-            or (guard.signum is None and clock.steps < self._check_at)
-        ):
+        if guard is None or loop_state.stop_iteration:
             return
-        if guard.active and guard.requested(clock.steps):
+        if guard.requested(clock.steps):
             assert guard.signum is not None
             self._save(loop_state, finished=False, wait=True)
-            preempted = Preempted(guard.signum, clock.steps, self.spec.directory)  # type: ignore[union-attr]
+            preempted = Preempted(guard.signum, clock.steps, self.spec.directory)
             announce("ciclo: %s", preempted)
             raise preempted
         if self._session.due(clock.steps, clock.now):  # type: ignore[union-attr]
             self._save(loop_state, finished=False, wait=False)
-        self._check_at = self._next_check()
 
     def on_end(self, loop_state: LoopState[Any], error: BaseException | None, /) -> None:
         """Saves a run that ended by itself as finished, waits for the save in flight, frees the signals."""
@@ -882,17 +742,9 @@ class BackupCallback(Callback):
                     self._guard = None
 
     def _save(self, loop_state: LoopState[Any], *, finished: bool, wait: bool) -> None:
-        clock = loop_state._clock
+        samples = loop_state._clock.samples - self._samples_before
         self._session.save(  # type: ignore[union-attr]
-            loop_state.state,
-            clock.now(),
-            loop_state.history,
-            loop_state.state_dicts(),
-            loop_state._drawn,
-            clock.samples - self._samples_before,
-            iterator_state(self._iterator),
-            finished=finished,
-            wait=wait,
+            loop_state, samples, iterator_state(self._iterator), finished=finished, wait=wait
         )
 
 
@@ -956,23 +808,14 @@ def _holder_alive(holder: dict[str, Any]) -> bool:
     Same host, same pid, and the same start time: a restarted container's
     pid 1, or another process that reused the pid, is not the holder.
     """
-    pid = holder.get("pid")
-    if holder.get("host") != socket.gethostname():
+    pid, started = holder.get("pid"), holder.get("started")
+    if holder and holder.get("host") != socket.gethostname():
         return True  # another machine's process: nothing here can tell
-    if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
-        return False
-    identity = _identity(pid)
-    return identity is not None and identity == holder.get("started")
+    return type(pid) is int and pid > 0 and started is not None and _identity(pid) == started
 
 
 def _lock(directory: str) -> int | None:
-    """Takes the directory's lock for this process (process 0 of several): its open descriptor, else None.
-
-    The lock is an `flock` on `ciclo_backup.lock`, which the kernel releases
-    when the holder dies however it dies, so a SIGKILLed run (a container's
-    pid 1 too) never blocks the next. The file names the holder (host, pid,
-    start time) for the messages. A lock whose holder is gone, empty or
-    unreadable is taken over with a warning naming the old holder.
+    """Takes the directory's lock (docs/resume.md, "The lock") in process 0: its open descriptor, else None.
 
     Raises:
         FileExistsError: if a live process holds it, naming its pid and host.
@@ -980,25 +823,24 @@ def _lock(directory: str) -> int | None:
     if jax.process_index() != 0:
         return None
     path = os.path.join(directory, _LOCK)
-    nofollow = getattr(os, "O_NOFOLLOW", 0)
+    flags = os.O_RDWR | getattr(os, "O_NOFOLLOW", 0)
     while True:
         try:
-            fd, left = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | nofollow, 0o644), False
+            fd, left = os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o644), False
         except FileExistsError:
             try:
-                fd, left = os.open(path, os.O_RDWR | nofollow), True  # a holder's, live or gone
+                fd, left = os.open(path, flags), True  # a holder's, live or gone
             except FileNotFoundError:
                 continue  # released meanwhile
         try:
             held = _flock(fd)
             holder = _lock_holder(fd)
             if held is None:  # no flock on this filesystem: the holder's identity decides
-                held = holder is None or not _holder_alive(holder)
+                held = not _holder_alive(holder)
             if not held:
-                pid, host = (None, None) if holder is None else (holder.get("pid"), holder.get("host"))
                 raise FileExistsError(
-                    f"the backup directory {directory} is in use by process {short(pid)} "
-                    f"on host {short(host)} ({path}): two runs on one backup would "
+                    f"the backup directory {directory} is in use by process {short(holder.get('pid'))} "
+                    f"on host {short(holder.get('host'))} ({path}): two runs on one backup would "
                     "overwrite each other's steps. Give this run another directory"
                 )
             if os.path.exists(path) and os.path.samestat(os.fstat(fd), os.stat(path)):
@@ -1012,7 +854,7 @@ def _lock(directory: str) -> int | None:
             "taking over the lock of %s left by %s, which is gone (its process ended, or its pid now "
             "belongs to another process)",
             directory,
-            "a process that wrote no readable owner" if holder is None else short(holder),
+            short(holder) if holder else "a process that wrote no readable owner",
         )
     owner = {"pid": os.getpid(), "host": socket.gethostname(), "started": _identity(os.getpid())}
     os.ftruncate(fd, 0)
@@ -1034,13 +876,14 @@ def _flock(fd: int) -> bool | None:
     return True
 
 
-def _lock_holder(fd: int) -> dict[str, Any] | None:
+def _lock_holder(fd: int) -> dict[str, Any]:
+    """What the lock file says of its holder: `{}` if it says nothing readable."""
     try:
         os.lseek(fd, 0, os.SEEK_SET)
         holder = json.loads(os.read(fd, 4096))
     except (OSError, ValueError):
-        return None
-    return holder if isinstance(holder, dict) else None
+        return {}
+    return holder if isinstance(holder, dict) else {}
 
 
 def _unlock(directory: str, fd: int) -> None:

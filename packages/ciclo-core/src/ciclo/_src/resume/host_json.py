@@ -1,17 +1,10 @@
 """Host values as JSON data: what a backup stores of a loop besides its state.
 
-`to_json` turns numbers, strings, lists, tuples, dicts, bytes, numpy arrays and
-JAX arrays (typed PRNG keys too) into plain JSON: numbers, strings, lists and
-dicts, with a few tagged forms (`{"$array": ...}`, `{"$tuple": [...]}`, ...).
-`from_json` turns them back, checking every tag and value; it builds numpy
-arrays from their bytes with `np.frombuffer` and never runs code from the data
-(no pickle anywhere). Any other value is refused where it is encoded, with the
-path of the value in the error.
-
-A value whose pytree structure is the loop state's (an early stopping's best
-state) is not JSON: `to_json` hands it to `kept` and stores a reference
-(`{"$state": "0"}`); the backup saves those with orbax, next to the state, and
-`from_json` puts the restored trees back in their places.
+`to_json` writes numbers, strings, lists, dicts, and tagged forms for the rest
+(`{"$array": ...}`, `{"$tuple": [...]}`, ...); any other value is refused, named
+by its path. `from_json` checks every tag and value and never runs code from
+the data (no pickle). A tree shaped like the loop state (an early stopping's
+best state) goes to `kept`, saved by orbax, and is stored as `{"$state": "0"}`.
 """
 
 from __future__ import annotations
@@ -45,6 +38,10 @@ def to_json(
         >>> from_json(data, "state")["best"]
         np.float32(0.5)
     """
+
+    def inner(v: Any, at: str) -> Any:
+        return to_json(v, at, state_structure=state_structure, kept=kept)
+
     if value is None or isinstance(value, (bool, str)):
         return value
     if isinstance(value, int) and not isinstance(value, np.generic):
@@ -79,33 +76,17 @@ def to_json(
                 "data": base64.b64encode(np.ascontiguousarray(array).tobytes()).decode("ascii"),
             }
         }
-    if isinstance(value, tuple):
-        return {
-            "$tuple": [
-                to_json(v, f"{where}[{i}]", state_structure=state_structure, kept=kept)
-                for i, v in enumerate(value)
-            ]
-        }
-    if isinstance(value, list):
-        return [
-            to_json(v, f"{where}[{i}]", state_structure=state_structure, kept=kept)
-            for i, v in enumerate(value)
-        ]
+    if isinstance(value, (tuple, list)):
+        items = [inner(v, f"{where}[{i}]") for i, v in enumerate(value)]
+        return {"$tuple": items} if isinstance(value, tuple) else items
     if isinstance(value, dict):
         if all(isinstance(key, str) and not key.startswith("$") for key in value):
-            return {
-                key: to_json(v, f"{where}[{short(key)}]", state_structure=state_structure, kept=kept)
-                for key, v in value.items()
-            }
-        return {
-            "$dict": [
-                [
-                    to_json(key, f"{where} key {short(key)}"),
-                    to_json(v, f"{where}[{short(key)}]", state_structure=state_structure, kept=kept),
-                ]
-                for key, v in value.items()
-            ]
-        }
+            return {key: inner(v, f"{where}[{short(key)}]") for key, v in value.items()}
+        pairs = [
+            [to_json(key, f"{where} key {short(key)}"), inner(v, f"{where}[{short(key)}]")]
+            for key, v in value.items()
+        ]
+        return {"$dict": pairs}
     raise TypeError(
         f"{cut(where)} is of type {type(value).__name__}, which a backup cannot hold: a backup holds "
         "numbers, strings, bytes, lists, tuples, dicts and arrays (and trees shaped like the loop's state), "
@@ -133,12 +114,15 @@ def from_json(data: Any, where: str, *, states: Mapping[str, Any] | None = None)
         pairs = _list(body, where)
         if not all(isinstance(pair, list) and len(pair) == 2 for pair in pairs):
             raise ValueError(f"{cut(where)} holds a $dict whose items are not [key, value] pairs")
-        return {
-            _hashable(from_json(k, f"{where} key", states=states), where): from_json(
-                v, f"{where}[{short(k)}]", states=states
-            )
-            for k, v in pairs
-        }
+        try:
+            return {
+                from_json(k, f"{where} key", states=states): from_json(
+                    v, f"{where}[{short(k)}]", states=states
+                )
+                for k, v in pairs
+            }
+        except TypeError:  # from_json raises only ValueError: a key that is a list, a dict or an array
+            raise ValueError(f"{cut(where)} holds a dict key that is not hashable") from None
     if tag == "$float":
         if body not in _NON_FINITE:
             raise ValueError(f"{cut(where)} holds a $float of {short(body)}, not nan, inf or -inf")
@@ -217,13 +201,3 @@ def _list(body: Any, where: str) -> list[Any]:
     if not isinstance(body, list):
         raise ValueError(f"{cut(where)} holds a {type(body).__name__} where a list belongs")
     return body
-
-
-def _hashable(key: Any, where: str) -> Any:
-    try:
-        hash(key)
-    except TypeError:
-        raise ValueError(
-            f"{cut(where)} holds a dict key that is not hashable: {type(key).__name__}"
-        ) from None
-    return key

@@ -1,34 +1,15 @@
-"""The one orbax layer: importing orbax, opening managers, and checking a target against what was saved.
+"""The one orbax layer of `ciclo.checkpoint` and `ciclo.backup`: they share this and nothing else.
 
-`ciclo.checkpoint` and `ciclo.backup` both save through orbax's
-`CheckpointManager`; everything they share lives here, and they use nothing
-else of each other:
-
-- `orbax()` imports orbax on first use (half a second `import ciclo` should not
-  pay), with absl's INFO records of orbax filtered out, or raises an ImportError
-  naming the `checkpoint` extra;
-- `open_manager` builds a manager with ciclo's options: barriers named after
-  the directory (so a backup and a checkpoint of one step never wait on each
-  other under several processes), unfinished `*.orbax-checkpoint-tmp*` steps of
-  a killed run removed by orbax's own `cleanup_tmp_directories`, and a hook that
-  finishes the saves in flight as the interpreter exits;
-- `check_structure` compares a target with the tree orbax stored, leaf by leaf
-  (shapes, and for a resume dtypes), before orbax reads anything (typed PRNG
-  keys compared as the raw data orbax stores, so nnx `Rngs` and
-  `jax.random.key` states restore);
-- `abstract` turns a target into shapes, dtypes and shardings;
-- `note_lost_peer` prints one line when a save, a restore or a step of a
-  multi-process run failed because another process is gone: which one, and the
-  last complete backup to resume from.
-
-orbax logs about fifty INFO lines per save through absl; the filter drops
-orbax's records below WARNING, so a program that logs at INFO stays readable.
-Other absl users and orbax's warnings are not affected.
+It imports orbax on first use (naming the `checkpoint` extra if missing, and
+dropping orbax's absl records below WARNING, about fifty a save), opens managers
+with ciclo's options and barriers, restores on every process together, checks
+a target against the tree orbax stored, and notes a lost process of a run.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import logging
 import os
@@ -78,22 +59,12 @@ TMP_MARK = ".orbax-checkpoint-tmp"
 _ORBAX_PATH_PART = f"{os.sep}orbax{os.sep}checkpoint{os.sep}"
 
 _open_managers: weakref.WeakKeyDictionary[Any, tuple[str, str]] = weakref.WeakKeyDictionary()
-"""Every manager `open_manager` made and still alive: what it saves ("backup", "checkpoint") and where."""
-_exit_hook_installed = False
+"""Every manager `open_manager` made and still alive: its kind ("ciclo_backup", ...) and directory."""
 
 
-class _DropOrbaxInfo(logging.Filter):
-    """Drops orbax's records below WARNING; lets everything else through."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return record.levelno >= logging.WARNING or _ORBAX_PATH_PART not in record.pathname
-
-
-def missing_extra(error: ImportError) -> ImportError:
-    """The ImportError to raise when orbax (or etils) is missing: it names the extra to install."""
-    return ImportError(
-        f'ciclo\'s checkpoints need orbax-checkpoint ({error}): pip install "ciclo-core[checkpoint]"'
-    )
+def _drop_orbax_info(record: logging.LogRecord) -> bool:
+    """The filter of absl's logger: drops orbax's records below WARNING, lets everything else through."""
+    return record.levelno >= logging.WARNING or _ORBAX_PATH_PART not in record.pathname
 
 
 def orbax() -> Any:
@@ -107,33 +78,27 @@ def orbax() -> Any:
         # logging.getLogger("absl") would report absl's own file as the origin of every record.
         from absl import logging as absl_logging
 
-        absl_logger = absl_logging.get_absl_logger()
-        if not any(isinstance(f, _DropOrbaxInfo) for f in absl_logger.filters):
-            # Installed before importing orbax, which logs too.
-            absl_logger.addFilter(_DropOrbaxInfo())
+        # Installed before importing orbax, which logs too (addFilter adds it once).
+        absl_logging.get_absl_logger().addFilter(_drop_orbax_info)
         import orbax.checkpoint as ocp  # type: ignore[import-untyped]
     except ImportError as error:
-        raise missing_extra(error) from error
+        raise ImportError(
+            f'ciclo\'s checkpoints need orbax-checkpoint ({error}): pip install "ciclo-core[checkpoint]"'
+        ) from error
     return ocp
 
 
 def epath(path: str) -> Any:
     """An `etils.epath.Path` (orbax's path type), so that remote URLs work like local paths."""
-    try:
-        from etils import epath as etils_epath  # type: ignore[import-untyped]
-    except ImportError as error:
-        raise missing_extra(error) from error
+    orbax()  # etils comes with orbax: without it, the ImportError that names the extra
+    from etils import epath as etils_epath  # type: ignore[import-untyped]
+
     return etils_epath.Path(path)
 
 
-def barrier_prefix(kind: str, directory: str) -> str:
+def _barriers(kind: str, directory: str) -> str:
     """A name for orbax's multi-process barriers, the same in every process that saves to `directory`."""
     return f"{kind}_{hashlib.sha1(os.path.abspath(directory).encode()).hexdigest()[:12]}"
-
-
-def unfinished_steps(directory: str) -> list[str]:
-    """The names of the steps a killed run left half-written in `directory` (orbax removes them)."""
-    return sorted(child.name for child in epath(directory).iterdir() if TMP_MARK in child.name)
 
 
 def open_manager(
@@ -145,29 +110,24 @@ def open_manager(
     create: bool = True,
     **options: Any,
 ) -> Any:
-    """An orbax `CheckpointManager` on `directory` with ciclo's options.
+    """An orbax `CheckpointManager` on `directory` with ciclo's options, and `options` (`max_to_keep`, ...).
 
-    Args:
-        directory: where the steps are.
-        kind: names the manager's barriers with the directory ("ciclo_backup",
-            "ciclo_checkpoint"): two kinds of save of one step never wait on
-            each other.
-        item_handlers: orbax's handler (or dict of handlers), named so that a
-            manager opened later can read a step's metadata.
-        async_save: whether `save` returns before the step is written.
-        create: create the directory if missing.
-        **options: more `CheckpointManagerOptions` (`max_to_keep`,
-            `preservation_policy`, `best_fn`, ...).
+    `kind` ("ciclo_backup", "ciclo_checkpoint") names its barriers with the
+    directory: two kinds of save of one step never wait on each other. The
+    `item_handlers` are named so that a manager opened later can read a step's
+    metadata. `create`: create the directory, and remove a killed run's
+    unfinished steps.
     """
     ocp = orbax()
-    for name in unfinished_steps(directory) if create and os.path.isdir(directory) else []:
-        _log.warning("removing the unfinished save %s", os.path.join(directory, name))
+    for child in epath(directory).iterdir() if create and os.path.isdir(directory) else []:
+        if TMP_MARK in child.name:  # orbax's cleanup_tmp_directories removes it
+            _log.warning("removing the unfinished save %s", os.path.join(directory, child.name))
     manager_options = ocp.CheckpointManagerOptions(
         create=create,
         enable_async_checkpointing=async_save,
         cleanup_tmp_directories=create,
         multiprocessing_options=ocp.options.MultiprocessingOptions(
-            barrier_sync_key_prefix=barrier_prefix(kind, directory)
+            barrier_sync_key_prefix=_barriers(kind, directory)
         ),
         # orbax's own barriers and timeout (1200 s for a whole save); a lost process fails them
         # sooner, when JAX's heartbeat timeout declares it dead. They only say so now.
@@ -176,23 +136,17 @@ def open_manager(
     )
     manager = ocp.CheckpointManager(directory, options=manager_options, item_handlers=item_handlers)
     _install_exit_hook()
-    _open_managers[manager] = (kind.removeprefix("ciclo_"), directory)
+    _open_managers[manager] = (kind, directory)
     return manager
 
 
-def restore_everywhere(manager: Any, step: int, args: Any, *, barriers: str) -> Any:
-    """`manager.restore(step, args=args)`, done or failed on every process together.
+def restore_everywhere(manager: Any, step: int, args: Any) -> Any:
+    """`manager.restore(step, args=args)` (an `open_manager`'s), done or failed on every process together.
 
     Each process reads its own part of a step (its shards). orbax ends a restore
     with a barrier that a process failing to read its part never reaches: here it
     joins that barrier, then the processes share whether each one could read, so
     that all of them raise together and can all try another step.
-
-    Args:
-        manager: an orbax manager from `open_manager`.
-        step: the step to restore.
-        args: orbax's restore arguments.
-        barriers: the manager's barrier names, `barrier_prefix(kind, directory)`.
 
     Raises:
         Exception: this process's own error, or a `RuntimeError` naming the
@@ -211,7 +165,9 @@ def restore_everywhere(manager: Any, step: int, args: Any, *, barriers: str) -> 
         error = failure
         with _noting():
             ocp.multihost.sync_global_processes(
-                ocp.multihost.unique_barrier_key("Checkpointer:restore", prefix=barriers)
+                ocp.multihost.unique_barrier_key(
+                    "Checkpointer:restore", prefix=_barriers(*_open_managers[manager])
+                )
             )
     with _noting():
         done = np.asarray(
@@ -270,28 +226,14 @@ def lost_peer(error: BaseException) -> str | None:
     return None
 
 
-def complete_steps(directory: str) -> list[int]:
-    """The steps saved completely in `directory` (a step being written has a temporary name), oldest first."""
-    try:
-        names = [child.name for child in epath(directory).iterdir()]
-    except OSError:
-        return []
-    return sorted(int(name) for name in names if name.isdigit())
-
-
 def note_lost_peer(error: BaseException) -> None:
     """One line on stderr if `error` says that another process of the run is gone; once a process.
 
     Multi-controller JAX ends every process of a run that lost one (within the
-    heartbeat timeout of `jax.distributed.initialize`): the line says first which
-    process is gone and the last complete backup (of every backup directory
-    open; without one, checkpoint) that a new start of every process resumes
-    from. It goes through the `ciclo.resume` logger, as the lines of a resume
-    and a preemption do (`announce`). The error itself is
-    the caller's to raise.
-
-    Args:
-        error: what failed (a barrier, a collective, a restore).
+    heartbeat timeout of `jax.distributed.initialize`): the line (`announce`)
+    says which process is gone and the last complete backup (of every backup
+    directory open; without one, checkpoint) to start every process again from.
+    The error itself is the caller's to raise.
     """
     if jax.process_count() == 1:
         return
@@ -299,10 +241,13 @@ def note_lost_peer(error: BaseException) -> None:
     if lost is None or not _lost_peer_noted.acquire(blocking=False):
         return
     saves = list(_open_managers.values())
-    what = "backup" if any(kind == "backup" for kind, _ in saves) else "checkpoint"
+    what = "backup" if any(kind == "ciclo_backup" for kind, _ in saves) else "checkpoint"
     places = []
-    for directory in sorted({directory for kind, directory in saves if kind == what}):
-        steps = complete_steps(directory)
+    for directory in sorted({directory for kind, directory in saves if kind == f"ciclo_{what}"}):
+        try:  # complete steps only: a step being written has a temporary name
+            steps = sorted(int(child.name) for child in epath(directory).iterdir() if child.name.isdigit())
+        except OSError:
+            steps = []
         places.append(
             f"the last complete {what} is step {steps[-1]} in {directory}"
             if steps
@@ -350,10 +295,8 @@ def _finish_saves_at_exit() -> None:
             manager.wait_until_finished()
 
 
+@functools.cache
 def _install_exit_hook() -> None:
-    global _exit_hook_installed
-    if _exit_hook_installed:
-        return
     # orbax finalises a save on a thread that submits to a concurrent.futures pool; pools refuse work
     # once threading's exit hooks ran ("cannot schedule new futures after interpreter shutdown", the
     # traceback a double Ctrl-C used to print). threading runs these hooks in reverse order, so one
@@ -361,7 +304,6 @@ def _install_exit_hook() -> None:
     register = getattr(threading, "_register_atexit", None)
     if register is not None:
         register(_finish_saves_at_exit)
-    _exit_hook_installed = True
 
 
 def _key_name(key: Any) -> str:
@@ -396,12 +338,12 @@ def _leaf_table(tree: Any) -> dict[tuple[str, ...], tuple[str, Any, Any]]:
     return table
 
 
-def stored_tree(manager: Any, step: int, item: str | None = None) -> Any:
-    """The tree of array metadata orbax stored for `step` (its `item`), or None where it has none."""
+def stored_tree(manager: Any, step: int, *keys: str) -> Any:
+    """The tree of array metadata orbax stored for `step` (under `keys`), or None where it has none."""
     try:
         metadata = manager.item_metadata(step)
-        if item is not None:
-            metadata = metadata[item]
+        for key in keys:
+            metadata = getattr(metadata[key], "tree", metadata[key])
         return getattr(metadata, "tree", metadata)
     except Exception:  # noqa: BLE001 - no metadata to compare with (an older format): orbax's own checks remain
         return None
@@ -410,20 +352,13 @@ def stored_tree(manager: Any, step: int, item: str | None = None) -> Any:
 def check_structure(stored: Any, item: Any, kind: str, where: str, *, dtypes: bool) -> None:
     """Compares a target tree with the metadata tree orbax stored, leaf by leaf.
 
-    The one structure check of checkpoints and backups: paths are compared by key
-    names, and a typed PRNG key (`jax.random.key`, an nnx module's rng streams) as
-    the raw data orbax stores. `stored=None` (no metadata) checks nothing.
-
-    Args:
-        stored: the tree of array metadata orbax gives for the saved item
-            (`stored_tree`).
-        item: the target tree (arrays or `jax.ShapeDtypeStruct`s).
-        kind: names the saved item in the error, e.g. "the checkpoint".
-        where: says which one, e.g. "of step 3 in /runs".
-        dtypes: whether a dtype alone that differs is refused too. A resume
-            refuses it (orbax would cast the parameters and the optimizer state,
-            and the run would equal neither the one saved nor a new one);
-            restoring a checkpoint casts to the target's dtype.
+    Paths are compared by key names, and a typed PRNG key (`jax.random.key`, an
+    nnx module's rng streams) as the raw data orbax stores; `stored=None` (no
+    metadata, `stored_tree`) checks nothing. `kind` and `where` name the saved
+    item ("the checkpoint", "of step 3 in /runs"). `dtypes`: whether a dtype
+    alone that differs is refused too; a resume refuses it (orbax would cast the
+    parameters and the optimizer state, and the run would equal neither the one
+    saved nor a new one), a checkpoint's restore casts to the target's dtype.
 
     Raises:
         ValueError: naming the leaves that are missing on either side or whose

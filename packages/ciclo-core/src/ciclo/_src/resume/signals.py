@@ -1,20 +1,10 @@
-"""Signals: the one mechanism that turns SIGTERM and Ctrl-C into a request, and a second Ctrl-C into an exit.
+"""Signals: SIGTERM and Ctrl-C turned into a request to stop after the step in flight.
 
-`SignalGuard` catches the signals it is given and records the first one; a
-second SIGINT raises `KeyboardInterrupt` at once and marks the guard `forced`
-(the user insisting: a loop never swallows it, whatever
-`catch_keyboard_interrupt` says). Two uses:
-
-- a loop's guard (`SignalGuard.for_loop`) asks the loop to stop after the
-  step in flight; it only takes a signal that still has Python's default
-  handler, in the main thread, so a loop inside another (or a program with
-  its own handlers) leaves them alone. Under several processes SIGTERM is
-  JAX's preemption notice: every process stops at the same step, its sync
-  point.
-- `held_interrupts()` holds Ctrl-C back while orbax starts, finishes or
-  deletes a save (a KeyboardInterrupt inside orbax leaves a step
-  half-registered), then delivers it to the handler that was there before (a
-  loop's guard included).
+`SignalGuard` records the first signal it catches; a second SIGINT raises at
+once (`ForcedInterrupt`, which no loop swallows). A loop's guard takes only
+signals that still have Python's default handler, in the main thread; under
+several processes SIGTERM is JAX's preemption sync point. `held_interrupts()`
+holds Ctrl-C back while orbax starts, finishes or deletes a save.
 """
 
 from __future__ import annotations
@@ -84,11 +74,6 @@ class SignalGuard:
         signals = (signal.SIGTERM,) if sigterm and not sync_point else ()
         return cls(signals + ((signal.SIGINT,) if sigint else ()), sync_point=sync_point, on_signal=on_signal)
 
-    @property
-    def active(self) -> bool:
-        """Whether anything can ask the loop to stop: a handler installed, or the sync point."""
-        return bool(self._previous) or self.sync_point
-
     def _handle(self, signum: int, frame: Any) -> None:
         if self.signum is not None and signum == signal.SIGINT:
             self.forced = True
@@ -100,15 +85,12 @@ class SignalGuard:
 
     def requested(self, steps: int) -> bool:
         """Whether to stop after the step that ended at `steps`."""
-        if self.signum is not None:
-            return True
-        if self.sync_point:
+        if self.signum is None and self.sync_point:
             from jax.experimental import multihost_utils
 
             if multihost_utils.reached_preemption_sync_point(steps):
                 self.signum = signal.SIGTERM
-                return True
-        return False
+        return self.signum is not None
 
     def release(self) -> None:
         """Gives the signals back to the handlers they had."""
@@ -119,13 +101,10 @@ class SignalGuard:
 
 @final
 class CatchInterrupt(Callback):
-    """Ctrl-C stops the loop after the step in flight, and the loop returns what it computed.
+    """`catch_keyboard_interrupt=True`: Ctrl-C stops the loop after the step in flight, which returns.
 
-    What `catch_keyboard_interrupt=True` adds to a loop; a `KeyboardInterrupt`
-    raised by a step is caught too. A second Ctrl-C raises at once, and that
-    `KeyboardInterrupt` is never caught. It takes
-    Ctrl-C only where Python's default handler is installed: a backup with
-    `sigint=True` before it in the loop's callbacks takes it first.
+    A `KeyboardInterrupt` raised by a step is caught too; a second Ctrl-C is
+    never caught. A backup with `sigint=True` before it takes Ctrl-C first.
     """
 
     def __init__(self) -> None:
