@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import operator
 import time as _time
 from collections.abc import Iterable, Iterator
 from typing import Any, TypeVar
@@ -203,18 +204,12 @@ class Elapsed:
     def _reached(self, period: Period, strict: bool) -> bool:
         if not isinstance(period, Period):
             raise TypeError(f"Elapsed can only be compared with a ciclo.types.Period, got {short(period)}")
-        if strict:
-            return (
-                (period.steps is not None and self.steps > period.steps)
-                or (period.samples is not None and self.samples > period.samples)
-                or (period.time is not None and self.time > period.time)
-                or (period.date is not None and self.date > period.date)
-            )
+        past = operator.gt if strict else operator.ge
         return (
-            (period.steps is not None and self.steps >= period.steps)
-            or (period.samples is not None and self.samples >= period.samples)
-            or (period.time is not None and self.time >= period.time)
-            or (period.date is not None and self.date >= period.date)
+            (period.steps is not None and past(self.steps, period.steps))
+            or (period.samples is not None and past(self.samples, period.samples))
+            or (period.time is not None and past(self.time, period.time))
+            or (period.date is not None and past(self.date, period.date))
         )
 
     def __ge__(self, period: Period) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 import datetime
+import math
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, final
 
@@ -35,16 +36,16 @@ class ScheduleBase(abc.ABC):
         """Returns True when the schedule fires at `elapsed`."""
 
     def __and__(self, other: ScheduleFn) -> ScheduleBase:
-        return _All((self, _check_schedule(other)))
+        return _Combined(all, (self, _check_schedule(other)))
 
     def __rand__(self, other: ScheduleFn) -> ScheduleBase:
-        return _All((_check_schedule(other), self))
+        return _Combined(all, (_check_schedule(other), self))
 
     def __or__(self, other: ScheduleFn) -> ScheduleBase:
-        return _Any((self, _check_schedule(other)))
+        return _Combined(any, (self, _check_schedule(other)))
 
     def __ror__(self, other: ScheduleFn) -> ScheduleBase:
-        return _Any((_check_schedule(other), self))
+        return _Combined(any, (_check_schedule(other), self))
 
     def __invert__(self) -> ScheduleBase:
         return _Not(self)
@@ -58,22 +59,14 @@ def _check_schedule(value: object) -> ScheduleFn:
 
 @final
 @dataclasses.dataclass(frozen=True, eq=False)
-class _All(ScheduleBase):
+class _Combined(ScheduleBase):
+    """`all` or `any` of its parts' answers; every part is asked."""
+
+    combine: Callable[[list[bool]], bool]
     parts: tuple[ScheduleFn, ...]
 
     def __call__(self, elapsed: Elapsed) -> bool:
-        results = [bool(part(elapsed)) for part in self.parts]
-        return all(results)
-
-
-@final
-@dataclasses.dataclass(frozen=True, eq=False)
-class _Any(ScheduleBase):
-    parts: tuple[ScheduleFn, ...]
-
-    def __call__(self, elapsed: Elapsed) -> bool:
-        results = [bool(part(elapsed)) for part in self.parts]
-        return any(results)
+        return self.combine([bool(part(elapsed)) for part in self.parts])
 
 
 @final
@@ -135,38 +128,23 @@ class Every(ScheduleBase):
         self._last: tuple[float, ...] | None = None
         self._last_result = False
 
-    def _values(self, elapsed: Elapsed) -> tuple[float, ...]:
-        return (elapsed.steps, elapsed.samples, elapsed.time)
-
     def __call__(self, elapsed: Elapsed) -> bool:
-        period, offset = self.period, self.offset
+        period, offset, last = self.period, self.offset, self._last
         if period.steps == 1 and offset is None:
             return True  # the common every(1): no bookkeeping
-        current = self._values(elapsed)
-        last = self._last
-        if last is not None and current == last:
+        current = (elapsed.steps, elapsed.samples, elapsed.time)
+        if current == last:
             return self._last_result
-        restart = last is None or any(c < p for c, p in zip(current, last, strict=True))
-        fired = False
-        for index, interval in enumerate((period.steps, period.samples, period.time)):
-            if interval is None:
-                continue
-            start = 0.0
-            if offset is not None:
-                start = float((offset.steps, offset.samples, offset.time)[index] or 0)
-            value = current[index]
-            if restart:
-                if index == 2:
-                    # The run started at time 0, a boundary: the first call fires.
-                    hit = value >= start
-                else:
-                    hit = value >= start and (value - start) % interval == 0
-            else:
-                assert last is not None
-                hit = crossed(last[index], value, interval, start)
-            fired = fired or hit
-        self._last = current
-        self._last_result = fired
+        if last is None or any(c < p for c, p in zip(current, last, strict=True)):
+            # A (re)start: a count fires on a boundary, time (which starts at one) once past the offset.
+            last = (current[0] - 1, current[1] - 1, -math.inf)
+        starts = (0, 0, 0.0) if offset is None else (offset.steps, offset.samples, offset.time)
+        intervals = (period.steps, period.samples, period.time)
+        fired = any(
+            interval is not None and crossed(before, now, interval, start or 0)
+            for before, now, interval, start in zip(last, current, intervals, starts, strict=True)
+        )
+        self._last, self._last_result = current, fired
         return fired
 
     def __repr__(self) -> str:

@@ -1,21 +1,12 @@
 """Logs (what one step reports) and the History (what a loop reported, step by step).
 
-This module owns the `Logs` a step returns and the `History` a loop commits
-them to. A History row is one step's entries, as `Paths` (each value's
-`(collection, name)`; rows that log the same entries share one `Paths` object)
-and a tuple of values, plus the step's counts (`steps`, `samples`, `time`).
-A row is at one of three stages, oldest rows first:
-
-1. on the host: `(paths, values)` with host values, what `collect`,
-   `host_rows` (the loggers) and `to_host` (backups) read;
-2. in flight: a `_Window` of rows read column by column, in `_Block`s of rows
-   that log the same entries, whose device values are being copied to the
-   host (`host_copies`); it joins the host rows once the device is done;
-3. pending: the newest rows (fewer than `2 * _LAG`), kept as the logs their
-   steps returned, unread: committing a row only appends it.
-
-Rows of a fused group of steps (`append_steps`) are pending as `_FusedRow`s,
-whose values are their step's slice of the group's arrays.
+A History row is one step's entries as `Paths` (each value's `(collection, name)`,
+one object for the rows that log the same entries) and values, plus the step's
+counts. Oldest first, a row is on the host (what `collect`, `host_rows` and
+`to_host` read); in flight (a `_Window` of `_Block`s of rows that log the same
+entries, read column by column, whose device values `host_copies` brings over);
+or pending (the newest rows, fewer than `2 * _LAG`, kept as their steps returned
+them; a fused group's as `_FusedRow`s).
 """
 
 from __future__ import annotations
@@ -82,8 +73,7 @@ class Logs(dict[str, Entries]):
             self.merge(logs)
 
     def __getattr__(self, collection: str) -> Entries:
-        if collection == "updates":
-            # The property's getter raised AttributeError, which lands here.
+        if collection == "updates":  # the write-only property's missing getter lands here
             raise AttributeError("Logs.updates is write-only: assign logs to it to merge them")
         try:
             return self[collection]
@@ -92,26 +82,21 @@ class Logs(dict[str, Entries]):
                 f"no collection {short(collection)}; collections are {sorted(self)}"
             ) from None
 
-    @property
-    def updates(self) -> NoReturn:
-        """Write-only: `logs.updates = other` merges `other` into `logs`.
-
-        Lets a step's logs be merged in the same line that unpacks its outputs:
-        `logs.updates, state = train_step(state, batch)`.
-        """
-        raise AttributeError("Logs.updates is write-only: assign logs to it to merge them")
-
-    @updates.setter
-    def updates(self, updates: LogsLike | None) -> None:
+    def _merge_updates(self, updates: LogsLike | None) -> None:
         if updates is not None:
             self.merge(updates)
+
+    updates = property(
+        fset=_merge_updates,
+        doc="""Write-only: `logs.updates = other` merges `other` into `logs`, as in
+        `logs.updates, state = train_step(state, batch)`.""",
+    )
 
     def add_entry(self, collection: str, name: str, value: Any) -> Logs:
         """Sets `self[collection][name] = value`, creating the collection; returns self.
 
         Raises:
-            TypeError: for a name that is not a non-empty string, or a string as a
-                metric or a loss (they must be numbers or arrays).
+            TypeError: for a name that is not a non-empty string, or a string as a metric or a loss.
         """
         if not isinstance(name, str) or not name:
             raise TypeError(
@@ -121,8 +106,7 @@ class Logs(dict[str, Entries]):
         if isinstance(value, (str, bytes)) and collection in _NUMERIC_COLLECTIONS:
             raise TypeError(
                 f"{collection}.{name} is the {type(value).__name__} {short(value)}: metrics and losses "
-                "must be "
-                "numbers or arrays (log text as an output: logs.add_output(name, text))"
+                "must be numbers or arrays (log text as an output: logs.add_output(name, text))"
             )
         entries = self.get(collection)
         if entries is None:
@@ -281,13 +265,10 @@ class History(Sequence[Logs]):
 
     Each entry is a `Logs` with an extra `elapsed` collection (`steps`, `samples`,
     `time`). Committing never waits on the device: the history keeps the logs a
-    step returned as they are (do not change them afterwards), JAX arrays
-    included. Once rows are a few hundred steps old, it starts copying their
-    arrays to the host in batches (a column of scalars as one array), and takes
-    the copies a window later, once the device has computed them (`on_host`
-    counts the rows taken). Reading an entry or `collect` copies what is still
-    on the device, waiting for it. Scalars are stored as Python numbers, so long
-    runs take little memory.
+    step returned as they are (do not change them afterwards). Rows a few
+    hundred steps old are copied to the host in batches, taken once the device
+    has computed them (`on_host`); reading an entry or `collect` waits for what
+    is still on the device. Scalars are stored as Python numbers.
 
     Example:
         >>> import ciclo
@@ -306,10 +287,8 @@ class History(Sequence[Logs]):
             raise ValueError(f"max_rows must be None (keep every row) or an int >= 0, got {short(max_rows)}")
         self.max_rows = max_rows
         self.dropped = 0  # rows dropped from the front by `max_rows`
-        # Row `i` of those kept: its counts are `_steps[i]`, `_samples[i]`, `_times[i]`. Its entries
-        # are on the host (`_paths[i]`, `_values[i]`) for the first `on_host` rows; then come the rows
-        # whose copies to the host are in flight, window by window; then the newest rows, as the logs
-        # their steps returned, not read yet.
+        # Row `i` kept: counts `_steps[i]`, `_samples[i]`, `_times[i]`; entries `_paths[i]`, `_values[i]`
+        # for the first `on_host` rows, then in `_windows`, then `_pending`.
         self._steps: list[int] = []
         self._samples: list[int] = []
         self._times: list[float] = []
@@ -317,11 +296,10 @@ class History(Sequence[Logs]):
         self._values: list[tuple[Any, ...]] = []
         self._windows: deque[_Window] = deque()
         self._pending: list[LogsLike | _FusedRow] = []
-        # For `latest`: the newest row of each set of paths (its index, dropped rows counted, and its
-        # values), read up to row `_scanned`; and the newest values of sets whose rows were all dropped.
+        # For `latest`: the newest row of each set of paths read up to row `_scanned`, as its index
+        # (dropped rows counted) and values (host values once the row is dropped).
         self._newest: dict[Paths, tuple[int, tuple[Any, ...]]] = {}
         self._scanned = 0
-        self._evicted_latest: dict[Paths, tuple[Any, ...]] = {}
         self._interned: dict[Paths, Paths] = {}  # one `Paths` object for all the rows that log its entries
 
     def commit(self, elapsed: Elapsed, logs: LogsLike) -> None:
@@ -329,11 +307,7 @@ class History(Sequence[Logs]):
         self.append(elapsed.steps, elapsed.samples, elapsed.time, logs)
 
     def append(self, steps: int, samples: int, time: float, logs: LogsLike) -> None:
-        """Appends `logs` as the entry at these counts: `commit` without building an `Elapsed`.
-
-        The history keeps `logs` itself (the hot path of every loop): rows are
-        read out of it in batches, a few hundred rows later.
-        """
+        """`commit` without building an `Elapsed`; the history keeps `logs` itself."""
         pending = self._pending
         pending.append(logs)
         self._steps.append(steps)
@@ -435,10 +409,9 @@ class History(Sequence[Logs]):
         excess = min(len(self) - int(self.max_rows or 0), len(self._values) - _LAG)
         if excess <= 0:
             return
-        for paths, (index, _) in list(self._newest.items()):
-            if index < self.dropped + excess:
-                self._evicted_latest[paths] = self._values[index - self.dropped]
-                del self._newest[paths]
+        for paths, (index, _) in self._newest.items():
+            if self.dropped <= index < self.dropped + excess:
+                self._newest[paths] = (index, self._values[index - self.dropped])
         del self._paths[:excess], self._values[:excess]
         del self._steps[:excess], self._samples[:excess], self._times[:excess]
         self.dropped += excess
@@ -456,11 +429,10 @@ class History(Sequence[Logs]):
         """
         self._note_pending()
         newest: dict[EntryPath, Any] = {}  # each entry's value in the newest row that logs it
-        for paths, values in self._evicted_latest.items():
-            newest.update(zip(paths, values, strict=True))
         on_host = self.dropped + len(self._values)  # rows before this one give their host values
         for paths, (index, values) in sorted(self._newest.items(), key=lambda item: item[1][0]):
-            values = self._values[index - self.dropped] if index < on_host else values
+            if self.dropped <= index < on_host:
+                values = self._values[index - self.dropped]
             newest.update(zip(paths, values, strict=True))
         logs = Logs()
         for (collection, name), value in newest.items():
@@ -541,7 +513,7 @@ class History(Sequence[Logs]):
             ),
             "max_rows": self.max_rows,
             "dropped": self.dropped,
-            "evicted_latest": dict(self._evicted_latest),
+            "evicted_latest": {paths: row for paths, (i, row) in self._newest.items() if i < self.dropped},
         }
 
     def load_host(self, rows: Mapping[str, Any]) -> None:
@@ -553,8 +525,7 @@ class History(Sequence[Logs]):
         self._samples = [samples for _, samples, _ in rows["elapsed"]]
         self._times = [time for _, _, time in rows["elapsed"]]
         self.dropped = int(rows["dropped"])
-        self._evicted_latest = dict(rows["evicted_latest"])
-        self._newest = {}
+        self._newest = {paths: (-1, values) for paths, values in rows["evicted_latest"].items()}
         for index, (paths, values) in enumerate(zip(self._paths, self._values, strict=True)):
             self._note(self.dropped + index, paths, values)
         self._pending, self._windows = [], deque()
