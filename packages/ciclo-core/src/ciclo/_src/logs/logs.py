@@ -16,7 +16,7 @@ import itertools
 import os
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn, cast, final, overload
+from typing import TYPE_CHECKING, Any, NamedTuple, cast, final, overload
 
 import jax
 
@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 ELAPSED_KEYS = ("steps", "samples", "time")
 
 
-_NUMERIC_COLLECTIONS = frozenset({"metrics", "losses", "stateful_metrics"})
+NUMERIC_COLLECTIONS = frozenset({"metrics", "losses", "stateful_metrics"})
 """Collections whose entries bars, loggers and aggregation treat as numbers."""
 
 
@@ -103,7 +103,7 @@ class Logs(dict[str, Entries]):
                 f"a log entry's name must be a non-empty string, got {short(name)} for {collection} "
                 f"(e.g. logs.add_metric('accuracy', value))"
             )
-        if isinstance(value, (str, bytes)) and collection in _NUMERIC_COLLECTIONS:
+        if isinstance(value, (str, bytes)) and collection in NUMERIC_COLLECTIONS:
             raise TypeError(
                 f"{collection}.{name} is the {type(value).__name__} {short(value)}: metrics and losses "
                 "must be numbers or arrays (log text as an output: logs.add_output(name, text))"
@@ -322,8 +322,7 @@ class History(Sequence[Logs]):
         """Appends `rows` entries from logs with a leading axis over steps (a fused group's first steps).
 
         Row `i` holds each entry's value at index `i`, at `steps + i` steps and
-        `samples + i * batch_size` samples. The values are sliced when the
-        history copies them to the host: one copy per entry for the whole group.
+        `samples + i * batch_size` samples; each entry is copied to the host once for the group.
         """
         paths, arrays = self._read(per_step)
         self._pending += [_FusedRow(paths, arrays, i) for i in range(rows)]
@@ -340,11 +339,7 @@ class History(Sequence[Logs]):
         return self._interned.setdefault(paths, paths), values
 
     def _advance(self) -> None:
-        """Starts the copies of the rows now `_LAG` rows old, and takes those that are done; never waits.
-
-        A window whose device values are still being computed is taken at a
-        later call (the next one is `_LAG` rows later), once they are.
-        """
+        """Starts copying the rows now `_LAG` rows old, and takes the windows that are done; never waits."""
         self._start(len(self._pending) - _LAG)
         self._take_windows(wait=False)
         if self.max_rows is not None:
@@ -461,22 +456,15 @@ class History(Sequence[Logs]):
 
     @property
     def on_host(self) -> int:
-        """How many of the first rows are on the host: reading them never waits on the device.
-
-        Rows are copied in batches, a few hundred steps behind the newest, and
-        counted here once the device has computed them; a logger that writes
-        these rows as they come never forces a sync.
-        """
+        """How many of the first rows are on the host: reading them never waits on the device."""
         return len(self._values)
 
     def host_rows(self, start: int, stop: int) -> Iterator[HostRow]:
         """Rows `start` to `stop` (of those kept) as `HostRow`s: what loggers read.
 
-        Values are host values: what is still on the device is copied first,
-        waiting for it (rows before `on_host` never wait). `paths` names each
-        value by its `(collection, name)`; rows that log the same entries share
-        one `paths` object, so a reader can work out once per set of entries
-        what to do with a row. No `Logs` is built.
+        Values are host values: rows from `on_host` on wait for the device.
+        Rows that log the same entries share one `paths` object, so a reader
+        can work out once per set of entries what to do with a row.
 
         Example:
             >>> import ciclo
@@ -555,10 +543,6 @@ class History(Sequence[Logs]):
         for name, value in zip(ELAPSED_KEYS, counts, strict=True):
             logs.add_entry("elapsed", name, value)
         return logs
-
-    def __iter__(self) -> Iterator[Logs]:
-        for index in range(len(self)):
-            yield self[index]
 
     def __repr__(self) -> str:
         return f"History({len(self)} entries)"
@@ -705,11 +689,10 @@ class _StepValue(NamedTuple):
 @final
 @dataclasses.dataclass(slots=True)
 class _Block:
-    """Rows of a window that log the same entries, column by column, while their values come to the host.
+    """Rows of a window that log the same entries: `columns[k]` holds entry `paths[k]`.
 
-    `columns[k]` holds the value of entry `paths[k]` in each row, and
-    `copies[k]` the copies that bring its device values to the host. The rows
-    are at `positions` in their window; `newest` is the last row's values.
+    `copies[k]` bring its device values to the host. The rows are at `positions`
+    in their window; `newest` is the last row's values.
     """
 
     paths: Paths
@@ -784,10 +767,8 @@ def _alike_columns(
 ) -> tuple[Paths, list[list[Any]], list[set[type]]] | None:
     """`rows`' entry paths, value columns and each column's value types, if all log the same entries.
 
-    They do when each has as many collections (entries) as the first, and none
-    lacks one of the first's; None when they do not, or are not all dicts.
-    Read with C-level calls and no object made per row: how the history reads
-    a loop's rows, a few hundred at a time.
+    None when they do not, or are not all dicts. Read with C-level calls and no
+    object made per row: how the history reads a loop's rows, a few hundred at a time.
     """
     logs = cast("Sequence[dict[str, dict[str, Any]]]", rows)
     count = len(logs)
@@ -817,9 +798,8 @@ _chain = itertools.chain.from_iterable
 _dict_values: Callable[[Mapping[str, Any]], Iterable[Any]] = dict.values  # type: ignore[assignment]
 
 
-# A `Logs` is one pytree node whose children are its entries' values, and whose aux data
-# names them, collection by collection: unflattening a compiled step's output (in Python,
-# after every step) is then one call, where a node per collection took one call each.
+# A `Logs` is one pytree node whose children are its entries' values: unflattening a compiled
+# step's output (after every step) is one call, not one per collection.
 def _flatten_logs_tree(tree: Logs) -> tuple[list[Any], tuple[tuple[str, tuple[str, ...]], ...]]:
     return list(_chain(map(_dict_values, tree.values()))), tuple(
         [(collection, tuple(entries)) for collection, entries in tree.items()]
