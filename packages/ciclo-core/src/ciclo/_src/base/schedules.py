@@ -7,7 +7,7 @@ import dataclasses
 import datetime
 import math
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, final
+from typing import TYPE_CHECKING, Any, final
 
 from ciclo._src.base.elapsed import Elapsed, Period, PeriodLike, _seconds, to_period
 from ciclo._src.base.reprs import short
@@ -110,6 +110,7 @@ def crossed(before: float, after: float, interval: float, offset: float = 0) -> 
 
 
 @final
+@dataclasses.dataclass(eq=False)
 class Every(ScheduleBase):
     """Fires once each time a boundary `offset + k * interval` (k >= 0) is crossed.
 
@@ -120,13 +121,10 @@ class Every(ScheduleBase):
     the previous one (a new run of an inner loop) starts over.
     """
 
-    __slots__ = ("_last", "_last_result", "offset", "period")
-
-    def __init__(self, period: Period, offset: Period | None = None) -> None:
-        self.period = period
-        self.offset = offset
-        self._last: tuple[float, ...] | None = None
-        self._last_result = False
+    period: Period
+    offset: Period | None = None
+    _last: tuple[float, ...] | None = dataclasses.field(default=None, init=False, repr=False)
+    _last_result: bool = dataclasses.field(default=False, init=False, repr=False)
 
     def __call__(self, elapsed: Elapsed) -> bool:
         period, offset, last = self.period, self.offset, self._last
@@ -146,9 +144,6 @@ class Every(ScheduleBase):
         )
         self._last, self._last_result = current, fired
         return fired
-
-    def __repr__(self) -> str:
-        return f"Every(period={self.period!r}, offset={self.offset!r})"
 
 
 def _positive_period(
@@ -199,25 +194,17 @@ def every(
 
 
 @final
+@dataclasses.dataclass(frozen=True, eq=False)
 class After(ScheduleBase):
     """Fires at every step once a `Period` is reached; see `ciclo.after`."""
 
-    __slots__ = ("period",)
-
-    def __init__(self, period: Period) -> None:
-        self.period = period
+    period: Period
 
     def __call__(self, elapsed: Elapsed) -> bool:
         return elapsed >= self.period
 
-    def every(
-        self,
-        steps: int | None = None,
-        *,
-        samples: int | None = None,
-        time: float | datetime.timedelta | None = None,
-    ) -> Every:
-        """Fires at the `after` point and every interval from there.
+    def every(self, *args: Any, **kwargs: Any) -> Every:
+        """Fires at the `after` point and every interval from there (`ciclo.every`'s arguments).
 
         Example:
             >>> import ciclo
@@ -225,10 +212,7 @@ class After(ScheduleBase):
             >>> [s for s in range(15) if schedule(ciclo.types.Elapsed.create(steps=s))]
             [3, 8, 13]
         """
-        return Every(_positive_period(steps, samples, time, "every"), offset=self.period)
-
-    def __repr__(self) -> str:
-        return f"After({self.period!r})"
+        return Every(every(*args, **kwargs).period, offset=self.period)
 
 
 def after(
@@ -249,11 +233,9 @@ def after(
 
 
 @final
+@dataclasses.dataclass(frozen=True, eq=False)
 class _Constant(ScheduleBase):
-    __slots__ = ("value",)
-
-    def __init__(self, value: bool) -> None:
-        self.value = value
+    value: bool
 
     def __call__(self, elapsed: Elapsed) -> bool:
         return self.value
@@ -285,14 +267,12 @@ def never() -> ScheduleBase:
 
 
 @final
+@dataclasses.dataclass(frozen=True, eq=False)
 class Piecewise(ScheduleBase):
     """Switches between schedules at given periods; see `ciclo.piecewise`."""
 
-    __slots__ = ("initial", "pieces")
-
-    def __init__(self, initial: ScheduleFn, pieces: tuple[tuple[Period, ScheduleFn], ...]) -> None:
-        self.initial = initial
-        self.pieces = pieces
+    initial: ScheduleFn
+    pieces: tuple[tuple[Period, ScheduleFn], ...]
 
     def __call__(self, elapsed: Elapsed) -> bool:
         current = self.initial
@@ -300,9 +280,6 @@ class Piecewise(ScheduleBase):
             if elapsed >= period:
                 current = schedule
         return bool(current(elapsed))
-
-    def __repr__(self) -> str:
-        return f"Piecewise({self.initial!r}, {dict(self.pieces)!r})"
 
 
 def piecewise(initial: ScheduleFn, pieces: Mapping[PeriodLike, ScheduleFn]) -> Piecewise:
