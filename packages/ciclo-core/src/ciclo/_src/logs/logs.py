@@ -195,13 +195,14 @@ class Logs(dict[str, Entries]):
 def collapse_leading_axis(logs: Logs, index: int) -> Logs:
     """Logs whose values carry a leading axis (devices, fused steps) as one step's logs.
 
-    `outputs` are concatenated along that axis (`(n, rows, ...)` becomes
-    `(n * rows, ...)`); every other entry takes its value at `index`.
+    `outputs` `(n, rows, ...)` become `(n * rows, ...)`; every other entry takes its value at `index`.
     """
     out = Logs()
     for collection, entries in logs.items():
         if collection == "outputs":
-            out[collection] = Entries({name: _merge_rows(value) for name, value in entries.items()})
+            out[collection] = Entries(
+                {name: v.reshape((-1, *v.shape[2:])) if v.ndim >= 2 else v for name, v in entries.items()}
+            )
         else:
             out[collection] = Entries({name: value[index] for name, value in entries.items()})
     return out
@@ -211,10 +212,9 @@ def collapse_leading_axis(logs: Logs, index: int) -> Logs:
 class StackedLogs(Logs):
     """The logs of a fused group of steps: the last step's logs, with every step's in `per_step`.
 
-    Used as a `Logs`, it is the group's last step's logs. `per_step` holds
-    the same entries with a leading axis over the group's steps; a loop gives
-    the history one entry per step from it, as if the steps had run one by one.
-    Made by `ciclo.fuse`d steps and by managed steps given a `ciclo.types.Stacked` batch.
+    `per_step` holds the entries with a leading axis over the group's steps: a
+    loop gives the history one entry per step from it. Made by `ciclo.fuse`d
+    steps and by managed steps given a `ciclo.types.Stacked` batch.
 
     Example:
         >>> import ciclo, jax.numpy as jnp
@@ -229,16 +229,12 @@ class StackedLogs(Logs):
 
     @classmethod
     def of(cls, per_step: Logs) -> StackedLogs:
-        """Stacked logs from every step's logs (a leading axis over steps); the last step's shown."""
+        """Stacked logs from every step's logs (a leading axis over steps)."""
         new = cls()
         for collection, entries in per_step.items():
             dict.__setitem__(new, collection, Entries({name: value[-1] for name, value in entries.items()}))
         new.per_step = per_step
         return new
-
-
-def _merge_rows(value: Any) -> Any:
-    return value.reshape((-1, *value.shape[2:])) if value.ndim >= 2 else value
 
 
 def logs() -> Logs:
@@ -557,10 +553,8 @@ class History(Sequence[Logs]):
         """Values of `keys` over the entries in which all of them appear.
 
         A key is an entry name (`"accuracy"`), a full path (`"metrics.accuracy"`),
-        or one of the elapsed keys `steps`, `samples`, `time`.
-
-        Returns:
-            One list for one key; a tuple of lists, one per key, for several.
+        or one of the elapsed keys `steps`, `samples`, `time`. Returns one list
+        for one key, a tuple of lists for several.
 
         Raises:
             KeyError: if a key appears in no entry (the message lists those present).
@@ -595,19 +589,14 @@ class History(Sequence[Logs]):
     def _plan(paths: Paths, keys: tuple[str, ...], found: list[bool]) -> list[tuple[bool, int]] | None:
         """Where each key's value is in rows with `paths`, `(in the counts, position)`; None if one lacks."""
         available = frozenset(paths) | {("elapsed", name) for name in ELAPSED_KEYS}
-        plan: list[tuple[bool, int]] | None = []
-        for i, key in enumerate(keys):
-            path = _entry_path(key, available)
-            if path is None:
-                plan = None
-                continue
-            found[i] = True
-            if plan is not None:
-                if path[0] == "elapsed" and path not in paths:
-                    plan.append((True, ELAPSED_KEYS.index(path[1])))
-                else:
-                    plan.append((False, paths.index(path)))
-        return plan
+        located = [_entry_path(key, available) for key in keys]
+        found[:] = [was or path is not None for was, path in zip(found, located, strict=True)]
+        if None in located:
+            return None
+        return [
+            (False, paths.index(path)) if path in paths else (True, ELAPSED_KEYS.index(path[1]))
+            for path in cast("list[EntryPath]", located)
+        ]
 
     def _entry_paths(self) -> tuple[EntryPath, ...]:
         """Every `(collection, name)` some entry holds, in the order they first appeared."""
@@ -617,11 +606,10 @@ class History(Sequence[Logs]):
     def plot(self, *entries: str, path: str | os.PathLike[str] | None = None) -> Figure:
         """Draws entries against steps with matplotlib; one subplot per entry, its test curve with it.
 
-        Each subplot draws an entry (`"loss"`, or a full path `"losses.loss"`)
-        and, when the history has it, its test entry (`"loss_test"`, as
-        `train_loop` names what its evaluation logs). The figure is built without
-        `pyplot`, so it needs no screen; in a notebook, it shows as the cell's value.
-        Needs matplotlib (`pip install "ciclo-core[plot]"`).
+        Each subplot draws an entry (`"loss"`, or `"losses.loss"`) and, when
+        the history has it, its test entry (`"loss_test"`, as `train_loop` names
+        it). Built without `pyplot`, the figure needs no screen. Needs
+        matplotlib (`pip install "ciclo-core[plot]"`).
 
         Args:
             *entries: the entries to draw; none draws every scalar entry.
@@ -629,10 +617,6 @@ class History(Sequence[Logs]):
 
         Returns:
             The `matplotlib.figure.Figure`.
-
-        Raises:
-            ImportError: if matplotlib is not installed.
-            KeyError: if an entry appears in no history entry.
 
         Example:
             >>> import ciclo
