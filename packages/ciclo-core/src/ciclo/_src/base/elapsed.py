@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import operator
 import time as _time
 from collections.abc import Iterable, Iterator
 from typing import Any, TypeVar
@@ -118,12 +117,7 @@ def at(
         >>> ciclo.at(samples=50_000).samples
         50000
     """
-    return Period(
-        steps=steps,
-        samples=samples,
-        time=time,  # type: ignore[arg-type]  # normalised in __post_init__
-        date=date,  # type: ignore[arg-type]
-    )
+    return Period(steps, samples, time, date)  # type: ignore[arg-type]  # normalised in __post_init__
 
 
 def to_period(value: PeriodLike | None, *, name: str = "stop") -> Period | None:
@@ -199,12 +193,18 @@ class Elapsed:
     def _reached(self, period: Period, strict: bool) -> bool:
         if not isinstance(period, Period):
             raise TypeError(f"Elapsed can only be compared with a ciclo.types.Period, got {short(period)}")
-        past = operator.gt if strict else operator.ge
+        if strict:
+            return (
+                (period.steps is not None and self.steps > period.steps)
+                or (period.samples is not None and self.samples > period.samples)
+                or (period.time is not None and self.time > period.time)
+                or (period.date is not None and self.date > period.date)
+            )
         return (
-            (period.steps is not None and past(self.steps, period.steps))
-            or (period.samples is not None and past(self.samples, period.samples))
-            or (period.time is not None and past(self.time, period.time))
-            or (period.date is not None and past(self.date, period.date))
+            (period.steps is not None and self.steps >= period.steps)
+            or (period.samples is not None and self.samples >= period.samples)
+            or (period.time is not None and self.time >= period.time)
+            or (period.date is not None and self.date >= period.date)
         )
 
     def __ge__(self, period: Period) -> bool:

@@ -98,9 +98,8 @@ def next_boundary(value: int, interval: int, offset: int = 0) -> int:
 def crossed(before: float, after: float, interval: float, offset: float = 0) -> bool:
     """Whether a boundary `offset + k * interval` (k >= 0) lies in `(before, after]`.
 
-    The one "boundary crossed" rule: `Every`, the loop's epoch ends and
-    `backup(every=N)` all fire when a count crosses a boundary, also when it
-    jumps over several at once (fused steps).
+    The one rule of `Every`, the loop's epoch ends and `backup(every=N)`, also
+    when a count jumps over several boundaries at once (fused steps).
 
     Example:
         >>> crossed(7, 8, 4), crossed(8, 9, 4), crossed(3, 12, 4, offset=1)
@@ -114,11 +113,9 @@ def crossed(before: float, after: float, interval: float, offset: float = 0) -> 
 class Every(ScheduleBase):
     """Fires once each time a boundary `offset + k * interval` (k >= 0) is crossed.
 
-    Create it with `ciclo.every` or `ciclo.after(...).every(...)`. A boundary
-    counts as crossed when the current value reaches it, also when the loop jumps
-    over it by advancing several steps at once (fused steps). Calling the schedule
-    again with the same `Elapsed` returns the same answer, and a value lower than
-    the previous one (a new run of an inner loop) starts over.
+    Made by `ciclo.every` or `ciclo.after(...).every(...)`. A boundary is crossed
+    when the value reaches it or jumps over it (fused steps). The same `Elapsed`
+    again gets the same answer; a lower value (an inner loop's new run) starts over.
     """
 
     period: Period
@@ -136,40 +133,15 @@ class Every(ScheduleBase):
         if last is None or any(c < p for c, p in zip(current, last, strict=True)):
             # A (re)start: a count fires on a boundary, time (which starts at one) once past the offset.
             last = (current[0] - 1, current[1] - 1, -math.inf)
-        starts = (0, 0, 0.0) if offset is None else (offset.steps, offset.samples, offset.time)
+        starts = (0, 0, 0) if offset is None else (offset.steps, offset.samples, offset.time)
         intervals = (period.steps, period.samples, period.time)
-        fired = any(
-            interval is not None and crossed(before, now, interval, start or 0)
-            for before, now, interval, start in zip(last, current, intervals, starts, strict=True)
-        )
+        fired = False
+        for before, now, interval, start in zip(last, current, intervals, starts, strict=True):
+            if interval is not None and crossed(before, now, interval, start or 0):
+                fired = True
+                break
         self._last, self._last_result = current, fired
         return fired
-
-
-def _positive_period(
-    steps: int | None, samples: int | None, time: float | datetime.timedelta | None, name: str
-) -> Period:
-    if steps is None and samples is None and time is None:
-        raise ValueError(f"{name}() needs one of steps=, samples= or time=")
-    for label, value in (("steps", steps), ("samples", samples)):
-        if value is None:
-            continue
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise TypeError(
-                f"{name}({label}={short(value)}): the interval must be a positive int number of {label}, "
-                f"such as {name}({label}=10) (an interval in seconds is {name}(time=...))"
-            )
-        if value <= 0:
-            raise ValueError(
-                f"{name}({label}={short(value)}): the interval must be a positive int, such as "
-                f"{name}({label}=1) "
-                "to fire at every one"
-            )
-    if time is not None and _seconds("time", time) <= 0:
-        raise ValueError(
-            f"{name}(time={short(time)}): the interval must be positive, such as {name}(time=60)"
-        )
-    return Period(steps=steps, samples=samples, time=time)  # type: ignore[arg-type]
 
 
 def every(
@@ -190,7 +162,22 @@ def every(
         >>> [s for s in range(7) if schedule(ciclo.types.Elapsed.create(steps=s))]
         [0, 2, 4, 6]
     """
-    return Every(_positive_period(steps, samples, time, "every"))
+    if steps is None and samples is None and time is None:
+        raise ValueError("every() needs one of steps=, samples= or time=")
+    for label, value in (("steps", steps), ("samples", samples)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise TypeError(
+                f"every({label}={short(value)}): the interval must be a positive int number of {label}, "
+                f"such as every({label}=10) (an interval in seconds is every(time=...))"
+            )
+        if value is not None and value <= 0:
+            raise ValueError(
+                f"every({label}={short(value)}): the interval must be a positive int, such as "
+                f"every({label}=1) to fire at every one"
+            )
+    if time is not None and _seconds("time", time) <= 0:
+        raise ValueError(f"every(time={short(time)}): the interval must be positive, such as every(time=60)")
+    return Every(Period(steps=steps, samples=samples, time=time))  # type: ignore[arg-type]
 
 
 @final
