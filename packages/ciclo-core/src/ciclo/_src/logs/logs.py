@@ -3,7 +3,7 @@
 A History row is one step's entries as `Paths` (each value's `(collection, name)`,
 one object for the rows that log the same entries) and values, plus the step's
 counts. Oldest first, a row is on the host (what `collect`, `host_rows` and
-`to_host` read); in flight (a `_Window` of `_Block`s of rows that log the same
+`to_host` read); in flight (a window: `_Block`s of rows that log the same
 entries, read column by column, whose device values `host_copies` brings over);
 or pending (the newest rows, fewer than `2 * _LAG`, kept as their steps returned
 them; a fused group's as `_FusedRow`s).
@@ -290,7 +290,7 @@ class History(Sequence[Logs]):
         self._times: list[float] = []
         self._paths: list[Paths] = []
         self._values: list[tuple[Any, ...]] = []
-        self._windows: deque[_Window] = deque()
+        self._windows: deque[list[_Block]] = deque()  # oldest first; a window's blocks
         self._pending: list[LogsLike | _FusedRow] = []
         # For `latest`: the newest row of each set of paths read up to row `_scanned`, as its index
         # (dropped rows counted) and values (host values once the row is dropped).
@@ -351,7 +351,7 @@ class History(Sequence[Logs]):
         blocks = self._blocks(rows)
         for block in blocks:
             self._note(first + block.positions[-1], block.paths, block.newest)
-        self._windows.append(_Window(blocks, count))
+        self._windows.append(blocks)
 
     def _blocks(self, rows: list[LogsLike | _FusedRow]) -> list[_Block]:
         """`rows` as blocks of rows that log the same entries: one block, usually."""
@@ -388,8 +388,18 @@ class History(Sequence[Logs]):
     def _take_windows(self, *, wait: bool) -> None:
         """Moves the windows the device is done with (with `wait`: every window, waiting) to the host rows."""
         windows = self._windows
-        while windows and (wait or windows[0].ready()):
-            paths, values = windows.popleft().take()
+        while windows and (wait or all(block.ready() for block in windows[0])):
+            blocks = windows.popleft()
+            if len(blocks) == 1:  # the usual case: every row logs the same entries
+                self._paths += [blocks[0].paths] * len(blocks[0].positions)
+                self._values += blocks[0].take()
+                continue
+            size = sum(len(block.positions) for block in blocks)
+            paths: list[Paths] = [()] * size
+            values: list[tuple[Any, ...]] = [()] * size
+            for block in blocks:
+                for position, row in zip(block.positions, block.take(), strict=True):
+                    paths[position], values[position] = block.paths, row
             self._paths += paths
             self._values += values
 
@@ -711,30 +721,6 @@ class _Block:
             for copy in copies:
                 copy.fill(column)
         return list(zip(*self.columns, strict=True)) if self.columns else [()] * len(self.positions)
-
-
-@final
-@dataclasses.dataclass(slots=True)
-class _Window:
-    """Rows whose device values are being copied to the host, as blocks of rows that log the same entries."""
-
-    blocks: list[_Block]
-    size: int
-
-    def ready(self) -> bool:
-        return all(block.ready() for block in self.blocks)
-
-    def take(self) -> tuple[list[Paths], list[tuple[Any, ...]]]:
-        """The rows' entry paths and host values, in order (once `ready`: nothing waits)."""
-        if len(self.blocks) == 1:  # the usual case: every row logs the same entries
-            (block,) = self.blocks
-            return [block.paths] * self.size, block.take()
-        paths: list[Paths] = [()] * self.size
-        values: list[tuple[Any, ...]] = [()] * self.size
-        for block in self.blocks:
-            for position, row in zip(block.positions, block.take(), strict=True):
-                paths[position], values[position] = block.paths, row
-        return paths, values
 
 
 @final
