@@ -1,13 +1,7 @@
-"""Framework adapters are found by entry point: `ciclo.create_flax_state` and friends resolve lazily.
+"""Framework adapters are found by entry point: `ciclo.create_flax_state` and friends load on first use.
 
 An adapter package declares its `create_*_state` function in the entry point
-group `ciclo.frameworks`, under the name it takes on `ciclo`:
-
-    [project.entry-points."ciclo.frameworks"]
-    create_flax_state = "ciclo_flax:create_flax_state"
-
-ciclo never imports a framework by name: `import ciclo` imports none, and
-`ciclo.create_flax_state` loads ciclo-flax (and so flax) on first use.
+group `ciclo.frameworks` (`create_flax_state = "ciclo_flax:create_flax_state"`).
 """
 
 from __future__ import annotations

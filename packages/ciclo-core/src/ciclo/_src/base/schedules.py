@@ -15,8 +15,6 @@ from ciclo._src.base.reprs import short
 if TYPE_CHECKING:
     from ciclo._src.base.types import Schedule
 
-ScheduleFn = Callable[[Elapsed], bool]
-
 
 class ScheduleBase(abc.ABC):
     """Gives schedules the combinators `&`, `|` and `~`.
@@ -35,23 +33,23 @@ class ScheduleBase(abc.ABC):
     def __call__(self, elapsed: Elapsed) -> bool:
         """Returns True when the schedule fires at `elapsed`."""
 
-    def __and__(self, other: ScheduleFn) -> ScheduleBase:
+    def __and__(self, other: Schedule) -> ScheduleBase:
         return _Combined(all, (self, _check_schedule(other)))
 
-    def __rand__(self, other: ScheduleFn) -> ScheduleBase:
+    def __rand__(self, other: Schedule) -> ScheduleBase:
         return _Combined(all, (_check_schedule(other), self))
 
-    def __or__(self, other: ScheduleFn) -> ScheduleBase:
+    def __or__(self, other: Schedule) -> ScheduleBase:
         return _Combined(any, (self, _check_schedule(other)))
 
-    def __ror__(self, other: ScheduleFn) -> ScheduleBase:
+    def __ror__(self, other: Schedule) -> ScheduleBase:
         return _Combined(any, (_check_schedule(other), self))
 
     def __invert__(self) -> ScheduleBase:
         return _Not(self)
 
 
-def _check_schedule(value: object) -> ScheduleFn:
+def _check_schedule(value: object) -> Schedule:
     if not callable(value):
         raise TypeError(f"a schedule must be callable as schedule(elapsed) -> bool, got {short(value)}")
     return value
@@ -63,7 +61,7 @@ class _Combined(ScheduleBase):
     """`all` or `any` of its parts' answers; every part is asked."""
 
     combine: Callable[[list[bool]], bool]
-    parts: tuple[ScheduleFn, ...]
+    parts: tuple[Schedule, ...]
 
     def __call__(self, elapsed: Elapsed) -> bool:
         return self.combine([bool(part(elapsed)) for part in self.parts])
@@ -72,7 +70,7 @@ class _Combined(ScheduleBase):
 @final
 @dataclasses.dataclass(frozen=True, eq=False)
 class _Not(ScheduleBase):
-    inner: ScheduleFn
+    inner: Schedule
 
     def __call__(self, elapsed: Elapsed) -> bool:
         return not self.inner(elapsed)
@@ -258,8 +256,8 @@ def never() -> ScheduleBase:
 class Piecewise(ScheduleBase):
     """Switches between schedules at given periods; see `ciclo.piecewise`."""
 
-    initial: ScheduleFn
-    pieces: tuple[tuple[Period, ScheduleFn], ...]
+    initial: Schedule
+    pieces: tuple[tuple[Period, Schedule], ...]
 
     def __call__(self, elapsed: Elapsed) -> bool:
         current = self.initial
@@ -269,7 +267,7 @@ class Piecewise(ScheduleBase):
         return bool(current(elapsed))
 
 
-def piecewise(initial: ScheduleFn, pieces: Mapping[PeriodLike, ScheduleFn]) -> Piecewise:
+def piecewise(initial: Schedule, pieces: Mapping[PeriodLike, Schedule]) -> Piecewise:
     """Uses `initial` until the first period is reached, then the schedule of the latest period reached.
 
     Args:
@@ -284,7 +282,7 @@ def piecewise(initial: ScheduleFn, pieces: Mapping[PeriodLike, ScheduleFn]) -> P
         [0, 1, 2, 3, 6, 9]
     """
     _check_schedule(initial)
-    converted: list[tuple[Period, ScheduleFn]] = []
+    converted: list[tuple[Period, Schedule]] = []
     for key, schedule in pieces.items():
         period = to_period(key, name="piecewise key")
         assert period is not None

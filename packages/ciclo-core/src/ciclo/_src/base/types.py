@@ -37,12 +37,10 @@ CallbackOutput = tuple[LogsLike, S]
 
 
 class Schedule(Protocol):
-    """Decides whether its callbacks run at this point of the loop.
+    """Decides whether its callbacks run at this point of the loop: any `Callable[[Elapsed], bool]`.
 
-    Any `Callable[[Elapsed], bool]` is a schedule. The built-in ones (`every`,
-    `after`, `always`, `never`, `piecewise`) also combine with `&`, `|` and `~`.
     A schedule must fire when the loop *crosses* one of its points, also when
-    `elapsed` advances by several steps at once.
+    `elapsed` advances by several steps at once. The built-in ones combine with `&`, `|` and `~`.
     """
 
     def __call__(self, elapsed: Elapsed, /) -> bool: ...
@@ -101,9 +99,8 @@ class Trainable(Protocol):
 class Evaluable(Protocol):
     """A state that evaluates: what `ciclo.test_loop` (and `train_loop`'s test loop) calls.
 
-    `reset_step()` returns the state with its running metrics emptied (run
-    before each evaluation and at each epoch end); `test_step(batch)` returns
-    `(logs, new_state)`.
+    `reset_step()` returns the state with its running metrics emptied (before
+    each evaluation and epoch); `test_step(batch)` returns `(logs, new_state)`.
     """
 
     def test_step(self, batch: Any, /) -> Any: ...
@@ -113,10 +110,7 @@ class Evaluable(Protocol):
 
 @runtime_checkable
 class Predictable(Protocol):
-    """A state that predicts: what `ciclo.predict_loop` calls; `predict_step(batch) -> (logs, state)`.
-
-    The model's outputs go in the logs' `outputs`.
-    """
+    """A state that predicts: what `ciclo.predict_loop` calls; `predict_step(batch) -> (logs, state)`."""
 
     def predict_step(self, batch: Any, /) -> Any: ...
 
@@ -129,14 +123,13 @@ class ModelAdapter(Protocol):
     """How a framework's model is initialised and applied: what an adapter package implements.
 
     `ciclo.create_model_state` builds a training state from any adapter; the
-    framework packages (`ciclo-flax`, `ciclo-haiku`, `ciclo-equinox`) are
-    adapters plus a `create_*_state` function. An adapter is held as a static
-    field of the state, so it must be hashable: a frozen dataclass with
-    `eq=False`, or a plain class, compares by identity.
+    framework packages are adapters plus a `create_*_state` function. An
+    adapter is a static field of the state, so it must be hashable (a frozen
+    dataclass with `eq=False`, or a plain class, compares by identity).
 
-    The adapter works on two pytrees of arrays: `params` (what the optimizer
-    trains) and `model_state` (what the model updates itself when it runs, such
-    as batch-norm statistics; `None` when it has none).
+    It works on two pytrees of arrays: `params` (what the optimizer trains)
+    and `model_state` (what the model updates itself, such as batch-norm
+    statistics; `None` when it has none).
 
     An adapter may also give the trained model back (`ciclo.types.SupportsToModel`).
     """
@@ -148,21 +141,15 @@ class ModelAdapter(Protocol):
         their variables to `ciclo.create_model_state(variables=...)` instead,
         and their `init` raises an error saying so.
         """
-        ...
 
     def apply(
         self, params: Any, model_state: Any, inputs: Any, /, *, key: Any, training: bool
     ) -> tuple[Any, Any]:
-        """Runs the model: `(outputs, new_model_state)`.
+        """Runs the model on `inputs`: `(outputs, new_model_state)`.
 
-        Args:
-            params: the trained parameters.
-            model_state: the model's own state, as `init` made it and `apply` last returned it.
-            inputs: a batch of inputs.
-            key: a fresh random key for this step (dropout, noise).
-            training: True in training steps (dropout on, statistics updated).
+        `key` is a fresh random key for this step (dropout, noise); `training`
+        is True in training steps (dropout on, statistics updated).
         """
-        ...
 
 
 @runtime_checkable
