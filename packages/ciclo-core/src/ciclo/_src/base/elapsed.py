@@ -104,11 +104,7 @@ def at(
 ) -> Period:
     """Creates a `Period`: the point at which a loop has run for so long.
 
-    Args:
-        steps: number of steps.
-        samples: number of samples (see `elapse` for how they are counted).
-        time: seconds (or a `timedelta`) since the loop started.
-        date: a wall-clock date (unix timestamp or `datetime`).
+    `time` is in seconds (or a `timedelta`) since the loop started; `date` a unix timestamp or `datetime`.
 
     Example:
         >>> import ciclo

@@ -23,12 +23,7 @@ KNOWN_ADAPTERS = {
 
 
 def framework_entry_points() -> dict[str, Any]:
-    """The installed adapters: `{name: entry point}`, e.g. `{"create_flax_state": ...}`.
-
-    Example:
-        >>> isinstance(framework_entry_points(), dict)
-        True
-    """
+    """The installed adapters: `{name: entry point}`, e.g. `{"create_flax_state": ...}`."""
     return {point.name: point for point in entry_points(group=ENTRY_POINT_GROUP)}
 
 

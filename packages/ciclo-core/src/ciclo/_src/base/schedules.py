@@ -151,8 +151,7 @@ def every(
     """Fires every `steps` steps, `samples` samples or `time` seconds, starting at 0.
 
     `every(2)` fires at steps 0, 2, 4, ...; `every(samples=100)` at the first step
-    and then at each step that reaches or crosses 100, 200, ... samples. With
-    several arguments it fires when any of them does.
+    and at each that reaches or crosses 100, 200, ... samples; with several, when any does.
 
     Example:
         >>> import ciclo
@@ -270,10 +269,7 @@ class Piecewise(ScheduleBase):
 def piecewise(initial: Schedule, pieces: Mapping[PeriodLike, Schedule]) -> Piecewise:
     """Uses `initial` until the first period is reached, then the schedule of the latest period reached.
 
-    Args:
-        initial: the schedule used before any period in `pieces` is reached.
-        pieces: maps a `Period` (or a number of steps) to the schedule used from
-            then on.
+    `pieces` maps a `Period` (or a number of steps) to the schedule used from then on.
 
     Example:
         >>> import ciclo
@@ -304,12 +300,11 @@ class AtStepEnd(ScheduleBase):
 def at_step_end(schedule: Schedule) -> AtStepEnd:
     """Checks `schedule` after the step, on the counts that include the step's batch.
 
-    A plain schedule sees the `Elapsed` from before the step (steps completed
-    so far). An epoch ends *after* the step that completes it, so epoch-end
-    work is scheduled `at_step_end(ciclo.every(steps_per_epoch))`: with 10
-    steps per epoch it runs after steps 10, 20, ... (its callbacks see
-    `elapsed.steps == 10`), never at step 0. Place such a task after the
-    phase that runs the step.
+    A plain schedule sees the `Elapsed` from before the step. An epoch ends
+    *after* the step that completes it, so epoch-end work is scheduled
+    `at_step_end(ciclo.every(steps_per_epoch))`: with 10 steps per epoch it runs
+    after steps 10, 20, ... (seeing `elapsed.steps == 10`), never at step 0.
+    Place such a task after the phase that runs the step.
 
     Example:
         >>> import ciclo

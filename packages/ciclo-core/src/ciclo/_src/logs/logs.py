@@ -261,10 +261,8 @@ class History(Sequence[Logs]):
 
     Each entry is a `Logs` with an extra `elapsed` collection (`steps`, `samples`,
     `time`). Committing never waits on the device: the history keeps the logs a
-    step returned as they are (do not change them afterwards). Rows a few
-    hundred steps old are copied to the host in batches, taken once the device
-    has computed them (`on_host`); reading an entry or `collect` waits for what
-    is still on the device. Scalars are stored as Python numbers.
+    step returned (do not change them afterwards) and copies rows a few hundred
+    steps old to the host in batches; reading what is not `on_host` waits.
 
     Example:
         >>> import ciclo
@@ -646,10 +644,8 @@ def history(max_rows: int | None = None) -> History:
     """Creates an empty `History`.
 
     Args:
-        max_rows: keep at most about this many of the newest rows (older rows are
-            dropped once they are on the host; `latest()` still knows every
-            entry's newest value). `0` keeps none: for long runs that log
-            elsewhere. `None` (the default) keeps every row.
+        max_rows: keep about this many of the newest rows (`latest()` still knows
+            every entry's newest value); `0` keeps none, `None` every row.
 
     Example:
         >>> import ciclo
