@@ -44,9 +44,6 @@ def prefetch_to_device(
         strategy: a strategy or its name (`ciclo.strategies.get_strategy`), or
             None to put each batch on the default device.
 
-    Returns:
-        An iterator over the placed batches.
-
     Raises:
         ValueError: if `size` is not an int >= 1, or the strategy's name is unknown.
         TypeError: if `dataset` is not iterable, or (when taken) a batch has a
