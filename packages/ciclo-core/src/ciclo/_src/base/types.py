@@ -5,19 +5,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
-from ciclo._src.base.batches import BatchSizeFn as BatchSizeFn
-
 if TYPE_CHECKING:
     from ciclo._src.base.elapsed import Elapsed
 
 S = TypeVar("S")
 """The type of the loop's state."""
-
-T = TypeVar("T")
-"""Any pytree handed through a strategy unchanged in structure."""
-
-M = TypeVar("M")
-"""A stateful metric (see `ciclo.metrics.Metric`)."""
 
 State = Any
 """Any pytree: parameters, optimizer state, rng keys, ... grouped in one value.
@@ -113,10 +105,6 @@ class Predictable(Protocol):
     """A state that predicts: what `ciclo.predict_loop` calls; `predict_step(batch) -> (logs, state)`."""
 
     def predict_step(self, batch: Any, /) -> Any: ...
-
-
-ScheduleLike = Schedule | str
-"""A schedule, or the name of a named schedule of the predefined loops."""
 
 
 class ModelAdapter(Protocol):
