@@ -11,9 +11,6 @@ from typing import Any
 
 from ciclo._src.base.reprs import short
 
-ENTRY_POINT_GROUP = "ciclo.frameworks"
-"""The entry point group adapter packages register their `create_*_state` functions in."""
-
 KNOWN_ADAPTERS = {
     "create_flax_state": "ciclo-flax",
     "create_haiku_state": "ciclo-haiku",
@@ -24,7 +21,7 @@ KNOWN_ADAPTERS = {
 
 def framework_entry_points() -> dict[str, Any]:
     """The installed adapters: `{name: entry point}`, e.g. `{"create_flax_state": ...}`."""
-    return {point.name: point for point in entry_points(group=ENTRY_POINT_GROUP)}
+    return {point.name: point for point in entry_points(group="ciclo.frameworks")}
 
 
 def resolve(name: str) -> Any:

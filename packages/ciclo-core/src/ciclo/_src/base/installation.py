@@ -11,9 +11,6 @@ from __future__ import annotations
 import importlib.metadata
 import warnings
 
-OLD_DISTRIBUTION = "ciclo"
-"""The distribution name ciclo 0.1.x was published under."""
-
 
 def warn_if_old_ciclo_installed() -> None:
     """Warns when the old `ciclo` distribution shares the `ciclo` package with ciclo-core.
@@ -25,7 +22,7 @@ def warn_if_old_ciclo_installed() -> None:
         ...     warn_if_old_ciclo_installed()
     """
     try:
-        distribution = importlib.metadata.distribution(OLD_DISTRIBUTION)
+        distribution = importlib.metadata.distribution("ciclo")  # ciclo 0.1's distribution
     except importlib.metadata.PackageNotFoundError:
         return
     # A distribution named `ciclo` that installs no `ciclo` package (a future meta-package) is harmless.

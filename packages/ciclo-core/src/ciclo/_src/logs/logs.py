@@ -333,11 +333,24 @@ class History(Sequence[Logs]):
         return self._interned.setdefault(paths, paths), values
 
     def _advance(self) -> None:
-        """Starts copying the rows now `_LAG` rows old, and takes the windows that are done; never waits."""
+        """Starts copying the rows now `_LAG` rows old, takes the windows done; drops rows beyond `max_rows`.
+
+        Never waits; `latest` keeps each dropped entry's newest value.
+        """
         self._start(len(self._pending) - _LAG)
         self._take_windows(wait=False)
-        if self.max_rows is not None:
-            self._drop_old_rows()
+        if self.max_rows is None:
+            return
+        # The newest host rows stay for one more batch: a logger reading the history at every step sees them.
+        excess = min(len(self) - self.max_rows, len(self._values) - _LAG)
+        if excess <= 0:
+            return
+        for paths, (index, _) in self._newest.items():
+            if self.dropped <= index < self.dropped + excess:
+                self._newest[paths] = (index, self._values[index - self.dropped])
+        del self._paths[:excess], self._values[:excess]
+        del self._steps[:excess], self._samples[:excess], self._times[:excess]
+        self.dropped += excess
 
     def _start(self, count: int) -> None:
         """Reads the oldest `count` pending rows into a window, and starts copying their device values."""
@@ -400,20 +413,6 @@ class History(Sequence[Logs]):
                     paths[position], values[position] = block.paths, row
             self._paths += paths
             self._values += values
-
-    def _drop_old_rows(self) -> None:
-        """Drops the oldest host rows beyond `max_rows`; `latest` keeps the newest value of each entry."""
-        # The newest rows copied to the host stay for one more batch, so that a logger reading the
-        # history at every step sees each row before it goes.
-        excess = min(len(self) - int(self.max_rows or 0), len(self._values) - _LAG)
-        if excess <= 0:
-            return
-        for paths, (index, _) in self._newest.items():
-            if self.dropped <= index < self.dropped + excess:
-                self._newest[paths] = (index, self._values[index - self.dropped])
-        del self._paths[:excess], self._values[:excess]
-        del self._steps[:excess], self._samples[:excess], self._times[:excess]
-        self.dropped += excess
 
     def latest(self) -> Logs:
         """The newest value of every entry in the history (values may still be device arrays).

@@ -27,15 +27,6 @@ TEST_SUFFIX = "_test"
 """The suffix `train_loop` gives test entries: `loss_test` is drawn with `loss`."""
 
 
-def _matplotlib() -> Any:
-    try:
-        figure = importlib.import_module("matplotlib.figure")
-        backend = importlib.import_module("matplotlib.backends.backend_agg")
-    except ImportError as error:
-        raise ImportError('History.plot needs matplotlib: pip install "ciclo-core[plot]"') from error
-    return figure, backend
-
-
 def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float, np.integer, np.floating)) or (
         isinstance(value, np.ndarray) and value.ndim == 0
@@ -71,7 +62,11 @@ def _curves(history: History, entries: Sequence[str]) -> list[tuple[str, list[st
 
 def plot_history(history: History, entries: Sequence[str], path: str | os.PathLike[str] | None) -> Figure:
     """Draws `entries` of `history` (all scalar entries when empty) against steps; see `History.plot`."""
-    figure_module, backend = _matplotlib()
+    try:
+        figure_module = importlib.import_module("matplotlib.figure")
+        backend = importlib.import_module("matplotlib.backends.backend_agg")
+    except ImportError as error:
+        raise ImportError('History.plot needs matplotlib: pip install "ciclo-core[plot]"') from error
     drawn: list[tuple[str, list[tuple[str, list[Any], list[Any]]]]] = []
     for title, keys in _curves(history, entries):
         curves = []
