@@ -251,10 +251,6 @@ def logs() -> Logs:
 Paths = tuple[EntryPath, ...]
 """A History row's entry paths, in the order of its values; rows that log the same entries share one."""
 
-HostRow = tuple[Paths, tuple[Any, ...], int, int, float]
-"""A History row with its values on the host, as `History.host_rows` gives it:
-`(paths, values, steps, samples, time)`."""
-
 
 class History(Sequence[Logs]):
     """The logs a loop committed, one entry per step that logged something.
@@ -462,8 +458,8 @@ class History(Sequence[Logs]):
         """How many of the first rows are on the host: reading them never waits on the device."""
         return len(self._values)
 
-    def host_rows(self, start: int, stop: int) -> Iterator[HostRow]:
-        """Rows `start` to `stop` (of those kept) as `HostRow`s: what loggers read.
+    def host_rows(self, start: int, stop: int) -> Iterator[tuple[Paths, tuple[Any, ...], int, int, float]]:
+        """Rows `start` to `stop` (of those kept), as `(paths, values, steps, samples, time)`, for loggers.
 
         Values are host values: rows from `on_host` on wait for the device.
         Rows that log the same entries share one `paths` object, so a reader
