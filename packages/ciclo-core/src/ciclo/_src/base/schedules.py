@@ -58,13 +58,18 @@ def _check_schedule(value: object) -> Schedule:
 @final
 @dataclasses.dataclass(frozen=True, eq=False)
 class _Combined(ScheduleBase):
-    """`all` or `any` of its parts' answers; every part is asked."""
+    """`all` or `any` of its parts' answers; every part is asked. With no part: `always()`, `never()`."""
 
     combine: Callable[[list[bool]], bool]
     parts: tuple[Schedule, ...]
 
     def __call__(self, elapsed: Elapsed) -> bool:
         return self.combine([bool(part(elapsed)) for part in self.parts])
+
+    def __repr__(self) -> str:
+        if self.parts:
+            return f"{self.combine.__name__}{self.parts!r}"
+        return "always()" if self.combine is all else "never()"
 
 
 @final
@@ -216,18 +221,6 @@ def after(
     return After(Period(steps=steps, samples=samples, time=time))  # type: ignore[arg-type]
 
 
-@final
-@dataclasses.dataclass(frozen=True, eq=False)
-class _Constant(ScheduleBase):
-    value: bool
-
-    def __call__(self, elapsed: Elapsed) -> bool:
-        return self.value
-
-    def __repr__(self) -> str:
-        return "always()" if self.value else "never()"
-
-
 def always() -> ScheduleBase:
     """Fires at every step.
 
@@ -236,7 +229,7 @@ def always() -> ScheduleBase:
         >>> ciclo.always()(ciclo.types.Elapsed.create(steps=7))
         True
     """
-    return _Constant(True)
+    return _Combined(all, ())
 
 
 def never() -> ScheduleBase:
@@ -247,7 +240,7 @@ def never() -> ScheduleBase:
         >>> ciclo.never()(ciclo.types.Elapsed.create())
         False
     """
-    return _Constant(False)
+    return _Combined(any, ())
 
 
 @final
