@@ -12,11 +12,7 @@ S = TypeVar("S")
 """The type of the loop's state."""
 
 State = Any
-"""Any pytree: parameters, optimizer state, rng keys, ... grouped in one value.
-
-`ciclo.loop` takes any state; the predefined loops call the methods of
-`ciclo.types.Trainable`, `ciclo.types.Evaluable` and `ciclo.types.Predictable` on theirs.
-"""
+"""Any pytree (parameters, optimizer state, rng keys, ...); the predefined loops' meet `Trainable` and co."""
 
 Batch = Any
 """One element of a dataset, usually a pytree of arrays."""

@@ -171,11 +171,7 @@ class Logs(dict[str, Entries]):
         return self
 
     def entry_path(self, key: str) -> tuple[str, str] | None:
-        """Where `key` (`"name"` or `"collection.name"`) lives, or None if absent.
-
-        Raises:
-            ValueError: if a bare name is found in several collections.
-        """
+        """Where `key` (`"name"` or `"collection.name"`) lives, or None; a ValueError if ambiguous."""
         return _entry_path(key, {(c, n) for c, entries in self.items() for n in entries})
 
     def entry_value(self, key: str) -> Any:
@@ -483,13 +479,7 @@ class History(Sequence[Logs]):
         )
 
     def to_host(self, first: int | None = None) -> dict[str, Any]:
-        """The rows as plain host values: what a backup saves, and `load_host` reads back.
-
-        Args:
-            first: only the rows from this one on, counted from the first row
-                ever (dropped rows counted): a backup saves the rows since its
-                last one. Default: every row kept.
-        """
+        """The rows kept (from row `first` on, dropped rows counted) as host values: what a backup saves."""
         self._fetch(len(self))
         start = 0 if first is None else max(first - self.dropped, 0)
         return {
