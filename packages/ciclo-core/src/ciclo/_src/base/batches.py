@@ -1,8 +1,7 @@
 """Batches: how many samples one holds, `Stacked` groups of them, and splitting their rows.
 
-Every rule about a batch lives here: the loop's clock, the epoch-end schedule,
-the strategies and the managed steps all ask this module whether a batch is
-stacked and how many steps and samples it counts for.
+The loop's clock, the schedules, the strategies and the managed steps all ask
+here whether a batch is stacked and how many steps and samples it counts for.
 """
 
 from __future__ import annotations
@@ -27,11 +26,10 @@ BatchSizeFn = Callable[[Any], int]
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class Stacked(Generic[B]):
-    """`steps` consecutive batches stacked along a new leading axis.
+    """`steps` consecutive batches stacked along a new leading axis; made by `ciclo.stacked`.
 
-    The loop counts a `Stacked` batch as `steps` steps and `samples` samples;
-    `ciclo.fuse`d steps and managed steps run all of them in one dispatch with
-    `jax.lax.scan`. Make them with `ciclo.stacked(dataset, steps)`.
+    The loop counts it as `steps` steps and `samples` samples; `ciclo.fuse`d and
+    managed steps run all of them in one dispatch with `jax.lax.scan`.
 
     Attributes:
         batches: the batches' pytree, each leaf with a leading axis of length `steps`.
@@ -55,18 +53,16 @@ def stacked(
 ) -> Iterator[Stacked[B]]:
     """Groups each `steps` consecutive batches of `dataset` into one `Stacked` batch.
 
-    Leaves are stacked with `numpy` on the host (groups of JAX arrays on the
-    device, in one compiled call). A group with fewer batches (the last one, or
-    one cut at an `align` boundary) is yielded as it is: its first use compiles
-    the fused step once more.
+    Leaves are stacked with `numpy` on the host (JAX arrays on the device). A
+    shorter group (the last, or one cut at an `align` boundary) is yielded as
+    it is: its first use compiles the fused step once more.
 
     Args:
         dataset: any iterable of batches with the same structure and shapes.
         steps: batches per group.
         batch_size_fn: the samples in one batch; by default the leading
             dimension of its first array leaf.
-        align: no group crosses a multiple of `align` steps (an epoch's length,
-            say), so a loop sees the state exactly at those steps.
+        align: no group crosses a multiple of `align` steps (an epoch's length, say).
         start: the step count of the first batch (a resumed loop's), for `align`.
         total: read at most this many batches (the steps left before a loop's stop).
 
@@ -78,11 +74,10 @@ def stacked(
         >>> [group.steps for group in ciclo.stacked([np.ones(4)] * 20, 4, align=6, total=14)]
         [4, 2, 4, 2, 2]
     """
-    for name, value, least in (("steps", steps, 1), ("align", align, 1), ("start", start, 0)):
+    bounds = {"steps": (steps, 1), "align": (align, 1), "start": (start, 0), "total": (total, 0)}
+    for name, (value, least) in bounds.items():
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < least):
             raise ValueError(f"{name} must be an int >= {least}, got {short(value)}")
-    if total is not None and (not isinstance(total, int) or total < 0):
-        raise ValueError(f"total must be an int >= 0, got {short(total)}")
     size = leading_dim if batch_size_fn is None else batch_size_fn
     for group in cut(dataset, lambda: steps, align=align, start=start, total=total):
         yield stack(group, size)
@@ -91,11 +86,9 @@ def stacked(
 def cut(
     dataset: Iterable[B], steps: Callable[[], int], *, align: int | None, start: int, total: int | None
 ) -> Iterator[list[B]]:
-    """Consecutive batches of `dataset` in lists of `steps()` (asked before each list), cut as `stacked` cuts.
+    """Consecutive batches of `dataset` in lists of `steps()` (asked before each), as `stacked` cuts them.
 
-    No list crosses a multiple of `align` steps (counted from `start`), and at
-    most `total` batches are read. The rule of `ciclo.stacked`, shared with
-    `train_loop(..., steps_per_execution="auto")`, whose lists grow as it measures.
+    Shared with `train_loop(..., steps_per_execution="auto")`, whose lists grow as it measures.
 
     Example:
         >>> [len(group) for group in cut(range(20), lambda: 4, align=6, start=0, total=14)]
@@ -143,13 +136,7 @@ def _stack_leaves(*leaves: Any) -> Any:
 
 
 def is_stacked(batch: Any) -> bool:
-    """Whether `batch` is a `Stacked` group of batches.
-
-    Example:
-        >>> import numpy as np
-        >>> is_stacked(np.ones(3)), is_stacked(Stacked(np.ones((2, 3)), steps=2, samples=2))
-        (False, True)
-    """
+    """Whether `batch` is a `Stacked` group of batches."""
     return type(batch) is Stacked
 
 
@@ -158,9 +145,7 @@ _ARRAY_TYPES: set[type] = {np.ndarray}
 
 
 def leading_dim(batch: Any) -> int:
-    """Default sample count of a batch: the leading dimension of its first array leaf.
-
-    A batch with no array leaf (a plain Python value) counts as one sample.
+    """Default sample count of a batch: its first array leaf's leading dimension; 1 without one.
 
     Example:
         >>> import numpy as np
@@ -200,25 +185,14 @@ def steps_of(batch: Any) -> int:
 
 
 def count(batch: Any, batch_size_fn: BatchSizeFn) -> tuple[int, int]:
-    """`(steps, samples)` that `batch` counts for: `Stacked` groups count all their steps.
-
-    Example:
-        >>> import numpy as np
-        >>> count(np.zeros((8, 2)), leading_dim)
-        (1, 8)
-    """
+    """`(steps, samples)` that `batch` counts for: `Stacked` groups count all their steps."""
     if type(batch) is Stacked:
         return batch.steps, batch.samples
     return 1, batch_size_fn(batch)
 
 
 def split_rows(leaf: Any, parts: int) -> Any:
-    """Reshapes a batch leaf's leading axis `(rows, ...)` to `(parts, rows / parts, ...)`.
-
-    A scalar leaf is repeated `parts` times.
-
-    Raises:
-        ValueError: if the rows do not split evenly.
+    """Reshapes a leaf's `(rows, ...)` to `(parts, rows / parts, ...)` (uneven: ValueError); repeats a scalar.
 
     Example:
         >>> import numpy as np

@@ -16,11 +16,9 @@ _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 
 class DataWarning(UserWarning):
-    """A loop was given data that is probably not what was meant.
+    """A loop was given data that is probably not what was meant (no batch, or fewer than `stop`).
 
-    Warned, not raised, because the run is still well defined: a dataset that
-    yields no batch, a dataset that ends before `stop`, a test pass that
-    yields nothing. Turn them into errors with
+    Warned, not raised, as the run is still well defined; make it an error with
     `warnings.simplefilter("error", ciclo.types.DataWarning)`.
 
     Example:
@@ -41,32 +39,8 @@ def warn(message: str, category: type[Warning] = UserWarning) -> None:
     warnings.warn(message, category, stacklevel=stacklevel)
 
 
-def endless_iterator(obj: Any) -> str | None:
-    """The name of an iterator that never ends (`itertools.cycle`, `count`, endless `repeat`), else None.
-
-    Only these standard ones are recognised: any other iterable may or may
-    not end, which cannot be known without running it.
-
-    Example:
-        >>> import itertools
-        >>> endless_iterator(itertools.cycle([1])), endless_iterator(itertools.repeat(1, 3))
-        ('itertools.cycle', None)
-    """
-    if isinstance(obj, (itertools.cycle, itertools.count)):
-        return f"itertools.{type(obj).__name__}"
-    if isinstance(obj, itertools.repeat) and operator.length_hint(obj, -1) < 0:
-        return "itertools.repeat"
-    return None
-
-
 def check_directory(directory: str, what: str) -> None:
-    """Raises now, naming the remedy, if `directory` cannot be created or written to.
-
-    Remote paths (`gs://...`) are left to the storage library.
-
-    Args:
-        directory: an absolute local path.
-        what: names the directory in the message (`"checkpoint directory"`).
+    """Raises now, naming the remedy, if local `directory` (named `what`) cannot be created or written to.
 
     Raises:
         NotADirectoryError: if `directory` or one of its parents is a file.
@@ -96,9 +70,6 @@ def check_directory(directory: str, what: str) -> None:
 def check_bool(value: Any, name: str) -> None:
     """Refuses an option that must be True or False and is anything else (`"yes"`, `1`, None).
 
-    Raises:
-        TypeError: naming the option and the value.
-
     Example:
         >>> check_bool("yes", "test_with_ema")
         Traceback (most recent call last):
@@ -109,11 +80,7 @@ def check_bool(value: Any, name: str) -> None:
 
 
 def check_positive(period: Any, name: str, remedy: str) -> None:
-    """Raises if `period` (a `ciclo.types.Period` or None) is reached at once: every set field is 0.
-
-    Raises:
-        ValueError: naming `name` and `remedy`.
-    """
+    """Raises a ValueError if `period` (a `Period` or None) is reached at once: every set field is 0."""
     if period is None or period.date is not None:
         return
     if any(value is not None and value > 0 for value in (period.steps, period.samples, period.time)):
@@ -124,9 +91,9 @@ def check_positive(period: Any, name: str, remedy: str) -> None:
 class TestData:
     """Calls `train_loop`'s `test_dataset` for each test pass, refusing what would hang or be empty.
 
-    Raises, before the test pass starts, on an endless standard iterator
-    (`itertools.cycle`, ...) when no `test_duration` bounds the pass, and on
-    the same iterator returned again after an unbounded pass used it up.
+    Unless `test_duration` bounds the pass: an endless standard iterator
+    (`itertools.cycle`, `count`, endless `repeat`), or the iterator an earlier
+    pass used up.
     """
 
     __test__ = False  # not a pytest test class
@@ -138,13 +105,16 @@ class TestData:
 
     def __call__(self) -> Any:
         data = self.make()
-        endless = endless_iterator(data)
-        if endless is not None and not self.bounded:
+        if not self.bounded and (
+            isinstance(data, (itertools.cycle, itertools.count))
+            or (isinstance(data, itertools.repeat) and operator.length_hint(data, -1) < 0)
+        ):
             raise ValueError(
-                f"test_dataset() returned an endless {endless}: the test pass would never end; return "
-                "a finite iterable of test batches, or pass test_duration=N to bound each test pass"
+                f"test_dataset() returned an endless itertools.{type(data).__name__}: the test pass would "
+                "never end; return a finite iterable of test batches, or pass test_duration=N to bound "
+                "each test pass"
             )
-        if not self.bounded and self.previous is not None and data is self.previous:
+        if not self.bounded and data is self.previous is not None:
             raise ValueError(
                 "test_dataset() returned the same iterator as for the previous test pass, which used it "
                 "up: this pass would test nothing. Return a fresh iterable each call, e.g. "

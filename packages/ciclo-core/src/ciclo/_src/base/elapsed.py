@@ -37,8 +37,7 @@ def _seconds(name: str, value: object) -> float:
 class Period:
     """A duration measured in steps, samples, seconds, or a wall-clock date.
 
-    A `Period` is reached as soon as *any* of its set fields is reached. Build one
-    with `ciclo.at`.
+    Reached as soon as *any* of its set fields is; build one with `ciclo.at`.
 
     Example:
         >>> import ciclo
@@ -71,9 +70,7 @@ class Period:
     def of(cls, value: PeriodLike | None, *, name: str = "period") -> Period | None:
         """`value` as a `Period`: an int counts steps; a `Period` or None is returned as is.
 
-        Raises:
-            TypeError: for anything else; ValueError: for a negative step count.
-                The message names the argument `name`.
+        Raises a TypeError for anything else, a ValueError for a negative step count, naming `name`.
 
         Example:
             >>> import ciclo
@@ -107,11 +104,7 @@ def at(
 ) -> Period:
     """Creates a `Period`: the point at which a loop has run for so long.
 
-    Args:
-        steps: number of steps.
-        samples: number of samples (see `elapse` for how they are counted).
-        time: seconds (or a `timedelta`) since the loop started.
-        date: a wall-clock date (unix timestamp or `datetime`).
+    `time` is in seconds (or a `timedelta`) since the loop started; `date` a unix timestamp or `datetime`.
 
     Example:
         >>> import ciclo
@@ -120,16 +113,11 @@ def at(
         >>> ciclo.at(samples=50_000).samples
         50000
     """
-    return Period(
-        steps=steps,
-        samples=samples,
-        time=time,  # type: ignore[arg-type]  # normalised in __post_init__
-        date=date,  # type: ignore[arg-type]
-    )
+    return Period(steps, samples, time, date)  # type: ignore[arg-type]  # normalised in __post_init__
 
 
 def to_period(value: PeriodLike | None, *, name: str = "stop") -> Period | None:
-    """Converts an int (steps) or a `Period` to a `Period`; `None` stays `None`."""
+    """`Period.of`, naming the argument `stop` by default."""
     if value is None or isinstance(value, Period):
         return value
     if isinstance(value, int) and not isinstance(value, bool):
@@ -151,15 +139,13 @@ def to_period(value: PeriodLike | None, *, name: str = "stop") -> Period | None:
 class Elapsed:
     """How far a loop has run: steps, samples and seconds since it started.
 
-    `Elapsed` is a pytree, so it can be passed to a `jax.jit`-compiled step.
-    Compare it with a `Period` (`elapsed >= ciclo.at(steps=10)`) to know whether
-    that period has been reached.
+    A pytree (a `jax.jit`-compiled step may take it); compare it with a `Period`
+    (`elapsed >= ciclo.at(steps=10)`) to know whether the period was reached.
 
     Attributes:
         steps: steps completed before the current one.
         samples: samples seen before the current step.
-        time: seconds since the loop (or the first of a series of resumed loops)
-            started.
+        time: seconds since the loop (or the first of resumed loops) started.
         date_start: unix timestamp of the start.
 
     Example:
@@ -231,11 +217,7 @@ class Elapsed:
 
 
 def make_elapsed(steps: int, samples: int, time: float, date_start: float) -> Elapsed:
-    """`Elapsed(steps, samples, time, date_start)` at half the cost: the loop makes one per step.
-
-    A frozen dataclass's `__init__` sets each field through `object.__setattr__`;
-    the fields are set in the instance's dict directly instead.
-    """
+    """`Elapsed(steps, samples, time, date_start)` at half the cost (no `object.__setattr__` per field)."""
     elapsed = _new(Elapsed)
     fields = elapsed.__dict__
     fields["steps"] = steps
@@ -249,11 +231,7 @@ _new = object.__new__
 
 
 class Clock:
-    """Mutable step/sample/time counters behind `elapse` and `ciclo.loop`.
-
-    Kept separate from `Elapsed` so that the hot loop updates two ints and reads
-    one monotonic clock per step, and builds an immutable `Elapsed` only once.
-    """
+    """Mutable step/sample/time counters behind `elapse` and `ciclo.loop`: an `Elapsed` only when asked."""
 
     __slots__ = ("batch_size_fn", "date_start", "origin", "samples", "steps")
 
@@ -265,8 +243,7 @@ class Clock:
         self.steps = int(initial.steps)
         self.samples = int(initial.samples)
         self.date_start = float(initial.date_start)
-        # `perf_counter()` at time 0: time keeps counting from where `initial` left off, so resumed
-        # loops add up. The loop reads the clock as `perf_counter() - origin`, with no call.
+        # `perf_counter()` at time 0: a resumed loop's time goes on from `initial`'s.
         self.origin = _time.perf_counter() - float(initial.time)
         self.batch_size_fn = leading_dim if batch_size_fn is None else batch_size_fn
 
@@ -294,16 +271,15 @@ def elapse(
 ) -> Iterator[tuple[Elapsed, B]]:
     """Iterates a dataset, yielding `(elapsed, batch)` pairs.
 
-    `elapsed` tells how much ran *before* this batch: the first batch comes with
-    `steps == 0`. The counters advance after the body of the `for` loop runs.
+    `elapsed` tells how much ran *before* this batch (the first comes with
+    `steps == 0`); the counters advance after the body of the `for` loop runs.
 
     Args:
         dataset: any iterable of batches.
-        stop: stop before the step at which this `Period` (or number of steps) is
-            reached. The dataset is not read past that point.
+        stop: stop (reading no further) before the step at which this `Period`
+            (or number of steps) is reached.
         initial: resume counting from this `Elapsed`.
-        batch_size_fn: returns the number of samples in a batch; by default the
-            leading dimension of the batch's first array leaf.
+        batch_size_fn: a batch's sample count; by default its first array leaf's leading dimension.
 
     Example:
         >>> import ciclo

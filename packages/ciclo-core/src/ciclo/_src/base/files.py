@@ -1,11 +1,4 @@
-"""Files ciclo writes, and the directories it owns: written whole, never through a link.
-
-A directory ciclo writes (a backup, a checkpoint, a logger's) is a closed world:
-nothing under it is followed out of it. `check_closed` refuses, when the
-directory is opened, a symbolic link or a hard-linked file anywhere under it;
-`write_atomically` and `open_own` never write through a link; `remove_own`
-deletes only a regular file of the directory whose name ciclo gave it.
-"""
+"""Files ciclo writes, and the directories it owns (backups, checkpoints, loggers'): never via links."""
 
 from __future__ import annotations
 
@@ -35,8 +28,7 @@ class LinkError(FileExistsError):
 def check_closed(directory: str, what: str) -> None:
     """Raises `LinkError` if anything under `directory` is a symbolic link or a file with other hard links.
 
-    The directory itself may be a link (the user named it); what is inside is
-    what ciclo reads, writes and deletes. Remote paths (`gs://...`) have no links.
+    The directory itself may be a link (the user named it). Remote paths (`gs://...`) have no links.
 
     Example:
         >>> import tempfile
@@ -66,9 +58,7 @@ def check_closed(directory: str, what: str) -> None:
 def write_atomically(path: str, text: str) -> None:
     """Writes `text` to `path` through `path + ".tmp"`, synced to disk, then renamed over `path`.
 
-    One writer per file (process 0, or a single logger): a `.tmp` a kill left
-    behind is replaced by the next write, never written through (a link there
-    is removed, not followed).
+    One writer per file: a `.tmp` left behind (or a link there) is removed, not written through.
 
     Example:
         >>> import os, pathlib, tempfile
@@ -119,10 +109,7 @@ def open_own(path: str, mode: str) -> IO[Any]:
 
 
 def remove_own(directory: str, name: str, pattern: re.Pattern[str]) -> bool:
-    r"""Deletes `directory/name` if it is a regular file whose name ciclo gave it; True if it did.
-
-    Never a link, a folder, a file whose name `pattern` does not match, or a
-    path that resolves outside `directory`.
+    r"""Deletes `directory/name` if a regular file in `directory` whose name `pattern` matches; True if so.
 
     Example:
         >>> import os, re, tempfile

@@ -1,13 +1,7 @@
-"""Framework adapters are found by entry point: `ciclo.create_flax_state` and friends resolve lazily.
+"""Framework adapters are found by entry point: `ciclo.create_flax_state` and friends load on first use.
 
 An adapter package declares its `create_*_state` function in the entry point
-group `ciclo.frameworks`, under the name it takes on `ciclo`:
-
-    [project.entry-points."ciclo.frameworks"]
-    create_flax_state = "ciclo_flax:create_flax_state"
-
-ciclo never imports a framework by name: `import ciclo` imports none, and
-`ciclo.create_flax_state` loads ciclo-flax (and so flax) on first use.
+group `ciclo.frameworks` (`create_flax_state = "ciclo_flax:create_flax_state"`).
 """
 
 from __future__ import annotations
@@ -16,9 +10,6 @@ from importlib.metadata import entry_points
 from typing import Any
 
 from ciclo._src.base.reprs import short
-
-ENTRY_POINT_GROUP = "ciclo.frameworks"
-"""The entry point group adapter packages register their `create_*_state` functions in."""
 
 KNOWN_ADAPTERS = {
     "create_flax_state": "ciclo-flax",
@@ -29,13 +20,8 @@ KNOWN_ADAPTERS = {
 
 
 def framework_entry_points() -> dict[str, Any]:
-    """The installed adapters: `{name: entry point}`, e.g. `{"create_flax_state": ...}`.
-
-    Example:
-        >>> isinstance(framework_entry_points(), dict)
-        True
-    """
-    return {point.name: point for point in entry_points(group=ENTRY_POINT_GROUP)}
+    """The installed adapters: `{name: entry point}`, e.g. `{"create_flax_state": ...}`."""
+    return {point.name: point for point in entry_points(group="ciclo.frameworks")}
 
 
 def resolve(name: str) -> Any:

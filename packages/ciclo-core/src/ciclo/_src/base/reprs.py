@@ -1,13 +1,8 @@
-"""Bounded reprs of user values, for error messages and notes.
-
-An error that quotes a 200-batch dataset whole is 400,000 characters of noise
-around one useful sentence. `short` keeps small values as `repr` shows them and
-cuts large ones: containers to their first items, arrays to their type, shape
-and dtype.
-"""
+"""Bounded reprs of user values, for error messages and notes: a 200-batch dataset is not quoted whole."""
 
 from __future__ import annotations
 
+import math
 import reprlib
 from typing import Any
 
@@ -29,16 +24,10 @@ class _Short(reprlib.Repr):
 
     def repr1(self, x: Any, level: int) -> str:
         shape, dtype = getattr(x, "shape", None), getattr(x, "dtype", None)
-        if isinstance(shape, tuple) and dtype is not None and _size(shape) > _ARRAY_ITEMS:
-            return f"{type(x).__name__} of shape {shape} and dtype {dtype}"
+        if isinstance(shape, tuple) and dtype is not None:
+            if math.prod(d for d in shape if isinstance(d, int)) > _ARRAY_ITEMS:
+                return f"{type(x).__name__} of shape {shape} and dtype {dtype}"
         return super().repr1(x, level)
-
-
-def _size(shape: tuple[Any, ...]) -> int:
-    size = 1
-    for dimension in shape:
-        size *= dimension if isinstance(dimension, int) else 1
-    return size
 
 
 _SHORT = _Short()

@@ -1,9 +1,4 @@
-"""Roles of a managed state's fields, declared with dataclass field metadata.
-
-The core finds the fields it treats specially (the parameters to
-differentiate, the model state to synchronise, the rng key to split per
-device, the running metrics) by the role a field declares, never by its name.
-"""
+"""Roles of a managed state's fields, in dataclass field metadata: ciclo finds fields by role, not name."""
 
 from __future__ import annotations
 
@@ -20,10 +15,7 @@ ROLE_KEY = "ciclo.role"
 
 
 class Role(enum.Enum):
-    """What a field of a managed state holds, for the parts of ciclo that treat it specially.
-
-    Declare it with `managed.field(role=...)`. A field without a role is a
-    plain part of the state: carried through every step, placed like the rest.
+    """What a field of a managed state holds, declared with `managed.field(role=...)`; most fields have none.
 
     Example:
         >>> from ciclo import managed
@@ -52,9 +44,7 @@ def field(
 
     Args:
         role: what the field holds for ciclo (see `managed.Role`); None for a plain field.
-        static: True for configuration rather than arrays: part of the pytree's
-            structure, not a leaf (`dataclasses.field(metadata={"static": True})`
-            does the same).
+        static: True for configuration rather than arrays: part of the pytree's structure, not a leaf.
         default: the field's default value.
         default_factory: a zero-argument function making the default value.
 
@@ -87,10 +77,7 @@ _roles: weakref.WeakKeyDictionary[type, Mapping[Role, tuple[str, ...]]] = weakre
 
 
 def roles(cls: type) -> Mapping[Role, tuple[str, ...]]:
-    """The fields of a dataclass by role, read from their metadata once per class.
-
-    A type that is not a dataclass has no roles.
-    """
+    """The fields of a dataclass by role, read from their metadata once per class (none for other types)."""
     found = _roles.get(cls)
     if found is None:
         by_role: dict[Role, list[str]] = {}
@@ -116,11 +103,7 @@ def fields_with_role(cls: type, role: Role) -> tuple[str, ...]:
 
 
 def params_field(cls: type) -> str:
-    """The one field of `cls` with the `PARAMS` role.
-
-    Raises:
-        TypeError: when `cls` declares none, or several.
-    """
+    """The one field of `cls` with the `PARAMS` role; a TypeError when it declares none, or several."""
     names = fields_with_role(cls, Role.PARAMS)
     if len(names) != 1:
         found = f"declares {len(names)}: {', '.join(names)}" if names else "declares none"

@@ -5,16 +5,15 @@ from __future__ import annotations
 import abc
 import dataclasses
 import datetime
+import math
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, final
+from typing import TYPE_CHECKING, Any, final
 
 from ciclo._src.base.elapsed import Elapsed, Period, PeriodLike, _seconds, to_period
 from ciclo._src.base.reprs import short
 
 if TYPE_CHECKING:
     from ciclo._src.base.types import Schedule
-
-ScheduleFn = Callable[[Elapsed], bool]
 
 
 class ScheduleBase(abc.ABC):
@@ -34,23 +33,23 @@ class ScheduleBase(abc.ABC):
     def __call__(self, elapsed: Elapsed) -> bool:
         """Returns True when the schedule fires at `elapsed`."""
 
-    def __and__(self, other: ScheduleFn) -> ScheduleBase:
-        return _All((self, _check_schedule(other)))
+    def __and__(self, other: Schedule) -> ScheduleBase:
+        return _Combined(all, (self, _check_schedule(other)))
 
-    def __rand__(self, other: ScheduleFn) -> ScheduleBase:
-        return _All((_check_schedule(other), self))
+    def __rand__(self, other: Schedule) -> ScheduleBase:
+        return _Combined(all, (_check_schedule(other), self))
 
-    def __or__(self, other: ScheduleFn) -> ScheduleBase:
-        return _Any((self, _check_schedule(other)))
+    def __or__(self, other: Schedule) -> ScheduleBase:
+        return _Combined(any, (self, _check_schedule(other)))
 
-    def __ror__(self, other: ScheduleFn) -> ScheduleBase:
-        return _Any((_check_schedule(other), self))
+    def __ror__(self, other: Schedule) -> ScheduleBase:
+        return _Combined(any, (_check_schedule(other), self))
 
     def __invert__(self) -> ScheduleBase:
         return _Not(self)
 
 
-def _check_schedule(value: object) -> ScheduleFn:
+def _check_schedule(value: object) -> Schedule:
     if not callable(value):
         raise TypeError(f"a schedule must be callable as schedule(elapsed) -> bool, got {short(value)}")
     return value
@@ -58,28 +57,25 @@ def _check_schedule(value: object) -> ScheduleFn:
 
 @final
 @dataclasses.dataclass(frozen=True, eq=False)
-class _All(ScheduleBase):
-    parts: tuple[ScheduleFn, ...]
+class _Combined(ScheduleBase):
+    """`all` or `any` of its parts' answers; every part is asked. With no part: `always()`, `never()`."""
+
+    combine: Callable[[list[bool]], bool]
+    parts: tuple[Schedule, ...]
 
     def __call__(self, elapsed: Elapsed) -> bool:
-        results = [bool(part(elapsed)) for part in self.parts]
-        return all(results)
+        return self.combine([bool(part(elapsed)) for part in self.parts])
 
-
-@final
-@dataclasses.dataclass(frozen=True, eq=False)
-class _Any(ScheduleBase):
-    parts: tuple[ScheduleFn, ...]
-
-    def __call__(self, elapsed: Elapsed) -> bool:
-        results = [bool(part(elapsed)) for part in self.parts]
-        return any(results)
+    def __repr__(self) -> str:
+        if self.parts:
+            return f"{self.combine.__name__}{self.parts!r}"
+        return "always()" if self.combine is all else "never()"
 
 
 @final
 @dataclasses.dataclass(frozen=True, eq=False)
 class _Not(ScheduleBase):
-    inner: ScheduleFn
+    inner: Schedule
 
     def __call__(self, elapsed: Elapsed) -> bool:
         return not self.inner(elapsed)
@@ -105,9 +101,8 @@ def next_boundary(value: int, interval: int, offset: int = 0) -> int:
 def crossed(before: float, after: float, interval: float, offset: float = 0) -> bool:
     """Whether a boundary `offset + k * interval` (k >= 0) lies in `(before, after]`.
 
-    The one "boundary crossed" rule: `Every`, the loop's epoch ends and
-    `backup(every=N)` all fire when a count crosses a boundary, also when it
-    jumps over several at once (fused steps).
+    The one rule of `Every`, the loop's epoch ends and `backup(every=N)`, also
+    when a count jumps over several boundaries at once (fused steps).
 
     Example:
         >>> crossed(7, 8, 4), crossed(8, 9, 4), crossed(3, 12, 4, offset=1)
@@ -117,86 +112,39 @@ def crossed(before: float, after: float, interval: float, offset: float = 0) -> 
 
 
 @final
+@dataclasses.dataclass(eq=False)
 class Every(ScheduleBase):
     """Fires once each time a boundary `offset + k * interval` (k >= 0) is crossed.
 
-    Create it with `ciclo.every` or `ciclo.after(...).every(...)`. A boundary
-    counts as crossed when the current value reaches it, also when the loop jumps
-    over it by advancing several steps at once (fused steps). Calling the schedule
-    again with the same `Elapsed` returns the same answer, and a value lower than
-    the previous one (a new run of an inner loop) starts over.
+    Made by `ciclo.every` or `ciclo.after(...).every(...)`. A boundary is crossed
+    when the value reaches it or jumps over it (fused steps). The same `Elapsed`
+    again gets the same answer; a lower value (an inner loop's new run) starts over.
     """
 
-    __slots__ = ("_last", "_last_result", "offset", "period")
-
-    def __init__(self, period: Period, offset: Period | None = None) -> None:
-        self.period = period
-        self.offset = offset
-        self._last: tuple[float, ...] | None = None
-        self._last_result = False
-
-    def _values(self, elapsed: Elapsed) -> tuple[float, ...]:
-        return (elapsed.steps, elapsed.samples, elapsed.time)
+    period: Period
+    offset: Period | None = None
+    _last: tuple[float, ...] | None = dataclasses.field(default=None, init=False, repr=False)
+    _last_result: bool = dataclasses.field(default=False, init=False, repr=False)
 
     def __call__(self, elapsed: Elapsed) -> bool:
-        period, offset = self.period, self.offset
+        period, offset, last = self.period, self.offset, self._last
         if period.steps == 1 and offset is None:
             return True  # the common every(1): no bookkeeping
-        current = self._values(elapsed)
-        last = self._last
-        if last is not None and current == last:
+        current = (elapsed.steps, elapsed.samples, elapsed.time)
+        if current == last:
             return self._last_result
-        restart = last is None or any(c < p for c, p in zip(current, last, strict=True))
+        if last is None or any(c < p for c, p in zip(current, last, strict=True)):
+            # A (re)start: a count fires on a boundary, time (which starts at one) once past the offset.
+            last = (current[0] - 1, current[1] - 1, -math.inf)
+        starts = (0, 0, 0) if offset is None else (offset.steps, offset.samples, offset.time)
+        intervals = (period.steps, period.samples, period.time)
         fired = False
-        for index, interval in enumerate((period.steps, period.samples, period.time)):
-            if interval is None:
-                continue
-            start = 0.0
-            if offset is not None:
-                start = float((offset.steps, offset.samples, offset.time)[index] or 0)
-            value = current[index]
-            if restart:
-                if index == 2:
-                    # The run started at time 0, a boundary: the first call fires.
-                    hit = value >= start
-                else:
-                    hit = value >= start and (value - start) % interval == 0
-            else:
-                assert last is not None
-                hit = crossed(last[index], value, interval, start)
-            fired = fired or hit
-        self._last = current
-        self._last_result = fired
+        for before, now, interval, start in zip(last, current, intervals, starts, strict=True):
+            if interval is not None and crossed(before, now, interval, start or 0):
+                fired = True
+                break
+        self._last, self._last_result = current, fired
         return fired
-
-    def __repr__(self) -> str:
-        return f"Every(period={self.period!r}, offset={self.offset!r})"
-
-
-def _positive_period(
-    steps: int | None, samples: int | None, time: float | datetime.timedelta | None, name: str
-) -> Period:
-    if steps is None and samples is None and time is None:
-        raise ValueError(f"{name}() needs one of steps=, samples= or time=")
-    for label, value in (("steps", steps), ("samples", samples)):
-        if value is None:
-            continue
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise TypeError(
-                f"{name}({label}={short(value)}): the interval must be a positive int number of {label}, "
-                f"such as {name}({label}=10) (an interval in seconds is {name}(time=...))"
-            )
-        if value <= 0:
-            raise ValueError(
-                f"{name}({label}={short(value)}): the interval must be a positive int, such as "
-                f"{name}({label}=1) "
-                "to fire at every one"
-            )
-    if time is not None and _seconds("time", time) <= 0:
-        raise ValueError(
-            f"{name}(time={short(time)}): the interval must be positive, such as {name}(time=60)"
-        )
-    return Period(steps=steps, samples=samples, time=time)  # type: ignore[arg-type]
 
 
 def every(
@@ -208,8 +156,7 @@ def every(
     """Fires every `steps` steps, `samples` samples or `time` seconds, starting at 0.
 
     `every(2)` fires at steps 0, 2, 4, ...; `every(samples=100)` at the first step
-    and then at each step that reaches or crosses 100, 200, ... samples. With
-    several arguments it fires when any of them does.
+    and at each that reaches or crosses 100, 200, ... samples; with several, when any does.
 
     Example:
         >>> import ciclo
@@ -217,29 +164,36 @@ def every(
         >>> [s for s in range(7) if schedule(ciclo.types.Elapsed.create(steps=s))]
         [0, 2, 4, 6]
     """
-    return Every(_positive_period(steps, samples, time, "every"))
+    if steps is None and samples is None and time is None:
+        raise ValueError("every() needs one of steps=, samples= or time=")
+    for label, value in (("steps", steps), ("samples", samples)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise TypeError(
+                f"every({label}={short(value)}): the interval must be a positive int number of {label}, "
+                f"such as every({label}=10) (an interval in seconds is every(time=...))"
+            )
+        if value is not None and value <= 0:
+            raise ValueError(
+                f"every({label}={short(value)}): the interval must be a positive int, such as "
+                f"every({label}=1) to fire at every one"
+            )
+    if time is not None and _seconds("time", time) <= 0:
+        raise ValueError(f"every(time={short(time)}): the interval must be positive, such as every(time=60)")
+    return Every(Period(steps=steps, samples=samples, time=time))  # type: ignore[arg-type]
 
 
 @final
+@dataclasses.dataclass(frozen=True, eq=False)
 class After(ScheduleBase):
     """Fires at every step once a `Period` is reached; see `ciclo.after`."""
 
-    __slots__ = ("period",)
-
-    def __init__(self, period: Period) -> None:
-        self.period = period
+    period: Period
 
     def __call__(self, elapsed: Elapsed) -> bool:
         return elapsed >= self.period
 
-    def every(
-        self,
-        steps: int | None = None,
-        *,
-        samples: int | None = None,
-        time: float | datetime.timedelta | None = None,
-    ) -> Every:
-        """Fires at the `after` point and every interval from there.
+    def every(self, *args: Any, **kwargs: Any) -> Every:
+        """Fires at the `after` point and every interval from there (`ciclo.every`'s arguments).
 
         Example:
             >>> import ciclo
@@ -247,10 +201,7 @@ class After(ScheduleBase):
             >>> [s for s in range(15) if schedule(ciclo.types.Elapsed.create(steps=s))]
             [3, 8, 13]
         """
-        return Every(_positive_period(steps, samples, time, "every"), offset=self.period)
-
-    def __repr__(self) -> str:
-        return f"After({self.period!r})"
+        return Every(every(*args, **kwargs).period, offset=self.period)
 
 
 def after(
@@ -270,20 +221,6 @@ def after(
     return After(Period(steps=steps, samples=samples, time=time))  # type: ignore[arg-type]
 
 
-@final
-class _Constant(ScheduleBase):
-    __slots__ = ("value",)
-
-    def __init__(self, value: bool) -> None:
-        self.value = value
-
-    def __call__(self, elapsed: Elapsed) -> bool:
-        return self.value
-
-    def __repr__(self) -> str:
-        return "always()" if self.value else "never()"
-
-
 def always() -> ScheduleBase:
     """Fires at every step.
 
@@ -292,7 +229,7 @@ def always() -> ScheduleBase:
         >>> ciclo.always()(ciclo.types.Elapsed.create(steps=7))
         True
     """
-    return _Constant(True)
+    return _Combined(all, ())
 
 
 def never() -> ScheduleBase:
@@ -303,18 +240,16 @@ def never() -> ScheduleBase:
         >>> ciclo.never()(ciclo.types.Elapsed.create())
         False
     """
-    return _Constant(False)
+    return _Combined(any, ())
 
 
 @final
+@dataclasses.dataclass(frozen=True, eq=False)
 class Piecewise(ScheduleBase):
     """Switches between schedules at given periods; see `ciclo.piecewise`."""
 
-    __slots__ = ("initial", "pieces")
-
-    def __init__(self, initial: ScheduleFn, pieces: tuple[tuple[Period, ScheduleFn], ...]) -> None:
-        self.initial = initial
-        self.pieces = pieces
+    initial: Schedule
+    pieces: tuple[tuple[Period, Schedule], ...]
 
     def __call__(self, elapsed: Elapsed) -> bool:
         current = self.initial
@@ -323,17 +258,11 @@ class Piecewise(ScheduleBase):
                 current = schedule
         return bool(current(elapsed))
 
-    def __repr__(self) -> str:
-        return f"Piecewise({self.initial!r}, {dict(self.pieces)!r})"
 
-
-def piecewise(initial: ScheduleFn, pieces: Mapping[PeriodLike, ScheduleFn]) -> Piecewise:
+def piecewise(initial: Schedule, pieces: Mapping[PeriodLike, Schedule]) -> Piecewise:
     """Uses `initial` until the first period is reached, then the schedule of the latest period reached.
 
-    Args:
-        initial: the schedule used before any period in `pieces` is reached.
-        pieces: maps a `Period` (or a number of steps) to the schedule used from
-            then on.
+    `pieces` maps a `Period` (or a number of steps) to the schedule used from then on.
 
     Example:
         >>> import ciclo
@@ -342,7 +271,7 @@ def piecewise(initial: ScheduleFn, pieces: Mapping[PeriodLike, ScheduleFn]) -> P
         [0, 1, 2, 3, 6, 9]
     """
     _check_schedule(initial)
-    converted: list[tuple[Period, ScheduleFn]] = []
+    converted: list[tuple[Period, Schedule]] = []
     for key, schedule in pieces.items():
         period = to_period(key, name="piecewise key")
         assert period is not None
@@ -364,12 +293,11 @@ class AtStepEnd(ScheduleBase):
 def at_step_end(schedule: Schedule) -> AtStepEnd:
     """Checks `schedule` after the step, on the counts that include the step's batch.
 
-    A plain schedule sees the `Elapsed` from before the step (steps completed
-    so far). An epoch ends *after* the step that completes it, so epoch-end
-    work is scheduled `at_step_end(ciclo.every(steps_per_epoch))`: with 10
-    steps per epoch it runs after steps 10, 20, ... (its callbacks see
-    `elapsed.steps == 10`), never at step 0. Place such a task after the
-    phase that runs the step.
+    A plain schedule sees the `Elapsed` from before the step. An epoch ends
+    *after* the step that completes it, so epoch-end work is scheduled
+    `at_step_end(ciclo.every(steps_per_epoch))`: with 10 steps per epoch it runs
+    after steps 10, 20, ... (seeing `elapsed.steps == 10`), never at step 0.
+    Place such a task after the phase that runs the step.
 
     Example:
         >>> import ciclo

@@ -5,26 +5,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
-from ciclo._src.base.batches import BatchSizeFn as BatchSizeFn
-
 if TYPE_CHECKING:
     from ciclo._src.base.elapsed import Elapsed
 
 S = TypeVar("S")
 """The type of the loop's state."""
 
-T = TypeVar("T")
-"""Any pytree handed through a strategy unchanged in structure."""
-
-M = TypeVar("M")
-"""A stateful metric (see `ciclo.metrics.Metric`)."""
-
 State = Any
-"""Any pytree: parameters, optimizer state, rng keys, ... grouped in one value.
-
-`ciclo.loop` takes any state; the predefined loops call the methods of
-`ciclo.types.Trainable`, `ciclo.types.Evaluable` and `ciclo.types.Predictable` on theirs.
-"""
+"""Any pytree (parameters, optimizer state, rng keys, ...); the predefined loops' meet `Trainable` and co."""
 
 Batch = Any
 """One element of a dataset, usually a pytree of arrays."""
@@ -37,64 +25,41 @@ CallbackOutput = tuple[LogsLike, S]
 
 
 class Schedule(Protocol):
-    """Decides whether its callbacks run at this point of the loop.
+    """Decides whether its callbacks run at this point of the loop: any `Callable[[Elapsed], bool]`.
 
-    Any `Callable[[Elapsed], bool]` is a schedule. The built-in ones (`every`,
-    `after`, `always`, `never`, `piecewise`) also combine with `&`, `|` and `~`.
     A schedule must fire when the loop *crosses* one of its points, also when
-    `elapsed` advances by several steps at once.
+    `elapsed` advances by several steps at once. The built-in ones combine with `&`, `|` and `~`.
     """
 
-    def __call__(self, elapsed: Elapsed, /) -> bool:
-        """Returns True when the callbacks of this schedule should run."""
-        ...
+    def __call__(self, elapsed: Elapsed, /) -> bool: ...
 
 
 @runtime_checkable
 class StatefulCallback(Protocol):
     """A callback that keeps state across steps, and can hand it out and take it back.
 
-    Early stopping keeps its best value and wait count, a checkpointer its
-    ranking, a logger its position. A loop that is backed up saves
-    `state_dict()` with the training state, and a resumed loop hands it
-    back with `load_state_dict` before its first step, so the resumed
-    run goes on exactly as the uninterrupted one would have.
-
-    `state_dict()` returns a pytree of arrays, numbers, strings and `None`
-    (dicts, lists and tuples of them), a snapshot that later steps do not
-    change. `load_state_dict(state_dict())` on a fresh callback built
-    with the same arguments must give a callback that behaves the same.
-    ciclo's stateful callbacks: `early_stopping`, `checkpoint` and the loggers.
-
-    A backup saves the snapshot under the callback's `state_key` attribute
-    when it has one (a non-empty str), else under its class's name, and a
-    resumed loop hands it back by that key, wherever the callback now sits in
-    the loop. Two stateful callbacks of one loop need two keys.
+    A backed-up loop saves `state_dict()` (a pytree of arrays, numbers,
+    strings and `None`: a snapshot later steps do not change) with the
+    training state, under the callback's `state_key` attribute when it has one
+    (a non-empty str), else its class's name; a resumed loop hands it back by
+    that key with `load_state_dict` before its first step, so the run goes on
+    exactly as the uninterrupted one would have. Two stateful callbacks of one
+    loop need two keys. ciclo's own: `early_stopping`, `checkpoint` and the loggers.
 
     Example:
         >>> import ciclo
-        >>> class CountCalls:
-        ...     def __init__(self):
-        ...         self.calls = 0
-        ...     def __call__(self, state):
-        ...         self.calls += 1
-        ...     def state_dict(self):
-        ...         return {"calls": self.calls}
-        ...     def load_state_dict(self, state):
-        ...         self.calls = state["calls"]
-        >>> counter = CountCalls()
-        >>> _ = ciclo.loop(None, range(3), {ciclo.every(1): counter})
-        >>> isinstance(counter, ciclo.types.StatefulCallback), counter.state_dict()
-        (True, {'calls': 3})
+        >>> class Best:
+        ...     best = None
+        ...     def __call__(self, state): ...
+        ...     def state_dict(self): return {"best": self.best}
+        ...     def load_state_dict(self, state): self.best = state["best"]
+        >>> isinstance(Best(), ciclo.types.StatefulCallback)
+        True
     """
 
-    def state_dict(self) -> Any:
-        """A snapshot of the state this callback keeps across steps, as a pytree."""
-        ...
+    def state_dict(self) -> Any: ...
 
-    def load_state_dict(self, state: Any, /) -> None:
-        """Takes back a snapshot made by `state_dict` (of this or an equal callback)."""
-        ...
+    def load_state_dict(self, state: Any, /) -> None: ...
 
 
 @runtime_checkable
@@ -115,58 +80,42 @@ class Trainable(Protocol):
         (True, 3)
     """
 
-    def train_step(self, batch: Any, /) -> Any:
-        """Runs one training step on `batch`: `(logs, new_state)`."""
-        ...
+    def train_step(self, batch: Any, /) -> Any: ...
 
 
 @runtime_checkable
 class Evaluable(Protocol):
     """A state that evaluates: what `ciclo.test_loop` (and `train_loop`'s test loop) calls.
 
-    `reset_step()` returns the state with its running metrics emptied (run
-    before each evaluation and at each epoch end); `test_step(batch)` returns
-    `(logs, new_state)`.
+    `reset_step()` returns the state with its running metrics emptied (before
+    each evaluation and epoch); `test_step(batch)` returns `(logs, new_state)`.
     """
 
-    def test_step(self, batch: Any, /) -> Any:
-        """Runs one evaluation step on `batch`: `(logs, new_state)`."""
-        ...
+    def test_step(self, batch: Any, /) -> Any: ...
 
-    def reset_step(self) -> Any:
-        """Returns the state with its running metrics reset."""
-        ...
+    def reset_step(self) -> Any: ...
 
 
 @runtime_checkable
 class Predictable(Protocol):
     """A state that predicts: what `ciclo.predict_loop` calls; `predict_step(batch) -> (logs, state)`."""
 
-    def predict_step(self, batch: Any, /) -> Any:
-        """Runs the model on `batch`; its outputs go in the logs' `outputs`."""
-        ...
-
-
-ScheduleLike = Schedule | str
-"""A schedule, or the name of a named schedule of the predefined loops."""
+    def predict_step(self, batch: Any, /) -> Any: ...
 
 
 class ModelAdapter(Protocol):
     """How a framework's model is initialised and applied: what an adapter package implements.
 
     `ciclo.create_model_state` builds a training state from any adapter; the
-    framework packages (`ciclo-flax`, `ciclo-haiku`, `ciclo-equinox`) are
-    adapters plus a `create_*_state` function. An adapter is held as a static
-    field of the state, so it must be hashable: a frozen dataclass with
-    `eq=False`, or a plain class, compares by identity.
+    framework packages are adapters plus a `create_*_state` function. An
+    adapter is a static field of the state, so it must be hashable (a frozen
+    dataclass with `eq=False`, or a plain class, compares by identity).
 
-    The adapter works on two pytrees of arrays: `params` (what the optimizer
-    trains) and `model_state` (what the model updates itself when it runs, such
-    as batch-norm statistics; `None` when it has none).
+    It works on two pytrees of arrays: `params` (what the optimizer trains)
+    and `model_state` (what the model updates itself, such as batch-norm
+    statistics; `None` when it has none).
 
-    An adapter may also give the trained model back in its framework's own
-    form, with the optional method of `ciclo.types.SupportsToModel`:
-    `ModelState.model` calls it.
+    An adapter may also give the trained model back (`ciclo.types.SupportsToModel`).
     """
 
     def init(self, key: Any, inputs: Any, /) -> tuple[Any, Any]:
@@ -176,34 +125,27 @@ class ModelAdapter(Protocol):
         their variables to `ciclo.create_model_state(variables=...)` instead,
         and their `init` raises an error saying so.
         """
-        ...
 
     def apply(
         self, params: Any, model_state: Any, inputs: Any, /, *, key: Any, training: bool
     ) -> tuple[Any, Any]:
-        """Runs the model: `(outputs, new_model_state)`.
+        """Runs the model on `inputs`: `(outputs, new_model_state)`.
 
-        Args:
-            params: the trained parameters.
-            model_state: the model's own state, as `init` made it and `apply` last returned it.
-            inputs: a batch of inputs.
-            key: a fresh random key for this step (dropout, noise).
-            training: True in training steps (dropout on, statistics updated).
+        `key` is a fresh random key for this step (dropout, noise); `training`
+        is True in training steps (dropout on, statistics updated).
         """
-        ...
 
 
 @runtime_checkable
 class SupportsToModel(Protocol):
     """A `ModelAdapter` that gives the trained model back in its framework's own form.
 
-    `to_model` is the one optional method of an adapter; `ciclo.types.ModelState.model`
-    calls it. It returns what the framework itself would give for a model
-    with these variables, the form its own `init` or constructor returns:
-    ciclo-flax gives a linen module's variables dict
-    (`{"params": ..., "batch_stats": ...}`) and an nnx module, ciclo-haiku
-    `params` or `(params, state)`, ciclo-equinox the module or
-    `(module, state)`.
+    `to_model`, the one optional method of an adapter, is what
+    `ciclo.types.ModelState.model` calls (outside any trace). It returns the
+    form the framework's own `init` or constructor gives: ciclo-flax a linen
+    module's variables dict (`{"params": ..., "batch_stats": ...}`) or an nnx
+    module, ciclo-haiku `params` or `(params, state)`, ciclo-equinox the module
+    or `(module, state)`.
 
     Example:
         >>> import ciclo, jax.numpy as jnp
@@ -218,6 +160,4 @@ class SupportsToModel(Protocol):
         True
     """
 
-    def to_model(self, params: Any, model_state: Any, /) -> Any:
-        """The framework's own model holding `params` and `model_state` (called outside any trace)."""
-        ...
+    def to_model(self, params: Any, model_state: Any, /) -> Any: ...

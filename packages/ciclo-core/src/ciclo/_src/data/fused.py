@@ -17,17 +17,13 @@ StepFn = Callable[[Any, Any], Any]
 
 
 def as_logs_and_state(step: StepFn, state: S, batch: Any) -> tuple[Logs, S]:
-    """Runs `step` and normalises its output (`ciclo.types.Logs`, state) by the one rule of `step_output`."""
+    """Runs `step`, its output as `(ciclo.types.Logs, state)` by the rule of `step_output`."""
     logs, new_state = step_output(step(state, batch), state, step)
     return (logs if type(logs) is Logs else Logs(logs)), new_state
 
 
 def scan_steps(step: StepFn, state: Any, batches: Any) -> tuple[StackedLogs, Any]:
-    """Runs `step(state, batch) -> (logs, state)` over the leading axis of `batches`.
-
-    Call it inside a compiled function. The logs are a `StackedLogs`: those of
-    the last step, with every step's in `per_step`.
-    """
+    """Runs `step(state, batch) -> (logs, state)` over the leading axis of `batches` (when compiled)."""
 
     def body(state: Any, batch: Any) -> tuple[Any, Logs]:
         logs, state = as_logs_and_state(step, state, batch)
@@ -63,17 +59,12 @@ class Fused(Generic[S]):
 def fuse(step: StepFn, *, donate: bool = False) -> Fused[Any]:
     """Makes `step` run all the steps of a `ciclo.types.Stacked` batch in one dispatch.
 
-    The steps run inside one `jax.jit`-compiled `jax.lax.scan`, so Python and
-    dispatch costs are paid once per group instead of once per step. `step` must
-    be traceable and return `(logs, state)`. The fused step returns the logs of
-    the group's last step, with every step's logs stacked in their `per_step`
-    attribute. The loop counts the group's steps and samples, so schedules and
-    `Elapsed` stay exact (a schedule whose point falls inside a group fires once,
-    after the group), and the history gets one entry per step, as if the steps
-    had run one by one. A plain (not stacked) batch runs `step` unfused.
-
-    Managed steps (`managed.train_step`, framework states) need no `fuse`:
-    they fuse `Stacked` batches by themselves.
+    The steps run in one `jax.jit`-compiled `jax.lax.scan`: Python and dispatch
+    costs are paid once per group. `step` must be traceable. The fused step
+    returns the group's last step's logs, every step's in their `per_step`; the
+    loop counts the group's steps and samples (a schedule whose point falls
+    inside a group fires once, after it) and the history gets one entry per
+    step. A plain batch runs `step` unfused. Managed steps need no `fuse`.
 
     Args:
         step: `(state, batch) -> (logs, state)`.

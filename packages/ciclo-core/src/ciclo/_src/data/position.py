@@ -1,8 +1,4 @@
-"""The dataset a loop draws from: iterating it, saying when it fails or ends, and where it is.
-
-The loop's backups and `ciclo.prefetch_to_device` keep the data position
-through the one test here, `has_state`.
-"""
+"""The dataset a loop draws from: iterating it, saying when it fails or ends, and where it is."""
 
 from __future__ import annotations
 
@@ -63,10 +59,7 @@ class StatefulIterator(Iterator[T_co], Protocol):
 
 
 def has_state(iterator: Any) -> TypeGuard[StatefulIterator[Any]]:
-    """Whether the backup saves the iterator's own position: it has `get_state` and `set_state`.
-
-    The one test of it: the loop's backups and `ciclo.prefetch_to_device` ask here.
-    """
+    """Whether the iterator has `get_state` and `set_state`: the one test backups and prefetch ask."""
     return callable(getattr(iterator, "get_state", None)) and callable(getattr(iterator, "set_state", None))
 
 

@@ -1,10 +1,8 @@
 """Batches put on their devices ahead of the step that takes them: `prefetch_to_device`.
 
-JAX's transfers are asynchronous: a batch put on its devices while the
-device still runs the steps before it arrives there for free. No thread is
-needed, only a short queue of batches read ahead. The queue is what makes a
-data position subtle: the loop has consumed fewer batches than were read, and
-a backup must resume at the first batch the loop did not take.
+JAX's transfers are asynchronous, so a short queue of batches read ahead needs
+no thread. A backup resumes at the first batch the loop did not take, not the
+first the queue did not read.
 """
 
 from __future__ import annotations
@@ -29,24 +27,16 @@ def prefetch_to_device(
 ) -> Prefetched[B]:
     """The batches of `dataset`, each put on its devices `size` batches before the loop takes it.
 
-    Each batch is placed where the strategy's compiled step wants it (the
-    strategy's `lift_batch`: under `data_parallel` and `fsdp` its rows are
-    split over the mesh, from each process's own rows under `jax.distributed`),
-    and what is still on the host goes to the default device. A managed step
-    then finds the batch in place and copies nothing. `train_loop(...,
-    prefetch=2)` does this with the state's strategy.
+    Each batch is placed where the strategy's compiled step wants it (its
+    `lift_batch`: under `data_parallel` and `fsdp` its rows are split over the
+    mesh), the rest on the default device. `train_loop(..., prefetch=2)` does
+    this with the state's strategy.
 
-    At most `size` batches are read ahead of the one the loop takes, and the
-    data position stays the loop's: when `dataset`'s iterator has `get_state()`
-    and `set_state()` (grain's `DatasetIterator`), so does the returned
-    iterator, and its state is that of the last batch *taken*, so a backup
-    resumes at the first batch the loop did not take; `close()` moves the
-    source back there. Without them a backup skips, on resume, the batches the
-    loop took.
-
+    When `dataset`'s iterator has `get_state()` and `set_state()` (grain's
+    `DatasetIterator`), so does the returned iterator, and its state is that
+    after the last batch *taken*; `close()` moves the source back there.
     An error of `dataset`, or of placing a batch, is raised when the loop asks
-    for that batch, after the batches read before it, as without prefetch. A
-    batch leaf that no device holds (a string) is refused with its path.
+    for that batch, as without prefetch.
 
     Args:
         dataset: any iterable of batches (`ciclo.stacked` groups too).
@@ -54,13 +44,10 @@ def prefetch_to_device(
         strategy: a strategy or its name (`ciclo.strategies.get_strategy`), or
             None to put each batch on the default device.
 
-    Returns:
-        An iterator over the placed batches.
-
     Raises:
         ValueError: if `size` is not an int >= 1, or the strategy's name is unknown.
-        TypeError: if `dataset` is not iterable, or (when its batch is taken) a
-            batch has a leaf that no device holds.
+        TypeError: if `dataset` is not iterable, or (when taken) a batch has a
+            leaf that no device holds (a string), naming its path.
 
     Example:
         >>> import ciclo, jax, numpy as np
@@ -70,18 +57,14 @@ def prefetch_to_device(
     """
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:
         raise ValueError(f"prefetch size must be an int >= 1 (the batches read ahead), got {short(size)}")
-    place = _on_device if strategy is None else _lifted(get_strategy(strategy))
+    place = _on_device
+    if strategy is not None:
+        lift = get_strategy(strategy).lift_batch
+        place = lambda batch: _on_device(lift(batch))  # noqa: E731
     source = iterate_dataset(dataset)
     if has_state(source):
         return StatefulPrefetched(source, size, place)
     return Prefetched(source, size, place)
-
-
-def _lifted(strategy: Strategy) -> Callable[[Any], Any]:
-    def place(batch: Any) -> Any:
-        return _on_device(strategy.lift_batch(batch))
-
-    return place
 
 
 def _placement_error(error: Exception, batch: Any, index: int) -> Exception:
@@ -105,7 +88,6 @@ def _placement_error(error: Exception, batch: Any, index: int) -> Exception:
 
 
 def _on_device(batch: Any) -> Any:
-    # What the strategy leaves on the host (`jit` lifts nothing) goes where a one-device step runs.
     # A batch already all on devices is returned as it is: device_put would take ~15 µs to do nothing.
     if all(isinstance(leaf, jax.Array) for leaf in jax.tree.leaves(batch)):
         return batch
@@ -113,10 +95,7 @@ def _on_device(batch: Any) -> Any:
 
 
 class Prefetched(Iterator[B]):
-    """What `ciclo.prefetch_to_device` returns: placed batches, at most `size` read ahead.
-
-    Its source has no `get_state`, so neither has it: a backup counts the
-    batches the loop took (`StatefulPrefetched` is the other kind).
+    """What `ciclo.prefetch_to_device` returns for a source without `get_state` (a backup counts batches).
 
     Example:
         >>> import ciclo
@@ -125,25 +104,19 @@ class Prefetched(Iterator[B]):
         (0, False)
     """
 
-    __slots__ = ("_buffer", "_error", "_exhausted", "_place", "_read", "_size", "_source")
+    __slots__ = ("_buffer", "_error", "_exhausted", "_place", "_read", "_size", "_source", "_state")
 
     def __init__(self, source: Iterator[B], size: int, place: Callable[[Any], Any]) -> None:
         self._source = source
         self._size = size
         self._place = place
-        # Each batch read ahead, with where its source stood once it was read.
         self._buffer: collections.deque[tuple[B, Any]] = collections.deque()
         self._exhausted = False
         self._read = 0  # batches read from the source and placed
-        # What reading or placing the batch after the buffered ones raised: raised when the loop
-        # asks for that batch, so that the batches before it are taken first, as without prefetch.
         self._error: Exception | None = None
-
-    def __iter__(self) -> Prefetched[B]:
-        return self
+        self._state: Any = None  # the source's position after the last batch taken, if it tells
 
     def __next__(self) -> B:
-        # The batch to return and `size` behind it: their transfers run while the steps before run.
         while not self._exhausted and len(self._buffer) <= self._size:
             try:
                 batch = next(self._source)
@@ -165,8 +138,7 @@ class Prefetched(Iterator[B]):
             if failed is not None:
                 raise failed
             raise StopIteration
-        batch, position = self._buffer.popleft()
-        self._taken(position)
+        batch, self._state = self._buffer.popleft()
         return batch
 
     def close(self) -> None:
@@ -177,17 +149,10 @@ class Prefetched(Iterator[B]):
     def _position(self) -> Any:
         return None
 
-    def _taken(self, position: Any) -> None:
-        pass
-
 
 @final
 class StatefulPrefetched(Prefetched[B]):
     """`Prefetched` over an iterator with `get_state()` / `set_state()`: it has them too.
-
-    `get_state()` is the source's state after the last batch the loop took,
-    not after the last one read: what a backup saves, so that the batches
-    read ahead are read again on resume.
 
     Example:
         >>> import ciclo, grain
@@ -196,7 +161,7 @@ class StatefulPrefetched(Prefetched[B]):
         (0, {'next_index': 1})
     """
 
-    __slots__ = ("_state",)
+    __slots__ = ()
 
     _source: StatefulIterator[B]
 
@@ -223,6 +188,3 @@ class StatefulPrefetched(Prefetched[B]):
 
     def _position(self) -> Any:
         return self._source.get_state()
-
-    def _taken(self, position: Any) -> None:
-        self._state = position

@@ -1,11 +1,4 @@
-"""Copies of logged values to the host: started without waiting, read once the device is done.
-
-The history hands this module a column (one entry's value in each of a block
-of rows) and gets back the `Copy`s that bring its device values to the host:
-device scalars are stacked, `CHUNK` to a copy, other device arrays copied one
-by one, and every copy is started with `copy_to_host_async`. A copy is read
-(`fill`) only once `ready`, so reading it never waits on the device.
-"""
+"""Copies of logged values to the host: started without waiting, read once the device is done."""
 
 from __future__ import annotations
 
@@ -26,12 +19,7 @@ HOST_SCALARS = frozenset({float, int, bool})
 
 @final
 class Copy:
-    """A device array on its way to the host, and the cells of a column its values go to.
-
-    The array is either the value of its one cell (`first` None), or holds the
-    values of `cells` along its leading axis from index `first` on (a stacked
-    column, or an entry of a fused group of steps).
-    """
+    """A device array on its way to the host: one cell's value (`first` None), or `cells`' from `first` on."""
 
     __slots__ = ("array", "cells", "first")
 
@@ -57,11 +45,7 @@ class Copy:
 
 @functools.cache
 def _one_device() -> bool:
-    """Whether JAX has one device; asked on first use, not at import.
-
-    Asking starts the XLA backend, after which `jax.distributed.initialize` and
-    device-count settings can no longer run.
-    """
+    """Whether JAX has one device; asked on first use, not at import (which would start the backend)."""
     return jax.device_count() == 1
 
 
@@ -73,10 +57,8 @@ def _stack(*scalars: jax.Array) -> jax.Array:
 def start_column(column: list[Any], kinds: set[type]) -> list[Copy]:
     """Starts copying the device values of `column` (its values' types are `kinds`); converts the others.
 
-    Python numbers are left as they are. A column of JAX scalars that share a
-    sharding (one device, or one mesh) is stacked `CHUNK` values to a copy;
-    other JAX arrays are copied one by one; numpy values and other objects are
-    converted at once.
+    JAX scalars of one sharding are stacked `CHUNK` to a copy, other JAX arrays
+    copied one by one; Python numbers are left as they are.
     """
     if kinds <= HOST_SCALARS:
         return []
@@ -97,11 +79,7 @@ def start_column(column: list[Any], kinds: set[type]) -> list[Copy]:
 
 
 def _stackable(arrays: list[Any]) -> bool:
-    """Whether JAX arrays are scalars that one compiled `jnp.stack` takes as they are.
-
-    They must be of one dtype, and on one device or of one sharding (a data
-    parallel step's replicated scalars).
-    """
+    """Whether JAX arrays are scalars of one dtype and one sharding: one compiled `jnp.stack` takes them."""
     avals = set(map(_aval, arrays))
     if len(avals) != 1 or avals.pop().shape != ():
         return False

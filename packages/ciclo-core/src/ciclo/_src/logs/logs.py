@@ -1,21 +1,12 @@
 """Logs (what one step reports) and the History (what a loop reported, step by step).
 
-This module owns the `Logs` a step returns and the `History` a loop commits
-them to. A History row is one step's entries, as `Paths` (each value's
-`(collection, name)`; rows that log the same entries share one `Paths` object)
-and a tuple of values, plus the step's counts (`steps`, `samples`, `time`).
-A row is at one of three stages, oldest rows first:
-
-1. on the host: `(paths, values)` with host values, what `collect`,
-   `host_rows` (the loggers) and `to_host` (backups) read;
-2. in flight: a `_Window` of rows read column by column, in `_Block`s of rows
-   that log the same entries, whose device values are being copied to the
-   host (`host_copies`); it joins the host rows once the device is done;
-3. pending: the newest rows (fewer than `2 * _LAG`), kept as the logs their
-   steps returned, unread: committing a row only appends it.
-
-Rows of a fused group of steps (`append_steps`) are pending as `_FusedRow`s,
-whose values are their step's slice of the group's arrays.
+A History row is one step's entries as `Paths` (each value's `(collection, name)`,
+one object for the rows that log the same entries) and values, plus the step's
+counts. Oldest first, a row is on the host (what `collect`, `host_rows` and
+`to_host` read); in flight (a window: `_Block`s of rows that log the same
+entries, read column by column, whose device values `host_copies` brings over);
+or pending (the newest rows, fewer than `2 * _LAG`, kept as their steps returned
+them; a fused group's as `_FusedRow`s).
 """
 
 from __future__ import annotations
@@ -25,7 +16,7 @@ import itertools
 import os
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn, cast, final, overload
+from typing import TYPE_CHECKING, Any, NamedTuple, cast, final, overload
 
 import jax
 
@@ -43,7 +34,7 @@ if TYPE_CHECKING:
 ELAPSED_KEYS = ("steps", "samples", "time")
 
 
-_NUMERIC_COLLECTIONS = frozenset({"metrics", "losses", "stateful_metrics"})
+NUMERIC_COLLECTIONS = frozenset({"metrics", "losses", "stateful_metrics"})
 """Collections whose entries bars, loggers and aggregation treat as numbers."""
 
 
@@ -82,8 +73,7 @@ class Logs(dict[str, Entries]):
             self.merge(logs)
 
     def __getattr__(self, collection: str) -> Entries:
-        if collection == "updates":
-            # The property's getter raised AttributeError, which lands here.
+        if collection == "updates":  # the write-only property's missing getter lands here
             raise AttributeError("Logs.updates is write-only: assign logs to it to merge them")
         try:
             return self[collection]
@@ -92,37 +82,31 @@ class Logs(dict[str, Entries]):
                 f"no collection {short(collection)}; collections are {sorted(self)}"
             ) from None
 
-    @property
-    def updates(self) -> NoReturn:
-        """Write-only: `logs.updates = other` merges `other` into `logs`.
-
-        Lets a step's logs be merged in the same line that unpacks its outputs:
-        `logs.updates, state = train_step(state, batch)`.
-        """
-        raise AttributeError("Logs.updates is write-only: assign logs to it to merge them")
-
-    @updates.setter
-    def updates(self, updates: LogsLike | None) -> None:
+    def _merge_updates(self, updates: LogsLike | None) -> None:
         if updates is not None:
             self.merge(updates)
+
+    updates = property(
+        fset=_merge_updates,
+        doc="""Write-only: `logs.updates = other` merges `other` into `logs`, as in
+        `logs.updates, state = train_step(state, batch)`.""",
+    )
 
     def add_entry(self, collection: str, name: str, value: Any) -> Logs:
         """Sets `self[collection][name] = value`, creating the collection; returns self.
 
         Raises:
-            TypeError: for a name that is not a non-empty string, or a string as a
-                metric or a loss (they must be numbers or arrays).
+            TypeError: for a name that is not a non-empty string, or a string as a metric or a loss.
         """
         if not isinstance(name, str) or not name:
             raise TypeError(
                 f"a log entry's name must be a non-empty string, got {short(name)} for {collection} "
                 f"(e.g. logs.add_metric('accuracy', value))"
             )
-        if isinstance(value, (str, bytes)) and collection in _NUMERIC_COLLECTIONS:
+        if isinstance(value, (str, bytes)) and collection in NUMERIC_COLLECTIONS:
             raise TypeError(
                 f"{collection}.{name} is the {type(value).__name__} {short(value)}: metrics and losses "
-                "must be "
-                "numbers or arrays (log text as an output: logs.add_output(name, text))"
+                "must be numbers or arrays (log text as an output: logs.add_output(name, text))"
             )
         entries = self.get(collection)
         if entries is None:
@@ -187,11 +171,7 @@ class Logs(dict[str, Entries]):
         return self
 
     def entry_path(self, key: str) -> tuple[str, str] | None:
-        """Where `key` (`"name"` or `"collection.name"`) lives, or None if absent.
-
-        Raises:
-            ValueError: if a bare name is found in several collections.
-        """
+        """Where `key` (`"name"` or `"collection.name"`) lives, or None; a ValueError if ambiguous."""
         return _entry_path(key, {(c, n) for c, entries in self.items() for n in entries})
 
     def entry_value(self, key: str) -> Any:
@@ -211,13 +191,14 @@ class Logs(dict[str, Entries]):
 def collapse_leading_axis(logs: Logs, index: int) -> Logs:
     """Logs whose values carry a leading axis (devices, fused steps) as one step's logs.
 
-    `outputs` are concatenated along that axis (`(n, rows, ...)` becomes
-    `(n * rows, ...)`); every other entry takes its value at `index`.
+    `outputs` `(n, rows, ...)` become `(n * rows, ...)`; every other entry takes its value at `index`.
     """
     out = Logs()
     for collection, entries in logs.items():
         if collection == "outputs":
-            out[collection] = Entries({name: _merge_rows(value) for name, value in entries.items()})
+            out[collection] = Entries(
+                {name: v.reshape((-1, *v.shape[2:])) if v.ndim >= 2 else v for name, v in entries.items()}
+            )
         else:
             out[collection] = Entries({name: value[index] for name, value in entries.items()})
     return out
@@ -227,10 +208,9 @@ def collapse_leading_axis(logs: Logs, index: int) -> Logs:
 class StackedLogs(Logs):
     """The logs of a fused group of steps: the last step's logs, with every step's in `per_step`.
 
-    Used as a `Logs`, it is the group's last step's logs. `per_step` holds
-    the same entries with a leading axis over the group's steps; a loop gives
-    the history one entry per step from it, as if the steps had run one by one.
-    Made by `ciclo.fuse`d steps and by managed steps given a `ciclo.types.Stacked` batch.
+    `per_step` holds the entries with a leading axis over the group's steps: a
+    loop gives the history one entry per step from it. Made by `ciclo.fuse`d
+    steps and by managed steps given a `ciclo.types.Stacked` batch.
 
     Example:
         >>> import ciclo, jax.numpy as jnp
@@ -245,16 +225,12 @@ class StackedLogs(Logs):
 
     @classmethod
     def of(cls, per_step: Logs) -> StackedLogs:
-        """Stacked logs from every step's logs (a leading axis over steps); the last step's shown."""
+        """Stacked logs from every step's logs (a leading axis over steps)."""
         new = cls()
         for collection, entries in per_step.items():
             dict.__setitem__(new, collection, Entries({name: value[-1] for name, value in entries.items()}))
         new.per_step = per_step
         return new
-
-
-def _merge_rows(value: Any) -> Any:
-    return value.reshape((-1, *value.shape[2:])) if value.ndim >= 2 else value
 
 
 def logs() -> Logs:
@@ -271,23 +247,14 @@ def logs() -> Logs:
 Paths = tuple[EntryPath, ...]
 """A History row's entry paths, in the order of its values; rows that log the same entries share one."""
 
-HostRow = tuple[Paths, tuple[Any, ...], int, int, float]
-"""A History row with its values on the host, as `History.host_rows` gives it:
-`(paths, values, steps, samples, time)`."""
-
 
 class History(Sequence[Logs]):
     """The logs a loop committed, one entry per step that logged something.
 
     Each entry is a `Logs` with an extra `elapsed` collection (`steps`, `samples`,
     `time`). Committing never waits on the device: the history keeps the logs a
-    step returned as they are (do not change them afterwards), JAX arrays
-    included. Once rows are a few hundred steps old, it starts copying their
-    arrays to the host in batches (a column of scalars as one array), and takes
-    the copies a window later, once the device has computed them (`on_host`
-    counts the rows taken). Reading an entry or `collect` copies what is still
-    on the device, waiting for it. Scalars are stored as Python numbers, so long
-    runs take little memory.
+    step returned (do not change them afterwards) and copies rows a few hundred
+    steps old to the host in batches; reading what is not `on_host` waits.
 
     Example:
         >>> import ciclo
@@ -306,22 +273,19 @@ class History(Sequence[Logs]):
             raise ValueError(f"max_rows must be None (keep every row) or an int >= 0, got {short(max_rows)}")
         self.max_rows = max_rows
         self.dropped = 0  # rows dropped from the front by `max_rows`
-        # Row `i` of those kept: its counts are `_steps[i]`, `_samples[i]`, `_times[i]`. Its entries
-        # are on the host (`_paths[i]`, `_values[i]`) for the first `on_host` rows; then come the rows
-        # whose copies to the host are in flight, window by window; then the newest rows, as the logs
-        # their steps returned, not read yet.
+        # Row `i` kept: counts `_steps[i]`, `_samples[i]`, `_times[i]`; entries `_paths[i]`, `_values[i]`
+        # for the first `on_host` rows, then in `_windows`, then `_pending`.
         self._steps: list[int] = []
         self._samples: list[int] = []
         self._times: list[float] = []
         self._paths: list[Paths] = []
         self._values: list[tuple[Any, ...]] = []
-        self._windows: deque[_Window] = deque()
+        self._windows: deque[list[_Block]] = deque()  # oldest first; a window's blocks
         self._pending: list[LogsLike | _FusedRow] = []
-        # For `latest`: the newest row of each set of paths (its index, dropped rows counted, and its
-        # values), read up to row `_scanned`; and the newest values of sets whose rows were all dropped.
+        # For `latest`: the newest row of each set of paths read up to row `_scanned`, as its index
+        # (dropped rows counted) and values (host values once the row is dropped).
         self._newest: dict[Paths, tuple[int, tuple[Any, ...]]] = {}
         self._scanned = 0
-        self._evicted_latest: dict[Paths, tuple[Any, ...]] = {}
         self._interned: dict[Paths, Paths] = {}  # one `Paths` object for all the rows that log its entries
 
     def commit(self, elapsed: Elapsed, logs: LogsLike) -> None:
@@ -329,11 +293,7 @@ class History(Sequence[Logs]):
         self.append(elapsed.steps, elapsed.samples, elapsed.time, logs)
 
     def append(self, steps: int, samples: int, time: float, logs: LogsLike) -> None:
-        """Appends `logs` as the entry at these counts: `commit` without building an `Elapsed`.
-
-        The history keeps `logs` itself (the hot path of every loop): rows are
-        read out of it in batches, a few hundred rows later.
-        """
+        """`commit` without building an `Elapsed`; the history keeps `logs` itself."""
         pending = self._pending
         pending.append(logs)
         self._steps.append(steps)
@@ -348,8 +308,7 @@ class History(Sequence[Logs]):
         """Appends `rows` entries from logs with a leading axis over steps (a fused group's first steps).
 
         Row `i` holds each entry's value at index `i`, at `steps + i` steps and
-        `samples + i * batch_size` samples. The values are sliced when the
-        history copies them to the host: one copy per entry for the whole group.
+        `samples + i * batch_size` samples; each entry is copied to the host once for the group.
         """
         paths, arrays = self._read(per_step)
         self._pending += [_FusedRow(paths, arrays, i) for i in range(rows)]
@@ -366,15 +325,24 @@ class History(Sequence[Logs]):
         return self._interned.setdefault(paths, paths), values
 
     def _advance(self) -> None:
-        """Starts the copies of the rows now `_LAG` rows old, and takes those that are done; never waits.
+        """Starts copying the rows now `_LAG` rows old, takes the windows done; drops rows beyond `max_rows`.
 
-        A window whose device values are still being computed is taken at a
-        later call (the next one is `_LAG` rows later), once they are.
+        Never waits; `latest` keeps each dropped entry's newest value.
         """
         self._start(len(self._pending) - _LAG)
         self._take_windows(wait=False)
-        if self.max_rows is not None:
-            self._drop_old_rows()
+        if self.max_rows is None:
+            return
+        # The newest host rows stay for one more batch: a logger reading the history at every step sees them.
+        excess = min(len(self) - self.max_rows, len(self._values) - _LAG)
+        if excess <= 0:
+            return
+        for paths, (index, _) in self._newest.items():
+            if self.dropped <= index < self.dropped + excess:
+                self._newest[paths] = (index, self._values[index - self.dropped])
+        del self._paths[:excess], self._values[:excess]
+        del self._steps[:excess], self._samples[:excess], self._times[:excess]
+        self.dropped += excess
 
     def _start(self, count: int) -> None:
         """Reads the oldest `count` pending rows into a window, and starts copying their device values."""
@@ -386,7 +354,7 @@ class History(Sequence[Logs]):
         blocks = self._blocks(rows)
         for block in blocks:
             self._note(first + block.positions[-1], block.paths, block.newest)
-        self._windows.append(_Window(blocks, count))
+        self._windows.append(blocks)
 
     def _blocks(self, rows: list[LogsLike | _FusedRow]) -> list[_Block]:
         """`rows` as blocks of rows that log the same entries: one block, usually."""
@@ -423,25 +391,20 @@ class History(Sequence[Logs]):
     def _take_windows(self, *, wait: bool) -> None:
         """Moves the windows the device is done with (with `wait`: every window, waiting) to the host rows."""
         windows = self._windows
-        while windows and (wait or windows[0].ready()):
-            paths, values = windows.popleft().take()
+        while windows and (wait or all(block.ready() for block in windows[0])):
+            blocks = windows.popleft()
+            if len(blocks) == 1:  # the usual case: every row logs the same entries
+                self._paths += [blocks[0].paths] * len(blocks[0].positions)
+                self._values += blocks[0].take()
+                continue
+            size = sum(len(block.positions) for block in blocks)
+            paths: list[Paths] = [()] * size
+            values: list[tuple[Any, ...]] = [()] * size
+            for block in blocks:
+                for position, row in zip(block.positions, block.take(), strict=True):
+                    paths[position], values[position] = block.paths, row
             self._paths += paths
             self._values += values
-
-    def _drop_old_rows(self) -> None:
-        """Drops the oldest host rows beyond `max_rows`; `latest` keeps the newest value of each entry."""
-        # The newest rows copied to the host stay for one more batch, so that a logger reading the
-        # history at every step sees each row before it goes.
-        excess = min(len(self) - int(self.max_rows or 0), len(self._values) - _LAG)
-        if excess <= 0:
-            return
-        for paths, (index, _) in list(self._newest.items()):
-            if index < self.dropped + excess:
-                self._evicted_latest[paths] = self._values[index - self.dropped]
-                del self._newest[paths]
-        del self._paths[:excess], self._values[:excess]
-        del self._steps[:excess], self._samples[:excess], self._times[:excess]
-        self.dropped += excess
 
     def latest(self) -> Logs:
         """The newest value of every entry in the history (values may still be device arrays).
@@ -456,11 +419,10 @@ class History(Sequence[Logs]):
         """
         self._note_pending()
         newest: dict[EntryPath, Any] = {}  # each entry's value in the newest row that logs it
-        for paths, values in self._evicted_latest.items():
-            newest.update(zip(paths, values, strict=True))
         on_host = self.dropped + len(self._values)  # rows before this one give their host values
         for paths, (index, values) in sorted(self._newest.items(), key=lambda item: item[1][0]):
-            values = self._values[index - self.dropped] if index < on_host else values
+            if self.dropped <= index < on_host:
+                values = self._values[index - self.dropped]
             newest.update(zip(paths, values, strict=True))
         logs = Logs()
         for (collection, name), value in newest.items():
@@ -489,22 +451,15 @@ class History(Sequence[Logs]):
 
     @property
     def on_host(self) -> int:
-        """How many of the first rows are on the host: reading them never waits on the device.
-
-        Rows are copied in batches, a few hundred steps behind the newest, and
-        counted here once the device has computed them; a logger that writes
-        these rows as they come never forces a sync.
-        """
+        """How many of the first rows are on the host: reading them never waits on the device."""
         return len(self._values)
 
-    def host_rows(self, start: int, stop: int) -> Iterator[HostRow]:
-        """Rows `start` to `stop` (of those kept) as `HostRow`s: what loggers read.
+    def host_rows(self, start: int, stop: int) -> Iterator[tuple[Paths, tuple[Any, ...], int, int, float]]:
+        """Rows `start` to `stop` (of those kept), as `(paths, values, steps, samples, time)`, for loggers.
 
-        Values are host values: what is still on the device is copied first,
-        waiting for it (rows before `on_host` never wait). `paths` names each
-        value by its `(collection, name)`; rows that log the same entries share
-        one `paths` object, so a reader can work out once per set of entries
-        what to do with a row. No `Logs` is built.
+        Values are host values: rows from `on_host` on wait for the device.
+        Rows that log the same entries share one `paths` object, so a reader
+        can work out once per set of entries what to do with a row.
 
         Example:
             >>> import ciclo
@@ -524,13 +479,7 @@ class History(Sequence[Logs]):
         )
 
     def to_host(self, first: int | None = None) -> dict[str, Any]:
-        """The rows as plain host values: what a backup saves, and `load_host` reads back.
-
-        Args:
-            first: only the rows from this one on, counted from the first row
-                ever (dropped rows counted): a backup saves the rows since its
-                last one. Default: every row kept.
-        """
+        """The rows kept (from row `first` on, dropped rows counted) as host values: what a backup saves."""
         self._fetch(len(self))
         start = 0 if first is None else max(first - self.dropped, 0)
         return {
@@ -541,7 +490,7 @@ class History(Sequence[Logs]):
             ),
             "max_rows": self.max_rows,
             "dropped": self.dropped,
-            "evicted_latest": dict(self._evicted_latest),
+            "evicted_latest": {paths: row for paths, (i, row) in self._newest.items() if i < self.dropped},
         }
 
     def load_host(self, rows: Mapping[str, Any]) -> None:
@@ -553,8 +502,7 @@ class History(Sequence[Logs]):
         self._samples = [samples for _, samples, _ in rows["elapsed"]]
         self._times = [time for _, _, time in rows["elapsed"]]
         self.dropped = int(rows["dropped"])
-        self._evicted_latest = dict(rows["evicted_latest"])
-        self._newest = {}
+        self._newest = {paths: (-1, values) for paths, values in rows["evicted_latest"].items()}
         for index, (paths, values) in enumerate(zip(self._paths, self._values, strict=True)):
             self._note(self.dropped + index, paths, values)
         self._pending, self._windows = [], deque()
@@ -585,10 +533,6 @@ class History(Sequence[Logs]):
             logs.add_entry("elapsed", name, value)
         return logs
 
-    def __iter__(self) -> Iterator[Logs]:
-        for index in range(len(self)):
-            yield self[index]
-
     def __repr__(self) -> str:
         return f"History({len(self)} entries)"
 
@@ -602,10 +546,8 @@ class History(Sequence[Logs]):
         """Values of `keys` over the entries in which all of them appear.
 
         A key is an entry name (`"accuracy"`), a full path (`"metrics.accuracy"`),
-        or one of the elapsed keys `steps`, `samples`, `time`.
-
-        Returns:
-            One list for one key; a tuple of lists, one per key, for several.
+        or one of the elapsed keys `steps`, `samples`, `time`. Returns one list
+        for one key, a tuple of lists for several.
 
         Raises:
             KeyError: if a key appears in no entry (the message lists those present).
@@ -640,19 +582,14 @@ class History(Sequence[Logs]):
     def _plan(paths: Paths, keys: tuple[str, ...], found: list[bool]) -> list[tuple[bool, int]] | None:
         """Where each key's value is in rows with `paths`, `(in the counts, position)`; None if one lacks."""
         available = frozenset(paths) | {("elapsed", name) for name in ELAPSED_KEYS}
-        plan: list[tuple[bool, int]] | None = []
-        for i, key in enumerate(keys):
-            path = _entry_path(key, available)
-            if path is None:
-                plan = None
-                continue
-            found[i] = True
-            if plan is not None:
-                if path[0] == "elapsed" and path not in paths:
-                    plan.append((True, ELAPSED_KEYS.index(path[1])))
-                else:
-                    plan.append((False, paths.index(path)))
-        return plan
+        located = [_entry_path(key, available) for key in keys]
+        found[:] = [was or path is not None for was, path in zip(found, located, strict=True)]
+        if None in located:
+            return None
+        return [
+            (False, paths.index(path)) if path in paths else (True, ELAPSED_KEYS.index(path[1]))
+            for path in cast("list[EntryPath]", located)
+        ]
 
     def _entry_paths(self) -> tuple[EntryPath, ...]:
         """Every `(collection, name)` some entry holds, in the order they first appeared."""
@@ -662,11 +599,10 @@ class History(Sequence[Logs]):
     def plot(self, *entries: str, path: str | os.PathLike[str] | None = None) -> Figure:
         """Draws entries against steps with matplotlib; one subplot per entry, its test curve with it.
 
-        Each subplot draws an entry (`"loss"`, or a full path `"losses.loss"`)
-        and, when the history has it, its test entry (`"loss_test"`, as
-        `train_loop` names what its evaluation logs). The figure is built without
-        `pyplot`, so it needs no screen; in a notebook, it shows as the cell's value.
-        Needs matplotlib (`pip install "ciclo-core[plot]"`).
+        Each subplot draws an entry (`"loss"`, or `"losses.loss"`) and, when
+        the history has it, its test entry (`"loss_test"`, as `train_loop` names
+        it). Built without `pyplot`, the figure needs no screen. Needs
+        matplotlib (`pip install "ciclo-core[plot]"`).
 
         Args:
             *entries: the entries to draw; none draws every scalar entry.
@@ -674,10 +610,6 @@ class History(Sequence[Logs]):
 
         Returns:
             The `matplotlib.figure.Figure`.
-
-        Raises:
-            ImportError: if matplotlib is not installed.
-            KeyError: if an entry appears in no history entry.
 
         Example:
             >>> import ciclo
@@ -697,10 +629,8 @@ def history(max_rows: int | None = None) -> History:
     """Creates an empty `History`.
 
     Args:
-        max_rows: keep at most about this many of the newest rows (older rows are
-            dropped once they are on the host; `latest()` still knows every
-            entry's newest value). `0` keeps none: for long runs that log
-            elsewhere. `None` (the default) keeps every row.
+        max_rows: keep about this many of the newest rows (`latest()` still knows
+            every entry's newest value); `0` keeps none, `None` every row.
 
     Example:
         >>> import ciclo
@@ -734,11 +664,10 @@ class _StepValue(NamedTuple):
 @final
 @dataclasses.dataclass(slots=True)
 class _Block:
-    """Rows of a window that log the same entries, column by column, while their values come to the host.
+    """Rows of a window that log the same entries: `columns[k]` holds entry `paths[k]`.
 
-    `columns[k]` holds the value of entry `paths[k]` in each row, and
-    `copies[k]` the copies that bring its device values to the host. The rows
-    are at `positions` in their window; `newest` is the last row's values.
+    `copies[k]` bring its device values to the host. The rows are at `positions`
+    in their window; `newest` is the last row's values.
     """
 
     paths: Paths
@@ -776,30 +705,6 @@ class _Block:
 
 
 @final
-@dataclasses.dataclass(slots=True)
-class _Window:
-    """Rows whose device values are being copied to the host, as blocks of rows that log the same entries."""
-
-    blocks: list[_Block]
-    size: int
-
-    def ready(self) -> bool:
-        return all(block.ready() for block in self.blocks)
-
-    def take(self) -> tuple[list[Paths], list[tuple[Any, ...]]]:
-        """The rows' entry paths and host values, in order (once `ready`: nothing waits)."""
-        if len(self.blocks) == 1:  # the usual case: every row logs the same entries
-            (block,) = self.blocks
-            return [block.paths] * self.size, block.take()
-        paths: list[Paths] = [()] * self.size
-        values: list[tuple[Any, ...]] = [()] * self.size
-        for block in self.blocks:
-            for position, row in zip(block.positions, block.take(), strict=True):
-                paths[position], values[position] = block.paths, row
-        return paths, values
-
-
-@final
 class _Missing:
     """What `_alike_columns` reads for an entry a row does not log."""
 
@@ -813,10 +718,8 @@ def _alike_columns(
 ) -> tuple[Paths, list[list[Any]], list[set[type]]] | None:
     """`rows`' entry paths, value columns and each column's value types, if all log the same entries.
 
-    They do when each has as many collections (entries) as the first, and none
-    lacks one of the first's; None when they do not, or are not all dicts.
-    Read with C-level calls and no object made per row: how the history reads
-    a loop's rows, a few hundred at a time.
+    None when they do not, or are not all dicts. Read with C-level calls and no
+    object made per row: how the history reads a loop's rows, a few hundred at a time.
     """
     logs = cast("Sequence[dict[str, dict[str, Any]]]", rows)
     count = len(logs)
@@ -846,9 +749,8 @@ _chain = itertools.chain.from_iterable
 _dict_values: Callable[[Mapping[str, Any]], Iterable[Any]] = dict.values  # type: ignore[assignment]
 
 
-# A `Logs` is one pytree node whose children are its entries' values, and whose aux data
-# names them, collection by collection: unflattening a compiled step's output (in Python,
-# after every step) is then one call, where a node per collection took one call each.
+# A `Logs` is one pytree node whose children are its entries' values: unflattening a compiled
+# step's output (after every step) is one call, not one per collection.
 def _flatten_logs_tree(tree: Logs) -> tuple[list[Any], tuple[tuple[str, tuple[str, ...]], ...]]:
     return list(_chain(map(_dict_values, tree.values()))), tuple(
         [(collection, tuple(entries)) for collection, entries in tree.items()]

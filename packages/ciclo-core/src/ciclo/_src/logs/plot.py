@@ -1,9 +1,7 @@
 """Drawing a `History` with matplotlib: one subplot per entry, its test curve beside it.
 
-matplotlib is an optional dependency (`ciclo-core[plot]`), imported only when a
-history is drawn. Figures are built with `matplotlib.figure.Figure`, not
-`pyplot`: they need no screen, leave pyplot's global state alone, and save
-through the Agg canvas.
+matplotlib (`ciclo-core[plot]`) is imported only when a history is drawn. Figures
+are built without `pyplot`: they need no screen and leave its global state alone.
 """
 
 from __future__ import annotations
@@ -12,7 +10,7 @@ import importlib
 import math
 import os
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -22,26 +20,11 @@ from ciclo._src.base.reprs import short
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-
-class _Columns(Protocol):
-    """What drawing needs of a `History` (which calls this module, so is not imported here)."""
-
-    def _entry_paths(self) -> tuple[tuple[str, str], ...]: ...
-
-    def collect(self, key: str, key2: str, /) -> tuple[list[Any], ...]: ...
+    from ciclo._src.logs.logs import History
 
 
 TEST_SUFFIX = "_test"
 """The suffix `train_loop` gives test entries: `loss_test` is drawn with `loss`."""
-
-
-def _matplotlib() -> Any:
-    try:
-        figure = importlib.import_module("matplotlib.figure")
-        backend = importlib.import_module("matplotlib.backends.backend_agg")
-    except ImportError as error:
-        raise ImportError('History.plot needs matplotlib: pip install "ciclo-core[plot]"') from error
-    return figure, backend
 
 
 def _is_number(value: Any) -> bool:
@@ -50,7 +33,7 @@ def _is_number(value: Any) -> bool:
     )
 
 
-def _curves(history: _Columns, entries: Sequence[str]) -> list[tuple[str, list[str]]]:
+def _curves(history: History, entries: Sequence[str]) -> list[tuple[str, list[str]]]:
     """The subplots to draw: a title and the keys of the curves drawn in it."""
     ordered = history._entry_paths()
     present = frozenset(ordered)
@@ -77,9 +60,13 @@ def _curves(history: _Columns, entries: Sequence[str]) -> list[tuple[str, list[s
     return plots
 
 
-def plot_history(history: _Columns, entries: Sequence[str], path: str | os.PathLike[str] | None) -> Figure:
+def plot_history(history: History, entries: Sequence[str], path: str | os.PathLike[str] | None) -> Figure:
     """Draws `entries` of `history` (all scalar entries when empty) against steps; see `History.plot`."""
-    figure_module, backend = _matplotlib()
+    try:
+        figure_module = importlib.import_module("matplotlib.figure")
+        backend = importlib.import_module("matplotlib.backends.backend_agg")
+    except ImportError as error:
+        raise ImportError('History.plot needs matplotlib: pip install "ciclo-core[plot]"') from error
     drawn: list[tuple[str, list[tuple[str, list[Any], list[Any]]]]] = []
     for title, keys in _curves(history, entries):
         curves = []

@@ -10,7 +10,7 @@ import jax
 import numpy as np
 
 from ciclo._src.base.reprs import short
-from ciclo._src.logs.logs import Logs, LogsLike, StackedLogs
+from ciclo._src.logs.logs import NUMERIC_COLLECTIONS, Logs, LogsLike, StackedLogs
 
 S = TypeVar("S")
 
@@ -30,11 +30,7 @@ def _is_value(x: Any) -> bool:
 
 
 def check_logs(logs: Any, source: Any) -> None:
-    """Raises if `logs` (a plain mapping a step returned) is not `{collection: {entry: value}}`.
-
-    A metric or loss that is a string is refused too: bars, loggers and
-    aggregation expect numbers or arrays.
-    """
+    """Raises if `logs` (a plain mapping) is not `{collection: {entry: value}}`, or logs text as a metric."""
     for collection, entries in logs.items():
         if not isinstance(entries, Mapping):
             raise TypeError(
@@ -43,7 +39,7 @@ def check_logs(logs: Any, source: Any) -> None:
                 "logs map collection -> {entry: value}, e.g. {'metrics': {'accuracy': acc}} "
                 "(build them with ciclo.logs().add_metric(name, value))"
             )
-        if collection in ("metrics", "losses", "stateful_metrics"):
+        if collection in NUMERIC_COLLECTIONS:
             for name, value in entries.items():
                 if isinstance(value, (str, bytes)):
                     raise TypeError(
@@ -54,13 +50,10 @@ def check_logs(logs: Any, source: Any) -> None:
 
 
 def check_new_state(new_state: Any, state: Any, source: Any) -> None:
-    """Raises if a step or callback returned, as the new state, a value of another kind than `state`.
+    """Raises if a step or callback returned a new state of another kind than `state`.
 
-    The rule: a new state must be of the type of the current one (or a
-    subclass, or a base class of it), or both must be numbers or arrays (a
-    state that is a single value). A state of `None` may be replaced by
-    anything. This catches a callback returning `0.5`, a list or a step count
-    where the loop expects the state, at the callback that did it.
+    A new state is of the type of the current one (or a subclass or base class
+    of it), or both are numbers or arrays; a state of `None` may become anything.
     """
     old_type = type(state)
     if type(new_state) is old_type or state is None:
@@ -91,19 +84,9 @@ def step_output(output: Any, state: S, source: Any) -> tuple[LogsLike, S]:
     - a mapping (`ciclo.types.Logs` or a dict): logs, the state unchanged;
     - anything else: the new state, with no logs.
 
-    A new state must be of the same type as the current one (or both numbers
-    or arrays), and logs must map collection -> {entry: value}: anything else
-    (a callback returning `0.5` or a list for a dict state, a step returning
-    `(state, logs)` swapped) raises here, naming the step or callback.
-
-    Args:
-        output: the returned value.
-        state: the state the step or callback was given.
-        source: the step or callback, named in the error.
-
-    Raises:
-        ValueError: for a tuple whose length is not 2.
-        TypeError: for logs that are not logs, or a new state of another type.
+    A new state of another type (`check_new_state`), logs that are not
+    `{collection: {entry: value}}`, a pair `(state, logs)` swapped, or a tuple
+    of another length raises here, naming `source` (the step or callback).
 
     Example:
         >>> step_output(None, 1, "cb")
