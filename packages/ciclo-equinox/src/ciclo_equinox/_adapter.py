@@ -173,10 +173,8 @@ class EquinoxAdapter:
     def init(self, key: jax.Array, inputs: Any, /) -> tuple[Any, Any]:
         """Not available: an equinox module is initialised when it is built; see `split`."""
         raise TypeError(
-            "an equinox module is initialised when it is built: pass its variables, e.g. "
-            "ciclo.create_model_state(adapter, variables=variables, ...) after "
-            "adapter, variables = EquinoxAdapter.split(model, state), "
-            "or use ciclo.create_equinox_state(model, ...)"
+            "an equinox module is initialised when it is built: use ciclo.create_equinox_state(model, ...), "
+            "or create_model_state(adapter, variables=variables, ...) with EquinoxAdapter.split's variables"
         )
 
     def apply(

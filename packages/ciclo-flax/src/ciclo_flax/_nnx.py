@@ -61,9 +61,8 @@ class NnxAdapter:
     def init(self, key: jax.Array, inputs: Any, /) -> tuple[Any, Any]:
         """Not available: an nnx module is initialised when it is built; see `split`."""
         raise TypeError(
-            "an nnx module is initialised when it is built: pass its variables, e.g. "
-            "ciclo.create_model_state(adapter, variables=variables, ...) after "
-            "adapter, variables = NnxAdapter.split(module), or use ciclo.create_flax_state(module, ...)"
+            "an nnx module is initialised when it is built: use ciclo.create_flax_state(module, ...), or "
+            "create_model_state(adapter, variables=variables, ...) with NnxAdapter.split(module)'s variables"
         )
 
     def apply(

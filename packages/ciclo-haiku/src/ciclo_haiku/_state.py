@@ -100,12 +100,5 @@ def create_haiku_state(
         >>> sorted(logs.losses), sorted(state.model_state)
         (['loss'], ['batch_norm/~/mean_ema', 'batch_norm/~/var_ema'])
     """
-    transformed = _transformed(model)
-    if inputs is None:
-        raise TypeError(
-            "create_haiku_state needs sample `inputs` to initialise the function with, "
-            "e.g. inputs=jnp.zeros((1, 64))"
-        )
-    return create_model_state(
-        HaikuAdapter(transformed, training_flag=training_flag), inputs=inputs, **settings
-    )
+    adapter = HaikuAdapter(_transformed(model), training_flag=training_flag)
+    return create_model_state(adapter, inputs=inputs, **settings)

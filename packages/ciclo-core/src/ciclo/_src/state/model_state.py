@@ -133,12 +133,10 @@ class ModelState(AbstractManagedState):
     framework's own form (an nnx module, a linen variables dict, ...), when
     the adapter implements `to_model` (`ciclo.types.SupportsToModel`).
 
-    The training options (`precision`, `accumulate_steps`, `ema_decay`; see
-    `managed.TrainingOptionsKwargs`) are set when the state is created and
-    applied by `apply_gradients`, as for any managed state (see
-    `managed.AbstractManagedState`); under a precision with a compute dtype the
-    model computes in it. The class is final: a model of another framework
-    is an adapter, not a subclass.
+    The training options (`managed.TrainingOptionsKwargs`) are those of any
+    managed state; under a precision with a compute dtype the model computes
+    in it. The class is final: a model of another framework is an adapter,
+    not a subclass.
 
     Attributes:
         model_state: the model's own state (batch statistics), or None (role
@@ -228,11 +226,9 @@ class ModelState(AbstractManagedState):
 
         Example:
             >>> import ciclo, jax.numpy as jnp, optax
-            >>> class Scale:
-            ...     def init(self, key, inputs):
-            ...         return jnp.ones(()), None
-            ...     def apply(self, params, model_state, inputs, *, key, training):
-            ...         return params * inputs, model_state
+            >>> class Scale:  # a ModelAdapter: the model is params * inputs
+            ...     def init(self, key, inputs): return jnp.ones(()), None
+            ...     def apply(self, params, state, inputs, *, key, training): return params * inputs, state
             >>> state = ciclo.create_model_state(
             ...     Scale(), inputs=jnp.ones(1), tx=optax.sgd(0.1), precision="bf16-mixed", accumulate_steps=4
             ... )
@@ -260,12 +256,6 @@ class ModelState(AbstractManagedState):
     def _apply(self, inputs: Any, *, training: bool) -> tuple[Any, Any]:
         """The adapter's `apply` under the state's precision: float32 predictions, model state as stored."""
         policy = self.options.precision
-        if policy.compute_dtype is None:
-            return self.adapter.apply(
-                self.params, self.model_state, inputs, key=self.step_key(), training=training
-            )
-        # The model's own state (batch statistics) keeps its dtype: normalisation layers update their
-        # statistics in float32 from half-precision activations (flax and haiku promote them).
         preds, model_state = self.adapter.apply(
             policy.cast(self.params),
             self.model_state,
@@ -273,6 +263,10 @@ class ModelState(AbstractManagedState):
             key=self.step_key(),
             training=training,
         )
+        if policy.compute_dtype is None:
+            return preds, model_state
+        # The model's own state (batch statistics) keeps its dtype: normalisation layers update their
+        # statistics in float32 from half-precision activations (flax and haiku promote them).
         return to_float32(preds), cast_like(model_state, self.model_state)
 
     def _run_model(self, batch: Any, *, training: bool) -> tuple[Logs, ModelState]:
@@ -494,27 +488,21 @@ def create_model_state(
         )
     loss_fns = _check_losses(settings.get("losses"))
     running = _check_metrics(settings.get("metrics"))
-    chosen: dict[str, Any] = {name: value for name, value in settings.items() if name in OPTION_NAMES}
-    options = training_options(**chosen)
+    options = training_options(**{name: value for name, value in settings.items() if name in OPTION_NAMES})
     init_key, state_key = jax.random.split(_as_key(settings.get("key", 0)))
 
-    def fields(values: dict[str, Any]) -> dict[str, Any]:
-        values = dict(values)
-        variables = values.pop("variables")
-        init = values.pop("init")
+    def fields(key: jax.Array, inputs: Any, variables: Any, values: dict[str, Any]) -> dict[str, Any]:
         # Under a mesh strategy this runs inside `jax.jit`: the variables are born in their layout.
-        params, model_state = adapter.init(*init) if variables is None else variables
+        params, model_state = adapter.init(key, inputs) if variables is None else variables
         return {"params": params, "model_state": model_state, **values}
 
     return create_state(
         ModelState,
         fields,
-        {
-            "init": None if variables is not None else (init_key, inputs),
-            "variables": variables,
-            "metrics": running,
-            "key": jax.random.key_data(state_key),
-        },
+        init_key,
+        inputs,
+        variables,
+        {"metrics": running, "key": jax.random.key_data(state_key)},
         tx=tx,
         strategy=settings.get("strategy", "jit"),
         options=options,
