@@ -186,23 +186,14 @@ class EquinoxAdapter:
             return self._call(module, inputs, model_state, key)
         # One key per example, so that dropout masks differ across the batch.
         keys = jax.random.split(key, _batch_size(inputs)) if self.takes_key else None
-        key_axis = 0 if self.takes_key else None
-        if not self.stateful:
-            outputs = jax.vmap(
-                lambda x, k: self._call(module, x, None, k)[0],
-                in_axes=(0, key_axis),
-                axis_name=self.batch_axis_name,
-            )(inputs, keys)
-            return outputs, model_state
         # The state is shared by the batch: batch norm averages over the named axis, so its new
         # state is the same for every example and comes back once (out_axes=None).
-        outputs, new_model_state = jax.vmap(
+        return jax.vmap(  # type: ignore[no-any-return]
             lambda x, s, k: self._call(module, x, s, k),
-            in_axes=(0, None, key_axis),
+            in_axes=(0, None, 0 if self.takes_key else None),
             out_axes=(0, None),
             axis_name=self.batch_axis_name,
         )(inputs, model_state, keys)
-        return outputs, new_model_state
 
     def to_model(self, params: Any, model_state: Any, /) -> Any:
         """The trained module, or `(module, state)` for a stateful one, as `eqx.nn.make_with_state` gives.

@@ -1,10 +1,4 @@
-"""The managed API: a state that carries its optimizer and strategy, and steps that only report losses.
-
-`train_step` differentiates the sum of the `losses` a step logs, applies the
-optimizer and runs the whole step under the state's strategy; `step` runs a
-step under the strategy without updating anything. Neither needs a framework:
-`ManagedState` is a plain pytree dataclass.
-"""
+"""The managed API: a state that carries its optimizer and strategy, and steps that only report losses."""
 
 from __future__ import annotations
 
@@ -160,15 +154,8 @@ class AbstractManagedState:
         roles(cls)
         _check_apply_gradients(cls)
         # Abstract methods checked here rather than by abc.ABC: its isinstance costs ~0.4 µs, once a step.
-        base = AbstractManagedState
-        missing = [
-            name
-            for name, method, abstract in (
-                ("resume_options", cls.resume_options, base.resume_options),
-                ("resume_refusal", cls.resume_refusal, base.resume_refusal),
-            )
-            if method is abstract
-        ]
+        abstract = ("resume_options", "resume_refusal")
+        missing = [name for name in abstract if getattr(cls, name) is getattr(AbstractManagedState, name)]
         if missing:
             raise TypeError(
                 f"{cls.__name__} does not implement {', '.join(missing)} of managed.AbstractManagedState: "
@@ -283,11 +270,8 @@ class AbstractManagedState:
 class ManagedState(AbstractManagedState):
     """A training state that knows its optimizer and its strategy; a pytree. Subclass it to add fields.
 
-    Subclasses (rng keys, metrics, batch statistics) become frozen,
-    keyword-only dataclasses registered as pytrees; fields declare their roles
-    (see `managed.AbstractManagedState`). `ManagedState.create` takes the
-    training options too, so a step of your own trains under mixed precision,
-    accumulates gradients or keeps an EMA of the weights. Under a precision
+    Fields declare their roles (see `managed.AbstractManagedState`).
+    `ManagedState.create` takes the training options too; under a precision
     with a compute dtype, cast what your step computes with through
     `state.options.precision.cast(...)`; loss scaling and the skipping of
     non-finite steps are `apply_gradients`'.

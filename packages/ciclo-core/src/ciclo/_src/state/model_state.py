@@ -1,13 +1,4 @@
-"""A managed state for any model: losses, metrics and the four steps the predefined loops call.
-
-The state knows nothing of frameworks: a `ModelAdapter` says how to `init` and
-`apply` the model, and the framework packages are adapters plus a
-`create_*_state` function. `ModelState` brings the rest, Keras style: the
-losses are summed and differentiated, metrics accumulate over an epoch, a
-fresh dropout key comes every step, the model's own state (batch statistics)
-is kept and synchronised across devices, and every step runs under the
-state's strategy.
-"""
+"""A managed state for any model (through a `ModelAdapter`): losses, metrics and the loops' four steps."""
 
 from __future__ import annotations
 
@@ -217,12 +208,10 @@ class ModelState(AbstractManagedState):
         return self.adapter.to_model(params, model_state)
 
     def resume_options(self) -> dict[str, Any]:
-        """`precision`, `accumulate_steps`, `ema_decay` and `key_impl`, as a backup records them.
+        """The training options and `key_impl`, as a backup records them.
 
-        A resume refuses another `accumulate_steps` or `key_impl`, a precision
-        with or without loss scaling where the backup had the other, and an
-        `ema_decay` where the backup kept no EMA (or the reverse); another
-        precision or decay otherwise is noted and trained on (docs/resume.md).
+        A resume refuses another `key_impl`, and judges the training options'
+        changes as `managed.TrainingOptions.resume_refusal` does (docs/resume.md).
 
         Example:
             >>> import ciclo, jax.numpy as jnp, optax
@@ -241,10 +230,7 @@ class ModelState(AbstractManagedState):
         }
 
     def resume_refusal(self, name: str, old: Any) -> str | None:
-        """Why a backup whose option `name` was `old` cannot be resumed into this state; None where it can.
-
-        See `resume_options`.
-        """
+        """Why a backup whose option `name` was `old` cannot be resumed into this state; None where it can."""
         if name == "key_impl":
             return "its random key is the data of another PRNG implementation"
         return self.options.resume_refusal(name, old)
