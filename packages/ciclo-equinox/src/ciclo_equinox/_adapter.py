@@ -188,7 +188,7 @@ class EquinoxAdapter:
         keys = jax.random.split(key, _batch_size(inputs)) if self.takes_key else None
         # The state is shared by the batch: batch norm averages over the named axis, so its new
         # state is the same for every example and comes back once (out_axes=None).
-        return jax.vmap(  # type: ignore[no-any-return]
+        return jax.vmap(
             lambda x, s, k: self._call(module, x, s, k),
             in_axes=(0, None, 0 if self.takes_key else None),
             out_axes=(0, None),

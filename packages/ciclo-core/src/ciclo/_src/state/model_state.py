@@ -474,7 +474,8 @@ def create_model_state(
         )
     loss_fns = _check_losses(settings.get("losses"))
     running = _check_metrics(settings.get("metrics"))
-    options = training_options(**{name: value for name, value in settings.items() if name in OPTION_NAMES})
+    chosen: dict[str, Any] = {name: value for name, value in settings.items() if name in OPTION_NAMES}
+    options = training_options(**chosen)
     init_key, state_key = jax.random.split(_as_key(settings.get("key", 0)))
 
     def fields(key: jax.Array, inputs: Any, variables: Any, values: dict[str, Any]) -> dict[str, Any]:
