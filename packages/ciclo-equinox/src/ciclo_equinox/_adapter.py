@@ -17,20 +17,6 @@ def _is_state_index(node: Any) -> bool:
     return isinstance(node, eqx.nn.StateIndex)
 
 
-def has_state_index(model: Any) -> bool:
-    """Whether `model` holds a stateful layer (an `eqx.nn.StateIndex`, as `eqx.nn.BatchNorm` does).
-
-    Example:
-        >>> import equinox as eqx, jax
-        >>> has_state_index(eqx.nn.Linear(2, 3, key=jax.random.key(0)))
-        False
-        >>> model, state = eqx.nn.make_with_state(eqx.nn.BatchNorm)(3, "batch", mode="batch")
-        >>> has_state_index(model)
-        True
-    """
-    return any(_is_state_index(leaf) for leaf in jax.tree.leaves(model, is_leaf=_is_state_index))
-
-
 def accepts_key(model: Any) -> bool:
     """Whether calling `model` accepts a `key` keyword argument (unknown signatures count as yes).
 
@@ -147,7 +133,7 @@ class EquinoxAdapter:
                 "state must be the eqx.nn.State of the model (from eqx.nn.make_with_state), "
                 f"got {reprlib.repr(state)}"
             )
-        if state is None and has_state_index(module):
+        if state is None and any(map(_is_state_index, jax.tree.leaves(module, is_leaf=_is_state_index))):
             raise TypeError(
                 f"{type(module).__name__} has stateful layers (such as eqx.nn.BatchNorm) but no state was "
                 "given: build it with `model, state = eqx.nn.make_with_state(Model)(...)` and pass the state"

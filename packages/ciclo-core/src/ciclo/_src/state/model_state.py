@@ -421,10 +421,9 @@ def create_model_state(
             (flax nnx, equinox), instead of `inputs`.
         **settings: `tx`: the optax optimizer (required). `losses`:
             `{name: fn}`, summed for training; one function is named `"loss"`.
-            Any callable taking some of `preds`, `target`, `inputs`, ... by name
-            (`optax` losses take `logits` and `labels`, which are given too).
-            `metrics`: `{name: metric}`: functions `(preds, target, ...) -> array`,
-            `ciclo.metrics.Metric`s such as `jax_metrics` metrics, or clu metrics.
+            `metrics`: `{name: metric}`: functions, `ciclo.metrics.Metric`s such
+            as `jax_metrics` metrics, or clu metrics. Both are called with the
+            arguments they name (see `ciclo.types.ModelState`).
             `strategy`: a strategy or its name (default `"jit"`, see
             `ciclo.strategies.get_strategy`). `key`: a seed (default 0) or a
             `jax.random.key`; split into the initialisation key and the state's
