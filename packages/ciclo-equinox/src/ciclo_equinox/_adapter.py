@@ -17,20 +17,6 @@ def _is_state_index(node: Any) -> bool:
     return isinstance(node, eqx.nn.StateIndex)
 
 
-def has_state_index(model: Any) -> bool:
-    """Whether `model` holds a stateful layer (an `eqx.nn.StateIndex`, as `eqx.nn.BatchNorm` does).
-
-    Example:
-        >>> import equinox as eqx, jax
-        >>> has_state_index(eqx.nn.Linear(2, 3, key=jax.random.key(0)))
-        False
-        >>> model, state = eqx.nn.make_with_state(eqx.nn.BatchNorm)(3, "batch", mode="batch")
-        >>> has_state_index(model)
-        True
-    """
-    return any(_is_state_index(leaf) for leaf in jax.tree.leaves(model, is_leaf=_is_state_index))
-
-
 def accepts_key(model: Any) -> bool:
     """Whether calling `model` accepts a `key` keyword argument (unknown signatures count as yes).
 
@@ -147,7 +133,7 @@ class EquinoxAdapter:
                 "state must be the eqx.nn.State of the model (from eqx.nn.make_with_state), "
                 f"got {reprlib.repr(state)}"
             )
-        if state is None and has_state_index(module):
+        if state is None and any(map(_is_state_index, jax.tree.leaves(module, is_leaf=_is_state_index))):
             raise TypeError(
                 f"{type(module).__name__} has stateful layers (such as eqx.nn.BatchNorm) but no state was "
                 "given: build it with `model, state = eqx.nn.make_with_state(Model)(...)` and pass the state"
@@ -173,10 +159,8 @@ class EquinoxAdapter:
     def init(self, key: jax.Array, inputs: Any, /) -> tuple[Any, Any]:
         """Not available: an equinox module is initialised when it is built; see `split`."""
         raise TypeError(
-            "an equinox module is initialised when it is built: pass its variables, e.g. "
-            "ciclo.create_model_state(adapter, variables=variables, ...) after "
-            "adapter, variables = EquinoxAdapter.split(model, state), "
-            "or use ciclo.create_equinox_state(model, ...)"
+            "an equinox module is initialised when it is built: use ciclo.create_equinox_state(model, ...), "
+            "or create_model_state(adapter, variables=variables, ...) with EquinoxAdapter.split's variables"
         )
 
     def apply(
@@ -188,23 +172,14 @@ class EquinoxAdapter:
             return self._call(module, inputs, model_state, key)
         # One key per example, so that dropout masks differ across the batch.
         keys = jax.random.split(key, _batch_size(inputs)) if self.takes_key else None
-        key_axis = 0 if self.takes_key else None
-        if not self.stateful:
-            outputs = jax.vmap(
-                lambda x, k: self._call(module, x, None, k)[0],
-                in_axes=(0, key_axis),
-                axis_name=self.batch_axis_name,
-            )(inputs, keys)
-            return outputs, model_state
         # The state is shared by the batch: batch norm averages over the named axis, so its new
         # state is the same for every example and comes back once (out_axes=None).
-        outputs, new_model_state = jax.vmap(
+        return jax.vmap(
             lambda x, s, k: self._call(module, x, s, k),
-            in_axes=(0, None, key_axis),
+            in_axes=(0, None, 0 if self.takes_key else None),
             out_axes=(0, None),
             axis_name=self.batch_axis_name,
         )(inputs, model_state, keys)
-        return outputs, new_model_state
 
     def to_model(self, params: Any, model_state: Any, /) -> Any:
         """The trained module, or `(module, state)` for a stateful one, as `eqx.nn.make_with_state` gives.

@@ -51,11 +51,9 @@ def create_equinox_state(
 
     Equinox modules act on one example: by default the module is `jax.vmap`-ed
     over the batch, with the batch axis named `batch_axis_name` (give
-    `eqx.nn.BatchNorm` the same `axis_name`), and called as
-    `model(x, key=k)` or, with a state, `model(x, state, key=k) -> (y, state)`,
-    each example with its own key. `vmap=False` hands the whole batch to the
-    module instead. `eqx.nn.inference_mode` turns dropout off and batch norm
-    to its running statistics in `test_step` and `predict_step`.
+    `eqx.nn.BatchNorm` the same `axis_name`); `vmap=False` hands it the whole
+    batch. See `ciclo_equinox.EquinoxAdapter` for how it is called, and
+    switched to inference in `test_step` and `predict_step`.
 
     Everything else is `ciclo.types.ModelState`'s: see there for how losses and
     metrics get their arguments (`preds`, `target`, `logits`, `labels`, ...).

@@ -1,19 +1,4 @@
-"""ciclo-flax: Keras-like training states for flax linen and nnx models.
-
-Example:
-    >>> import ciclo, flax.linen as nn, jax.numpy as jnp, optax
-    >>> state = ciclo.create_flax_state(
-    ...     nn.Dense(1),
-    ...     inputs=jnp.ones((1, 2)),
-    ...     tx=optax.sgd(0.3),
-    ...     losses={"mse": lambda preds, target: (preds[:, 0] - target) ** 2},
-    ... )
-    >>> batch = (jnp.array([[1.0, 0.0], [0.0, 1.0]]), jnp.array([2.0, -1.0]))
-    >>> for _ in range(50):
-    ...     logs, state = state.train_step(batch)
-    >>> float(logs.losses.mse) < 1e-4
-    True
-"""
+"""ciclo-flax: Keras-like training states for flax linen and nnx models (see `create_flax_state`)."""
 
 from importlib.metadata import version as _version
 

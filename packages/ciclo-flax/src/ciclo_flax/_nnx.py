@@ -9,18 +9,6 @@ import jax
 from flax import nnx
 
 
-def rng_stream_names(module: nnx.Module) -> tuple[str, ...]:
-    """The names (tags) of the rng streams a module holds, e.g. `("dropout",)`.
-
-    Example:
-        >>> from flax import nnx
-        >>> rng_stream_names(nnx.Dropout(0.5, rngs=nnx.Rngs(dropout=0)))
-        ('dropout',)
-    """
-    names = {node.tag for _, node in nnx.iter_graph(module) if isinstance(node, nnx.RngStream)}
-    return tuple(sorted(names))
-
-
 @final
 @dataclasses.dataclass(frozen=True, eq=False)
 class NnxAdapter:
@@ -56,14 +44,14 @@ class NnxAdapter:
     def split(cls, module: nnx.Module) -> tuple[NnxAdapter, tuple[Any, Any]]:
         """Splits an nnx module into its adapter and its variables, `(params, model_state)`."""
         graphdef, params, *rest = nnx.split(module, nnx.Param, ...)
-        return cls(graphdef, rng_stream_names(module)), (params, rest[0])
+        streams = {node.tag for _, node in nnx.iter_graph(module) if isinstance(node, nnx.RngStream)}
+        return cls(graphdef, tuple(sorted(streams))), (params, rest[0])
 
     def init(self, key: jax.Array, inputs: Any, /) -> tuple[Any, Any]:
         """Not available: an nnx module is initialised when it is built; see `split`."""
         raise TypeError(
-            "an nnx module is initialised when it is built: pass its variables, e.g. "
-            "ciclo.create_model_state(adapter, variables=variables, ...) after "
-            "adapter, variables = NnxAdapter.split(module), or use ciclo.create_flax_state(module, ...)"
+            "an nnx module is initialised when it is built: use ciclo.create_flax_state(module, ...), or "
+            "create_model_state(adapter, variables=variables, ...) with NnxAdapter.split(module)'s variables"
         )
 
     def apply(

@@ -56,11 +56,6 @@ def create_flax_state(
         ['loss']
     """
     if isinstance(model, nn.Module):
-        if inputs is None:
-            raise TypeError(
-                "create_flax_state needs sample `inputs` to initialise a linen module, "
-                "e.g. inputs=jnp.empty((1, 28, 28, 1))"
-            )
         return create_model_state(LinenAdapter(model), inputs=inputs, **settings)
     if isinstance(model, nnx.Module):
         adapter, variables = NnxAdapter.split(model)

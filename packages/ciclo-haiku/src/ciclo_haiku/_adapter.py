@@ -42,40 +42,6 @@ def _calling_convention(
     return False, rest
 
 
-def training_flag(transformed: hk.Transformed | hk.TransformedWithState) -> str | None:
-    """The argument of a transformed function that says whether it is training, if any.
-
-    The first of `is_training`, `training`, `train` and `deterministic` that the
-    function takes by keyword; None when it takes none of them, or when its
-    signature cannot be read (an `apply` that is a generic `*args, **kwargs` wrapper).
-
-    Example:
-        >>> import haiku as hk
-        >>> def forward(x, is_training: bool):
-        ...     return hk.Linear(2)(x)
-        >>> training_flag(hk.transform(forward)), training_flag(hk.transform(lambda x: hk.Linear(2)(x)))
-        ('is_training', None)
-    """
-    _, parameters = _calling_convention(transformed)
-    if parameters is None:
-        return None
-    names = {parameter.name for parameter in parameters if parameter.kind in _KEYWORD_KINDS}
-    return next((name for name in TRAINING_FLAGS if name in names), None)
-
-
-def _check_flag(transformed: hk.Transformed | hk.TransformedWithState, flag: str) -> None:
-    _, parameters = _calling_convention(transformed)
-    if parameters is None or any(parameter.kind is inspect.Parameter.VAR_KEYWORD for parameter in parameters):
-        return
-    if not any(parameter.name == flag and parameter.kind in _KEYWORD_KINDS for parameter in parameters):
-        taken = ", ".join(parameter.name for parameter in parameters)
-        raise TypeError(
-            f"training_flag={reprlib.repr(flag)}, but the model's function takes no keyword argument "
-            f"{reprlib.repr(flag)}: "
-            f"its arguments are ({taken}); pass training_flag=None to set none"
-        )
-
-
 @final
 @dataclasses.dataclass(frozen=True, eq=False)
 class HaikuAdapter:
@@ -141,13 +107,22 @@ class HaikuAdapter:
                 "training_flag must be 'auto', the name of an argument or None, "
                 f"got {reprlib.repr(self.training_flag)}"
             )
-        if self.training_flag == AUTO:
-            flag = training_flag(self.transformed)
-        else:
-            flag = self.training_flag
-            if flag is not None:
-                _check_flag(self.transformed, flag)
-        takes_rng, _ = _calling_convention(self.transformed)
+        takes_rng, parameters = _calling_convention(self.transformed)
+        keywords = {parameter.name for parameter in parameters or () if parameter.kind in _KEYWORD_KINDS}
+        flag = self.training_flag
+        if flag == AUTO:
+            flag = next((name for name in TRAINING_FLAGS if name in keywords), None)
+        elif (
+            flag is not None
+            and flag not in keywords
+            and parameters is not None
+            and all(parameter.kind is not inspect.Parameter.VAR_KEYWORD for parameter in parameters)
+        ):
+            raise TypeError(
+                f"training_flag={reprlib.repr(flag)}, but the model's function takes no keyword argument "
+                f"{reprlib.repr(flag)}: its arguments are ({', '.join(p.name for p in parameters)}); "
+                "pass training_flag=None to set none"
+            )
         # Derived once here: the fields are what every traced step reads.
         object.__setattr__(self, "flag", flag)
         object.__setattr__(self, "takes_rng", takes_rng)

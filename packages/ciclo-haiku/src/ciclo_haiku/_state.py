@@ -60,12 +60,9 @@ def create_haiku_state(
     updated in training steps only. Each step's key is the haiku rng, so
     `hk.next_rng_key()` draws a fresh key per step (and per device).
 
-    The training flag: with `training_flag="auto"` (the default), a function
-    that takes `is_training`, `training`, `train` or `deterministic` by keyword
-    gets it for each step (`deterministic` as `not training`); haiku shows the
-    function's arguments as those of `apply`, so this works through
-    `hk.transform` too. Name another argument with `training_flag="name"`, or
-    pass none with `training_flag=None`. See `ciclo_haiku.HaikuAdapter`.
+    A function that takes `is_training`, `training`, `train` or `deterministic`
+    by keyword gets it for each step; see `ciclo_haiku.HaikuAdapter` for
+    `training_flag`.
 
     Everything else is `ciclo.types.ModelState`'s: see there for how losses and
     metrics get their arguments (`preds`, `target`, `logits`, `labels`, ...).
@@ -100,12 +97,5 @@ def create_haiku_state(
         >>> sorted(logs.losses), sorted(state.model_state)
         (['loss'], ['batch_norm/~/mean_ema', 'batch_norm/~/var_ema'])
     """
-    transformed = _transformed(model)
-    if inputs is None:
-        raise TypeError(
-            "create_haiku_state needs sample `inputs` to initialise the function with, "
-            "e.g. inputs=jnp.zeros((1, 64))"
-        )
-    return create_model_state(
-        HaikuAdapter(transformed, training_flag=training_flag), inputs=inputs, **settings
-    )
+    adapter = HaikuAdapter(_transformed(model), training_flag=training_flag)
+    return create_model_state(adapter, inputs=inputs, **settings)

@@ -2,9 +2,7 @@
 
 A step logs the learning rate that an `optax.inject_hyperparams` optimizer
 holds in its state, read from the state's structure, which is fixed when the
-step is traced: nothing here runs per step in Python. (The loss reaches the
-optimizers that take it, `optax.contrib.reduce_on_plateau`, through
-`optax.with_extra_args_support`, in `ManagedState.apply_gradients`.)
+step is traced: nothing here runs per step in Python.
 """
 
 from __future__ import annotations

@@ -1,10 +1,4 @@
-"""The managed API: a state that carries its optimizer and strategy, and steps that only report losses.
-
-`train_step` differentiates the sum of the `losses` a step logs, applies the
-optimizer and runs the whole step under the state's strategy; `step` runs a
-step under the strategy without updating anything. Neither needs a framework:
-`ManagedState` is a plain pytree dataclass.
-"""
+"""The managed API: a state that carries its optimizer and strategy, and steps that only report losses."""
 
 from __future__ import annotations
 
@@ -21,17 +15,17 @@ import numpy as np
 import optax
 from typing_extensions import dataclass_transform
 
-from ciclo._src.base.batches import Stacked, is_stacked
+from ciclo._src.base.batches import is_stacked
 from ciclo._src.base.reprs import short
 from ciclo._src.base.roles import Role, field, fields_with_role, params_field, roles
 from ciclo._src.data.fused import as_logs_and_state, scan_steps
 from ciclo._src.logs.logs import Entries, Logs
+from ciclo._src.state.learning_rate import learning_rate_logs
 from ciclo._src.state.metrics import Metric
 from ciclo._src.state.precision import LossScale
 from ciclo._src.state.training_options import (
     OPTION_NAMES,
     TrainingOptions,
-    step_metrics,
     training_options,
 )
 from ciclo._src.state.training_options import apply_gradients as apply_options
@@ -160,15 +154,8 @@ class AbstractManagedState:
         roles(cls)
         _check_apply_gradients(cls)
         # Abstract methods checked here rather than by abc.ABC: its isinstance costs ~0.4 µs, once a step.
-        base = AbstractManagedState
-        missing = [
-            name
-            for name, method, abstract in (
-                ("resume_options", cls.resume_options, base.resume_options),
-                ("resume_refusal", cls.resume_refusal, base.resume_refusal),
-            )
-            if method is abstract
-        ]
+        abstract = ("resume_options", "resume_refusal")
+        missing = [name for name in abstract if getattr(cls, name) is getattr(AbstractManagedState, name)]
         if missing:
             raise TypeError(
                 f"{cls.__name__} does not implement {', '.join(missing)} of managed.AbstractManagedState: "
@@ -232,7 +219,11 @@ class AbstractManagedState:
         `learning_rate_logs`), and under loss scaling `loss_scale` and
         `skipped_steps`. An entry the step logged itself is not replaced.
         """
-        return step_metrics(self)
+        metrics = learning_rate_logs(self.opt_state)
+        if self.loss_scale is not None:
+            metrics["loss_scale"] = self.loss_scale.scale
+            metrics["skipped_steps"] = self.loss_scale.skipped_steps
+        return metrics
 
     def with_ema_params(self) -> Self:
         """The state with its EMA weights as its parameters: for evaluation, prediction, checkpoints, `model`.
@@ -279,11 +270,8 @@ class AbstractManagedState:
 class ManagedState(AbstractManagedState):
     """A training state that knows its optimizer and its strategy; a pytree. Subclass it to add fields.
 
-    Subclasses (rng keys, metrics, batch statistics) become frozen,
-    keyword-only dataclasses registered as pytrees; fields declare their roles
-    (see `managed.AbstractManagedState`). `ManagedState.create` takes the
-    training options too, so a step of your own trains under mixed precision,
-    accumulates gradients or keeps an EMA of the weights. Under a precision
+    Fields declare their roles (see `managed.AbstractManagedState`).
+    `ManagedState.create` takes the training options too; under a precision
     with a compute dtype, cast what your step computes with through
     `state.options.precision.cast(...)`; loss scaling and the skipping of
     non-finite steps are `apply_gradients`'.
@@ -434,18 +422,22 @@ def static_options(state: Any) -> dict[str, dict[str, Any]]:
         TypeError: if a `resume_options()` is not plain data.
     """
     found = {}
-    for path, node in jax.tree_util.tree_flatten_with_path(
-        state, is_leaf=lambda node: isinstance(node, AbstractManagedState)
-    )[0]:
-        if isinstance(node, AbstractManagedState):
-            options = node.resume_options()
-            try:
-                found[jax.tree_util.keystr(path)] = json.loads(json.dumps(options, allow_nan=False))
-            except (TypeError, ValueError) as error:
-                raise TypeError(
-                    f"{type(node).__name__}.resume_options() must return plain data (JSON): {error}"
-                ) from None
+    for path, node in _managed_states(state).items():
+        try:
+            found[path] = json.loads(json.dumps(node.resume_options(), allow_nan=False))
+        except (TypeError, ValueError) as error:
+            raise TypeError(
+                f"{type(node).__name__}.resume_options() must return plain data (JSON): {error}"
+            ) from None
     return found
+
+
+def _managed_states(state: Any) -> dict[str, AbstractManagedState]:
+    """The managed states in `state` by their path (`""` for `state` itself)."""
+    leaves = jax.tree_util.tree_flatten_with_path(
+        state, is_leaf=lambda n: isinstance(n, AbstractManagedState)
+    )[0]
+    return {jax.tree_util.keystr(path): n for path, n in leaves if isinstance(n, AbstractManagedState)}
 
 
 class ResumeRefused(ValueError):
@@ -480,13 +472,7 @@ def check_static_options(recorded: Any, state: Any, where: str) -> list[str]:
         for path, options in recorded.items()
     ):
         raise ValueError(f"the backup {where}: options is {short(recorded)}, not a dict of options by state")
-    nodes = {
-        jax.tree_util.keystr(path): node
-        for path, node in jax.tree_util.tree_flatten_with_path(
-            state, is_leaf=lambda node: isinstance(node, AbstractManagedState)
-        )[0]
-        if isinstance(node, AbstractManagedState)
-    }
+    nodes = _managed_states(state)
     current = static_options(state)
     notes = []
     for path in sorted(set(recorded) & set(current)):
@@ -582,7 +568,10 @@ class ManagedStep(Generic[S]):
         """Runs one step, or all steps of a `ciclo.types.Stacked` batch in one dispatch."""
         strategy = state.strategy if isinstance(state, AbstractManagedState) else self._default
         if is_stacked(batch):
-            return self._call_fused(strategy, state, batch)
+            compiled = self._fused.get(strategy)
+            if compiled is None:
+                compiled = self._fused[strategy] = self._compile(strategy, state, fused=True)
+            return compiled(state, strategy.lift_batch(batch))
         last, compiled = self._cache
         if strategy is not last or compiled is None:
             compiled = self._compiled.get(strategy)
@@ -590,13 +579,6 @@ class ManagedStep(Generic[S]):
                 compiled = self._compiled[strategy] = self._compile(strategy, state, fused=False)
             self._cache = (strategy, compiled)
         return compiled(state, strategy.lift_batch(batch))
-
-    def _call_fused(self, strategy: Strategy, state: S, batch: Stacked[Any]) -> tuple[Logs, S]:
-        lifted = strategy.lift_batch(batch)
-        compiled = self._fused.get(strategy)
-        if compiled is None:
-            compiled = self._fused[strategy] = self._compile(strategy, state, fused=True)
-        return compiled(state, lifted)
 
     def _compile(
         self, strategy: Strategy, state: Any, *, fused: bool
@@ -753,7 +735,9 @@ def _train_body(
             # Every device's optimizer sees the same loss, as it sees the same gradients.
             total = reductions.reduce_logs(Logs().add_loss("total", total)).losses.total
         new_state = new_state.apply_gradients(grads=grads, value=total)
-        logs = _with_step_metrics(logs, new_state)
+        logged = {name for entries in logs.values() for name in entries}
+        reported = {name: value for name, value in new_state.step_metrics().items() if name not in logged}
+        logs = Logs(logs).add_metrics(**reported) if reported else logs
         if reductions is None:
             return _finish(logs, new_state, None)
         synced = {
@@ -766,14 +750,6 @@ def _train_body(
         return _finish(logs, new_state, reductions)
 
     return train
-
-
-def _with_step_metrics(logs: Logs, state: AbstractManagedState) -> Logs:
-    """The step's logs with the state's `step_metrics()` in `metrics`, but for the entries the step logged."""
-    reported = state.step_metrics()
-    logged = {name for entries in logs.values() for name in entries}
-    reported = {name: value for name, value in reported.items() if name not in logged}
-    return Logs(logs).add_metrics(**reported) if reported else logs
 
 
 def _body(fn: StepBody, reductions: DeviceReductions | None) -> Callable[[Any, Any], tuple[Logs, Any]]:

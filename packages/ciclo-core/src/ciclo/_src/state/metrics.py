@@ -104,23 +104,14 @@ def call_with_available(fn: Callable[..., T], /, **available: Any) -> T:
             f"cannot inspect the signature of {_name(fn)} to pass it arguments by name; "
             "wrap it in a function, e.g. `lambda preds, target: fn(preds, target)`"
         ) from error
-    kwargs: dict[str, Any] = {}
-    takes_all = False
-    missing: list[str] = []
-    positional_only: list[str] = []
-    for parameter in signature.parameters.values():
-        required = parameter.default is inspect.Parameter.empty
-        if parameter.kind is inspect.Parameter.VAR_KEYWORD:
-            takes_all = True
-        elif parameter.kind is inspect.Parameter.POSITIONAL_ONLY:
-            if required:
-                positional_only.append(parameter.name)
-        elif parameter.kind is inspect.Parameter.VAR_POSITIONAL:
-            continue
-        elif parameter.name in available:
-            kwargs[parameter.name] = available[parameter.name]
-        elif required:
-            missing.append(parameter.name)
+    parameters = signature.parameters.values()
+    named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    positional_only = [p.name for p in parameters if p.kind is p.POSITIONAL_ONLY and p.default is p.empty]
+    kwargs = {p.name: available[p.name] for p in parameters if p.kind in named and p.name in available}
+    missing = [
+        p.name for p in parameters if p.kind in named and p.name not in kwargs and p.default is p.empty
+    ]
+    takes_all = any(p.kind is p.VAR_KEYWORD for p in parameters)
     if positional_only:
         names = ", ".join(repr(name) for name in positional_only)
         raise TypeError(

@@ -1,13 +1,4 @@
-"""A managed state for any model: losses, metrics and the four steps the predefined loops call.
-
-The state knows nothing of frameworks: a `ModelAdapter` says how to `init` and
-`apply` the model, and the framework packages are adapters plus a
-`create_*_state` function. `ModelState` brings the rest, Keras style: the
-losses are summed and differentiated, metrics accumulate over an epoch, a
-fresh dropout key comes every step, the model's own state (batch statistics)
-is kept and synchronised across devices, and every step runs under the
-state's strategy.
-"""
+"""A managed state for any model (through a `ModelAdapter`): losses, metrics and the loops' four steps."""
 
 from __future__ import annotations
 
@@ -133,12 +124,10 @@ class ModelState(AbstractManagedState):
     framework's own form (an nnx module, a linen variables dict, ...), when
     the adapter implements `to_model` (`ciclo.types.SupportsToModel`).
 
-    The training options (`precision`, `accumulate_steps`, `ema_decay`; see
-    `managed.TrainingOptionsKwargs`) are set when the state is created and
-    applied by `apply_gradients`, as for any managed state (see
-    `managed.AbstractManagedState`); under a precision with a compute dtype the
-    model computes in it. The class is final: a model of another framework
-    is an adapter, not a subclass.
+    The training options (`managed.TrainingOptionsKwargs`) are those of any
+    managed state; under a precision with a compute dtype the model computes
+    in it. The class is final: a model of another framework is an adapter,
+    not a subclass.
 
     Attributes:
         model_state: the model's own state (batch statistics), or None (role
@@ -219,20 +208,16 @@ class ModelState(AbstractManagedState):
         return self.adapter.to_model(params, model_state)
 
     def resume_options(self) -> dict[str, Any]:
-        """`precision`, `accumulate_steps`, `ema_decay` and `key_impl`, as a backup records them.
+        """The training options and `key_impl`, as a backup records them.
 
-        A resume refuses another `accumulate_steps` or `key_impl`, a precision
-        with or without loss scaling where the backup had the other, and an
-        `ema_decay` where the backup kept no EMA (or the reverse); another
-        precision or decay otherwise is noted and trained on (docs/resume.md).
+        A resume refuses another `key_impl`, and judges the training options'
+        changes as `managed.TrainingOptions.resume_refusal` does (docs/resume.md).
 
         Example:
             >>> import ciclo, jax.numpy as jnp, optax
-            >>> class Scale:
-            ...     def init(self, key, inputs):
-            ...         return jnp.ones(()), None
-            ...     def apply(self, params, model_state, inputs, *, key, training):
-            ...         return params * inputs, model_state
+            >>> class Scale:  # a ModelAdapter: the model is params * inputs
+            ...     def init(self, key, inputs): return jnp.ones(()), None
+            ...     def apply(self, params, state, inputs, *, key, training): return params * inputs, state
             >>> state = ciclo.create_model_state(
             ...     Scale(), inputs=jnp.ones(1), tx=optax.sgd(0.1), precision="bf16-mixed", accumulate_steps=4
             ... )
@@ -245,10 +230,7 @@ class ModelState(AbstractManagedState):
         }
 
     def resume_refusal(self, name: str, old: Any) -> str | None:
-        """Why a backup whose option `name` was `old` cannot be resumed into this state; None where it can.
-
-        See `resume_options`.
-        """
+        """Why a backup whose option `name` was `old` cannot be resumed into this state; None where it can."""
         if name == "key_impl":
             return "its random key is the data of another PRNG implementation"
         return self.options.resume_refusal(name, old)
@@ -260,12 +242,6 @@ class ModelState(AbstractManagedState):
     def _apply(self, inputs: Any, *, training: bool) -> tuple[Any, Any]:
         """The adapter's `apply` under the state's precision: float32 predictions, model state as stored."""
         policy = self.options.precision
-        if policy.compute_dtype is None:
-            return self.adapter.apply(
-                self.params, self.model_state, inputs, key=self.step_key(), training=training
-            )
-        # The model's own state (batch statistics) keeps its dtype: normalisation layers update their
-        # statistics in float32 from half-precision activations (flax and haiku promote them).
         preds, model_state = self.adapter.apply(
             policy.cast(self.params),
             self.model_state,
@@ -273,6 +249,10 @@ class ModelState(AbstractManagedState):
             key=self.step_key(),
             training=training,
         )
+        if policy.compute_dtype is None:
+            return preds, model_state
+        # The model's own state (batch statistics) keeps its dtype: normalisation layers update their
+        # statistics in float32 from half-precision activations (flax and haiku promote them).
         return to_float32(preds), cast_like(model_state, self.model_state)
 
     def _run_model(self, batch: Any, *, training: bool) -> tuple[Logs, ModelState]:
@@ -441,10 +421,9 @@ def create_model_state(
             (flax nnx, equinox), instead of `inputs`.
         **settings: `tx`: the optax optimizer (required). `losses`:
             `{name: fn}`, summed for training; one function is named `"loss"`.
-            Any callable taking some of `preds`, `target`, `inputs`, ... by name
-            (`optax` losses take `logits` and `labels`, which are given too).
-            `metrics`: `{name: metric}`: functions `(preds, target, ...) -> array`,
-            `ciclo.metrics.Metric`s such as `jax_metrics` metrics, or clu metrics.
+            `metrics`: `{name: metric}`: functions, `ciclo.metrics.Metric`s such
+            as `jax_metrics` metrics, or clu metrics. Both are called with the
+            arguments they name (see `ciclo.types.ModelState`).
             `strategy`: a strategy or its name (default `"jit"`, see
             `ciclo.strategies.get_strategy`). `key`: a seed (default 0) or a
             `jax.random.key`; split into the initialisation key and the state's
@@ -498,23 +477,18 @@ def create_model_state(
     options = training_options(**chosen)
     init_key, state_key = jax.random.split(_as_key(settings.get("key", 0)))
 
-    def fields(values: dict[str, Any]) -> dict[str, Any]:
-        values = dict(values)
-        variables = values.pop("variables")
-        init = values.pop("init")
+    def fields(key: jax.Array, inputs: Any, variables: Any, values: dict[str, Any]) -> dict[str, Any]:
         # Under a mesh strategy this runs inside `jax.jit`: the variables are born in their layout.
-        params, model_state = adapter.init(*init) if variables is None else variables
+        params, model_state = adapter.init(key, inputs) if variables is None else variables
         return {"params": params, "model_state": model_state, **values}
 
     return create_state(
         ModelState,
         fields,
-        {
-            "init": None if variables is not None else (init_key, inputs),
-            "variables": variables,
-            "metrics": running,
-            "key": jax.random.key_data(state_key),
-        },
+        init_key,
+        inputs,
+        variables,
+        {"metrics": running, "key": jax.random.key_data(state_key)},
         tx=tx,
         strategy=settings.get("strategy", "jit"),
         options=options,

@@ -1,12 +1,4 @@
-"""Mixed precision: the dtype a managed state's steps compute in, and the dynamic loss scale of float16.
-
-A `Precision` policy says in which dtype the model runs (parameters and
-floating inputs are cast for the step; the parameters, the optimizer state and
-the model's own state, such as batch statistics, stay float32) and whether the
-loss is scaled. The loss scale
-is part of the state (`LossScale`, a pytree): it resumes from backups and
-checkpoints with the rest.
-"""
+"""Mixed precision: the dtype a managed state's steps compute in, and the dynamic loss scale of float16."""
 
 from __future__ import annotations
 

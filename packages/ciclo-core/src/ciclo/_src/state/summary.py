@@ -25,13 +25,6 @@ def _human(size: int) -> str:
     raise AssertionError("unreachable")
 
 
-def _key_name(entry: Any) -> str:
-    for attribute in ("key", "name", "idx"):
-        if hasattr(entry, attribute):
-            return str(getattr(entry, attribute))
-    return str(entry)
-
-
 def _sizes(tree: Any) -> tuple[int, int]:
     """Elements and bytes of the arrays in a tree of shapes (`jax.ShapeDtypeStruct`s)."""
     elements = nbytes = 0
@@ -46,7 +39,7 @@ def _sizes(tree: Any) -> tuple[int, int]:
 def _by_top_level_key(params: Any) -> list[tuple[str, int, int]]:
     groups: dict[str, list[Any]] = {}
     for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
-        name = _key_name(path[0]) if path else "(params)"
+        name = jax.tree_util.keystr(path[:1], simple=True) if path else "(params)"
         groups.setdefault(name, []).append(leaf)
     return [(name, *_sizes(leaves)) for name, leaves in groups.items()]
 

@@ -30,7 +30,6 @@ from typing_extensions import TypedDict
 from ciclo._src.base.finite import finite_flag
 from ciclo._src.base.reprs import short
 from ciclo._src.base.roles import params_field
-from ciclo._src.state.learning_rate import learning_rate_logs
 from ciclo._src.state.precision import PRECISIONS, LossScale, Precision
 
 
@@ -189,14 +188,7 @@ def skip_if_not_finite(finite: jax.Array, new: dict[str, Any], old: dict[str, An
 
 
 def apply_gradients(state: Any, grads: Any, value: Any, changes: dict[str, Any]) -> Any:
-    """One update of a managed state, with its training options combined: the one place they meet.
-
-    Under loss scaling the gradients are divided by the scale first; when they
-    are not finite the step is skipped: the parameters, the optimizer state
-    (with the accumulated gradients) and the EMA weights are left as they were,
-    and the scale is halved. `tx` accumulates by itself (`optax.MultiSteps`),
-    and the EMA follows each optimizer step. `step` counts every call.
-    """
+    """`AbstractManagedState.apply_gradients`: the one place the training options' parts meet."""
     options: TrainingOptions = state.options
     name = params_field(type(state))
     params, scale = getattr(state, name), state.loss_scale
@@ -219,15 +211,6 @@ def apply_gradients(state: Any, grads: Any, value: Any, changes: dict[str, Any])
         new = skip_if_not_finite(finite, new, {key: getattr(state, key) for key in new})
         new["loss_scale"] = scale.update(finite=finite, growth_interval=options.precision.growth_interval)
     return state.replace(step=state.step + 1, **new, **changes)
-
-
-def step_metrics(state: Any) -> dict[str, jax.Array]:
-    """What a training step logs about a state after its update: the learning rate, the loss scale."""
-    metrics = learning_rate_logs(state.opt_state)
-    if state.loss_scale is not None:
-        metrics["loss_scale"] = state.loss_scale.scale
-        metrics["skipped_steps"] = state.loss_scale.skipped_steps
-    return metrics
 
 
 def _loss_scaling_of(precision: Any) -> bool | None:
