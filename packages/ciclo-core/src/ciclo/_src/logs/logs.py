@@ -622,7 +622,7 @@ class History(Sequence[Logs]):
         """
         from ciclo._src.logs.plot import plot_history
 
-        return plot_history(self, entries, path)
+        return plot_history(self._entry_paths(), self.collect, entries, path)
 
 
 def history(max_rows: int | None = None) -> History:

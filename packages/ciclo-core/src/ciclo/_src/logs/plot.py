@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -19,8 +19,6 @@ from ciclo._src.base.reprs import short
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
-
-    from ciclo._src.logs.logs import History
 
 
 TEST_SUFFIX = "_test"
@@ -33,9 +31,8 @@ def _is_number(value: Any) -> bool:
     )
 
 
-def _curves(history: History, entries: Sequence[str]) -> list[tuple[str, list[str]]]:
+def _curves(ordered: Sequence[tuple[str, str]], entries: Sequence[str]) -> list[tuple[str, list[str]]]:
     """The subplots to draw: a title and the keys of the curves drawn in it."""
-    ordered = history._entry_paths()
     present = frozenset(ordered)
     names = [name for _, name in ordered]
     if entries:
@@ -60,18 +57,27 @@ def _curves(history: History, entries: Sequence[str]) -> list[tuple[str, list[st
     return plots
 
 
-def plot_history(history: History, entries: Sequence[str], path: str | os.PathLike[str] | None) -> Figure:
-    """Draws `entries` of `history` (all scalar entries when empty) against steps; see `History.plot`."""
+def plot_history(
+    paths: Sequence[tuple[str, str]],
+    collect: Callable[[str, str], tuple[list[Any], ...]],
+    entries: Sequence[str],
+    path: str | os.PathLike[str] | None,
+) -> Figure:
+    """Draws `entries` (all scalar entries of `paths` when empty) against steps; see `History.plot`.
+
+    `paths` are a history's `(collection, name)` entries in order, and
+    `collect(steps, key)` its `collect`.
+    """
     try:
         figure_module = importlib.import_module("matplotlib.figure")
         backend = importlib.import_module("matplotlib.backends.backend_agg")
     except ImportError as error:
         raise ImportError('History.plot needs matplotlib: pip install "ciclo-core[plot]"') from error
     drawn: list[tuple[str, list[tuple[str, list[Any], list[Any]]]]] = []
-    for title, keys in _curves(history, entries):
+    for title, keys in _curves(paths, entries):
         curves = []
         for key in keys:
-            steps, values = history.collect("steps", key)
+            steps, values = collect("steps", key)
             if not all(_is_number(value) for value in values):
                 if entries:
                     raise ValueError(f"History.plot draws scalar entries; {short(key)} holds arrays")
