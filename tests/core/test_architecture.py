@@ -9,6 +9,7 @@ import subprocess
 import sys
 import tomllib
 
+import grimp
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -51,3 +52,15 @@ def test_the_import_direction_holds():
     result = subprocess.run([executable], cwd=ROOT, capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "1 kept, 0 broken" in result.stdout
+
+
+def test_no_module_imports_itself_through_others():
+    """No import cycle, lazy and TYPE_CHECKING imports included (grimp, import-linter's graph)."""
+    graph = grimp.build_graph("ciclo")
+    cycles = sorted(
+        (importer, imported)
+        for importer in graph.modules
+        for imported in graph.find_modules_directly_imported_by(importer)
+        if graph.find_shortest_chain(importer=imported, imported=importer) is not None
+    )
+    assert cycles == []
