@@ -229,6 +229,13 @@ def test_log_norms_modules_needs_parameters_with_modules() -> None:
         managed.ManagedState.create(params=jnp.zeros(2), tx=optax.sgd(0.1), log_norms="modules")
 
 
+def test_a_resume_that_changes_log_norms_is_refused_and_one_that_keeps_it_is_not() -> None:
+    state = make(log_norms=True)
+    assert state.resume_options()["log_norms"] is True
+    reason = state.resume_refusal("log_norms", False)
+    assert reason is not None and "none in the backup, the global norms in this state" in reason
+
+
 def test_log_norms_add_no_dispatch_and_no_host_transfer(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[int] = []  # one entry per call of a compiled step's program
     compile_step = ciclo.strategies.JIT.compile
