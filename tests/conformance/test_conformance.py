@@ -15,7 +15,7 @@ import numpy as np
 import optax
 import pytest
 from conformance.adapters import TABLE
-from conformance.conftest import BATCH, CLASSES, INSTALLED, KINDS, STRATEGIES, accuracy, blobs, build
+from conformance.conftest import BATCH, CLASSES, INSTALLED, KINDS, STRATEGIES, TX, accuracy, blobs, build
 from support.optional import optional
 
 import ciclo
@@ -304,6 +304,36 @@ def test_ema_follows_its_recurrence_and_evaluates(make_state: MakeState) -> None
     expected = accuracy(averaged.predict_step(TEST[0])[0].outputs.preds, TEST[0][1]).mean()
     np.testing.assert_allclose(float(logs.metrics.accuracy), float(expected), rtol=1e-6)
     assert logs.losses.loss != state.reset_step().test_step(TEST[0])[0].losses.loss
+
+
+@pytest.mark.parametrize("strategy", ["jit", "fsdp"])
+def test_log_norms_are_those_of_jax_grad_of_the_same_loss(make_state: MakeState) -> None:
+    state = make_state(log_norms="modules")
+    before = state.with_strategy("eager")
+    inputs, target = TRAIN[0]
+
+    def loss(params: Any) -> jax.Array:
+        preds, _ = before.adapter.apply(
+            params, before.model_state, inputs, key=before.step_key(), training=True
+        )
+        return jnp.mean(optax.softmax_cross_entropy_with_integer_labels(preds, target))
+
+    grads = jax.grad(loss)(before.params)
+    updates, _ = TX.update(grads, TX.init(before.params), before.params)
+    logs, state = state.train_step(TRAIN[0])
+    modules: dict[str, list[Any]] = {}
+    for path, leaf in jax.tree_util.tree_leaves_with_path(grads):
+        modules.setdefault(f"grad_norm/{jax.tree_util.keystr(path[:1], simple=True)}", []).append(leaf)
+    expected = {
+        "grad_norm": grads,
+        "update_norm": updates,
+        "param_norm": state.with_strategy("eager").params,
+        **modules,
+    }
+    assert set(logs.norms) == set(expected)
+    for name, tree in expected.items():
+        wanted = np.sqrt(sum(np.sum(np.square(np.asarray(x, np.float64))) for x in jax.tree.leaves(tree)))
+        np.testing.assert_allclose(float(logs.norms[name]), wanted, rtol=2e-5, err_msg=name)
 
 
 # --- metrics ----------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""The training options of `ciclo.create_model_state`: `precision`, `accumulate_steps`, `ema_decay`.
+"""The training options of `ciclo.create_model_state`: precision, accumulation, the EMA, the norms.
 
 Each adapter's conformance case checks one option under the compiled strategies
 (tests/conformance); here the plain-JAX model checks what they share: every
@@ -179,11 +179,99 @@ def test_with_ema_params_evaluates_and_predicts_with_the_averaged_weights() -> N
         ({"accumulate_steps": 2.0}, "accumulate_steps must be an int >= 1"),
         ({"ema_decay": 1.0}, r"ema_decay must be a number in \[0, 1\)"),
         ({"ema_decay": "0.9"}, r"ema_decay must be a number in \[0, 1\)"),
+        ({"log_norms": "layers"}, "log_norms must be True, False or 'modules'"),
     ],
 )
 def test_bad_options_are_refused_when_the_state_is_created(options: dict[str, Any], match: str) -> None:
     with pytest.raises(ValueError, match=match):
         make(**options)
+
+
+def test_log_norms_under_accumulation_are_the_accumulated_gradient_s_carried_between_updates() -> None:
+    # Two micro-batches of 8 rows average to the gradient of their 16 rows joined.
+    joined = tuple(np.concatenate(parts) for parts in zip(*DATA[:2], strict=True))
+    wanted, _ = make(log_norms=True).train_step(joined)
+    state, logged = make(log_norms=True, accumulate_steps=2), []
+    for batch in DATA[:3]:
+        logs, state = state.train_step(batch)
+        logged.append({name: float(value) for name, value in logs.norms.items()})
+    assert logged[0] == dict.fromkeys(("grad_norm", "param_norm", "update_norm"), 0.0)  # no update yet
+    for name in ("grad_norm", "update_norm", "param_norm"):
+        np.testing.assert_allclose(logged[1][name], float(wanted.norms[name]), rtol=1e-6)
+    assert logged[2] == logged[1]  # a micro-step logs the last optimizer step's norms
+    assert logged[1]["update_norm"] > 0
+
+
+def test_log_norms_modules_names_the_first_key_of_each_parameter_path() -> None:
+    state = managed.ManagedState.create(
+        params={"encoder": {"w": jnp.ones(2), "b": jnp.ones(())}, "head": jnp.ones(4)},
+        tx=optax.sgd(1.0),
+        log_norms="modules",
+    )
+    grads = {"encoder": {"w": jnp.full(2, 2.0), "b": jnp.ones(())}, "head": jnp.ones(4)}
+    norms = state.apply_gradients(grads=grads).norms
+    assert norms is not None
+    # Gradients: encoder sqrt(4 + 4 + 1) = 3, head sqrt(4) = 2; sgd(1.0) leaves params w=-1, b=0, head=0.
+    expected = {
+        "grad_norm": np.sqrt(13),
+        "grad_norm/encoder": 3.0,
+        "grad_norm/head": 2.0,
+        "update_norm": np.sqrt(13),
+        "param_norm": np.sqrt(2),
+    }
+    assert set(norms) == set(expected)
+    for name, value in expected.items():
+        np.testing.assert_allclose(float(norms[name]), value, rtol=1e-6)
+
+
+def test_log_norms_modules_needs_parameters_with_modules() -> None:
+    with pytest.raises(ValueError, match="the parameters are one array"):
+        managed.ManagedState.create(params=jnp.zeros(2), tx=optax.sgd(0.1), log_norms="modules")
+
+
+def test_a_resume_that_changes_log_norms_is_refused_and_one_that_keeps_it_is_not() -> None:
+    state = make(log_norms=True)
+    assert state.resume_options()["log_norms"] is True
+    reason = state.resume_refusal("log_norms", False)
+    assert reason is not None and "none in the backup, the global norms in this state" in reason
+
+
+def test_log_norms_add_no_dispatch_and_no_host_transfer(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[int] = []  # one entry per call of a compiled step's program
+    compile_step = ciclo.strategies.JIT.compile
+
+    def counting(self: Any, step: Any, /, *, donate: bool = False) -> Any:
+        compiled = compile_step(self, step, donate=donate)
+
+        def run(*args: Any) -> Any:
+            calls.append(1)
+            return compiled(*args)
+
+        return run
+
+    monkeypatch.setattr(ciclo.strategies.JIT, "compile", counting)
+    device_batches = jax.device_put(DATA[:4])
+    counts = {}
+    for log_norms in (False, True, "modules"):
+
+        @managed.train_step  # a step of its own: it compiles under the counting strategy
+        def train_step(state: Any, batch: Any) -> Any:
+            inputs, target = batch
+            logits = inputs @ state.params["w"]
+            return ciclo.logs().add_loss(
+                "loss", optax.softmax_cross_entropy_with_integer_labels(logits, target).mean()
+            )
+
+        params = {"w": jnp.zeros((FEATURES, CLASSES))}
+        state = managed.ManagedState.create(params=params, tx=optax.adam(0.1), log_norms=log_norms)
+        _, state = train_step(state, device_batches[0])  # compiles
+        calls.clear()
+        with jax.transfer_guard("disallow"):  # a host transfer in a step raises
+            for batch in device_batches:
+                logs, state = train_step(state, batch)
+        counts[log_norms] = len(calls)
+        assert ("norms" in logs) == bool(log_norms)
+    assert counts == {False: 4, True: 4, "modules": 4}  # one program a step, norms or not
 
 
 def test_a_precision_policy_needs_a_floating_dtype() -> None:

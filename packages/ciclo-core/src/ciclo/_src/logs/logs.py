@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 ELAPSED_KEYS = ("steps", "samples", "time")
 
 
-NUMERIC_COLLECTIONS = frozenset({"metrics", "losses", "stateful_metrics"})
+NUMERIC_COLLECTIONS = frozenset({"metrics", "losses", "stateful_metrics", "norms"})
 """Collections whose entries bars, loggers and aggregation treat as numbers."""
 
 

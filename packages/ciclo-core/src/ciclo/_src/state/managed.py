@@ -116,11 +116,11 @@ class AbstractManagedState:
     - `Role.METRICS`: running metrics (`ciclo.types.ModelState.metrics`).
 
     **Training options** (`managed.TrainingOptionsKwargs`: `precision`,
-    `accumulate_steps`, `ema_decay`) are set when the state is created and
-    applied by `apply_gradients` (see `ciclo._src.state.training_options`). Their
-    state (`loss_scale`, the accumulated gradients in `opt_state`,
-    `ema_params`) is part of the pytree: backed up, checkpointed and resumed
-    with the rest.
+    `accumulate_steps`, `ema_decay`, `log_norms`) are set when the state is
+    created and applied by `apply_gradients` (see
+    `ciclo._src.state.training_options`). Their state (`loss_scale`, the
+    accumulated gradients in `opt_state`, `ema_params`, `norms`) is part of the
+    pytree: backed up, checkpointed and resumed with the rest.
 
     Attributes:
         step: the number of `apply_gradients` calls (an int32 array).
@@ -130,6 +130,9 @@ class AbstractManagedState:
             without `ema_decay`; placed (and under `fsdp` sharded) as `params`.
         loss_scale: the dynamic loss scale (`ciclo.types.LossScale`) under a
             precision with loss scaling (`"16-mixed"`), else None.
+        norms: the last optimizer step's `grad_norm`, `update_norm` and
+            `param_norm` (float32 scalars by name) under `log_norms`, which a
+            training step logs in the `norms` collection; else None.
         tx: the optax optimizer, in an `optax.MultiSteps` under
             `accumulate_steps` (static).
         strategy: where the state lives and how steps compile (static).
@@ -141,6 +144,7 @@ class AbstractManagedState:
     opt_state: Any
     ema_params: Any = None
     loss_scale: LossScale | None = None
+    norms: dict[str, jax.Array] | None = None
     tx: optax.GradientTransformation = field(static=True)
     strategy: Strategy = field(static=True, default_factory=Eager)
     options: TrainingOptions = field(static=True, default=TrainingOptions())
@@ -191,7 +195,7 @@ class AbstractManagedState:
         step whose gradients are not finite is skipped (parameters, optimizer
         state and EMA unchanged; the scale halved). The EMA follows
         `ema = d * ema + (1 - d) * params` after each optimizer step (every
-        `accumulate_steps`-th call).
+        `accumulate_steps`-th call), as do the `norms` under `log_norms`.
 
         Args:
             grads: the gradients, shaped as the params.
@@ -319,8 +323,8 @@ class ManagedState(AbstractManagedState):
             apply_fn: the model's apply function, kept for the steps' use.
             strategy: a strategy or its name (see `ciclo.strategies.get_strategy`).
             **fields: the values of a subclass's own fields, and the training
-                options: `precision`, `accumulate_steps`, `ema_decay`
-                (`managed.TrainingOptionsKwargs`).
+                options: `precision`, `accumulate_steps`, `ema_decay`,
+                `log_norms` (`managed.TrainingOptionsKwargs`).
 
         Raises:
             TypeError: if `params` has a leaf that is not an array (a function,
@@ -351,7 +355,7 @@ class ManagedState(AbstractManagedState):
         )
 
     def resume_options(self) -> dict[str, Any]:
-        """The training options (`precision`, `accumulate_steps`, `ema_decay`), as plain data (JSON).
+        """The training options (`managed.TrainingOptionsKwargs`), as plain data (JSON).
 
         `tx` and `apply_fn` are code, and a resume may change the `strategy`. A
         subclass with static fields of its own that give its arrays their
@@ -361,7 +365,7 @@ class ManagedState(AbstractManagedState):
             >>> import jax.numpy as jnp, optax
             >>> from ciclo import managed
             >>> managed.ManagedState.create(params=jnp.zeros(2), tx=optax.sgd(0.1)).resume_options()
-            {'precision': '32', 'accumulate_steps': 1, 'ema_decay': None}
+            {'precision': '32', 'accumulate_steps': 1, 'ema_decay': None, 'log_norms': False}
         """
         return self.options.resume_options()
 
@@ -621,7 +625,8 @@ def train_step(
     strategy.
 
     Logs come back per collection: losses and metrics averaged over devices,
-    outputs concatenated in batch order. A logged stateful metric (see
+    outputs concatenated in batch order. A state created with `log_norms`
+    adds its gradient, update and parameter norms in the `norms` collection. A logged stateful metric (see
     `ciclo.metrics.Metric`), typically a state field after its `update`, is logged as
     its `compute()`; under `pmap`, where each device's copy has seen only that
     device's rows, the copies are first combined with `merge`/`reduce`.
@@ -738,6 +743,8 @@ def _train_body(
         logged = {name for entries in logs.values() for name in entries}
         reported = {name: value for name, value in new_state.step_metrics().items() if name not in logged}
         logs = Logs(logs).add_metrics(**reported) if reported else logs
+        if new_state.norms is not None:  # under log_norms: kept by apply_gradients (training_options.py)
+            logs = Logs(logs).add_entries("norms", **new_state.norms)
         if reductions is None:
             return _finish(logs, new_state, None)
         synced = {

@@ -221,8 +221,9 @@ class ModelState(AbstractManagedState):
             >>> state = ciclo.create_model_state(
             ...     Scale(), inputs=jnp.ones(1), tx=optax.sgd(0.1), precision="bf16-mixed", accumulate_steps=4
             ... )
-            >>> state.resume_options()
-            {'precision': 'bf16-mixed', 'accumulate_steps': 4, 'ema_decay': None, 'key_impl': 'threefry2x32'}
+            >>> state.resume_options()  # doctest: +NORMALIZE_WHITESPACE
+            {'precision': 'bf16-mixed', 'accumulate_steps': 4, 'ema_decay': None, 'log_norms': False,
+             'key_impl': 'threefry2x32'}
         """
         return {
             **self.options.resume_options(),
@@ -427,8 +428,8 @@ def create_model_state(
             `strategy`: a strategy or its name (default `"jit"`, see
             `ciclo.strategies.get_strategy`). `key`: a seed (default 0) or a
             `jax.random.key`; split into the initialisation key and the state's
-            `key`. And the training options `precision`, `accumulate_steps`
-            and `ema_decay` (`managed.TrainingOptionsKwargs`).
+            `key`. And the training options `precision`, `accumulate_steps`,
+            `ema_decay` and `log_norms` (`managed.TrainingOptionsKwargs`).
 
     Raises:
         TypeError: for losses or metrics of the wrong kind (naming the entry),

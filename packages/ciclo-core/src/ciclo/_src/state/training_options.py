@@ -1,4 +1,4 @@
-"""Training options: mixed precision, gradient accumulation, skipping non-finite steps, the weight EMA.
+"""Training options: mixed precision, gradient accumulation, skipping non-finite steps, the weight EMA, norms.
 
 Each option is a part built on optax's own pieces, readable on its own:
 
@@ -7,9 +7,12 @@ Each option is a part built on optax's own pieces, readable on its own:
   the gradients by it again (`unscale`); under it a step whose gradients are
   not finite is skipped, `optax.apply_if_finite`'s idea (`skip_if_not_finite`);
 - **the EMA** averages the weights after each optimizer step, which
-  `optax.MultiSteps.has_updated` tells (`ema`).
+  `optax.MultiSteps.has_updated` tells (`ema`);
+- **the norms** of the gradients the optimizer receives, of its updates and of
+  the parameters after them, global L2 norms kept in the state after each
+  optimizer step (`norms`).
 
-`TrainingOptions` holds the three settings, and `apply_gradients` combines the
+`TrainingOptions` holds the settings, and `apply_gradients` combines the
 parts in the one place every managed state's update goes through
 (`managed.AbstractManagedState.apply_gradients`, which `managed.ManagedState`,
 `ciclo.types.ModelState` and every adapter's state inherit). A state's step
@@ -20,7 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from typing import Any, Final, final
+from typing import Any, Final, Literal, final
 
 import jax
 import jax.numpy as jnp
@@ -53,11 +56,22 @@ class TrainingOptionsKwargs(TypedDict, total=False):
             parameters with this decay (e.g. 0.999; default None: none), updated
             in the compiled step after each optimizer step; see
             `with_ema_params` and `ciclo.callbacks.SwapEMAWeights`.
+        log_norms: log the run's health in the `norms` collection (default
+            False): `grad_norm`, the global L2 norm of the gradients the
+            optimizer receives (unscaled, accumulated, before any clipping in
+            `tx`), `update_norm`, of the optimizer's updates, and `param_norm`,
+            of the parameters after the update; `"modules"` adds
+            `grad_norm/<name>` per top-level module (the first key of the
+            parameters' paths). Computed in the compiled step and kept in the
+            state (`norms`): under `accumulate_steps` a micro-step logs the
+            last optimizer step's (zeros before the first), and a skipped
+            non-finite step keeps them too.
     """
 
     precision: str | Precision
     accumulate_steps: int
     ema_decay: float | None
+    log_norms: bool | Literal["modules"]
 
 
 OPTION_NAMES: Final = frozenset(TrainingOptionsKwargs.__annotations__)
@@ -80,6 +94,7 @@ class TrainingOptions:
     precision: Precision = PRECISIONS["32"]
     accumulate_steps: int = 1
     ema_decay: float | None = None
+    log_norms: bool | Literal["modules"] = False
 
     def accumulate(self, tx: optax.GradientTransformation) -> optax.GradientTransformation:
         """The accumulation part: `tx` in an `optax.MultiSteps` of `accumulate_steps`, or `tx` itself."""
@@ -88,10 +103,38 @@ class TrainingOptions:
         return optax.MultiSteps(tx, every_k_schedule=self.accumulate_steps).gradient_transformation()
 
     def init(self, params: Any) -> dict[str, Any]:
-        """The options' own state at step 0: `ema_params` (a copy of `params`) and `loss_scale`."""
+        """The options' own state at step 0: `ema_params` (a copy of `params`), `loss_scale`, `norms` (zeros).
+
+        Raises:
+            ValueError: under `log_norms="modules"`, for `params` that are one
+                array, with no modules to name.
+        """
         # A copy: a donating strategy must not see one buffer twice.
         ema = None if self.ema_decay is None else jax.tree.map(jnp.copy, params)
-        return {"ema_params": ema, "loss_scale": self.precision.loss_scale()}
+        norms = None
+        if self.log_norms:
+            names = jax.eval_shape(self.norms, params, params, params)
+            norms = {name: jnp.zeros((), jnp.float32) for name in names}
+        return {"ema_params": ema, "loss_scale": self.precision.loss_scale(), "norms": norms}
+
+    def norms(self, grads: Any, updates: Any, params: Any) -> dict[str, jax.Array]:
+        """The norms part: `grad_norm`, `update_norm`, `param_norm` (and `grad_norm/<module>`), float32.
+
+        Example:
+            >>> import jax.numpy as jnp
+            >>> options = training_options(log_norms="modules")
+            >>> grads = {"a": jnp.array([3.0]), "b": {"w": jnp.array([4.0])}}
+            >>> {name: float(norm) for name, norm in options.norms(grads, grads, grads).items()}
+            {'grad_norm': 5.0, 'update_norm': 5.0, 'param_norm': 5.0, 'grad_norm/a': 3.0, 'grad_norm/b': 4.0}
+        """
+        norms = {
+            "grad_norm": _norm(grads),
+            "update_norm": _norm(updates),
+            "param_norm": _norm(params),
+        }
+        if self.log_norms == "modules":
+            norms.update({f"grad_norm/{name}": _norm(part) for name, part in _modules(grads).items()})
+        return norms
 
     def check(self, opt_state: Any) -> None:
         """Refuses a `tx` that accumulates itself (an `optax.MultiSteps`) under `accumulate_steps` > 1."""
@@ -110,19 +153,26 @@ class TrainingOptions:
             )
 
     def resume_options(self) -> dict[str, Any]:
-        """`precision`, `accumulate_steps` and `ema_decay` as plain data, as a backup records them."""
+        """The options as plain data, as a backup records them."""
         return {
             "precision": self.precision.to_data(),
             "accumulate_steps": self.accumulate_steps,
             "ema_decay": self.ema_decay,
+            "log_norms": self.log_norms,
         }
 
     def resume_refusal(self, name: str, old: Any) -> str | None:
         """Why a backup whose option `name` was `old` cannot go on under these options; None where it can.
 
-        Another `accumulate_steps`, loss scaling on one side only and an EMA on
-        one side only are refused; another precision or decay otherwise is noted.
+        Another `accumulate_steps`, loss scaling on one side only, an EMA on
+        one side only and another `log_norms` are refused; another precision or
+        decay otherwise is noted.
         """
+        if name == "log_norms":
+            return (
+                f"a state keeps the norms it logs in its field `norms` ({_kept_norms(old)} in the backup, "
+                f"{_kept_norms(self.log_norms)} in this state), so the two hold different arrays"
+            )
         if name == "accumulate_steps":
             return (
                 f"its optimizer state holds gradients accumulated towards optimizer steps of {short(old)} "
@@ -145,13 +195,17 @@ class TrainingOptions:
 
 
 def training_options(
-    *, precision: str | Precision = "32", accumulate_steps: int = 1, ema_decay: float | None = None
+    *,
+    precision: str | Precision = "32",
+    accumulate_steps: int = 1,
+    ema_decay: float | None = None,
+    log_norms: bool | Literal["modules"] = False,
 ) -> TrainingOptions:
     """Checks the training options (`TrainingOptionsKwargs`) and returns them as `TrainingOptions`.
 
     Raises:
-        ValueError: for an unknown `precision`, `accumulate_steps` below 1 or an
-            `ema_decay` outside [0, 1).
+        ValueError: for an unknown `precision`, `accumulate_steps` below 1, an
+            `ema_decay` outside [0, 1) or a `log_norms` other than a bool or `"modules"`.
 
     Example:
         >>> training_options(ema_decay=0.999).ema_decay
@@ -166,7 +220,13 @@ def training_options(
         isinstance(ema_decay, (int, float)) and not isinstance(ema_decay, bool) and 0 <= ema_decay < 1
     ):
         raise ValueError(f"ema_decay must be a number in [0, 1), e.g. 0.999, or None; got {short(ema_decay)}")
-    return TrainingOptions(policy, accumulate_steps, None if ema_decay is None else float(ema_decay))
+    if not (isinstance(log_norms, bool) or log_norms == "modules"):
+        raise ValueError(
+            "log_norms must be True, False or 'modules' (a norm per top-level module too), "
+            f"got {short(log_norms)}"
+        )
+    decay = None if ema_decay is None else float(ema_decay)
+    return TrainingOptions(policy, accumulate_steps, decay, log_norms)
 
 
 def unscale(grads: Any, scale: LossScale) -> Any:
@@ -177,9 +237,19 @@ def unscale(grads: Any, scale: LossScale) -> Any:
 def ema(decay: float, average: Any, params: Any, opt_state: Any, accumulate_steps: int) -> Any:
     """The EMA part: `decay * average + (1 - decay) * params`, after each optimizer step only."""
     new = jax.tree.map(lambda old, new: decay * old + (1 - decay) * new, average, params)
-    if accumulate_steps == 1:
-        return new
-    return _where(optax.MultiSteps(optax.identity(), accumulate_steps).has_updated(opt_state), new, average)
+    return new if accumulate_steps == 1 else _where(_has_updated(opt_state, accumulate_steps), new, average)
+
+
+def accumulated(grads: Any, opt_state: optax.MultiStepsState) -> Any:
+    """The gradient an `optax.MultiSteps` passes to its optimizer this micro-step: the mean so far.
+
+    optax's own running mean (`acc + (grad - acc) / (mini_step + 1)`), which
+    XLA computes once for both.
+    """
+    n = opt_state.mini_step
+    return jax.tree.map(
+        lambda grad, acc: (acc + (grad - acc) / (n + 1)).astype(grad.dtype), grads, opt_state.acc_grads
+    )
 
 
 def skip_if_not_finite(finite: jax.Array, new: dict[str, Any], old: dict[str, Any]) -> dict[str, Any]:
@@ -202,6 +272,13 @@ def apply_gradients(state: Any, grads: Any, value: Any, changes: dict[str, Any])
     with jax.numpy_dtype_promotion("standard") if options.accumulate_steps > 1 else contextlib.nullcontext():
         updates, opt_state = tx.update(grads, state.opt_state, params, **extra)
     new = {name: optax.apply_updates(params, updates), "opt_state": opt_state}
+    if options.log_norms and state.norms is not None:
+        with jax.numpy_dtype_promotion("standard"):  # the running mean divides by the int mini_step
+            received = grads if options.accumulate_steps == 1 else accumulated(grads, state.opt_state)
+        norms = options.norms(received, updates, new[name])
+        if options.accumulate_steps > 1:  # a micro-step carries the last optimizer step's
+            norms = _where(_has_updated(opt_state, options.accumulate_steps), norms, state.norms)
+        new["norms"] = norms
     if options.ema_decay is not None and state.ema_params is not None:
         new["ema_params"] = ema(
             options.ema_decay, state.ema_params, new[name], opt_state, options.accumulate_steps
@@ -220,6 +297,37 @@ def _loss_scaling_of(precision: Any) -> bool | None:
     if isinstance(precision, dict) and isinstance(precision.get("loss_scaling"), bool):
         return bool(precision["loss_scaling"])
     return None
+
+
+def _has_updated(opt_state: Any, accumulate_steps: int) -> jax.Array:
+    """Whether the `optax.MultiSteps` whose state is `opt_state` updated the parameters this micro-step."""
+    return jnp.asarray(optax.MultiSteps(optax.identity(), accumulate_steps).has_updated(opt_state))
+
+
+def _norm(tree: Any) -> jax.Array:
+    """The global L2 norm of a pytree's arrays in float32: `optax.tree.norm`, whose name varies by version."""
+    squares = [jnp.sum(jnp.square(leaf.astype(jnp.float32))) for leaf in jax.tree.leaves(tree)]
+    return jnp.sqrt(sum(squares, jnp.zeros((), jnp.float32)))
+
+
+def _modules(tree: Any) -> dict[str, list[Any]]:
+    """A pytree's leaves grouped by the first key of their paths, named as `jax.tree_util.keystr` names it."""
+    groups: dict[str, list[Any]] = {}
+    for path, leaf in jax.tree_util.tree_leaves_with_path(tree):
+        if not path:
+            raise ValueError(
+                f"log_norms='modules' names a norm by the first key of each parameter's path, but the "
+                f"parameters are one array {short(leaf)}; use log_norms=True"
+            )
+        groups.setdefault(jax.tree_util.keystr(path[:1], simple=True, separator="/"), []).append(leaf)
+    return groups
+
+
+def _kept_norms(log_norms: Any) -> str:
+    """What a state with this `log_norms` keeps in `norms`, in words."""
+    if log_norms == "modules":
+        return "the global and per-module norms"
+    return "the global norms" if log_norms else "none"
 
 
 def _where(condition: jax.Array, new: Any, old: Any) -> Any:
