@@ -38,7 +38,7 @@ DIVERGENCE: Final = 4.0
 
 
 @final
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)  # arrays: == would be ambiguous
 class LRFindResult:
     """What `ciclo.lr_find` measured: one point per learning rate tried, in the order tried.
 
