@@ -65,6 +65,7 @@ from ciclo._src.loops.hooks import on_train_batch_end as on_train_batch_end
 from ciclo._src.loops.hooks import on_train_begin as on_train_begin
 from ciclo._src.loops.hooks import on_train_end as on_train_end
 from ciclo._src.loops.hooks import on_train_step as on_train_step
+from ciclo._src.loops.lr_find import lr_find as lr_find
 from ciclo._src.loops.predefined import loop as loop
 from ciclo._src.loops.predefined import predict_loop as predict_loop
 from ciclo._src.loops.predefined import test_loop as test_loop
@@ -150,6 +151,7 @@ __all__ = [
     "keras_bar",
     "logs",
     "loop",
+    "lr_find",
     "managed",
     "metric_writer_logger",
     "metrics",

@@ -59,6 +59,7 @@ from ciclo._src.logs.logs import Logs as Logs
 from ciclo._src.logs.logs import LogsLike as LogsLike
 from ciclo._src.logs.logs import StackedLogs as StackedLogs
 from ciclo._src.loops.evaluation import InnerLoop as InnerLoop
+from ciclo._src.loops.lr_find import LRFindResult as LRFindResult
 from ciclo._src.loops.predefined import LoopSettings as LoopSettings
 from ciclo._src.resume.backup import Backup as Backup
 from ciclo._src.resume.backup import Preempted as Preempted
@@ -84,6 +85,7 @@ __all__ = [
     "History",
     "InnerLoop",
     "KerasBar",
+    "LRFindResult",
     "Logger",
     "Logs",
     "LogsLike",

@@ -5,8 +5,6 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, ClassVar, Generic, final
 
-import jax
-
 from ciclo._src.base.elapsed import Elapsed, Period
 from ciclo._src.base.reprs import short
 from ciclo._src.base.types import CallbackOutput, S
@@ -23,15 +21,10 @@ from ciclo._src.callbacks._monitor import (
 from ciclo._src.engine.callback import Callback
 from ciclo._src.engine.phases import LoopState
 from ciclo._src.logs.logs import LogsLike
+from ciclo._src.strategies._placement import copied
 
 _STATE_KEYS = ("best", "wait", "best_elapsed", "stopped", "best_state")
 _ELAPSED_KEYS = tuple(field.name for field in dataclasses.fields(Elapsed))
-
-
-def _kept(state: S) -> S:
-    """A copy of `state`'s arrays that outlives the step: a later donating step consumes the originals."""
-    kept: S = jax.tree.map(lambda leaf: leaf.copy() if isinstance(leaf, jax.Array) else leaf, state)
-    return kept
 
 
 @final
@@ -98,7 +91,7 @@ class EarlyStopping(Callback, Generic[S]):
             self.wait = 0
             self._best_elapsed = elapsed
             if self.restore_best_weights:
-                self.best_state = _kept(state)
+                self.best_state = copied(state)  # a later donating step consumes the originals
         else:
             self.wait += 1
         if isinstance(self.patience, Period):

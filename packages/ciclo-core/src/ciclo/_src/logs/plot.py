@@ -1,7 +1,9 @@
-"""Drawing a `History` with matplotlib: one subplot per entry, its test curve beside it.
+"""Drawing with matplotlib: a `History`, one subplot per entry with its test curve beside it.
 
-matplotlib (`ciclo-core[plot]`) is imported only when a history is drawn. Figures
-are built without `pyplot`: they need no screen and leave its global state alone.
+`new_figure` is the figure every plot of ciclo starts from (`History.plot`,
+`ciclo.types.LRFindResult.plot`). matplotlib (`ciclo-core[plot]`) is imported
+only when something is drawn. Figures are built without `pyplot`: they need no
+screen and leave its global state alone.
 """
 
 from __future__ import annotations
@@ -57,6 +59,22 @@ def _curves(ordered: Sequence[tuple[str, str]], entries: Sequence[str]) -> list[
     return plots
 
 
+def new_figure(user: str, width: float, height: float) -> Figure:
+    """An empty figure of `width` x `height` inches drawn off screen, without `pyplot`, for `user`.
+
+    Raises:
+        ImportError: without matplotlib, naming `user` and the `plot` extra.
+    """
+    try:
+        figure_module = importlib.import_module("matplotlib.figure")
+        backend = importlib.import_module("matplotlib.backends.backend_agg")
+    except ImportError as error:
+        raise ImportError(f'{user} needs matplotlib: pip install "ciclo-core[plot]"') from error
+    figure: Figure = figure_module.Figure(figsize=(width, height), layout="constrained")
+    backend.FigureCanvasAgg(figure)
+    return figure
+
+
 def plot_history(
     paths: Sequence[tuple[str, str]],
     collect: Callable[[str, str], tuple[list[Any], ...]],
@@ -68,11 +86,6 @@ def plot_history(
     `paths` are a history's `(collection, name)` entries in order, and
     `collect(steps, key)` its `collect`.
     """
-    try:
-        figure_module = importlib.import_module("matplotlib.figure")
-        backend = importlib.import_module("matplotlib.backends.backend_agg")
-    except ImportError as error:
-        raise ImportError('History.plot needs matplotlib: pip install "ciclo-core[plot]"') from error
     drawn: list[tuple[str, list[tuple[str, list[Any], list[Any]]]]] = []
     for title, keys in _curves(paths, entries):
         curves = []
@@ -89,8 +102,7 @@ def plot_history(
         raise ValueError("History.plot found no scalar entries to draw; the history is empty")
     columns = min(len(drawn), 3)
     rows = math.ceil(len(drawn) / columns)
-    figure: Figure = figure_module.Figure(figsize=(4.5 * columns, 3.2 * rows), layout="constrained")
-    backend.FigureCanvasAgg(figure)
+    figure = new_figure("History.plot", 4.5 * columns, 3.2 * rows)
     for index, (title, curves) in enumerate(drawn):
         axes = figure.add_subplot(rows, columns, index + 1)
         for key, steps, values in curves:

@@ -114,3 +114,42 @@ def _on_host(value: Any) -> np.ndarray[Any, Any] | None:
 
 def _shown(value: np.ndarray[Any, Any]) -> str:
     return f"{value.reshape(-1)[0].item():.6g}" if value.size == 1 else short(value)
+
+
+def injected_learning_rates(opt_state: Any) -> list[Any]:
+    """The learning rates of the `optax.inject_hyperparams` states in an optimizer state, in its order.
+
+    Example:
+        >>> import jax.numpy as jnp, optax
+        >>> tx = optax.inject_hyperparams(optax.sgd)(learning_rate=0.1)
+        >>> injected_learning_rates(tx.init(jnp.zeros(2)))
+        [Array(0.1, dtype=float32)]
+        >>> injected_learning_rates(optax.sgd(0.1).init(jnp.zeros(2)))
+        []
+    """
+    nodes = jax.tree_util.tree_leaves(opt_state, is_leaf=_is_injected)
+    return [node.hyperparams[LEARNING_RATE] for node in nodes if _is_injected(node)]
+
+
+def with_learning_rate(opt_state: Any, rate: float) -> Any:
+    """`opt_state` with the learning rate of each `optax.inject_hyperparams` state in it set to `rate`.
+
+    The new value keeps the old one's shape, dtype and placement (a `pmap`
+    state's device axis, a mesh's sharding), so a compiled step takes it
+    without compiling again. An injected schedule recomputes the rate from the
+    step count at each update, over this value.
+
+    Example:
+        >>> import jax.numpy as jnp, optax
+        >>> tx = optax.inject_hyperparams(optax.sgd)(learning_rate=0.1)
+        >>> with_learning_rate(tx.init(jnp.zeros(2)), 0.5).hyperparams["learning_rate"]
+        Array(0.5, dtype=float32)
+    """
+
+    def set_rate(node: Any) -> Any:
+        if not _is_injected(node):
+            return node
+        new = jax.lax.full_like(node.hyperparams[LEARNING_RATE], rate)
+        return node._replace(hyperparams={**node.hyperparams, LEARNING_RATE: new})
+
+    return jax.tree.map(set_rate, opt_state, is_leaf=_is_injected)

@@ -1,0 +1,302 @@
+"""The learning-rate range test: `ciclo.lr_find` and what it returns, `ciclo.types.LRFindResult`.
+
+Leslie Smith's test, as Lightning's `Tuner.lr_find` and fastai's `lr_find` run
+it: train on a copy of the state while the learning rate grows exponentially
+from `min_lr` to `max_lr`, one rate per optimizer step, and stop once the loss
+diverges. The rate is set in the `optax.inject_hyperparams` state inside the
+optimizer state, a value the compiled step takes as input: the sweep compiles
+the step once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Final, final
+
+import jax
+import numpy as np
+
+from ciclo._src.base.reprs import short
+from ciclo._src.base.types import Trainable
+from ciclo._src.data.fused import as_logs_and_state
+from ciclo._src.logs.plot import new_figure
+from ciclo._src.state.learning_rate import injected_learning_rates, with_learning_rate
+from ciclo._src.state.managed import AbstractManagedState
+from ciclo._src.strategies._placement import copied
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+SMOOTHING: Final = 0.98
+"""The weight of the past in the smoothed loss (an exponential moving average, bias-corrected)."""
+
+DIVERGENCE: Final = 4.0
+"""The sweep stops once the smoothed loss exceeds this many times its lowest value (Lightning's)."""
+
+
+@final
+@dataclasses.dataclass(frozen=True, eq=False)  # arrays: == would be ambiguous
+class LRFindResult:
+    """What `ciclo.lr_find` measured: one point per learning rate tried, in the order tried.
+
+    Attributes:
+        rates: the learning rates tried, growing exponentially.
+        losses: the training loss (the sum of the step's `losses`) at each rate,
+            averaged over the micro-batches of an optimizer step under
+            `accumulate_steps`.
+        smoothed: `losses` smoothed by an exponential moving average (weight
+            0.98 on the past, bias-corrected, as Lightning and fastai).
+        suggestion: the rate where the smoothed loss falls fastest against
+            log(rate) (Lightning's and fastai's "steepest" suggestion), leaving
+            out the first tenth of the points and the last one; None when fewer
+            than 3 points remain (the loss diverged at once: lower `max_lr` or
+            `min_lr`).
+        diverged: whether the sweep stopped early because the loss diverged
+            (not finite, or its smoothed value above 4 times its lowest).
+    """
+
+    rates: np.ndarray[Any, np.dtype[np.float64]]
+    losses: np.ndarray[Any, np.dtype[np.float64]]
+    smoothed: np.ndarray[Any, np.dtype[np.float64]]
+    suggestion: float | None
+    diverged: bool
+
+    def plot(self, path: str | os.PathLike[str] | None = None) -> Figure:
+        """Draws the loss against the learning rate (log scale), raw and smoothed, with the suggestion.
+
+        Needs matplotlib (`pip install "ciclo-core[plot]"`); built without
+        `pyplot`, as `ciclo.types.History.plot`.
+
+        Args:
+            path: where to save the figure (as PNG, or the format its suffix names).
+
+        Returns:
+            The `matplotlib.figure.Figure`.
+
+        Example:
+            >>> import numpy as np
+            >>> rates = np.geomspace(1e-3, 1.0, 4)
+            >>> losses = np.array([1.0, 0.9, 0.5, 2.0])
+            >>> result = LRFindResult(rates, losses, losses, suggestion=0.1, diverged=False)
+            >>> [line.get_label() for line in result.plot().axes[0].lines]
+            ['loss', 'smoothed', 'suggestion 0.1']
+        """
+        figure = new_figure("LRFindResult.plot", 6.0, 4.0)
+        axes = figure.add_subplot(1, 1, 1)
+        axes.plot(self.rates, self.losses, alpha=0.35, label="loss")
+        axes.plot(self.rates, self.smoothed, label="smoothed")
+        if self.suggestion is not None:
+            axes.axvline(
+                self.suggestion, color="tab:red", linestyle="--", label=f"suggestion {self.suggestion:.3g}"
+            )
+        axes.set_xscale("log")
+        axes.set_xlabel("learning rate")
+        axes.set_ylabel("loss")
+        axes.grid(alpha=0.3)
+        axes.legend()
+        if path is not None:
+            figure.savefig(os.fspath(path), dpi=100)
+        return figure
+
+
+def _check_arguments(min_lr: Any, max_lr: Any, steps: Any) -> None:
+    for name, value in (("min_lr", min_lr), ("max_lr", max_lr)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+            raise ValueError(f"{name} must be a positive finite number, got {short(value)}")
+    if min_lr >= max_lr:
+        raise ValueError(
+            f"min_lr ({short(min_lr)}) must be below max_lr ({short(max_lr)}): the sweep grows from one to "
+            "the other, e.g. min_lr=1e-7, max_lr=10.0"
+        )
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 2:
+        raise ValueError(f"steps must be an int >= 2 (the rates tried), got {short(steps)}")
+
+
+def _step_of(state: Any, train_step: Callable[[Any, Any], Any] | None) -> Callable[[Any, Any], Any]:
+    """The step the sweep runs: `train_step`, else the state's `train_step` method."""
+    if not isinstance(state, AbstractManagedState):
+        raise TypeError(
+            "ciclo.lr_find sets the learning rate in the state's optimizer state: it needs a "
+            "ciclo.types.ModelState (ciclo.create_model_state, the adapters' create_*_state) or a "
+            f"managed.ManagedState, got {short(state)}"
+        )
+    if train_step is not None:
+        return train_step
+    if not isinstance(state, Trainable):
+        raise TypeError(
+            f"{type(state).__name__} has no train_step method: pass the step, "
+            "ciclo.lr_find(state, dataset, train_step=my_step), with my_step a managed.train_step"
+        )
+    # Unbound, so that the step takes the state it is given: `step(state, batch)`.
+    step: Callable[[Any, Any], Any] = type(state).train_step
+    return step
+
+
+def _check_injected(state: AbstractManagedState) -> None:
+    rates = injected_learning_rates(state.opt_state)
+    if not rates:
+        raise ValueError(
+            f"ciclo.lr_find sets the learning rate through optax.inject_hyperparams, and this state's tx "
+            f"({short(state.tx)}) has no learning_rate hyperparameter: create the state with the optimizer "
+            "wrapped, tx=optax.inject_hyperparams(optax.adam)(learning_rate=1e-3) for optax.adam(1e-3). "
+            "(A plain optax optimizer keeps its rate in a closure, which ciclo cannot change.)"
+        )
+    if len(rates) > 1:
+        raise ValueError(
+            f"ciclo.lr_find sweeps one learning rate, and this state's tx injects {len(rates)} (one per "
+            "optax.multi_transform group, say): sweep one group's rate with a tx that injects only it"
+        )
+
+
+def _batches(dataset: Iterable[Any]) -> Iterator[Any]:
+    """The dataset's batches, from its start again when it ends (a one-shot iterator ends the sweep)."""
+    while True:
+        iterator = iter(dataset)
+        empty = True
+        for batch in iterator:
+            empty = False
+            yield batch
+        if empty or iterator is dataset:
+            return
+
+
+def _total_loss(logs: Any, step: Any) -> float:
+    losses = logs.get("losses")
+    if not losses:
+        raise ValueError(
+            f"ciclo.lr_find reads the loss from the step's logs, and {short(step)} logged no losses "
+            f"(collections: {sorted(logs)}); log it with logs.add_loss('loss', value)"
+        )
+    return float(sum(float(np.asarray(value).reshape(-1)[0]) for value in losses.values()))
+
+
+def _rate_used(state: AbstractManagedState) -> float:
+    (rate,) = injected_learning_rates(state.opt_state)
+    # This process's first copy: a replicated or pmapped rate has several.
+    value: Any = rate.addressable_shards[0].data if isinstance(rate, jax.Array) else rate
+    return float(np.asarray(value).reshape(-1)[0])
+
+
+def suggest(rates: np.ndarray[Any, Any], smoothed: np.ndarray[Any, Any], skip_begin: int) -> float | None:
+    """The rate where `smoothed` falls fastest against log(rate), without the first points and the last.
+
+    Example:
+        >>> rates = np.geomspace(1e-5, 1.0, 6)
+        >>> float(suggest(rates, np.array([1.0, 0.99, 0.98, 0.6, 0.55, 3.0]), skip_begin=0))
+        0.01
+    """
+    kept = np.arange(skip_begin, len(rates) - 1)
+    kept = kept[np.isfinite(smoothed[kept])]
+    if len(kept) < 3:
+        return None
+    slopes = np.gradient(smoothed[kept], np.log(rates[kept]))
+    return float(rates[kept[int(np.argmin(slopes))]])
+
+
+def lr_find(
+    state: Any,
+    dataset: Iterable[Any],
+    *,
+    min_lr: float = 1e-7,
+    max_lr: float = 10.0,
+    steps: int = 100,
+    train_step: Callable[[Any, Any], Any] | None = None,
+) -> LRFindResult:
+    """The learning-rate range test (Lightning's `Tuner.lr_find`): loss against an exponentially growing rate.
+
+    Trains a copy of `state` for `steps` optimizer steps, the learning rate
+    growing exponentially from `min_lr` to `max_lr`, and stops early once the
+    loss diverges: not finite, or its smoothed value above 4 times its lowest
+    (a loss assumed positive). `state` is left as it was, bit for bit, also
+    under a strategy that donates its buffers (`jit_donate`). The rate is set
+    through `optax.inject_hyperparams`: the state's `tx` must hold a constant
+    `learning_rate` hyperparameter (`optax.inject_hyperparams(optax.adam)(
+    learning_rate=1e-3)`). Under `accumulate_steps` each rate runs one
+    optimizer step's micro-batches. A `dataset` that ends is started again; a
+    one-shot iterator that ends ends the sweep.
+
+    Args:
+        state: a `ciclo.types.ModelState` or `managed.ManagedState`.
+        dataset: the training batches.
+        min_lr: the first rate tried.
+        max_lr: the last rate tried, if the loss has not diverged before.
+        steps: how many rates to try (optimizer steps).
+        train_step: the step to run, `(state, batch) -> (logs, state)` with the
+            loss in the `losses` collection (a `managed.train_step`); default:
+            the state's `train_step` method.
+
+    Returns:
+        The rates, raw and smoothed losses and suggested rate (`ciclo.types.LRFindResult`).
+
+    Raises:
+        ValueError: for `min_lr >= max_lr`, a bound that is not a positive
+            number, `steps < 2`, a `tx` without an injected learning rate (or
+            with several, or a schedule), or a step that logs no loss.
+        TypeError: for a state that is not a managed state, or has no step.
+
+    Example:
+        >>> import ciclo, jax.numpy as jnp, optax
+        >>> from ciclo import managed
+        >>> @managed.train_step
+        ... def train_step(state, batch):
+        ...     x, y = batch
+        ...     return ciclo.logs().add_loss("mse", jnp.mean((x @ state.params - y) ** 2)), state
+        >>> tx = optax.inject_hyperparams(optax.sgd)(learning_rate=0.1)
+        >>> state = managed.ManagedState.create(params=jnp.zeros(2), tx=tx)
+        >>> batch = (jnp.array([[1.0, 0.0], [0.0, 1.0]]), jnp.array([1.0, -1.0]))
+        >>> result = ciclo.lr_find(state, [batch], min_lr=1e-3, max_lr=100.0, steps=30, train_step=train_step)
+        >>> result.diverged, 1e-3 < result.suggestion < 100.0, float(state.params[0])
+        (True, True, 0.0)
+    """
+    _check_arguments(min_lr, max_lr, steps)
+    step = _step_of(state, train_step)
+    _check_injected(state)
+    rates = np.geomspace(min_lr, max_lr, steps)
+    micro_batches = state.options.accumulate_steps
+    batches = _batches(dataset)
+    current = copied(state)  # the steps may donate their input: the caller's state stays whole
+    tried: list[float] = []
+    losses: list[float] = []
+    smoothed: list[float] = []
+    average, diverged = 0.0, False
+    for rate in rates:
+        current = current.replace(opt_state=with_learning_rate(current.opt_state, float(rate)))
+        total, taken = 0.0, 0
+        for batch in batches:
+            logs, current = as_logs_and_state(step, current, batch)
+            total += _total_loss(logs, step)
+            taken += 1
+            if taken == micro_batches:
+                break
+        if taken < micro_batches:
+            if not tried:
+                raise ValueError(f"ciclo.lr_find: the dataset {short(dataset)} gave no batch to train on")
+            break
+        used = _rate_used(current)
+        if not math.isclose(used, rate, rel_tol=1e-5):
+            raise ValueError(
+                f"ciclo.lr_find set the learning rate to {rate:.6g} and the optimizer used {used:.6g}: "
+                "its injected learning_rate is a schedule, which inject_hyperparams recomputes at each "
+                "step. Run the test with a constant rate, tx=optax.inject_hyperparams(optax.adam)("
+                "learning_rate=1e-3), then build the schedule around the rate found"
+            )
+        loss = total / micro_batches
+        average = SMOOTHING * average + (1 - SMOOTHING) * loss
+        tried.append(float(rate))
+        losses.append(loss)
+        smoothed.append(average / (1 - SMOOTHING ** len(tried)))
+        best = min(smoothed)
+        if not math.isfinite(loss) or (len(tried) > 1 and best > 0 and smoothed[-1] > DIVERGENCE * best):
+            diverged = True
+            break
+    rates_tried, smoothed_losses = np.array(tried), np.array(smoothed)
+    return LRFindResult(
+        rates=rates_tried,
+        losses=np.array(losses),
+        smoothed=smoothed_losses,
+        suggestion=suggest(rates_tried, smoothed_losses, skip_begin=steps // 10),
+        diverged=diverged,
+    )
