@@ -146,6 +146,25 @@ class Every(ScheduleBase):
         self._last, self._last_result = current, fired
         return fired
 
+    def step_boundary(self) -> tuple[int, int] | None:
+        """`(interval, offset)` in steps when this schedule counts steps alone, else None.
+
+        The loop engine checks such a schedule on its step counter, with no `Elapsed` built.
+
+        Example:
+            >>> import ciclo
+            >>> ciclo.every(4).step_boundary(), ciclo.every(samples=4).step_boundary()
+            ((4, 0), None)
+        """
+        period, offset = self.period, self.offset
+        if not _steps_only(period) or (offset is not None and not _steps_only(offset)):
+            return None
+        return period.steps, 0 if offset is None else offset.steps  # type: ignore[return-value]
+
+
+def _steps_only(period: Period) -> bool:
+    return period.steps is not None and period == Period(steps=period.steps)
+
 
 def every(
     steps: int | None = None,

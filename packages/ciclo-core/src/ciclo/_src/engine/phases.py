@@ -77,24 +77,6 @@ class _Task:
             self.due = next_boundary(steps if self.after_step else steps - 1, *self.boundary)
 
 
-def _steps_boundary(schedule: Any) -> tuple[int, int] | None:
-    """`(period, offset)` of an `Every` in steps alone, else None."""
-    if type(schedule) is not Every or not _steps_only(schedule.period):
-        return None
-    offset = schedule.offset
-    if offset is not None and not _steps_only(offset):
-        return None
-    return schedule.period.steps, (0 if offset is None else offset.steps)  # type: ignore[return-value]
-
-
-def _steps_only(period: Period) -> bool:
-    return period.steps is not None and period == Period(steps=period.steps)
-
-
-def _fires_every_step(schedule: Any) -> bool:
-    return type(schedule) is Every and schedule.period.steps == 1 and schedule.offset is None
-
-
 def _compile_phase(phase: Phase) -> list[_Task]:
     if not isinstance(phase, Phase):
         raise TypeError(f"phases must be ciclo.types.Phase objects, got {short(phase)}")
@@ -121,10 +103,10 @@ def _compile_phase(phase: Phase) -> list[_Task]:
             continue
         after = type(schedule) is AtStepEnd
         inner = schedule.schedule if after else schedule
-        if _fires_every_step(inner) and not after:
-            tasks.append(_Task(None, after, compiled))
+        boundary = inner.step_boundary() if type(inner) is Every else None
+        if boundary == (1, 0) and not after and inner.offset is None:
+            tasks.append(_Task(None, after, compiled))  # every step: no schedule to check
             continue
-        boundary = _steps_boundary(inner)
         tasks.append(_Task(inner if boundary is None else None, after, compiled, boundary))
     return tasks
 
