@@ -7,7 +7,7 @@ import functools
 import inspect
 import json
 from collections.abc import Callable, Mapping
-from typing import Any, Generic, Self, TypeVar, cast, final, overload
+from typing import Any, Generic, NamedTuple, Self, TypeVar, cast, final, overload
 
 import jax
 import jax.numpy as jnp
@@ -16,6 +16,7 @@ import optax
 from typing_extensions import dataclass_transform
 
 from ciclo._src.base.batches import is_stacked
+from ciclo._src.base.checks import RecompileWarning, warn
 from ciclo._src.base.reprs import short
 from ciclo._src.base.roles import Role, field, fields_with_role, params_field, roles
 from ciclo._src.data.fused import as_logs_and_state, scan_steps
@@ -538,9 +539,29 @@ class ManagedStep(Generic[S]):
     strategy: the state's own (`state.strategy`) when it has one, else the one
     given to the decorator, else `"jit"`. Defined in a class body, it binds
     like a method: `state.train_step(batch)`.
+
+    Each compile traces the step (its Python function runs), a warm one from
+    jax's persistent cache included: `compiles` counts them. A compile after
+    the first under a strategy, for inputs that differ from the first's (a
+    smaller last batch, a Python scalar in the state, a static field that
+    changed), warns once per change with a `ciclo.types.RecompileWarning`
+    naming the step, both shapes and the usual fix; silence it with
+    `warnings.filterwarnings("ignore", category=ciclo.types.RecompileWarning)`.
+    Nothing of it runs at a step that does not compile.
     """
 
-    __slots__ = ("__name__", "__wrapped__", "_cache", "_compiled", "_default", "_fused", "_update")
+    __slots__ = (
+        "__name__",
+        "__wrapped__",
+        "_cache",
+        "_compiled",
+        "_compiles",
+        "_default",
+        "_first",
+        "_fused",
+        "_update",
+        "_warned",
+    )
 
     def __init__(self, fn: StepBody, strategy: str | Strategy | None, *, update: bool) -> None:
         self.__wrapped__ = fn
@@ -550,6 +571,9 @@ class ManagedStep(Generic[S]):
         self._compiled: dict[Strategy, Callable[[Any, Any], tuple[Logs, Any]]] = {}
         self._fused: dict[Strategy, Callable[[Any, Any], tuple[Logs, Any]]] = {}
         self._cache: tuple[Strategy | None, Callable[[Any, Any], tuple[Logs, Any]] | None] = (None, None)
+        self._compiles = 0
+        self._first: dict[Strategy, _Inputs] = {}  # what each strategy's first compile was for
+        self._warned: set[str] = set()  # the changes warned about
 
     def __repr__(self) -> str:
         kind = "train_step" if self._update else "step"
@@ -580,23 +604,104 @@ class ManagedStep(Generic[S]):
             self._cache = (strategy, compiled)
         return compiled(state, strategy.lift_batch(batch))
 
-    def _compile(
-        self, strategy: Strategy, state: Any, *, fused: bool
-    ) -> Callable[[Any, Any], tuple[Logs, Any]]:
+    @property
+    def compiles(self) -> int:
+        """How many times this step was compiled (traced), under every strategy; 0 before its first call.
+
+        Example:
+            >>> import ciclo, jax.numpy as jnp, optax
+            >>> from ciclo import managed
+            >>> @managed.step
+            ... def test_step(state, batch):
+            ...     return ciclo.logs().add_metric("sum", batch.sum()), state
+            >>> state = managed.ManagedState.create(params=jnp.zeros(()), tx=optax.sgd(0.1))
+            >>> for batch in [jnp.ones(4), jnp.ones(4), jnp.zeros(4)]:
+            ...     _ = test_step(state, batch)
+            >>> test_step.compiles
+            1
+        """
+        return self._compiles
+
+    def flops(self, state: Any, batch: Any) -> float | None:
+        """The floating-point operations of one step on `state` and `batch`, from XLA's cost analysis.
+
+        The step is lowered (traced, not compiled) for the abstract shapes of
+        `state` and `batch` (one step's batch of a `ciclo.types.Stacked`
+        group) and its whole-program count read: under a strategy that shards
+        the step over devices, the count of all of them together. None under a
+        strategy that runs one program per device (`pmap`), or when XLA gives
+        no count. It runs the step's Python function once, as a compile does.
+
+        Example:
+            >>> import ciclo, jax.numpy as jnp, optax
+            >>> from ciclo import managed
+            >>> @managed.step
+            ... def test_step(state, batch):
+            ...     return ciclo.logs().add_metric("y", (batch @ state.params).sum()), state
+            >>> state = managed.ManagedState.create(params=jnp.ones((8, 4)), tx=optax.sgd(0.1))
+            >>> test_step.flops(state, jnp.ones((32, 8))) > 2 * 32 * 8 * 4 - 1  # the matmul's multiply-adds
+            True
+        """
+        strategy = state.strategy if isinstance(state, AbstractManagedState) else self._default
+        if isinstance(strategy, DeviceReductions):
+            return None
+        if is_stacked(batch):
+            batch = jax.tree.map(lambda leaf: _abstract_array(leaf, stacked=True), batch.batches)
+        else:
+            batch = jax.tree.map(_abstract_array, batch)
+        state = jax.tree.map(_abstract_array, state)
+        body = self._body(strategy, state)
+        cost = jax.jit(body).lower(state, batch).cost_analysis()
+        # An older jax gives one dict per program, a newer one dict.
+        if isinstance(cost, (list, tuple)):
+            cost = cost[0] if cost else None
+        flops = None if cost is None else cost.get("flops")
+        return None if flops is None or flops <= 0 else float(flops)
+
+    def _body(self, strategy: Strategy, state: Any) -> Callable[[Any, Any], tuple[Logs, Any]]:
         # Asked once per compiled step: only strategies that run one program per device reduce in it.
         reductions = strategy if isinstance(strategy, DeviceReductions) else None
         if self._update:
-            body = _train_body(self.__wrapped__, reductions, _check_trainable(state))
-        else:
-            body = _body(self.__wrapped__, reductions)
+            return _train_body(self.__wrapped__, reductions, _check_trainable(state))
+        return _body(self.__wrapped__, reductions)
+
+    def _compile(
+        self, strategy: Strategy, state: Any, *, fused: bool
+    ) -> Callable[[Any, Any], tuple[Logs, Any]]:
+        body = self._body(strategy, state)
         # Only training consumes the state: the state an evaluation reads stays valid, since a train
         # loop trains on from it after a test pass.
         donate = self._update
         if fused:
-            return strategy.compile(
-                lambda state, stacked: scan_steps(body, state, stacked.batches), donate=donate
-            )
-        return strategy.compile(body, donate=donate)
+
+            def run_fused(state: Any, stacked: Any) -> tuple[Logs, Any]:
+                self._traced(strategy, _inputs(state, stacked.batches, stacked=True))
+                return scan_steps(body, state, stacked.batches)
+
+            return strategy.compile(run_fused, donate=donate)
+
+        def run(state: Any, batch: Any) -> tuple[Logs, Any]:
+            self._traced(strategy, _inputs(state, batch, stacked=False))
+            return body(state, batch)
+
+        return strategy.compile(run, donate=donate)
+
+    def _traced(self, strategy: Strategy, inputs: _Inputs) -> None:
+        """Counts a compile (jax traces the step only to compile it); warns of what changed since the first."""
+        self._compiles += 1
+        first = self._first.setdefault(strategy, inputs)
+        if first is inputs:
+            return
+        changed = _changes(first, inputs)
+        if changed is None or changed[0] in self._warned:
+            return
+        change, fix = changed
+        self._warned.add(change)
+        warn(
+            f"{self!r} compiled again (compile {self._compiles}) under {strategy!r}, for {change}. Each "
+            f"new program takes a compile (seconds to minutes on an accelerator). {fix}.",
+            RecompileWarning,
+        )
 
 
 @overload
@@ -775,3 +880,98 @@ def _finish(logs: Logs, state: Any, reductions: DeviceReductions | None) -> tupl
             else:
                 values[name] = computed
     return (lowered if reductions is None else reductions.reduce_logs(lowered)), state
+
+
+_BATCH_FIX = (
+    "If the last batch of an epoch is smaller, drop it (drop_remainder=True where the batches are made) "
+    "or pad it to the full size and mask the padding"
+)
+_SCALAR_FIX = (
+    "Keep Python scalars out of the state: jax compiles a Python number as a weakly typed value and the "
+    "step's result as a strongly typed one, so the next step compiles again; store it as an array, "
+    "e.g. jnp.asarray(value, jnp.float32)"
+)
+_STATE_FIX = "Return the state with the shapes and dtypes it came in with"
+_STATIC_FIX = (
+    "A static field is compiled into the program: hold a value that changes during training in an "
+    "array field"
+)
+
+
+class _Inputs(NamedTuple):
+    """What a compile was for: the trees of the batch (one step's) and of the state, their leaves' types."""
+
+    batch_tree: Any
+    batch: tuple[tuple[str, tuple[tuple[int, ...], Any, bool]], ...]
+    state_tree: Any
+    state: tuple[tuple[str, tuple[tuple[int, ...], Any, bool]], ...]
+    static: dict[str, Any]
+
+
+def _leaf_types(tree: Any, *, stacked: bool) -> tuple[Any, tuple[tuple[str, Any], ...]]:
+    leaves, treedef = jax.tree_util.tree_flatten_with_path(tree)
+    types = []
+    for path, leaf in leaves:
+        aval = jax.typeof(leaf)
+        shape = tuple(aval.shape)
+        types.append(
+            (jax.tree_util.keystr(path), (shape[1:] if stacked else shape, aval.dtype, bool(aval.weak_type)))
+        )
+    return treedef, tuple(types)
+
+
+def _inputs(state: Any, batch: Any, *, stacked: bool) -> _Inputs:
+    """The `_Inputs` of a step being traced: `batch` is stacked along a leading axis when `stacked`."""
+    batch_tree, batch_types = _leaf_types(batch, stacked=stacked)
+    state_tree, state_types = _leaf_types(state, stacked=False)
+    static = {}
+    if dataclasses.is_dataclass(state) and not isinstance(state, type):
+        static = {f.name: getattr(state, f.name) for f in dataclasses.fields(state) if f.metadata.get("static")}
+    return _Inputs(batch_tree, batch_types, state_tree, state_types, static)
+
+
+def _describe(leaf_type: tuple[tuple[int, ...], Any, bool]) -> str:
+    shape, dtype, weak = leaf_type
+    return f"{shape} {dtype}{' (weak: a Python scalar)' if weak else ''}"
+
+
+def _changes(first: _Inputs, now: _Inputs) -> tuple[str, str] | None:
+    """What differs between two compiles' inputs, and the fixes; None when jax sees what ciclo does not."""
+    changes: list[str] = []
+    fixes: list[str] = []
+    for name, tree0, tree, types0, types, fix in (
+        ("batch", first.batch_tree, now.batch_tree, first.batch, now.batch, _BATCH_FIX),
+        ("state", first.state_tree, now.state_tree, first.state, now.state, _STATE_FIX),
+    ):
+        if tree != tree0:
+            if name == "state" and now.static.keys() == first.static.keys():
+                moved = [key for key in now.static if now.static[key] != first.static[key]]
+                for key in moved:
+                    changes.append(
+                        f"static field state.{key} {short(now.static[key])}, first compiled for "
+                        f"{short(first.static[key])}"
+                    )
+                if moved:
+                    fixes.append(_STATIC_FIX)
+                    continue
+            changes.append(f"the {name}'s structure {short(tree)}, first compiled for {short(tree0)}")
+            fixes.append(fix)
+            continue
+        for (path, leaf), (_, leaf0) in zip(types, types0, strict=True):
+            if leaf == leaf0:
+                continue
+            changes.append(f"inputs {name}{path} {_describe(leaf)}, first compiled for {_describe(leaf0)}")
+            scalar = leaf[:2] == leaf0[:2] and leaf0[2]  # only the weak type went
+            fixes.append(_SCALAR_FIX if scalar else fix)
+    if not changes:
+        return None  # a new group size of a Stacked batch, a sharding, or jax's cache evicting the program
+    return "; ".join(changes), ". ".join(dict.fromkeys(fixes))
+
+
+def _abstract_array(leaf: Any, stacked: bool = False) -> Any:
+    """An array leaf as a `jax.ShapeDtypeStruct` (one step's, of a stacked batch); any other leaf as it is."""
+    if isinstance(leaf, jax.Array) and not stacked:
+        return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=leaf.sharding, weak_type=leaf.weak_type)
+    if isinstance(leaf, (jax.Array, np.ndarray, np.generic)):
+        return jax.ShapeDtypeStruct(leaf.shape[1:] if stacked else leaf.shape, leaf.dtype)
+    return leaf
