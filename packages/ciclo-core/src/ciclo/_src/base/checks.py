@@ -39,21 +39,21 @@ class DataWarning(UserWarning):
 class RecompileWarning(UserWarning):
     """A managed step compiled again, for inputs that differ from its first compile's.
 
-    Warned once per change (see `managed.ManagedStep`); silence it with
+    Warned by `train_loop` once per change (see `managed.ManagedStep`);
+    silence it with
     `warnings.filterwarnings("ignore", category=ciclo.types.RecompileWarning)`.
 
     Example:
         >>> import ciclo, jax.numpy as jnp, optax, warnings
         >>> from ciclo import managed
-        >>> @managed.step
-        ... def test_step(state, batch):
-        ...     return ciclo.logs().add_metric("sum", batch.sum()), state
-        >>> state = managed.ManagedState.create(params=jnp.zeros(()), tx=optax.sgd(0.1))
+        >>> @managed.train_step
+        ... def train_step(state, batch):
+        ...     return ciclo.logs().add_loss("loss", (batch * state.params).sum() ** 2), state
+        >>> state = managed.ManagedState.create(params=jnp.ones(()), tx=optax.sgd(0.1))
         >>> with warnings.catch_warnings(record=True) as caught:
         ...     warnings.simplefilter("always")
-        ...     for batch in [jnp.ones(4), jnp.ones(4), jnp.ones(3)]:
-        ...         _ = test_step(state, batch)
-        >>> [type(w.message).__name__ for w in caught], test_step.compiles
+        ...     _ = ciclo.train_loop(state, [jnp.ones(4), jnp.ones(3)], {ciclo.on_train_step: [train_step]})
+        >>> [type(w.message).__name__ for w in caught], train_step.compiles
         (['RecompileWarning'], 2)
     """
 

@@ -541,11 +541,12 @@ class ManagedStep(Generic[S]):
     like a method: `state.train_step(batch)`.
 
     Each compile traces the step (its Python function runs), a warm one from
-    jax's persistent cache included: `compiles` counts them. A compile after
-    the first under a strategy, for inputs that differ from the first's (a
-    smaller last batch, a Python scalar in the state, a static field that
-    changed), warns once per change with a `ciclo.types.RecompileWarning`
-    naming the step, both shapes and the usual fix; silence it with
+    jax's persistent cache included: `compiles` counts them. While a
+    `train_loop` runs it (`watch_recompiles`), a compile after the loop's
+    first, for inputs that differ from the first's (a smaller last batch, a
+    Python scalar in the state, a static field that changed), warns once per
+    change with a `ciclo.types.RecompileWarning` naming the step, both shapes
+    and the usual fix; silence it with
     `warnings.filterwarnings("ignore", category=ciclo.types.RecompileWarning)`.
     Nothing of it runs at a step that does not compile.
     """
@@ -561,6 +562,7 @@ class ManagedStep(Generic[S]):
         "_fused",
         "_update",
         "_warned",
+        "_watching",
     )
 
     def __init__(self, fn: StepBody, strategy: str | Strategy | None, *, update: bool) -> None:
@@ -574,6 +576,7 @@ class ManagedStep(Generic[S]):
         self._compiles = 0
         self._first: dict[Strategy, _Inputs] = {}  # what each strategy's first compile was for
         self._warned: set[str] = set()  # the changes warned about
+        self._watching = False  # whether a loop watches for recompiles
 
     def __repr__(self) -> str:
         kind = "train_step" if self._update else "step"
@@ -686,9 +689,16 @@ class ManagedStep(Generic[S]):
 
         return strategy.compile(run, donate=donate)
 
+    def watch_recompiles(self, on: bool) -> None:
+        """Starts (afresh: the next compile is the first) or stops warning of recompiles; `train_loop` calls it."""
+        self._watching = on
+        self._first, self._warned = {}, set()
+
     def _traced(self, strategy: Strategy, inputs: _Inputs) -> None:
         """Counts a compile (jax traces the step only to compile it); warns of what changed since the first."""
         self._compiles += 1
+        if not self._watching:
+            return
         first = self._first.setdefault(strategy, inputs)
         if first is inputs:
             return
