@@ -560,6 +560,7 @@ class ManagedStep(Generic[S]):
         "_default",
         "_first",
         "_fused",
+        "_analysing",
         "_update",
         "_warned",
         "_watching",
@@ -577,6 +578,7 @@ class ManagedStep(Generic[S]):
         self._first: dict[Strategy, _Inputs] = {}  # what each strategy's first compile was for
         self._warned: set[str] = set()  # the changes warned about
         self._watching = False  # whether a loop watches for recompiles
+        self._analysing = False  # whether `flops` is lowering the step
 
     def __repr__(self) -> str:
         kind = "train_step" if self._update else "step"
@@ -628,12 +630,15 @@ class ManagedStep(Generic[S]):
     def flops(self, state: Any, batch: Any) -> float | None:
         """The floating-point operations of one step on `state` and `batch`, from XLA's cost analysis.
 
-        The step is lowered (traced, not compiled) for the abstract shapes of
-        `state` and `batch` (one step's batch of a `ciclo.types.Stacked`
-        group) and its whole-program count read: under a strategy that shards
-        the step over devices, the count of all of them together. None under a
-        strategy that runs one program per device (`pmap`), or when XLA gives
-        no count. It runs the step's Python function once, as a compile does.
+        The count is that of the program this step compiled for `state`'s
+        strategy and one batch shaped as `batch` (one step's batch of a
+        `ciclo.types.Stacked` group), read from the program jax keeps (under
+        `"jit"` and the mesh strategies, as the step already compiled it: no
+        new compile), else from the step compiled once more, apart. Under a
+        strategy that shards the step over devices, it is the count of the
+        whole program. None under a strategy that runs one program per device
+        (`pmap`), or when XLA gives no count. Reading it is not counted in
+        `compiles`.
 
         Example:
             >>> import ciclo, jax.numpy as jnp, optax
@@ -649,12 +654,17 @@ class ManagedStep(Generic[S]):
         if isinstance(strategy, DeviceReductions):
             return None
         if is_stacked(batch):
-            batch = jax.tree.map(lambda leaf: _abstract_array(leaf, stacked=True), batch.batches)
+            batch = jax.tree.map(_one_step, batch.batches)
         else:
-            batch = jax.tree.map(_abstract_array, batch)
-        state = jax.tree.map(_abstract_array, state)
-        body = self._body(strategy, state)
-        cost = jax.jit(body).lower(state, batch).cost_analysis()
+            batch = strategy.lift_batch(batch)  # as the step was called: jax finds the program it compiled
+        program = self._compiled.get(strategy)
+        if not isinstance(program, jax.stages.Wrapped):  # eager, or a program behind a wrapper
+            program = jax.jit(self._body(strategy, state))
+        self._analysing = True  # a trace here compiles nothing the loop runs
+        try:
+            cost = program.lower(state, batch).compile().cost_analysis()
+        finally:
+            self._analysing = False
         # An older jax gives one dict per program, a newer one dict.
         if isinstance(cost, (list, tuple)):
             cost = cost[0] if cost else None
@@ -696,6 +706,8 @@ class ManagedStep(Generic[S]):
 
     def _traced(self, strategy: Strategy, inputs: _Inputs) -> None:
         """Counts a compile (jax traces the step only to compile it); warns of what changed since the first."""
+        if self._analysing:
+            return
         self._compiles += 1
         if not self._watching:
             return
@@ -978,10 +990,6 @@ def _changes(first: _Inputs, now: _Inputs) -> tuple[str, str] | None:
     return "; ".join(changes), ". ".join(dict.fromkeys(fixes))
 
 
-def _abstract_array(leaf: Any, stacked: bool = False) -> Any:
-    """An array leaf as a `jax.ShapeDtypeStruct` (one step's, of a stacked batch); any other leaf as it is."""
-    if isinstance(leaf, jax.Array) and not stacked:
-        return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=leaf.sharding, weak_type=leaf.weak_type)
-    if isinstance(leaf, (jax.Array, np.ndarray, np.generic)):
-        return jax.ShapeDtypeStruct(leaf.shape[1:] if stacked else leaf.shape, leaf.dtype)
-    return leaf
+def _one_step(leaf: Any) -> Any:
+    """A leaf of a `Stacked` group's batches as one step's `jax.ShapeDtypeStruct` (the leading axis gone)."""
+    return jax.ShapeDtypeStruct(np.shape(leaf)[1:], leaf.dtype)
