@@ -57,6 +57,9 @@ class CompileCount(Callback):
             count += step.compiles
         if count == self._logged:
             return NO_LOGS, loop_state.state
+        if self._logged < 0:  # the loop's first step: what a later compile is compared with
+            for step in self._steps:
+                step.ran_first(loop_state.state, loop_state.batch)
         self._logged = count
         return Logs().add_entry(COLLECTION, ENTRY, count), loop_state.state
 

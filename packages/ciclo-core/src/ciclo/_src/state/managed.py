@@ -710,6 +710,17 @@ class ManagedStep(Generic[S]):
         self._watching = on
         self._first, self._warned = {}, set()
 
+    def ran_first(self, state: Any, batch: Any) -> None:
+        """Takes the inputs of a loop's first step as the first compile's, when that step compiled nothing.
+
+        A loop's first step may run a program compiled before the loop (by an
+        earlier loop): later compiles are compared with the inputs it ran on.
+        """
+        strategy = state.strategy if isinstance(state, AbstractManagedState) else self._default
+        if strategy not in self._first:
+            stacked = is_stacked(batch)
+            self._first[strategy] = _inputs(state, batch.batches if stacked else batch, stacked=stacked)
+
     def _traced(self, strategy: Strategy, inputs: _Inputs) -> None:
         """Counts a compile (jax traces the step only to compile it); warns of what changed since the first."""
         if self._analysing:
