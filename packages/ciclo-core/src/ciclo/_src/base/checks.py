@@ -59,7 +59,7 @@ class RecompileWarning(UserWarning):
 
 
 def warn(message: str, category: type[Warning] = UserWarning) -> None:
-    """`warnings.warn`, pointing at the user's line: the first frame outside ciclo and jax (a loop's caller)."""
+    """`warnings.warn`, pointing at the user's line: the first frame outside ciclo and jax."""
     stacklevel, frame = 1, sys._getframe()
     while frame.f_back is not None and frame.f_code.co_filename.startswith(_SKIPPED):
         stacklevel, frame = stacklevel + 1, frame.f_back

@@ -35,7 +35,7 @@ FLOPS_PER_SECOND = "flops_per_second"
 """The name of the logged floating-point operations per second (in `metrics`)."""
 
 MFU = "mfu"
-"""The name of the logged model FLOPs utilisation: `flops_per_second` over the devices' peak (in `metrics`)."""
+"""The name of the logged model FLOPs utilisation, `flops_per_second` over the peak (in `metrics`)."""
 
 PEAK_FLOPS: Final[Mapping[str, float]] = {
     # NVIDIA datasheets (H100 and H200: SXM; A100: SXM and PCIe), bf16 tensor cores without sparsity.
@@ -53,7 +53,7 @@ PEAK_FLOPS: Final[Mapping[str, float]] = {
     "TPU v5": 459e12,
     "TPU v6 lite": 918e12,
 }
-"""The dense bf16 peak FLOP/s of one chip, by `jax.Device.device_kind`: what `throughput` divides by for `mfu`."""
+"""The dense bf16 peak FLOP/s of one chip by `jax.Device.device_kind`, for `throughput`'s `mfu`."""
 
 
 def _check_peak(peak_flops: float | None) -> float | None:
@@ -163,7 +163,7 @@ class Throughput(Callback):
         self._read = False
 
     def _read_flops(self, state: Any, batch: Any) -> tuple[float, float | None] | None:
-        """The FLOPs of one step (all the managed steps together) and the peak, from the steps' cost analysis."""
+        """The FLOPs of one step (of all the managed steps) and the peak of the devices, once per loop."""
         if not self._steps:
             return None
         counts = [step.flops(state, batch) for step in self._steps]

@@ -685,28 +685,19 @@ class ManagedStep(Generic[S]):
         # Only training consumes the state: the state an evaluation reads stays valid, since a train
         # loop trains on from it after a test pass.
         donate = self._update
-        if fused:
+        step = _fused(body) if fused else body
 
-            def step(state: Any, stacked: Any) -> tuple[Logs, Any]:
-                return scan_steps(body, state, stacked.batches)
-
-            def run(state: Any, stacked: Any) -> tuple[Logs, Any]:
-                self._traced(strategy, _inputs(state, stacked.batches, stacked=True))
-                return step(state, stacked)
-
-        else:
-            step = body
-
-            def run(state: Any, batch: Any) -> tuple[Logs, Any]:
-                self._traced(strategy, _inputs(state, batch, stacked=False))
-                return body(state, batch)
+        def run(state: Any, batch: Any) -> tuple[Logs, Any]:
+            steps = batch.batches if fused else batch
+            self._traced(strategy, _inputs(state, steps, stacked=fused))
+            return step(state, batch)
 
         compiled = strategy.compile(run, donate=donate)
         # A strategy that runs the step as it is (eager) compiles nothing: no compile to count.
         return step if compiled is run else compiled
 
     def watch_recompiles(self, on: bool) -> None:
-        """Starts (afresh: the next compile is the first) or stops warning of recompiles; `train_loop` calls it."""
+        """Starts (afresh: the next compile is the first) or stops warning of recompiles (`train_loop`)."""
         self._watching = on
         self._first, self._warned = {}, set()
 
@@ -722,7 +713,7 @@ class ManagedStep(Generic[S]):
             self._first[strategy] = _inputs(state, batch.batches if stacked else batch, stacked=stacked)
 
     def _traced(self, strategy: Strategy, inputs: _Inputs) -> None:
-        """Counts a compile (jax traces the step only to compile it); warns of what changed since the first."""
+        """Counts a compile (jax traces the step only to compile it); warns of what changed."""
         if self._analysing:
             return
         self._compiles += 1
@@ -932,8 +923,7 @@ _SCALAR_FIX = (
 )
 _STATE_FIX = "Return the state with the shapes and dtypes it came in with"
 _STATIC_FIX = (
-    "A static field is compiled into the program: hold a value that changes during training in an "
-    "array field"
+    "A static field is compiled into the program: hold a value that changes during training in an array field"
 )
 
 
@@ -965,7 +955,9 @@ def _inputs(state: Any, batch: Any, *, stacked: bool) -> _Inputs:
     state_tree, state_types = _leaf_types(state, stacked=False)
     static = {}
     if dataclasses.is_dataclass(state) and not isinstance(state, type):
-        static = {f.name: getattr(state, f.name) for f in dataclasses.fields(state) if f.metadata.get("static")}
+        static = {
+            f.name: getattr(state, f.name) for f in dataclasses.fields(state) if f.metadata.get("static")
+        }
     return _Inputs(batch_tree, batch_types, state_tree, state_types, static)
 
 
@@ -1007,6 +999,11 @@ def _changes(first: _Inputs, now: _Inputs) -> tuple[str, str] | None:
     return "; ".join(changes), ". ".join(dict.fromkeys(fixes))
 
 
+def _fused(body: Callable[[Any, Any], tuple[Logs, Any]]) -> Callable[[Any, Any], tuple[Logs, Any]]:
+    """`body` over each step of a `ciclo.types.Stacked` batch, in one `jax.lax.scan`."""
+    return lambda state, stacked: scan_steps(body, state, stacked.batches)
+
+
 def _one_step(leaf: Any) -> Any:
     """A leaf of a `Stacked` group's batches as one step's `jax.ShapeDtypeStruct` (the leading axis gone)."""
-    return jax.ShapeDtypeStruct(np.shape(leaf)[1:], leaf.dtype)
+    return jax.ShapeDtypeStruct(np.shape(leaf)[1:], leaf.dtype)  # type: ignore[no-untyped-call]
