@@ -455,3 +455,29 @@ def test_steps_called_by_hand_count_compiles_without_warning() -> None:
         for size in (4, 4, 3):
             test_step(state, jnp.ones(size))
     assert test_step.compiles == 2
+
+
+def test_a_later_loop_compares_with_its_first_step() -> None:
+    import warnings
+
+    @managed.train_step
+    def train_step(state: managed.ManagedState, batch: Any) -> ciclo.types.Logs:
+        x, y = batch
+        return ciclo.logs().add_loss("loss", jnp.mean((x @ state.params - y[:, 0]) ** 2))
+
+    def run(sizes: list[int], tx: optax.GradientTransformation) -> list[Any]:
+        state = managed.ManagedState.create(params=jnp.zeros(training.FEATURES), tx=tx)
+        data = [batch for size in sizes for batch in training.batches(1, batch=size)]
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            ciclo.train_loop(state, data, {ciclo.on_train_step: [train_step]})
+        return [w for w in caught if w.category is ciclo.types.RecompileWarning]
+
+    sgd = optax.sgd(0.1)
+    assert run([32, 32], sgd) == []
+    # The first step runs the program compiled by the loop before: the smaller batch is still named.
+    (warned,) = run([32, 16], sgd)
+    assert "(16, 8) float32, first compiled for (32, 8) float32" in str(warned.message)
+    # A new optimizer compiles anew at the first step of its loop: that is no recompile.
+    assert run([32, 32], optax.adam(0.1)) == []
+    assert train_step.compiles == 3
