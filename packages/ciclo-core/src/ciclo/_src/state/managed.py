@@ -633,8 +633,9 @@ class ManagedStep(Generic[S]):
         The count is that of the program this step compiled for `state`'s
         strategy and one batch shaped as `batch` (one step's batch of a
         `ciclo.types.Stacked` group), read from the program jax keeps (under
-        `"jit"` and the mesh strategies, as the step already compiled it: no
-        new compile), else from the step compiled once more, apart. Under a
+        `"jit"`, and the mesh strategies on accelerators in one process: as the
+        step already compiled it, no new compile), else from the step
+        compiled once more, apart. Under a
         strategy that shards the step over devices, it is the count of the
         whole program. None under a strategy that runs one program per device
         (`pmap`), or when XLA gives no count. Reading it is not counted in
