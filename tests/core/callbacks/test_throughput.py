@@ -292,16 +292,17 @@ def _managed_run(clock: Clock, meter: Any, steps_per_execution: int = 1) -> tupl
         return ciclo.logs().add_loss("loss", jnp.mean(jnp.tanh(batch @ state.params) ** 2)), state
 
     # A matmul of some size: XLA's count before and after its optimisations agree within 1%.
-    state = managed.ManagedState.create(params=jnp.ones((2, 64)), tx=optax.sgd(0.1))
+    state = managed.ManagedState.create(params=jnp.ones((64, 64)), tx=optax.sgd(0.1))
+    data = [np.zeros((8, 64), np.float32)] * 16
     _, history, _ = ciclo.train_loop(
         state,
-        batches(16, size=64),
+        data,
         {ciclo.on_train_step: [train_step, lambda: setattr(clock, "now", clock.now + 0.5)]},
         callbacks=[meter],
         steps_per_execution=steps_per_execution,
     )
     compiles = train_step.compiles
-    one_step = jax.jit(lambda s, b: train_step(s, b)).lower(state, batches(1, size=64)[0]).compile()
+    one_step = jax.jit(lambda s, b: train_step(s, b)).lower(state, data[0]).compile()
     return history, one_step.cost_analysis()["flops"], compiles
 
 

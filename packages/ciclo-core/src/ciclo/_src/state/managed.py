@@ -630,16 +630,16 @@ class ManagedStep(Generic[S]):
     def flops(self, state: Any, batch: Any) -> float | None:
         """The floating-point operations of one step on `state` and `batch`, from XLA's cost analysis.
 
-        The count is that of the program this step compiled for `state`'s
-        strategy and one batch shaped as `batch` (one step's batch of a
-        `ciclo.types.Stacked` group), read from the program jax keeps (under
-        `"jit"`, and the mesh strategies on accelerators in one process: as the
-        step already compiled it, no new compile), else from the step
-        compiled once more, apart. Under a
-        strategy that shards the step over devices, it is the count of the
-        whole program. None under a strategy that runs one program per device
-        (`pmap`), or when XLA gives no count. Reading it is not counted in
-        `compiles`.
+        The step is lowered (traced, not compiled) for `state` and one batch
+        shaped as `batch` (one step's batch of a `ciclo.types.Stacked` group)
+        under `state`'s strategy, and XLA's count of the whole program read,
+        before it is split over devices: under a strategy that shards the step
+        (`data_parallel`, `fsdp`) the model's FLOPs of all devices together,
+        not one device's share nor the work they repeat. Where the step
+        already compiled for such a batch (`"jit"`, a mesh strategy on
+        accelerators in one process), jax finds the trace it made. None under
+        a strategy that runs one program per device (`pmap`), or when XLA
+        gives no count. Reading it is not counted in `compiles`.
 
         Example:
             >>> import ciclo, jax.numpy as jnp, optax
@@ -663,7 +663,7 @@ class ManagedStep(Generic[S]):
             program = jax.jit(self._body(strategy, state))
         self._analysing = True  # a trace here compiles nothing the loop runs
         try:
-            cost = program.lower(state, batch).compile().cost_analysis()
+            cost = program.lower(state, batch).cost_analysis()
         finally:
             self._analysing = False
         # An older jax gives one dict per program, a newer one dict.
