@@ -229,3 +229,26 @@ def test_restore_best_weights_returns_live_weights_under_a_donating_mesh(strateg
     )
     state, expected = training.best_weights_run(state)
     training.assert_trees_close(state.with_strategy("eager").params, expected)
+
+
+def test_flops_count_the_whole_model_under_every_mesh_strategy() -> None:
+    batch = training.batches(1)[0]
+    counts = {}
+    for name in ("jit", "data_parallel", "fsdp", "pmap"):
+        state = training.managed_state("mlp", name)
+        _, state = training.train_step(state, batch)
+        counts[name] = training.train_step.flops(state, batch)
+    # Counted before the program is split over the devices: one device's share would be a quarter.
+    assert counts["jit"] and counts["jit"] > 0
+    assert counts["data_parallel"] == counts["fsdp"] == counts["jit"]
+    assert counts["pmap"] is None  # one program per device: not analysed
+
+
+def test_mfu_divides_by_the_peak_of_every_device_of_the_state() -> None:
+    state = training.managed_state("mlp", "data_parallel")
+    meter = ciclo.throughput(window=2, peak_flops=1e9)
+    _, history, _ = ciclo.train_loop(
+        state, training.batches(5), {ciclo.on_train_step: [training.train_step]}, callbacks=[meter]
+    )
+    per_second, mfu = history.collect("flops_per_second", "mfu")
+    assert mfu and mfu == [value / (1e9 * 4) for value in per_second]
