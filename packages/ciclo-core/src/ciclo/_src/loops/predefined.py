@@ -22,7 +22,6 @@ from ciclo._src.base.elapsed import Elapsed, Period, PeriodLike
 from ciclo._src.base.reprs import short
 from ciclo._src.base.schedules import Every, at_step_end, every
 from ciclo._src.base.types import Evaluable, Predictable, S, Trainable
-from ciclo._src.callbacks._compiles import CompileCount
 from ciclo._src.callbacks._ema import SwapEMAWeights
 from ciclo._src.callbacks._throughput import Throughput
 from ciclo._src.callbacks._training_options import TrainingOptionsWatch
@@ -510,12 +509,9 @@ def train_loop(
     timed = ([auto.before_step], [auto.after_dispatch]) if auto is not None else ([], [])
     step_callbacks = _get(named, train_step, on_train_step)
     _watch_steps(step_callbacks)
-    # The managed training steps' compiles, logged when the count changes (a recompile is also warned).
-    managed_steps = [callback for callback in step_callbacks if isinstance(callback, ManagedStep)]
-    counted = [CompileCount(managed_steps)] if managed_steps else []
     phases = [
         Phase("train_batch_begin", [(every(1), timed[0] + _get(named, on_train_batch_begin))]),
-        Phase("train_step", [(every(1), step_callbacks + counted + timed[1])]),
+        Phase("train_step", [(every(1), step_callbacks + timed[1])]),
         Phase("tasks", scheduled),
     ]
     if epoch is not None:
@@ -556,6 +552,11 @@ def train_loop(
         # The epoch ends after the step that completes it: checked on the counts after the step.
         phases.append(Phase("epoch_end", [(at_step_end(Every(epoch, offset=epoch)), at_epoch_end)]))
     phases.append(Phase("train_batch_end", [(every(1), _get(named, on_train_batch_end))]))
+    # The managed training steps count their compiles in the logs and warn of a recompile while
+    # the loop runs, at no cost to a step that does not compile.
+    watched = [callback for callback in step_callbacks if isinstance(callback, ManagedStep)]
+    for step in watched:
+        step.watch_recompiles(True)
     try:
         return _run(
             "train_loop",
@@ -568,6 +569,8 @@ def train_loop(
             backup_every=epoch,  # by default, a backup at each epoch's end
         )
     finally:
+        for step in watched:
+            step.watch_recompiles(False)
         if prefetched is not None:
             prefetched.close()  # the batches read ahead go back to a source that can take them
 

@@ -7,7 +7,7 @@ import functools
 import inspect
 import json
 from collections.abc import Callable, Mapping
-from typing import Any, Generic, NamedTuple, Self, TypeVar, cast, final, overload
+from typing import Any, Final, Generic, NamedTuple, Self, TypeVar, cast, final, overload
 
 import jax
 import jax.numpy as jnp
@@ -38,6 +38,11 @@ S = TypeVar("S")
 
 StepBody = Callable[[Any, Any], Any]
 """What a managed step wraps: `(state, batch) -> (logs, state)`, `logs`, or `None`."""
+
+COMPILES: Final = ("performance", "compiles")
+"""Where a watched step logs its count of compiles: `(collection, entry)`."""
+
+_OFF, _ARMED, _ON = 0, 1, 2  # a step's watch for recompiles: none, to start at the next call, running
 
 
 def _check_apply_gradients(cls: type[Any]) -> None:
@@ -542,13 +547,14 @@ class ManagedStep(Generic[S]):
 
     Each compile traces the step (its Python function runs), a warm one from
     jax's persistent cache included: `compiles` counts them. While a
-    `train_loop` runs it (`watch_recompiles`), a compile after the loop's
-    first, for inputs that differ from the first's (a smaller last batch, a
-    Python scalar in the state, a static field that changed), warns once per
-    change with a `ciclo.types.RecompileWarning` naming the step, both shapes
-    and the usual fix; silence it with
+    `train_loop` runs it (`watch_recompiles`), a step that compiled logs the
+    count (`performance.compiles`), and a compile for inputs that differ from
+    those of the loop's first step (a smaller last batch, a Python scalar in
+    the state, a static field that changed) warns once per change with a
+    `ciclo.types.RecompileWarning` naming the step, both shapes and the usual
+    fix; silence it with
     `warnings.filterwarnings("ignore", category=ciclo.types.RecompileWarning)`.
-    Nothing of it runs at a step that does not compile.
+    A step that does not compile pays a comparison of two ints for it.
     """
 
     __slots__ = (
@@ -577,7 +583,7 @@ class ManagedStep(Generic[S]):
         self._compiles = 0
         self._first: dict[Strategy, _Inputs] = {}  # what each strategy's first compile was for
         self._warned: set[str] = set()  # the changes warned about
-        self._watching = False  # whether a loop watches for recompiles
+        self._watching = _OFF  # whether a loop watches for recompiles (`watch_recompiles`)
         self._analysing = False  # whether `flops` is lowering the step
 
     def __repr__(self) -> str:
@@ -596,18 +602,25 @@ class ManagedStep(Generic[S]):
     def __call__(self, state: S, batch: Any) -> tuple[Logs, S]:
         """Runs one step, or all steps of a `ciclo.types.Stacked` batch in one dispatch."""
         strategy = state.strategy if isinstance(state, AbstractManagedState) else self._default
+        if self._watching == _ARMED:
+            self._first_inputs(strategy, state, batch)
+        compiles = self._compiles
         if is_stacked(batch):
             compiled = self._fused.get(strategy)
             if compiled is None:
                 compiled = self._fused[strategy] = self._compile(strategy, state, fused=True)
-            return compiled(state, strategy.lift_batch(batch))
-        last, compiled = self._cache
-        if strategy is not last or compiled is None:
-            compiled = self._compiled.get(strategy)
-            if compiled is None:
-                compiled = self._compiled[strategy] = self._compile(strategy, state, fused=False)
-            self._cache = (strategy, compiled)
-        return compiled(state, strategy.lift_batch(batch))
+            logs, state = compiled(state, strategy.lift_batch(batch))
+        else:
+            last, compiled = self._cache
+            if strategy is not last or compiled is None:
+                compiled = self._compiled.get(strategy)
+                if compiled is None:
+                    compiled = self._compiled[strategy] = self._compile(strategy, state, fused=False)
+                self._cache = (strategy, compiled)
+            logs, state = compiled(state, strategy.lift_batch(batch))
+        if self._compiles != compiles and self._watching:
+            logs.add_entry(*COMPILES, self._compiles)  # the step that compiled says so
+        return logs, state
 
     @property
     def compiles(self) -> int:
@@ -698,27 +711,32 @@ class ManagedStep(Generic[S]):
         return step if compiled is run else compiled
 
     def watch_recompiles(self, on: bool) -> None:
-        """Starts (afresh: the next compile is the first) or stops warning of recompiles (`train_loop`)."""
-        self._watching = on
+        """Starts or stops watching for recompiles: `train_loop` watches its managed training steps.
+
+        While watched, the step compares each compile's inputs with those of
+        the first step it runs after this call, warns of a change once
+        (`ciclo.types.RecompileWarning`), and adds the count to the logs of a
+        step that compiled (`performance.compiles`).
+        """
+        self._watching = _ARMED if on else _OFF
         self._first, self._warned = {}, set()
 
-    def ran_first(self, state: Any, batch: Any) -> None:
-        """Takes the inputs of a loop's first step as the first compile's, when that step compiled nothing.
+    def _first_inputs(self, strategy: Strategy, state: Any, batch: Any) -> None:
+        """Takes the inputs of the first step a watch sees as what later compiles are compared with.
 
-        A loop's first step may run a program compiled before the loop (by an
-        earlier loop): later compiles are compared with the inputs it ran on.
+        That step may run a program compiled before (by an earlier loop), which
+        compiles nothing to compare with.
         """
-        strategy = state.strategy if isinstance(state, AbstractManagedState) else self._default
-        if strategy not in self._first:
-            stacked = is_stacked(batch)
-            self._first[strategy] = _inputs(state, batch.batches if stacked else batch, stacked=stacked)
+        self._watching = _ON
+        stacked = is_stacked(batch)
+        self._first[strategy] = _inputs(state, batch.batches if stacked else batch, stacked=stacked)
 
     def _traced(self, strategy: Strategy, inputs: _Inputs) -> None:
         """Counts a compile (jax traces the step only to compile it); warns of what changed."""
         if self._analysing:
             return
         self._compiles += 1
-        if not self._watching:
+        if self._watching == _OFF:
             return
         first = self._first.setdefault(strategy, inputs)
         if first is inputs:
@@ -942,6 +960,9 @@ def _leaf_types(tree: Any, *, stacked: bool) -> tuple[Any, tuple[tuple[str, Any]
     leaves, treedef = jax.tree_util.tree_flatten_with_path(tree)
     types = []
     for path, leaf in leaves:
+        if not isinstance(leaf, _ARRAY_LEAVES):  # what jax cannot trace: its type
+            types.append((jax.tree_util.keystr(path), ((), type(leaf).__name__, False)))
+            continue
         aval = jax.typeof(leaf)
         shape = tuple(aval.shape)
         types.append(
