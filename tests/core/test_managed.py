@@ -388,7 +388,7 @@ def _recompile_run(strategy: str, sizes: list[int], **kwargs: Any) -> tuple[Any,
     return history, train_step, [w for w in caught if w.category is ciclo.types.RecompileWarning]
 
 
-@pytest.mark.parametrize("strategy", ["jit", "data_parallel"])
+@pytest.mark.parametrize("strategy", ["jit", "data_parallel", "pmap"])
 def test_a_smaller_last_batch_warns_once_naming_both_shapes(strategy: str) -> None:
     history, step, warned = _recompile_run(strategy, [32, 32, 16], epoch_duration=3)
     assert len(warned) == 1  # two epochs: the smaller batch compiles once

@@ -602,14 +602,15 @@ class ManagedStep(Generic[S]):
     def __call__(self, state: S, batch: Any) -> tuple[Logs, S]:
         """Runs one step, or all steps of a `ciclo.types.Stacked` batch in one dispatch."""
         strategy = state.strategy if isinstance(state, AbstractManagedState) else self._default
+        lifted = strategy.lift_batch(batch)
         if self._watching == _ARMED:
-            self._first_inputs(strategy, state, batch)
+            self._first_inputs(strategy, state, lifted)
         compiles = self._compiles
         if is_stacked(batch):
             compiled = self._fused.get(strategy)
             if compiled is None:
                 compiled = self._fused[strategy] = self._compile(strategy, state, fused=True)
-            logs, state = compiled(state, strategy.lift_batch(batch))
+            logs, state = compiled(state, lifted)
         else:
             last, compiled = self._cache
             if strategy is not last or compiled is None:
@@ -617,7 +618,7 @@ class ManagedStep(Generic[S]):
                 if compiled is None:
                     compiled = self._compiled[strategy] = self._compile(strategy, state, fused=False)
                 self._cache = (strategy, compiled)
-            logs, state = compiled(state, strategy.lift_batch(batch))
+            logs, state = compiled(state, lifted)
         if self._compiles != compiles and self._watching:
             logs.add_entry(*COMPILES, self._compiles)  # the step that compiled says so
         return logs, state
@@ -728,6 +729,8 @@ class ManagedStep(Generic[S]):
         compiles nothing to compare with.
         """
         self._watching = _ON
+        if isinstance(strategy, DeviceReductions):  # traced per device: the device axis goes
+            state, batch = jax.tree.map(_one_device, (state, batch))
         stacked = is_stacked(batch)
         self._first[strategy] = _inputs(state, batch.batches if stacked else batch, stacked=stacked)
 
@@ -960,7 +963,7 @@ def _leaf_types(tree: Any, *, stacked: bool) -> tuple[Any, tuple[tuple[str, Any]
     leaves, treedef = jax.tree_util.tree_flatten_with_path(tree)
     types = []
     for path, leaf in leaves:
-        if not isinstance(leaf, _ARRAY_LEAVES):  # what jax cannot trace: its type
+        if not isinstance(leaf, (*_ARRAY_LEAVES, jax.ShapeDtypeStruct)):  # what jax cannot trace: its type
             types.append((jax.tree_util.keystr(path), ((), type(leaf).__name__, False)))
             continue
         aval = jax.typeof(leaf)
@@ -1024,6 +1027,14 @@ def _changes(first: _Inputs, now: _Inputs) -> tuple[str, str] | None:
 def _fused(body: Callable[[Any, Any], tuple[Logs, Any]]) -> Callable[[Any, Any], tuple[Logs, Any]]:
     """`body` over each step of a `ciclo.types.Stacked` batch, in one `jax.lax.scan`."""
     return lambda state, stacked: scan_steps(body, state, stacked.batches)
+
+
+def _one_device(leaf: Any) -> Any:
+    """An array leaf laid out with a leading device axis (`pmap`), as one device's program sees it."""
+    if isinstance(leaf, (jax.Array, np.ndarray)) and np.ndim(leaf) > 0:
+        weak = isinstance(leaf, jax.Array) and leaf.weak_type
+        return jax.ShapeDtypeStruct(np.shape(leaf)[1:], leaf.dtype, weak_type=weak)  # type: ignore[no-untyped-call]
+    return leaf
 
 
 def _one_step(leaf: Any) -> Any:
