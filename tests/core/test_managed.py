@@ -364,3 +364,124 @@ def test_a_state_is_frozen_and_keeps_its_defaults_however_it_is_built() -> None:
         rebuilt.step = 1  # type: ignore[misc]
     with pytest.raises(TypeError, match="opt_state"):
         Counted(step=state.step, params=state.params, tx=state.tx)  # type: ignore[call-arg]
+
+
+# --- compiles and recompiles --------------------------------------------------------------------
+
+
+def _recompile_run(strategy: str, sizes: list[int], **kwargs: Any) -> tuple[Any, Any, list[Any]]:
+    """A train_loop on batches of `sizes` rows: its history, its step, and the warnings it gave."""
+    import warnings
+
+    @managed.train_step
+    def train_step(state: managed.ManagedState, batch: Any) -> ciclo.types.Logs:
+        x, y = batch
+        return ciclo.logs().add_loss("loss", jnp.mean((x @ state.params - y[:, 0]) ** 2))
+
+    state = managed.ManagedState.create(
+        params=jnp.zeros(training.FEATURES), tx=optax.sgd(0.1), strategy=strategy
+    )
+    data = [batch for size in sizes for batch in training.batches(1, batch=size)]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _, history, _ = ciclo.train_loop(state, data * 2, {ciclo.on_train_step: [train_step]}, **kwargs)
+    return history, train_step, [w for w in caught if w.category is ciclo.types.RecompileWarning]
+
+
+@pytest.mark.parametrize("strategy", ["jit", "data_parallel", "pmap"])
+def test_a_smaller_last_batch_warns_once_naming_both_shapes(strategy: str) -> None:
+    history, step, warned = _recompile_run(strategy, [32, 32, 16], epoch_duration=3)
+    assert len(warned) == 1  # two epochs: the smaller batch compiles once
+    message = str(warned[0].message)
+    assert message.startswith("managed.train_step(train_step) compiled again (compile 2)")
+    assert "batch[0] (16, 8) float32, first compiled for (32, 8) float32" in message
+    assert "batch[1] (16, 1) float32, first compiled for (32, 1) float32" in message
+    assert "drop_remainder=True" in message
+    assert step.compiles == 2
+    assert history.collect("steps", "performance.compiles") == ([0, 2], [1, 2])
+
+
+@pytest.mark.parametrize("strategy", ["eager", "jit", "fsdp"])
+def test_constant_shapes_warn_of_nothing(strategy: str) -> None:
+    history, step, warned = _recompile_run(strategy, [32, 32, 32], steps_per_execution=4)
+    assert warned == []
+    # Eager compiles nothing; the others a group of 4 steps, then the last 2: a new program, for the
+    # same shapes of a step, which is not warned.
+    assert step.compiles == (0 if strategy == "eager" else 2)
+    if strategy == "eager":
+        assert all("performance" not in entry for entry in history)
+    else:
+        # Logged with the group's last step, as a fused group's other step-level logs.
+        assert history.collect("steps", "performance.compiles") == ([3, 5], [1, 2])
+
+
+def test_a_python_scalar_in_the_state_is_named() -> None:
+    import warnings
+
+    class State(managed.ManagedState):
+        scale: Any = None
+
+    @managed.train_step
+    def train_step(state: State, batch: jax.Array) -> Any:
+        loss = jnp.mean((batch * state.params * state.scale) ** 2)
+        return ciclo.logs().add_loss("loss", loss), state.replace(scale=state.scale * 1.0 + 0.0 * loss)
+
+    state = State.create(params=jnp.ones(2), tx=optax.sgd(0.1), scale=1.0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ciclo.train_loop(state, [jnp.ones(2)] * 3, {ciclo.on_train_step: [train_step]})
+    (warned,) = [w for w in caught if w.category is ciclo.types.RecompileWarning]
+    message = str(warned.message)
+    assert "state.scale () float32, first compiled for () float32 (weak: a Python scalar)" in message
+    assert "Keep Python scalars out of the state" in message
+
+
+def test_recompile_warnings_are_silenced_by_their_category() -> None:
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=ciclo.types.RecompileWarning)
+        warnings.simplefilter("error", UserWarning)  # anything else would still raise
+        _, step, _ = _recompile_run("jit", [32, 16])
+    assert step.compiles == 2
+
+
+def test_steps_called_by_hand_count_compiles_without_warning() -> None:
+    import warnings
+
+    @managed.step
+    def test_step(state: managed.ManagedState, batch: jax.Array) -> Any:
+        return ciclo.logs().add_metric("sum", batch.sum()), state
+
+    state = managed.ManagedState.create(params=jnp.zeros(()), tx=optax.sgd(0.1))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for size in (4, 4, 3):
+            test_step(state, jnp.ones(size))
+    assert test_step.compiles == 2
+
+
+def test_a_later_loop_compares_with_its_first_step() -> None:
+    import warnings
+
+    @managed.train_step
+    def train_step(state: managed.ManagedState, batch: Any) -> ciclo.types.Logs:
+        x, y = batch
+        return ciclo.logs().add_loss("loss", jnp.mean((x @ state.params - y[:, 0]) ** 2))
+
+    def run(sizes: list[int], tx: optax.GradientTransformation) -> list[Any]:
+        state = managed.ManagedState.create(params=jnp.zeros(training.FEATURES), tx=tx)
+        data = [batch for size in sizes for batch in training.batches(1, batch=size)]
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            ciclo.train_loop(state, data, {ciclo.on_train_step: [train_step]})
+        return [w for w in caught if w.category is ciclo.types.RecompileWarning]
+
+    sgd = optax.sgd(0.1)
+    assert run([32, 32], sgd) == []
+    # The first step runs the program compiled by the loop before: the smaller batch is still named.
+    (warned,) = run([32, 16], sgd)
+    assert "(16, 8) float32, first compiled for (32, 8) float32" in str(warned.message)
+    # A new optimizer compiles anew at the first step of its loop: that is no recompile.
+    assert run([32, 32], optax.adam(0.1)) == []
+    assert train_step.compiles == 3

@@ -229,3 +229,47 @@ def test_restore_best_weights_returns_live_weights_under_a_donating_mesh(strateg
     )
     state, expected = training.best_weights_run(state)
     training.assert_trees_close(state.with_strategy("eager").params, expected)
+
+
+def test_flops_count_the_whole_model_under_every_mesh_strategy() -> None:
+    batch = training.batches(1)[0]
+    counts = {}
+    for name in ("jit", "data_parallel", "fsdp", "pmap"):
+        state = training.managed_state("mlp", name)
+        _, state = training.train_step(state, batch)
+        counts[name] = training.train_step.flops(state, batch)
+    # Counted before the program is split over the devices: one device's share would be a quarter.
+    assert counts["jit"] and counts["jit"] > 0
+    assert counts["data_parallel"] == counts["fsdp"] == counts["jit"]
+    assert counts["pmap"] is None  # one program per device: not analysed
+
+
+def test_mfu_divides_by_the_peak_of_every_device_of_the_state() -> None:
+    state = training.managed_state("mlp", "data_parallel")
+    meter = ciclo.throughput(window=2, peak_flops=1e9)
+    _, history, _ = ciclo.train_loop(
+        state, training.batches(5), {ciclo.on_train_step: [training.train_step]}, callbacks=[meter]
+    )
+    per_second, mfu = history.collect("flops_per_second", "mfu")
+    assert mfu and mfu == [value / (1e9 * 4) for value in per_second]
+
+
+@pytest.mark.parametrize("strategy", ["data_parallel", "fsdp", "pmap"])
+def test_recompiles_are_compared_as_the_devices_see_the_inputs(strategy: str) -> None:
+    import warnings
+
+    def run(sizes: list[int]) -> list[str]:
+        state = training.managed_state("mlp", strategy)
+        data = [batch for size in sizes for batch in training.batches(1, batch=size)]
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            ciclo.train_loop(state, data, {ciclo.on_train_step: [training.train_step]})
+        return [str(w.message) for w in caught if w.category is ciclo.types.RecompileWarning]
+
+    # The first step of a later loop runs the program compiled before: compared as the program sees
+    # its inputs (under pmap, one device's rows), it is no change.
+    run([8, 8])
+    assert run([8, 8]) == []
+    (warned,) = run([8, 4])
+    rows = (2, 1) if strategy == "pmap" else (8, 4)  # pmap names one device's rows
+    assert f"({rows[1]}, 8) float32, first compiled for ({rows[0]}, 8) float32" in warned

@@ -21,6 +21,7 @@ Example:
 
 from ciclo._src.base.batches import Stacked as Stacked
 from ciclo._src.base.checks import DataWarning as DataWarning
+from ciclo._src.base.checks import RecompileWarning as RecompileWarning
 from ciclo._src.base.elapsed import Elapsed as Elapsed
 from ciclo._src.base.elapsed import Period as Period
 from ciclo._src.base.files import LinkError as LinkError
@@ -105,6 +106,7 @@ __all__ = [
     "LinkError",
     "Preempted",
     "Profile",
+    "RecompileWarning",
     "Schedule",
     "ScheduleBase",
     "Stacked",

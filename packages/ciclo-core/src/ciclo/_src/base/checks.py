@@ -9,10 +9,15 @@ import sys
 import warnings
 from typing import Any
 
+import jax
+
 from ciclo._src.base.reprs import short
 
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 """The directory of the `ciclo` package: `warn` points at the first frame outside it."""
+
+_SKIPPED = (_PACKAGE, os.path.dirname(os.path.dirname(os.path.abspath(jax.__file__))) + os.sep + "jax")
+"""Where `warn` looks past: ciclo, and jax, which calls a step's function while it traces it."""
 
 
 class DataWarning(UserWarning):
@@ -31,10 +36,32 @@ class DataWarning(UserWarning):
     """
 
 
+class RecompileWarning(UserWarning):
+    """A managed step compiled again, for inputs that differ from its first compile's.
+
+    Warned by `train_loop` once per change (see `managed.ManagedStep`);
+    silence it with
+    `warnings.filterwarnings("ignore", category=ciclo.types.RecompileWarning)`.
+
+    Example:
+        >>> import ciclo, jax.numpy as jnp, optax, warnings
+        >>> from ciclo import managed
+        >>> @managed.train_step
+        ... def train_step(state, batch):
+        ...     return ciclo.logs().add_loss("loss", (batch * state.params).sum() ** 2), state
+        >>> state = managed.ManagedState.create(params=jnp.ones(()), tx=optax.sgd(0.1))
+        >>> with warnings.catch_warnings(record=True) as caught:
+        ...     warnings.simplefilter("always")
+        ...     _ = ciclo.train_loop(state, [jnp.ones(4), jnp.ones(3)], {ciclo.on_train_step: [train_step]})
+        >>> [type(w.message).__name__ for w in caught], train_step.compiles
+        (['RecompileWarning'], 2)
+    """
+
+
 def warn(message: str, category: type[Warning] = UserWarning) -> None:
-    """`warnings.warn`, pointing at the user's line: the first frame outside ciclo (a loop's caller)."""
+    """`warnings.warn`, pointing at the user's line: the first frame outside ciclo and jax."""
     stacklevel, frame = 1, sys._getframe()
-    while frame.f_back is not None and frame.f_code.co_filename.startswith(_PACKAGE):
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(_SKIPPED):
         stacklevel, frame = stacklevel + 1, frame.f_back
     warnings.warn(message, category, stacklevel=stacklevel)
 

@@ -1,10 +1,14 @@
-"""Throughput: steps and samples per second, measured on the host clock over a window."""
+"""Throughput: steps and samples per second, measured on the host clock over a window; FLOPs and MFU."""
 
 from __future__ import annotations
 
+import logging
 import math
+from collections.abc import Iterable, Mapping
 from time import perf_counter
-from typing import Any, ClassVar, final
+from typing import Any, ClassVar, Final, final
+
+import jax
 
 from ciclo._src.base.elapsed import Elapsed, Period, PeriodLike, to_period
 from ciclo._src.base.reprs import short
@@ -13,12 +17,62 @@ from ciclo._src.engine.callback import Callback
 from ciclo._src.engine.loop_state import LoopState
 from ciclo._src.logs.logs import Logs, LogsLike
 from ciclo._src.logs.step_output import NO_LOGS
+from ciclo._src.state.managed import ManagedStep
+
+_log = logging.getLogger("ciclo")
 
 STEPS_PER_SECOND = "steps_per_second"
 """The name of the logged steps per second (in the `metrics` collection)."""
 
 SAMPLES_PER_SECOND = "samples_per_second"
 """The name of the logged samples per second (in the `metrics` collection)."""
+
+
+FLOPS_PER_STEP = "flops_per_step"
+"""The name of the logged floating-point operations of one step (in `metrics`)."""
+
+FLOPS_PER_SECOND = "flops_per_second"
+"""The name of the logged floating-point operations per second (in `metrics`)."""
+
+MFU = "mfu"
+"""The name of the logged model FLOPs utilisation, `flops_per_second` over the peak (in `metrics`)."""
+
+PEAK_FLOPS: Final[Mapping[str, float]] = {
+    # NVIDIA datasheets (H100 and H200: SXM; A100: SXM and PCIe), bf16 tensor cores without sparsity.
+    "NVIDIA H100 80GB HBM3": 989e12,
+    "NVIDIA H100 PCIe": 756e12,
+    "NVIDIA H200": 989e12,
+    "NVIDIA A100-SXM4-40GB": 312e12,
+    "NVIDIA A100-SXM4-80GB": 312e12,
+    "NVIDIA A100-PCIE-40GB": 312e12,
+    "NVIDIA A100 80GB PCIe": 312e12,
+    "NVIDIA L4": 121e12,
+    # Google Cloud TPU documentation, bf16 per chip.
+    "TPU v4": 275e12,
+    "TPU v5 lite": 197e12,
+    "TPU v5": 459e12,
+    "TPU v6 lite": 918e12,
+}
+"""The dense bf16 peak FLOP/s of one chip by `jax.Device.device_kind`, for `throughput`'s `mfu`."""
+
+
+def _check_peak(peak_flops: float | None) -> float | None:
+    if peak_flops is None:
+        return None
+    if isinstance(peak_flops, bool) or not isinstance(peak_flops, (int, float)) or not peak_flops > 0:
+        raise ValueError(
+            f"peak_flops must be a positive number (a chip's peak FLOP/s, e.g. 989e12 for an H100's bf16), "
+            f"or None for ciclo's table; got {short(peak_flops)}"
+        )
+    return float(peak_flops)
+
+
+def _devices(state: Any) -> int:
+    """How many devices the state's arrays are on: those the step runs on."""
+    for leaf in jax.tree.leaves(state):
+        if isinstance(leaf, jax.Array):
+            return len(leaf.sharding.device_set)
+    return 1
 
 
 def _check_window(window: PeriodLike) -> Period:
@@ -54,7 +108,11 @@ class Throughput(Callback):
 
     hook: ClassVar[str | None] = "on_train_step"
 
-    def __init__(self, window: PeriodLike = 100) -> None:
+    def __init__(self, window: PeriodLike = 100, *, peak_flops: float | None = None) -> None:
+        self._peak = _check_peak(peak_flops)
+        self._steps: tuple[ManagedStep[Any], ...] | None = None  # the loop's steps, when a loop said
+        self._flops: tuple[float, float | None] | None = None  # (per step, peak of all devices), once read
+        self._read = False  # whether the steps' FLOPs were read in this loop
         self._window = window = _check_window(window)
         # (steps, samples, seconds) any of which closes a window; inf where the window does not count it.
         self._limits = tuple(
@@ -62,6 +120,27 @@ class Throughput(Callback):
         )
         # (host time, steps, samples) where the current window started; None before the first call.
         self._start: tuple[float, int, int] | None = None
+
+    def watch(self, steps: Iterable[Any]) -> None:
+        """Takes the steps the loop runs before this callback: their FLOPs are read at its first call.
+
+        The loops call it (`train_loop` with its training steps, `ciclo.loop`
+        with the steps before it in its task); the managed ones among `steps`
+        are analysed.
+        """
+        self._steps = tuple(step for step in steps if isinstance(step, ManagedStep))
+        if not self._steps:
+            names = ", ".join(short(step) for step in steps) or "none"
+            _log.info(
+                "ciclo.throughput logs no flops: no step of the loop is a managed step (%s), whose compiled "
+                "program ciclo can analyse (see docs/logging.md, Throughput)",
+                names,
+            )
+
+    @property
+    def peak_flops(self) -> float | None:
+        """The peak FLOP/s of one device given, or None for the table `PEAK_FLOPS`."""
+        return self._peak
 
     @property
     def window(self) -> Period:
@@ -73,11 +152,38 @@ class Throughput(Callback):
         return Logs(self._measure(elapsed))
 
     def __loop_callback__(self, loop_state: LoopState[S]) -> CallbackOutput[S]:
+        if not self._read:
+            self._read = True
+            self._flops = self._read_flops(loop_state.state, loop_state.batch)
         return self._measure(loop_state.elapsed), loop_state.state
 
     def on_end(self, loop_state: LoopState[Any], error: BaseException | None) -> None:
         # The next loop starts a new window: the time between two loops is not throughput.
         self._start = None
+        self._read = False
+
+    def _read_flops(self, state: Any, batch: Any) -> tuple[float, float | None] | None:
+        """The FLOPs of one step (of all the managed steps) and the peak of the devices, once per loop."""
+        if not self._steps:
+            return None
+        counts = [step.flops(state, batch) for step in self._steps]
+        analysed = [count for count in counts if count is not None]
+        if not analysed:
+            _log.info(
+                "ciclo.throughput logs no flops: XLA gave no cost analysis for %s (a strategy that runs one "
+                "program per device, such as pmap, is not analysed)",
+                ", ".join(repr(step) for step in self._steps),
+            )
+            return None
+        kind = jax.devices()[0].device_kind
+        peak = self._peak if self._peak is not None else PEAK_FLOPS.get(kind)
+        if peak is None:
+            _log.info(
+                "ciclo.throughput logs no mfu: no peak FLOP/s is known for device kind %r; pass "
+                "ciclo.throughput(peak_flops=...) (one device's peak)",
+                kind,
+            )
+        return sum(analysed), None if peak is None else peak * _devices(state)
 
     def _measure(self, elapsed: Elapsed) -> LogsLike:
         # The hot path: two ints, one clock read and a comparison until the window closes.
@@ -94,19 +200,25 @@ class Throughput(Callback):
         if seconds <= 0 or (steps_done < max_steps and samples_done < max_samples and seconds < max_seconds):
             return NO_LOGS
         self._start = (now, steps, samples)
-        return {
-            "metrics": {
-                STEPS_PER_SECOND: steps_done / seconds,
-                SAMPLES_PER_SECOND: samples_done / seconds,
-            }
+        metrics = {
+            STEPS_PER_SECOND: steps_done / seconds,
+            SAMPLES_PER_SECOND: samples_done / seconds,
         }
+        if self._flops is not None:
+            per_step, peak = self._flops
+            metrics[FLOPS_PER_STEP] = per_step
+            metrics[FLOPS_PER_SECOND] = per_step * steps_done / seconds
+            if peak is not None:
+                metrics[MFU] = metrics[FLOPS_PER_SECOND] / peak
+        return {"metrics": metrics}
 
     def __repr__(self) -> str:
-        return f"ciclo.throughput(window={self._window!r})"
+        peak = "" if self._peak is None else f", peak_flops={self._peak!r}"
+        return f"ciclo.throughput(window={self._window!r}{peak})"
 
 
-def throughput(window: PeriodLike = 100) -> Throughput:
-    """Creates a callback that logs the loop's throughput: steps and samples per second.
+def throughput(window: PeriodLike = 100, *, peak_flops: float | None = None) -> Throughput:
+    """Creates a callback that logs the loop's throughput: steps and samples per second, FLOPs and MFU.
 
     Each time `window` has passed since the last measurement, it logs
     `steps_per_second` and `samples_per_second` in the `metrics` collection (so
@@ -125,18 +237,35 @@ def throughput(window: PeriodLike = 100) -> Throughput:
     before the progress bars (not in the evaluation loop inside `train_loop`).
     By hand, `meter(elapsed)` returns the logs.
 
+    **FLOPs and MFU.** When the loop's step is a managed one
+    (`managed.train_step`, a `ciclo.types.ModelState`'s), its floating-point
+    operations per step are read once, at the first call, from XLA's cost
+    analysis of the step lowered for the state and batch
+    (`managed.ManagedStep.flops`: a `ciclo.types.Stacked` group's count is
+    that of one of its steps), and each measurement also logs
+    `flops_per_step` and `flops_per_second` (`flops_per_step` times
+    `steps_per_second`). With a peak, `peak_flops=` or the table `PEAK_FLOPS`
+    of dense bf16 peaks by `device_kind`, it logs `mfu`: `flops_per_second`
+    over the peak times the devices the state is on. A step ciclo cannot
+    analyse (a plain Python function, a step under `pmap`) is said once on the
+    `ciclo` logger, and no FLOPs are logged. The count is XLA's: a `while`
+    loop's body counts once, and a custom kernel may count nothing.
+
     Args:
         window: how long each measurement lasts: an int (steps) or a
             `ciclo.types.Period` in steps, samples or time (`ciclo.at(time=10)`
             logs about every 10 seconds). A window closes at the first call at
             which it has passed.
+        peak_flops: one device's peak FLOP/s, for `mfu`; None: the table
+            `PEAK_FLOPS` (no `mfu` for a device kind it lacks, as CPUs).
 
     Returns:
         A `Throughput` callback.
 
     Raises:
         TypeError: if `window` is not an int or a `ciclo.types.Period`.
-        ValueError: if `window` is negative or zero, or counts toward a date.
+        ValueError: if `window` is negative or zero, or counts toward a date, or
+            `peak_flops` is not a positive number.
 
     Example:
         >>> import numpy as np
@@ -151,4 +280,4 @@ def throughput(window: PeriodLike = 100) -> Throughput:
         >>> steps  # the clock starts at step 0; a window closes every 10 steps
         [10, 20]
     """
-    return Throughput(window)
+    return Throughput(window, peak_flops=peak_flops)

@@ -37,6 +37,9 @@ ELAPSED_KEYS = ("steps", "samples", "time")
 NUMERIC_COLLECTIONS = frozenset({"metrics", "losses", "stateful_metrics", "norms"})
 """Collections whose entries bars, loggers and aggregation treat as numbers."""
 
+PERFORMANCE = "performance"
+"""The collection of what the loop says of its own running (steps per dispatch, compiles)."""
+
 
 class Entries(dict[str, Any]):
     """The entries of one collection; entries are also readable as attributes."""

@@ -34,7 +34,7 @@ import numpy as np
 
 from ciclo._src.base.batches import BatchSizeFn, cut, is_stacked, leading_dim, stack, steps_of
 from ciclo._src.engine.callback import Callback
-from ciclo._src.logs.logs import Logs
+from ciclo._src.logs.logs import PERFORMANCE, Logs
 
 _log = logging.getLogger("ciclo")
 
@@ -56,7 +56,7 @@ CALIBRATION_SHARE: Final = 4
 REPEATS: Final = 3
 """Timed dispatches per K, after one untimed dispatch that compiles the step for that K."""
 
-COLLECTION: Final = "performance"
+COLLECTION: Final = PERFORMANCE
 """The history collection of the chosen K (loggers write it; progress bars do not show it)."""
 
 ENTRY: Final = "steps_per_execution"

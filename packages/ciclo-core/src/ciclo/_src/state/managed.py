@@ -7,7 +7,7 @@ import functools
 import inspect
 import json
 from collections.abc import Callable, Mapping
-from typing import Any, Generic, Self, TypeVar, cast, final, overload
+from typing import Any, Final, Generic, NamedTuple, Self, TypeVar, cast, final, overload
 
 import jax
 import jax.numpy as jnp
@@ -16,10 +16,11 @@ import optax
 from typing_extensions import dataclass_transform
 
 from ciclo._src.base.batches import is_stacked
+from ciclo._src.base.checks import RecompileWarning, warn
 from ciclo._src.base.reprs import short
 from ciclo._src.base.roles import Role, field, fields_with_role, params_field, roles
 from ciclo._src.data.fused import as_logs_and_state, scan_steps
-from ciclo._src.logs.logs import Entries, Logs
+from ciclo._src.logs.logs import PERFORMANCE, Entries, Logs
 from ciclo._src.state.learning_rate import learning_rate_logs
 from ciclo._src.state.metrics import Metric
 from ciclo._src.state.precision import LossScale
@@ -37,6 +38,11 @@ S = TypeVar("S")
 
 StepBody = Callable[[Any, Any], Any]
 """What a managed step wraps: `(state, batch) -> (logs, state)`, `logs`, or `None`."""
+
+COMPILES: Final = (PERFORMANCE, "compiles")
+"""Where a watched step logs its count of compiles: `(collection, entry)`."""
+
+_OFF, _ARMED, _ON = 0, 1, 2  # a step's watch for recompiles: none, to start at the next call, running
 
 
 def _check_apply_gradients(cls: type[Any]) -> None:
@@ -542,9 +548,33 @@ class ManagedStep(Generic[S]):
     strategy: the state's own (`state.strategy`) when it has one, else the one
     given to the decorator, else `"jit"`. Defined in a class body, it binds
     like a method: `state.train_step(batch)`.
+
+    Each compile traces the step (its Python function runs), a warm one from
+    jax's persistent cache included: `compiles` counts them. While a
+    `train_loop` runs it (`watch_recompiles`), a step that compiled logs the
+    count (`performance.compiles`), and a compile for inputs that differ from
+    those of the loop's first step (a smaller last batch, a Python scalar in
+    the state, a static field that changed) warns once per change with a
+    `ciclo.types.RecompileWarning` naming the step, both shapes and the usual
+    fix; silence it with
+    `warnings.filterwarnings("ignore", category=ciclo.types.RecompileWarning)`.
+    A step that does not compile pays a comparison of two ints for it.
     """
 
-    __slots__ = ("__name__", "__wrapped__", "_cache", "_compiled", "_default", "_fused", "_update")
+    __slots__ = (
+        "__name__",
+        "__wrapped__",
+        "_cache",
+        "_compiled",
+        "_compiles",
+        "_default",
+        "_first",
+        "_fused",
+        "_analysing",
+        "_update",
+        "_warned",
+        "_watching",
+    )
 
     def __init__(self, fn: StepBody, strategy: str | Strategy | None, *, update: bool) -> None:
         self.__wrapped__ = fn
@@ -554,6 +584,11 @@ class ManagedStep(Generic[S]):
         self._compiled: dict[Strategy, Callable[[Any, Any], tuple[Logs, Any]]] = {}
         self._fused: dict[Strategy, Callable[[Any, Any], tuple[Logs, Any]]] = {}
         self._cache: tuple[Strategy | None, Callable[[Any, Any], tuple[Logs, Any]] | None] = (None, None)
+        self._compiles = 0
+        self._first: dict[Strategy, _Inputs] = {}  # what each strategy's first compile was for
+        self._warned: set[str] = set()  # the changes warned about
+        self._watching = _OFF  # whether a loop watches for recompiles (`watch_recompiles`)
+        self._analysing = False  # whether `flops` is lowering the step
 
     def __repr__(self) -> str:
         kind = "train_step" if self._update else "step"
@@ -571,36 +606,158 @@ class ManagedStep(Generic[S]):
     def __call__(self, state: S, batch: Any) -> tuple[Logs, S]:
         """Runs one step, or all steps of a `ciclo.types.Stacked` batch in one dispatch."""
         strategy = state.strategy if isinstance(state, AbstractManagedState) else self._default
+        lifted = strategy.lift_batch(batch)
+        if self._watching == _ARMED:
+            self._first_inputs(strategy, state, lifted)
+        compiles = self._compiles
         if is_stacked(batch):
             compiled = self._fused.get(strategy)
             if compiled is None:
                 compiled = self._fused[strategy] = self._compile(strategy, state, fused=True)
-            return compiled(state, strategy.lift_batch(batch))
-        last, compiled = self._cache
-        if strategy is not last or compiled is None:
-            compiled = self._compiled.get(strategy)
-            if compiled is None:
-                compiled = self._compiled[strategy] = self._compile(strategy, state, fused=False)
-            self._cache = (strategy, compiled)
-        return compiled(state, strategy.lift_batch(batch))
+            logs, state = compiled(state, lifted)
+        else:
+            last, compiled = self._cache
+            if strategy is not last or compiled is None:
+                compiled = self._compiled.get(strategy)
+                if compiled is None:
+                    compiled = self._compiled[strategy] = self._compile(strategy, state, fused=False)
+                self._cache = (strategy, compiled)
+            logs, state = compiled(state, lifted)
+        if self._compiles != compiles and self._watching:
+            logs.add_entry(*COMPILES, self._compiles)  # the step that compiled says so
+        return logs, state
+
+    @property
+    def compiles(self) -> int:
+        """How many times this step was compiled (traced), under every strategy; 0 before its first call.
+
+        Example:
+            >>> import ciclo, jax.numpy as jnp, optax
+            >>> from ciclo import managed
+            >>> @managed.step
+            ... def test_step(state, batch):
+            ...     return ciclo.logs().add_metric("sum", batch.sum()), state
+            >>> state = managed.ManagedState.create(params=jnp.zeros(()), tx=optax.sgd(0.1))
+            >>> for batch in [jnp.ones(4), jnp.ones(4), jnp.zeros(4)]:
+            ...     _ = test_step(state, batch)
+            >>> test_step.compiles
+            1
+        """
+        return self._compiles
+
+    def flops(self, state: Any, batch: Any) -> float | None:
+        """The floating-point operations of one step on `state` and `batch`, from XLA's cost analysis.
+
+        The step is lowered (traced, not compiled) for `state` and one batch
+        shaped as `batch` (one step's batch of a `ciclo.types.Stacked` group)
+        under `state`'s strategy, and XLA's count of the whole program read,
+        before it is split over devices: under a strategy that shards the step
+        (`data_parallel`, `fsdp`) the model's FLOPs of all devices together,
+        not one device's share nor the work they repeat. Where the step
+        already compiled for such a batch (`"jit"`, a mesh strategy on
+        accelerators in one process), jax finds the trace it made. None under
+        a strategy that runs one program per device (`pmap`), or when XLA
+        gives no count. Reading it is not counted in `compiles`.
+
+        Example:
+            >>> import ciclo, jax.numpy as jnp, optax
+            >>> from ciclo import managed
+            >>> @managed.step
+            ... def test_step(state, batch):
+            ...     return ciclo.logs().add_metric("y", (batch @ state.params).sum()), state
+            >>> state = managed.ManagedState.create(params=jnp.ones((8, 4)), tx=optax.sgd(0.1))
+            >>> test_step.flops(state, jnp.ones((32, 8))) > 2 * 32 * 8 * 4 - 1  # the matmul's multiply-adds
+            True
+        """
+        strategy = state.strategy if isinstance(state, AbstractManagedState) else self._default
+        if isinstance(strategy, DeviceReductions):
+            return None
+        if is_stacked(batch):
+            batch = jax.tree.map(_one_step, batch.batches)
+        else:
+            batch = strategy.lift_batch(batch)  # as the step was called: jax finds the program it compiled
+        program = self._compiled.get(strategy)
+        if not isinstance(program, jax.stages.Wrapped):  # eager, or a program behind a wrapper
+            program = jax.jit(self._body(strategy, state))
+        self._analysing = True  # a trace here compiles nothing the loop runs
+        try:
+            cost = program.lower(state, batch).cost_analysis()
+        finally:
+            self._analysing = False
+        # An older jax gives one dict per program, a newer one dict.
+        if isinstance(cost, (list, tuple)):
+            cost = cost[0] if cost else None
+        flops = None if cost is None else cost.get("flops")
+        return None if flops is None or flops <= 0 else float(flops)
+
+    def _body(self, strategy: Strategy, state: Any) -> Callable[[Any, Any], tuple[Logs, Any]]:
+        # Asked once per compiled step: only strategies that run one program per device reduce in it.
+        reductions = strategy if isinstance(strategy, DeviceReductions) else None
+        if self._update:
+            return _train_body(self.__wrapped__, reductions, _check_trainable(state))
+        return _body(self.__wrapped__, reductions)
 
     def _compile(
         self, strategy: Strategy, state: Any, *, fused: bool
     ) -> Callable[[Any, Any], tuple[Logs, Any]]:
-        # Asked once per compiled step: only strategies that run one program per device reduce in it.
-        reductions = strategy if isinstance(strategy, DeviceReductions) else None
-        if self._update:
-            body = _train_body(self.__wrapped__, reductions, _check_trainable(state))
-        else:
-            body = _body(self.__wrapped__, reductions)
+        body = self._body(strategy, state)
         # Only training consumes the state: the state an evaluation reads stays valid, since a train
         # loop trains on from it after a test pass.
         donate = self._update
-        if fused:
-            return strategy.compile(
-                lambda state, stacked: scan_steps(body, state, stacked.batches), donate=donate
-            )
-        return strategy.compile(body, donate=donate)
+        step = _fused(body) if fused else body
+
+        def run(state: Any, batch: Any) -> tuple[Logs, Any]:
+            steps = batch.batches if fused else batch
+            self._traced(strategy, _inputs(state, steps, stacked=fused))
+            return step(state, batch)
+
+        compiled = strategy.compile(run, donate=donate)
+        # A strategy that runs the step as it is (eager) compiles nothing: no compile to count.
+        return step if compiled is run else compiled
+
+    def watch_recompiles(self, on: bool) -> None:
+        """Starts or stops watching for recompiles: `train_loop` watches its managed training steps.
+
+        While watched, the step compares each compile's inputs with those of
+        the first step it runs after this call, warns of a change once
+        (`ciclo.types.RecompileWarning`), and adds the count to the logs of a
+        step that compiled (`performance.compiles`).
+        """
+        self._watching = _ARMED if on else _OFF
+        self._first, self._warned = {}, set()
+
+    def _first_inputs(self, strategy: Strategy, state: Any, batch: Any) -> None:
+        """Takes the inputs of the first step a watch sees as what later compiles are compared with.
+
+        That step may run a program compiled before (by an earlier loop), which
+        compiles nothing to compare with.
+        """
+        self._watching = _ON
+        if isinstance(strategy, DeviceReductions):  # traced per device: the device axis goes
+            state, batch = jax.tree.map(_one_device, (state, batch))
+        stacked = is_stacked(batch)
+        self._first[strategy] = _inputs(state, batch.batches if stacked else batch, stacked=stacked)
+
+    def _traced(self, strategy: Strategy, inputs: _Inputs) -> None:
+        """Counts a compile (jax traces the step only to compile it); warns of what changed."""
+        if self._analysing:
+            return
+        self._compiles += 1
+        if self._watching == _OFF:
+            return
+        first = self._first.setdefault(strategy, inputs)
+        if first is inputs:
+            return
+        changed = _changes(first, inputs)
+        if changed is None or changed[0] in self._warned:
+            return
+        change, fix = changed
+        self._warned.add(change)
+        warn(
+            f"{self!r} compiled again (compile {self._compiles}) under {strategy!r}, for {change}. Each "
+            f"new program takes a compile (seconds to minutes on an accelerator). {fix}.",
+            RecompileWarning,
+        )
 
 
 @overload
@@ -782,3 +939,111 @@ def _finish(logs: Logs, state: Any, reductions: DeviceReductions | None) -> tupl
             else:
                 values[name] = computed
     return (lowered if reductions is None else reductions.reduce_logs(lowered)), state
+
+
+_BATCH_FIX = (
+    "If the last batch of an epoch is smaller, drop it (drop_remainder=True where the batches are made) "
+    "or pad it to the full size and mask the padding"
+)
+_SCALAR_FIX = (
+    "Keep Python scalars out of the state: jax compiles a Python number as a weakly typed value and the "
+    "step's result as a strongly typed one, so the next step compiles again; store it as an array, "
+    "e.g. jnp.asarray(value, jnp.float32)"
+)
+_STATE_FIX = "Return the state with the shapes and dtypes it came in with"
+_STATIC_FIX = (
+    "A static field is compiled into the program: hold a value that changes during training in an array field"
+)
+
+
+class _Inputs(NamedTuple):
+    """What a compile was for: the trees of the batch (one step's) and of the state, their leaves' types."""
+
+    batch_tree: Any
+    batch: tuple[tuple[str, tuple[tuple[int, ...], Any, bool]], ...]
+    state_tree: Any
+    state: tuple[tuple[str, tuple[tuple[int, ...], Any, bool]], ...]
+    static: dict[str, Any]
+
+
+def _leaf_types(tree: Any, *, stacked: bool) -> tuple[Any, tuple[tuple[str, Any], ...]]:
+    leaves, treedef = jax.tree_util.tree_flatten_with_path(tree)
+    types = []
+    for path, leaf in leaves:
+        if not isinstance(leaf, (*_ARRAY_LEAVES, jax.ShapeDtypeStruct)):  # what jax cannot trace: its type
+            types.append((jax.tree_util.keystr(path), ((), type(leaf).__name__, False)))
+            continue
+        aval = jax.typeof(leaf)
+        shape = tuple(aval.shape)
+        types.append(
+            (jax.tree_util.keystr(path), (shape[1:] if stacked else shape, aval.dtype, bool(aval.weak_type)))
+        )
+    return treedef, tuple(types)
+
+
+def _inputs(state: Any, batch: Any, *, stacked: bool) -> _Inputs:
+    """The `_Inputs` of a step being traced: `batch` is stacked along a leading axis when `stacked`."""
+    batch_tree, batch_types = _leaf_types(batch, stacked=stacked)
+    state_tree, state_types = _leaf_types(state, stacked=False)
+    static = {}
+    if dataclasses.is_dataclass(state) and not isinstance(state, type):
+        static = {
+            f.name: getattr(state, f.name) for f in dataclasses.fields(state) if f.metadata.get("static")
+        }
+    return _Inputs(batch_tree, batch_types, state_tree, state_types, static)
+
+
+def _describe(leaf_type: tuple[tuple[int, ...], Any, bool]) -> str:
+    shape, dtype, weak = leaf_type
+    return f"{shape} {dtype}{' (weak: a Python scalar)' if weak else ''}"
+
+
+def _changes(first: _Inputs, now: _Inputs) -> tuple[str, str] | None:
+    """What differs between two compiles' inputs, and the fixes; None when jax sees what ciclo does not."""
+    changes: list[str] = []
+    fixes: list[str] = []
+    for name, tree0, tree, types0, types, fix in (
+        ("batch", first.batch_tree, now.batch_tree, first.batch, now.batch, _BATCH_FIX),
+        ("state", first.state_tree, now.state_tree, first.state, now.state, _STATE_FIX),
+    ):
+        if tree != tree0:
+            if name == "state" and now.static.keys() == first.static.keys():
+                moved = [key for key in now.static if now.static[key] != first.static[key]]
+                for key in moved:
+                    changes.append(
+                        f"static field state.{key} {short(now.static[key])}, first compiled for "
+                        f"{short(first.static[key])}"
+                    )
+                if moved:
+                    fixes.append(_STATIC_FIX)
+                    continue
+            changes.append(f"the {name}'s structure {short(tree)}, first compiled for {short(tree0)}")
+            fixes.append(fix)
+            continue
+        for (path, leaf), (_, leaf0) in zip(types, types0, strict=True):
+            if leaf == leaf0:
+                continue
+            changes.append(f"inputs {name}{path} {_describe(leaf)}, first compiled for {_describe(leaf0)}")
+            scalar = leaf[:2] == leaf0[:2] and leaf0[2]  # only the weak type went
+            fixes.append(_SCALAR_FIX if scalar else fix)
+    if not changes:
+        return None  # a new group size of a Stacked batch, a sharding, or jax's cache evicting the program
+    return "; ".join(changes), ". ".join(dict.fromkeys(fixes))
+
+
+def _fused(body: Callable[[Any, Any], tuple[Logs, Any]]) -> Callable[[Any, Any], tuple[Logs, Any]]:
+    """`body` over each step of a `ciclo.types.Stacked` batch, in one `jax.lax.scan`."""
+    return lambda state, stacked: scan_steps(body, state, stacked.batches)
+
+
+def _one_device(leaf: Any) -> Any:
+    """An array leaf laid out with a leading device axis (`pmap`), as one device's program sees it."""
+    if isinstance(leaf, (jax.Array, np.ndarray)) and np.ndim(leaf) > 0:
+        weak = isinstance(leaf, jax.Array) and leaf.weak_type
+        return jax.ShapeDtypeStruct(np.shape(leaf)[1:], leaf.dtype, weak_type=weak)  # type: ignore[no-untyped-call]
+    return leaf
+
+
+def _one_step(leaf: Any) -> Any:
+    """A leaf of a `Stacked` group's batches as one step's `jax.ShapeDtypeStruct` (the leading axis gone)."""
+    return jax.ShapeDtypeStruct(np.shape(leaf)[1:], leaf.dtype)  # type: ignore[no-untyped-call]
