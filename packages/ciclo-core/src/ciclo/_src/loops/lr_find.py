@@ -241,13 +241,14 @@ def lr_find(
         >>> import ciclo, jax.numpy as jnp, optax
         >>> from ciclo import managed
         >>> @managed.train_step
-        ... def train_step(state, batch):
-        ...     x, y = batch
-        ...     return ciclo.logs().add_loss("mse", jnp.mean((x @ state.params - y) ** 2)), state
+        ... def fit(state, batch):
+        ...     inputs, targets = batch
+        ...     loss = optax.l2_loss(inputs @ state.params, targets).mean()
+        ...     return ciclo.logs().add_loss("l2", loss), state
         >>> tx = optax.inject_hyperparams(optax.sgd)(learning_rate=0.1)
         >>> state = managed.ManagedState.create(params=jnp.zeros(2), tx=tx)
         >>> batch = (jnp.array([[1.0, 0.0], [0.0, 1.0]]), jnp.array([1.0, -1.0]))
-        >>> result = ciclo.lr_find(state, [batch], min_lr=1e-3, max_lr=100.0, steps=30, train_step=train_step)
+        >>> result = ciclo.lr_find(state, [batch], min_lr=1e-3, max_lr=100.0, steps=30, train_step=fit)
         >>> result.diverged, 1e-3 < result.suggestion < 100.0, float(state.params[0])
         (True, True, 0.0)
     """

@@ -47,20 +47,14 @@ from ciclo._src.loops.hooks import (
     TRAIN,
     on_epoch_end,
     on_predict_begin,
-    on_predict_end,
-    on_predict_step,
     on_reset_step,
     on_test_begin,
-    on_test_end,
-    on_test_step,
     on_train_batch_begin,
     on_train_batch_end,
     on_train_begin,
     on_train_end,
     on_train_step,
-    predict_step,
     reset_step,
-    test_step,
     train_step,
 )
 from ciclo._src.resume.backup import Backup, BackupCallback
@@ -176,16 +170,34 @@ def _run(
     )
 
 
-def _step_phases(
-    named: Named, scheduled: Mapping[Any, Any], prefix: str, steps: tuple[str, ...]
-) -> list[Phase]:
-    """The phases of a test or predict step: batch begin, the step, the user's schedules, batch end."""
-    return [
+def _step_loop(
+    prefix: Literal["test", "predict"],
+    state: S,
+    dataset: Iterable[Any],
+    tasks: Tasks | None,
+    callbacks: list[Any] | None,
+    settings: LoopSettings,
+) -> tuple[S, History, Elapsed]:
+    """`test_loop` or `predict_loop`: batch begin, the step, the user's schedules, batch end, at each step."""
+    loop_name = f"{prefix}_loop"
+    _check_settings(loop_name, settings)
+    names, protocol = (TEST, Evaluable) if prefix == "test" else (PREDICT, Predictable)
+    named, scheduled = collect(names, tasks, state=state, callbacks=callbacks, loop_name=loop_name)
+    steps = (f"{prefix}_step", f"on_{prefix}_step")
+    _check_runs_something(state, named, scheduled, protocol, loop_name, steps)
+    phases = [
         Phase(f"{prefix}_batch_begin", [(every(1), _get(named, f"on_{prefix}_batch_begin"))]),
         Phase(f"{prefix}_step", [(every(1), _get(named, *steps))]),
         Phase("tasks", scheduled),
         Phase(f"{prefix}_batch_end", [(every(1), _get(named, f"on_{prefix}_batch_end"))]),
     ]
+    # The test loop resets the state's metrics before its first step.
+    begin = (
+        _get(named, on_test_begin, reset_step, on_reset_step)
+        if prefix == "test"
+        else _get(named, on_predict_begin)
+    )
+    return _run(loop_name, state, dataset, phases, begin, _get(named, f"on_{prefix}_end"), settings)
 
 
 def _check_runs_something(
@@ -609,18 +621,7 @@ def test_loop(
         >>> history.collect("error")
         [1.0, 0.0, 2.0]
     """
-    _check_settings("test_loop", settings)
-    named, scheduled = collect(TEST, tasks, state=state, callbacks=callbacks, loop_name="test_loop")
-    _check_runs_something(state, named, scheduled, Evaluable, "test_loop", (test_step, on_test_step))
-    return _run(
-        "test_loop",
-        state,
-        dataset,
-        _step_phases(named, scheduled, "test", (test_step, on_test_step)),
-        _get(named, on_test_begin, reset_step, on_reset_step),
-        _get(named, on_test_end),
-        settings,
-    )
+    return _step_loop("test", state, dataset, tasks, callbacks, settings)
 
 
 # Not a test: keeps pytest from collecting `test_loop` from modules that import it.
@@ -645,10 +646,9 @@ def predict_loop(
         state: a `ciclo.types.Predictable` (a `predict_step` method), or any state
             with the step given in `tasks`.
         dataset: the batches to predict.
-        tasks: `{named schedule or schedule: callbacks}`.
-        callbacks: objects whose named predict hooks are registered by name.
-        **settings: `stop`, `history`, `elapsed`, `catch_keyboard_interrupt`,
-            `metadata`, `batch_size_fn`, `backup` (see `ciclo.types.LoopSettings`).
+        tasks: as in `ciclo.test_loop`, with the predict hooks.
+        callbacks: as in `ciclo.test_loop`, placed under the predict hooks.
+        **settings: the loop settings (`ciclo.types.LoopSettings`).
 
     Raises:
         TypeError: if the state is not a `ciclo.types.Predictable` and `tasks` hold no step.
@@ -661,17 +661,4 @@ def predict_loop(
         >>> history.collect("doubled")
         [2, 4, 6]
     """
-    _check_settings("predict_loop", settings)
-    named, scheduled = collect(PREDICT, tasks, state=state, callbacks=callbacks, loop_name="predict_loop")
-    _check_runs_something(
-        state, named, scheduled, Predictable, "predict_loop", (predict_step, on_predict_step)
-    )
-    return _run(
-        "predict_loop",
-        state,
-        dataset,
-        _step_phases(named, scheduled, "predict", (predict_step, on_predict_step)),
-        _get(named, on_predict_begin),
-        _get(named, on_predict_end),
-        settings,
-    )
+    return _step_loop("predict", state, dataset, tasks, callbacks, settings)
