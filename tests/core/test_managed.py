@@ -394,8 +394,11 @@ def test_a_smaller_last_batch_warns_once_naming_both_shapes(strategy: str) -> No
     assert len(warned) == 1  # two epochs: the smaller batch compiles once
     message = str(warned[0].message)
     assert message.startswith("managed.train_step(train_step) compiled again (compile 2)")
-    assert "batch[0] (16, 8) float32, first compiled for (32, 8) float32" in message
-    assert "batch[1] (16, 1) float32, first compiled for (32, 1) float32" in message
+    # pmap compiles for one device's rows: the shapes it names are per device.
+    devices = jax.local_device_count() if strategy == "pmap" else 1
+    small, full = 16 // devices, 32 // devices
+    assert f"batch[0] ({small}, 8) float32, first compiled for ({full}, 8) float32" in message
+    assert f"batch[1] ({small}, 1) float32, first compiled for ({full}, 1) float32" in message
     assert "drop_remainder=True" in message
     assert step.compiles == 2
     assert history.collect("steps", "performance.compiles") == ([0, 2], [1, 2])

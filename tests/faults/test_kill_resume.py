@@ -164,8 +164,11 @@ def assert_each_step_once(actual: dict[str, list[tuple[int, str, float]]], expec
     for backend, written in actual.items():
         keys = [(step, name) for step, name, _ in written]
         assert len(keys) == len(set(keys)), f"{backend}: a step written twice"
-        # Every step, with the uninterrupted run's values (NaN included: compared by repr).
-        assert [(s, n, repr(v)) for s, n, v in written] == [(s, n, repr(v)) for s, n, v in expected[backend]]
+        # Every step, with the uninterrupted run's values (NaN included: compared by repr). A process
+        # logs `performance.compiles` at its own first step: a resumed one compiles again, by nature.
+        assert [(s, n, repr(v)) for s, n, v in written if n != "compiles"] == [
+            (s, n, repr(v)) for s, n, v in expected[backend] if n != "compiles"
+        ]
 
 
 @pytest.mark.parametrize(("mode", "seed", "span", "kills"), [("loop", 1, 8, 6), ("train_loop", 2, 14, 10)])
