@@ -164,6 +164,51 @@ def test_bad_arguments_are_named(overrides: dict[str, Any], error: type[Exceptio
         make(**overrides)
 
 
+@pytest.mark.parametrize("strategy", ["eager", "jit", "fsdp"])
+def test_a_state_without_tx_predicts_tests_and_summarises_but_refuses_to_train(strategy: str) -> None:
+    trained = make(strategy=strategy)
+    state = ciclo.create_model_state(
+        Linear(),
+        inputs=jnp.ones((1, 2)),
+        losses={"mse": lambda preds, target: (preds - target) ** 2},
+        metrics={"mae": lambda preds, target: abs(preds - target)},
+        strategy=strategy,
+    )
+    assert state.tx is None and state.opt_state is None and state.ema_params is None
+    state = state.replace(params=trained.params + jnp.array([2.0, -1.0]))
+    logs, _ = state.predict_step(BATCH[0])
+    np.testing.assert_allclose(logs.outputs.preds, [2.0, -1.0])
+    logs, state = state.test_step(BATCH)
+    assert float(logs.losses.mse) == 0.0 and float(logs.metrics.mae) == 0.0
+    assert "optimizer state" in str(ciclo.summary(state))
+    with pytest.raises(
+        ValueError,
+        match=r"created without tx= \(for inference\).*tx=optax.adam\(1e-3\), to create_model_state",
+    ):
+        state.train_step(BATCH)
+    with pytest.raises(ValueError, match="created without tx="):
+        state.apply_gradients(grads=state.params)
+
+
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [
+        ({"accumulate_steps": 2}, "accumulate_steps=2"),
+        ({"ema_decay": 0.9}, "ema_decay=0.9"),
+        ({"log_norms": True}, "log_norms=True"),
+    ],
+)
+def test_options_that_need_an_optimizer_are_refused_without_tx(options: dict[str, Any], named: str) -> None:
+    with pytest.raises(ValueError, match=f"{named} acts on optimizer steps.*without tx="):
+        ciclo.create_model_state(Linear(), inputs=jnp.ones((1, 2)), **options)
+
+
+def test_a_state_without_tx_keeps_its_precision() -> None:
+    state = ciclo.create_model_state(Linear(), inputs=jnp.ones((1, 2)), precision="bf16-mixed")
+    assert state.options.precision.compute_dtype == jnp.bfloat16
+    assert state.predict_step(BATCH[0])[0].outputs.preds.dtype == jnp.float32
+
+
 def test_variables_skip_init() -> None:
     state = ciclo.create_model_state(
         Linear(), variables=(jnp.array([2.0, -1.0]), None), tx=optax.sgd(0.1), strategy="eager"

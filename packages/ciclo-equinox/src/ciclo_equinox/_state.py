@@ -65,7 +65,7 @@ def create_equinox_state(
             the whole batch (False).
         batch_axis_name: the name of the mapped batch axis (with `vmap=True`).
         **settings: `ciclo.create_model_state`'s (`ciclo.types.ModelStateSettings`):
-            `tx`, `losses`, `metrics`, `strategy`, `key` (for the steps' keys,
+            `tx` (none: a state for inference), `losses`, `metrics`, `strategy`, `key` (for the steps' keys,
             dropout; the module's own weights come from the key it was built
             with), `precision`, `accumulate_steps`, `ema_decay`.
 

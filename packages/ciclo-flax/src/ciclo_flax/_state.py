@@ -36,7 +36,7 @@ def create_flax_state(
         model: a `flax.linen.Module` or a `flax.nnx.Module`.
         inputs: sample inputs for a linen module, e.g. `jnp.empty((1, 28, 28, 1))`.
         **settings: `ciclo.create_model_state`'s (`ciclo.types.ModelStateSettings`):
-            `tx`, `losses`, `metrics`, `strategy`, `key` (for initialisation and
+            `tx` (none: a state for inference), `losses`, `metrics`, `strategy`, `key` (for initialisation and
             dropout), `precision`, `accumulate_steps`, `ema_decay`.
 
     Raises:

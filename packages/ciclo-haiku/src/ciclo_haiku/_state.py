@@ -74,7 +74,7 @@ def create_haiku_state(
         training_flag: `"auto"`, the name of the function's argument that says
             whether it is training, or None.
         **settings: `ciclo.create_model_state`'s (`ciclo.types.ModelStateSettings`):
-            `tx`, `losses`, `metrics`, `strategy`, `key` (for initialisation and
+            `tx` (none: a state for inference), `losses`, `metrics`, `strategy`, `key` (for initialisation and
             the step keys), `precision`, `accumulate_steps`, `ema_decay`.
 
     Raises:

@@ -47,3 +47,21 @@ def resolve(name: str) -> Any:
             f"pip install {package}"
         )
     raise AttributeError(f"module 'ciclo' has no attribute {short(name)}")
+
+
+def creator_name(adapter: object) -> str:
+    """The `create_*_state` a state with this model adapter is made with: its package's entry point.
+
+    An adapter of a package that declares a `ciclo.frameworks` entry point
+    (`ciclo_flax`'s adapters: `"create_flax_state"`); `"create_model_state"`
+    for any other.
+
+    Example:
+        >>> creator_name(object())
+        'create_model_state'
+    """
+    package = type(adapter).__module__.partition(".")[0]
+    for name, point in sorted(framework_entry_points().items()):
+        if point.value.partition(":")[0].partition(".")[0] == package:
+            return str(name)
+    return "create_model_state"

@@ -141,7 +141,8 @@ class AbstractManagedState:
             `param_norm` (float32 scalars by name) under `log_norms`, which a
             training step logs in the `norms` collection; else None.
         tx: the optax optimizer, in an `optax.MultiSteps` under
-            `accumulate_steps` (static).
+            `accumulate_steps` (static); None for a state made for inference
+            (created without `tx`, and `opt_state` None), which refuses to train.
         strategy: where the state lives and how steps compile (static).
         options: the `managed.TrainingOptions` (static).
     """
@@ -152,7 +153,7 @@ class AbstractManagedState:
     ema_params: Any = None
     loss_scale: LossScale | None = None
     norms: dict[str, jax.Array] | None = None
-    tx: optax.GradientTransformation = field(static=True)
+    tx: optax.GradientTransformation | None = field(static=True)
     strategy: Strategy = field(static=True, default_factory=Eager)
     options: TrainingOptions = field(static=True, default=TrainingOptions())
 
@@ -388,12 +389,15 @@ def create_state(
     cls: type[S],
     fields: Callable[..., Mapping[str, Any]],
     *args: Any,
-    tx: optax.GradientTransformation,
+    tx: optax.GradientTransformation | None,
     strategy: str | Strategy,
     options: TrainingOptions,
     **static: Any,
 ) -> S:
     """A managed state's state at step 0, built by `strategy.create`, under its training options.
+
+    `tx=None` makes a state for inference: no optimizer state, and no training
+    option that needs an optimizer (`TrainingOptions.check_without_optimizer`).
 
     `fields(*args)` returns the values of the state's array fields, the
     parameters under `"params"`; it runs under the strategy (inside `jax.jit`
@@ -402,7 +406,10 @@ def create_state(
     static fields.
     """
     placed = get_strategy(strategy)
-    tx = options.accumulate(tx)
+    if tx is None:
+        options.check_without_optimizer()
+    else:
+        tx = options.accumulate(tx)
 
     def init(*args: Any) -> S:
         values = dict(fields(*args))
@@ -410,7 +417,7 @@ def create_state(
         check_params(params)
         return cls(  # type: ignore[call-arg]
             step=jnp.zeros((), jnp.int32),
-            opt_state=tx.init(params),
+            opt_state=None if tx is None else tx.init(params),
             tx=tx,
             strategy=placed,
             options=options,

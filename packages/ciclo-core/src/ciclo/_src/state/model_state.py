@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any, Final, Required, cast, final
+from typing import Any, Final, cast, final
 
 import jax
 import jax.numpy as jnp
 import optax
 from typing_extensions import Unpack
 
+from ciclo._src.base.frameworks import creator_name
 from ciclo._src.base.reprs import short
 from ciclo._src.base.roles import Role, field
 from ciclo._src.base.types import ModelAdapter, SupportsToModel
@@ -18,7 +19,12 @@ from ciclo._src.state import managed as _managed
 from ciclo._src.state.managed import AbstractManagedState, create_state
 from ciclo._src.state.metrics import Metric, as_metric, call_with_available
 from ciclo._src.state.precision import cast_like, to_float32
-from ciclo._src.state.training_options import OPTION_NAMES, TrainingOptionsKwargs, training_options
+from ciclo._src.state.training_options import (
+    OPTION_NAMES,
+    TrainingOptionsKwargs,
+    training_options,
+    without_tx,
+)
 from ciclo._src.strategies._protocols import Strategy
 
 
@@ -300,6 +306,8 @@ class ModelState(AbstractManagedState):
         return logs, self.replace(model_state=model_state, metrics=metrics)
 
     def _train(self, batch: Any) -> tuple[Logs, ModelState]:
+        if self.tx is None:
+            raise ValueError(without_tx(creator_name(self.adapter)))
         if not self.losses:
             raise ValueError(
                 "this state has no losses to train on; create it with losses={'loss': fn}, e.g. "
@@ -388,11 +396,11 @@ class ModelStateSettings(TrainingOptionsKwargs, total=False):
 
     One definition and one docstring (`ciclo.create_model_state`'s) for the
     adapters' functions, which take them as `**settings: Unpack[ModelStateSettings]`:
-    `tx` (required), `losses`, `metrics`, `strategy`, `key` and the training
-    options (`managed.TrainingOptionsKwargs`).
+    `tx` (leave it out for a state made for inference), `losses`, `metrics`,
+    `strategy`, `key` and the training options (`managed.TrainingOptionsKwargs`).
     """
 
-    tx: Required[optax.GradientTransformation]
+    tx: optax.GradientTransformation | None
     losses: Mapping[str, Callable[..., Any]] | Callable[..., Any] | None
     metrics: Mapping[str, Any] | None
     strategy: str | Strategy
@@ -420,7 +428,10 @@ def create_model_state(
             `jnp.empty((1, 28, 28, 1))`.
         variables: `(params, model_state)` of a model that is built initialised
             (flax nnx, equinox), instead of `inputs`.
-        **settings: `tx`: the optax optimizer (required). `losses`:
+        **settings: `tx`: the optax optimizer; without it (None) the state is
+            for inference: `predict_step`, `test_step`, `model` and
+            `ciclo.summary` work, `train_step` is refused, and so are the
+            training options that act on optimizer steps. `losses`:
             `{name: fn}`, summed for training; one function is named `"loss"`.
             `metrics`: `{name: metric}`: functions, `ciclo.metrics.Metric`s such
             as `jax_metrics` metrics, or clu metrics. Both are called with the
@@ -437,7 +448,8 @@ def create_model_state(
             keyword, or not exactly one of `inputs` and `variables`.
         ValueError: for an unknown `precision`, `accumulate_steps` below 1 or an
             `ema_decay` outside [0, 1), or `accumulate_steps` above 1 with a `tx`
-            that is an `optax.MultiSteps` already.
+            that is an `optax.MultiSteps` already, or without `tx` for
+            `accumulate_steps`, `ema_decay` or `log_norms`.
 
     Example:
         >>> import ciclo, jax.numpy as jnp, optax
@@ -450,16 +462,17 @@ def create_model_state(
         >>> logs, _ = state.predict_step(jnp.arange(3.0))
         >>> logs.outputs.preds
         Array([0., 1., 2.], dtype=float32)
+        >>> inference = ciclo.create_model_state(Scale(), inputs=jnp.ones(3))  # no tx: predicts, never trains
+        >>> inference.predict_step(jnp.arange(3.0))[0].outputs.preds
+        Array([0., 1., 2.], dtype=float32)
     """
     unknown = sorted(set(settings) - _SETTINGS)
-    if unknown or "tx" not in settings:
+    if unknown:
         raise TypeError(
             f"create_model_state got the unknown keyword(s) {short(unknown)}; it takes {sorted(_SETTINGS)}"
-            if unknown
-            else "create_model_state needs tx=, the optax optimizer (e.g. tx=optax.adam(1e-3))"
         )
-    tx = settings["tx"]
-    if not (hasattr(tx, "init") and hasattr(tx, "update")):
+    tx = settings.get("tx")
+    if tx is not None and not (hasattr(tx, "init") and hasattr(tx, "update")):
         raise TypeError(f"tx must be an optax optimizer (e.g. optax.adam(1e-3)), got {short(tx)}")
     if (inputs is None) == (variables is None):
         raise TypeError(

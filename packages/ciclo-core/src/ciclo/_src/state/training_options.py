@@ -136,6 +136,30 @@ class TrainingOptions:
             norms.update({f"grad_norm/{name}": _norm(part) for name, part in _modules(grads).items()})
         return norms
 
+    def check_without_optimizer(self) -> None:
+        """Refuses, for a state created without `tx` (for inference), the options that need an optimizer.
+
+        `accumulate_steps` above 1, `ema_decay` and `log_norms` act on optimizer
+        steps; `precision` is kept (the model computes in its dtype).
+
+        Example:
+            >>> training_options(ema_decay=0.999).check_without_optimizer()
+            Traceback (most recent call last):
+            ValueError: ema_decay=0.999 acts on optimizer steps, but the state is created without tx= ...
+        """
+        needing = {
+            "accumulate_steps": self.accumulate_steps if self.accumulate_steps != 1 else None,
+            "ema_decay": self.ema_decay,
+            "log_norms": self.log_norms or None,
+        }
+        chosen = [f"{name}={short(value)}" for name, value in needing.items() if value is not None]
+        if chosen:
+            raise ValueError(
+                f"{', '.join(chosen)} {'acts' if len(chosen) == 1 else 'act'} on optimizer steps, but the "
+                "state is created without tx= (for inference): pass an optimizer, e.g. "
+                "tx=optax.adam(1e-3), to train, or leave these options out"
+            )
+
     def check(self, opt_state: Any) -> None:
         """Refuses a `tx` that accumulates itself (an `optax.MultiSteps`) under `accumulate_steps` > 1."""
         if self.accumulate_steps == 1:
@@ -260,6 +284,8 @@ def skip_if_not_finite(finite: jax.Array, new: dict[str, Any], old: dict[str, An
 def apply_gradients(state: Any, grads: Any, value: Any, changes: dict[str, Any]) -> Any:
     """`AbstractManagedState.apply_gradients`: the one place the training options' parts meet."""
     options: TrainingOptions = state.options
+    if state.tx is None:
+        raise ValueError(without_tx(type(state).__name__))
     name = params_field(type(state))
     params, scale = getattr(state, name), state.loss_scale
     if scale is not None:
@@ -288,6 +314,14 @@ def apply_gradients(state: Any, grads: Any, value: Any, changes: dict[str, Any])
         new = skip_if_not_finite(finite, new, {key: getattr(state, key) for key in new})
         new["loss_scale"] = scale.update(finite=finite, growth_interval=options.precision.growth_interval)
     return state.replace(step=state.step + 1, **new, **changes)
+
+
+def without_tx(creator: str) -> str:
+    """The refusal of a training step on a state made for inference; `creator` made the state."""
+    return (
+        f"this state was created without tx= (for inference), so it cannot train; pass an optimizer, "
+        f"e.g. tx=optax.adam(1e-3), to {creator} to train it"
+    )
 
 
 def _loss_scaling_of(precision: Any) -> bool | None:
