@@ -696,3 +696,148 @@ def test_a_link_in_a_checkpoint_directory_is_refused_and_nothing_outside_is_touc
         else:
             ciclo.restore_checkpoint(directory, {"w": jnp.zeros(2)})
     assert [p.read_text() for p in outside.iterdir()] == ["precious"]
+
+
+# --- after training: partial restore, the report, the EMA weights, the strict error's options ---------
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class TwoLayers:
+    """A ModelAdapter: relu(x @ backbone) @ head, with `classes` outputs."""
+
+    classes: int = 3
+
+    def init(self, key, inputs):
+        k1, k2 = jax.random.split(key)
+        return {
+            "backbone": {"w": jax.random.normal(k1, (inputs.shape[-1], 8))},
+            "head": {"w": jax.random.normal(k2, (8, self.classes))},
+        }, None
+
+    def apply(self, params, model_state, inputs, *, key, training):
+        return jax.nn.relu(inputs @ params["backbone"]["w"]) @ params["head"]["w"], model_state
+
+
+INPUTS = np.random.RandomState(0).randn(8, 4).astype(np.float32)
+LABELS = (INPUTS[:, 0] > 0).astype(np.int32)
+
+
+def accuracy(preds, target):
+    return preds.argmax(-1) == target
+
+
+TRAINING = {
+    "tx": optax.adam(1e-2),
+    "losses": optax.softmax_cross_entropy_with_integer_labels,
+    "metrics": {"accuracy": accuracy},
+    "precision": "16-mixed",
+    "ema_decay": 0.5,
+}
+
+
+def model_state(adapter=None, **settings):
+    return ciclo.create_model_state(adapter or TwoLayers(), inputs=INPUTS[:1], **settings)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A state trained with metrics, loss scaling and an EMA, and its checkpoint directory."""
+    directory = tmp_path_factory.mktemp("trained")
+    state = model_state(**TRAINING)
+    state, _, _ = ciclo.train_loop(
+        state, [(INPUTS, LABELS)] * 4, callbacks=[ciclo.checkpoint(directory)], epoch_duration=4
+    )
+    return state, directory
+
+
+def preds(state):
+    return np.asarray(state.predict_step(INPUTS)[0].outputs.preds)
+
+
+def test_partial_restore_into_a_state_for_inference_reports_what_it_did(trained, caplog):
+    state, directory = trained
+    caplog.set_level(logging.WARNING, logger="ciclo.resume")
+    restored, report = ciclo.restore_checkpoint(directory, model_state(), partial=True, report=True)
+    np.testing.assert_array_equal(preds(restored), preds(state.replace(options=model_state().options)))
+    assert isinstance(report, ciclo.types.RestoreReport) and report.step == 4
+    assert set(report.restored) == {".params['backbone']['w']", ".params['head']['w']", ".step", ".key"}
+    assert report.kept == ()
+    unused = " ".join(report.unused)
+    assert "['opt_state']" in unused and "['ema_params']" in unused and "['metrics']" in unused
+    assert "['loss_scale']" in unused
+    (line,) = [r.getMessage() for r in caplog.records if r.name == "ciclo.resume"]
+    assert line.endswith(
+        f"restored 4 leaves, kept 0 from the target, {len(report.unused)} of the checkpoint unused"
+    )
+
+
+def test_params_from_ema_params_restores_the_ema_weights_as_the_parameters(trained):
+    state, directory = trained
+    restored = ciclo.restore_checkpoint(directory, model_state(), partial=True, params_from="ema_params")
+    expected = state.with_ema_params().replace(options=model_state().options)
+    np.testing.assert_array_equal(preds(restored), preds(expected))
+    assert not np.array_equal(preds(restored), preds(state.replace(options=model_state().options)))
+    with pytest.raises(ValueError, match="pass partial=True too"):
+        ciclo.restore_checkpoint(directory, model_state(), params_from="ema_params")
+    with pytest.raises(ValueError, match="holds no norms"):
+        ciclo.restore_checkpoint(directory, model_state(), partial=True, params_from="norms")
+
+
+def test_fine_tuning_restores_the_backbone_keeps_the_new_head_and_trains_on(trained):
+    state, directory = trained
+    target = model_state(TwoLayers(classes=5), tx=optax.sgd(0.1), losses=TRAINING["losses"])
+    restored, report = ciclo.restore_checkpoint(directory, target, partial=True, report=True)
+    np.testing.assert_array_equal(restored.params["backbone"]["w"], state.params["backbone"]["w"])
+    np.testing.assert_array_equal(restored.params["head"]["w"], target.params["head"]["w"])
+    kept = dict(report.kept)
+    assert kept[".params['head']['w']"] == "other shape: the checkpoint's (8, 3), the target's (8, 5)"
+    assert ".opt_state" not in " ".join(report.restored)  # sgd keeps no state; adam's goes unused
+    assert "['params']['head']['w']" in report.unused
+    assert "kept .params['head']['w']: other shape" in str(report)
+    for _ in range(2):
+        logs, restored = restored.train_step((INPUTS, LABELS % 5))
+    assert int(restored.step) == int(state.step) + 2 and np.isfinite(float(logs.losses.loss))
+
+
+def test_partial_restore_keeps_a_leaf_of_another_dtype_and_restores_onto_the_targets_sharding(trained):
+    _, directory = trained
+    target = model_state(strategy="data_parallel")
+    target = target.replace(
+        params={**target.params, "head": {"w": target.params["head"]["w"].astype(jnp.bfloat16)}}
+    )
+    restored, report = ciclo.restore_checkpoint(directory, target, partial=True, report=True)
+    assert dict(report.kept) == {
+        ".params['head']['w']": "other dtype: the checkpoint's float32, the target's bfloat16"
+    }
+    assert restored.params["backbone"]["w"].sharding == target.params["backbone"]["w"].sharding
+    assert restored.params["head"]["w"] is target.params["head"]["w"]
+
+
+@pytest.mark.parametrize(
+    ("differs", "option"),
+    [
+        ({"metrics": None}, "metrics="),
+        ({"precision": "32"}, "precision="),
+        ({"accumulate_steps": 2}, "accumulate_steps="),
+        ({"ema_decay": None}, "ema_decay="),
+        ({"tx": optax.sgd(0.1)}, "tx="),
+    ],
+)
+def test_the_strict_error_names_the_option_that_differs(trained, differs, option):
+    _, directory = trained
+    with pytest.raises(ValueError, match="does not match the target state") as error:
+        ciclo.restore_checkpoint(directory, model_state(**{**TRAINING, **differs}))
+    message = str(error.value)
+    assert f"the states differ in {option}" in message and "partial=True" in message
+    assert len(message) <= 2000
+
+
+def test_the_strict_error_summarises_many_leaves_under_2000_characters(tmp_path):
+    many = {f"layer_{i:03d}": jnp.zeros(2) for i in range(300)}
+    ckpt = ciclo.checkpoint(tmp_path)
+    ckpt.save(1, {"params": many, "opt_state": many})
+    ckpt.close()
+    with pytest.raises(ValueError, match=r"\(900 difference\(s\)\)") as error:
+        ciclo.restore_checkpoint(tmp_path, {"weights": many})
+    assert len(str(error.value)) <= 2000
+    assert "the states differ in tx=" in str(error.value)

@@ -64,6 +64,7 @@ from ciclo._src.loops.lr_find import LRFindResult as LRFindResult
 from ciclo._src.loops.predefined import LoopSettings as LoopSettings
 from ciclo._src.resume.backup import Backup as Backup
 from ciclo._src.resume.backup import Preempted as Preempted
+from ciclo._src.resume.orbax_io import RestoreReport as RestoreReport
 from ciclo._src.state.model_state import ModelState as ModelState
 from ciclo._src.state.model_state import ModelStateSettings as ModelStateSettings
 from ciclo._src.state.precision import LossScale as LossScale
@@ -107,6 +108,7 @@ __all__ = [
     "Preempted",
     "Profile",
     "RecompileWarning",
+    "RestoreReport",
     "Schedule",
     "ScheduleBase",
     "Stacked",

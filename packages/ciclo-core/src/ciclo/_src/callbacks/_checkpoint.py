@@ -10,13 +10,14 @@ Everything orbax-specific is `ciclo._src.resume.orbax_io`, shared with backups.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import math
 import os
 import typing
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar, overload
 
 import jax
 
@@ -26,6 +27,7 @@ from ciclo._src.base.elapsed import Elapsed
 from ciclo._src.base.files import check_closed, write_atomically
 from ciclo._src.base.finite import all_finite
 from ciclo._src.base.reprs import short
+from ciclo._src.base.roles import params_field
 from ciclo._src.base.types import CallbackOutput
 from ciclo._src.callbacks._monitor import (
     Mode,
@@ -41,16 +43,21 @@ from ciclo._src.engine.callback import Callback
 from ciclo._src.logs.logs import LogsLike
 from ciclo._src.resume.orbax_io import (
     TMP_MARK,
+    RestoreReport,
     abstract,
+    announce,
     check_structure,
     epath,
     is_single_leaf,
     open_manager,
     orbax,
+    partial_restore,
     restore_everywhere,
     stored_tree,
 )
 from ciclo._src.resume.signals import held_interrupts
+from ciclo._src.state.managed import AbstractManagedState
+from ciclo._src.state.model_state import setting_behind
 
 if TYPE_CHECKING:
     from ciclo._src.engine.loop_state import LoopState
@@ -101,15 +108,24 @@ def _rank_fn(monitor: str, mode: Mode) -> Callable[[Any], float]:
 
 
 def _open_manager(
-    directory: str, *, keep: int | None, monitor: str | None, mode: Mode, async_save: bool, create: bool
+    directory: str,
+    *,
+    keep: int | None,
+    monitor: str | None,
+    mode: Mode,
+    async_save: bool,
+    create: bool,
+    partial: bool = False,
 ) -> Any:
+    """The directory's manager; `partial`: one reading with orbax's `PyTreeCheckpointHandler` (subsets)."""
     ocp = orbax()
     policies = ocp.checkpoint_managers
     best_fn = None if monitor is None else _rank_fn(monitor, mode)
     return open_manager(
         directory,
         _BARRIERS,
-        item_handlers=ocp.StandardCheckpointHandler(),
+        # What StandardCheckpointHandler saves, PyTreeCheckpointHandler reads, leaf by leaf when partial.
+        item_handlers=ocp.PyTreeCheckpointHandler() if partial else ocp.StandardCheckpointHandler(),
         async_save=async_save,
         create=create,
         # best_fn and best_mode still drive `best_step()` and whether metrics are written.
@@ -194,16 +210,65 @@ def _resolve_step(manager: Any, directory: str, step: object, monitor: str | Non
 
 
 def _restore(manager: Any, directory: str, target: T, step: object, monitor: str | None) -> T:
+    return _restore_with_report(manager, directory, target, step, monitor)[0]
+
+
+def _restore_with_report(
+    manager: Any,
+    directory: str,
+    target: T,
+    step: object,
+    monitor: str | None,
+    *,
+    partial: bool = False,
+    params_from: str | None = None,
+) -> tuple[T, RestoreReport]:
     resolved = _resolve_step(manager, directory, step, monitor)
     # orbax's StandardSave takes only containers, so a single-leaf state is saved as {"state": leaf}.
     wrapped = is_single_leaf(target)
-    item = {"state": abstract(target)} if wrapped else abstract(target)
     where = f"of step {resolved} in {directory}"
+    stored = stored_tree(manager, resolved)
+    if partial:
+        prefix = ("state",) if wrapped else ()
+        source = _source_of(target, stored, prefix, params_from, where)
+        result, report = partial_restore(
+            manager, resolved, stored, {"state": target} if wrapped else target, source=source, where=where
+        )
+        report = dataclasses.replace(report, params_from=params_from)
+        announce("ciclo: restored the checkpoint %s partially: %s", where, report.summary())
+        return typing.cast(T, result["state"] if wrapped else result), report
+    item = {"state": abstract(target)} if wrapped else abstract(target)
     # dtypes=False: restoring a checkpoint casts to the target's dtype (docs/guide.md).
-    check_structure(stored_tree(manager, resolved), item, "the checkpoint", where, dtypes=False)
+    check_structure(stored, item, "the checkpoint", where, dtypes=False, explain=setting_behind)
     # Under several processes, a checkpoint one of them cannot read raises on all of them.
     restored = restore_everywhere(manager, resolved, orbax().args.StandardRestore(item))
-    return typing.cast(T, restored["state"] if wrapped else restored)
+    leaves = tuple(jax.tree_util.keystr(path) for path, _ in jax.tree_util.tree_leaves_with_path(target))
+    return typing.cast(T, restored["state"] if wrapped else restored), RestoreReport(resolved, leaves, (), ())
+
+
+def _source_of(
+    target: Any, stored: Any, prefix: tuple[str, ...], params_from: str | None, where: str
+) -> Callable[[tuple[str, ...]], tuple[str, ...]]:
+    """Where a leaf of the target is looked for in the checkpoint: its own path, or `params_from`'s."""
+    if params_from is None:
+        return lambda path: path
+    name = params_field(type(target)) if isinstance(target, AbstractManagedState) else "params"
+    node = stored
+    for key in (*prefix, params_from):
+        node = node.get(key) if isinstance(node, Mapping) else None
+    if not jax.tree.leaves(node):
+        raise ValueError(
+            f"params_from={short(params_from)}: the checkpoint {where} holds no {params_from}"
+            + (
+                " (the EMA of the weights: train with ema_decay=, e.g. 0.999)"
+                if params_from == "ema_params"
+                else ""
+            )
+            + f"; restore without params_from to read its {name}"
+        )
+    own = (*prefix, name)
+    size = len(own)
+    return lambda path: (*prefix, params_from, *path[size:]) if path[:size] == own else path
 
 
 def _steps_done(loop_state: LoopState[Any]) -> int:
@@ -629,28 +694,79 @@ def checkpoint(
     return Checkpoint(directory, keep, monitor, mode, async_save, overwrite, resume, name)
 
 
-def restore_checkpoint(directory: str | os.PathLike[str], target: T, *, step: StepLike = "latest") -> T:
+@overload
+def restore_checkpoint(
+    directory: str | os.PathLike[str],
+    target: T,
+    *,
+    step: StepLike = "latest",
+    partial: bool = False,
+    params_from: str | None = None,
+    report: Literal[False] = False,
+) -> T: ...
+
+
+@overload
+def restore_checkpoint(
+    directory: str | os.PathLike[str],
+    target: T,
+    *,
+    step: StepLike = "latest",
+    partial: bool = False,
+    params_from: str | None = None,
+    report: Literal[True],
+) -> tuple[T, RestoreReport]: ...
+
+
+def restore_checkpoint(
+    directory: str | os.PathLike[str],
+    target: T,
+    *,
+    step: StepLike = "latest",
+    partial: bool = False,
+    params_from: str | None = None,
+    report: bool = False,
+) -> T | tuple[T, RestoreReport]:
     """Restores a checkpoint saved by `ciclo.checkpoint` into the structure of `target`.
 
     Works in any process: `"best"` uses the monitor and mode recorded in the
-    directory when the checkpoints were saved.
+    directory when the checkpoints were saved. Each array is read onto the
+    sharding of the target's leaf: nothing is gathered onto one device.
+
+    By default the target must be built like the state saved. With
+    `partial=True` every leaf of `target` whose path is in the checkpoint with
+    the same shape and dtype is restored, the others are kept as they are in
+    `target`, and a one-line summary goes to the `ciclo.resume` logger: a
+    training checkpoint into a state for inference (`create_flax_state(model,
+    inputs=...)`, no `tx`), or a pretrained backbone into a model with a new
+    head and a new optimizer (docs/after_training.md).
 
     Args:
         directory: the directory passed to `ciclo.checkpoint`.
         target: a pytree like the saved state (e.g. the freshly initialised
             state): its structure, shapes, dtypes and shardings are those of the
-            result. Its values are not read.
+            result. Its values are read only for the leaves `partial` keeps.
         step: `"latest"`, `"best"` (the best monitored value), or a step number.
+        partial: restore the leaves that match and keep the others (see above).
+        params_from: the checkpoint's field the target's parameters are read
+            from, e.g. `"ema_params"`: the EMA weights as the parameters (with
+            `partial=True`).
+        report: also return a `ciclo.types.RestoreReport`: the leaves restored,
+            those kept from `target` with the reason, the checkpoint's unused.
 
     Returns:
-        The restored state, with the structure of `target`.
+        The restored state, with the structure of `target`; with `report=True`,
+        `(state, report)`.
 
     Raises:
         FileNotFoundError: if `directory` does not exist, holds no checkpoint, or
             none for `step`.
         ValueError: if `step` is not valid, or is `"best"` for checkpoints saved
-            without `monitor`, or if `target` does not match the checkpoint (the
-            message names the leaves, with their shapes and dtypes).
+            without `monitor`, or if `target` does not match the checkpoint
+            without `partial` (the message names the `create_*_state` option
+            that explains the difference, `metrics=`, `tx=`, ..., and the
+            leaves, with their shapes and dtypes), or for `params_from` without
+            `partial=True` or naming a field the checkpoint does not hold.
 
     Example:
         >>> import tempfile
@@ -666,15 +782,35 @@ def restore_checkpoint(directory: str | os.PathLike[str], target: T, *, step: St
         {'accuracy': Array(0.9, dtype=float32)}
         >>> ciclo.restore_checkpoint(directory, {"accuracy": jnp.float32(0)})
         {'accuracy': Array(0.7, dtype=float32)}
+        >>> target = {"accuracy": jnp.float32(0), "loss": jnp.float32(-1)}
+        >>> state, report = ciclo.restore_checkpoint(directory, target, partial=True, report=True)
+        >>> state
+        {'accuracy': Array(0.7, dtype=float32), 'loss': Array(-1., dtype=float32)}
+        >>> print(report)
+        step 3: restored 1 leaf, kept 1 from the target, 0 of the checkpoint unused
+          kept ['loss']: missing in the checkpoint
     """
+    for flag, value in (("partial", partial), ("report", report)):
+        check_bool(value, flag)
+    if params_from is not None and (not isinstance(params_from, str) or not partial):
+        raise (ValueError if isinstance(params_from, str) else TypeError)(
+            f"params_from={short(params_from)} reads the target's parameters from another field of the "
+            "checkpoint, and the checkpoint's own parameters are then left unused: pass partial=True too, "
+            "e.g. restore_checkpoint(directory, target, partial=True, params_from='ema_params')"
+        )
     path = _absolute_directory(directory)
     if not epath(path).is_dir():
         raise FileNotFoundError(f"checkpoint directory {path} does not exist")
     check_closed(path, "the checkpoint directory")
     settings = _read_settings(path) or _settings(None, "min")
     monitor, mode = settings["monitor"], typing.cast(Mode, settings["mode"] or "min")
-    manager = _open_manager(path, keep=None, monitor=monitor, mode=mode, async_save=False, create=False)
+    manager = _open_manager(
+        path, keep=None, monitor=monitor, mode=mode, async_save=False, create=False, partial=partial
+    )
     try:
-        return _restore(manager, path, target, step, monitor)
+        restored, found = _restore_with_report(
+            manager, path, target, step, monitor, partial=partial, params_from=params_from
+        )
     finally:
         manager.close()
+    return (restored, found) if report else restored

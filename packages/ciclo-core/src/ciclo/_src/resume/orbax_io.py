@@ -9,6 +9,7 @@ a target against the tree orbax stored, and notes a lost process of a run.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import hashlib
 import logging
@@ -18,7 +19,7 @@ import sys
 import threading
 import weakref
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, final
 
 import jax
 import numpy as np
@@ -349,7 +350,20 @@ def stored_tree(manager: Any, step: int, *keys: str) -> Any:
         return None
 
 
-def check_structure(stored: Any, item: Any, kind: str, where: str, *, dtypes: bool) -> None:
+Explain = Callable[[tuple[str, ...]], "tuple[str, str] | None"]
+"""`explain(path)`: the option that explains a leaf on one side only, and what the leaf holds; or None."""
+
+_MAX_ERROR = 2000
+"""The longest structure error: the leaves are summarised, never all listed."""
+
+
+def _clip(text: str, limit: int = 160) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def check_structure(
+    stored: Any, item: Any, kind: str, where: str, *, dtypes: bool, explain: Explain | None = None
+) -> None:
     """Compares a target tree with the metadata tree orbax stored, leaf by leaf.
 
     Paths are compared by key names, and a typed PRNG key (`jax.random.key`, an
@@ -360,6 +374,11 @@ def check_structure(stored: Any, item: Any, kind: str, where: str, *, dtypes: bo
     parameters and the optimizer state, and the run would equal neither the one
     saved nor a new one), a checkpoint's restore casts to the target's dtype.
 
+    `explain(path)` names the option of the state's creation that explains
+    a leaf present on one side only (`metrics=`, `tx=`, ...): the differences
+    it explains are summarised per option, each with one example, so that the
+    message stays under 2,000 characters however many leaves differ.
+
     Raises:
         ValueError: naming the leaves that are missing on either side or whose
             shapes (or dtypes) differ, with the shapes and dtypes of both.
@@ -368,10 +387,19 @@ def check_structure(stored: Any, item: Any, kind: str, where: str, *, dtypes: bo
         return
     stored_table = _leaf_table(stored)
     wanted = _leaf_table(item)
-    problems = []
+    problems: list[str] = []
+    explained: dict[str, tuple[str, list[str]]] = {}  # option -> (what its leaves hold, examples)
+
+    def one_side(path: tuple[str, ...], problem: str) -> None:
+        reason = None if explain is None else explain(path)
+        if reason is None:
+            problems.append(problem)
+        else:
+            explained.setdefault(reason[0], (reason[1], []))[1].append(problem)
+
     for path, (name, shape, dtype) in wanted.items():
         if path not in stored_table:
-            problems.append(f"{name}: in the target ({shape}, {dtype}) but not in {kind}")
+            one_side(path, f"{name}: in the target ({shape}, {dtype}) but not in {kind}")
             continue
         _, stored_shape, stored_dtype = stored_table[path]
         if stored_shape != shape:
@@ -384,20 +412,32 @@ def check_structure(stored: Any, item: Any, kind: str, where: str, *, dtypes: bo
                 f"{name}: {kind} holds dtype {stored_dtype} (shape {stored_shape}), "
                 f"the target has dtype {dtype}"
             )
-    problems += [
-        f"{name}: in {kind} ({shape}, {dtype}) but not in the target"
-        for path, (name, shape, dtype) in stored_table.items()
-        if path not in wanted
+    for path, (name, shape, dtype) in stored_table.items():
+        if path not in wanted:
+            one_side(path, f"{name}: in {kind} ({shape}, {dtype}) but not in the target")
+    count = len(problems) + sum(len(examples) for _, examples in explained.values())
+    if not count:
+        return
+    lines = [
+        f"{len(examples)} leaf(s) of {what}: the states differ in {option} (e.g. {_clip(examples[0])})"
+        for option, (what, examples) in explained.items()
     ]
-    if problems:
-        shown = "\n  ".join(problems[:10])
-        more = f"\n  ... and {len(problems) - 10} more" if len(problems) > 10 else ""
-        raise ValueError(
-            f"{kind} {where} does not match the target state "
-            f"({len(problems)} difference(s)):\n  {shown}{more}\n"
-            "Restore into a state built like the one that was saved (same model, optimizer, shapes"
-            + (" and dtypes)." if dtypes else ").")
+    lines += [_clip(problem) for problem in problems[:8]]
+    if len(problems) > 8:
+        lines.append(f"... and {len(problems) - 8} more")
+    fix = "Restore into a state built like the one that was saved (same model, optimizer, shapes" + (
+        " and dtypes)" if dtypes else ")"
+    )
+    if explained:
+        fix = (
+            f"Create the target with the same {', '.join(explained)} as the state saved, or restore with "
+            "partial=True (ciclo.restore_checkpoint) to take the leaves that match and keep the others"
         )
+    head = f"{kind} {where} does not match the target state ({count} difference(s)):"
+    while lines and len(head) + len(fix) + sum(len(line) + 3 for line in lines) > _MAX_ERROR - 40:
+        lines.pop()
+    shown = "\n  ".join(lines)
+    raise ValueError(f"{head}\n  {shown}\n{fix}.")
 
 
 def is_single_leaf(tree: Any) -> bool:
@@ -414,3 +454,147 @@ def abstract(tree: Any) -> Any:
         return x
 
     return jax.tree.map(leaf, tree)
+
+
+@final
+@dataclasses.dataclass(frozen=True)
+class RestoreReport:
+    """What a partial restore (`ciclo.restore_checkpoint(..., partial=True, report=True)`) did, leaf by leaf.
+
+    Leaves are named by their paths (`jax.tree_util.keystr`): those of the
+    target for `restored` and `kept`, those of the checkpoint for `unused`.
+
+    Attributes:
+        step: the checkpoint's step.
+        restored: the target's leaves read from the checkpoint (same path,
+            shape and dtype).
+        kept: `(leaf, reason)` for each leaf of the target left as it was: `"missing
+            in the checkpoint"`, `"other shape: ..."` or `"other dtype: ..."`.
+        unused: the checkpoint's leaves that no leaf of the target took.
+        params_from: the checkpoint's field the target's parameters were read
+            from (`"ema_params"`), or None: its own parameters.
+
+    Example:
+        >>> report = RestoreReport(3, (".params['w']",), ((".params['b']", "missing in the checkpoint"),), ())
+        >>> print(report)
+        step 3: restored 1 leaf, kept 1 from the target, 0 of the checkpoint unused
+          kept .params['b']: missing in the checkpoint
+    """
+
+    step: int
+    restored: tuple[str, ...]
+    kept: tuple[tuple[str, str], ...]
+    unused: tuple[str, ...]
+    params_from: str | None = None
+
+    def summary(self) -> str:
+        """The first line of `str(report)`: the counts."""
+        source = "" if self.params_from is None else f" (params from {self.params_from})"
+        restored = f"{len(self.restored)} " + ("leaf" if len(self.restored) == 1 else "leaves")
+        return (
+            f"step {self.step}{source}: restored {restored}, kept {len(self.kept)} from the target, "
+            f"{len(self.unused)} of the checkpoint unused"
+        )
+
+    def __str__(self) -> str:
+        lines = [self.summary()]
+        lines += [f"  kept {leaf}: {reason}" for leaf, reason in self.kept[:20]]
+        if len(self.kept) > 20:
+            lines.append(f"  ... and {len(self.kept) - 20} more kept")
+        lines += [f"  unused {leaf}" for leaf in self.unused[:20]]
+        if len(self.unused) > 20:
+            lines.append(f"  ... and {len(self.unused) - 20} more unused")
+        return "\n".join(lines)
+
+
+def _trimmed(node: Any, path: tuple[str, ...], take: dict[tuple[str, ...], Any]) -> Any:
+    """The stored tree `node` with only the leaves in `take` (each replaced by its value there).
+
+    Dicts lose the keys with nothing to take; lists and tuples keep their length
+    with None in place (orbax's partial restore matches them by position).
+    `_DROP` where nothing under `node` is taken.
+    """
+    if isinstance(node, dict):
+        kept = {key: _trimmed(value, (*path, str(key)), take) for key, value in node.items()}
+        kept = {key: value for key, value in kept.items() if value is not _DROP}
+        return kept if kept else _DROP
+    if isinstance(node, (list, tuple)):
+        items = [_trimmed(value, (*path, str(index)), take) for index, value in enumerate(node)]
+        if all(item is _DROP for item in items):
+            return _DROP
+        return [None if item is _DROP else item for item in items]
+    return take.get(path, _DROP)
+
+
+_DROP = object()
+
+
+def _at(tree: Any, path: tuple[str, ...]) -> Any:
+    """The node of a restored (dicts and lists) tree at a path of key names."""
+    for key in path:
+        tree = tree[int(key)] if isinstance(tree, (list, tuple)) else tree[key]
+    return tree
+
+
+def partial_restore(
+    manager: Any,
+    step: int,
+    stored: Any,
+    target: Any,
+    *,
+    source: Callable[[tuple[str, ...]], tuple[str, ...]],
+    where: str,
+) -> tuple[Any, RestoreReport]:
+    """Restores the leaves of `target` found in the checkpoint with their shape and dtype; keeps the others.
+
+    `manager` is an `open_manager` with orbax's `PyTreeCheckpointHandler`, whose
+    `partial_restore` reads only the leaves asked for, each onto the sharding of
+    the target's leaf (`abstract`): nothing is gathered, and the checkpoint's
+    other leaves are never read. `source(path)` is where the leaf of `item` at
+    `path` is looked for in the checkpoint (the EMA weights for the parameters:
+    `params_from`).
+
+    Returns:
+        `target` with each leaf restored or as it was, and a `RestoreReport`.
+
+    Raises:
+        ValueError: when the checkpoint has no metadata of its tree (`stored` None).
+    """
+    if stored is None:
+        raise ValueError(
+            f"the checkpoint {where} holds no metadata of its tree, so partial=True cannot match it"
+        )
+    stored_table = _leaf_table(stored)
+    values, treedef = jax.tree.flatten(target)
+    targets = _leaf_table(target)
+    take: dict[tuple[str, ...], Any] = {}
+    restored, kept = [], []
+    for (path, (name, shape, dtype)), leaf in zip(
+        targets.items(), jax.tree.leaves(abstract(target)), strict=True
+    ):
+        found = stored_table.get(source(path))
+        if found is None:
+            kept.append((name, "missing in the checkpoint"))
+        elif found[1] != shape:
+            kept.append((name, f"other shape: the checkpoint's {found[1]}, the target's {shape}"))
+        elif found[2] is not None and dtype is not None and found[2] != dtype:
+            kept.append((name, f"other dtype: the checkpoint's {found[2]}, the target's {dtype}"))
+        else:
+            take[source(path)] = leaf
+            restored.append(name)
+    unused = tuple(name for path, (name, _, _) in stored_table.items() if path not in take)
+    if take:
+        ocp = orbax()
+        subset = _trimmed(stored, (), take)
+        args = ocp.args.PyTreeRestore(
+            item=subset,
+            restore_args=ocp.checkpoint_utils.construct_restore_args(subset),
+            partial_restore=True,
+        )
+        read = restore_everywhere(manager, step, args)
+        values = [
+            _at(read, source(path)) if source(path) in take else leaf
+            for path, leaf in zip(targets, values, strict=True)
+        ]
+    report = RestoreReport(step, tuple(restored), tuple(kept), unused)
+    return jax.tree_util.tree_unflatten(treedef, values), report

@@ -407,6 +407,38 @@ class ModelStateSettings(TrainingOptionsKwargs, total=False):
     key: jax.Array | int
 
 
+_MULTI_STEPS_FIELDS: Final = frozenset(optax.MultiStepsState._fields)
+
+
+def setting_behind(path: tuple[str, ...]) -> tuple[str, str] | None:
+    """The `create_*_state` setting that gives a state the leaf at `path` (key names), and what it holds.
+
+    What a checkpoint's structure error names for a leaf found on one side only
+    (`ciclo.restore_checkpoint`): `metrics=`, `precision=` (the loss scale),
+    `accumulate_steps=` (`optax.MultiSteps`' state), `ema_decay=`, `log_norms=`
+    or `tx=` (another optimizer, or none); None for another leaf.
+
+    Example:
+        >>> setting_behind(("ema_params", "Dense_0", "kernel"))
+        ('ema_decay=', 'the EMA of the weights (ema_params)')
+        >>> setting_behind(("params", "Dense_0", "kernel")) is None
+        True
+    """
+    field = path[0] if path else ""
+    if field == "opt_state" and _MULTI_STEPS_FIELDS & set(path):
+        return "accumulate_steps=", "the micro-batches optax.MultiSteps accumulates (opt_state)"
+    return _SETTING_OF_FIELD.get(field)
+
+
+_SETTING_OF_FIELD: Final = {
+    "metrics": ("metrics=", "the running metrics (metrics)"),
+    "loss_scale": ("precision=", "the loss scale of precision='16-mixed' (loss_scale)"),
+    "ema_params": ("ema_decay=", "the EMA of the weights (ema_params)"),
+    "norms": ("log_norms=", "the norms log_norms keeps (norms)"),
+    "opt_state": ("tx=", "the optimizer state: another optimizer, or none (opt_state)"),
+}
+
+
 def create_model_state(
     adapter: ModelAdapter,
     *,
