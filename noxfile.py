@@ -376,7 +376,7 @@ def docs(session: nox.Session) -> None:
 
 @nox.session
 def package(session: nox.Session) -> None:
-    """Builds the wheels and sdists of ciclo-core and the adapters, twine-checks them, trains a step from them.
+    """Builds the wheels and sdists of ciclo-core and the adapters, twine-checks them, trains a step.
 
     The new venv gets ciclo-core's wheel alone first (`import ciclo` works, and
     checkpoints and `create_flax_state` name what to install), then the adapters'
