@@ -109,7 +109,9 @@ def adapter_packages(root: Path = ROOT) -> list[AdapterPackage]:
 
 ADAPTER_PACKAGES = adapter_packages()
 ADAPTERS = [adapter.path for adapter in ADAPTER_PACKAGES]
-OWN = ["ciclo-core", *(adapter.distribution for adapter in ADAPTER_PACKAGES)]
+EXAMPLE_ADAPTER = "./examples/ciclo-stax"
+"""An adapter package written as if outside this repository: `examples` runs its own tests (ciclo.testing)."""
+OWN = ["ciclo-core", *(adapter.distribution for adapter in ADAPTER_PACKAGES), "ciclo-stax"]
 """The distributions built from this repository: reinstalled at each run of a reused environment."""
 
 WORKERS = str(max(1, min(4, os.cpu_count() or 1)))
@@ -334,9 +336,18 @@ def demo(session: nox.Session) -> None:
 def examples(session: nox.Session) -> None:
     """Runs every example script: each trains on scikit-learn's digits and fails under its accuracy floor.
 
-    `WORKERS` scripts run at a time; each one's output is shown when it ends.
+    `WORKERS` scripts run at a time; each one's output is shown when it ends. Then
+    the example adapter package's own tests run, as its authors run them: the
+    adapter kit `ciclo.testing` over `ciclo_stax.StaxAdapter`.
     """
-    _install(session, DEMO_CORE, *ADAPTERS, "keras>=3", *_group("demo"))
+    _install(
+        session,
+        DEMO_CORE.replace("]", ",testing]"),
+        *ADAPTERS,
+        f"{EXAMPLE_ADAPTER}[test]",
+        "keras>=3",
+        *_group("demo"),
+    )
     python = str(Path(session.bin) / "python")
     commands = [
         [python, script, f"--min-accuracy={floor}", *session.posargs] for script, floor in EXAMPLES.items()
@@ -350,6 +361,17 @@ def examples(session: nox.Session) -> None:
     failed = [command[1] for command, result in zip(commands, done, strict=True) if result.returncode != 0]
     if failed:
         session.error(f"examples failed: {', '.join(failed)}")
+    # Its pyproject.toml configures its tests, as in its own repository; doctests: the installed module's.
+    _pytest(
+        session,
+        str(ROOT / EXAMPLE_ADAPTER / "tests"),
+        f"--config-file={EXAMPLE_ADAPTER}/pyproject.toml",
+        f"--rootdir={EXAMPLE_ADAPTER}",
+        "--doctest-modules",
+        "--pyargs",
+        "ciclo_stax",
+        parallel=False,
+    )
 
 
 @nox.session

@@ -71,7 +71,7 @@ def test_today_s_adapters_are_found_with_their_test_folders_and_extras() -> None
         ["./packages/ciclo-haiku"], ["tests/adapters/haiku"], ["ciclo_haiku"]
     )
     assert NOXFILE.ADAPTERS == ["./packages/ciclo-equinox", "./packages/ciclo-flax", "./packages/ciclo-haiku"]
-    assert NOXFILE.OWN == ["ciclo-core", "ciclo-equinox", "ciclo-flax", "ciclo-haiku"]
+    assert NOXFILE.OWN == ["ciclo-core", "ciclo-equinox", "ciclo-flax", "ciclo-haiku", "ciclo-stax"]
     assert NOXFILE.TYPED["ciclo-equinox"] == "packages/ciclo-equinox/src"
 
 
@@ -103,22 +103,25 @@ def _package(root: Path, folder: str, entry_points: str) -> None:
 
 def test_a_new_adapter_package_joins_the_matrix_with_no_other_edit(layout: Path) -> None:
     before = load_noxfile(layout)
-    assert "stax" not in before.FRAMEWORKS
+    assert "mylib" not in before.FRAMEWORKS
     _package(
         layout,
-        "ciclo-stax",
-        '[project.entry-points."ciclo.frameworks"]\ncreate_stax_state = "ciclo_stax:create"',
+        "ciclo-mylib",
+        '[project.entry-points."ciclo.frameworks"]\ncreate_mylib_state = "ciclo_mylib:create"',
     )
     # A library that is no adapter (no ciclo.frameworks entry point) stays out.
     _package(layout, "ciclo-utils", "")
 
     noxfile = load_noxfile(layout)
 
-    assert noxfile.FRAMEWORKS["stax"] == noxfile.Framework(
-        ["./packages/ciclo-stax"], ["packages/ciclo-stax/tests"], ["ciclo_stax"]
+    assert noxfile.FRAMEWORKS["mylib"] == noxfile.Framework(
+        ["./packages/ciclo-mylib"], ["packages/ciclo-mylib/tests"], ["ciclo_mylib"]
     )
-    assert list(noxfile.FRAMEWORKS) == ["core", "equinox", "flax", "haiku", "stax", "loggers"]
-    assert noxfile.ADAPTERS == [*before.ADAPTERS, "./packages/ciclo-stax"]  # conformance, examples, docs, ...
-    assert noxfile.OWN == [*before.OWN, "ciclo-stax"]  # rebuilt at each run
-    assert noxfile.TYPED["ciclo-stax"] == "packages/ciclo-stax/src"
+    assert list(noxfile.FRAMEWORKS) == ["core", "equinox", "flax", "haiku", "mylib", "loggers"]
+    assert noxfile.ADAPTERS == [
+        *before.ADAPTERS,
+        "./packages/ciclo-mylib",
+    ]  # conformance, examples, docs, ...
+    assert sorted(noxfile.OWN) == sorted([*before.OWN, "ciclo-mylib"])  # rebuilt at each run
+    assert noxfile.TYPED["ciclo-mylib"] == "packages/ciclo-mylib/src"
     assert all("utils" not in name for name in [*noxfile.FRAMEWORKS, *noxfile.OWN, *noxfile.ADAPTERS])
