@@ -7,6 +7,10 @@ ciclo's own packages. JAX's persistent compilation cache (`.nox/jax-cache`) is
 shared by every session and by the processes the tests start. Each test case runs
 in one session: the conformance suite in `conformance`, the several-device cases
 in `multidevice`, each package's own tests in its `tests(...)` session.
+
+The adapters are found, not listed: each package under packages/ whose
+pyproject.toml declares a `ciclo.frameworks` entry point gets a `tests(<name>)`
+session (`adapter_packages`) and is installed wherever every adapter is.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import nox
@@ -53,8 +58,60 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "-1")
 PYPROJECT = nox.project.load_toml("pyproject.toml")
 # The tests, docs and examples use tqdm bars and orbax checkpoints, both optional extras.
 CORE = "./packages/ciclo-core[tqdm,checkpoint]"
-ADAPTERS = ["./packages/ciclo-flax", "./packages/ciclo-haiku", "./packages/ciclo-equinox"]
-OWN = ["ciclo-core", "ciclo-flax", "ciclo-haiku", "ciclo-equinox"]
+ENTRY_POINT_GROUP = "ciclo.frameworks"
+"""The entry point group through which `ciclo.create_<name>_state` finds an adapter package."""
+
+
+@dataclasses.dataclass(frozen=True)
+class AdapterPackage:
+    """A package under packages/ that declares a `ciclo.frameworks` entry point: an adapter."""
+
+    name: str  # the framework: `ciclo-flax` is `flax`, tested by the session `tests(flax)`
+    distribution: str  # its project name, `ciclo-flax`
+    path: str  # what to install, `./packages/ciclo-flax`
+    modules: list[str]  # the import names its entry points load, `ciclo_flax`
+    folders: list[str]  # its tests: tests/adapters/<name> and the package's own tests/, where they exist
+    typed: str  # what mypy checks of it
+    test_requires: list[str]  # installed beside it in its `tests(...)` session: `[tool.ciclo] test-requires`
+
+
+def adapter_packages(root: Path = ROOT) -> list[AdapterPackage]:
+    """Every adapter under `root`/packages, by folder name: a new one joins the matrix by existing.
+
+    Each is installed in the `conformance`, `examples`, `typecheck`, `docs` and
+    `package` sessions and has a `tests(<name>)` session of its own.
+    """
+    found = []
+    for pyproject in sorted((root / "packages").glob("*/pyproject.toml")):
+        config = tomllib.loads(pyproject.read_text(encoding="utf-8"))
+        project = config["project"]
+        points = project.get("entry-points", {}).get(ENTRY_POINT_GROUP, {})
+        if not points:
+            continue  # ciclo-core, or a library that is not an adapter
+        folder = pyproject.parent
+        name = project["name"].removeprefix("ciclo-")
+        tests = [f"tests/adapters/{name}", f"packages/{folder.name}/tests"]
+        found.append(
+            AdapterPackage(
+                name=name,
+                distribution=project["name"],
+                path=f"./packages/{folder.name}",
+                modules=sorted({value.split(":")[0].split(".")[0].strip() for value in points.values()}),
+                folders=[path for path in tests if (root / path).is_dir()],
+                typed=f"packages/{folder.name}/src"
+                if (folder / "src").is_dir()
+                else f"packages/{folder.name}",
+                test_requires=list(config.get("tool", {}).get("ciclo", {}).get("test-requires", [])),
+            )
+        )
+    return found
+
+
+ADAPTER_PACKAGES = adapter_packages()
+ADAPTERS = [adapter.path for adapter in ADAPTER_PACKAGES]
+EXAMPLE_ADAPTER = "./examples/ciclo-stax"
+"""An adapter package written as if outside this repository: `examples` runs its own tests (ciclo.testing)."""
+OWN = ["ciclo-core", *(adapter.distribution for adapter in ADAPTER_PACKAGES), "ciclo-stax"]
 """The distributions built from this repository: reinstalled at each run of a reused environment."""
 
 WORKERS = str(max(1, min(4, os.cpu_count() or 1)))
@@ -77,10 +134,11 @@ class Framework:
 FRAMEWORKS = {
     # History.plot's doctest and the docs' plotting block draw with matplotlib (the plot extra).
     "core": Framework([], ["tests/core"], ["ciclo"], extras=("plot",)),
-    # clu's metrics need flax, so ciclo's clu support is tested with flax.
-    "flax": Framework(["./packages/ciclo-flax", "clu"], ["tests/adapters/flax"], ["ciclo_flax"]),
-    "haiku": Framework(["./packages/ciclo-haiku"], ["tests/adapters/haiku"], ["ciclo_haiku"]),
-    "equinox": Framework(["./packages/ciclo-equinox"], ["tests/adapters/equinox"], ["ciclo_equinox"]),
+    # One session per adapter package, in the order of their folders.
+    **{
+        adapter.name: Framework([adapter.path, *adapter.test_requires], adapter.folders, adapter.modules)
+        for adapter in ADAPTER_PACKAGES
+    },
     # The loggers' extras, tensorboard to read the event files back, clu for its metric writers.
     "loggers": Framework(
         ["tensorboard", "clu"],
@@ -223,9 +281,7 @@ def lint(session: nox.Session) -> None:
 
 TYPED = {
     "ciclo-core": "packages/ciclo-core/src/ciclo",
-    "ciclo-flax": "packages/ciclo-flax/src",
-    "ciclo-haiku": "packages/ciclo-haiku/src",
-    "ciclo-equinox": "packages/ciclo-equinox/src",
+    **{adapter.distribution: adapter.typed for adapter in ADAPTER_PACKAGES},
 }
 """What mypy checks of each package."""
 
@@ -280,9 +336,18 @@ def demo(session: nox.Session) -> None:
 def examples(session: nox.Session) -> None:
     """Runs every example script: each trains on scikit-learn's digits and fails under its accuracy floor.
 
-    `WORKERS` scripts run at a time; each one's output is shown when it ends.
+    `WORKERS` scripts run at a time; each one's output is shown when it ends. Then
+    the example adapter package's own tests run, as its authors run them: the
+    adapter kit `ciclo.testing` over `ciclo_stax.StaxAdapter`.
     """
-    _install(session, DEMO_CORE, *ADAPTERS, "keras>=3", *_group("demo"))
+    _install(
+        session,
+        DEMO_CORE.replace("]", ",testing]"),
+        *ADAPTERS,
+        f"{EXAMPLE_ADAPTER}[test]",
+        "keras>=3",
+        *_group("demo"),
+    )
     python = str(Path(session.bin) / "python")
     commands = [
         [python, script, f"--min-accuracy={floor}", *session.posargs] for script, floor in EXAMPLES.items()
@@ -296,6 +361,17 @@ def examples(session: nox.Session) -> None:
     failed = [command[1] for command, result in zip(commands, done, strict=True) if result.returncode != 0]
     if failed:
         session.error(f"examples failed: {', '.join(failed)}")
+    # Its pyproject.toml configures its tests, as in its own repository; doctests: the installed module's.
+    _pytest(
+        session,
+        str(ROOT / EXAMPLE_ADAPTER / "tests"),
+        f"--config-file={EXAMPLE_ADAPTER}/pyproject.toml",
+        f"--rootdir={EXAMPLE_ADAPTER}",
+        "--doctest-modules",
+        "--pyargs",
+        "ciclo_stax",
+        parallel=False,
+    )
 
 
 @nox.session
@@ -322,7 +398,7 @@ def docs(session: nox.Session) -> None:
 
 @nox.session
 def package(session: nox.Session) -> None:
-    """Builds the four wheels and sdists, twine-checks them, and trains a step from the wheels in a new venv.
+    """Builds the wheels and sdists of ciclo-core and the adapters, twine-checks them, trains a step.
 
     The new venv gets ciclo-core's wheel alone first (`import ciclo` works, and
     checkpoints and `create_flax_state` name what to install), then the adapters'
@@ -345,6 +421,6 @@ def package(session: nox.Session) -> None:
     check = str(Path("tests/package/check_install.py").resolve())
     session.run(python, "-m", "pip", "install", wheels["ciclo_core"], external=True)
     session.run(python, check, "core", external=True)
-    adapters = [wheels["ciclo_flax"], wheels["ciclo_haiku"], wheels["ciclo_equinox"]]
+    adapters = [wheels[adapter.distribution.replace("-", "_")] for adapter in ADAPTER_PACKAGES]
     session.run(python, "-m", "pip", "install", *adapters, external=True)
     session.run(python, check, "flax", external=True)

@@ -33,6 +33,8 @@ class Topic:
     title: str
     intro: str
     modules: tuple[str, ...]
+    names: tuple[str, ...] = ()  # paths claimed whatever module defines them: `ciclo.loop` on loop.md
+    first: tuple[str, ...] = ()  # the page's main names, in this order, before all others
 
 
 TOPICS = [
@@ -42,6 +44,8 @@ TOPICS = [
         "`ciclo.loop`, its engine `ciclo.run_phases` and what callbacks see. "
         "Guide: [the loop language](../guide.md).",
         ("ciclo._src.engine.phases", "ciclo._src.engine.loop_state", "ciclo._src.logs.step_output"),
+        names=("ciclo.loop",),
+        first=("ciclo.loop",),
     ),
     Topic(
         "loops.md",
@@ -49,6 +53,7 @@ TOPICS = [
         "`train_loop`, `test_loop`, `predict_loop` and the hook vocabulary they run. "
         "Guide: [predefined loops](../loops.md).",
         ("ciclo._src.loops.predefined", "ciclo._src.loops.hooks", "ciclo.hooks"),
+        first=("ciclo.train_loop", "ciclo.test_loop", "ciclo.predict_loop"),
     ),
     Topic(
         "time.md",
@@ -88,6 +93,7 @@ TOPICS = [
             "ciclo._src.base.frameworks",
             "ciclo.metrics",
         ),
+        first=("ciclo.create_model_state",),
     ),
     Topic(
         "managed.md",
@@ -175,7 +181,10 @@ def _is_module(module: str) -> bool:
 
 
 def topic_of(name: Name) -> Topic | None:
-    """The topic whose modules claim `name`'s source (the longest prefix wins), or None."""
+    """The topic that claims `name`'s path, else whose modules claim its source (the longest prefix wins)."""
+    for topic in TOPICS:
+        if name.path in topic.names:
+            return topic
     matches = [
         (len(prefix), topic)
         for topic in TOPICS
@@ -183,6 +192,59 @@ def topic_of(name: Name) -> Topic | None:
         if name.source == prefix or name.source.startswith(prefix + ".")
     ]
     return max(matches, key=lambda match: match[0])[1] if matches else None
+
+
+FUNCTION, CLASS, OTHER = range(3)
+"""The kinds of a page's names, in the order the page shows them: what users call first."""
+
+
+def kind_of(module: str, original: str, depth: int = 0) -> int:
+    """`FUNCTION`, `CLASS` or `OTHER`: how `module` defines `original` at its top level.
+
+    A name `module` imports from another module of the packages is looked up there.
+    """
+    tree = ast.parse(_module_file(module).read_text(encoding="utf-8"))
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name == original:
+            return FUNCTION
+        if isinstance(node, ast.ClassDef) and node.name == original:
+            return CLASS
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 and depth < 5:
+            for alias in node.names:
+                if (alias.asname or alias.name) == original and _is_module(node.module):
+                    return kind_of(node.module, alias.name, depth + 1)
+    return OTHER
+
+
+def ordered(topic: Topic, names: list[Name]) -> list[Name]:
+    """A page's names: its `first` names, then functions, classes and the rest (constants, aliases).
+
+    Within a kind, the names of `topic.modules`' first module come first, then
+    in `__all__`'s order. A submodule's directive (its docstring) goes right
+    before the first of its names on the page.
+    """
+
+    def module_rank(source: str) -> int:
+        ranks = [
+            i for i, prefix in enumerate(topic.modules) if source == prefix or source.startswith(prefix + ".")
+        ]
+        return min(ranks, default=len(topic.modules))
+
+    keys: dict[str, tuple[int, ...]] = {}
+    for index, name in enumerate(names):
+        if not name.is_module:
+            first = topic.first.index(name.path) if name.path in topic.first else len(topic.first)
+            keys[name.path] = (first, kind_of(name.source, name.original), module_rank(name.source), index, 0)
+    for name in names:
+        if name.is_module:
+            members = {inner.identity for inner in public_names(name.source)}
+            keys[name.path] = (
+                *min(
+                    keys[other.path] for other in names if not other.is_module and other.identity in members
+                )[:4],
+                -1,
+            )
+    return sorted(names, key=lambda name: keys[name.path])
 
 
 def _directive(name: Name) -> str:
@@ -215,9 +277,8 @@ def pages(packages: tuple[str, ...] = tuple(PACKAGES)) -> dict[str, str]:
     result = {}
     for topic in TOPICS:
         blocks = [f"# {topic.title}\n", f"{topic.intro}\n"]
-        # Functions first (what users call: `ciclo.every`), then the classes they return.
-        names = sorted(by_topic[topic.page], key=lambda name: name.path.rsplit(".", 1)[1][0].isupper())
-        blocks += [_directive(name) for name in names]
+        # Functions first (what users call: `ciclo.train_loop`), then the classes they return, then constants.
+        blocks += [_directive(name) for name in ordered(topic, by_topic[topic.page])]
         result[topic.page] = "\n".join(blocks)
 
     rows = [f"| [`{name.path}`]({target}) | {target.split('.md')[0]} |" for name, target in everything]

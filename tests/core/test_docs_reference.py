@@ -36,6 +36,10 @@ reference = _load_hook()
 PAGES = reference.pages()
 DIRECTIVES = {path: re.findall(r"^::: (\S+)$", text, re.MULTILINE) for path, text in PAGES.items()}
 DOCUMENTED = {name: path for path, names in DIRECTIVES.items() for name in names}
+NAMES = {name.path: name for package in reference.PACKAGES for name in reference.public_names(package)}
+TOPICS = [(topic.page, topic) for topic in reference.TOPICS] + [
+    (reference.INDEX, reference.Topic("", "", "", ()))
+]
 
 
 @pytest.mark.parametrize("module", [ciclo, *ADAPTERS], ids=lambda module: module.__name__)
@@ -75,6 +79,26 @@ def test_names_land_on_the_page_of_their_module() -> None:
     assert DOCUMENTED["ciclo.prefetch_to_device"] == "data.md"
     assert DOCUMENTED["ciclo.managed.train_step"] == "managed.md"
     assert DOCUMENTED["ciclo_flax.create_flax_state"] == "adapters.md"
+    assert DOCUMENTED["ciclo.loop"] == "loop.md"  # claimed by name: it is defined with the predefined loops
+
+
+def test_each_page_opens_with_its_main_functions() -> None:
+    loops = DIRECTIVES["loops.md"]
+    assert loops[:3] == ["ciclo.train_loop", "ciclo.test_loop", "ciclo.predict_loop"]
+    # The hook names are constants: they follow the functions, the classes and ciclo.hooks' docstring.
+    assert (
+        loops.index("ciclo.types.LoopSettings")
+        < loops.index("ciclo.hooks")
+        < loops.index("ciclo.on_epoch_end")
+    )
+    assert DIRECTIVES["loop.md"][0] == "ciclo.loop"
+    assert DIRECTIVES["states.md"][0] == "ciclo.create_model_state"
+    callbacks = DIRECTIVES["callbacks.md"]
+    assert callbacks.index("ciclo.checkpoint") < callbacks.index("ciclo.types.Checkpoint")
+    for topic in reference.TOPICS:  # after the main names: functions, classes, then constants
+        names = [NAMES[path] for path in DIRECTIVES[topic.page] if path not in topic.first]
+        kinds = [reference.kind_of(name.source, name.original) for name in names if not name.is_module]
+        assert kinds == sorted(kinds), topic.page
 
 
 def test_every_page_is_in_the_nav_and_every_nav_page_exists() -> None:

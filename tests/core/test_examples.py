@@ -6,7 +6,13 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).parents[2]
-SCRIPTS = sorted(path.relative_to(ROOT).as_posix() for path in (ROOT / "examples").rglob("*.py"))
+PACKAGES = sorted(path.parent for path in (ROOT / "examples").glob("*/pyproject.toml"))
+"""Example packages (examples/ciclo-stax, an adapter): tested by their own tests, not run as scripts."""
+SCRIPTS = sorted(
+    path.relative_to(ROOT).as_posix()
+    for path in (ROOT / "examples").rglob("*.py")
+    if not any(path.is_relative_to(package) for package in PACKAGES)
+)
 
 
 def _examples_of_the_noxfile() -> dict[str, float]:
@@ -28,3 +34,10 @@ def test_every_script_takes_a_floor_and_shows_the_trained_model() -> None:
         text = (ROOT / script).read_text(encoding="utf-8")
         assert '"--min-accuracy"' in text and "SystemExit" in text, script
         assert "ciclo.checkpoint(" in text and "best.model" in text, script
+
+
+def test_the_examples_session_runs_the_example_adapter_package_s_tests() -> None:
+    (package,) = PACKAGES
+    noxfile = (ROOT / "noxfile.py").read_text(encoding="utf-8")
+    assert f'EXAMPLE_ADAPTER = "./{package.relative_to(ROOT).as_posix()}"' in noxfile
+    assert (package / "tests").is_dir() and (package / "noxfile.py").is_file()

@@ -8,6 +8,7 @@ site built elsewhere.
 
 from __future__ import annotations
 
+import html
 import importlib
 import os
 import re
@@ -57,4 +58,17 @@ def test_every_adapter_name_has_an_anchor(anchors: set[str], name: str) -> None:
 def test_every_page_of_the_nav_was_built() -> None:
     for page in ("getting-started", "guide", "loops", "metrics", "strategies", "frameworks", "adapter"):
         assert (SITE / page / "index.html").is_file(), page
+    # "Add your framework" includes examples/ciclo-stax's files (pymdownx.snippets).
+    framework = (SITE / "frameworks/add_your_framework/index.html").read_text("utf-8")
+    assert "StaxAdapter" in framework and "JAX_VERSIONS" in framework and "--8&lt;--" not in framework
     assert (SITE / "performance/index.html").read_text("utf-8").count("ratio to bare") >= 3
+
+
+def test_signatures_are_formatted_over_several_lines() -> None:
+    page = (SITE / "reference/loops/index.html").read_text("utf-8")
+    start = page.index('id="ciclo.train_loop"')
+    signature = re.search(r'class="doc-signature highlight"><pre>(.*?)</pre>', page[start:], re.DOTALL)
+    assert signature is not None
+    text = html.unescape(re.sub(r"<[^>]+>", "", signature[1]))
+    assert text.startswith("train_loop(\n") and text.count("\n") > 10, text
+    assert max(map(len, text.splitlines())) <= 88
