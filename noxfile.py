@@ -75,10 +75,13 @@ class Framework:
 
 
 FRAMEWORKS = {
-    # History.plot's doctest and the docs' plotting block draw with matplotlib (the plot extra).
-    "core": Framework([], ["tests/core"], ["ciclo"], extras=("plot",)),
-    # clu's metrics need flax, so ciclo's clu support is tested with flax.
-    "flax": Framework(["./packages/ciclo-flax", "clu"], ["tests/adapters/flax"], ["ciclo_flax"]),
+    # History.plot's doctest and the docs' plotting block draw with matplotlib (the plot extra);
+    # ciclo.export's doctests and docs blocks serialize with flatbuffers (the export extra).
+    "core": Framework([], ["tests/core"], ["ciclo"], extras=("plot", "export")),
+    # clu's metrics need flax, so ciclo's clu support is tested with flax; a flax model is exported.
+    "flax": Framework(
+        ["./packages/ciclo-flax", "clu"], ["tests/adapters/flax"], ["ciclo_flax"], extras=("export",)
+    ),
     "haiku": Framework(["./packages/ciclo-haiku"], ["tests/adapters/haiku"], ["ciclo_haiku"]),
     "equinox": Framework(["./packages/ciclo-equinox"], ["tests/adapters/equinox"], ["ciclo_equinox"]),
     # The loggers' extras, tensorboard to read the event files back, clu for its metric writers.
@@ -262,7 +265,7 @@ def quick(session: nox.Session) -> None:
     mypy runs in the `typecheck` session, queued after this one, on the packages
     whose sources changed since the last commit (ciclo-core when none did).
     """
-    _install(session, "./packages/ciclo-core[tqdm,checkpoint,plot]", *_group("test"), *_group("lint"))
+    _install(session, "./packages/ciclo-core[tqdm,checkpoint,plot,export]", *_group("test"), *_group("lint"))
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
     _pytest(session, "tests/core", "--doctest-modules", "--pyargs", "ciclo")
