@@ -56,8 +56,8 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "-1")
 
 PYPROJECT = nox.project.load_toml("pyproject.toml")
-# The tests, docs and examples use tqdm bars and orbax checkpoints, both optional extras.
-CORE = "./packages/ciclo-core[tqdm,checkpoint]"
+# The tests, docs and examples use tqdm bars, orbax checkpoints and jax.export files: optional extras.
+CORE = "./packages/ciclo-core[tqdm,checkpoint,export]"
 ENTRY_POINT_GROUP = "ciclo.frameworks"
 """The entry point group through which `ciclo.create_<name>_state` finds an adapter package."""
 
@@ -318,7 +318,7 @@ def quick(session: nox.Session) -> None:
     mypy runs in the `typecheck` session, queued after this one, on the packages
     whose sources changed since the last commit (ciclo-core when none did).
     """
-    _install(session, "./packages/ciclo-core[tqdm,checkpoint,plot]", *_group("test"), *_group("lint"))
+    _install(session, "./packages/ciclo-core[tqdm,checkpoint,plot,export]", *_group("test"), *_group("lint"))
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
     _pytest(session, "tests/core", "--doctest-modules", "--pyargs", "ciclo")

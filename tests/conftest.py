@@ -45,6 +45,7 @@ DOCTEST_REQUIRES = {
     "ciclo._src.callbacks._loggers._tensorboard": "tensorboardX",
     # Its example is a grain iterator; grain installs on Python >= 3.11 only.
     "ciclo._src.data.prefetch.StatefulPrefetched": "grain",
+    "ciclo._src.state.export": "flatbuffers",  # jax.export's serialization (the export extra)
 }
 
 

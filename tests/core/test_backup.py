@@ -593,6 +593,7 @@ def test_a_backup_is_read_as_data_and_a_pickle_in_it_never_runs(tmp_path):
         ("elapsed", [3, 3, float("nan"), 0.0], r"elapsed is \[3, 3, nan, 0.0\]"),
         ("elapsed", [3, 3, 1.0, float("inf")], r"elapsed is \[3, 3, 1.0, inf\]"),
         ("extra", 1, r"unknown fields \['extra'\]"),
+        ("devices", 0, r"devices is 0, not a device count"),
         ("callbacks", [], r"callbacks is a list, not a dict"),
         (
             "history",
@@ -617,6 +618,31 @@ def test_a_damaged_or_crafted_backup_names_its_file_and_field(tmp_path, field, v
     for step in steps:
         assert f"- step {step.name}: {step / 'loop'}" in str(caught.value)
     assert [step.name for step in _steps(tmp_path)] == [step.name for step in steps]  # none deleted
+
+
+@pytest.mark.parametrize("devices", [None, 1, 3])
+def test_a_backup_of_another_device_count_resumes_with_a_note(tmp_path, capsys, devices):
+    import json
+
+    _small_run(tmp_path)
+    for step in _steps(tmp_path):
+        document = step / "loop" / "metadata"
+        item = json.loads(document.read_text())
+        assert item["devices"] == jax.device_count() == 1
+        if devices is None:  # a backup of a ciclo that did not record its devices
+            del item["devices"]
+        else:
+            item["devices"] = devices
+        document.write_text(json.dumps(item))
+    capsys.readouterr()
+    state, _, elapsed = ciclo.loop(
+        0, range(4), {ciclo.every(1): _logged_add}, backup=ciclo.backup(tmp_path, every=2), stop=4
+    )
+    assert elapsed.steps == 4
+    note = (
+        "ciclo: resuming a backup written on 3 devices onto 1: the run goes on; its results are not bitwise"
+    )
+    assert (note in capsys.readouterr().err) == (devices == 3)
 
 
 def _truncate_loop_document(step):

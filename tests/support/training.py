@@ -69,6 +69,28 @@ class LinearClassifier:
         return inputs @ params["w"] + params["b"][None], model_state
 
 
+class MLPAdapter:
+    """`init_mlp` / `apply_mlp` as a pure-JAX `ciclo.types.ModelAdapter` (fsdp shards its middle weight)."""
+
+    def init(self, key: Any, inputs: Any) -> tuple[Any, Any]:
+        return init_mlp(key), None
+
+    def apply(self, params: Any, model_state: Any, inputs: Any, *, key: Any, training: bool) -> Any:
+        return apply_mlp(params, inputs), model_state
+
+
+def mlp_state(strategy: Any, key: int = 0) -> ciclo.types.ModelState:
+    """An `MLPAdapter` state trained with adam on the squared error of `batches()`."""
+    return ciclo.create_model_state(
+        MLPAdapter(),
+        inputs=jnp.zeros((1, FEATURES)),
+        tx=optimizer(),
+        losses={"mse": lambda preds, target: (preds - target) ** 2},
+        strategy=strategy,
+        key=key,
+    )
+
+
 def optimizer() -> optax.GradientTransformation:
     return optax.adam(1e-2)
 

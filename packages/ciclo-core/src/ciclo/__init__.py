@@ -71,6 +71,8 @@ from ciclo._src.loops.predefined import predict_loop as predict_loop
 from ciclo._src.loops.predefined import test_loop as test_loop
 from ciclo._src.loops.predefined import train_loop as train_loop
 from ciclo._src.resume.backup import backup as backup
+from ciclo._src.state.export import export as export
+from ciclo._src.state.export import load_exported as load_exported
 from ciclo._src.state.model_state import create_model_state as create_model_state
 from ciclo._src.state.summary import summary as summary
 
@@ -144,11 +146,13 @@ __all__ = [
     "early_stopping",
     "elapse",
     "every",
+    "export",
     "fuse",
     "history",
     "hooks",
     "inner_loop",
     "keras_bar",
+    "load_exported",
     "logs",
     "loop",
     "lr_find",

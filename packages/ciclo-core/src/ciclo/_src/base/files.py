@@ -55,8 +55,8 @@ def check_closed(directory: str, what: str) -> None:
                 )
 
 
-def write_atomically(path: str, text: str) -> None:
-    """Writes `text` to `path` through `path + ".tmp"`, synced to disk, then renamed over `path`.
+def write_atomically(path: str, text: str | bytes) -> None:
+    """Writes `text` (UTF-8, or bytes as they are) to `path` through `path + ".tmp"`, synced, then renamed.
 
     One writer per file: a `.tmp` left behind (or a link there) is removed, not written through.
 
@@ -73,8 +73,9 @@ def write_atomically(path: str, text: str) -> None:
     with contextlib.suppress(FileNotFoundError):
         os.unlink(tmp)  # a kill's leftover, or a link planted there: removed, not followed
     descriptor = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o644)
-    with os.fdopen(descriptor, "w", encoding="utf-8") as file:
-        file.write(text)
+    data = text.encode() if isinstance(text, str) else text
+    with os.fdopen(descriptor, "wb") as file:
+        file.write(data)
         file.flush()
         os.fsync(file.fileno())
     os.replace(tmp, path)

@@ -221,12 +221,16 @@ class Restored:
     kind: str
     stop: Period | None
     samples: int
+    devices: int | None = None
+    """`jax.device_count()` of the run that wrote it; None where the backup did not record it."""
     skipped: tuple[int, ...] = ()
     """The newer backups that could not be read (warned about, then deleted)."""
 
 
 _LOOP_FIELDS = {"format", "kind", "stop", "finished", "elapsed", "history", "callbacks", "position"}
 _LOOP_FIELDS |= {"samples", "iterator_state", "kept", "options"}
+_OPTIONAL_LOOP_FIELDS = {"devices"}
+"""Fields a format-4 document may lack: those of ciclo versions that did not record them yet."""
 
 
 def _stop_period(fields: Any, where: str) -> Period | None:
@@ -253,7 +257,8 @@ def _checked_loop_item(item: Any, step: int, where: str) -> dict[str, Any]:
         )
     if item.get("format") != _FORMAT:
         raise ValueError(f"{where} has format {short(item.get('format'))}; this ciclo reads format {_FORMAT}")
-    unknown, missing = sorted(set(item) - _LOOP_FIELDS), sorted(_LOOP_FIELDS - set(item))
+    unknown = sorted(set(item) - _LOOP_FIELDS - _OPTIONAL_LOOP_FIELDS)
+    missing = sorted(_LOOP_FIELDS - set(item))
     if unknown or missing:
         raise ValueError(f"{where}: unknown fields {unknown}, missing fields {missing}")
     elapsed, kept = item["elapsed"], item["kept"]
@@ -271,10 +276,14 @@ def _checked_loop_item(item: Any, step: int, where: str) -> dict[str, Any]:
         "samples": (_is_count(item["samples"]), "a count"),
         "kind": (isinstance(item["kind"], str), "the name of a loop"),
         "kept": (isinstance(kept, list) and all(isinstance(name, str) for name in kept), "a list of names"),
+        "devices": (
+            item.get("devices") is None or (_is_count(item["devices"]) and item["devices"] > 0),
+            "a device count",
+        ),
     }
     for name, (ok, what) in checks.items():
         if not ok:
-            raise ValueError(f"{where}: {name} is {short(item[name])}, not {what}")
+            raise ValueError(f"{where}: {name} is {short(item.get(name))}, not {what}")
     if elapsed[0] != step:
         raise ValueError(f"{where}: elapsed counts {elapsed[0]} steps, but the backup is numbered {step}")
     if not isinstance(item["callbacks"], dict):
@@ -476,6 +485,7 @@ class Session:
             kind=fields["kind"],
             stop=_stop_period(fields["stop"], document),
             samples=fields["samples"],
+            devices=fields.get("devices"),
         )
 
     def _read_history(
@@ -584,6 +594,7 @@ class Session:
             "iterator_state": to_json(iterator_state, "the dataset iterator's get_state()"),
             "kept": sorted(kept),
             "options": static_options(state),
+            "devices": jax.device_count(),
         }
         ocp = self._ocp
         if step == self.last_saved:
@@ -697,6 +708,14 @@ class BackupCallback(Callback):
             self._done = True
             loop_state.stop()
             return
+        if restored.devices is not None and restored.devices != jax.device_count():
+            announce(
+                "ciclo: resuming a backup written on %d device%s onto %d: the run goes on; its results "
+                "are not bitwise those of an uninterrupted run",
+                restored.devices,
+                "" if restored.devices == 1 else "s",
+                jax.device_count(),
+            )
         loop_state.load_state_dicts(restored.callbacks)
         loop_state._iterator = self._iterator = position_dataset(
             loop_state._iterator, loop_state._dataset, restored, clock.batch_size_fn

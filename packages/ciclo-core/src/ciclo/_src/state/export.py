@@ -1,0 +1,190 @@
+"""Export for serving: a `ModelState`'s prediction function as a `jax.export` file, and loading it back.
+
+`export` traces the state's prediction (the model applied with `training=False`,
+under the state's precision, as `predict_step` applies it) with its parameters
+as constants and, by default, a symbolic batch dimension; `load_exported` gives
+back a callable that needs jax alone, not the framework the model was written in.
+jax's serialization format is flatbuffers (the `export` extra).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+
+from ciclo._src.base.files import write_atomically
+from ciclo._src.base.reprs import short
+from ciclo._src.state.model_state import ModelState
+
+_BATCH = "batch"
+"""The name of the symbolic batch dimension (`Exported.in_avals` show it)."""
+
+
+def _check_serialization() -> None:
+    """Raises an ImportError naming the `export` extra where flatbuffers (jax.export's format) is missing."""
+    try:
+        importlib.import_module("flatbuffers")
+    except ImportError as error:
+        raise ImportError(
+            f"ciclo.export and ciclo.load_exported need flatbuffers, the format jax.export serializes to "
+            f'({error}): pip install "ciclo-core[export]"'
+        ) from error
+
+
+def _spec(leaf: Any, batch: Any) -> jax.ShapeDtypeStruct:
+    """The `ShapeDtypeStruct` of one input array; its first axis `batch` where that is not None."""
+    shape, dtype = (
+        (leaf.shape, leaf.dtype) if hasattr(leaf, "dtype") else (np.shape(leaf), np.result_type(leaf))
+    )
+    if batch is None:
+        return jax.ShapeDtypeStruct(tuple(shape), dtype)  # type: ignore[no-untyped-call]
+    if not shape:
+        raise ValueError(
+            f"ciclo.export(batch_polymorphic=True) gives every input array a symbolic batch dimension, its "
+            f"first axis, and the inputs hold a scalar ({short(leaf)}): give inputs with a batch axis "
+            "(e.g. x[None]), or pass batch_polymorphic=False to export these exact shapes"
+        )
+    return jax.ShapeDtypeStruct((batch, *shape[1:]), dtype)  # type: ignore[no-untyped-call]
+
+
+def export(
+    state: ModelState,
+    inputs: Any,
+    path: str | os.PathLike[str],
+    *,
+    batch_polymorphic: bool = True,
+    use_ema: bool = False,
+) -> jax.export.Exported:
+    """Writes `state`'s prediction function to `path` with `jax.export`, to serve without its framework.
+
+    The function is what `predict_step` computes from a batch's inputs (the
+    model with `training=False`, under the state's precision), with the
+    state's parameters and model state inside as constants: the file is the
+    whole model. It runs on the platform it was exported on (`Exported.platforms`).
+    Keras spells this `model.export`, Lightning `to_torchscript`.
+
+    Args:
+        state: a `ciclo.types.ModelState` (from `ciclo.create_model_state` or a
+            framework's `create_*_state`), under any strategy: its arrays are
+            brought whole to one device first.
+        inputs: sample inputs (a pytree of arrays, or of `jax.ShapeDtypeStruct`s):
+            the shapes and dtypes the exported function takes. Their values are
+            not read.
+        path: the file to write (its folder is created).
+        batch_polymorphic: give every input array a symbolic first dimension
+            (`jax.export.symbolic_shape("batch")`), so that the file takes any
+            batch size; False exports the exact shapes of `inputs`.
+        use_ema: export the state's EMA weights (`state.with_ema_params()`)
+            instead of its parameters; the state needs `ema_decay=`.
+
+    Returns:
+        The `jax.export.Exported` written (its `in_avals`, `out_avals`, ...).
+
+    Raises:
+        TypeError: if `state` is not a `ModelState`.
+        ValueError: if `use_ema=True` and the state keeps no EMA, if an input
+            is a scalar under `batch_polymorphic=True`, or if jax cannot export
+            the model's function (the message says jax's error and what to try).
+        ImportError: without flatbuffers (the `export` extra).
+
+    Example:
+        >>> import os, tempfile
+        >>> import ciclo, jax.numpy as jnp, optax
+        >>> class Scale:  # a ModelAdapter: the model is inputs * params
+        ...     def init(self, key, inputs):
+        ...         return jnp.full((), 3.0), None
+        ...     def apply(self, params, model_state, inputs, *, key, training):
+        ...         return inputs * params, model_state
+        >>> state = ciclo.create_model_state(Scale(), inputs=jnp.ones((1, 2)), tx=optax.sgd(0.1))
+        >>> path = os.path.join(tempfile.mkdtemp(), "model.jax")
+        >>> exported = ciclo.export(state, jnp.ones((1, 2)), path)
+        >>> exported.in_avals
+        (ShapedArray(float32[batch,2]),)
+        >>> predict = ciclo.load_exported(path)  # in any process with jax
+        >>> predict(jnp.ones((3, 2)))
+        Array([[3., 3.],
+               [3., 3.],
+               [3., 3.]], dtype=float32)
+    """
+    if not isinstance(state, ModelState):
+        raise TypeError(
+            f"ciclo.export takes a ciclo.types.ModelState (made by ciclo.create_model_state or a "
+            f"framework's create_*_state), got {type(state).__name__}: {short(state)}. A state with "
+            "steps of its own has no prediction function ciclo knows: export yours with "
+            "jax.export.export(jax.jit(fn))"
+        )
+    _check_serialization()
+    if use_ema:
+        try:
+            state = state.with_ema_params()
+        except ValueError as error:
+            raise ValueError(f"ciclo.export(use_ema=True): {error}") from None
+    served = state.with_strategy("eager")
+    batch = jax.export.symbolic_shape(_BATCH)[0] if batch_polymorphic else None
+    specs = jax.tree.map(lambda leaf: _spec(leaf, batch), inputs)
+
+    def predict(inputs: Any) -> Any:
+        preds, _ = served._apply(inputs, training=False)
+        return preds
+
+    try:
+        exported = jax.export.export(jax.jit(predict))(specs)
+    except Exception as error:  # noqa: BLE001 - any framework's error, or jax's on shapes
+        cause = str(error).strip().split("\n")[0]
+        hint = (
+            "with batch_polymorphic=True the model must work for any batch size: "
+            "pass batch_polymorphic=False to export the exact shapes of inputs, or "
+            if batch_polymorphic
+            else ""
+        )
+        raise ValueError(
+            f"ciclo.export could not export this state's prediction function on inputs {short(specs)} "
+            f"({type(error).__name__}: {short(cause, 300)}): {hint}make the adapter's apply traceable "
+            "by jax.jit (no host callbacks, no Python branch on array values)"
+        ) from error
+    try:
+        data = exported.serialize()
+    except Exception as error:  # noqa: BLE001 - jax refuses pytree types it cannot serialize
+        raise ValueError(
+            f"ciclo.export could not serialize this state's prediction function ({type(error).__name__}: "
+            f"{short(str(error), 300)}): its outputs {exported.out_tree} must be arrays in tuples, lists, "
+            "dicts or None, or of types registered with jax.export.register_pytree_node_serialization"
+        ) from error
+    write_atomically(os.fspath(path), bytes(data))
+    return exported
+
+
+def load_exported(path: str | os.PathLike[str]) -> Callable[..., Any]:
+    """The prediction function that `ciclo.export` wrote to `path`, as a callable that needs jax alone.
+
+    It takes inputs shaped as the exported ones (any batch size where the
+    export was batch-polymorphic) and returns the predictions. The same as
+    `jax.export.deserialize(open(path, "rb").read()).call`.
+
+    Raises:
+        ImportError: without flatbuffers (the `export` extra).
+
+    Example:
+        >>> import os, tempfile
+        >>> import ciclo, jax.numpy as jnp, optax
+        >>> class Shift:  # a ModelAdapter: the model is inputs + params
+        ...     def init(self, key, inputs):
+        ...         return jnp.ones(()), None
+        ...     def apply(self, params, model_state, inputs, *, key, training):
+        ...         return inputs + params, model_state
+        >>> state = ciclo.create_model_state(Shift(), inputs=jnp.zeros((1,)), tx=optax.sgd(0.1))
+        >>> path = os.path.join(tempfile.mkdtemp(), "model.jax")
+        >>> _ = ciclo.export(state, jnp.zeros((1,)), path)
+        >>> ciclo.load_exported(path)(jnp.arange(3.0))
+        Array([1., 2., 3.], dtype=float32)
+    """
+    _check_serialization()
+    with open(path, "rb") as file:
+        exported = jax.export.deserialize(bytearray(file.read()))
+    call: Callable[..., Any] = exported.call
+    return call

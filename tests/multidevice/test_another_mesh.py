@@ -1,0 +1,76 @@
+"""Checkpoints and backups written under `fsdp` on 4 devices, read back on 2, 4 and 1 device(s)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+from support import processes
+from support.training import batches, mlp_state
+
+import ciclo
+
+WORKER = Path(__file__).with_name("another_mesh_worker.py")
+
+
+def _worker(devices: int, strategy: str, checkpoint: Path, backup: Path, stop: int, out: Path) -> str:
+    """Runs the worker on `devices` CPU devices; returns its stderr (the resume notes)."""
+    env = processes.clean_env(
+        JAX_PLATFORMS="cpu", XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}"
+    )
+    command = [
+        sys.executable,
+        str(WORKER),
+        str(devices),
+        strategy,
+        str(checkpoint),
+        str(backup),
+        str(stop),
+        str(out),
+    ]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stderr
+
+
+def test_fsdp_on_4_devices_restores_onto_2_4_and_1(tmp_path: Path) -> None:
+    checkpoint, backup = tmp_path / "checkpoint", tmp_path / "backup"
+    state = mlp_state("fsdp")
+    for batch in batches(3):
+        _, state = state.train_step(batch)
+    assert not state.params[1]["w"].sharding.is_fully_replicated  # the 64 x 64 weight is split over 4
+    saver = ciclo.checkpoint(checkpoint)
+    saver.save(3, state)
+    saver.close()
+    saved = [np.asarray(leaf) for leaf in jax.tree.leaves(state)]
+    ciclo.train_loop(mlp_state("fsdp"), batches(6), stop=2, backup=backup)
+    uninterrupted, _, _ = ciclo.train_loop(mlp_state("fsdp"), batches(6), stop=6)
+
+    # data_parallel on the same 4 devices: every array replicated.
+    target = mlp_state("data_parallel", key=1)
+    restored = ciclo.restore_checkpoint(checkpoint, target)
+    for leaf, want, value in zip(jax.tree.leaves(restored), jax.tree.leaves(target), saved, strict=True):
+        assert leaf.sharding == want.sharding and leaf.sharding.is_fully_replicated
+        np.testing.assert_array_equal(np.asarray(leaf), value)
+
+    # fsdp on 2 devices, then jit on 1; the backup goes on from 4 to 2 devices, then from 2 to 1.
+    notes = {}
+    for devices, strategy, stop in [(2, "fsdp", 4), (1, "jit", 6)]:
+        out = tmp_path / f"{devices}.npz"
+        notes[devices] = _worker(devices, strategy, checkpoint, backup, stop, out)
+        result = np.load(out)
+        assert result["same_sharding"].all()
+        for i, value in enumerate(saved):
+            np.testing.assert_array_equal(result[f"checkpoint_{i}"], value)
+        # The params' leaves: b, w of each layer; only the middle weight (64 x 64) is split, over 2.
+        assert list(result["devices"]) == [devices] * 6
+        assert list(result["replicated"]) == [True, True, True, devices == 1, True, True]
+    assert "resuming a backup written on 4 devices onto 2: the run goes on" in notes[2]
+    assert "resuming a backup written on 2 devices onto 1: the run goes on" in notes[1]
+    assert "resumed train_loop from the backup at step 4" in notes[1]
+    # Not bitwise (another device count sums in another order), but the same run to float32 rounding.
+    for i, leaf in enumerate(jax.tree.leaves(uninterrupted.params)):
+        np.testing.assert_allclose(result[f"resumed_{i}"], np.asarray(leaf), rtol=1e-5, atol=1e-6)
