@@ -42,8 +42,8 @@ CLAUSES: Final = (
     "model_state_updates",
     "compiles_once",
     "learns",
-    "to_model",
     "strategies",
+    "to_model",
     "precision",
     "accumulation",
     "ema",
@@ -126,6 +126,11 @@ def _farthest(a: Any, b: Any) -> float:
     """The largest absolute difference between the float leaves of two pytrees of one structure."""
     pairs = zip(_float_leaves(a), _float_leaves(b), strict=True)
     return max((float(np.max(np.abs(x - y), initial=0.0)) for x, y in pairs), default=0.0)
+
+
+def _signature(tree: Any) -> str:
+    """The structure of `tree` with each leaf as its dtype and shape, e.g. `{'mean': 'float32[1, 8]'}`."""
+    return short(jax.tree.map(lambda x: f"{jnp.result_type(x)}{list(np.shape(x))}", tree))
 
 
 def _kinds(tree: Any) -> list[tuple[str, str]]:
@@ -415,7 +420,7 @@ class Kit:
             fail(
                 "model_state_updates",
                 f"apply(training=True) returned a model_state of another structure, shape or dtype: "
-                f"{short(after)} for {short(before)}",
+                f"{_signature(after)} for {_signature(before)}",
                 "return the updated model_state with the structure, shapes and dtypes init gave",
             )
         if _same(before, after):
@@ -479,11 +484,18 @@ class Kit:
             )
         logs, _ = state.predict_step(inputs)
         expected = np.asarray(logs.outputs.preds)
-        if np.shape(preds) != expected.shape or not np.allclose(preds, expected, rtol=RTOL, atol=1e-5):
+        if np.shape(preds) != expected.shape:
             fail(
                 "to_model",
-                f"the model to_model gives predicted {short(np.asarray(preds))} where predict_step gave "
-                f"{short(expected)}",
+                f"the model to_model gives predicted shape {np.shape(preds)} where predict_step gave "
+                f"{expected.shape}",
+                "build the model from the params and model_state to_model is given, in evaluation mode",
+            )
+        if not np.allclose(preds, expected, rtol=RTOL, atol=1e-5):
+            fail(
+                "to_model",
+                f"the model to_model gives predicted up to {_farthest(np.asarray(preds), expected):.3g} away "
+                "from predict_step",
                 "build the model from the params and model_state to_model is given, in evaluation mode",
             )
 
@@ -678,9 +690,9 @@ def check_adapter(
       structure, shapes and dtypes;
     - `compiles_once`: later training steps compile nothing new;
     - `learns`: 30 steps of `ciclo.train_loop` reduce the loss;
-    - `to_model`: the model `to_model` gives predicts what `predict_step` does;
     - `strategies`: each of `strategies` trains to `jit`'s parameters, to
       float32 rounding (`data_parallel` and `fsdp` on several devices only);
+    - `to_model`: the model `to_model` gives predicts what `predict_step` does;
     - `precision`, `accumulation`, `ema`: the training options behave as
       documented (bfloat16 compute with float32 params; params updated every
       `accumulate_steps`-th micro-batch, as one step on their join; the EMA
