@@ -136,7 +136,12 @@ class HostRoundingWhenEager(Good):
         (PythonScalarParam(), {}, "init_kinds", "['temperature']"),
         (IntegerParam(), {}, "init_kinds", "not floating point"),
         (DropoutInEvaluation(), {}, "deterministic_evaluation", "for two keys"),
-        (StatisticsUpdatedInEvaluation(), {}, "deterministic_evaluation", "model_state that differs"),
+        (
+            StatisticsUpdatedInEvaluation(),
+            {},
+            "deterministic_evaluation",
+            "model_state whose statistics differ",
+        ),
         (FixedDropoutKey(), {"uses_key": True}, "key_use", "same outputs for two keys"),
         (StatisticsNeverUpdated(), {}, "model_state_updates", "unchanged"),
         (StatisticsChangeDtype(), {}, "model_state_updates", "structure, shape or dtype"),

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import inspect
+import types
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
 from ciclo._src.base.types import ModelAdapter
@@ -17,8 +19,9 @@ class AdapterTests:
 
     A subclass defines `make_adapter(self)` and the class attribute `inputs`
     (sample inputs for `init`), and optionally `strategies`, `variables`,
-    `uses_key`, `has_model_state` and `call_model`, as `check_adapter` takes
-    them. Its tests are `test_protocol`, `test_init_kinds`, ... (one per name
+    `uses_key`, `has_model_state`, `call_model` and `skip`, as `check_adapter` takes
+    them (class attributes, or properties computed from the instance). Its
+    tests are `test_protocol`, `test_init_kinds`, ... (one per name
     of `ciclo.testing.CLAUSES`); a clause that does not apply is skipped with
     the reason. The states are built once per class and shared by its tests.
 
@@ -38,12 +41,13 @@ class AdapterTests:
         >>> TestLinear().test_learns()
     """
 
-    inputs: ClassVar[Any]
-    strategies: ClassVar[Sequence[str]] = ("jit",)
-    variables: Any = None
-    uses_key: ClassVar[bool | None] = None
-    has_model_state: ClassVar[bool | None] = None
-    call_model: ClassVar[Callable[[Any, Any], Any] | None] = None
+    inputs: Any
+    strategies: Sequence[str] = ("jit",)
+    variables: tuple[Any, Any] | None = None
+    uses_key: bool | None = None
+    has_model_state: bool | None = None
+    call_model: Callable[[Any, Any], Any] | None = None
+    skip: Mapping[str, str] | None = None
 
     _kits: ClassVar[dict[type, Kit]] = {}
 
@@ -61,14 +65,17 @@ class AdapterTests:
                 variables=self.variables,
                 uses_key=self.uses_key,
                 has_model_state=self.has_model_state,
-                # A function stored on the class would be bound as a method: take it from the class dict.
-                call_model=next(
-                    (vars(k)["call_model"] for k in cls.__mro__ if "call_model" in vars(k)), None
-                ),
+                call_model=self._call_model(),
+                skip=self.skip,
             )
         why = AdapterTests._kits[cls].run(clause)
         if why is not None:
             pytest.skip(why)
+
+    def _call_model(self) -> Callable[[Any, Any], Any] | None:
+        # A function set on the class (`call_model = lambda model, x: ...`) would be bound as a method.
+        stored = inspect.getattr_static(self, "call_model")
+        return stored if isinstance(stored, types.FunctionType) else self.call_model
 
     def test_protocol(self) -> None:
         self._check("protocol")
