@@ -197,7 +197,7 @@ FLOAT16_MIXED = ciclo.types.Precision(jnp.float16, loss_scaling=True, initial_sc
 @pytest.mark.parametrize("strategy", ["jit", "fsdp"])
 def test_16_mixed_skips_a_step_that_overflows(make_state: MakeState) -> None:
     state = make_state(precision=FLOAT16_MIXED)
-    assert matmul_dtypes(state, TRAIN[0]) == {"float16"}
+    assert matmul_dtypes(state, TRAIN[0][0]) == {"float16"}
     logs, state = state.train_step(TRAIN[0])
     assert (float(logs.metrics.loss_scale), int(logs.metrics.skipped_steps)) == (2.0**8, 0)
     inputs, target = TRAIN[1]
