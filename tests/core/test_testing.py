@@ -77,6 +77,15 @@ def test_a_good_adapter_passes_and_the_report_says_what_was_checked() -> None:
 # --- broken adapters, one per clause family -----------------------------------------------------
 
 
+class KeyAsRng(Good):
+    def apply(self, params: Any, model_state: Any, inputs: Any, rng: Any, training: bool) -> Any:  # type: ignore[override]
+        return super().apply(params, model_state, inputs, key=rng, training=training)
+
+
+class Unhashable(Good):
+    __hash__ = None  # type: ignore[assignment]  # as a dataclass with eq=True and frozen=False has
+
+
 class NotAPair(Good):
     def init(self, key: jax.Array, inputs: jax.Array) -> Any:
         return super().init(key, inputs)[0]
@@ -132,6 +141,8 @@ class HostRoundingWhenEager(Good):
 @pytest.mark.parametrize(
     ("adapter", "options", "clause", "seen"),
     [
+        (KeyAsRng(), {}, "protocol", "cannot be called as ciclo calls it"),
+        (Unhashable(), {}, "protocol", "Unhashable is not hashable"),
         (NotAPair(), {}, "init_kinds", "not a pair"),
         (PythonScalarParam(), {}, "init_kinds", "['temperature']"),
         (IntegerParam(), {}, "init_kinds", "not floating point"),

@@ -309,6 +309,7 @@ class Kit:
     def protocol(self) -> None:
         """`init` and `apply` take the arguments ciclo passes; the adapter hashes (it is a static field)."""
         for name in ("init", "apply"):
+            # Whether the methods exist is what this clause checks (ModelAdapter is not runtime_checkable).
             method = getattr(self.adapter, name, None)
             if not callable(method):
                 fail("protocol", f"{type(self.adapter).__name__} has no method {name}", f"define {name}")
