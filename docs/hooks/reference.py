@@ -114,6 +114,12 @@ TOPICS = [
         ("ciclo._src.base.types", "ciclo.types"),
     ),
     Topic(
+        "testing.md",
+        "Checking an adapter",
+        "The conformance kit for framework authors. Guide: [writing an adapter](../adapter.md).",
+        ("ciclo.testing", "ciclo._src.testing"),
+    ),
+    Topic(
         "adapters.md",
         "Framework adapters",
         "The packages ciclo-flax, ciclo-haiku and ciclo-equinox. "

@@ -55,7 +55,11 @@ STANDARD_PROMOTION = {
 @pytest.fixture(autouse=True)
 def _framework_dtype_promotion(request: pytest.FixtureRequest) -> Iterator[None]:
     """Standard dtype promotion for the rows of `STANDARD_PROMOTION`, strict for the others."""
-    if "adapter" in request.fixturenames and request.getfixturevalue("adapter").NAME in STANDARD_PROMOTION:
+    if "adapter" in request.fixturenames:
+        name = request.getfixturevalue("adapter").NAME
+    else:  # a class of the kit's clauses (test_conformance.ConformanceTests)
+        name = getattr(request.cls, "adapter_name", None)
+    if name in STANDARD_PROMOTION:
         with jax.numpy_dtype_promotion("standard"):
             yield
     else:

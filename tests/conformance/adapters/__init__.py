@@ -5,6 +5,11 @@ Each module defines `NAME`, `REQUIRES`, `ENTRY_POINT` and
 where `options` are the training options every `create_*_state` takes (`precision`,
 `accumulate_steps`, `ema_decay`), and `kind` is `"mlp"` (features -> 64 -> relu -> classes) or `"bn_dropout"`
 (features -> 64 -> batch norm -> relu -> dropout -> classes).
+
+For `ciclo.testing`, each module also defines `INITIALISED` (True where the models are built
+initialised, nnx and equinox: the kit gets their variables, `init` refuses) and `call_model(kind)`:
+how to run the model its adapter's `to_model` gives (None where the model is called as it is or has
+no `to_model`).
 """
 
 from __future__ import annotations

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -12,6 +13,7 @@ import ciclo
 NAME = "equinox"
 REQUIRES = "equinox"  # module that must be importable, else the suite skips this adapter
 ENTRY_POINT = "create_equinox_state"
+INITIALISED = True
 
 HIDDEN = 64
 
@@ -24,6 +26,23 @@ def _model_keys(key: Any, count: int) -> jax.Array:
         key = jax.random.wrap_key_data(key)
     # Folded, so that the weights do not share randomness with the state's own key split.
     return jax.random.split(jax.random.fold_in(key, 1), count)
+
+
+def call_model(kind: str, *, classes: int) -> Callable[[Any, Any], Any]:
+    """`to_model` gives the module (with its state for batch norm), for one example: vmapped, in inference."""
+    import equinox as eqx
+
+    if kind == "mlp":
+        return lambda module, inputs: jax.vmap(eqx.nn.inference_mode(module))(inputs)
+
+    def call(model: tuple[Any, Any], inputs: Any) -> Any:
+        module, state = model
+        run = jax.vmap(
+            eqx.nn.inference_mode(module), in_axes=(0, None), out_axes=(0, None), axis_name="batch"
+        )
+        return run(inputs, state)[0]
+
+    return call
 
 
 def make_state(kind: str, *, features: int, classes: int, key: Any, **options: Any) -> ciclo.types.ModelState:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import flax.linen as nn
@@ -12,6 +13,7 @@ import ciclo
 NAME = "flax_linen"
 REQUIRES = "flax"
 ENTRY_POINT = "create_flax_state"
+INITIALISED = False
 
 
 class MLP(nn.Module):
@@ -32,8 +34,15 @@ class BatchNormDropout(nn.Module):
         return nn.Dense(self.classes)(x)
 
 
+MODELS = {"mlp": MLP, "bn_dropout": BatchNormDropout}
+
+
+def call_model(kind: str, *, classes: int) -> Callable[[Any, Any], Any]:
+    """`to_model` gives the variables dict: `module.apply` runs it (in evaluation mode by default)."""
+    return lambda variables, inputs: MODELS[kind](classes).apply(variables, inputs)
+
+
 def make_state(kind: str, *, features: int, classes: int, **settings: Any) -> ciclo.types.ModelState:
-    models = {"mlp": MLP, "bn_dropout": BatchNormDropout}
-    if kind not in models:
+    if kind not in MODELS:
         raise ValueError(f"unknown model kind {kind!r}")
-    return ciclo.create_flax_state(models[kind](classes), inputs=jnp.zeros((1, features)), **settings)
+    return ciclo.create_flax_state(MODELS[kind](classes), inputs=jnp.zeros((1, features)), **settings)

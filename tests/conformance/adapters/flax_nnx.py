@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -12,6 +13,7 @@ import ciclo
 NAME = "flax_nnx"
 REQUIRES = "flax"
 ENTRY_POINT = "create_flax_state"
+INITIALISED = True
 
 
 class MLP(nnx.Module):
@@ -32,6 +34,16 @@ class BatchNormDropout(nnx.Module):
 
     def __call__(self, x):
         return self.out(self.dropout(nnx.relu(self.norm(self.hidden(x)))))
+
+
+def call_model(kind: str, *, classes: int) -> Callable[[Any, Any], Any]:
+    """`to_model` gives the module in the mode it was built in: switched to evaluation first."""
+
+    def call(module: nnx.Module, inputs: Any) -> Any:
+        module.eval()
+        return module(inputs)
+
+    return call
 
 
 def make_state(

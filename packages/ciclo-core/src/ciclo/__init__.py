@@ -17,6 +17,7 @@ from ciclo import hooks as hooks
 from ciclo import managed as managed
 from ciclo import metrics as metrics
 from ciclo import strategies as strategies
+from ciclo import testing as testing
 from ciclo import types as types
 from ciclo._src.base import frameworks as _frameworks
 from ciclo._src.base import installation as _installation
@@ -187,6 +188,7 @@ __all__ = [
     "tensorboard",
     "terminate_on_nan",
     "test_loop",
+    "testing",
     "throughput",
     "tqdm_bar",
     "train_loop",

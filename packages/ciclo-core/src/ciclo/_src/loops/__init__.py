@@ -4,5 +4,5 @@
 vocabulary that places callbacks, the evaluation loop inside `train_loop`
 (`ciclo.inner_loop`) and `steps_per_execution="auto"`.
 
-May import: every other room.
+May import: callbacks, resume, engine, state, data, strategies, logs, base.
 """

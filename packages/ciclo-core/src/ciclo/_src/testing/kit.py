@@ -1,0 +1,772 @@
+"""`check_adapter`: every clause of the `ModelAdapter` contract, run on a small synthetic task.
+
+The kit builds a separable classification task from the adapter's sample
+inputs (as many classes as the model has outputs), trains the model on it
+through ciclo's own states and loops, and checks each clause in turn. A
+clause that fails raises an `AssertionError` naming the clause, what was seen
+and the fix; one that cannot apply (no dropout, one device) is skipped and the
+report says why. `AdapterTests` (`pytest_class.py`) runs the same clauses, one
+test each.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib.util
+import inspect
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Final, NoReturn
+
+import jax
+import jax.extend.core
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from ciclo._src.base.elapsed import Elapsed
+from ciclo._src.base.reprs import short
+from ciclo._src.base.schedules import every
+from ciclo._src.base.types import ModelAdapter, SupportsToModel
+from ciclo._src.loops.predefined import train_loop
+from ciclo._src.resume.backup import backup
+from ciclo._src.state.model_state import ModelState, create_model_state
+from ciclo._src.strategies._registry import strategy_names
+
+CLAUSES: Final = (
+    "protocol",
+    "init_kinds",
+    "deterministic_evaluation",
+    "key_use",
+    "model_state_updates",
+    "compiles_once",
+    "learns",
+    "strategies",
+    "to_model",
+    "precision",
+    "accumulation",
+    "ema",
+    "resume",
+)
+"""The clauses of the `ModelAdapter` contract, in the order `check_adapter` runs them."""
+
+MESH_STRATEGIES: Final = ("data_parallel", "fsdp")
+"""The strategies whose agreement with `jit` means something only on several devices."""
+
+BATCH: Final = 16
+"""The task's batch size: 4 micro-batches of 4 for accumulation, and 1, 2, 4, 8 or 16 devices."""
+
+STEPS: Final = 30
+"""The training batches of the task: `learns` trains on all of them, the other clauses on a few."""
+
+TX: Final = optax.sgd(0.05, momentum=0.9)
+"""One optimizer for every state the kit builds: plain enough that two strategies agree to rounding."""
+
+RTOL, ATOL = 1e-5, 1e-6
+"""float32 rounding: how close two strategies' (or two routes') parameters must be."""
+
+
+class Skipped(Exception):
+    """A clause that does not apply to this adapter: the message says why."""
+
+
+def fail(clause: str, seen: str, fix: str) -> NoReturn:
+    """Raises the kit's `AssertionError`: the clause, what was seen, and the fix."""
+    raise AssertionError(f"ciclo.testing clause {clause!r} failed: {seen}. Fix: {fix}")
+
+
+@dataclasses.dataclass(frozen=True)
+class AdapterReport:
+    """What `ciclo.testing.check_adapter` checked, and what it skipped and why.
+
+    Attributes:
+        checked: the clauses that ran and held, in the order they ran.
+        skipped: `{clause: why}` for the clauses (or parts of one, such as
+            `"strategies: fsdp"`) that could not apply to this adapter.
+
+    Example:
+        >>> report = AdapterReport(checked=("protocol",), skipped={"key_use": "uses_key=False"})
+        >>> print(report)
+        checked: protocol
+        skipped: key_use (uses_key=False)
+    """
+
+    checked: tuple[str, ...]
+    skipped: Mapping[str, str]
+
+    def __str__(self) -> str:
+        skipped = ", ".join(f"{name} ({why})" for name, why in self.skipped.items())
+        return f"checked: {', '.join(self.checked)}\nskipped: {skipped or 'nothing'}"
+
+
+def _leaves(tree: Any) -> list[np.ndarray]:
+    """Every leaf of `tree` on the host, random keys as their key data."""
+    out = []
+    for leaf in jax.tree.leaves(tree):
+        if isinstance(leaf, jax.Array) and jnp.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+            leaf = jax.random.key_data(leaf)
+        out.append(np.asarray(leaf))
+    return out
+
+
+def _float_leaves(tree: Any) -> list[np.ndarray]:
+    return [leaf for leaf in _leaves(tree) if np.issubdtype(leaf.dtype, np.floating)]
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Whether two pytrees have the same leaves, bit for bit."""
+    left, right = _leaves(a), _leaves(b)
+    return len(left) == len(right) and all(
+        x.shape == y.shape and np.array_equal(x, y, equal_nan=True) for x, y in zip(left, right, strict=True)
+    )
+
+
+def _farthest(a: Any, b: Any) -> float:
+    """The largest absolute difference between the float leaves of two pytrees of one structure."""
+    pairs = zip(_float_leaves(a), _float_leaves(b), strict=True)
+    return max((float(np.max(np.abs(x - y), initial=0.0)) for x, y in pairs), default=0.0)
+
+
+def _signature(tree: Any) -> str:
+    """The structure of `tree` with each leaf as its dtype and shape, e.g. `{'mean': 'float32[1, 8]'}`."""
+    return short(jax.tree.map(lambda x: f"{jnp.result_type(x)}{list(np.shape(x))}", tree))
+
+
+def _kinds(tree: Any) -> list[tuple[str, str]]:
+    """Each leaf of `tree` that is not an array, as (path, value)."""
+    return [
+        (jax.tree_util.keystr(path), short(leaf))
+        for path, leaf in jax.tree_util.tree_leaves_with_path(tree)
+        if not isinstance(leaf, (jax.Array, np.ndarray))
+    ]
+
+
+def matmul_dtypes(state: ModelState, inputs: Any) -> set[str]:
+    """The operand dtypes of every matrix product or convolution in a training forward pass."""
+    jaxpr = jax.make_jaxpr(lambda params: state.replace(params=params)._apply(inputs, training=True)[0])(
+        state.params
+    )
+    found: set[str] = set()
+
+    def walk(jaxpr: Any) -> None:
+        for eqn in jaxpr.eqns:
+            if eqn.primitive.name in ("dot_general", "conv_general_dilated"):
+                found.update(str(var.aval.dtype) for var in eqn.invars)
+            for param in eqn.params.values():
+                for sub in param if isinstance(param, (tuple, list)) else [param]:
+                    inner = sub.jaxpr if isinstance(sub, jax.extend.core.ClosedJaxpr) else sub
+                    if isinstance(inner, jax.extend.core.Jaxpr):
+                        walk(inner)
+
+    walk(jaxpr.jaxpr)
+    return found
+
+
+class _CountingLoss:
+    """Softmax cross-entropy on integer labels that counts how often it is traced."""
+
+    def __init__(self) -> None:
+        self.traces = 0
+
+    def __call__(self, preds: jax.Array, target: jax.Array) -> jax.Array:
+        self.traces += 1
+        return jnp.asarray(optax.softmax_cross_entropy_with_integer_labels(preds, target))
+
+
+def _accuracy(preds: jax.Array, target: jax.Array) -> jax.Array:
+    return preds.argmax(-1) == target
+
+
+class _Crash(Exception):
+    pass
+
+
+class Kit:
+    """One adapter under test: its task, and the states the clauses share (each compiles once)."""
+
+    def __init__(
+        self,
+        adapter: ModelAdapter,
+        *,
+        inputs: Any,
+        strategies: Sequence[str] = ("jit",),
+        variables: tuple[Any, Any] | None = None,
+        uses_key: bool | None = None,
+        has_model_state: bool | None = None,
+        call_model: Callable[[Any, Any], Any] | None = None,
+        skip: Mapping[str, str] | None = None,
+    ) -> None:
+        skip = dict(skip or {})
+        unknown_clauses = sorted(set(skip) - set(CLAUSES))
+        if unknown_clauses or not all(isinstance(why, str) and why for why in skip.values()):
+            raise ValueError(
+                f"skip must map clauses of {short(CLAUSES)} to why each is skipped, e.g. "
+                f"skip={{'precision': 'the framework casts to its own dtype policy'}}; got {short(skip)}"
+            )
+        if isinstance(strategies, str):
+            raise TypeError(
+                f"strategies must be a sequence of names, e.g. ('jit', 'fsdp'); got {short(strategies)}"
+            )
+        unknown = [name for name in strategies if name not in strategy_names()]
+        if unknown:
+            raise ValueError(f"unknown strategies {short(unknown)}; ciclo has {short(strategy_names())}")
+        if not isinstance(inputs, (jax.Array, np.ndarray)) or not jnp.issubdtype(inputs.dtype, jnp.floating):
+            raise TypeError(
+                f"inputs must be one floating-point array of sample inputs with a batch dimension, e.g. "
+                f"jnp.zeros((1, 16)); got {short(inputs)}"
+            )
+        if variables is not None and not (isinstance(variables, tuple) and len(variables) == 2):
+            raise TypeError(f"variables must be (params, model_state); got {short(variables)}")
+        self.adapter = adapter
+        self.inputs = inputs
+        self.strategies = tuple(strategies)
+        self.variables = variables
+        self.uses_key = uses_key
+        self.has_model_state = has_model_state
+        self.call_model = call_model
+        self.skip = skip
+        self.skipped: dict[str, str] = {}
+
+    # --- the variables, the task and the states ---------------------------------------------
+
+    @functools.cached_property
+    def initial(self) -> tuple[Any, Any]:
+        """`(params, model_state)` from `init` (or the `variables` given)."""
+        if self.variables is not None:
+            return self.variables
+        result = self.adapter.init(jax.random.key(0), self.inputs)
+        if not (isinstance(result, tuple) and len(result) == 2):
+            fail(
+                "init_kinds",
+                f"init returned {short(result)}, not a pair",
+                "return (params, model_state) from init, with model_state None when the model has none",
+            )
+        return result
+
+    def apply(self, inputs: Any, *, seed: int, training: bool) -> tuple[Any, Any]:
+        params, model_state = self.initial
+        return self.adapter.apply(params, model_state, inputs, key=jax.random.key(seed), training=training)
+
+    @functools.cached_property
+    def classes(self) -> int:
+        outputs, _ = self.apply(self.inputs, seed=0, training=False)
+        shape = np.shape(outputs)
+        if len(shape) < 2 or shape[0] != np.shape(self.inputs)[0] or shape[-1] < 2:
+            fail(
+                "deterministic_evaluation",
+                f"apply gave outputs of shape {shape} for inputs of shape {np.shape(self.inputs)}",
+                "return one row of at least 2 outputs (the task's class scores) per input, "
+                "(batch, ..., outputs)",
+            )
+        return int(shape[-1])
+
+    @functools.cached_property
+    def batches(self) -> list[tuple[np.ndarray, np.ndarray]]:
+        """`STEPS` batches of a separable task: points near one of `classes` centres, and their class."""
+        features = np.shape(self.inputs)[1:]
+        rng = np.random.default_rng(0)
+        centres = rng.normal(size=(self.classes, *features)) * 3
+        labels = rng.integers(0, self.classes, STEPS * BATCH).astype(np.int32)
+        points = (centres[labels] + rng.normal(size=labels.shape + features)).astype(self.inputs.dtype)
+        return [(points[i : i + BATCH], labels[i : i + BATCH]) for i in range(0, len(labels), BATCH)]
+
+    @functools.cache  # noqa: B019 - a Kit lives as long as its checks
+    def state(self, strategy: str = "jit", **options: Any) -> ModelState:
+        """The task's state under `strategy` with the training `options`, built once."""
+        start = {"inputs": self.inputs} if self.variables is None else {"variables": self.variables}
+        return create_model_state(
+            self.adapter,
+            **start,
+            tx=TX,
+            losses={"loss": _CountingLoss()},
+            metrics={"accuracy": _accuracy},
+            strategy=strategy,
+            key=0,
+            **options,
+        )
+
+    @functools.cached_property
+    def trained(self) -> tuple[ModelState, list[float]]:
+        """The `jit` state after `train_loop` on the whole task, and its losses."""
+        state, history, _ = train_loop(self.state(), self.batches)
+        return state, [float(loss) for loss in history.collect("loss")]
+
+    @functools.cached_property
+    def random_training(self) -> bool:
+        """Whether training outputs or model state depend on the key (then routes cannot agree exactly)."""
+        return not _same(
+            self.apply(self.batches[0][0], seed=1, training=True),
+            self.apply(self.batches[0][0], seed=2, training=True),
+        )
+
+    @functools.cached_property
+    def model_state_leaves(self) -> int:
+        return len(jax.tree.leaves(self.initial[1]))
+
+    # --- the clauses ---------------------------------------------------------------------------
+
+    def protocol(self) -> None:
+        """`init` and `apply` take the arguments ciclo passes; the adapter hashes (it is a static field)."""
+        for name in ("init", "apply"):
+            # Whether the methods exist is what this clause checks (ModelAdapter is not runtime_checkable).
+            method = getattr(self.adapter, name, None)
+            if not callable(method):
+                fail("protocol", f"{type(self.adapter).__name__} has no method {name}", f"define {name}")
+            expected = inspect.signature(getattr(ModelAdapter, name))
+            parameters = list(expected.parameters.values())[1:]
+            args = [p.name for p in parameters if p.kind is inspect.Parameter.POSITIONAL_ONLY]
+            kwargs = {p.name: p.name for p in parameters if p.kind is inspect.Parameter.KEYWORD_ONLY}
+            try:
+                inspect.signature(method).bind(*args, **kwargs)
+            except TypeError as error:
+                fail(
+                    "protocol",
+                    f"{name}{inspect.signature(method)} cannot be called as ciclo calls it ({error})",
+                    f"take the arguments of ciclo.types.ModelAdapter.{name}{expected}",
+                )
+        try:
+            hash(self.adapter)
+        except TypeError as error:
+            fail(
+                "protocol",
+                f"{type(self.adapter).__name__} is not hashable ({error})",
+                "an adapter is a static field of the state: make it a frozen dataclass with eq=False, "
+                "or a plain class",
+            )
+
+    def init_kinds(self) -> None:
+        """`init` gives `(params, model_state)`: floating-point params, model state None or arrays."""
+        params, model_state = self.initial
+        source = "the variables given" if self.variables is not None else "init"
+        if not jax.tree.leaves(params):
+            fail(
+                "init_kinds",
+                f"{source} gave params with no leaves: {short(params)}",
+                "return the trained arrays",
+            )
+        for name, tree in (("params", params), ("model_state", model_state)):
+            odd = _kinds(tree)
+            if odd:
+                fail(
+                    "init_kinds",
+                    f"{source} gave {name} with leaves that are not arrays: {short(odd)}",
+                    f"make every leaf of {name} a jax array (jnp.asarray); keep settings in the adapter",
+                )
+        integral = [
+            jax.tree_util.keystr(path)
+            for path, leaf in jax.tree_util.tree_leaves_with_path(params)
+            if not jnp.issubdtype(leaf.dtype, jnp.floating)
+        ]
+        if integral:
+            fail(
+                "init_kinds",
+                f"{source} gave params whose leaves {short(integral)} are not floating point",
+                "params are what the optimizer trains: move counters, keys and integer tables to model_state",
+            )
+        if self.has_model_state is not None and self.has_model_state != bool(self.model_state_leaves):
+            fail(
+                "init_kinds",
+                f"{source} gave model_state {short(model_state)}, but has_model_state={self.has_model_state}",
+                "return the model's own state (batch statistics) as model_state, and None when it has none",
+            )
+
+    def deterministic_evaluation(self) -> None:
+        """`apply(training=False)`: the same outputs whatever the key; the statistics left alone."""
+        self.classes  # noqa: B018 - checks the outputs' shape
+        inputs = self.batches[0][0]
+        (first, state_first), (second, _) = (self.apply(inputs, seed=s, training=False) for s in (1, 2))
+        if not _same(first, second):
+            fail(
+                "deterministic_evaluation",
+                f"apply(training=False) gave outputs that differ by up to {_farthest(first, second):.3g} "
+                "for two keys",
+                "draw no randomness from `key` when training is False (dropout off in evaluation)",
+            )
+        # Floating-point leaves only: an adapter may reseed its random keys from `key` in every call
+        # (ciclo-flax's nnx adapter does), which changes no output.
+        if not _same(_float_leaves(state_first), _float_leaves(self.initial[1])):
+            fail(
+                "deterministic_evaluation",
+                "apply(training=False) returned a model_state whose statistics differ from those given",
+                "return the model_state unchanged when training is False (statistics read, not updated)",
+            )
+        state = self.state()
+        _, tested = state.test_step(self.batches[0])
+        if not _same(_float_leaves(tested.model_state), _float_leaves(state.model_state)):
+            fail("deterministic_evaluation", "test_step changed the model state", "see apply(training=False)")
+
+    def key_use(self) -> None:
+        """Training draws its randomness from the key: one key the same outputs, another key others."""
+        inputs = self.batches[0][0]
+        if not _same(self.apply(inputs, seed=1, training=True), self.apply(inputs, seed=1, training=True)):
+            fail(
+                "key_use",
+                "apply(training=True) gave different results for the same key",
+                "draw every random number from `key` (no global or Python randomness)",
+            )
+        if self.uses_key is False:
+            raise Skipped("uses_key=False: key use not checked")
+        outputs = [self.apply(inputs, seed=s, training=True)[0] for s in (1, 2)]
+        if _same(*outputs):
+            if self.uses_key:
+                fail(
+                    "key_use",
+                    "apply(training=True) gave the same outputs for two keys, but uses_key=True",
+                    "draw dropout masks (and any noise) from the `key` apply is given, not from a fixed key",
+                )
+            raise Skipped(
+                "training gives the same outputs whatever the key (no dropout): key use not checked"
+            )
+
+    def model_state_updates(self) -> None:
+        """Training updates the model state, keeping its structure, shapes and dtypes."""
+        if not self.model_state_leaves:
+            raise Skipped("no model state: updates not checked")
+        before = self.initial[1]
+        _, after = self.apply(self.batches[0][0], seed=1, training=True)
+        kinds = [(np.shape(x), jnp.result_type(x)) for x in jax.tree.leaves(before)]
+        if str(jax.tree.structure(after)) != str(jax.tree.structure(before)) or kinds != [
+            (np.shape(x), jnp.result_type(x)) for x in jax.tree.leaves(after)
+        ]:
+            fail(
+                "model_state_updates",
+                f"apply(training=True) returned a model_state of another structure, shape or dtype: "
+                f"{_signature(after)} for {_signature(before)}",
+                "return the updated model_state with the structure, shapes and dtypes init gave",
+            )
+        if _same(before, after):
+            fail(
+                "model_state_updates",
+                "apply(training=True) returned the model_state it was given, unchanged",
+                "return the updated state (new batch statistics) when training is True, or return None "
+                "from init when the model has no state of its own",
+            )
+        state = self.state()
+        _, trained = state.train_step(self.batches[0])
+        if _same(trained.model_state, state.model_state):
+            fail(
+                "model_state_updates", "train_step left the model state unchanged", "see apply(training=True)"
+            )
+
+    def compiles_once(self) -> None:
+        """A second and third training step compile nothing new (the model state and key keep their kinds)."""
+        state = self.state()
+        loss = state.losses["loss"]
+        assert isinstance(loss, _CountingLoss)
+        _, state = state.train_step(self.batches[0])
+        traced = loss.traces
+        for batch in self.batches[1:3]:
+            _, state = state.train_step(batch)
+        if loss.traces != traced:
+            fail(
+                "compiles_once",
+                f"the training step was traced {loss.traces - traced} more time(s) after the first step",
+                "return a model_state with the structure, dtypes and weak types init gave (e.g. jnp.asarray("
+                "x, jnp.float32), not Python numbers), so each step runs the same compiled program",
+            )
+
+    def learns(self) -> None:
+        """A few steps of `train_loop` reduce the loss on a separable task."""
+        _, losses = self.trained
+        first, last = np.mean(losses[:5]), np.mean(losses[-5:])
+        if not (np.isfinite(last) and last < 0.8 * first):
+            fail(
+                "learns",
+                f"{len(losses)} steps of sgd on a separable {self.classes}-class task took the loss from "
+                f"{first:.4g} to {last:.4g}",
+                "check that apply's outputs depend on the params it is given (not on copies captured at "
+                "init) and that gradients flow through them",
+            )
+
+    def to_model(self) -> None:
+        """`to_model`, where implemented, gives a model that predicts what `predict_step` does."""
+        if not isinstance(self.adapter, SupportsToModel):
+            raise Skipped("the adapter has no to_model")
+        state, _ = self.trained
+        model = state.model
+        inputs = self.batches[0][0]
+        if self.call_model is not None:
+            preds = self.call_model(model, inputs)
+        elif callable(model):
+            preds = model(inputs)
+        else:
+            raise Skipped(
+                f"to_model gives a {type(model).__name__}, not a callable: pass call_model= to check it"
+            )
+        logs, _ = state.predict_step(inputs)
+        expected = np.asarray(logs.outputs.preds)
+        if np.shape(preds) != expected.shape:
+            fail(
+                "to_model",
+                f"the model to_model gives predicted shape {np.shape(preds)} where predict_step gave "
+                f"{expected.shape}",
+                "build the model from the params and model_state to_model is given, in evaluation mode",
+            )
+        if not np.allclose(preds, expected, rtol=RTOL, atol=1e-5):
+            fail(
+                "to_model",
+                f"the model to_model gives predicted up to {_farthest(np.asarray(preds), expected):.3g} away "
+                "from predict_step",
+                "build the model from the params and model_state to_model is given, in evaluation mode",
+            )
+
+    def strategy_agreement(self) -> None:
+        """Every requested strategy trains to the parameters `jit` gives, to float32 rounding."""
+        others = [name for name in dict.fromkeys(self.strategies) if name != "jit"]
+        if not others:
+            raise Skipped("only jit requested")
+        checked = []
+        for name in others:
+            if name in MESH_STRATEGIES and jax.device_count() < 2:
+                self.skipped[f"strategies: {name}"] = (
+                    f"{name} needs several devices; found {jax.device_count()}"
+                )
+                continue
+            reference, state = self.state("jit"), self.state(name)
+            for batch in self.batches[:3]:
+                _, reference = reference.train_step(batch)
+                _, state = state.train_step(batch)
+            got, want = state.with_strategy("eager"), reference.with_strategy("eager")
+            for what in ("params", "model_state"):
+                a, b = _float_leaves(getattr(got, what)), _float_leaves(getattr(want, what))
+                if len(a) != len(b) or not all(
+                    np.allclose(x, y, rtol=RTOL, atol=ATOL) for x, y in zip(a, b, strict=True)
+                ):
+                    fail(
+                        "strategies",
+                        f"after 3 steps under {name!r} the {what} differ from jit's by up to "
+                        f"{_farthest(a, b) if len(a) == len(b) else float('inf'):.3g}",
+                        "compute with the arrays apply is given (no host round trips, no per-device "
+                        "statistics: reduce batch statistics over the whole batch)",
+                    )
+            checked.append(name)
+        if not checked:
+            raise Skipped("; ".join(self.skipped[f"strategies: {name}"] for name in others))
+
+    def precision(self) -> None:
+        """Under `"bf16-mixed"` the model computes in bfloat16 and keeps float32 params and outputs."""
+        # Batch norms reduce half-precision activations in float32 on purpose, which strict dtype
+        # promotion refuses: users' default, standard promotion, is the one to check.
+        with jax.numpy_dtype_promotion("standard"):
+            state = self.state(precision="bf16-mixed")
+            dtypes = matmul_dtypes(state, self.batches[0][0])
+            if dtypes and "bfloat16" not in dtypes:
+                fail(
+                    "precision",
+                    f"under precision='bf16-mixed' the model's matrix products ran in {sorted(dtypes)}",
+                    "compute with the (cast) params and inputs apply is given; cast nothing back to float32",
+                )
+            for batch in self.batches[:2]:
+                logs, state = state.train_step(batch)
+            preds, _ = state.predict_step(self.batches[0][0])
+        host = state.with_strategy("eager")
+        kinds = {leaf.dtype for leaf in _float_leaves((host.params, host.opt_state))}
+        if not np.isfinite(float(logs.losses.loss)) or kinds != {np.dtype("float32")}:
+            fail(
+                "precision",
+                f"under precision='bf16-mixed' two steps gave loss {float(logs.losses.loss)} and params "
+                f"of dtypes {sorted(map(str, kinds))}",
+                "return params in the dtype apply is given them in; ciclo keeps the float32 copy",
+            )
+        if preds.outputs.preds.dtype != jnp.float32:
+            fail("precision", f"predictions are {preds.outputs.preds.dtype}", "return float outputs")
+
+    def accumulation(self) -> None:
+        """`accumulate_steps=4` updates the params at every 4th micro-batch, as one step on their join."""
+        state = self.state(accumulate_steps=4)
+        inputs, target = self.batches[0]
+        quarter = BATCH // 4
+        initial = state.with_strategy("eager").params
+        for index in range(4):
+            micro = (
+                inputs[index * quarter : (index + 1) * quarter],
+                target[index * quarter : (index + 1) * quarter],
+            )
+            _, state = state.train_step(micro)
+            params = state.with_strategy("eager").params
+            if (index < 3) != _same(params, initial):
+                fail(
+                    "accumulation",
+                    f"with accumulate_steps=4 the params {'changed' if index < 3 else 'stayed'} at "
+                    f"micro-batch {index + 1}",
+                    "keep the params out of model_state, and return outputs per example",
+                )
+        if self.random_training or self.model_state_leaves:
+            self.skipped["accumulation: the joined batch"] = (
+                "training is random or has batch statistics: micro-batches differ from their join"
+            )
+            return
+        _, joined = self.state().train_step(self.batches[0])
+        farthest = _farthest(params, joined.with_strategy("eager").params)
+        if not all(
+            np.allclose(a, b, rtol=RTOL, atol=ATOL)
+            for a, b in zip(
+                _float_leaves(params), _float_leaves(joined.with_strategy("eager").params), strict=True
+            )
+        ):
+            fail(
+                "accumulation",
+                f"4 accumulated micro-batches gave params up to {farthest:.3g} from one step on their join",
+                "compute each example's outputs from that example alone (no batch-wide statistics in "
+                "apply without model_state)",
+            )
+
+    def ema(self) -> None:
+        """`ema_decay` keeps `ema = decay * ema + (1 - decay) * params`; `with_ema_params` uses it."""
+        decay = 0.75
+        state = self.state(ema_decay=decay)
+        ema = _float_leaves(state.with_strategy("eager").params)
+        for batch in self.batches[:3]:
+            _, state = state.train_step(batch)
+            host = state.with_strategy("eager")
+            ema = [
+                np.float32(decay) * e + np.float32(1 - decay) * p
+                for e, p in zip(ema, _float_leaves(host.params), strict=True)
+            ]
+            if not all(
+                np.allclose(a, b, rtol=RTOL, atol=1e-7)
+                for a, b in zip(_float_leaves(host.ema_params), ema, strict=True)
+            ):
+                fail(
+                    "ema",
+                    "the EMA of the params does not follow ema = decay * ema + (1 - decay) * params",
+                    "keep every trained array in params (nothing trained in model_state)",
+                )
+        averaged = state.with_ema_params()
+        if not _same(averaged.with_strategy("eager").params, state.with_strategy("eager").ema_params):
+            fail("ema", "with_ema_params() does not evaluate with the EMA", "see the params' structure")
+
+    def resume(self) -> None:
+        """A backup taken mid-run resumes bit for bit: params, model state, optimizer, typed keys."""
+        if importlib.util.find_spec("orbax") is None:
+            raise Skipped('backups need orbax-checkpoint: pip install "ciclo-core[testing]"')
+        state, batches = self.state(), self.batches[:6]
+        expected, _, _ = train_loop(state, batches)
+
+        def crash(state: Any, batch: Any, elapsed: Elapsed) -> None:
+            if elapsed.steps == 4:
+                raise _Crash
+
+        with tempfile.TemporaryDirectory() as directory:
+            resumable = backup(directory, every=2)
+            try:
+                train_loop(state, batches, tasks={every(1): crash}, backup=resumable)
+            except _Crash:
+                pass
+            resumed, _, elapsed = train_loop(state, batches, backup=resumable)
+        if elapsed.steps != 6 or not _same(resumed.with_strategy("eager"), expected.with_strategy("eager")):
+            fail(
+                "resume",
+                "a run resumed from its backup at step 4 ended with other arrays than the run not stopped",
+                "keep every array the model needs in params or model_state (random keys as jax.random.key "
+                "arrays or their key data), none in the adapter",
+            )
+
+    def run(self, clause: str) -> str | None:
+        """Runs one clause: None when it held, the reason when it was skipped."""
+        method = {"strategies": self.strategy_agreement}.get(clause) or getattr(self, clause)
+        if clause in self.skip:
+            self.skipped[clause] = f"skipped by the caller: {self.skip[clause]}"
+            return self.skipped[clause]
+        try:
+            method()
+        except Skipped as skipped:
+            self.skipped[clause] = str(skipped)
+            return str(skipped)
+        return None
+
+
+def check_adapter(
+    adapter: ModelAdapter,
+    *,
+    inputs: Any,
+    strategies: Sequence[str] = ("jit",),
+    variables: tuple[Any, Any] | None = None,
+    uses_key: bool | None = None,
+    has_model_state: bool | None = None,
+    call_model: Callable[[Any, Any], Any] | None = None,
+    skip: Mapping[str, str] | None = None,
+) -> AdapterReport:
+    """Checks every clause of the `ciclo.types.ModelAdapter` contract on a small synthetic task.
+
+    The kit applies the model to `inputs` to learn its number of outputs,
+    builds a separable classification task with as many classes (inputs
+    shaped like `inputs`, 16 to a batch), and checks, in order (`CLAUSES`):
+
+    - `protocol`: `init` and `apply` take the arguments ciclo passes; the
+      adapter is hashable;
+    - `init_kinds`: `init` returns `(params, model_state)`, params a pytree of
+      floating-point arrays, model state None or a pytree of arrays;
+    - `deterministic_evaluation`: `apply(training=False)` gives the same
+      outputs whatever the key, and returns the model state's floating-point
+      leaves (batch statistics) unchanged (random keys may be reseeded);
+    - `key_use`: training gives the same outputs for the same key, and other
+      outputs for another key (dropout);
+    - `model_state_updates`: training updates the model state, keeping its
+      structure, shapes and dtypes;
+    - `compiles_once`: later training steps compile nothing new;
+    - `learns`: 30 steps of `ciclo.train_loop` reduce the loss;
+    - `strategies`: each of `strategies` trains to `jit`'s parameters, to
+      float32 rounding (`data_parallel` and `fsdp` on several devices only);
+    - `to_model`: the model `to_model` gives predicts what `predict_step` does;
+    - `precision`, `accumulation`, `ema`: the training options behave as
+      documented (bfloat16 compute with float32 params; params updated every
+      `accumulate_steps`-th micro-batch, as one step on their join; the EMA
+      recurrence);
+    - `resume`: a backup taken mid-run resumes bit for bit (needs the
+      `checkpoint` or `testing` extra).
+
+    Args:
+        adapter: the adapter under test.
+        inputs: sample inputs, as `init` takes them: one floating-point array
+            whose first axis is the batch (its size is replaced).
+        strategies: the strategies that must agree with `jit`.
+        variables: `(params, model_state)` for an adapter whose model is built
+            initialised (flax nnx, equinox), whose `init` refuses; `init_kinds`
+            then checks these.
+        uses_key: True for a model with dropout drawn from the key (`key_use`
+            then fails when training ignores the key); False to skip `key_use`'s
+            check that another key gives other outputs; None (default) checks
+            it where training outputs differ across keys and skips it otherwise.
+        has_model_state: True or False to require that `init` gives a model
+            state, or none; None (default) takes what `init` gives.
+        call_model: `call_model(model, inputs)` runs the model `to_model` gives
+            (e.g. `lambda variables, x: module.apply(variables, x)` for a flax
+            linen variables dict); by default the model is called when it is
+            callable, and `to_model` is skipped otherwise.
+        skip: `{clause: why}` for clauses that cannot hold for this framework,
+            e.g. `{"precision": "Keras casts variables to its own dtype policy"}`;
+            the report lists them with the reason.
+
+    Returns:
+        The clauses checked, and those skipped with why.
+
+    Raises:
+        AssertionError: for the first clause that fails, naming it, what was
+            seen and the fix.
+        TypeError, ValueError: for arguments of the wrong kind (unknown strategies).
+
+    Example:
+        >>> import ciclo, ciclo.testing, jax, jax.numpy as jnp
+        >>> class Linear:  # a ModelAdapter for a linear classifier
+        ...     def init(self, key, inputs):
+        ...         return {"w": jax.random.normal(key, (inputs.shape[-1], 3)) * 0.1}, None
+        ...     def apply(self, params, model_state, inputs, *, key, training):
+        ...         return inputs @ params["w"], model_state
+        >>> report = ciclo.testing.check_adapter(Linear(), inputs=jnp.zeros((1, 4)))
+        >>> report.skipped["key_use"]
+        'training gives the same outputs whatever the key (no dropout): key use not checked'
+    """
+    kit = Kit(
+        adapter,
+        inputs=inputs,
+        strategies=strategies,
+        variables=variables,
+        uses_key=uses_key,
+        has_model_state=has_model_state,
+        call_model=call_model,
+        skip=skip,
+    )
+    checked = [clause for clause in CLAUSES if kit.run(clause) is None]
+    return AdapterReport(checked=tuple(checked), skipped=dict(kit.skipped))

@@ -1,0 +1,117 @@
+"""`AdapterTests`: the clauses of `check_adapter` as a pytest class, one test per clause."""
+
+from __future__ import annotations
+
+import inspect
+import types
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, ClassVar
+
+from ciclo._src.base.types import ModelAdapter
+from ciclo._src.callbacks._loggers._base import import_extra
+from ciclo._src.testing.kit import Kit
+
+pytest = import_extra("pytest", "testing", "ciclo.testing.AdapterTests")
+
+
+class AdapterTests:
+    """Subclass it in an adapter's own test suite to get one test per clause of `check_adapter`.
+
+    A subclass defines `make_adapter(self)` and the class attribute `inputs`
+    (sample inputs for `init`), and optionally `strategies`, `variables`,
+    `uses_key`, `has_model_state`, `call_model` and `skip`, as `check_adapter` takes
+    them (class attributes, or properties computed from the instance). Its
+    tests are `test_protocol`, `test_init_kinds`, ... (one per name
+    of `ciclo.testing.CLAUSES`); a clause that does not apply is skipped with
+    the reason. The states are built once per class and shared by its tests.
+
+    Needs pytest: `pip install "ciclo-core[testing]"`.
+
+    Example:
+        >>> import ciclo.testing, jax, jax.numpy as jnp
+        >>> class Linear:
+        ...     def init(self, key, inputs):
+        ...         return {"w": jax.random.normal(key, (inputs.shape[-1], 3)) * 0.1}, None
+        ...     def apply(self, params, model_state, inputs, *, key, training):
+        ...         return inputs @ params["w"], model_state
+        >>> class TestLinear(ciclo.testing.AdapterTests):
+        ...     inputs = jnp.zeros((1, 4))
+        ...     def make_adapter(self):
+        ...         return Linear()
+        >>> TestLinear().test_learns()
+    """
+
+    inputs: Any
+    strategies: Sequence[str] = ("jit",)
+    variables: tuple[Any, Any] | None = None
+    uses_key: bool | None = None
+    has_model_state: bool | None = None
+    call_model: Callable[[Any, Any], Any] | None = None
+    skip: Mapping[str, str] | None = None
+
+    _kits: ClassVar[dict[type, Kit]] = {}
+
+    def make_adapter(self) -> ModelAdapter:
+        """The adapter under test: override it."""
+        raise NotImplementedError(f"{type(self).__name__} must define make_adapter(self) -> ModelAdapter")
+
+    def _check(self, clause: str) -> None:
+        cls = type(self)
+        if cls not in AdapterTests._kits:
+            AdapterTests._kits[cls] = Kit(
+                self.make_adapter(),
+                inputs=self.inputs,
+                strategies=self.strategies,
+                variables=self.variables,
+                uses_key=self.uses_key,
+                has_model_state=self.has_model_state,
+                call_model=self._call_model(),
+                skip=self.skip,
+            )
+        why = AdapterTests._kits[cls].run(clause)
+        if why is not None:
+            pytest.skip(why)
+
+    def _call_model(self) -> Callable[[Any, Any], Any] | None:
+        # A function set on the class (`call_model = lambda model, x: ...`) would be bound as a method.
+        stored = inspect.getattr_static(self, "call_model")
+        return stored if isinstance(stored, types.FunctionType) else self.call_model
+
+    def test_protocol(self) -> None:
+        self._check("protocol")
+
+    def test_init_kinds(self) -> None:
+        self._check("init_kinds")
+
+    def test_deterministic_evaluation(self) -> None:
+        self._check("deterministic_evaluation")
+
+    def test_key_use(self) -> None:
+        self._check("key_use")
+
+    def test_model_state_updates(self) -> None:
+        self._check("model_state_updates")
+
+    def test_compiles_once(self) -> None:
+        self._check("compiles_once")
+
+    def test_learns(self) -> None:
+        self._check("learns")
+
+    def test_to_model(self) -> None:
+        self._check("to_model")
+
+    def test_strategies(self) -> None:
+        self._check("strategies")
+
+    def test_precision(self) -> None:
+        self._check("precision")
+
+    def test_accumulation(self) -> None:
+        self._check("accumulation")
+
+    def test_ema(self) -> None:
+        self._check("ema")
+
+    def test_resume(self) -> None:
+        self._check("resume")

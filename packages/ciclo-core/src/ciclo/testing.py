@@ -1,0 +1,34 @@
+"""The conformance kit for framework authors: check a `ciclo.types.ModelAdapter` against its contract.
+
+`check_adapter(adapter, inputs=...)` runs every clause of the contract on a
+small synthetic task and returns an `AdapterReport`; `AdapterTests` is the
+same clauses as a pytest class to subclass, one test per clause (it needs
+pytest: `pip install "ciclo-core[testing]"`). docs/adapter.md shows both.
+
+Example:
+    >>> import ciclo.testing
+    >>> ciclo.testing.CLAUSES[:3]
+    ('protocol', 'init_kinds', 'deterministic_evaluation')
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ciclo._src.testing.kit import CLAUSES as CLAUSES
+from ciclo._src.testing.kit import AdapterReport as AdapterReport
+from ciclo._src.testing.kit import check_adapter as check_adapter
+
+if TYPE_CHECKING:
+    from ciclo._src.testing.pytest_class import AdapterTests as AdapterTests
+
+__all__ = ["CLAUSES", "AdapterReport", "AdapterTests", "check_adapter"]
+
+
+def __getattr__(name: str) -> Any:
+    # AdapterTests imports pytest, which check_adapter does not need: it loads on first use.
+    if name == "AdapterTests":
+        from ciclo._src.testing.pytest_class import AdapterTests
+
+        return AdapterTests
+    raise AttributeError(f"module 'ciclo.testing' has no attribute {name!r}")
