@@ -17,7 +17,7 @@ import importlib.util
 import inspect
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Final, NoReturn
+from typing import Any, Final, NoReturn, TypedDict, Unpack
 
 import jax
 import jax.extend.core
@@ -65,6 +65,17 @@ TX: Final = optax.sgd(0.05, momentum=0.9)
 
 RTOL, ATOL = 1e-5, 1e-6
 """float32 rounding: how close two strategies' (or two routes') parameters must be."""
+
+
+class KitOptions(TypedDict, total=False):
+    """The options of `check_adapter` (and class attributes of `AdapterTests`); its docstring says each."""
+
+    strategies: Sequence[str]
+    variables: tuple[Any, Any] | None
+    uses_key: bool | None
+    has_model_state: bool | None
+    call_model: Callable[[Any, Any], Any] | None
+    skip: Mapping[str, str] | None
 
 
 class Skipped(Exception):
@@ -185,19 +196,16 @@ class _Crash(Exception):
 class Kit:
     """One adapter under test: its task, and the states the clauses share (each compiles once)."""
 
-    def __init__(
-        self,
-        adapter: ModelAdapter,
-        *,
-        inputs: Any,
-        strategies: Sequence[str] = ("jit",),
-        variables: tuple[Any, Any] | None = None,
-        uses_key: bool | None = None,
-        has_model_state: bool | None = None,
-        call_model: Callable[[Any, Any], Any] | None = None,
-        skip: Mapping[str, str] | None = None,
-    ) -> None:
-        skip = dict(skip or {})
+    def __init__(self, adapter: ModelAdapter, *, inputs: Any, **options: Unpack[KitOptions]) -> None:
+        unknown_options = sorted(set(options) - KitOptions.__optional_keys__)
+        if unknown_options:
+            raise TypeError(
+                f"unknown option(s) {short(unknown_options)}; check_adapter takes "
+                f"{short(sorted(KitOptions.__optional_keys__))}"
+            )
+        strategies = options.get("strategies", ("jit",))
+        variables = options.get("variables")
+        skip = dict(options.get("skip") or {})
         unknown_clauses = sorted(set(skip) - set(CLAUSES))
         if unknown_clauses or not all(isinstance(why, str) and why for why in skip.values()):
             raise ValueError(
@@ -222,9 +230,9 @@ class Kit:
         self.inputs = inputs
         self.strategies = tuple(strategies)
         self.variables = variables
-        self.uses_key = uses_key
-        self.has_model_state = has_model_state
-        self.call_model = call_model
+        self.uses_key = options.get("uses_key")
+        self.has_model_state = options.get("has_model_state")
+        self.call_model = options.get("call_model")
         self.skip = skip
         self.skipped: dict[str, str] = {}
 
@@ -677,17 +685,7 @@ class Kit:
         return None
 
 
-def check_adapter(
-    adapter: ModelAdapter,
-    *,
-    inputs: Any,
-    strategies: Sequence[str] = ("jit",),
-    variables: tuple[Any, Any] | None = None,
-    uses_key: bool | None = None,
-    has_model_state: bool | None = None,
-    call_model: Callable[[Any, Any], Any] | None = None,
-    skip: Mapping[str, str] | None = None,
-) -> AdapterReport:
+def check_adapter(adapter: ModelAdapter, *, inputs: Any, **options: Unpack[KitOptions]) -> AdapterReport:
     """Checks every clause of the `ciclo.types.ModelAdapter` contract on a small synthetic task.
 
     The kit applies the model to `inputs` to learn its number of outputs,
@@ -758,15 +756,6 @@ def check_adapter(
         >>> report.skipped["key_use"]
         'training gives the same outputs whatever the key (no dropout): key use not checked'
     """
-    kit = Kit(
-        adapter,
-        inputs=inputs,
-        strategies=strategies,
-        variables=variables,
-        uses_key=uses_key,
-        has_model_state=has_model_state,
-        call_model=call_model,
-        skip=skip,
-    )
+    kit = Kit(adapter, inputs=inputs, **options)
     checked = [clause for clause in CLAUSES if kit.run(clause) is None]
     return AdapterReport(checked=tuple(checked), skipped=dict(kit.skipped))

@@ -5,11 +5,11 @@ from __future__ import annotations
 import inspect
 import types
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 from ciclo._src.base.types import ModelAdapter
 from ciclo._src.callbacks._loggers._base import import_extra
-from ciclo._src.testing.kit import Kit
+from ciclo._src.testing.kit import Kit, KitOptions
 
 pytest = import_extra("pytest", "testing", "ciclo.testing.AdapterTests")
 
@@ -58,15 +58,10 @@ class AdapterTests:
     def _check(self, clause: str) -> None:
         cls = type(self)
         if cls not in AdapterTests._kits:
+            options = {name: getattr(self, name) for name in KitOptions.__optional_keys__}
+            options["call_model"] = self._call_model()
             AdapterTests._kits[cls] = Kit(
-                self.make_adapter(),
-                inputs=self.inputs,
-                strategies=self.strategies,
-                variables=self.variables,
-                uses_key=self.uses_key,
-                has_model_state=self.has_model_state,
-                call_model=self._call_model(),
-                skip=self.skip,
+                self.make_adapter(), inputs=self.inputs, **cast(KitOptions, options)
             )
         why = AdapterTests._kits[cls].run(clause)
         if why is not None:
