@@ -193,7 +193,7 @@ def test_bad_arguments_are_refused_before_any_clause() -> None:
     with pytest.raises(TypeError, match="one floating-point array"):
         ciclo.testing.check_adapter(Good(), inputs=[[0.0, 0.0]])
     with pytest.raises(TypeError, match="unknown option\\(s\\) \\['use_key'\\]; check_adapter takes"):
-        ciclo.testing.check_adapter(Good(), inputs=INPUTS, use_key=True)  # type: ignore[call-arg]
+        ciclo.testing.check_adapter(Good(), inputs=INPUTS, use_key=True)
 
 
 # --- the pytest form ----------------------------------------------------------------------------
