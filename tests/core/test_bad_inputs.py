@@ -536,6 +536,38 @@ CASES: list[tuple[str, Callable[[Any], Any], type, str, int | None]] = [
         1,
     ),
     (
+        "a batch of Python lists",
+        lambda p: ciclo.train_loop(model_state(), [(X.tolist(), Y.tolist())] * 4),
+        TypeError,
+        r"batch leaf \[0\] is a Python list \(\[\[1.0, .*jax takes as 32 separate numbers.*np.asarray",
+        0,
+    ),
+    (
+        "a metric that calls float()",
+        lambda p: ciclo.train_loop(
+            model_state(metrics={"acc": lambda preds, target: float(jnp.mean(preds.argmax(-1) == target))}),
+            [(X, Y)] * 4,
+        ),
+        TypeError,
+        r"(?s)turned a traced array into a Python or numpy value \(ConcretizationTypeError\): return a jax "
+        r"array, e.g. jnp.mean\(x\), not float\(x\).*raised by metric 'acc'",
+        0,
+    ),
+    (
+        "a metric that returns a Python float",
+        lambda p: ciclo.train_loop(model_state(metrics={"acc": lambda preds: 0.5}), [(X, Y)] * 4),
+        TypeError,
+        r"(?s)returned 0.5 \(a float\), not a jax array: return a jax array.*raised by metric 'acc'",
+        0,
+    ),
+    (
+        "a loss that returns a string",
+        lambda p: ciclo.train_loop(model_state(losses={"loss": lambda preds: "mse"}), [(X, Y)] * 4),
+        TypeError,
+        r"loss 'loss' returned 'mse' \(a str\), not a jax array: return a jax array",
+        0,
+    ),
+    (
         "batch dict without input keys",
         lambda p: ciclo.train_loop(model_state(), [{"features": X, "y": Y}]),
         KeyError,
@@ -588,6 +620,7 @@ def test_bad_input(
         assert isinstance(error, expected), f"{type(error).__name__}: {_message(error)}"
         message = _message(error)
         assert re.search(pattern, message), message
+        assert len(message) <= 2000, message[:500]
     if at_most is not None:
         assert len(ran) <= at_most, f"{len(ran)} steps ran before the error"
 

@@ -1,3 +1,4 @@
+import numpy as np
 import pytest
 
 import ciclo
@@ -156,6 +157,32 @@ def test_test_loop_resets_then_tests():
     assert history.collect("accuracy") == [1.0, 0.0]
     assert state.log == [("reset",), ("test", 1.0), ("test", 0.0)]
     assert elapsed.steps == 2
+
+
+def _mean_loss_step(state, batch):
+    return ciclo.logs().add_loss("loss", np.float32(batch.mean())).add_metric("error", float(batch.mean()))
+
+
+def test_test_loop_logs_each_loss_as_the_weighted_mean_so_far():
+    # Three batches of 4, 4 and 2 samples whose losses are 1, 2 and 4: the test set's loss is 2.0.
+    batches = [np.full(4, 1.0), np.full(4, 2.0), np.full(2, 4.0)]
+    _, history, _ = ciclo.test_loop(None, batches, {ciclo.on_test_step: _mean_loss_step})
+    assert history.collect("loss") == [1.0, 1.5, 2.0]  # (4 * 1 + 4 * 2) / 8, then (12 + 2 * 4) / 10
+    assert history.collect("error") == [1.0, 2.0, 4.0]  # a metric the step logs per batch: kept as it is
+    # train_loop's evaluation and an inner loop over test_loop give the same test loss, the test set's.
+    tasks = {ciclo.on_test_step: _mean_loss_step}
+    evaluate = ciclo.inner_loop("test", lambda state: ciclo.test_loop(state, batches, tasks))
+    assert evaluate(None) == ({"losses": {"loss_test": 2.0}, "metrics": {"error_test": 2.0}}, None)
+    for aggregation, loss in ((None, 2.0), ({"loss": "max"}, 4.0)):
+        _, history, _ = ciclo.train_loop(
+            None,
+            [np.zeros(4)],
+            {ciclo.on_train_step: lambda: None, ciclo.on_test_step: _mean_loss_step},
+            test_dataset=lambda: batches,
+            epoch_duration=1,
+            test_aggregation=aggregation,
+        )
+        assert history.collect("loss_test") == [loss]  # train_loop's rules still see the per-batch losses
 
 
 def test_test_loop_with_stop_and_callbacks():

@@ -488,3 +488,56 @@ def test_a_later_loop_compares_with_its_first_step() -> None:
     # A new optimizer compiles anew at the first step of its loop: that is no recompile.
     assert run([32, 32], optax.adam(0.1)) == []
     assert train_step.compiles == 3
+
+
+def _message(error: BaseException) -> str:
+    return "\n".join([str(error), *getattr(error, "__notes__", [])])
+
+
+def test_a_batch_of_python_lists_is_refused_at_the_first_batch(strategy: str) -> None:
+    ran: list[int] = []
+
+    @managed.step
+    def tolerant_step(state: managed.ManagedState, batch: Any) -> ciclo.types.Logs:
+        ran.append(1)  # traced or run: the step would take the lists, one input per number
+        x, y = batch
+        return ciclo.logs().add_metric("y", jnp.mean(jnp.asarray(x) @ state.params - jnp.asarray(y)))
+
+    state = managed.ManagedState.create(
+        params=jnp.zeros(training.FEATURES), tx=optax.sgd(0.1), strategy=strategy
+    )
+    x, y = training.batches(1, batch=2000)[0]
+    with pytest.raises(TypeError) as info:
+        tolerant_step(state, (x.tolist(), y[:, 0].tolist()))
+    message = _message(info.value)
+    assert message.startswith("batch leaf [0] is a Python list ([[") and "np.asarray" in message
+    assert "16000 separate numbers" in message and len(message) <= 2000 and not ran
+
+
+@pytest.mark.parametrize(
+    ("batch", "found"),
+    [
+        (lambda x, y: (x.tolist(), y), r"batch leaf \[0\] is a Python list .*np.asarray"),
+        (lambda x, y: {"x": x, "name": "abc"}, r"batch leaf \['name'\] is a str \('abc'\), .*np.asarray"),
+    ],
+    ids=["list", "str"],
+)
+def test_a_batch_the_step_cannot_take_is_named_after_the_first_batch(
+    strategy: str, batch: Any, found: str
+) -> None:
+    # After a first batch of arrays (the step compiled), a later batch fails in the step: the error
+    # names the batch's leaf instead of the model's failure.
+    @managed.step
+    def test_step(state: managed.ManagedState, batch: Any) -> ciclo.types.Logs:
+        x = batch["x"] if isinstance(batch, dict) else batch[0]
+        sizes = sum(jnp.size(jnp.asarray(leaf)) for leaf in jax.tree.leaves(batch))  # eager reads them here
+        return ciclo.logs().add_metric("y", jnp.mean(x @ state.params) + sizes)
+
+    state = managed.ManagedState.create(
+        params=jnp.zeros(training.FEATURES), tx=optax.sgd(0.1), strategy=strategy
+    )
+    x, y = training.batches(1)[0]
+    test_step(state, (x, y))
+    with pytest.raises(TypeError, match=found) as info:
+        test_step(state, batch(x, y))
+    assert len(_message(info.value)) <= 2000

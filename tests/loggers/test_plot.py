@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import base64
+import gc
+import json
+import os
 import sys
 from pathlib import Path
 
@@ -118,3 +122,51 @@ def test_missing_matplotlib_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
     with pytest.raises(ImportError, match=r'pip install "ciclo-core\[plot\]"'):
         fake_run().plot()
+
+
+@pytest.mark.filterwarnings(
+    "ignore:Exception ignored in. <function Socket.__del__:pytest.PytestUnraisableExceptionWarning"
+)
+def test_a_notebook_shows_the_plot_as_an_image_without_magic(tmp_path: Path) -> None:
+    # A fresh kernel on this interpreter, with ciclo importable as here, and no `%matplotlib inline`;
+    # MPLBACKEND empty, as in a fresh kernel: ipykernel picks its inline backend. The test dependency
+    # group installs these (ipykernel brings jupyter_client).
+    import nbclient
+    import nbformat
+    from jupyter_client import kernelspec as kernel_spec
+    from jupyter_client import manager as kernel_manager
+
+    spec_dir = tmp_path / "kernels" / "ciclo-test"
+    spec_dir.mkdir(parents=True)
+    spec = {
+        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": "ciclo test",
+        "language": "python",
+        "env": {"PYTHONPATH": os.pathsep.join(sys.path), "JAX_PLATFORMS": "cpu", "MPLBACKEND": ""},
+    }
+    (spec_dir / "kernel.json").write_text(json.dumps(spec))
+    specs = kernel_spec.KernelSpecManager(kernel_dirs=[str(tmp_path / "kernels")])
+    manager = kernel_manager.AsyncKernelManager(kernel_name="ciclo-test", kernel_spec_manager=specs)
+    history = "\n".join(
+        [
+            "import ciclo",
+            "history = ciclo.history()",
+            "for step in range(3):",
+            "    history.append(step, step, 0.0, ciclo.logs().add_loss('loss', 1.0 / (step + 1)))",
+        ]
+    )
+    notebook = nbformat.v4.new_notebook(
+        cells=[
+            nbformat.v4.new_code_cell(history),
+            nbformat.v4.new_code_cell("history.plot()"),  # the cell's value
+            nbformat.v4.new_code_cell("display(history.plot('loss'))"),
+        ]
+    )
+    nbclient.NotebookClient(notebook, km=manager, timeout=120).execute()
+    gc.collect()  # nbclient leaves two of its client's sockets open: they are closed here, warned of, ignored
+    for cell in notebook.cells[1:]:
+        images = [
+            output["data"]["image/png"] for output in cell.outputs if "image/png" in output.get("data", {})
+        ]
+        assert len(images) == 1, cell.outputs
+        assert base64.b64decode(images[0]).startswith(PNG_SIGNATURE)

@@ -353,8 +353,40 @@ def test_runs_under_on_train_batch_end(clock: Clock) -> None:
         buffer.getvalue().splitlines()[-1]
         == "4/4 [==============================] - 3s 1s/step - loss: 0.1250"
     )
-    # Only this hook: the bar must not also run inside the inner test loop.
-    assert bar.hook == ciclo.hooks.on_train_batch_end
+    # train_loop places it under its first hook only: it must not also run inside the inner test loop.
+    assert bar.hook == (
+        ciclo.hooks.on_train_batch_end,
+        ciclo.hooks.on_test_batch_end,
+        ciclo.hooks.on_predict_batch_end,
+    )
+
+
+def test_train_loop_runs_the_bar_for_the_training_steps_only(clock: Clock) -> None:
+    buffer = io.StringIO()
+    bar = ciclo.keras_bar(total=4, file=buffer)
+    tasks = {ciclo.on_train_step: lambda state: state, ciclo.on_test_step: lambda: {"metrics": {"t": 1.0}}}
+    ciclo.train_loop(0, range(4), tasks, test_dataset=lambda: range(3), epoch_duration=2, callbacks=[bar])
+    # The training steps' counts: a bar also run by the test loop would count its 3 steps per epoch.
+    assert [line.split(" [")[0] for line in buffer.getvalue().splitlines()] == ["2/4", "3/4", "4/4"]
+
+
+def _evaluate(state: Any, batch: Any) -> ciclo.types.Logs:
+    return ciclo.logs().add_metric("x", float(batch))
+
+
+@pytest.mark.parametrize(
+    ("loop", "hook"),
+    [(ciclo.test_loop, ciclo.hooks.on_test_step), (ciclo.predict_loop, ciclo.hooks.on_predict_step)],
+    ids=["test_loop", "predict_loop"],
+)
+def test_shows_the_progress_of_a_test_or_predict_loop(clock: Clock, loop: Any, hook: str) -> None:
+    buffer = io.StringIO()
+    bar = ciclo.keras_bar(total=3, file=buffer)
+    loop(None, [1, 2, 3], {hook: _evaluate}, callbacks=[bar])
+    assert buffer.getvalue().splitlines() == [
+        "2/3 [===================>..........] - ETA: 0s - x: 2.0000",
+        "3/3 [==============================] - 0s 0s/step - x: 3.0000",
+    ]
 
 
 def test_in_a_loop_draws_at_loop_end(clock: Clock) -> None:

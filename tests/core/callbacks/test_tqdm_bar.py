@@ -142,7 +142,20 @@ def test_in_a_loop(clock: Clock) -> None:
     bar = quiet_bar(100, interval=0)
     ciclo.loop(0, range(4), {ciclo.every(1): [lambda: {"metrics": {"x": 2.0}}, bar]})
     assert bar.finished and bar.tqdm.n == 4 and bar.tqdm.postfix == "x=2.0000"
-    assert bar.hook == ciclo.hooks.on_train_batch_end
+    assert (
+        bar.hook[0] == ciclo.hooks.on_train_batch_end
+    )  # train_loop's; test_loop's and predict_loop's follow
+
+
+@pytest.mark.parametrize(
+    ("loop", "hook"),
+    [(ciclo.test_loop, ciclo.hooks.on_test_step), (ciclo.predict_loop, ciclo.hooks.on_predict_step)],
+    ids=["test_loop", "predict_loop"],
+)
+def test_shows_the_progress_of_a_test_or_predict_loop(clock: Clock, loop: Any, hook: str) -> None:
+    bar = quiet_bar(interval=0)
+    loop(None, [1, 2, 3], {hook: lambda batch: {"metrics": {"x": float(batch)}}}, callbacks=[bar])
+    assert bar.finished and bar.tqdm.n == 3 and bar.tqdm.postfix == "x=3.0000"
 
 
 def test_is_a_loop_callback() -> None:

@@ -175,8 +175,9 @@ def keras_bar(
 
     Shows the latest value of each scalar entry of the `losses`, `metrics` and
     `stateful_metrics` collections. It runs as a loop callback (put it after
-    the step whose metrics it shows), as the `on_train_batch_end` hook of the
-    predefined loops, or by hand as `bar(elapsed, logs)`.
+    the step whose metrics it shows), after each batch of the predefined loops
+    (`callbacks=[bar]`: a test or predict loop's bar shows the evaluation), or
+    by hand as `bar(elapsed, logs)`.
 
     On a terminal, and in a Jupyter notebook (the stream is `ipykernel`'s
     output stream, or the kernel's `sys.stdout` or `sys.stderr`), the line is

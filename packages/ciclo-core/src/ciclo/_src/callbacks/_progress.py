@@ -162,7 +162,13 @@ class ProgressCallback(Callback, abc.ABC):
     one run: once its final line is drawn, further calls do nothing.
     """
 
-    hook: ClassVar[str | None] = "on_train_batch_end"
+    # After each batch of whichever predefined loop runs the bar: a test or predict loop's bar shows the
+    # evaluation's progress.
+    hook: ClassVar[str | tuple[str, ...] | None] = (
+        "on_train_batch_end",
+        "on_test_batch_end",
+        "on_predict_batch_end",
+    )
 
     def __init__(self, total: PeriodLike | None, interval: float) -> None:
         if isinstance(interval, bool) or not isinstance(interval, (int, float)):

@@ -65,8 +65,9 @@ def tqdm_bar(total: PeriodLike | None = None, *, interval: float = 0.1, **tqdm_k
     """Creates a progress bar callback drawn by tqdm (`pip install "ciclo-core[tqdm]"`).
 
     It runs as a loop callback (put it after the step whose metrics it shows),
-    as the `on_train_batch_end` hook of the predefined loops, or by hand as
-    `bar(elapsed, logs)`. The tqdm bar counts steps, samples or whole seconds,
+    after each batch of the predefined loops (`callbacks=[bar]`: a test or predict
+    loop's bar shows the evaluation), or by hand as `bar(elapsed, logs)`. The
+    tqdm bar counts steps, samples or whole seconds,
     as `total` says; in a Jupyter notebook `tqdm.auto` draws a widget (if
     ipywidgets is installed; otherwise the text bar, which the notebook redraws
     in place). The count and the postfix (the scalar entries of the `losses`,

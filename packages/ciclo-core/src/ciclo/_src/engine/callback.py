@@ -62,7 +62,9 @@ class Callback:
 
     A lifecycle method that a class does not override is never called: it
     costs nothing per step. `hook` is the hook of a predefined loop that
-    `train_loop(callbacks=[...])` places the callback under.
+    `train_loop(callbacks=[...])` places the callback under; a tuple of hooks
+    (a progress bar's `on_train_batch_end`, `on_test_batch_end`,
+    `on_predict_batch_end`) places it under the first one the loop runs.
 
     Example:
         >>> import ciclo
@@ -83,8 +85,9 @@ class Callback:
 
     __slots__ = ()
 
-    hook: ClassVar[str | None] = None
-    """The hook `train_loop(callbacks=[...])` places this callback under (None: not placeable there)."""
+    hook: ClassVar[str | tuple[str, ...] | None] = None
+    """The hook a predefined loop's `callbacks=[...]` places this callback under, or several in order of
+    preference: the first one the loop runs (None: not placeable there)."""
 
     def __loop_callback__(self, loop_state: LoopState[Any], /) -> Any:
         """Runs at each step the callback's schedule fires; returns its logs and state, or None."""

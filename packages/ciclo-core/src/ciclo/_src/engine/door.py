@@ -324,12 +324,14 @@ def add_callbacks(named: Named, callbacks: Iterable[Any] | None, names: tuple[st
         raise TypeError(f"callbacks must be a list of callback objects, got {short(callbacks)}")
     for callback in callbacks:
         if isinstance(callback, Callback) and callback.hook is not None:
-            if callback.hook not in names:
+            declared = (callback.hook,) if isinstance(callback.hook, str) else callback.hook
+            hook = next((name for name in declared if name in names), None)
+            if hook is None:
                 raise ValueError(
-                    f"callback {short(callback)} runs under {callback.hook}, which this loop does not "
-                    f"run: {', '.join(names)}; put it in the tasks dict under a schedule instead"
+                    f"callback {short(callback)} runs under {' or '.join(declared)}, which this loop does "
+                    f"not run: {', '.join(names)}; put it in the tasks dict under a schedule instead"
                 )
-            named.setdefault(callback.hook, []).append(callback)
+            named.setdefault(hook, []).append(callback)
             continue
         misnamed = check_method_names(callback, names)
         hooks = {name: vars_lookup(type(callback), name) for name in names}

@@ -290,6 +290,9 @@ class History(Sequence[Logs]):
         self._newest: dict[Paths, tuple[int, tuple[Any, ...]]] = {}
         self._scanned = 0
         self._interned: dict[Paths, Paths] = {}  # one `Paths` object for all the rows that log its entries
+        self.running: set[str] = set()
+        """The entries (`"losses.loss"`) whose every value covers all the steps so far, such as
+        `test_loop`'s losses: an inner loop keeps their last value (see `ciclo.inner_loop`)."""
 
     def commit(self, elapsed: Elapsed, logs: LogsLike) -> None:
         """Appends `logs` as the entry for `elapsed`; does not wait on the device."""

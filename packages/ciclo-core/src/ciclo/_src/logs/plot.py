@@ -3,12 +3,15 @@
 `new_figure` is the figure every plot of ciclo starts from (`History.plot`,
 `ciclo.types.LRFindResult.plot`). matplotlib (`ciclo-core[plot]`) is imported
 only when something is drawn. Figures are built without `pyplot`: they need no
-screen and leave its global state alone.
+screen and leave its global state alone; a notebook shows them as images
+(`_repr_png_`), with no `%matplotlib` magic.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
+import io
 import math
 import os
 from collections.abc import Callable, Sequence
@@ -72,7 +75,19 @@ def new_figure(user: str, width: float, height: float) -> Figure:
         raise ImportError(f'{user} needs matplotlib: pip install "ciclo-core[plot]"') from error
     figure: Figure = figure_module.Figure(figsize=(width, height), layout="constrained")
     backend.FigureCanvasAgg(figure)
+    # A figure built without pyplot has no display in a notebook of its own: without %matplotlib
+    # inline the cell would show `<Figure size ...>`. IPython shows an object's `_repr_png_` as an
+    # image, as the cell's value or through display(); under %matplotlib inline its own figure
+    # formatter comes first: the same image, drawn once.
+    figure._repr_png_ = functools.partial(_png, figure)  # type: ignore[attr-defined]
     return figure
+
+
+def _png(figure: Figure) -> bytes:
+    """The figure as a PNG image, for a notebook's display."""
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=100)
+    return buffer.getvalue()
 
 
 def plot_history(

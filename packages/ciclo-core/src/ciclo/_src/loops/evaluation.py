@@ -7,6 +7,7 @@ from typing import Any, Final, Generic, Literal, final
 
 import numpy as np
 
+from ciclo._src.base.batches import count, leading_dim
 from ciclo._src.base.checks import check_bool
 from ciclo._src.base.elapsed import Elapsed
 from ciclo._src.base.reprs import short
@@ -14,7 +15,7 @@ from ciclo._src.base.types import CallbackOutput, S
 from ciclo._src.engine.callback import Callback
 from ciclo._src.engine.phases import LoopState
 from ciclo._src.logs.logs import History, Logs
-from ciclo._src.logs.step_output import describe
+from ciclo._src.logs.step_output import NO_LOGS, describe
 from ciclo._src.state.metrics import running_entries
 
 AggregationName = Literal["last", "first", "mean", "sum", "min", "max"]
@@ -145,6 +146,52 @@ def _samples_per_step(counts: list[tuple[int, int]], elapsed: Elapsed | None) ->
     return samples
 
 
+def _mean_so_far(sums: list[Any], value: Any, samples: int) -> Any:
+    """Adds one step's `value` of `samples` samples to `sums`; returns the mean so far.
+
+    The mean `aggregate`'s `"mean"` gives over the same steps (`_weighted_mean`):
+    weighted by samples, or, while no step counted samples (plain Python
+    values), by steps.
+    """
+    sums[0] = sums[0] + value * samples
+    sums[1] += samples
+    sums[2] = sums[2] + value
+    sums[3] += 1
+    return sums[0] / sums[1] if sums[1] > 0 else sums[2] / sums[3]
+
+
+@final
+class RunningLosses(Callback):
+    """Logs each loss of a step as its sample-weighted mean over the steps so far: `test_loop`'s losses.
+
+    A test loop reports the loss of the batches seen so far (the test set's at
+    the end), as Keras' `evaluate` and as its running metrics do, rather than
+    the last batch's. The history says so (`History.running`): an inner loop
+    keeps the last value of these entries, the test set's mean.
+    """
+
+    def __init__(self, batch_size_fn: Callable[[Any], int] | None) -> None:
+        self._batch_size_fn = leading_dim if batch_size_fn is None else batch_size_fn
+        self._sums: dict[str, list[Any]] = {}
+
+    def on_start(self, loop_state: LoopState[Any], /) -> None:
+        self._sums = {}
+
+    def __loop_callback__(self, loop_state: LoopState[Any]) -> CallbackOutput[Any]:
+        losses = loop_state.logs.get("losses")
+        if not losses:
+            return NO_LOGS, loop_state.state
+        _, samples = count(loop_state.batch, self._batch_size_fn)
+        running = Logs()
+        for name, value in losses.items():
+            sums = self._sums.get(name)
+            if sums is None:
+                sums = self._sums[name] = [0.0, 0, 0.0, 0]
+                loop_state.history.running.add(f"losses.{name}")
+            running.add_loss(name, _mean_so_far(sums, value, samples))
+        return running, loop_state.state
+
+
 @final
 class InnerLoop(Callback, Generic[S]):
     """Runs a loop function as a callback; see `ciclo.inner_loop`."""
@@ -208,8 +255,9 @@ class InnerLoop(Callback, Generic[S]):
             return Logs()
         if self._rules is not None:
             self._rules.check_names(list(values))
-        running = running_entries(state)
-        rules = [rule for rule in (self._rules, running and _Rules(running, "running metrics")) if rule]
+        last: AggregationName = "last"
+        running = {**running_entries(state), **dict.fromkeys(history.running, last)}
+        rules = [rule for rule in (self._rules, running and _Rules(running, "running entries")) if rule]
         samples = _samples_per_step(counts, elapsed)
         logs = Logs()
         suffix = f"_{self.name}" if self.name else ""

@@ -40,7 +40,7 @@ from ciclo._src.engine.phases import Phase, run_phases
 from ciclo._src.logs.logs import History
 from ciclo._src.logs.step_output import step_output
 from ciclo._src.loops.auto_steps import AUTO, AutoSteps, signature
-from ciclo._src.loops.evaluation import AggregationLike, inner_loop
+from ciclo._src.loops.evaluation import AggregationLike, RunningLosses, inner_loop
 from ciclo._src.loops.hooks import (
     PREDICT,
     TEST,
@@ -177,17 +177,25 @@ def _step_loop(
     tasks: Tasks | None,
     callbacks: list[Any] | None,
     settings: LoopSettings,
+    *,
+    running: bool = True,
 ) -> tuple[S, History, Elapsed]:
-    """`test_loop` or `predict_loop`: batch begin, the step, the user's schedules, batch end, at each step."""
+    """`test_loop` or `predict_loop`: batch begin, the step, the user's schedules, batch end, at each step.
+
+    A test loop logs its losses as their means so far (`RunningLosses`), unless `running` is False:
+    `train_loop`'s evaluation keeps them per batch, for its aggregation.
+    """
     loop_name = f"{prefix}_loop"
     _check_settings(loop_name, settings)
     names, protocol = (TEST, Evaluable) if prefix == "test" else (PREDICT, Predictable)
     named, scheduled = collect(names, tasks, state=state, callbacks=callbacks, loop_name=loop_name)
     steps = (f"{prefix}_step", f"on_{prefix}_step")
     _check_runs_something(state, named, scheduled, protocol, loop_name, steps)
+    # A test loop logs each loss as its mean so far, before the user's tasks and the batch-end hooks.
+    running_losses = [RunningLosses(settings.get("batch_size_fn"))] if prefix == "test" and running else []
     phases = [
         Phase(f"{prefix}_batch_begin", [(every(1), _get(named, f"on_{prefix}_batch_begin"))]),
-        Phase(f"{prefix}_step", [(every(1), _get(named, *steps))]),
+        Phase(f"{prefix}_step", [(every(1), _get(named, *steps) + running_losses)]),
         Phase("tasks", scheduled),
         Phase(f"{prefix}_batch_end", [(every(1), _get(named, f"on_{prefix}_batch_end"))]),
     ]
@@ -541,15 +549,14 @@ def train_loop(
                 with warnings.catch_warnings():
                     # A test set shorter than test_duration is no news; an empty one is warned below.
                     warnings.simplefilter("ignore", DataWarning)
-                    result = test_loop(
-                        current,
-                        data,
-                        test_tasks,
-                        stop=test_period,
-                        catch_keyboard_interrupt=False,
-                        metadata=settings.get("metadata"),
-                        batch_size_fn=batch_size_fn,
-                    )
+                    # The test losses per batch: the inner loop reduces them as its aggregation says.
+                    test_settings: LoopSettings = {
+                        "stop": test_period,
+                        "catch_keyboard_interrupt": False,
+                        "metadata": settings.get("metadata"),
+                        "batch_size_fn": batch_size_fn,
+                    }
+                    result = _step_loop("test", current, data, test_tasks, None, test_settings, running=False)
                 if result[2].steps == 0:
                     warnings.warn(
                         f"a test pass yielded no batch: test_dataset() returned {type(data).__name__} "

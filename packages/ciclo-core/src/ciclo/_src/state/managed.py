@@ -32,6 +32,7 @@ from ciclo._src.state.training_options import (
 )
 from ciclo._src.state.training_options import apply_gradients as apply_options
 from ciclo._src.strategies._local import Eager
+from ciclo._src.strategies._placement import UnfitBatch, batch_refusal, number_list
 from ciclo._src.strategies._protocols import DeviceReductions, Strategy
 from ciclo._src.strategies._registry import get_strategy
 
@@ -615,23 +616,33 @@ class ManagedStep(Generic[S]):
     def __call__(self, state: S, batch: Any) -> tuple[Logs, S]:
         """Runs one step, or all steps of a `ciclo.types.Stacked` batch in one dispatch."""
         strategy = state.strategy if isinstance(state, AbstractManagedState) else self._default
-        lifted = strategy.lift_batch(batch)
-        if self._watching == _ARMED:
-            self._first_inputs(strategy, state, lifted)
-        compiles = self._compiles
-        if is_stacked(batch):
-            compiled = self._fused.get(strategy)
-            if compiled is None:
-                compiled = self._fused[strategy] = self._compile(strategy, state, fused=True)
-            logs, state = compiled(state, lifted)
-        else:
-            last, compiled = self._cache
-            if strategy is not last or compiled is None:
-                compiled = self._compiled.get(strategy)
+        try:
+            lifted = strategy.lift_batch(batch)
+            if self._watching == _ARMED:
+                self._first_inputs(strategy, state, lifted)
+            compiles = self._compiles
+            if is_stacked(batch):
+                compiled = self._fused.get(strategy)
                 if compiled is None:
-                    compiled = self._compiled[strategy] = self._compile(strategy, state, fused=False)
-                self._cache = (strategy, compiled)
-            logs, state = compiled(state, lifted)
+                    _check_batch(batch)
+                    compiled = self._fused[strategy] = self._compile(strategy, state, fused=True)
+                logs, state = compiled(state, lifted)
+            else:
+                last, compiled = self._cache
+                if strategy is not last or compiled is None:
+                    compiled = self._compiled.get(strategy)
+                    if compiled is None:
+                        _check_batch(batch)
+                        compiled = self._compiled[strategy] = self._compile(strategy, state, fused=False)
+                    self._cache = (strategy, compiled)
+                logs, state = compiled(state, lifted)
+        except Exception as error:
+            # Only on the failure path: a batch of Python lists or strings fails somewhere in the
+            # model, with an error about the model; this one names the batch's leaf and the fix.
+            refusal = batch_refusal(batch)
+            if refusal is None or isinstance(error, UnfitBatch):
+                raise
+            raise refusal from None
         if self._compiles != compiles and self._watching:
             logs.add_entry(*COMPILES, self._compiles)  # the step that compiled says so
         return logs, state
@@ -1038,6 +1049,12 @@ def _changes(first: _Inputs, now: _Inputs) -> tuple[str, str] | None:
     if not changes:
         return None  # a new group size of a Stacked batch, a sharding, or jax's cache evicting the program
     return "; ".join(changes), ". ".join(dict.fromkeys(fixes))
+
+
+def _check_batch(batch: Any) -> None:
+    """Refuses a batch holding a Python list of numbers, at a step's first call under a strategy."""
+    if number_list(batch) is not None:
+        raise cast(UnfitBatch, batch_refusal(batch))
 
 
 def _fused(body: Callable[[Any, Any], tuple[Logs, Any]]) -> Callable[[Any, Any], tuple[Logs, Any]]:

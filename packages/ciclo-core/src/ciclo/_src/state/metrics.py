@@ -9,6 +9,7 @@ from typing import Any, Literal, Protocol, Self, TypeVar, final, runtime_checkab
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from ciclo._src.base.reprs import short
 from ciclo._src.base.roles import Role, fields_with_role
@@ -126,6 +127,60 @@ def call_with_available(fn: Callable[..., T], /, **available: Any) -> T:
     return fn(**(available if takes_all else kwargs))
 
 
+_CONVERSIONS = (
+    jax.errors.ConcretizationTypeError,  # float(x), bool(x), if x: ...
+    jax.errors.TracerArrayConversionError,  # np.asarray(x), np.mean(x)
+    jax.errors.TracerIntegerConversionError,  # int(x), x.item()
+)
+
+
+def _is_array(value: Any) -> bool:
+    """A jax array, or a numpy array of numbers (a batch an eager step was given as it is)."""
+    return isinstance(value, jax.Array) or (
+        isinstance(value, (np.ndarray, np.generic))
+        and (np.issubdtype(value.dtype, np.number) or np.issubdtype(value.dtype, np.bool_))
+    )
+
+
+class NotAnArray(TypeError):
+    """A loss or metric function that gave something other than a jax array (see `call_for_array`)."""
+
+
+def call_for_array(fn: Callable[..., Any], what: str, /, **available: Any) -> Any:
+    """`call_with_available(fn, **available)`, refusing a result that is not an array.
+
+    An array is a jax array, or a numpy array of numbers (what an eager step
+    computes from the batch it was given as it is). A compiled step cannot
+    turn its traced arrays into Python values (`float(x)`, `x.item()`,
+    `np.mean(x)`), and a string means nothing there: such a function is
+    refused under every strategy, eager included. Checked when the step is
+    traced, so it costs a compiled step nothing.
+
+    Raises:
+        NotAnArray: a TypeError naming `what` ("loss 'mse'") and saying to
+            return a jax array.
+
+    Example:
+        >>> call_for_array(lambda preds: float(preds.mean()), "metric 'acc'", preds=jnp.ones(2))
+        Traceback (most recent call last):
+        ciclo._src.state.metrics.NotAnArray: metric 'acc' returned 1.0 (a float), not a jax array: return a
+        jax array, e.g. jnp.mean(x), not float(x), x.item() or np.mean(x), which cannot run in a compiled step
+    """
+    fix = (
+        "return a jax array, e.g. jnp.mean(x), not float(x), x.item() or np.mean(x), which cannot run in a "
+        "compiled step"
+    )
+    try:
+        value = call_with_available(fn, **available)
+    except _CONVERSIONS as error:
+        raise NotAnArray(
+            f"{what} turned a traced array into a Python or numpy value ({type(error).__name__}): {fix}"
+        ) from error
+    if not _is_array(value):
+        raise NotAnArray(f"{what} returned {short(value)} (a {type(value).__name__}), not a jax array: {fix}")
+    return value
+
+
 def _zero() -> jax.Array:
     return jnp.zeros((), jnp.float32)
 
@@ -165,7 +220,9 @@ class Mean:
 
     def update(self, **kwargs: Any) -> Mean:
         """Adds the result of `fn` on one batch; see the class docstring."""
-        value = jnp.asarray(call_with_available(self.fn, **kwargs), dtype=jnp.float32)
+        value = jnp.asarray(
+            call_for_array(self.fn, f"metric function {_name(self.fn)}", **kwargs), jnp.float32
+        )
         return dataclasses.replace(self, total=self.total + value.sum(), count=self.count + value.size)
 
     def merge(self, other: Mean, /) -> Mean:

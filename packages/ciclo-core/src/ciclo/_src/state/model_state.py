@@ -17,7 +17,7 @@ from ciclo._src.base.types import ModelAdapter, SupportsToModel
 from ciclo._src.logs.logs import Logs
 from ciclo._src.state import managed as _managed
 from ciclo._src.state.managed import AbstractManagedState, create_state
-from ciclo._src.state.metrics import Metric, as_metric, call_with_available
+from ciclo._src.state.metrics import Metric, NotAnArray, as_metric, call_for_array, call_with_available
 from ciclo._src.state.precision import cast_like, to_float32
 from ciclo._src.state.training_options import (
     OPTION_NAMES,
@@ -286,7 +286,9 @@ class ModelState(AbstractManagedState):
         total = jnp.zeros((), jnp.float32)
         for name, fn in self.losses.items():
             try:
-                value = jnp.mean(call_with_available(fn, **available))
+                value = jnp.mean(call_for_array(fn, f"loss {short(name)}", **available))
+            except NotAnArray:
+                raise
             except (TypeError, ValueError) as error:
                 _add_note(
                     error,
@@ -297,10 +299,13 @@ class ModelState(AbstractManagedState):
                 raise
             logs.add_loss(name, value)
             total = total + value
-        metrics = {
-            name: call_with_available(metric.update, **available, loss=total)
-            for name, metric in self.metrics.items()
-        }
+        metrics = {}
+        for name, metric in self.metrics.items():
+            try:
+                metrics[name] = call_with_available(metric.update, **available, loss=total)
+            except NotAnArray as error:
+                _add_note(error, f"raised by metric {short(name)}")
+                raise
         for name, metric in metrics.items():
             logs.add_metric(name, metric)
         return logs, self.replace(model_state=model_state, metrics=metrics)

@@ -57,6 +57,75 @@ def check_placeable(tree: Any, what: str, strategy: str) -> None:
         )
 
 
+def _is_number_list(node: Any) -> bool:
+    """Whether `node` is a Python list of numbers (or of such lists): judged by its first element."""
+    if not isinstance(node, list) or not node:
+        return False
+    first = node[0]
+    return (
+        isinstance(first, _SCALARS)
+        or (isinstance(first, (jax.Array, np.ndarray)) and np.ndim(first) == 0)
+        or _is_number_list(first)
+    )
+
+
+def number_list(batch: Any) -> tuple[str, Any] | None:
+    """`(path, list)` of the first Python list of numbers in `batch`, else None.
+
+    jax takes a list as a node of the tree, not as an array: each of its
+    numbers would be a separate input of the step.
+
+    Example:
+        >>> import numpy as np
+        >>> number_list((np.ones(2), [[1.0, 2.0], [3.0, 4.0]]))
+        ('[1]', [[1.0, 2.0], [3.0, 4.0]])
+        >>> number_list([np.ones(2), np.ones(2)]) is None  # a list of arrays is a batch's structure
+        True
+    """
+    if _is_number_list(batch):
+        return _name(()), batch
+    for path, leaf in jax.tree_util.tree_leaves_with_path(batch, is_leaf=_is_number_list):
+        if isinstance(leaf, list):
+            return _name(path), leaf
+    return None
+
+
+class UnfitBatch(TypeError):
+    """A batch that a step cannot take as arrays (see `batch_refusal`)."""
+
+
+def batch_refusal(batch: Any) -> UnfitBatch | None:
+    """An error naming the first leaf of `batch` that a step cannot take as an array, else None.
+
+    That is a Python list of numbers, or a leaf no device holds (`unplaceable`).
+
+    Example:
+        >>> import numpy as np
+        >>> print(batch_refusal({"x": [1.0, 2.0], "y": np.ones(2)}))
+        batch leaf ['x'] is a Python list ([1.0, 2.0]), which jax takes as 2 separate numbers, not one
+        array: convert each list of the batch to an array with np.asarray before the loop
+        >>> batch_refusal({"x": np.ones(2)}) is None
+        True
+    """
+    found_list = number_list(batch)
+    if found_list is not None:
+        path, leaf = found_list
+        count = len(jax.tree.leaves(leaf))
+        return UnfitBatch(
+            f"batch leaf {path} is a Python list ({short(leaf)}), which jax takes as {count} separate "
+            "numbers, not one array: convert each list of the batch to an array with np.asarray before "
+            "the loop"
+        )
+    found = unplaceable(batch)
+    if found is None:
+        return None
+    path, kind, leaf = found
+    return UnfitBatch(
+        f"batch leaf {path} is a {kind} ({short(leaf)}), not a number or an array of numbers, which a "
+        "step cannot take: drop it from the batch, or turn it into numbers with np.asarray before the loop"
+    )
+
+
 def place(tree: T, sharding_of: Callable[[tuple[int, ...]], jax.sharding.Sharding]) -> T:
     """Puts every leaf of `tree` on devices with the sharding `sharding_of(leaf.shape)`.
 
