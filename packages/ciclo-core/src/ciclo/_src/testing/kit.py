@@ -719,23 +719,25 @@ def check_adapter(adapter: ModelAdapter, *, inputs: Any, **options: Unpack[KitOp
         adapter: the adapter under test.
         inputs: sample inputs, as `init` takes them: one floating-point array
             whose first axis is the batch (its size is replaced).
-        strategies: the strategies that must agree with `jit`.
-        variables: `(params, model_state)` for an adapter whose model is built
-            initialised (flax nnx, equinox), whose `init` refuses; `init_kinds`
-            then checks these.
-        uses_key: True for a model with dropout drawn from the key (`key_use`
-            then fails when training ignores the key); False to skip `key_use`'s
-            check that another key gives other outputs; None (default) checks
-            it where training outputs differ across keys and skips it otherwise.
-        has_model_state: True or False to require that `init` gives a model
-            state, or none; None (default) takes what `init` gives.
-        call_model: `call_model(model, inputs)` runs the model `to_model` gives
-            (e.g. `lambda variables, x: module.apply(variables, x)` for a flax
-            linen variables dict); by default the model is called when it is
-            callable, and `to_model` is skipped otherwise.
-        skip: `{clause: why}` for clauses that cannot hold for this framework,
-            e.g. `{"precision": "Keras casts variables to its own dtype policy"}`;
-            the report lists them with the reason.
+        **options: all optional (`KitOptions`; `AdapterTests` takes them as class attributes).
+            `strategies`: the strategies that must agree with `jit` (default `("jit",)`).
+            `variables`: `(params, model_state)` for an adapter whose model is
+            built initialised (flax nnx, equinox), whose `init` refuses;
+            `init_kinds` then checks these.
+            `uses_key`: True for a model with dropout drawn from the key
+            (`key_use` then fails when training ignores the key); False to skip
+            `key_use`'s check that another key gives other outputs; None
+            (default) checks it where training outputs differ across keys and
+            skips it otherwise.
+            `has_model_state`: True or False to require that `init` gives a
+            model state, or none; None (default) takes what `init` gives.
+            `call_model`: `call_model(model, inputs)` runs the model `to_model`
+            gives (e.g. `lambda variables, x: module.apply(variables, x)` for a
+            flax linen variables dict); by default the model is called when it
+            is callable, and `to_model` is skipped otherwise.
+            `skip`: `{clause: why}` for clauses that cannot hold for this
+            framework, e.g. `{"precision": "Keras casts variables to its own
+            dtype policy"}`; the report lists them with the reason.
 
     Returns:
         The clauses checked, and those skipped with why.
@@ -743,7 +745,7 @@ def check_adapter(adapter: ModelAdapter, *, inputs: Any, **options: Unpack[KitOp
     Raises:
         AssertionError: for the first clause that fails, naming it, what was
             seen and the fix.
-        TypeError, ValueError: for arguments of the wrong kind (unknown strategies).
+        TypeError, ValueError: for arguments of the wrong kind (an unknown option or strategy).
 
     Example:
         >>> import ciclo, ciclo.testing, jax, jax.numpy as jnp
