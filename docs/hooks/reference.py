@@ -13,16 +13,51 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import tomllib
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
+ENTRY_POINT_GROUP = "ciclo.frameworks"
+"""The entry points that make a package under packages/ an adapter package (as noxfile.py finds them)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class AdapterPackage:
+    """A package under packages/ that declares a `ciclo.frameworks` entry point."""
+
+    distribution: str  # "ciclo-flax"
+    modules: tuple[str, ...]  # the top-level modules its entry points name: ("ciclo_flax",)
+    source: Path  # the folder holding those modules: its src/, else the package's folder
+
+
+def adapter_packages(root: Path = ROOT) -> list[AdapterPackage]:
+    """Every adapter package under `root`/packages, found as noxfile.py's `adapter_packages` finds them.
+
+    A new adapter package is in the reference (and in the matrix) by existing.
+    """
+    found = []
+    for pyproject in sorted((root / "packages").glob("*/pyproject.toml")):
+        project = tomllib.loads(pyproject.read_text(encoding="utf-8"))["project"]
+        points = project.get("entry-points", {}).get(ENTRY_POINT_GROUP, {})
+        if not points:
+            continue  # ciclo-core, or a library that is not an adapter
+        folder = pyproject.parent
+        modules = tuple(sorted({value.split(":")[0].split(".")[0].strip() for value in points.values()}))
+        source = folder / "src" if (folder / "src").is_dir() else folder
+        found.append(AdapterPackage(project["name"], modules, source))
+    return found
+
+
+ADAPTER_PACKAGES = adapter_packages()
+ADAPTERS = tuple(module for package in ADAPTER_PACKAGES for module in package.modules)
+"""The adapter packages' modules: the `adapters.md` page documents their `__all__`."""
 PACKAGES = {
     "ciclo": ROOT / "packages/ciclo-core/src/ciclo",
-    "ciclo_flax": ROOT / "packages/ciclo-flax/src/ciclo_flax",
-    "ciclo_haiku": ROOT / "packages/ciclo-haiku/src/ciclo_haiku",
-    "ciclo_equinox": ROOT / "packages/ciclo-equinox/src/ciclo_equinox",
+    **{module: package.source / module for package in ADAPTER_PACKAGES for module in package.modules},
 }
+SOURCES = [ROOT / "packages/ciclo-core/src", *(package.source for package in ADAPTER_PACKAGES)]
+"""The folders mkdocstrings must read the packages from: the `paths` of its python handler in mkdocs.yml."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,9 +157,9 @@ TOPICS = [
     Topic(
         "adapters.md",
         "Framework adapters",
-        "The packages ciclo-flax, ciclo-haiku and ciclo-equinox. "
+        f"The packages {', '.join(package.distribution for package in ADAPTER_PACKAGES)}. "
         "Guide: [frameworks](../frameworks/index.md).",
-        ("ciclo_flax", "ciclo_haiku", "ciclo_equinox"),
+        ADAPTERS,
     ),
 ]
 INDEX = "index.md"
@@ -309,3 +344,24 @@ def on_files(files: Any, config: Any) -> Any:
     for path, text in pages().items():
         files.append(File.generated(config, f"reference/{path}", content=text))
     return files
+
+
+def missing_sources(paths: list[str], config_dir: Path = ROOT) -> list[str]:
+    """The folders of `SOURCES` (relative to ROOT) not in mkdocstrings' `paths` (relative to `config_dir`)."""
+    given = {(config_dir / path).resolve() for path in paths}
+    return [source.relative_to(ROOT).as_posix() for source in SOURCES if source.resolve() not in given]
+
+
+def on_config(config: Any) -> Any:
+    """Refuses a build whose mkdocstrings handler cannot read every package the reference documents."""
+    from mkdocs.exceptions import PluginError
+
+    handler = config["plugins"]["mkdocstrings"].config.handlers.get("python", {})
+    missing = missing_sources(list(handler.get("paths", [])), Path(config["config_file_path"]).parent)
+    if missing:
+        raise PluginError(
+            f"the API reference documents the adapter packages found under packages/, but mkdocs.yml's "
+            f"mkdocstrings python handler cannot read {missing}: add them to its paths "
+            "(plugins > mkdocstrings > handlers > python > paths)"
+        )
+    return config

@@ -597,6 +597,13 @@ def _run(fn: Callable[[], Any]) -> tuple[BaseException | None, list[warnings.War
     return outcome.get("error"), caught
 
 
+def _nameable(kind: type) -> bool:
+    """Whether a user can catch `kind` by a documented name: a builtin, public ciclo type, other library's."""
+    if not kind.__module__.startswith("ciclo"):
+        return True
+    return any(vars(module).get(kind.__name__) is kind for module in (ciclo, ciclo.types, ciclo.managed))
+
+
 def _message(error: BaseException) -> str:
     return "\n".join([str(error), *getattr(error, "__notes__", [])])
 
@@ -618,6 +625,7 @@ def test_bad_input(
     else:
         assert error is not None, f"no error (warnings: {[str(w.message) for w in caught]})"
         assert isinstance(error, expected), f"{type(error).__name__}: {_message(error)}"
+        assert _nameable(type(error)), f"{type(error)} is a private type: raise a builtin or a public one"
         message = _message(error)
         assert re.search(pattern, message), message
         assert len(message) <= 2000, message[:500]

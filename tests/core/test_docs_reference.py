@@ -8,31 +8,18 @@ tests/docs_site checks the built site itself.
 
 from __future__ import annotations
 
-import importlib.util
 import re
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
-from support.docs import DOCS
+from support.docs import DOCS, reference_hook
 from support.optional import optional
 
 import ciclo
 
-ADAPTERS = [module for name in ("ciclo_flax", "ciclo_haiku", "ciclo_equinox") if (module := optional(name))]
-
-
-def _load_hook() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("ciclo_docs_reference", DOCS / "hooks/reference.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
-    spec.loader.exec_module(module)
-    return module
-
-
-reference = _load_hook()
+reference = reference_hook()
+ADAPTERS = [module for name in reference.ADAPTERS if (module := optional(name))]
 PAGES = reference.pages()
 DIRECTIVES = {path: re.findall(r"^::: (\S+)$", text, re.MULTILINE) for path, text in PAGES.items()}
 DOCUMENTED = {name: path for path, names in DIRECTIVES.items() for name in names}
@@ -115,3 +102,30 @@ def test_the_reference_is_read_from_the_sources_without_importing() -> None:
     names = reference.public_names("ciclo")
     assert [name.path for name in names[:3]] == [f"ciclo.{name}" for name in ciclo.__all__[:3]]
     assert Path(reference.PACKAGES["ciclo"], "__init__.py").is_file()
+
+
+def test_a_new_adapter_package_joins_the_reference_by_existing(tmp_path: Path) -> None:
+    # Found as noxfile.py's adapter_packages finds it: a ciclo.frameworks entry point in its pyproject.toml.
+    package = tmp_path / "packages/ciclo-foo"
+    (package / "src/ciclo_foo").mkdir(parents=True)
+    (package / "pyproject.toml").write_text(
+        '[project]\nname = "ciclo-foo"\n[project.entry-points."ciclo.frameworks"]\n'
+        'foo = "ciclo_foo._adapter:FooAdapter"\n',
+        encoding="utf-8",
+    )
+    (tmp_path / "packages/ciclo-core").mkdir()
+    (tmp_path / "packages/ciclo-core/pyproject.toml").write_text('[project]\nname = "ciclo-core"\n', "utf-8")
+    found = reference.adapter_packages(tmp_path)
+    assert [(p.distribution, p.modules, p.source) for p in found] == [
+        ("ciclo-foo", ("ciclo_foo",), package / "src")
+    ]
+    assert {"ciclo_flax", "ciclo_haiku", "ciclo_equinox"} <= set(reference.ADAPTERS)
+
+
+def test_mkdocstrings_reads_every_package_the_reference_documents() -> None:
+    # mkdocs.yml's handler paths are static: the docs build refuses (on_config) when one is missing.
+    config = (DOCS.parent / "mkdocs.yml").read_text(encoding="utf-8")
+    (paths,) = re.findall(r"^\s*paths: \[(.*)\]$", config, re.MULTILINE)
+    listed = [path.strip() for path in paths.split(",")]
+    assert reference.missing_sources(listed) == [], "add them to mkdocs.yml's mkdocstrings python paths"
+    assert reference.missing_sources(listed[:-1]) == [listed[-1]]

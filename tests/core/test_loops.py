@@ -1,3 +1,4 @@
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -183,6 +184,23 @@ def test_test_loop_logs_each_loss_as_the_weighted_mean_so_far():
             test_aggregation=aggregation,
         )
         assert history.collect("loss_test") == [loss]  # train_loop's rules still see the per-batch losses
+
+
+def test_a_resumed_test_loop_goes_on_with_its_running_losses(tmp_path):
+    # Stopped after two of four batches and resumed from its backup, test_loop ends on the loss of
+    # the whole test set, bit for bit the uninterrupted run's, not on the mean of the batches after.
+    batches = [np.full(4, 0.1), np.full(4, 0.7), np.full(2, 0.3), np.full(3, 1.9)]
+    tasks = {
+        ciclo.on_test_step: lambda batch: ciclo.logs().add_loss("loss", jnp.mean(batch, dtype=jnp.float32))
+    }
+    _, whole, _ = ciclo.test_loop(None, batches, tasks)
+    backup = ciclo.backup(tmp_path, every=1)
+    _, first, elapsed = ciclo.test_loop(None, batches, tasks, backup=backup, stop=2)
+    assert elapsed.steps == 2
+    _, resumed, elapsed = ciclo.test_loop(None, batches, tasks, backup=backup)
+    assert elapsed.steps == 4
+    assert resumed.collect("loss") == whole.collect("loss")
+    assert resumed.running == whole.running == {"losses.loss"}
 
 
 def test_test_loop_with_stop_and_callbacks():

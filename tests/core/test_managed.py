@@ -509,6 +509,7 @@ def test_a_batch_of_python_lists_is_refused_at_the_first_batch(strategy: str) ->
     x, y = training.batches(1, batch=2000)[0]
     with pytest.raises(TypeError) as info:
         tolerant_step(state, (x.tolist(), y[:, 0].tolist()))
+    assert type(info.value) is TypeError  # a user catches it by the builtin's name
     message = _message(info.value)
     assert message.startswith("batch leaf [0] is a Python list ([[") and "np.asarray" in message
     assert "16000 separate numbers" in message and len(message) <= 2000 and not ran
@@ -540,4 +541,4 @@ def test_a_batch_the_step_cannot_take_is_named_after_the_first_batch(
     test_step(state, (x, y))
     with pytest.raises(TypeError, match=found) as info:
         test_step(state, batch(x, y))
-    assert len(_message(info.value)) <= 2000
+    assert type(info.value) is TypeError and len(_message(info.value)) <= 2000

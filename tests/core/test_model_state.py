@@ -286,3 +286,25 @@ def test_states_are_abstract_or_final_and_override_no_concrete_method() -> None:
 
         class _Half(managed.AbstractManagedState):
             pass
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class FailsOnOtherInputs:
+    """Takes the leaves of a dict of inputs; `apply` fails on any other structure than `init` saw."""
+
+    def init(self, key: jax.Array, inputs: Any) -> tuple[Any, Any]:
+        return jnp.zeros(len(inputs)), None
+
+    def apply(self, params, model_state, inputs, *, key, training):
+        return jnp.stack(list(inputs.values()), axis=-1) @ params, model_state
+
+
+def test_the_note_of_a_model_failing_on_a_large_batch_stays_short() -> None:
+    # A batch of 2,000 leaves the model cannot take: the note names the first shapes and counts the rest.
+    state = make(adapter=FailsOnOtherInputs(), inputs={"a": jnp.ones((1,))}, strategy="eager")
+    inputs = {f"leaf{i}": np.ones(2, np.float32) for i in range(2000)}
+    with pytest.raises(TypeError) as info:
+        state.test_step((inputs, np.zeros(2, np.float32)))
+    (note,) = [note for note in info.value.__notes__ if note.startswith("the model failed on inputs")]
+    assert note.startswith("the model failed on inputs float32[2], float32[2], ")
+    assert "and 1992 more leaves: give every step" in note and len(note) <= 300

@@ -16,12 +16,15 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+from support.docs import reference_hook
 
 import ciclo
 
 SITE = Path(os.environ.get("CICLO_SITE_DIR", Path(__file__).parents[2] / "site"))
 MODULES = [ciclo, ciclo.hooks, ciclo.managed, ciclo.metrics, ciclo.strategies, ciclo.types]
-ADAPTERS = ["ciclo_flax", "ciclo_haiku", "ciclo_equinox"]
+ADAPTERS = list(
+    reference_hook().ADAPTERS
+)  # every adapter package under packages/, as the reference finds them
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import importlib.util
 import re
+import sys
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 DOCS = Path(__file__).parents[2] / "docs"
@@ -49,3 +51,13 @@ class Session:
             compiled = compile(code, f"{self.page.name}[block {self.done}]", "exec", dont_inherit=True)
             self.done += 1
             exec(compiled, self.namespace)
+
+
+def reference_hook() -> ModuleType:
+    """docs/hooks/reference.py, the mkdocs hook that generates the API reference, loaded as a module."""
+    spec = importlib.util.spec_from_file_location("ciclo_docs_reference", DOCS / "hooks/reference.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
+    spec.loader.exec_module(module)
+    return module

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final, Generic, Literal, final
 
@@ -12,6 +13,7 @@ from ciclo._src.base.checks import check_bool
 from ciclo._src.base.elapsed import Elapsed
 from ciclo._src.base.reprs import short
 from ciclo._src.base.types import CallbackOutput, S
+from ciclo._src.callbacks._monitor import snapshot_fields
 from ciclo._src.engine.callback import Callback
 from ciclo._src.engine.phases import LoopState
 from ciclo._src.logs.logs import History, Logs
@@ -146,18 +148,44 @@ def _samples_per_step(counts: list[tuple[int, int]], elapsed: Elapsed | None) ->
     return samples
 
 
-def _mean_so_far(sums: list[Any], value: Any, samples: int) -> Any:
-    """Adds one step's `value` of `samples` samples to `sums`; returns the mean so far.
+@dataclasses.dataclass
+class RunningSums:
+    """One loss's sums over the steps so far, from which `mean` gives its mean so far.
 
-    The mean `aggregate`'s `"mean"` gives over the same steps (`_weighted_mean`):
-    weighted by samples, or, while no step counted samples (plain Python
-    values), by steps.
+    The mean is the one `aggregate`'s `"mean"` gives over the same steps
+    (`_weighted_mean`): weighted by samples, or, while no step counted samples
+    (plain Python values), by steps.
+
+    Example:
+        >>> sums = RunningSums()
+        >>> sums.add(1.0, 4), sums.add(2.0, 4), sums.add(4.0, 2)
+        (1.0, 1.5, 2.0)
     """
-    sums[0] = sums[0] + value * samples
-    sums[1] += samples
-    sums[2] = sums[2] + value
-    sums[3] += 1
-    return sums[0] / sums[1] if sums[1] > 0 else sums[2] / sums[3]
+
+    weighted: Any = 0.0
+    """The sum of each step's value times its samples."""
+    samples: int = 0
+    """The samples of all the steps."""
+    total: Any = 0.0
+    """The sum of the values, each step weighing one."""
+    steps: int = 0
+    """The steps added."""
+
+    def add(self, value: Any, samples: int) -> Any:
+        """Adds one step's `value` of `samples` samples; returns the mean so far."""
+        self.weighted = self.weighted + value * samples
+        self.samples += samples
+        self.total = self.total + value
+        self.steps += 1
+        return self.mean
+
+    @property
+    def mean(self) -> Any:
+        """The mean over the steps added: weighted by samples once any step counted some."""
+        return self.weighted / self.samples if self.samples > 0 else self.total / self.steps
+
+
+_SUMS_KEYS: Final = tuple(field.name for field in dataclasses.fields(RunningSums))
 
 
 @final
@@ -167,15 +195,21 @@ class RunningLosses(Callback):
     A test loop reports the loss of the batches seen so far (the test set's at
     the end), as Keras' `evaluate` and as its running metrics do, rather than
     the last batch's. The history says so (`History.running`): an inner loop
-    keeps the last value of these entries, the test set's mean.
+    keeps the last value of these entries, the test set's mean. It is a
+    stateful callback of the loop: a backup keeps its sums, so a resumed
+    `test_loop` ends on the same loss as one run without a break.
     """
+
+    state_key = "test_loop.running_losses"
+    """The key of its state in a backup: a resumed `test_loop` goes on with the sums it had."""
 
     def __init__(self, batch_size_fn: Callable[[Any], int] | None) -> None:
         self._batch_size_fn = leading_dim if batch_size_fn is None else batch_size_fn
-        self._sums: dict[str, list[Any]] = {}
+        self._sums: dict[str, RunningSums] = {}
 
     def on_start(self, loop_state: LoopState[Any], /) -> None:
-        self._sums = {}
+        # A resumed run's losses, whose sums `load_state_dict` handed back, are running values too.
+        loop_state.history.running.update(f"losses.{name}" for name in self._sums)
 
     def __loop_callback__(self, loop_state: LoopState[Any]) -> CallbackOutput[Any]:
         losses = loop_state.logs.get("losses")
@@ -186,10 +220,35 @@ class RunningLosses(Callback):
         for name, value in losses.items():
             sums = self._sums.get(name)
             if sums is None:
-                sums = self._sums[name] = [0.0, 0, 0.0, 0]
+                sums = self._sums[name] = RunningSums()
                 loop_state.history.running.add(f"losses.{name}")
-            running.add_loss(name, _mean_so_far(sums, value, samples))
+            running.add_loss(name, sums.add(value, samples))
         return running, loop_state.state
+
+    def state_dict(self) -> dict[str, dict[str, Any]]:
+        """The sums of each loss so far, by the loss's name (the fields of `RunningSums`).
+
+        Example:
+            >>> running = RunningLosses(None)
+            >>> running.load_state_dict({"loss": {"weighted": 12.0, "samples": 8, "total": 3.0, "steps": 2}})
+            >>> running.state_dict()["loss"]["weighted"]
+            12.0
+        """
+        return {name: dataclasses.asdict(sums) for name, sums in self._sums.items()}
+
+    def load_state_dict(self, state: Any, /) -> None:
+        """Takes back a `state_dict()` snapshot: the losses go on from its sums."""
+        if not isinstance(state, Mapping):
+            raise TypeError(
+                f"test_loop's running losses take the dict state_dict() returned, got {short(state)}"
+            )
+        sums = {}
+        for name, fields in state.items():
+            checked = snapshot_fields(fields, _SUMS_KEYS, f"test_loop's running loss {short(name)}")
+            sums[str(name)] = RunningSums(
+                checked["weighted"], int(checked["samples"]), checked["total"], int(checked["steps"])
+            )
+        self._sums = sums
 
 
 @final

@@ -32,7 +32,7 @@ from ciclo._src.state.training_options import (
 )
 from ciclo._src.state.training_options import apply_gradients as apply_options
 from ciclo._src.strategies._local import Eager
-from ciclo._src.strategies._placement import UnfitBatch, batch_refusal, number_list
+from ciclo._src.strategies._placement import batch_refusal, number_list
 from ciclo._src.strategies._protocols import DeviceReductions, Strategy
 from ciclo._src.strategies._registry import get_strategy
 
@@ -640,7 +640,7 @@ class ManagedStep(Generic[S]):
             # Only on the failure path: a batch of Python lists or strings fails somewhere in the
             # model, with an error about the model; this one names the batch's leaf and the fix.
             refusal = batch_refusal(batch)
-            if refusal is None or isinstance(error, UnfitBatch):
+            if refusal is None or error.args == refusal.args:  # none, or `_check_batch` raised it
                 raise
             raise refusal from None
         if self._compiles != compiles and self._watching:
@@ -1054,7 +1054,7 @@ def _changes(first: _Inputs, now: _Inputs) -> tuple[str, str] | None:
 def _check_batch(batch: Any) -> None:
     """Refuses a batch holding a Python list of numbers, at a step's first call under a strategy."""
     if number_list(batch) is not None:
-        raise cast(UnfitBatch, batch_refusal(batch))
+        raise cast(TypeError, batch_refusal(batch))
 
 
 def _fused(body: Callable[[Any, Any], tuple[Logs, Any]]) -> Callable[[Any, Any], tuple[Logs, Any]]:

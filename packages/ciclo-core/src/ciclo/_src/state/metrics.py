@@ -142,11 +142,9 @@ def _is_array(value: Any) -> bool:
     )
 
 
-class NotAnArray(TypeError):
-    """A loss or metric function that gave something other than a jax array (see `call_for_array`)."""
-
-
-def call_for_array(fn: Callable[..., Any], what: str, /, **available: Any) -> Any:
+def call_for_array(
+    fn: Callable[..., Any], what: str, hint: Callable[[], str] | None, /, **available: Any
+) -> Any:
     """`call_with_available(fn, **available)`, refusing a result that is not an array.
 
     An array is a jax array, or a numpy array of numbers (what an eager step
@@ -154,17 +152,17 @@ def call_for_array(fn: Callable[..., Any], what: str, /, **available: Any) -> An
     turn its traced arrays into Python values (`float(x)`, `x.item()`,
     `np.mean(x)`), and a string means nothing there: such a function is
     refused under every strategy, eager included. Checked when the step is
-    traced, so it costs a compiled step nothing.
+    traced, so it costs a compiled step nothing. Any other TypeError or
+    ValueError of `fn` gets the note `hint()`, when `hint` is given.
 
     Raises:
-        NotAnArray: a TypeError naming `what` ("loss 'mse'") and saying to
-            return a jax array.
+        TypeError: naming `what` ("loss 'mse'") and saying to return a jax array.
 
     Example:
-        >>> call_for_array(lambda preds: float(preds.mean()), "metric 'acc'", preds=jnp.ones(2))
+        >>> call_for_array(lambda preds: float(preds.mean()), "metric 'acc'", None, preds=jnp.ones(2))
         Traceback (most recent call last):
-        ciclo._src.state.metrics.NotAnArray: metric 'acc' returned 1.0 (a float), not a jax array: return a
-        jax array, e.g. jnp.mean(x), not float(x), x.item() or np.mean(x), which cannot run in a compiled step
+        TypeError: metric 'acc' returned 1.0 (a float), not a jax array: return a jax array, e.g.
+        jnp.mean(x), not float(x), x.item() or np.mean(x), which cannot run in a compiled step
     """
     fix = (
         "return a jax array, e.g. jnp.mean(x), not float(x), x.item() or np.mean(x), which cannot run in a "
@@ -173,11 +171,15 @@ def call_for_array(fn: Callable[..., Any], what: str, /, **available: Any) -> An
     try:
         value = call_with_available(fn, **available)
     except _CONVERSIONS as error:
-        raise NotAnArray(
+        raise TypeError(
             f"{what} turned a traced array into a Python or numpy value ({type(error).__name__}): {fix}"
         ) from error
+    except (TypeError, ValueError) as error:
+        if hint is not None:
+            error.add_note(hint())
+        raise
     if not _is_array(value):
-        raise NotAnArray(f"{what} returned {short(value)} (a {type(value).__name__}), not a jax array: {fix}")
+        raise TypeError(f"{what} returned {short(value)} (a {type(value).__name__}), not a jax array: {fix}")
     return value
 
 
@@ -221,7 +223,7 @@ class Mean:
     def update(self, **kwargs: Any) -> Mean:
         """Adds the result of `fn` on one batch; see the class docstring."""
         value = jnp.asarray(
-            call_for_array(self.fn, f"metric function {_name(self.fn)}", **kwargs), jnp.float32
+            call_for_array(self.fn, f"metric function {_name(self.fn)}", None, **kwargs), jnp.float32
         )
         return dataclasses.replace(self, total=self.total + value.sum(), count=self.count + value.size)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Final, cast, final
 
@@ -17,7 +18,7 @@ from ciclo._src.base.types import ModelAdapter, SupportsToModel
 from ciclo._src.logs.logs import Logs
 from ciclo._src.state import managed as _managed
 from ciclo._src.state.managed import AbstractManagedState, create_state
-from ciclo._src.state.metrics import Metric, NotAnArray, as_metric, call_for_array, call_with_available
+from ciclo._src.state.metrics import Metric, as_metric, call_for_array, call_with_available
 from ciclo._src.state.precision import cast_like, to_float32
 from ciclo._src.state.training_options import (
     OPTION_NAMES,
@@ -285,25 +286,15 @@ class ModelState(AbstractManagedState):
         logs = Logs()
         total = jnp.zeros((), jnp.float32)
         for name, fn in self.losses.items():
-            try:
-                value = jnp.mean(call_for_array(fn, f"loss {short(name)}", **available))
-            except NotAnArray:
-                raise
-            except (TypeError, ValueError) as error:
-                _add_note(
-                    error,
-                    f"loss {short(name)} failed on preds {_shapes(preds)} and target {_shapes(target)}; "
-                    "integer-label losses (optax.softmax_cross_entropy_with_integer_labels) need int "
-                    "labels, e.g. labels.astype(np.int32)",
-                )
-                raise
+            hint = functools.partial(_loss_hint, name, preds, target)
+            value = jnp.mean(call_for_array(fn, f"loss {short(name)}", hint, **available))
             logs.add_loss(name, value)
             total = total + value
         metrics = {}
         for name, metric in self.metrics.items():
             try:
                 metrics[name] = call_with_available(metric.update, **available, loss=total)
-            except NotAnArray as error:
+            except (TypeError, ValueError) as error:
                 _add_note(error, f"raised by metric {short(name)}")
                 raise
         for name, metric in metrics.items():
@@ -342,13 +333,36 @@ class ModelState(AbstractManagedState):
         return cast(ModelState, state)
 
 
+_SHAPES_SHOWN: Final = 8
+"""The leaves whose shapes an error note lists; it counts the others."""
+
+
 def _shapes(tree: Any) -> str:
-    """`float32[4,8]`-style shapes and dtypes of a batch's arrays, for error notes."""
-    leaves = [
+    """`float32[4, 8]`-style shapes and dtypes of the first leaves of a batch, then a count, for error notes.
+
+    Example:
+        >>> import numpy as np
+        >>> _shapes({"x": np.ones((4, 8), np.float32), "y": np.zeros(4, np.int32)})
+        'float32[4, 8], int32[4]'
+        >>> _shapes([np.ones(2)] * 1000)[-42:]
+        'float64[2], float64[2] and 992 more leaves'
+    """
+    leaves = jax.tree.leaves(tree)
+    shown = ", ".join(
         f"{getattr(x, 'dtype', type(x).__name__)}{list(getattr(x, 'shape', ()))}"
-        for x in jax.tree.leaves(tree)
-    ]
-    return ", ".join(leaves) or "(none)"
+        for x in leaves[:_SHAPES_SHOWN]
+    )
+    more = len(leaves) - _SHAPES_SHOWN
+    return (shown + (f" and {more} more leaves" if more > 0 else "")) or "(none)"
+
+
+def _loss_hint(name: str, preds: Any, target: Any) -> str:
+    """The note of an error a loss raised: what it was given, and the commonest cause."""
+    return (
+        f"loss {short(name)} failed on preds {_shapes(preds)} and target {_shapes(target)}; "
+        "integer-label losses (optax.softmax_cross_entropy_with_integer_labels) need int "
+        "labels, e.g. labels.astype(np.int32)"
+    )
 
 
 def _add_note(error: BaseException, note: str) -> None:

@@ -90,12 +90,8 @@ def number_list(batch: Any) -> tuple[str, Any] | None:
     return None
 
 
-class UnfitBatch(TypeError):
-    """A batch that a step cannot take as arrays (see `batch_refusal`)."""
-
-
-def batch_refusal(batch: Any) -> UnfitBatch | None:
-    """An error naming the first leaf of `batch` that a step cannot take as an array, else None.
+def batch_refusal(batch: Any) -> TypeError | None:
+    """A TypeError naming the first leaf of `batch` that a step cannot take as an array, else None.
 
     That is a Python list of numbers, or a leaf no device holds (`unplaceable`).
 
@@ -111,7 +107,7 @@ def batch_refusal(batch: Any) -> UnfitBatch | None:
     if found_list is not None:
         path, leaf = found_list
         count = len(jax.tree.leaves(leaf))
-        return UnfitBatch(
+        return TypeError(
             f"batch leaf {path} is a Python list ({short(leaf)}), which jax takes as {count} separate "
             "numbers, not one array: convert each list of the batch to an array with np.asarray before "
             "the loop"
@@ -120,7 +116,7 @@ def batch_refusal(batch: Any) -> UnfitBatch | None:
     if found is None:
         return None
     path, kind, leaf = found
-    return UnfitBatch(
+    return TypeError(
         f"batch leaf {path} is a {kind} ({short(leaf)}), not a number or an array of numbers, which a "
         "step cannot take: drop it from the batch, or turn it into numbers with np.asarray before the loop"
     )
