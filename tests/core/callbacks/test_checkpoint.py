@@ -784,7 +784,7 @@ def test_params_from_ema_params_restores_the_ema_weights_as_the_parameters(train
 
 
 def restore_with(how, directory, target, **options):
-    """`ciclo.restore_checkpoint(directory, ...)`, or the `restore` method of a `Checkpoint` on `directory`."""
+    """`ciclo.restore_checkpoint(directory, ...)`, or the `restore` of a `Checkpoint` on `directory`."""
     if how == "restore_checkpoint":
         return ciclo.restore_checkpoint(directory, target, **options)
     ckpt = ciclo.checkpoint(directory, keep=None)
