@@ -65,6 +65,23 @@ def test_a_model_state_counts_its_model_state() -> None:
     assert rows["model state"] == (None, 12) and rows["optimizer state"] == (None, 60)
 
 
+def test_a_state_for_inference_says_it_has_no_optimizer() -> None:
+    class Dense:
+        def init(self, key: jax.Array, inputs: jax.Array) -> tuple[Any, Any]:
+            return {"dense": jnp.zeros((inputs.shape[-1], 3))}, None
+
+        def apply(self, params: Any, model_state: Any, inputs: Any, *, key: Any, training: bool) -> Any:
+            return inputs @ params["dense"], model_state
+
+    state = ciclo.create_model_state(Dense(), inputs=jnp.ones((1, 4)))  # no tx: for inference
+    text = ciclo.summary(state, file=io.StringIO())
+    rows = summary.parse(text)
+    assert list(rows) == ["dense", "params", "no optimizer (no tx)", "other", "total"]
+    assert rows["no optimizer (no tx)"] == (None, None) and " 0 B" not in text
+    assert rows["total"] == (12, summary.count(state)[1])
+    assert rows["other"] == (None, summary.count(state)[1] - 48)  # the step and the key
+
+
 def test_any_pytree_is_summarised_as_parameters() -> None:
     out = io.StringIO()
     text = ciclo.summary({"a": jnp.zeros((1000, 1100)), "b": [jnp.zeros(3, jnp.int8)]}, file=out)

@@ -1,6 +1,7 @@
 """One process of the another-mesh test: restores a checkpoint and resumes a backup on its own devices.
 
 Usage: python another_mesh_worker.py DEVICES STRATEGY CHECKPOINT_DIR BACKUP_DIR STOP OUT_NPZ
+   or: python another_mesh_worker.py DEVICES pmap CHECKPOINT_DIR (prints the refusal of a pmap restore)
 
 Restores the checkpoint into a target made under STRATEGY (another key, so that
 only a restore gives the saved values), resumes the backup's training up to STOP
@@ -41,5 +42,19 @@ def main(devices: int, strategy: str, checkpoint: str, backup: str, stop: int, o
     )
 
 
+def pmap_refusal(devices: int, checkpoint: str) -> None:
+    """Prints why the checkpoint does not restore onto a pmap state on this process's devices."""
+    assert jax.device_count() == devices, jax.devices()
+    try:
+        ciclo.restore_checkpoint(checkpoint, mlp_state("pmap"))
+    except ValueError as error:
+        print(error)
+    else:
+        print("restored")
+
+
 if __name__ == "__main__":
+    if sys.argv[2] == "pmap":
+        pmap_refusal(int(sys.argv[1]), sys.argv[3])
+        sys.exit()
     main(int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]), sys.argv[6])

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import jax
 import numpy as np
+import pytest
 from support import processes
 from support.training import batches, mlp_state
 
@@ -74,3 +75,49 @@ def test_fsdp_on_4_devices_restores_onto_2_4_and_1(tmp_path: Path) -> None:
     # Not bitwise (another device count sums in another order), but the same run to float32 rounding.
     for i, leaf in enumerate(jax.tree.leaves(uninterrupted.params)):
         np.testing.assert_allclose(result[f"resumed_{i}"], np.asarray(leaf), rtol=1e-5, atol=1e-6)
+
+
+def _save(directory: Path, state: ciclo.types.ModelState) -> None:
+    saver = ciclo.checkpoint(directory)
+    saver.save(int(state.strategy.unplace(state).step), state)
+    saver.close()
+
+
+def test_a_pmap_checkpoint_restores_only_onto_pmap_on_its_device_count(tmp_path: Path) -> None:
+    state = mlp_state("pmap")
+    _, state = state.train_step(batches(1)[0])
+    _save(tmp_path / "pmap", state)
+    restored = ciclo.restore_checkpoint(tmp_path / "pmap", mlp_state("pmap", key=1))
+    for leaf, value in zip(jax.tree.leaves(restored), jax.tree.leaves(state), strict=True):
+        np.testing.assert_array_equal(np.asarray(leaf), np.asarray(value))
+
+    # Another strategy on the same 4 devices (partial=True too: it would keep every leaf of the target).
+    refusal = (
+        r"holds a pmap state saved on 4 device\(s\).*step has shape \(4,\).*onto a state of strategy "
+        r"{}.*Restore it onto strategy='pmap' on 4 device\(s\).*save from a data_parallel state"
+    )
+    for strategy, partial in [("data_parallel", False), ("data_parallel", True), ("jit", False)]:
+        target = mlp_state(strategy)
+        name = type(target.strategy).__name__
+        with pytest.raises(ValueError, match=refusal.format(name)):
+            ciclo.restore_checkpoint(tmp_path / "pmap", target, partial=partial)
+    # The other way: a data_parallel checkpoint onto pmap.
+    _save(tmp_path / "data_parallel", state.with_strategy("data_parallel"))
+    with pytest.raises(ValueError, match=r"without pmap's device axis.*onto a pmap state on 4 device\(s\)"):
+        ciclo.restore_checkpoint(tmp_path / "data_parallel", mlp_state("pmap"))
+    # Saved from data_parallel, it restores anywhere: here onto jit.
+    moved = ciclo.restore_checkpoint(tmp_path / "data_parallel", mlp_state("jit", key=1))
+    np.testing.assert_array_equal(np.asarray(moved.params[0]["w"]), np.asarray(state.params[0]["w"][0]))
+
+    # A backup's resume is refused alike (each of its steps, then the whole).
+    ciclo.train_loop(mlp_state("pmap"), batches(2), stop=1, backup=tmp_path / "backup")
+    with pytest.raises(ValueError, match=r"(?s)no backup in .*step 1: .*holds a pmap state saved on 4 dev"):
+        ciclo.train_loop(mlp_state("data_parallel"), batches(2), stop=2, backup=tmp_path / "backup")
+
+    # pmap on 2 devices, in a process of its own.
+    env = processes.clean_env(JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=2")
+    command = [sys.executable, str(WORKER), "2", "pmap", str(tmp_path / "pmap")]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "holds a pmap state saved on 4 device(s)" in done.stdout
+    assert "cannot be restored onto a pmap state on 2 device(s)" in done.stdout

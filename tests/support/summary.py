@@ -10,16 +10,16 @@ import jax
 import numpy as np
 
 
-def parse(text: str) -> dict[str, tuple[int | None, int]]:
-    """Each row's name -> (parameters, or None where the table shows "-"; bytes)."""
-    rows: dict[str, tuple[int | None, int]] = {}
+def parse(text: str) -> dict[str, tuple[int | None, int | None]]:
+    """Each row's name -> (parameters; bytes), each None where the table shows "-"."""
+    rows: dict[str, tuple[int | None, int | None]] = {}
     for line in text.splitlines()[1:]:  # the first line is the header
         if set(line) == {"-"}:
             continue  # a rule
         name, parameters, nbytes, _size = re.split(r"\s{2,}", line.strip())
         rows[name] = (
             None if parameters == "-" else int(parameters.replace(",", "")),
-            int(nbytes.replace(",", "")),
+            None if nbytes == "-" else int(nbytes.replace(",", "")),
         )
     return rows
 

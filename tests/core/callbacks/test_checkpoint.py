@@ -783,6 +783,37 @@ def test_params_from_ema_params_restores_the_ema_weights_as_the_parameters(train
         ciclo.restore_checkpoint(directory, model_state(), partial=True, params_from="norms")
 
 
+def restore_with(how, directory, target, **options):
+    """`ciclo.restore_checkpoint(directory, ...)`, or the `restore` of a `Checkpoint` on `directory`."""
+    if how == "restore_checkpoint":
+        return ciclo.restore_checkpoint(directory, target, **options)
+    ckpt = ciclo.checkpoint(directory, keep=None)
+    try:
+        return ckpt.restore(target, **options)
+    finally:
+        ckpt.close()
+
+
+@pytest.mark.parametrize("how", ["restore_checkpoint", "Checkpoint.restore"])
+def test_the_function_and_the_method_take_the_same_keywords(trained, how):
+    state, directory = trained
+    restored, report = restore_with(
+        how, directory, model_state(), step=4, partial=True, params_from="ema_params", report=True
+    )
+    expected = state.with_ema_params().replace(options=model_state().options)
+    np.testing.assert_array_equal(preds(restored), preds(expected))
+    assert report.step == 4 and report.params_from == "ema_params" and report.kept == ()
+    assert "['params']['head']['w']" in report.unused  # the EMA weights were read instead
+    strict = restore_with(how, directory, model_state(**TRAINING), step="latest")
+    np.testing.assert_array_equal(strict.params["head"]["w"], state.params["head"]["w"])
+    with pytest.raises(ValueError, match="pass partial=True too"):
+        restore_with(how, directory, model_state(), params_from="ema_params")
+    with pytest.raises(TypeError, match=r"unknown keyword\(s\) \['stpe'\].*RestoreOptions"):
+        restore_with(how, directory, model_state(), stpe=4)
+    with pytest.raises(TypeError, match="partial must be True or False"):
+        restore_with(how, directory, model_state(), partial="yes")
+
+
 def test_fine_tuning_restores_the_backbone_keeps_the_new_head_and_trains_on(trained):
     state, directory = trained
     target = model_state(TwoLayers(classes=5), tx=optax.sgd(0.1), losses=TRAINING["losses"])

@@ -40,6 +40,7 @@ from ciclo._src.base.types import StatefulCallback as StatefulCallback
 from ciclo._src.base.types import SupportsToModel as SupportsToModel
 from ciclo._src.base.types import Trainable as Trainable
 from ciclo._src.callbacks._checkpoint import Checkpoint as Checkpoint
+from ciclo._src.callbacks._checkpoint import RestoreOptions as RestoreOptions
 from ciclo._src.callbacks._device_stats import DeviceStats as DeviceStats
 from ciclo._src.callbacks._early_stopping import EarlyStopping as EarlyStopping
 from ciclo._src.callbacks._ema import SwapEMAWeights as SwapEMAWeights
@@ -108,6 +109,7 @@ __all__ = [
     "Preempted",
     "Profile",
     "RecompileWarning",
+    "RestoreOptions",
     "RestoreReport",
     "Schedule",
     "ScheduleBase",

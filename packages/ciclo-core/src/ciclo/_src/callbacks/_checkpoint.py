@@ -17,7 +17,7 @@ import math
 import os
 import typing
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar, overload
+from typing import TYPE_CHECKING, Any, ClassVar, Final, Literal, TypedDict, TypeVar, Unpack, overload
 
 import jax
 
@@ -46,6 +46,7 @@ from ciclo._src.resume.orbax_io import (
     RestoreReport,
     abstract,
     announce,
+    check_device_axis,
     check_structure,
     epath,
     is_single_leaf,
@@ -209,8 +210,71 @@ def _resolve_step(manager: Any, directory: str, step: object, monitor: str | Non
     return int(step)
 
 
-def _restore(manager: Any, directory: str, target: T, step: object, monitor: str | None) -> T:
-    return _restore_with_report(manager, directory, target, step, monitor)[0]
+class RestoreOptions(TypedDict, total=False):
+    """The keywords of `ciclo.restore_checkpoint` and `Checkpoint.restore`, besides `report`.
+
+    Attributes:
+        step: `"latest"` (the default), `"best"` (the best monitored value), or
+            a step number.
+        partial: restore every leaf of the target whose path is in the
+            checkpoint with the same shape and dtype, and keep the others as
+            they are in the target (default False: the target must be built
+            like the state saved).
+        params_from: the checkpoint's field the target's parameters are read
+            from, e.g. `"ema_params"`: the EMA weights as the parameters (with
+            `partial=True`; default None: its own parameters).
+    """
+
+    step: StepLike
+    partial: bool
+    params_from: str | None
+
+
+_RESTORE_OPTIONS: Final = frozenset(RestoreOptions.__optional_keys__)
+
+
+def _restore_in(
+    directory: str,
+    target: T,
+    monitor: str | None,
+    mode: Mode,
+    manager: Any | None,
+    options: RestoreOptions,
+    report: bool,
+) -> tuple[T, RestoreReport]:
+    """The one restore path: checks `options`, then restores with `manager` or a manager opened here.
+
+    `manager` is a `Checkpoint`'s own (None for `ciclo.restore_checkpoint`); a
+    partial restore reads through another one (`_open_manager(partial=True)`),
+    opened here and closed after.
+    """
+    unknown = sorted(set(options) - _RESTORE_OPTIONS)
+    if unknown:
+        raise TypeError(
+            f"restore got the unknown keyword(s) {short(unknown)}; it takes {sorted(_RESTORE_OPTIONS)} "
+            "and report (ciclo.types.RestoreOptions)"
+        )
+    step, partial = options.get("step", "latest"), options.get("partial", False)
+    params_from = options.get("params_from")
+    for flag, value in (("partial", partial), ("report", report)):
+        check_bool(value, flag)
+    if params_from is not None and (not isinstance(params_from, str) or not partial):
+        raise (ValueError if isinstance(params_from, str) else TypeError)(
+            f"params_from={short(params_from)} reads the target's parameters from another field of the "
+            "checkpoint, and the checkpoint's own parameters are then left unused: pass partial=True too, "
+            "e.g. restore_checkpoint(directory, target, partial=True, params_from='ema_params')"
+        )
+    if manager is not None and not partial:
+        return _restore_with_report(manager, directory, target, step, monitor)
+    opened = _open_manager(
+        directory, keep=None, monitor=monitor, mode=mode, async_save=False, create=False, partial=partial
+    )
+    try:
+        return _restore_with_report(
+            opened, directory, target, step, monitor, partial=partial, params_from=params_from
+        )
+    finally:
+        opened.close()
 
 
 def _restore_with_report(
@@ -228,6 +292,7 @@ def _restore_with_report(
     wrapped = is_single_leaf(target)
     where = f"of step {resolved} in {directory}"
     stored = stored_tree(manager, resolved)
+    check_device_axis(stored, target, "the checkpoint", where)  # a pmap state's device axis, with partial too
     if partial:
         prefix = ("state",) if wrapped else ()
         source = _source_of(target, stored, prefix, params_from, where)
@@ -614,16 +679,32 @@ class Checkpoint(Callback):
         best = None if self._monitor is None else self._get_manager().best_step()
         return None if best is None else int(best)
 
-    def restore(self, target: T, *, step: StepLike = "latest") -> T:
+    @overload
+    def restore(
+        self, target: T, *, report: Literal[False] = False, **options: Unpack[RestoreOptions]
+    ) -> T: ...
+
+    @overload
+    def restore(
+        self, target: T, *, report: Literal[True], **options: Unpack[RestoreOptions]
+    ) -> tuple[T, RestoreReport]: ...
+
+    def restore(
+        self, target: T, *, report: bool = False, **options: Unpack[RestoreOptions]
+    ) -> T | tuple[T, RestoreReport]:
         """Restores a checkpoint into the structure of `target`, as `ciclo.restore_checkpoint` does.
 
-        Restoring makes the directory's checkpoints this run's: later saves go after them.
+        Takes the same keywords: `step`, `partial`, `params_from` (see
+        `ciclo.types.RestoreOptions`) and `report`. Restoring makes the
+        directory's checkpoints this run's: later saves go after them.
         """
         manager = self._get_manager()
         self.wait()
-        restored = _restore(manager, self._directory, target, step, self._monitor)
+        restored, found = _restore_in(
+            self._directory, target, self._monitor, self._mode, manager, options, report
+        )
         self._resumed = True
-        return restored
+        return (restored, found) if report else restored
 
 
 def checkpoint(
@@ -699,10 +780,8 @@ def restore_checkpoint(
     directory: str | os.PathLike[str],
     target: T,
     *,
-    step: StepLike = "latest",
-    partial: bool = False,
-    params_from: str | None = None,
     report: Literal[False] = False,
+    **options: Unpack[RestoreOptions],
 ) -> T: ...
 
 
@@ -711,10 +790,8 @@ def restore_checkpoint(
     directory: str | os.PathLike[str],
     target: T,
     *,
-    step: StepLike = "latest",
-    partial: bool = False,
-    params_from: str | None = None,
     report: Literal[True],
+    **options: Unpack[RestoreOptions],
 ) -> tuple[T, RestoreReport]: ...
 
 
@@ -722,10 +799,8 @@ def restore_checkpoint(
     directory: str | os.PathLike[str],
     target: T,
     *,
-    step: StepLike = "latest",
-    partial: bool = False,
-    params_from: str | None = None,
     report: bool = False,
+    **options: Unpack[RestoreOptions],
 ) -> T | tuple[T, RestoreReport]:
     """Restores a checkpoint saved by `ciclo.checkpoint` into the structure of `target`.
 
@@ -746,13 +821,13 @@ def restore_checkpoint(
         target: a pytree like the saved state (e.g. the freshly initialised
             state): its structure, shapes, dtypes and shardings are those of the
             result. Its values are read only for the leaves `partial` keeps.
-        step: `"latest"`, `"best"` (the best monitored value), or a step number.
-        partial: restore the leaves that match and keep the others (see above).
-        params_from: the checkpoint's field the target's parameters are read
-            from, e.g. `"ema_params"`: the EMA weights as the parameters (with
-            `partial=True`).
         report: also return a `ciclo.types.RestoreReport`: the leaves restored,
             those kept from `target` with the reason, the checkpoint's unused.
+        **options: `step` (`"latest"`, `"best"`: the best monitored value, or
+            a step number), `partial` (restore the leaves that match and keep
+            the others, see above) and `params_from` (`"ema_params"`: the EMA
+            weights as the parameters, with `partial=True`); see
+            `ciclo.types.RestoreOptions`. `Checkpoint.restore` takes the same.
 
     Returns:
         The restored state, with the structure of `target`; with `report=True`,
@@ -790,27 +865,11 @@ def restore_checkpoint(
         step 3: restored 1 leaf, kept 1 from the target, 0 of the checkpoint unused
           kept ['loss']: missing in the checkpoint
     """
-    for flag, value in (("partial", partial), ("report", report)):
-        check_bool(value, flag)
-    if params_from is not None and (not isinstance(params_from, str) or not partial):
-        raise (ValueError if isinstance(params_from, str) else TypeError)(
-            f"params_from={short(params_from)} reads the target's parameters from another field of the "
-            "checkpoint, and the checkpoint's own parameters are then left unused: pass partial=True too, "
-            "e.g. restore_checkpoint(directory, target, partial=True, params_from='ema_params')"
-        )
     path = _absolute_directory(directory)
     if not epath(path).is_dir():
         raise FileNotFoundError(f"checkpoint directory {path} does not exist")
     check_closed(path, "the checkpoint directory")
     settings = _read_settings(path) or _settings(None, "min")
     monitor, mode = settings["monitor"], typing.cast(Mode, settings["mode"] or "min")
-    manager = _open_manager(
-        path, keep=None, monitor=monitor, mode=mode, async_save=False, create=False, partial=partial
-    )
-    try:
-        restored, found = _restore_with_report(
-            manager, path, target, step, monitor, partial=partial, params_from=params_from
-        )
-    finally:
-        manager.close()
+    restored, found = _restore_in(path, target, monitor, mode, None, options, report)
     return (restored, found) if report else restored

@@ -44,6 +44,7 @@ from ciclo._src.resume.host_json import from_json, to_json
 from ciclo._src.resume.orbax_io import (
     abstract,
     announce,
+    check_device_axis,
     check_structure,
     is_single_leaf,
     note_lost_peer,
@@ -449,6 +450,7 @@ class Session:
         target_tree = abstract(target)
         # Compared before orbax reads anything: its own errors name no leaf.
         stored = stored_tree(self.manager, step, "state", "state")  # saved wrapped, as {"state": state}
+        check_device_axis(stored, target, "the backup", where)
         check_structure(stored, target_tree, "the backup", where, dtypes=True)
         items = {"state": ocp.args.StandardRestore({"state": target_tree})}
         if fields["kept"]:  # trees shaped like the loop's state (an early stopping's best state)

@@ -24,6 +24,9 @@ from typing import Any, final
 import jax
 import numpy as np
 
+from ciclo._src.base.reprs import short
+from ciclo._src.state.managed import AbstractManagedState
+
 _log = logging.getLogger("ciclo")
 
 
@@ -438,6 +441,48 @@ def check_structure(
         lines.pop()
     shown = "\n  ".join(lines)
     raise ValueError(f"{head}\n  {shown}\n{fix}.")
+
+
+def check_device_axis(stored: Any, target: Any, kind: str, where: str, *prefix: str) -> None:
+    """Refuses a `pmap` state's save onto another device count or strategy, before any array is read.
+
+    A `pmap` state holds a copy per device: each of its arrays has a leading
+    device axis, its `step` too (shape `(devices,)`). That axis cannot be laid
+    out on another device count or dropped for another strategy; a mesh
+    strategy's arrays have their own shapes and restore anywhere. `prefix`:
+    where the state lies in `stored` (a backup saves it as `{"state": state}`).
+
+    Raises:
+        ValueError: naming pmap, both device counts and the fixes.
+    """
+    if stored is None or not isinstance(target, AbstractManagedState):
+        return
+    found = _leaf_table(stored).get((*prefix, "step"))
+    if found is None:
+        return
+    saved_shape, target_shape = found[1], np.shape(target.step)
+    saved = saved_shape[0] if len(saved_shape) == 1 else None
+    wanted = target_shape[0] if len(target_shape) == 1 else None
+    if saved == wanted:
+        return
+    onto = (
+        f"a pmap state on {wanted} device(s)"
+        if wanted is not None
+        else f"a state of strategy {short(target.strategy)}, without pmap's device axis"
+    )
+    if saved is not None:
+        raise ValueError(
+            f"{kind} {where} holds a pmap state saved on {saved} device(s): each of its arrays has a "
+            f"leading device axis of {saved} (step has shape {saved_shape}), which cannot be restored onto "
+            f"{onto}. Restore it onto strategy='pmap' on {saved} device(s) (then state.with_strategy(...) "
+            "moves it), or save from a data_parallel state (state.with_strategy('data_parallel')), which "
+            "restores onto any device count and strategy"
+        )
+    raise ValueError(
+        f"{kind} {where} holds a state saved without pmap's device axis (step has shape {saved_shape}), "
+        f"which cannot be restored onto {onto}. Restore it onto the strategy it was saved under, then "
+        "move it with state.with_strategy('pmap')"
+    )
 
 
 def is_single_leaf(tree: Any) -> bool:

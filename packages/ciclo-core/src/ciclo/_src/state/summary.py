@@ -55,10 +55,16 @@ def _shapes(state: Any) -> Any:
     return jax.eval_shape(lambda tree: tree, state)
 
 
-def _table(rows: Iterable[tuple[str, int | None, int]]) -> str:
+def _table(rows: Iterable[tuple[str, int | None, int | None]]) -> str:
+    """The rows `(name, parameters, bytes)` as a table; None shows "-" (bytes: in both byte columns)."""
     header = ("", "parameters", "bytes", "size")
     lines = [
-        (name, "-" if elements is None else f"{elements:,}", f"{nbytes:,}", _human(nbytes))
+        (
+            name,
+            "-" if elements is None else f"{elements:,}",
+            "-" if nbytes is None else f"{nbytes:,}",
+            "-" if nbytes is None else _human(nbytes),
+        )
         for name, elements, nbytes in rows
     ]
     widths = [max(len(row[i]) for row in [header, *lines]) for i in range(len(header))]
@@ -79,7 +85,8 @@ def summary(state: Any, *, file: IO[str] | None = None) -> str:
     One row per top-level key of the parameters (a flax or haiku module, an
     equinox field, a list index), with its number of parameters and bytes;
     then the parameters' total, the model state (batch statistics), the
-    optimizer state and the state's other arrays (step counter, rng key,
+    optimizer state (a state for inference, created without `tx`: a row "no
+    optimizer (no tx)") and the state's other arrays (step counter, rng key,
     metrics) in bytes, and the whole state's total. A state is a
     managed state (`managed.ManagedState`, `ciclo.types.ModelState`) or any state with a field of
     role `managed.Role.PARAMS`; any other pytree is summarised as parameters.
@@ -113,7 +120,7 @@ def summary(state: Any, *, file: IO[str] | None = None) -> str:
     shapes = _shapes(state)
     kind = type(state)
     params_names = fields_with_role(kind, Role.PARAMS)
-    rows: list[tuple[str, int | None, int]] = []
+    rows: list[tuple[str, int | None, int | None]] = []
     if len(params_names) != 1:
         rows.extend(_by_top_level_key(shapes))
         elements, nbytes = _sizes(shapes)
@@ -130,7 +137,9 @@ def summary(state: Any, *, file: IO[str] | None = None) -> str:
             _, nbytes = _sizes(model_state)
             rows.append(("model state", None, nbytes))
             accounted += nbytes
-        if isinstance(state, AbstractManagedState):
+        if isinstance(state, AbstractManagedState) and state.tx is None:
+            rows.append(("no optimizer (no tx)", None, None))  # a state for inference
+        elif isinstance(state, AbstractManagedState):
             _, nbytes = _sizes(shapes.opt_state)
             rows.append(("optimizer state", None, nbytes))
             accounted += nbytes
