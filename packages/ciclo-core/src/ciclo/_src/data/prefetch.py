@@ -72,9 +72,7 @@ def _placement_error(error: Exception, batch: Any, index: int) -> Exception:
     found = unplaceable(batch)
     if found is None:
         note = f"raised by prefetch_to_device placing batch {index} of the dataset (counted from 0)"
-        add_note = getattr(error, "add_note", None)  # Python >= 3.11
-        if add_note is not None:
-            add_note(note)
+        error.add_note(note)
         return error
     path, kind, leaf = found
     refusal = TypeError(

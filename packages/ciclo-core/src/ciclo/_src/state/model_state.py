@@ -268,8 +268,7 @@ class ModelState(AbstractManagedState):
         try:
             preds, model_state = self._apply(inputs, training=training)
         except Exception as error:  # any framework's own error (flax's ScopeParamShapeError, ...)
-            _add_note(
-                error,
+            error.add_note(
                 f"the model failed on inputs {_shapes(inputs)}: give every step (train, test, predict) "
                 "batches shaped like those the state was created with",
             )
@@ -295,7 +294,7 @@ class ModelState(AbstractManagedState):
             try:
                 metrics[name] = call_with_available(metric.update, **available, loss=total)
             except (TypeError, ValueError) as error:
-                _add_note(error, f"raised by metric {short(name)}")
+                error.add_note(f"raised by metric {short(name)}")
                 raise
         for name, metric in metrics.items():
             logs.add_metric(name, metric)
@@ -363,12 +362,6 @@ def _loss_hint(name: str, preds: Any, target: Any) -> str:
         "integer-label losses (optax.softmax_cross_entropy_with_integer_labels) need int "
         "labels, e.g. labels.astype(np.int32)"
     )
-
-
-def _add_note(error: BaseException, note: str) -> None:
-    add_note = getattr(error, "add_note", None)  # Python >= 3.11
-    if add_note is not None:
-        add_note(note)
 
 
 def _check_losses(losses: Mapping[str, Callable[..., Any]] | Callable[..., Any] | None) -> NamedLosses:
