@@ -237,7 +237,8 @@ def faults(session: nox.Session) -> None:
         "tensorboard",
         *_group("test"),
     )
-    _pytest(session, "tests/faults")
+    # loadgroup: the 2-process fsdp tests share one worker, and so their reference and preempted runs.
+    _pytest(session, "tests/faults", "--dist=loadgroup")
 
 
 @nox.session
