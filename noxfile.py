@@ -267,7 +267,8 @@ def multidevice(session: nox.Session) -> None:
 def conformance(session: nox.Session) -> None:
     """Every adapter at once on 4 CPU devices: the conformance suite and the Keras guide example."""
     _install(session, CORE, *ADAPTERS, "keras>=3", *_group("test"))
-    _pytest(session, "tests/conformance", "tests/docs_keras", env=MULTIDEVICE_ENV)
+    # loadgroup: test_after_training's cases share one worker, and so one new process for every adapter.
+    _pytest(session, "tests/conformance", "tests/docs_keras", "--dist=loadgroup", env=MULTIDEVICE_ENV)
 
 
 @nox.session
