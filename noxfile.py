@@ -237,7 +237,8 @@ def faults(session: nox.Session) -> None:
         "tensorboard",
         *_group("test"),
     )
-    _pytest(session, "tests/faults")
+    # loadgroup: the 2-process fsdp tests share one worker, and so their reference and preempted runs.
+    _pytest(session, "tests/faults", "--dist=loadgroup")
 
 
 @nox.session
@@ -266,7 +267,8 @@ def multidevice(session: nox.Session) -> None:
 def conformance(session: nox.Session) -> None:
     """Every adapter at once on 4 CPU devices: the conformance suite and the Keras guide example."""
     _install(session, CORE, *ADAPTERS, "keras>=3", *_group("test"))
-    _pytest(session, "tests/conformance", "tests/docs_keras", env=MULTIDEVICE_ENV)
+    # loadgroup: test_after_training's cases share one worker, and so one new process for every adapter.
+    _pytest(session, "tests/conformance", "tests/docs_keras", "--dist=loadgroup", env=MULTIDEVICE_ENV)
 
 
 @nox.session

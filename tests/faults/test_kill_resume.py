@@ -171,7 +171,7 @@ def assert_each_step_once(actual: dict[str, list[tuple[int, str, float]]], expec
         ]
 
 
-@pytest.mark.parametrize(("mode", "seed", "span", "kills"), [("loop", 1, 8, 6), ("train_loop", 2, 14, 10)])
+@pytest.mark.parametrize(("mode", "seed", "span", "kills"), [("loop", 1, 8, 6), ("train_loop", 2, 14, 6)])
 def test_sigkill_at_random_moments_then_resume(
     mode: str,
     seed: int,
@@ -298,6 +298,24 @@ def two_process_reference(tmp_path_factory: pytest.TempPathFactory) -> Callable[
     return reference
 
 
+@pytest.fixture(scope="module")
+def two_process_preempted(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """The directory of a 2-process run of `mode` stopped by SIGTERM to process 0 after its step 12,
+    run once per module: each test resumes a copy of it."""
+    done: dict[str, Path] = {}
+
+    def preempted(mode: str) -> Path:
+        if mode not in done:
+            directory = tmp_path_factory.mktemp(f"preempted_{mode}")
+            codes = run_two(mode, directory, signum=signal.SIGTERM, after=12)
+            # Both stop at the step they agreed on, after saving their shards.
+            assert codes == [143, 143], (directory / "stderr.log").read_text()
+            done[mode] = directory
+        return done[mode]
+
+    return preempted
+
+
 def assert_equal_to_reference(directory: Path, reference: Path) -> None:
     for process in range(2):
         assert_equal_results(
@@ -306,21 +324,26 @@ def assert_equal_to_reference(directory: Path, reference: Path) -> None:
         )
 
 
-@pytest.mark.parametrize("strategy", ["data_parallel", "fsdp"])
+FSDP = pytest.mark.xdist_group("distributed_fsdp")
+"""The tests of `distributed_fsdp` share its reference and preempted runs: `nox -s faults` (`--dist
+loadgroup`) runs them on one pytest-xdist worker, where the module's fixtures run each once."""
+
+
+@pytest.mark.parametrize("strategy", ["data_parallel", pytest.param("fsdp", marks=FSDP)])
 def test_two_processes_preempted_by_sigterm_to_one_resume_together(
-    strategy: str, tmp_path: Path, two_process_reference: Callable[[str], Path]
+    strategy: str,
+    tmp_path: Path,
+    two_process_reference: Callable[[str], Path],
+    two_process_preempted: Callable[[str], Path],
 ) -> None:
     mode = f"distributed_{strategy}"
     reference = two_process_reference(mode)
-    directory = tmp_path / "preempted"
-    codes = run_two(mode, directory, signum=signal.SIGTERM, after=12)
-    log = (directory / "stderr.log").read_text()
-    # Both stop at the step they agreed on, after saving their shards.
-    assert codes == [143, 143], log
+    directory = shutil.copytree(two_process_preempted(mode), tmp_path / "preempted")
     assert run_two(mode, directory) == [0, 0], (directory / "stderr.log").read_text()
     assert_equal_to_reference(directory, reference)
 
 
+@FSDP
 def test_two_processes_killed_together_resume(
     tmp_path: Path, two_process_reference: Callable[[str], Path]
 ) -> None:
@@ -335,13 +358,16 @@ def test_two_processes_killed_together_resume(
     assert_equal_to_reference(directory, reference)
 
 
+@FSDP
 def test_two_processes_fall_back_together_over_a_backup_one_of_them_cannot_read(
-    tmp_path: Path, two_process_reference: Callable[[str], Path]
+    tmp_path: Path,
+    two_process_reference: Callable[[str], Path],
+    two_process_preempted: Callable[[str], Path],
 ) -> None:
     mode = "distributed_fsdp"
     reference = two_process_reference(mode)
-    directory = tmp_path / "damaged"
-    assert run_two(mode, directory, signum=signal.SIGTERM, after=12) == [143, 143]
+    # The preempted run of the test above, whose newest backup this test damages in its own copy.
+    directory = shutil.copytree(two_process_preempted(mode), tmp_path / "damaged")
     backups = directory / "backup"
     newest = max(int(step.name) for step in backups.iterdir() if step.name.isdigit())
     # Process 1's shards of the newest backup: only process 1 reads them.
@@ -362,6 +388,7 @@ LOST_PEER_BOUND = processes.HEARTBEAT + 20
 end (JAX checks the heartbeats now and then, and prints a stack trace as it aborts; slower when loaded)."""
 
 
+@FSDP
 def test_a_process_whose_peer_is_killed_ends_within_the_heartbeat_timeout_and_both_resume(
     tmp_path: Path, two_process_reference: Callable[[str], Path]
 ) -> None:
