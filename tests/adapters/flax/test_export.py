@@ -6,13 +6,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-import flax.linen as nn
-import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
 from support import processes
+from support.flax_models import Linen, Nnx
 
 import ciclo
 
@@ -23,24 +22,6 @@ SETTINGS = {
     "losses": optax.softmax_cross_entropy_with_integer_labels,
     "ema_decay": 0.5,
 }
-
-
-class LinenNet(nn.Module):
-    @nn.compact
-    def __call__(self, x: jax.Array, training: bool = False) -> jax.Array:
-        x = nn.BatchNorm(use_running_average=not training)(nn.relu(nn.Dense(16)(x)))
-        return nn.Dense(3)(nn.Dropout(0.5, deterministic=not training)(x))
-
-
-class NnxNet(nnx.Module):
-    def __init__(self, rngs: nnx.Rngs) -> None:
-        self.dense = nnx.Linear(4, 16, rngs=rngs)
-        self.norm = nnx.BatchNorm(16, rngs=rngs)
-        self.dropout = nnx.Dropout(0.5, rngs=rngs)
-        self.out = nnx.Linear(16, 3, rngs=rngs)
-
-    def __call__(self, x: jax.Array) -> jax.Array:
-        return self.out(self.dropout(self.norm(nnx.relu(self.dense(x)))))
 
 
 SERVE = """
@@ -67,8 +48,8 @@ np.savez(out, **predictions)
 
 def test_a_served_flax_model_predicts_what_predict_step_does(tmp_path: Path) -> None:
     states = {
-        "linen": ciclo.create_flax_state(LinenNet(), inputs=jnp.zeros((1, 4)), **SETTINGS),
-        "nnx": ciclo.create_flax_state(NnxNet(nnx.Rngs(0)), **SETTINGS),
+        "linen": ciclo.create_flax_state(Linen(), inputs=jnp.zeros((1, 4)), **SETTINGS),
+        "nnx": ciclo.create_flax_state(Nnx(nnx.Rngs(0)), **SETTINGS),
     }
     inputs = {
         f"x{size}": np.random.default_rng(size).normal(size=(size, 4)).astype(np.float32) for size in (1, 7)

@@ -11,6 +11,7 @@ import numpy as np
 import optax
 import pytest
 from flax import nnx
+from support.flax_models import Nnx
 
 import ciclo
 import ciclo_flax
@@ -46,21 +47,10 @@ def _flagged(flag: str) -> nn.Module:
     return type(f"Flagged_{flag}", (Flagged,), {"__call__": namespace["__call__"]})(flag)
 
 
-class NnxModel(nnx.Module):
-    def __init__(self, rngs: nnx.Rngs) -> None:
-        self.dense = nnx.Linear(4, 16, rngs=rngs)
-        self.norm = nnx.BatchNorm(16, rngs=rngs)
-        self.dropout = nnx.Dropout(0.5, rngs=rngs)
-        self.out = nnx.Linear(16, 3, rngs=rngs)
-
-    def __call__(self, x: jax.Array) -> jax.Array:
-        return self.out(self.dropout(self.norm(self.dense(x))))
-
-
 def make(kind: str, **overrides: Any) -> ciclo.types.ModelState:
     settings: dict[str, Any] = {"tx": optax.sgd(0.0), "losses": LOSSES, "strategy": "jit", **overrides}
     if kind == "nnx":
-        return ciclo.create_flax_state(NnxModel(nnx.Rngs(0)), **settings)
+        return ciclo.create_flax_state(Nnx(nnx.Rngs(0)), **settings)
     return ciclo.create_flax_state(_flagged(kind), inputs=jnp.zeros((1, 4)), **settings)
 
 
@@ -128,7 +118,7 @@ def test_errors_say_what_is_accepted() -> None:
         ciclo.create_flax_state(lambda x: x, inputs=X, tx=optax.sgd(0.1))
     with pytest.raises(TypeError, match="needs sample `inputs`"):
         ciclo.create_flax_state(nn.Dense(3), tx=optax.sgd(0.1))
-    adapter, _ = ciclo_flax.NnxAdapter.split(NnxModel(nnx.Rngs(0)))
+    adapter, _ = ciclo_flax.NnxAdapter.split(Nnx(nnx.Rngs(0)))
     with pytest.raises(TypeError, match="initialised when it is built"):
         adapter.init(jax.random.key(0), X)
 

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import flax.linen as nn
-import jax
 import numpy as np
 import optax
 from flax import nnx
+from support.flax_models import Linen, Nnx
 
 import ciclo
 from ciclo_flax import LinenAdapter, NnxAdapter
@@ -14,24 +14,6 @@ from ciclo_flax import LinenAdapter, NnxAdapter
 X = np.random.default_rng(0).normal(size=(8, 4)).astype(np.float32)
 Y = np.arange(8, dtype=np.int32) % 3
 SETTINGS = {"tx": optax.adam(1e-2), "losses": {"loss": optax.softmax_cross_entropy_with_integer_labels}}
-
-
-class Linen(nn.Module):
-    @nn.compact
-    def __call__(self, x: jax.Array, training: bool = False) -> jax.Array:
-        x = nn.BatchNorm(use_running_average=not training)(nn.Dense(16)(x))
-        return nn.Dense(3)(nn.Dropout(0.5, deterministic=not training)(x))
-
-
-class Nnx(nnx.Module):
-    def __init__(self, rngs: nnx.Rngs) -> None:
-        self.dense = nnx.Linear(4, 16, rngs=rngs)
-        self.norm = nnx.BatchNorm(16, rngs=rngs)
-        self.dropout = nnx.Dropout(0.5, rngs=rngs)
-        self.out = nnx.Linear(16, 3, rngs=rngs)
-
-    def __call__(self, x: jax.Array) -> jax.Array:
-        return self.out(self.dropout(self.norm(self.dense(x))))
 
 
 def train(state: ciclo.types.ModelState) -> ciclo.types.ModelState:
