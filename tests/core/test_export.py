@@ -61,8 +61,9 @@ def _predicted(state: ciclo.types.ModelState, x: np.ndarray) -> np.ndarray:
 def test_the_file_predicts_what_predict_step_does_for_any_batch_size(
     strategy: str, precision: str, tmp_path: Path
 ) -> None:
-    if strategy == "eager" and precision != "32":
-        pytest.skip("eager rounds each operation to bfloat16, a compiled program not always")
+    # Eager rounds each operation to bfloat16, a compiled program not always: there they agree to bfloat16's
+    # rounding (8 bits of mantissa), elsewhere to float32's.
+    tolerance = 2**-7 if strategy == "eager" and precision != "32" else 1e-6
     state = _trained(strategy=strategy, precision=precision)
     path = tmp_path / "serving" / "model.jax"  # its folder is created
     exported = ciclo.export(state, np.zeros((5, 3), np.float32), path)
@@ -70,7 +71,8 @@ def test_the_file_predicts_what_predict_step_does_for_any_batch_size(
     predict = ciclo.load_exported(path)
     for batch in (1, 7):
         x = np.random.default_rng(batch).normal(size=(batch, 3)).astype(np.float32)
-        np.testing.assert_allclose(np.asarray(predict(x)), _predicted(state, x), rtol=1e-6, atol=1e-6)
+        served, expected = np.asarray(predict(x)), _predicted(state, x)
+        np.testing.assert_allclose(served, expected, rtol=tolerance, atol=tolerance)
 
 
 @needs_flatbuffers

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import abc
 import inspect
 import types
 from collections.abc import Callable, Mapping, Sequence
@@ -14,7 +15,7 @@ from ciclo._src.testing.kit import Kit, KitOptions
 pytest = import_extra("pytest", "testing", "ciclo.testing.AdapterTests")
 
 
-class AdapterTests:
+class AdapterTests(abc.ABC):
     """Subclass it in an adapter's own test suite to get one test per clause of `check_adapter`.
 
     A subclass defines `make_adapter(self)` and the class attribute `inputs`
@@ -51,9 +52,9 @@ class AdapterTests:
 
     _kits: ClassVar[dict[type, Kit]] = {}
 
+    @abc.abstractmethod
     def make_adapter(self) -> ModelAdapter:
-        """The adapter under test: override it."""
-        raise NotImplementedError(f"{type(self).__name__} must define make_adapter(self) -> ModelAdapter")
+        """The adapter under test: a subclass defines it."""
 
     def _check(self, clause: str) -> None:
         cls = type(self)
