@@ -636,11 +636,11 @@ class ManagedStep(Generic[S]):
                         compiled = self._compiled[strategy] = self._compile(strategy, state, fused=False)
                     self._cache = (strategy, compiled)
                 logs, state = compiled(state, lifted)
-        except Exception as error:
+        except Exception:
             # Only on the failure path: a batch of Python lists or strings fails somewhere in the
             # model, with an error about the model; this one names the batch's leaf and the fix.
             refusal = batch_refusal(batch)
-            if refusal is None or error.args == refusal.args:  # none, or `_check_batch` raised it
+            if refusal is None:
                 raise
             raise refusal from None
         if self._compiles != compiles and self._watching:
