@@ -132,6 +132,8 @@ def __getattr__(name: str) -> Any:
     return value
 
 
+# The on_* hook names imported above are ciclo 0.1.9's: their home is `ciclo.hooks`; they resolve here
+# for 0.1 code, out of `__all__`.
 __all__ = [
     "Callback",
     "__version__",
@@ -163,18 +165,6 @@ __all__ = [
     "mlflow_logger",
     "never",
     "noop",
-    "on_epoch_end",
-    "on_reset_step",
-    "on_test_batch_begin",
-    "on_test_batch_end",
-    "on_test_begin",
-    "on_test_end",
-    "on_test_step",
-    "on_train_batch_begin",
-    "on_train_batch_end",
-    "on_train_begin",
-    "on_train_end",
-    "on_train_step",
     "piecewise",
     "predict_loop",
     "prefetch_to_device",
