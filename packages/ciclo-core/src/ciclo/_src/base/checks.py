@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import operator
 import os
 import sys
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -64,6 +66,17 @@ def warn(message: str, category: type[Warning] = UserWarning) -> None:
     while frame.f_back is not None and frame.f_code.co_filename.startswith(_SKIPPED):
         stacklevel, frame = stacklevel + 1, frame.f_back
     warnings.warn(message, category, stacklevel=stacklevel)
+
+
+def signature_of(fn: Callable[..., Any], passing: str, wrapper: str) -> inspect.Signature:
+    """`fn`'s signature, read to pass it arguments `passing`; a builtin's refused naming `wrapper`."""
+    try:
+        return inspect.signature(fn)
+    except (TypeError, ValueError) as error:
+        raise TypeError(
+            f"cannot read the signature of {short(fn)} to pass it arguments {passing}; "
+            f"wrap it in a function such as `{wrapper}`"
+        ) from error
 
 
 def check_directory(directory: str, what: str) -> None:

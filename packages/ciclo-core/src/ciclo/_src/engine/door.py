@@ -17,7 +17,7 @@ import weakref
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Final, final
 
-from ciclo._src.base.checks import warn
+from ciclo._src.base.checks import signature_of, warn
 from ciclo._src.base.reprs import short
 from ciclo._src.base.types import StatefulCallback
 from ciclo._src.engine.callback import LIFECYCLE, Callback, vars_lookup
@@ -101,13 +101,7 @@ def _plain_function(fn: Callable[..., Any]) -> Callback:
     (`def step(params, batch)`), unless one of its names would then get
     another value: that is refused.
     """
-    try:
-        signature = inspect.signature(fn)
-    except (TypeError, ValueError) as error:
-        raise TypeError(
-            f"cannot read the signature of callback {short(fn)}; wrap it in a function "
-            "such as `lambda state, batch: ...`"
-        ) from error
+    signature = signature_of(fn, "by position or by name", "lambda state, batch: ...")
     names: list[str] = []
     required = 0
     variadic = False

@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ciclo._src.base.checks import signature_of
 from ciclo._src.base.reprs import short
 from ciclo._src.base.roles import Role, fields_with_role
 
@@ -98,13 +99,7 @@ def call_with_available(fn: Callable[..., T], /, **available: Any) -> T:
     """
     # Inspected at every call: this runs at trace time, not in the compiled step,
     # and a cache keyed by `fn` would keep every lambda it ever saw alive.
-    try:
-        signature = inspect.signature(fn)
-    except (TypeError, ValueError) as error:
-        raise TypeError(
-            f"cannot inspect the signature of {_name(fn)} to pass it arguments by name; "
-            "wrap it in a function, e.g. `lambda preds, target: fn(preds, target)`"
-        ) from error
+    signature = signature_of(fn, "by name", "lambda preds, target: fn(preds, target)")
     parameters = signature.parameters.values()
     named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
     positional_only = [p.name for p in parameters if p.kind is p.POSITIONAL_ONLY and p.default is p.empty]
