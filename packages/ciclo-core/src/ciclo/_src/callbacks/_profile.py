@@ -58,49 +58,32 @@ class Profile(Callback):
     def __init__(
         self, logdir: str | os.PathLike[str], steps: int | tuple[int, int], *, perfetto: bool = False
     ) -> None:
-        try:
-            self._logdir = os.fspath(logdir)
-        except TypeError:
-            raise TypeError(f"logdir must be a path (a str or os.PathLike), got {short(logdir)}") from None
-        self._first, self._last = _check_steps(steps)
-        self._perfetto = bool(perfetto)
-        self._status: _Status = "waiting"
-        self._annotation: Any = None  # the open marker of the step being traced
-
-    @property
-    def logdir(self) -> str:
+        if not isinstance(logdir, (str, os.PathLike)):
+            raise TypeError(f"logdir must be a path (a str or os.PathLike), got {short(logdir)}")
+        self.logdir = os.fspath(logdir)
         """The directory the trace is written under (in `plugins/profile/<run>/`)."""
-        return self._logdir
-
-    @property
-    def steps(self) -> tuple[int, int]:
+        self.steps = _check_steps(steps)
         """The first and last step profiled (both included)."""
-        return self._first, self._last
-
-    @property
-    def status(self) -> str:
+        self._perfetto = bool(perfetto)
+        self.status: _Status = "waiting"
         """`"waiting"` for the first step, `"tracing"`, or `"done"` (the trace is written)."""
-        return self._status
+        self._annotation: Any = None  # the open marker of the step being traced
 
     def __loop_callback__(self, loop_state: LoopState[S]) -> CallbackOutput[S]:
         # Before the step if listed before it: opens the step's marker (and the trace at the first).
-        steps = loop_state.elapsed.steps
+        steps, (first, last) = loop_state.elapsed.steps, self.steps
         # A `ciclo.stacked` group of steps is traced whole if it reaches into the window.
-        if (
-            self._status == "waiting"
-            and self._first < steps + steps_of(loop_state.batch)
-            and steps <= self._last
-        ):
-            jax.profiler.start_trace(self._logdir, create_perfetto_trace=self._perfetto)
-            self._status = "tracing"
-        if self._status == "tracing":
+        if self.status == "waiting" and first < steps + steps_of(loop_state.batch) and steps <= last:
+            jax.profiler.start_trace(self.logdir, create_perfetto_trace=self._perfetto)
+            self.status = "tracing"
+        if self.status == "tracing":
             self._annotation = jax.profiler.StepTraceAnnotation(STEP_ANNOTATION, step_num=steps)
             self._annotation.__enter__()
         return NO_LOGS, loop_state.state
 
     def on_step_end(self, loop_state: LoopState[Any], /) -> None:
         # The step's marker ends with the step; the trace stops after the last profiled one.
-        self._end_step(loop_state, stop=loop_state.elapsed.steps > self._last)
+        self._end_step(loop_state, stop=loop_state.elapsed.steps > self.steps[1])
 
     def on_end(self, loop_state: LoopState[Any], error: BaseException | None) -> None:
         # The loop ended inside the window (the data ran out, `stop`, an error): the trace
@@ -108,13 +91,13 @@ class Profile(Callback):
         self._end_step(loop_state, stop=True)
 
     def _end_step(self, loop_state: LoopState[Any], *, stop: bool) -> None:
-        if self._status != "tracing":
+        if self.status != "tracing":
             return
         annotation, self._annotation = self._annotation, None
         if annotation is not None:
             annotation.__exit__(None, None, None)
         if stop:
-            self._status = "done"
+            self.status = "done"
             try:
                 # Dispatch is asynchronous: the device may still be running the profiled steps,
                 # and the trace must contain them. The only wait this callback makes.
@@ -123,7 +106,7 @@ class Profile(Callback):
                 jax.profiler.stop_trace()  # type: ignore[no-untyped-call]
 
     def __repr__(self) -> str:
-        return f"ciclo.profile({self._logdir!r}, steps={self.steps!r})"
+        return f"ciclo.profile({self.logdir!r}, steps={self.steps!r})"
 
 
 def profile(

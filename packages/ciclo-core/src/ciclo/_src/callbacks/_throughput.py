@@ -10,6 +10,7 @@ from typing import Any, ClassVar, Final, final
 
 import jax
 
+from ciclo._src.base.checks import check_positive
 from ciclo._src.base.elapsed import Elapsed, Period, PeriodLike, to_period
 from ciclo._src.base.reprs import short
 from ciclo._src.base.types import CallbackOutput, S
@@ -84,8 +85,7 @@ def _check_window(window: PeriodLike) -> Period:
             f"window must count steps, samples or time: a throughput window is a duration, not a date; "
             f"got {short(window)}"
         )
-    if not (period.steps or period.samples or period.time):
-        raise ValueError(f"window must be longer than zero, got {short(window)}")
+    check_positive(period, "window", "pass a window of at least one step, sample or second")
     return period
 
 
@@ -113,10 +113,12 @@ class Throughput(Callback):
         self._steps: tuple[ManagedStep[Any], ...] | None = None  # the loop's steps, when a loop said
         self._flops: tuple[float, float | None] | None = None  # (per step, peak of all devices), once read
         self._read = False  # whether the steps' FLOPs were read in this loop
-        self._window = window = _check_window(window)
+        self.window: Period = _check_window(window)
+        """The window over which each rate is measured."""
         # (steps, samples, seconds) any of which closes a window; inf where the window does not count it.
         self._limits = tuple(
-            math.inf if limit is None else limit for limit in (window.steps, window.samples, window.time)
+            math.inf if limit is None else limit
+            for limit in (self.window.steps, self.window.samples, self.window.time)
         )
         # (host time, steps, samples) where the current window started; None before the first call.
         self._start: tuple[float, int, int] | None = None
@@ -136,16 +138,6 @@ class Throughput(Callback):
                 "program ciclo can analyse (see docs/logging.md, Throughput)",
                 names,
             )
-
-    @property
-    def peak_flops(self) -> float | None:
-        """The peak FLOP/s of one device given, or None for the table `PEAK_FLOPS`."""
-        return self._peak
-
-    @property
-    def window(self) -> Period:
-        """The window over which each rate is measured."""
-        return self._window
 
     def __call__(self, elapsed: Elapsed) -> Logs:
         """Measures after the step `elapsed` (from `ciclo.elapse`) describes: the rates if a window closed."""
@@ -214,7 +206,7 @@ class Throughput(Callback):
 
     def __repr__(self) -> str:
         peak = "" if self._peak is None else f", peak_flops={self._peak!r}"
-        return f"ciclo.throughput(window={self._window!r}{peak})"
+        return f"ciclo.throughput(window={self.window!r}{peak})"
 
 
 def throughput(window: PeriodLike = 100, *, peak_flops: float | None = None) -> Throughput:

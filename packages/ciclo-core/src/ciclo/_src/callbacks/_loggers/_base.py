@@ -15,8 +15,7 @@ from ciclo._src.engine.callback import Callback
 from ciclo._src.engine.loop_state import LoopState
 from ciclo._src.logs.logs import History, Logs, LogsLike, Paths
 
-_NO_LOGS: Logs = Logs()
-"""What a logger adds to a step's logs: nothing (never changed: the loop only merges into its own copy)."""
+_NO_LOGS: Logs = Logs()  # never changed: the loop only merges it into its own copy
 
 _SKIPPED_COLLECTIONS = frozenset({"elapsed", "outputs"})
 """Never scalars worth plotting: the counts (written as the step) and a step's model outputs."""
@@ -247,13 +246,6 @@ class Logger(Callback):
         # a row's entry paths -> their scalar columns: see `_scalar_columns`
         self._plans: dict[Paths, list[tuple[int, str]] | None] = {}
 
-    @property
-    def sink(self) -> Sink:
-        """The backend this logger writes to."""
-        return self._sink
-
-    # ------------------------------------------------------------------ as a loop callback
-
     def __loop_callback__(self, loop_state: LoopState[S]) -> CallbackOutput[S]:
         self._drain_loop(loop_state, ended=False)
         return _NO_LOGS, loop_state.state
@@ -311,8 +303,6 @@ class Logger(Callback):
             self._last_step = rows[-1].step
         return upto
 
-    # ------------------------------------------------------------------ by hand
-
     def write(self, step: int, logs: LogsLike) -> None:
         """Logs `logs` at `step` from a hand-written loop, copied in batches as History does; never waits."""
         own = self._own
@@ -341,8 +331,6 @@ class Logger(Callback):
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
-
-    # ------------------------------------------------------------------ resumption
 
     @property
     def state_key(self) -> str:

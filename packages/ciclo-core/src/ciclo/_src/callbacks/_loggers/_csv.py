@@ -22,12 +22,12 @@ STEP = "step"
 class CsvSink(Sink):
     """Writes rows to a CSV file whose header is every entry seen so far; see `ciclo.csv_logger`."""
 
-    def __init__(self, path: str | os.PathLike[str], hparams: HParams | None = None) -> None:
+    def __init__(self, path: str | os.PathLike[str], hparams: HParams) -> None:
         if not isinstance(path, (str, os.PathLike)):
             raise TypeError(f"path must be a file path, got {short(path)}")
         self.path = os.fspath(path)
         self.hparams_path = os.path.splitext(self.path)[0] + ".hparams.json"  # log.csv -> log.hparams.json
-        self._hparams = dict(hparams or {})
+        self._hparams = hparams
         self._columns: list[str] | None = None  # the header; None: the file is not opened yet
         self._after_step: int | None = None
         self._resumed = False
@@ -56,10 +56,7 @@ class CsvSink(Sink):
             write_atomically(self.hparams_path, json.dumps(self._hparams, indent=2) + "\n")
 
     def _keep_hparams(self) -> None:
-        """A resumed run keeps the hparams file it started with; other hparams given now are warned about.
-
-        A file that cannot be read (damaged) is written anew with the hparams given now.
-        """
+        """A resumed run keeps its hparams file (a damaged one is written anew); other hparams are warned of."""
         try:
             with open_own(self.hparams_path, "r") as file:
                 started = json.load(file)
@@ -70,10 +67,9 @@ class CsvSink(Sink):
         if not isinstance(started, dict):
             self._write_hparams()
             return
-        names = dict.fromkeys([*started, *self._hparams])
         changed = [
-            f"{short(name, 80)}: {_shown(started, name)} -> {_shown(self._hparams, name)}"
-            for name in names
+            f"{short(name, 80)}: {short(started.get(name), 80)} -> {short(self._hparams.get(name), 80)}"
+            for name in dict.fromkeys([*started, *self._hparams])
             if started.get(name, _ABSENT) != self._hparams.get(name, _ABSENT)
         ]
         if changed:
@@ -128,11 +124,6 @@ class CsvSink(Sink):
 
 
 _ABSENT = object()
-
-
-def _shown(hparams: Mapping[str, Any], name: str) -> str:
-    value = hparams.get(name, _ABSENT)
-    return "(none)" if value is _ABSENT else short(value, 80)
 
 
 def csv_logger(path: str | os.PathLike[str], *, hparams: Mapping[str, Any] | None = None) -> Logger:

@@ -13,7 +13,7 @@ from ciclo._src.callbacks._loggers._base import HParams, Logger, Row, Sink, chec
 class MetricWriterSink(Sink):
     """Writes rows with `writer.write_scalars(step, scalars)`; see `ciclo.metric_writer_logger`."""
 
-    def __init__(self, writer: Any, hparams: HParams | None = None) -> None:
+    def __init__(self, writer: Any, hparams: HParams) -> None:
         needed = ("write_scalars", "flush", "write_hparams") if hparams else ("write_scalars", "flush")
         if not all(callable(getattr(writer, name, None)) for name in needed):
             raise TypeError(
@@ -21,10 +21,9 @@ class MetricWriterSink(Sink):
                 f"({', '.join(needed)}), got {short(writer)}"
             )
         self.writer = writer
-        self._hparams = dict(hparams or {})  # written with the first rows
+        self._hparams = hparams  # written with the first rows
 
     def write(self, rows: Sequence[Row]) -> None:
-        """One `write_scalars` call per row (after `write_hparams`, the first time)."""
         if self._hparams:
             self.writer.write_hparams(self._hparams)
             self._hparams = {}
@@ -33,15 +32,11 @@ class MetricWriterSink(Sink):
             write_scalars(row.step, row.scalars)
 
     def flush(self) -> None:
-        """Flushes the writer."""
         self.writer.flush()
 
-    def close(self) -> None:
-        """Flushes the writer; closing it is left to its owner, who may write more with it."""
-        self.writer.flush()
+    close = flush  # closing the writer is left to its owner, who may write more with it
 
     def restore(self, state: Mapping[str, Any], after_step: int | None) -> None:
-        """Nothing to restore; the hparams were written with the first rows, if there were any."""
         if after_step is not None:
             self._hparams = {}
 

@@ -109,10 +109,10 @@ class _EventFile:
 class TensorBoardSink(Sink):
     """Writes rows as TensorBoard scalar events to a new event file in `logdir`; see `ciclo.tensorboard`."""
 
-    def __init__(self, logdir: str | os.PathLike[str], hparams: HParams | None = None) -> None:
+    def __init__(self, logdir: str | os.PathLike[str], hparams: HParams) -> None:
         if not isinstance(logdir, (str, os.PathLike)):
             raise TypeError(f"logdir must be a path, got {short(logdir)}")
-        self._hparams = dict(hparams or {})  # written to the first event file, then emptied
+        self._hparams = hparams  # written to the first event file, then emptied
         # Imported when a logger is created: tensorboardX is an optional extra (with no type information).
         self._crc32c = import_extra("tensorboardX.crc32c", "tensorboard", "ciclo.tensorboard").crc32c
         self._events = import_extra("tensorboardX.proto.event_pb2", "tensorboard", "ciclo.tensorboard")
@@ -145,7 +145,6 @@ class TensorBoardSink(Sink):
         return writer
 
     def write(self, rows: Sequence[Row]) -> None:
-        """Writes one event per row, holding all its scalars (TensorBoard stores them as float32)."""
         writer = self._writer
         if writer is None:
             writer = self._writer = self._open()
@@ -154,12 +153,10 @@ class TensorBoardSink(Sink):
             write(scalar_event(row.wall_time, row.step, row.scalars))
 
     def flush(self) -> None:
-        """Flushes the event file."""
         if self._writer is not None:
             self._writer.flush()
 
     def close(self) -> None:
-        """Closes the event file; a later write starts a new one in the same `logdir`."""
         if self._writer is not None:
             self._writer.close()
             self._writer = None

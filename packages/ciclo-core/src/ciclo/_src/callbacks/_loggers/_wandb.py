@@ -16,7 +16,7 @@ from ciclo._src.callbacks._loggers._base import HParams, Logger, Row, Sink, chec
 class WandbSink(Sink):
     """Logs rows to a W&B run, one `run.log(scalars, step=step)` per row; see `ciclo.wandb_logger`."""
 
-    def __init__(self, run: Any, init_kwargs: Mapping[str, Any], hparams: HParams | None = None) -> None:
+    def __init__(self, run: Any, init_kwargs: Mapping[str, Any], hparams: HParams) -> None:
         self._wandb = import_extra("wandb", "wandb", "ciclo.wandb_logger")
         self._run = run
         self._owned = run is None  # a run the sink started: it finishes it when closed
@@ -44,7 +44,6 @@ class WandbSink(Sink):
         return self._run
 
     def write(self, rows: Sequence[Row]) -> None:
-        """Logs each row at its step (W&B keeps the steps of a run increasing)."""
         log = self.run.log
         for row in rows:
             log(dict(row.scalars), step=row.step, commit=True)
