@@ -156,15 +156,12 @@ class DeviceStats(Callback):
 def device_stats(devices: Sequence[Device] | None = None) -> DeviceStats:
     """Creates a callback that logs each device's memory in use and its peak, where the backend has them.
 
-    Each call reads every device's `memory_stats()` (the backend allocator's
-    counts, read on the host: it never waits for the device) and logs, in the
-    `device_stats` collection, `device<id>/bytes_in_use` (the bytes its buffers
-    take now) and `device<id>/peak_bytes_in_use` (the most since the process
-    started). The History holds them and the loggers write them; progress bars
-    do not show them. GPU and TPU backends report these stats; the CPU backend
-    does not (`memory_stats()` is None): there the callback logs nothing and
-    says so once, in a warning on the `ciclo` logger, at its first call. A
-    device that reports nothing then is not asked again.
+    Each call reads every device's `memory_stats()` on the host (it never
+    waits for the device) and logs, in the `device_stats` collection,
+    `device<id>/bytes_in_use` and `device<id>/peak_bytes_in_use`: loggers
+    write them, progress bars do not show them. The CPU backend reports no
+    stats: there it logs nothing, and says so once in a warning on the `ciclo`
+    logger. See docs/logging.md, "Device memory".
 
     In `train_loop(callbacks=[...])` it runs as the `on_train_step` hook; under
     a schedule in the tasks dict (`{ciclo.every(100): ciclo.device_stats()}`)

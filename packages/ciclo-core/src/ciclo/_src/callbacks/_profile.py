@@ -115,26 +115,18 @@ def profile(
     """Creates a callback that captures a `jax.profiler` trace of the chosen steps.
 
     The trace starts before the first of `steps` runs and stops after the last
-    one has finished on the device (the callback waits for the state then, and
-    only then). It records the host's Python and the device's work, with one
-    `jax.profiler.StepTraceAnnotation` named `"step"` per step (its `step_num`
-    is the step's number), and is written under
-    `logdir/plugins/profile/<date>/<host>.xplane.pb`: open it with TensorBoard
-    and its profile plugin (`pip install tensorboard xprof`, then
-    `tensorboard --logdir logdir`, the Profile tab) or, with `perfetto=True`,
-    load the `perfetto_trace.json.gz` written next to it in
-    https://ui.perfetto.dev. Capturing needs nothing but jax.
-
-    Steps are numbered from 0 as `elapsed.steps` counts them. Skip the first
-    steps, which compile. If the loop ends inside the window (the data runs out,
-    `stop` is reached, a callback stops it, or a step raises), the trace is
-    stopped and written at the end of the loop. Only one trace can run at a
-    time in a process, and a `Profile` traces once.
+    one has finished on the device (the one time it waits for the state), with
+    a `jax.profiler.StepTraceAnnotation` named `"step"` per step. It is written
+    under `logdir/plugins/profile/<date>/<host>.xplane.pb`, for TensorBoard's
+    profile plugin (or Perfetto, with `perfetto=True`). Steps are numbered from
+    0 as `elapsed.steps` counts them: skip the first ones, which compile. A loop
+    that ends inside the window writes the trace of the steps that ran. One
+    trace runs at a time in a process, and a `Profile` traces once. See
+    docs/logging.md, "Profiling".
 
     In `ciclo.loop`, list it *before* the step (`{ciclo.every(1): [profiler,
     train_step]}`); in `train_loop(callbacks=[...])` it runs under
-    `on_train_batch_begin`. Each step's marker, and the trace after the last
-    step, end when the step ends (`on_step_end`), around all the step does.
+    `on_train_batch_begin`.
 
     Args:
         logdir: the directory to write the trace under (a TensorBoard log

@@ -213,35 +213,16 @@ def throughput(window: PeriodLike = 100, *, peak_flops: float | None = None) -> 
     """Creates a callback that logs the loop's throughput: steps and samples per second, FLOPs and MFU.
 
     Each time `window` has passed since the last measurement, it logs
-    `steps_per_second` and `samples_per_second` in the `metrics` collection (so
-    progress bars show them and loggers write them): the steps and samples the
-    loop's `ciclo.types.Elapsed` advanced by (a `ciclo.stacked` group counts all
-    its steps; samples are counted by `batch_size_fn`), over the host seconds
-    (`time.perf_counter`) it took. Nothing is read from the device: with
-    asynchronous dispatch the host runs at most a few steps ahead, so over many
-    steps the host's rate is the device's. The time includes everything the
-    loop does between two calls (data, evaluation, checkpoints). The first call
-    only starts the clock, so the first step, which usually compiles, is not
-    counted; each loop starts a new window.
+    `steps_per_second` and `samples_per_second` in the `metrics` collection:
+    the loop's `ciclo.types.Elapsed` counts over the host's clock, so it never
+    waits for the device. The first call only starts the clock (the first step
+    compiles); each loop starts a new window. When the loop's step is a managed
+    one, it also logs XLA's `flops_per_step`, `flops_per_second` and, with a
+    peak, `mfu`. See docs/logging.md, "Throughput".
 
     Put it after the step in `ciclo.loop`'s callbacks, or in
-    `train_loop(callbacks=[...])`, where it runs as the `on_train_step` hook,
-    before the progress bars (not in the evaluation loop inside `train_loop`).
-    By hand, `meter(elapsed)` returns the logs.
-
-    **FLOPs and MFU.** When the loop's step is a managed one
-    (`managed.train_step`, a `ciclo.types.ModelState`'s), its floating-point
-    operations per step are read once, at the first call, from XLA's cost
-    analysis of the step lowered for the state and batch
-    (`managed.ManagedStep.flops`: a `ciclo.types.Stacked` group's count is
-    that of one of its steps), and each measurement also logs
-    `flops_per_step` and `flops_per_second` (`flops_per_step` times
-    `steps_per_second`). With a peak, `peak_flops=` or the table `PEAK_FLOPS`
-    of dense bf16 peaks by `device_kind`, it logs `mfu`: `flops_per_second`
-    over the peak times the devices the state is on. A step ciclo cannot
-    analyse (a plain Python function, a step under `pmap`) is said once on the
-    `ciclo` logger, and no FLOPs are logged. The count is XLA's: a `while`
-    loop's body counts once, and a custom kernel may count nothing.
+    `train_loop(callbacks=[...])` (the `on_train_step` hook). By hand,
+    `meter(elapsed)` returns the logs.
 
     Args:
         window: how long each measurement lasts: an int (steps) or a

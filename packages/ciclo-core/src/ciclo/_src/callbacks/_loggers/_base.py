@@ -190,29 +190,19 @@ class Logger(Callback):
     """A loop callback that writes every logged scalar entry to a backend, against its step.
 
     Create one with `ciclo.tensorboard`, `ciclo.csv_logger`, `ciclo.wandb_logger`,
-    `ciclo.mlflow_logger` or `ciclo.metric_writer_logger`. The same logger works:
-
-    - in `ciclo.loop` / `ciclo.run_phases` tasks: put it under `ciclo.every(1)`,
-      after the callbacks whose entries it writes (it writes what the loop's
-      `History` holds, so its place only matters for the last rows);
-    - in the predefined loops as `train_loop(..., callbacks=[logger])` (it runs as
-      `on_train_batch_end`, so train and test entries, `loss` and `loss_test`, are
-      written);
-    - in a hand-written loop: `logger.write(step, logs)` at each step, then
-      `logger.close()` (or `with logger: ...`).
-
-    It writes the rows `History` has already copied to the host (in batches of
-    128, a few hundred steps after they were logged), so it never makes the
-    loop wait for the device. When the loop ends (also on an exception or a
-    preemption), the rows left are copied, written, and the backend closed; a
-    later loop opens it again. `state_dict()` holds the last step written (and
-    the W&B or MLflow run id): a fresh logger given it with `load_state_dict`
-    appends after that step, to the same file or run.
+    `ciclo.mlflow_logger` or `ciclo.metric_writer_logger`. Put it under
+    `ciclo.every(1)` after the step in `ciclo.loop`, in
+    `train_loop(..., callbacks=[logger])` (it runs as `on_train_batch_end`), or
+    call `logger.write(step, logs)` then `logger.close()` in a loop of your own.
+    It writes the rows `History` has already copied to the host, so it never
+    makes the loop wait for the device; when the loop ends it writes the rest
+    and closes the backend. `state_dict()` holds the last step written (and a
+    run id): a fresh logger given it appends after that step. See
+    docs/logging.md, "How loggers work".
 
     Example:
-        >>> import io
         >>> import ciclo
-        >>> from ciclo._src.callbacks._loggers._base import Logger, Row
+        >>> from ciclo._src.callbacks._loggers._base import Logger
         >>> class Printed:  # a sink of your own: any object with these five methods
         ...     def write(self, rows):
         ...         for row in rows:

@@ -129,18 +129,11 @@ _ABSENT = object()
 def csv_logger(path: str | os.PathLike[str], *, hparams: Mapping[str, Any] | None = None) -> Logger:
     """A logger that writes one CSV row per logged step: `step`, then a column per entry.
 
-    The header is the entries seen so far, in the order they first appeared; a
-    row leaves empty those its step did not log. When new entries appear (the
-    first evaluation's `loss_test`), the file is rewritten with the wider header
-    atomically, so a reader never sees a half-written file (once per new entry,
-    not per step). Values are written exactly (Python's shortest round-trip
-    form), by the standard library's `csv`: no extra needed.
-
-    A new logger starts a new file (replacing one at `path`); one restored with
-    `load_state_dict` appends to it, after dropping rows of later steps.
-    `hparams` go to a JSON file beside the CSV (`log.csv` -> `log.hparams.json`)
-    when the file opens; a restored logger keeps its run's file, and warns,
-    naming each name with both values, when given other hparams.
+    The header is the entries seen so far; a new entry rewrites the file with
+    the wider header, atomically. Values are written exactly. A new logger
+    replaces the file at `path`; one restored with `load_state_dict` appends
+    to it. `hparams` go to a JSON file beside it (`log.csv` ->
+    `log.hparams.json`). See docs/logging.md, "CSV".
 
     Args:
         path: the CSV file (its directory is created if missing).

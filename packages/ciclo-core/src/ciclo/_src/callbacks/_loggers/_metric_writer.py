@@ -47,12 +47,10 @@ class MetricWriterSink(Sink):
 def metric_writer_logger(writer: Any, *, hparams: Mapping[str, Any] | None = None) -> Logger:
     """A logger that writes every scalar entry through a clu `metric_writers.MetricWriter`.
 
-    Any writer of `clu.metric_writers` works (`SummaryWriter`, `AsyncWriter`,
-    `MultiWriter`, `LoggingWriter`, ...), as does any object with
-    `write_scalars(step, scalars)` and `flush()`. ciclo imports no clu: you
-    create the writer (and close it when you are done); the logger calls
-    `write_scalars` once per logged step and `flush` when the loop ends, and
-    `write_hparams(hparams)` before the first rows.
+    Any object with `write_scalars(step, scalars)` and `flush()` works (and
+    `write_hparams`, given `hparams`); ciclo imports no clu. You create the
+    writer and close it; the logger writes each logged step and flushes when
+    the loop ends. See docs/logging.md, "clu metric writers".
 
     Args:
         writer: the metric writer.

@@ -122,12 +122,11 @@ def mlflow_logger(
 ) -> Logger:
     """A logger that writes every scalar entry to an MLflow run, at its step.
 
-    Needs MLflow (`pip install "ciclo-core[mlflow]"`, which installs
-    `mlflow-skinny`; the full `mlflow` works too). It talks to the tracking
-    server through its own `MlflowClient`, so it neither needs nor changes
-    `mlflow.start_run`'s active run. The run is created on the first write or
-    backup, and marked finished when the loop ends; a logger restored with
-    `load_state_dict` logs to the same run again.
+    Needs MLflow (`pip install "ciclo-core[mlflow]"`). It talks to the tracking
+    server through its own `MlflowClient`, leaving `mlflow.start_run`'s active
+    run alone. The run is created on the first write or backup and marked
+    finished when the loop ends; a logger restored with `load_state_dict` logs
+    to the same run. See docs/logging.md, "MLflow".
 
     Args:
         experiment_name: the experiment of the new run (created if missing).

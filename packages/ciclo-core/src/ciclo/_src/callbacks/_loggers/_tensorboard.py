@@ -177,13 +177,12 @@ class TensorBoardSink(Sink):
 def tensorboard(logdir: str | os.PathLike[str], *, hparams: Mapping[str, Any] | None = None) -> Logger:
     """A logger that writes every scalar entry to TensorBoard event files in `logdir`.
 
-    No TensorFlow needed: tensorboardX writes the files (`pip install
-    "ciclo-core[tensorboard]"`). Each logged step is one event holding its
-    scalar entries at the History's step. Each time the logger opens (a loop, a
-    resumed run) it starts a new event file in `logdir`; a resumed run's starts
-    with a `SessionLog.START` at its first step, so TensorBoard drops what the
-    killed run wrote from there on. `hparams` go to the first event file as the
-    hparams plugin's experiment and session start (the HPARAMS tab).
+    No TensorFlow needed (`pip install "ciclo-core[tensorboard]"`). Each logged
+    step is one event holding its scalars. Each time the logger opens (a loop, a
+    resumed run) it starts a new event file; a resumed run's starts with a
+    `SessionLog.START`, so TensorBoard drops what the killed run wrote after its
+    backup. `hparams` go to the first file (the HPARAMS tab). See
+    docs/logging.md, "TensorBoard".
 
     Args:
         logdir: the directory of the event files (created if missing).
