@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib
-import numbers
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, NamedTuple, Protocol, final
@@ -176,11 +175,8 @@ def _number(value: Any) -> float | int | None:
     if isinstance(value, (int, float)):
         return value
     # Host rows hold Python numbers; a numpy scalar or 0-d array can come from a hand-written loop.
-    if getattr(value, "ndim", None) == 0 or isinstance(value, numbers.Number):
-        try:
-            item = value.item()
-        except (AttributeError, TypeError, ValueError):
-            return None
+    if getattr(value, "ndim", None) == 0:
+        item = value.item()
         return _number(item) if isinstance(item, (bool, int, float)) else None
     return None
 

@@ -29,12 +29,12 @@ class CsvSink(Sink):
         self.hparams_path = os.path.splitext(self.path)[0] + ".hparams.json"  # log.csv -> log.hparams.json
         self._hparams = hparams
         self._columns: list[str] | None = None  # the header; None: the file is not opened yet
-        self._after_step: int | None = None
-        self._resumed = False
+        self._keep_through: int | None = None  # restored: the file's rows of later steps are dropped
 
     def _open(self) -> list[str]:
         """The columns of the file to append to: a new file, or a resumed run's file."""
-        if self._resumed and os.path.exists(self.path):
+        keep_through = self._keep_through
+        if keep_through is not None and os.path.exists(self.path):
             with open_own(self.path, "r") as file:
                 reader = csv.reader(file)
                 header = next(reader, None)
@@ -42,8 +42,7 @@ class CsvSink(Sink):
             if header:
                 self._keep_hparams()
                 # Rows after the restored step were written after the backup: written again now.
-                last = -1 if self._after_step is None else self._after_step
-                kept = [row for row in rows if int(row[0]) <= last]
+                kept = [row for row in rows if int(row[0]) <= keep_through]
                 if len(kept) != len(rows):
                     self._replace(header, kept)
                 return header
@@ -115,8 +114,7 @@ class CsvSink(Sink):
 
     def restore(self, state: Mapping[str, Any], after_step: int | None) -> None:
         """Appends to the existing file, after dropping its rows of steps after `after_step`."""
-        self._resumed = True
-        self._after_step = after_step
+        self._keep_through = -1 if after_step is None else after_step
         self._columns = None
 
     def __repr__(self) -> str:
