@@ -189,9 +189,7 @@ def tensorboard(logdir: str | os.PathLike[str], *, hparams: Mapping[str, Any] | 
         hparams: the run's hyperparameters (name -> number, string or bool).
 
     Returns:
-        A `Logger`: put it in a loop's tasks (`ciclo.every(1)`, after the step),
-        in `train_loop(callbacks=[...])`, or call `write(step, logs)` and
-        `close()` in a loop of your own. See `Logger`.
+        A `Logger` (see `Logger`).
 
     Raises:
         ImportError: if tensorboardX is not installed.
