@@ -21,6 +21,7 @@ from ciclo._src.callbacks._monitor import (
 from ciclo._src.engine.callback import Callback
 from ciclo._src.engine.phases import LoopState
 from ciclo._src.logs.logs import LogsLike
+from ciclo._src.logs.step_output import NO_LOGS
 from ciclo._src.strategies._placement import copied
 
 _STATE_KEYS = ("best", "wait", "best_elapsed", "stopped", "best_state")
@@ -162,7 +163,7 @@ class EarlyStopping(Callback, Generic[S]):
         stop, state = self(loop_state.elapsed, loop_state.state, loop_state.accumulated_logs)
         if stop:
             loop_state.stop()
-        return {}, state
+        return NO_LOGS, state
 
     def on_end(self, loop_state: LoopState[S], error: BaseException | None, /) -> None:
         """With `restore_best_weights`, the loop returns the best state however it ends.

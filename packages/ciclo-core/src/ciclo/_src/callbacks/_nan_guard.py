@@ -16,6 +16,7 @@ from ciclo._src.callbacks._monitor import present_keys
 from ciclo._src.engine.callback import Callback
 from ciclo._src.engine.loop_state import LoopState
 from ciclo._src.logs.logs import Logs
+from ciclo._src.logs.step_output import NO_LOGS
 
 _log = logging.getLogger("ciclo")
 
@@ -104,7 +105,7 @@ class TerminateOnNaN(Callback, Generic[S]):
                 step,
             )
             loop_state.stop()
-        return {}, loop_state.state
+        return NO_LOGS, loop_state.state
 
     def on_end(self, loop_state: LoopState[S], error: BaseException | None, /) -> None:
         """Reads what the last steps left on the device, so that a late NaN is reported too."""

@@ -68,14 +68,6 @@ def _check_peak(peak_flops: float | None) -> float | None:
     return float(peak_flops)
 
 
-def _devices(state: Any) -> int:
-    """How many devices the state's arrays are on: those the step runs on."""
-    for leaf in jax.tree.leaves(state):
-        if isinstance(leaf, jax.Array):
-            return len(leaf.sharding.device_set)
-    return 1
-
-
 def _check_window(window: PeriodLike) -> Period:
     period = to_period(window, name="window")
     if period is None:
@@ -175,7 +167,10 @@ class Throughput(Callback):
                 "ciclo.throughput(peak_flops=...) (one device's peak)",
                 kind,
             )
-        return sum(analysed), None if peak is None else peak * _devices(state)
+            return sum(analysed), None
+        # The devices the state's arrays are on: those the step runs on.
+        arrays = (leaf for leaf in jax.tree.leaves(state) if isinstance(leaf, jax.Array))
+        return sum(analysed), peak * next((len(leaf.sharding.device_set) for leaf in arrays), 1)
 
     def _measure(self, elapsed: Elapsed) -> LogsLike:
         # The hot path: two ints, one clock read and a comparison until the window closes.

@@ -12,9 +12,8 @@ from ciclo._src.base.types import CallbackOutput, S
 from ciclo._src.callbacks._monitor import snapshot_fields
 from ciclo._src.engine.callback import Callback
 from ciclo._src.engine.loop_state import LoopState
-from ciclo._src.logs.logs import History, Logs, LogsLike, Paths
-
-_NO_LOGS: Logs = Logs()  # never changed: the loop only merges it into its own copy
+from ciclo._src.logs.logs import History, LogsLike, Paths
+from ciclo._src.logs.step_output import NO_LOGS
 
 _SKIPPED_COLLECTIONS = frozenset({"elapsed", "outputs"})
 """Never scalars worth plotting: the counts (written as the step) and a step's model outputs."""
@@ -234,7 +233,7 @@ class Logger(Callback):
 
     def __loop_callback__(self, loop_state: LoopState[S]) -> CallbackOutput[S]:
         self._drain_loop(loop_state, ended=False)
-        return _NO_LOGS, loop_state.state
+        return NO_LOGS, loop_state.state
 
     def on_start(self, loop_state: LoopState[Any]) -> None:
         """Refuses a loop starting at or before the last step written, unless it resumed this logger's run."""
