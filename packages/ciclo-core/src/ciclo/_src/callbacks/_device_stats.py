@@ -59,20 +59,6 @@ def _check_devices(devices: object) -> tuple[Device, ...] | None:
     return tuple(devices)
 
 
-def _memory_stats(device: Device) -> tuple[Mapping[str, Any] | None, str]:
-    """The device's stats if they hold a logged key, else None and why not."""
-    # A backend without the counters raises XlaRuntimeError (status UNIMPLEMENTED), a RuntimeError.
-    try:
-        stats = device.memory_stats()
-    except RuntimeError as error:
-        return None, f"memory_stats() raised {type(error).__name__}: {short(str(error))}"
-    if stats is None:
-        return None, "memory_stats() returned None"
-    if not any(key in stats for key in STATS):
-        return None, f"memory_stats() has neither {' nor '.join(STATS)}"
-    return stats, ""
-
-
 @final
 class DeviceStats(Callback):
     """Logs each device's memory in use and its peak; see `ciclo.device_stats`.
@@ -128,9 +114,15 @@ class DeviceStats(Callback):
         read: list[tuple[tuple[tuple[str, str], ...], Mapping[str, Any] | None]] = []
         silent: list[tuple[Device, str]] = []
         for device in self.devices:
-            stats, why_not = _memory_stats(device)
-            if stats is None:
-                silent.append((device, why_not))
+            # A backend without the counters raises XlaRuntimeError (status UNIMPLEMENTED), a RuntimeError.
+            try:
+                stats = device.memory_stats()
+            except RuntimeError as error:
+                silent.append((device, f"memory_stats() raised {type(error).__name__}: {short(str(error))}"))
+                continue
+            if stats is None or not any(key in stats for key in STATS):
+                has = f"has neither {' nor '.join(STATS)}" if stats is not None else "returned None"
+                silent.append((device, f"memory_stats() {has}"))
                 continue
             names = tuple((key, f"device{device.id}/{key}") for key in STATS)
             named.append((device, names))
