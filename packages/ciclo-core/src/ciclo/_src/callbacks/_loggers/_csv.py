@@ -55,7 +55,7 @@ class CsvSink(Sink):
             write_atomically(self.hparams_path, json.dumps(self._hparams, indent=2) + "\n")
 
     def _keep_hparams(self) -> None:
-        """A resumed run keeps its hparams file (a damaged one is written anew); other hparams are warned of."""
+        """A resumed run keeps its hparams file (a damaged one is written anew) and warns of other hparams."""
         try:
             with open_own(self.hparams_path, "r") as file:
                 started = json.load(file)

@@ -71,9 +71,7 @@ def scalar_event(wall_time: float, step: int, scalars: Mapping[str, float | int]
 class _EventFile:
     """An event file: TFRecords of events (length, its masked CRC-32C, the event, its masked CRC-32C).
 
-    `crc32c` computes the checksum (the C one of the `crc32c` package, which the
-    `tensorboard` extra installs). A record's length and its checksum repeat from
-    step to step: they are computed once per length.
+    A record's length and its checksum repeat from step to step: they are computed once per length.
     """
 
     def __init__(self, path: str, crc32c: Callable[[bytes], int]) -> None:
@@ -82,9 +80,7 @@ class _EventFile:
         self._headers: dict[int, bytes] = {}
 
     def _masked(self, data: bytes) -> bytes:
-        # TFRecord's masked CRC-32C (rotate right by 15, add a constant), as tensorboardX's
-        # `masked_crc32c` computes it: written out here around the C `crc32c`, one Python call a
-        # record where tensorboardX's helper makes three on the logger's hot path.
+        # tensorboardX's `masked_crc32c` written out around the C `crc32c`: one Python call, not three.
         crc = self._crc32c(data) & 0xFFFFFFFF
         return _CRC((((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF)
 
