@@ -138,11 +138,10 @@ class Every(ScheduleBase):
             last = (current[0] - 1, current[1] - 1, -math.inf)
         starts = (0, 0, 0) if offset is None else (offset.steps, offset.samples, offset.time)
         intervals = (period.steps, period.samples, period.time)
-        fired = False
-        for before, now, interval, start in zip(last, current, intervals, starts, strict=True):
-            if interval is not None and crossed(before, now, interval, start or 0):
-                fired = True
-                break
+        fired = any(
+            interval is not None and crossed(before, now, interval, start or 0)
+            for before, now, interval, start in zip(last, current, intervals, starts, strict=True)
+        )
         self._last, self._last_result = current, fired
         return fired
 

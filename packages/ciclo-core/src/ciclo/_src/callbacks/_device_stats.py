@@ -59,20 +59,6 @@ def _check_devices(devices: object) -> tuple[Device, ...] | None:
     return tuple(devices)
 
 
-def _memory_stats(device: Device) -> tuple[Mapping[str, Any] | None, str]:
-    """The device's stats if they hold a logged key, else None and why not."""
-    # A backend without the counters raises XlaRuntimeError (status UNIMPLEMENTED), a RuntimeError.
-    try:
-        stats = device.memory_stats()
-    except RuntimeError as error:
-        return None, f"memory_stats() raised {type(error).__name__}: {short(str(error))}"
-    if stats is None:
-        return None, "memory_stats() returned None"
-    if not any(key in stats for key in STATS):
-        return None, f"memory_stats() has neither {' nor '.join(STATS)}"
-    return stats, ""
-
-
 @final
 class DeviceStats(Callback):
     """Logs each device's memory in use and its peak; see `ciclo.device_stats`.
@@ -128,9 +114,15 @@ class DeviceStats(Callback):
         read: list[tuple[tuple[tuple[str, str], ...], Mapping[str, Any] | None]] = []
         silent: list[tuple[Device, str]] = []
         for device in self.devices:
-            stats, why_not = _memory_stats(device)
-            if stats is None:
-                silent.append((device, why_not))
+            # A backend without the counters raises XlaRuntimeError (status UNIMPLEMENTED), a RuntimeError.
+            try:
+                stats = device.memory_stats()
+            except RuntimeError as error:
+                silent.append((device, f"memory_stats() raised {type(error).__name__}: {short(str(error))}"))
+                continue
+            if stats is None or not any(key in stats for key in STATS):
+                has = f"has neither {' nor '.join(STATS)}" if stats is not None else "returned None"
+                silent.append((device, f"memory_stats() {has}"))
                 continue
             names = tuple((key, f"device{device.id}/{key}") for key in STATS)
             named.append((device, names))
@@ -156,15 +148,12 @@ class DeviceStats(Callback):
 def device_stats(devices: Sequence[Device] | None = None) -> DeviceStats:
     """Creates a callback that logs each device's memory in use and its peak, where the backend has them.
 
-    Each call reads every device's `memory_stats()` (the backend allocator's
-    counts, read on the host: it never waits for the device) and logs, in the
-    `device_stats` collection, `device<id>/bytes_in_use` (the bytes its buffers
-    take now) and `device<id>/peak_bytes_in_use` (the most since the process
-    started). The History holds them and the loggers write them; progress bars
-    do not show them. GPU and TPU backends report these stats; the CPU backend
-    does not (`memory_stats()` is None): there the callback logs nothing and
-    says so once, in a warning on the `ciclo` logger, at its first call. A
-    device that reports nothing then is not asked again.
+    Each call reads every device's `memory_stats()` on the host (it never
+    waits for the device) and logs, in the `device_stats` collection,
+    `device<id>/bytes_in_use` and `device<id>/peak_bytes_in_use`: loggers
+    write them, progress bars do not show them. The CPU backend reports no
+    stats: there it logs nothing, and says so once in a warning on the `ciclo`
+    logger. See docs/logging.md, "Device memory".
 
     In `train_loop(callbacks=[...])` it runs as the `on_train_step` hook; under
     a schedule in the tasks dict (`{ciclo.every(100): ciclo.device_stats()}`)

@@ -21,6 +21,7 @@ from ciclo._src.callbacks._monitor import (
 from ciclo._src.engine.callback import Callback
 from ciclo._src.engine.phases import LoopState
 from ciclo._src.logs.logs import LogsLike
+from ciclo._src.logs.step_output import NO_LOGS
 from ciclo._src.strategies._placement import copied
 
 _STATE_KEYS = ("best", "wait", "best_elapsed", "stopped", "best_state")
@@ -162,7 +163,7 @@ class EarlyStopping(Callback, Generic[S]):
         stop, state = self(loop_state.elapsed, loop_state.state, loop_state.accumulated_logs)
         if stop:
             loop_state.stop()
-        return {}, state
+        return NO_LOGS, state
 
     def on_end(self, loop_state: LoopState[S], error: BaseException | None, /) -> None:
         """With `restore_best_weights`, the loop returns the best state however it ends.
@@ -187,20 +188,13 @@ def early_stopping(
 ) -> EarlyStopping[Any]:
     """Stops the loop when `monitor` has stopped improving.
 
-    Each call reads the latest value of `monitor` from the logs. A value
-    improves when it beats the best so far by more than `min_delta` (lower is
-    better with `mode="min"`, higher with `"max"`; `"auto"` picks `"max"` for
-    accuracy-like names such as `accuracy_test`, `auc`, `f1` or `top5`, and
-    `"min"` for the rest, see the guide); with a `baseline`, values must also
-    beat it. A NaN never improves. The loop stops once more than `patience`
-    consecutive checks bring no improvement (or, with a `Period`, once that
-    much has elapsed since the best value). In `train_loop(callbacks=[...])` it
-    runs at the end of each epoch.
-
-    With `restore_best_weights=True` the loop returns the state of the best
-    check however it ends: when early stopping fires, and also at `stop`, when
-    the dataset runs out, or on Ctrl-C (before the first check, the state is
-    left as it is).
+    A value improves when it beats the best so far by more than `min_delta`
+    (and beats `baseline`, if given); a NaN never improves. The loop stops once
+    more than `patience` consecutive checks bring no improvement, or, with a
+    `Period`, once that much has elapsed since the best value. With
+    `restore_best_weights=True` the loop returns the state of the best check
+    however it ends. In `train_loop(callbacks=[...])` it runs at the end of
+    each epoch. See docs/guide.md.
 
     Args:
         monitor: entry name or full path, e.g. `"loss_test"` or `"metrics.accuracy"`.

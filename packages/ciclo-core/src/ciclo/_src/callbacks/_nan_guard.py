@@ -16,6 +16,7 @@ from ciclo._src.callbacks._monitor import present_keys
 from ciclo._src.engine.callback import Callback
 from ciclo._src.engine.loop_state import LoopState
 from ciclo._src.logs.logs import Logs
+from ciclo._src.logs.step_output import NO_LOGS
 
 _log = logging.getLogger("ciclo")
 
@@ -104,7 +105,7 @@ class TerminateOnNaN(Callback, Generic[S]):
                 step,
             )
             loop_state.stop()
-        return {}, loop_state.state
+        return NO_LOGS, loop_state.state
 
     def on_end(self, loop_state: LoopState[S], error: BaseException | None, /) -> None:
         """Reads what the last steps left on the device, so that a late NaN is reported too."""
@@ -124,15 +125,12 @@ class TerminateOnNaN(Callback, Generic[S]):
 def terminate_on_nan(monitor: str | Sequence[str] = "loss", *, check_every: int = 10) -> TerminateOnNaN[Any]:
     """Stops the loop soon after a monitored entry turns NaN or infinite, without a per-step sync.
 
-    Each step, the guard folds "is every monitored value finite?" into a flag
-    that stays on the device (one small jitted call, no copy to the host); every
-    `check_every` steps it reads the flag, so the loop stops at most
-    `check_every - 1` steps after the first non-finite value. Host values
-    (Python or NumPy numbers) are checked at once. The warning it logs on the
-    `ciclo` logger names the entry and the step whose logs held it; the
-    attributes `step` and `entry` hold them too. Put it after the step that logs
-    the entry, under `ciclo.every(1)`, or in `train_loop(callbacks=[...])`,
-    where it runs at the end of each training step.
+    Each step folds "is every monitored value finite?" into a flag on the
+    device; every `check_every` steps the flag is read, so the loop stops at
+    most `check_every - 1` steps after the first non-finite value (host values
+    are checked at once). The warning it logs, and the attributes `step` and
+    `entry`, name the entry and the step. Put it after the step under
+    `ciclo.every(1)`, or in `train_loop(callbacks=[...])`.
 
     Args:
         monitor: an entry name (`"loss"`, `"losses.loss"`) or a list of them.

@@ -7,6 +7,7 @@ from typing import Any, final
 from ciclo._src.base.types import CallbackOutput
 from ciclo._src.engine.callback import Callback
 from ciclo._src.engine.phases import LoopState
+from ciclo._src.logs.step_output import NO_LOGS
 
 
 @final
@@ -22,7 +23,7 @@ class NoOp(Callback):
 
     def __loop_callback__(self, loop_state: LoopState[Any]) -> CallbackOutput[Any]:
         """Returns no logs and the state unchanged."""
-        return {}, loop_state.state
+        return NO_LOGS, loop_state.state
 
     def __repr__(self) -> str:
         return "ciclo.noop"

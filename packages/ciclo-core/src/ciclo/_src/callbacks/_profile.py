@@ -58,49 +58,32 @@ class Profile(Callback):
     def __init__(
         self, logdir: str | os.PathLike[str], steps: int | tuple[int, int], *, perfetto: bool = False
     ) -> None:
-        try:
-            self._logdir = os.fspath(logdir)
-        except TypeError:
-            raise TypeError(f"logdir must be a path (a str or os.PathLike), got {short(logdir)}") from None
-        self._first, self._last = _check_steps(steps)
-        self._perfetto = bool(perfetto)
-        self._status: _Status = "waiting"
-        self._annotation: Any = None  # the open marker of the step being traced
-
-    @property
-    def logdir(self) -> str:
+        if not isinstance(logdir, (str, os.PathLike)):
+            raise TypeError(f"logdir must be a path (a str or os.PathLike), got {short(logdir)}")
+        self.logdir = os.fspath(logdir)
         """The directory the trace is written under (in `plugins/profile/<run>/`)."""
-        return self._logdir
-
-    @property
-    def steps(self) -> tuple[int, int]:
+        self.steps = _check_steps(steps)
         """The first and last step profiled (both included)."""
-        return self._first, self._last
-
-    @property
-    def status(self) -> str:
+        self._perfetto = bool(perfetto)
+        self.status: _Status = "waiting"
         """`"waiting"` for the first step, `"tracing"`, or `"done"` (the trace is written)."""
-        return self._status
+        self._annotation: Any = None  # the open marker of the step being traced
 
     def __loop_callback__(self, loop_state: LoopState[S]) -> CallbackOutput[S]:
         # Before the step if listed before it: opens the step's marker (and the trace at the first).
-        steps = loop_state.elapsed.steps
+        steps, (first, last) = loop_state.elapsed.steps, self.steps
         # A `ciclo.stacked` group of steps is traced whole if it reaches into the window.
-        if (
-            self._status == "waiting"
-            and self._first < steps + steps_of(loop_state.batch)
-            and steps <= self._last
-        ):
-            jax.profiler.start_trace(self._logdir, create_perfetto_trace=self._perfetto)
-            self._status = "tracing"
-        if self._status == "tracing":
+        if self.status == "waiting" and first < steps + steps_of(loop_state.batch) and steps <= last:
+            jax.profiler.start_trace(self.logdir, create_perfetto_trace=self._perfetto)
+            self.status = "tracing"
+        if self.status == "tracing":
             self._annotation = jax.profiler.StepTraceAnnotation(STEP_ANNOTATION, step_num=steps)
             self._annotation.__enter__()
         return NO_LOGS, loop_state.state
 
     def on_step_end(self, loop_state: LoopState[Any], /) -> None:
         # The step's marker ends with the step; the trace stops after the last profiled one.
-        self._end_step(loop_state, stop=loop_state.elapsed.steps > self._last)
+        self._end_step(loop_state, stop=loop_state.elapsed.steps > self.steps[1])
 
     def on_end(self, loop_state: LoopState[Any], error: BaseException | None) -> None:
         # The loop ended inside the window (the data ran out, `stop`, an error): the trace
@@ -108,13 +91,13 @@ class Profile(Callback):
         self._end_step(loop_state, stop=True)
 
     def _end_step(self, loop_state: LoopState[Any], *, stop: bool) -> None:
-        if self._status != "tracing":
+        if self.status != "tracing":
             return
         annotation, self._annotation = self._annotation, None
         if annotation is not None:
             annotation.__exit__(None, None, None)
         if stop:
-            self._status = "done"
+            self.status = "done"
             try:
                 # Dispatch is asynchronous: the device may still be running the profiled steps,
                 # and the trace must contain them. The only wait this callback makes.
@@ -123,7 +106,7 @@ class Profile(Callback):
                 jax.profiler.stop_trace()  # type: ignore[no-untyped-call]
 
     def __repr__(self) -> str:
-        return f"ciclo.profile({self._logdir!r}, steps={self.steps!r})"
+        return f"ciclo.profile({self.logdir!r}, steps={self.steps!r})"
 
 
 def profile(
@@ -132,26 +115,18 @@ def profile(
     """Creates a callback that captures a `jax.profiler` trace of the chosen steps.
 
     The trace starts before the first of `steps` runs and stops after the last
-    one has finished on the device (the callback waits for the state then, and
-    only then). It records the host's Python and the device's work, with one
-    `jax.profiler.StepTraceAnnotation` named `"step"` per step (its `step_num`
-    is the step's number), and is written under
-    `logdir/plugins/profile/<date>/<host>.xplane.pb`: open it with TensorBoard
-    and its profile plugin (`pip install tensorboard xprof`, then
-    `tensorboard --logdir logdir`, the Profile tab) or, with `perfetto=True`,
-    load the `perfetto_trace.json.gz` written next to it in
-    https://ui.perfetto.dev. Capturing needs nothing but jax.
-
-    Steps are numbered from 0 as `elapsed.steps` counts them. Skip the first
-    steps, which compile. If the loop ends inside the window (the data runs out,
-    `stop` is reached, a callback stops it, or a step raises), the trace is
-    stopped and written at the end of the loop. Only one trace can run at a
-    time in a process, and a `Profile` traces once.
+    one has finished on the device (the one time it waits for the state), with
+    a `jax.profiler.StepTraceAnnotation` named `"step"` per step. It is written
+    under `logdir/plugins/profile/<date>/<host>.xplane.pb`, for TensorBoard's
+    profile plugin (or Perfetto, with `perfetto=True`). Steps are numbered from
+    0 as `elapsed.steps` counts them: skip the first ones, which compile. A loop
+    that ends inside the window writes the trace of the steps that ran. One
+    trace runs at a time in a process, and a `Profile` traces once. See
+    docs/logging.md, "Profiling".
 
     In `ciclo.loop`, list it *before* the step (`{ciclo.every(1): [profiler,
     train_step]}`); in `train_loop(callbacks=[...])` it runs under
-    `on_train_batch_begin`. Each step's marker, and the trace after the last
-    step, end when the step ends (`on_step_end`), around all the step does.
+    `on_train_batch_begin`.
 
     Args:
         logdir: the directory to write the trace under (a TensorBoard log

@@ -10,6 +10,7 @@ from typing import Any, ClassVar, Final, final
 
 import jax
 
+from ciclo._src.base.checks import check_positive
 from ciclo._src.base.elapsed import Elapsed, Period, PeriodLike, to_period
 from ciclo._src.base.reprs import short
 from ciclo._src.base.types import CallbackOutput, S
@@ -67,14 +68,6 @@ def _check_peak(peak_flops: float | None) -> float | None:
     return float(peak_flops)
 
 
-def _devices(state: Any) -> int:
-    """How many devices the state's arrays are on: those the step runs on."""
-    for leaf in jax.tree.leaves(state):
-        if isinstance(leaf, jax.Array):
-            return len(leaf.sharding.device_set)
-    return 1
-
-
 def _check_window(window: PeriodLike) -> Period:
     period = to_period(window, name="window")
     if period is None:
@@ -84,8 +77,7 @@ def _check_window(window: PeriodLike) -> Period:
             f"window must count steps, samples or time: a throughput window is a duration, not a date; "
             f"got {short(window)}"
         )
-    if not (period.steps or period.samples or period.time):
-        raise ValueError(f"window must be longer than zero, got {short(window)}")
+    check_positive(period, "window", "pass a window of at least one step, sample or second")
     return period
 
 
@@ -113,10 +105,12 @@ class Throughput(Callback):
         self._steps: tuple[ManagedStep[Any], ...] | None = None  # the loop's steps, when a loop said
         self._flops: tuple[float, float | None] | None = None  # (per step, peak of all devices), once read
         self._read = False  # whether the steps' FLOPs were read in this loop
-        self._window = window = _check_window(window)
+        self.window: Period = _check_window(window)
+        """The window over which each rate is measured."""
         # (steps, samples, seconds) any of which closes a window; inf where the window does not count it.
         self._limits = tuple(
-            math.inf if limit is None else limit for limit in (window.steps, window.samples, window.time)
+            math.inf if limit is None else limit
+            for limit in (self.window.steps, self.window.samples, self.window.time)
         )
         # (host time, steps, samples) where the current window started; None before the first call.
         self._start: tuple[float, int, int] | None = None
@@ -136,16 +130,6 @@ class Throughput(Callback):
                 "program ciclo can analyse (see docs/logging.md, Throughput)",
                 names,
             )
-
-    @property
-    def peak_flops(self) -> float | None:
-        """The peak FLOP/s of one device given, or None for the table `PEAK_FLOPS`."""
-        return self._peak
-
-    @property
-    def window(self) -> Period:
-        """The window over which each rate is measured."""
-        return self._window
 
     def __call__(self, elapsed: Elapsed) -> Logs:
         """Measures after the step `elapsed` (from `ciclo.elapse`) describes: the rates if a window closed."""
@@ -183,7 +167,10 @@ class Throughput(Callback):
                 "ciclo.throughput(peak_flops=...) (one device's peak)",
                 kind,
             )
-        return sum(analysed), None if peak is None else peak * _devices(state)
+            return sum(analysed), None
+        # The devices the state's arrays are on: those the step runs on.
+        arrays = (leaf for leaf in jax.tree.leaves(state) if isinstance(leaf, jax.Array))
+        return sum(analysed), peak * next((len(leaf.sharding.device_set) for leaf in arrays), 1)
 
     def _measure(self, elapsed: Elapsed) -> LogsLike:
         # The hot path: two ints, one clock read and a comparison until the window closes.
@@ -214,42 +201,23 @@ class Throughput(Callback):
 
     def __repr__(self) -> str:
         peak = "" if self._peak is None else f", peak_flops={self._peak!r}"
-        return f"ciclo.throughput(window={self._window!r}{peak})"
+        return f"ciclo.throughput(window={self.window!r}{peak})"
 
 
 def throughput(window: PeriodLike = 100, *, peak_flops: float | None = None) -> Throughput:
     """Creates a callback that logs the loop's throughput: steps and samples per second, FLOPs and MFU.
 
     Each time `window` has passed since the last measurement, it logs
-    `steps_per_second` and `samples_per_second` in the `metrics` collection (so
-    progress bars show them and loggers write them): the steps and samples the
-    loop's `ciclo.types.Elapsed` advanced by (a `ciclo.stacked` group counts all
-    its steps; samples are counted by `batch_size_fn`), over the host seconds
-    (`time.perf_counter`) it took. Nothing is read from the device: with
-    asynchronous dispatch the host runs at most a few steps ahead, so over many
-    steps the host's rate is the device's. The time includes everything the
-    loop does between two calls (data, evaluation, checkpoints). The first call
-    only starts the clock, so the first step, which usually compiles, is not
-    counted; each loop starts a new window.
+    `steps_per_second` and `samples_per_second` in the `metrics` collection:
+    the loop's `ciclo.types.Elapsed` counts over the host's clock, so it never
+    waits for the device. The first call only starts the clock (the first step
+    compiles); each loop starts a new window. When the loop's step is a managed
+    one, it also logs XLA's `flops_per_step`, `flops_per_second` and, with a
+    peak, `mfu`. See docs/logging.md, "Throughput".
 
     Put it after the step in `ciclo.loop`'s callbacks, or in
-    `train_loop(callbacks=[...])`, where it runs as the `on_train_step` hook,
-    before the progress bars (not in the evaluation loop inside `train_loop`).
-    By hand, `meter(elapsed)` returns the logs.
-
-    **FLOPs and MFU.** When the loop's step is a managed one
-    (`managed.train_step`, a `ciclo.types.ModelState`'s), its floating-point
-    operations per step are read once, at the first call, from XLA's cost
-    analysis of the step lowered for the state and batch
-    (`managed.ManagedStep.flops`: a `ciclo.types.Stacked` group's count is
-    that of one of its steps), and each measurement also logs
-    `flops_per_step` and `flops_per_second` (`flops_per_step` times
-    `steps_per_second`). With a peak, `peak_flops=` or the table `PEAK_FLOPS`
-    of dense bf16 peaks by `device_kind`, it logs `mfu`: `flops_per_second`
-    over the peak times the devices the state is on. A step ciclo cannot
-    analyse (a plain Python function, a step under `pmap`) is said once on the
-    `ciclo` logger, and no FLOPs are logged. The count is XLA's: a `while`
-    loop's body counts once, and a custom kernel may count nothing.
+    `train_loop(callbacks=[...])` (the `on_train_step` hook). By hand,
+    `meter(elapsed)` returns the logs.
 
     Args:
         window: how long each measurement lasts: an int (steps) or a

@@ -37,28 +37,24 @@ class TqdmBar(ProgressCallback):
         if bar_total is not None and unit.field == "time" and float(bar_total).is_integer():
             bar_total = int(bar_total)
         tqdm_kwargs.setdefault("unit", unit.label)
-        self._tqdm: Any = tqdm.tqdm(total=bar_total, **tqdm_kwargs)
-        self._passed: float = 0  # the count tqdm was given so far
-
-    @property
-    def tqdm(self) -> Any:
+        self.tqdm: Any = tqdm.tqdm(total=bar_total, **tqdm_kwargs)
         """The underlying `tqdm.auto.tqdm` bar (to set its description, for instance)."""
-        return self._tqdm
+        self._passed: float = 0  # the count tqdm was given so far
 
     def _draw(self, now: float, count: float, steps: float, *, final: bool) -> None:
         values = self._shown_values()
         if values:
             # Not refreshed here: tqdm redraws on `update`, at its own pace.
-            self._tqdm.set_postfix({name: format_value(value) for name, value in values}, refresh=False)
+            self.tqdm.set_postfix({name: format_value(value) for name, value in values}, refresh=False)
         if self.unit.field == "time":  # whole seconds: tqdm would print a float count with all its digits
             count = math.floor(count)
         if count > self._passed:
-            self._tqdm.update(count - self._passed)
+            self.tqdm.update(count - self._passed)
             self._passed = count
 
     def _release(self) -> None:
         super()._release()
-        self._tqdm.close()
+        self.tqdm.close()
 
 
 def tqdm_bar(total: PeriodLike | None = None, *, interval: float = 0.1, **tqdm_kwargs: Any) -> TqdmBar:

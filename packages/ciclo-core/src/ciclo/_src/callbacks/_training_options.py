@@ -1,18 +1,10 @@
 """What `train_loop` watches of a managed state's training options, with no device sync per step.
 
-- Under loss scaling (`precision="16-mixed"`), a run whose steps are all
-  skipped (gradients not finite at every scale tried) trains nothing, and
-  would say so only in its logged `skipped_steps`. The state counts the steps
-  skipped in a row inside the compiled step (`LossScale.skipped_in_a_row`).
-  Every `CHECK_EVERY` steps the watch reads the copy of that count it started
-  at the check before (the device is seldom that far behind, so the loop seldom
-  waits), then starts the next one. It warns after `SKIPPED_STEPS_WARNING`
-  steps skipped in a row, or a step skipped at the scale's floor, and stops the
-  loop at `train_loop(max_skipped_steps=)`.
-- With `accumulate_steps`, the micro-batches after the last full group are
-  accumulated in the optimizer state but never applied to the parameters. The
-  watch says how many before the first step when `stop` is a number of steps,
-  and at the run's end when that count turned out otherwise.
+Under loss scaling, a run whose steps are all skipped trains nothing: every
+`CHECK_EVERY` steps the watch reads the copy of the state's count of steps
+skipped in a row (`LossScale.skipped_in_a_row`) that it started at the check
+before, so the loop seldom waits. With `accumulate_steps`, it says how many
+micro-batches the run leaves unapplied after its last optimizer step.
 """
 
 from __future__ import annotations

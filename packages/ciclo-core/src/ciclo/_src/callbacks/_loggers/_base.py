@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib
-import numbers
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, NamedTuple, Protocol, final
@@ -13,10 +12,8 @@ from ciclo._src.base.types import CallbackOutput, S
 from ciclo._src.callbacks._monitor import snapshot_fields
 from ciclo._src.engine.callback import Callback
 from ciclo._src.engine.loop_state import LoopState
-from ciclo._src.logs.logs import History, Logs, LogsLike, Paths
-
-_NO_LOGS: Logs = Logs()
-"""What a logger adds to a step's logs: nothing (never changed: the loop only merges into its own copy)."""
+from ciclo._src.logs.logs import History, LogsLike, Paths
+from ciclo._src.logs.step_output import NO_LOGS
 
 _SKIPPED_COLLECTIONS = frozenset({"elapsed", "outputs"})
 """Never scalars worth plotting: the counts (written as the step) and a step's model outputs."""
@@ -177,11 +174,8 @@ def _number(value: Any) -> float | int | None:
     if isinstance(value, (int, float)):
         return value
     # Host rows hold Python numbers; a numpy scalar or 0-d array can come from a hand-written loop.
-    if getattr(value, "ndim", None) == 0 or isinstance(value, numbers.Number):
-        try:
-            item = value.item()
-        except (AttributeError, TypeError, ValueError):
-            return None
+    if getattr(value, "ndim", None) == 0:
+        item = value.item()
         return _number(item) if isinstance(item, (bool, int, float)) else None
     return None
 
@@ -191,29 +185,19 @@ class Logger(Callback):
     """A loop callback that writes every logged scalar entry to a backend, against its step.
 
     Create one with `ciclo.tensorboard`, `ciclo.csv_logger`, `ciclo.wandb_logger`,
-    `ciclo.mlflow_logger` or `ciclo.metric_writer_logger`. The same logger works:
-
-    - in `ciclo.loop` / `ciclo.run_phases` tasks: put it under `ciclo.every(1)`,
-      after the callbacks whose entries it writes (it writes what the loop's
-      `History` holds, so its place only matters for the last rows);
-    - in the predefined loops as `train_loop(..., callbacks=[logger])` (it runs as
-      `on_train_batch_end`, so train and test entries, `loss` and `loss_test`, are
-      written);
-    - in a hand-written loop: `logger.write(step, logs)` at each step, then
-      `logger.close()` (or `with logger: ...`).
-
-    It writes the rows `History` has already copied to the host (in batches of
-    128, a few hundred steps after they were logged), so it never makes the
-    loop wait for the device. When the loop ends (also on an exception or a
-    preemption), the rows left are copied, written, and the backend closed; a
-    later loop opens it again. `state_dict()` holds the last step written (and
-    the W&B or MLflow run id): a fresh logger given it with `load_state_dict`
-    appends after that step, to the same file or run.
+    `ciclo.mlflow_logger` or `ciclo.metric_writer_logger`. Put it under
+    `ciclo.every(1)` after the step in `ciclo.loop`, in
+    `train_loop(..., callbacks=[logger])` (it runs as `on_train_batch_end`), or
+    call `logger.write(step, logs)` then `logger.close()` in a loop of your own.
+    It writes the rows `History` has already copied to the host, so it never
+    makes the loop wait for the device; when the loop ends it writes the rest
+    and closes the backend. `state_dict()` holds the last step written (and a
+    run id): a fresh logger given it appends after that step. See
+    docs/logging.md, "How loggers work".
 
     Example:
-        >>> import io
         >>> import ciclo
-        >>> from ciclo._src.callbacks._loggers._base import Logger, Row
+        >>> from ciclo._src.callbacks._loggers._base import Logger
         >>> class Printed:  # a sink of your own: any object with these five methods
         ...     def write(self, rows):
         ...         for row in rows:
@@ -247,16 +231,9 @@ class Logger(Callback):
         # a row's entry paths -> their scalar columns: see `_scalar_columns`
         self._plans: dict[Paths, list[tuple[int, str]] | None] = {}
 
-    @property
-    def sink(self) -> Sink:
-        """The backend this logger writes to."""
-        return self._sink
-
-    # ------------------------------------------------------------------ as a loop callback
-
     def __loop_callback__(self, loop_state: LoopState[S]) -> CallbackOutput[S]:
         self._drain_loop(loop_state, ended=False)
-        return _NO_LOGS, loop_state.state
+        return NO_LOGS, loop_state.state
 
     def on_start(self, loop_state: LoopState[Any]) -> None:
         """Refuses a loop starting at or before the last step written, unless it resumed this logger's run."""
@@ -311,8 +288,6 @@ class Logger(Callback):
             self._last_step = rows[-1].step
         return upto
 
-    # ------------------------------------------------------------------ by hand
-
     def write(self, step: int, logs: LogsLike) -> None:
         """Logs `logs` at `step` from a hand-written loop, copied in batches as History does; never waits."""
         own = self._own
@@ -341,8 +316,6 @@ class Logger(Callback):
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
-
-    # ------------------------------------------------------------------ resumption
 
     @property
     def state_key(self) -> str:

@@ -22,19 +22,19 @@ STEP = "step"
 class CsvSink(Sink):
     """Writes rows to a CSV file whose header is every entry seen so far; see `ciclo.csv_logger`."""
 
-    def __init__(self, path: str | os.PathLike[str], hparams: HParams | None = None) -> None:
+    def __init__(self, path: str | os.PathLike[str], hparams: HParams) -> None:
         if not isinstance(path, (str, os.PathLike)):
             raise TypeError(f"path must be a file path, got {short(path)}")
         self.path = os.fspath(path)
         self.hparams_path = os.path.splitext(self.path)[0] + ".hparams.json"  # log.csv -> log.hparams.json
-        self._hparams = dict(hparams or {})
+        self._hparams = hparams
         self._columns: list[str] | None = None  # the header; None: the file is not opened yet
-        self._after_step: int | None = None
-        self._resumed = False
+        self._keep_through: int | None = None  # restored: the file's rows of later steps are dropped
 
     def _open(self) -> list[str]:
         """The columns of the file to append to: a new file, or a resumed run's file."""
-        if self._resumed and os.path.exists(self.path):
+        keep_through = self._keep_through
+        if keep_through is not None and os.path.exists(self.path):
             with open_own(self.path, "r") as file:
                 reader = csv.reader(file)
                 header = next(reader, None)
@@ -42,8 +42,7 @@ class CsvSink(Sink):
             if header:
                 self._keep_hparams()
                 # Rows after the restored step were written after the backup: written again now.
-                last = -1 if self._after_step is None else self._after_step
-                kept = [row for row in rows if int(row[0]) <= last]
+                kept = [row for row in rows if int(row[0]) <= keep_through]
                 if len(kept) != len(rows):
                     self._replace(header, kept)
                 return header
@@ -56,10 +55,7 @@ class CsvSink(Sink):
             write_atomically(self.hparams_path, json.dumps(self._hparams, indent=2) + "\n")
 
     def _keep_hparams(self) -> None:
-        """A resumed run keeps the hparams file it started with; other hparams given now are warned about.
-
-        A file that cannot be read (damaged) is written anew with the hparams given now.
-        """
+        """A resumed run keeps its hparams file (a damaged one is written anew) and warns of other hparams."""
         try:
             with open_own(self.hparams_path, "r") as file:
                 started = json.load(file)
@@ -70,10 +66,9 @@ class CsvSink(Sink):
         if not isinstance(started, dict):
             self._write_hparams()
             return
-        names = dict.fromkeys([*started, *self._hparams])
         changed = [
-            f"{short(name, 80)}: {_shown(started, name)} -> {_shown(self._hparams, name)}"
-            for name in names
+            f"{short(name, 80)}: {short(started.get(name), 80)} -> {short(self._hparams.get(name), 80)}"
+            for name in dict.fromkeys([*started, *self._hparams])
             if started.get(name, _ABSENT) != self._hparams.get(name, _ABSENT)
         ]
         if changed:
@@ -119,8 +114,7 @@ class CsvSink(Sink):
 
     def restore(self, state: Mapping[str, Any], after_step: int | None) -> None:
         """Appends to the existing file, after dropping its rows of steps after `after_step`."""
-        self._resumed = True
-        self._after_step = after_step
+        self._keep_through = -1 if after_step is None else after_step
         self._columns = None
 
     def __repr__(self) -> str:
@@ -130,26 +124,14 @@ class CsvSink(Sink):
 _ABSENT = object()
 
 
-def _shown(hparams: Mapping[str, Any], name: str) -> str:
-    value = hparams.get(name, _ABSENT)
-    return "(none)" if value is _ABSENT else short(value, 80)
-
-
 def csv_logger(path: str | os.PathLike[str], *, hparams: Mapping[str, Any] | None = None) -> Logger:
     """A logger that writes one CSV row per logged step: `step`, then a column per entry.
 
-    The header is the entries seen so far, in the order they first appeared; a
-    row leaves empty those its step did not log. When new entries appear (the
-    first evaluation's `loss_test`), the file is rewritten with the wider header
-    atomically, so a reader never sees a half-written file (once per new entry,
-    not per step). Values are written exactly (Python's shortest round-trip
-    form), by the standard library's `csv`: no extra needed.
-
-    A new logger starts a new file (replacing one at `path`); one restored with
-    `load_state_dict` appends to it, after dropping rows of later steps.
-    `hparams` go to a JSON file beside the CSV (`log.csv` -> `log.hparams.json`)
-    when the file opens; a restored logger keeps its run's file, and warns,
-    naming each name with both values, when given other hparams.
+    The header is the entries seen so far; a new entry rewrites the file with
+    the wider header, atomically. Values are written exactly. A new logger
+    replaces the file at `path`; one restored with `load_state_dict` appends
+    to it. `hparams` go to a JSON file beside it (`log.csv` ->
+    `log.hparams.json`). See docs/logging.md, "CSV".
 
     Args:
         path: the CSV file (its directory is created if missing).

@@ -13,7 +13,7 @@ from ciclo._src.callbacks._loggers._base import HParams, Logger, Row, Sink, chec
 class MetricWriterSink(Sink):
     """Writes rows with `writer.write_scalars(step, scalars)`; see `ciclo.metric_writer_logger`."""
 
-    def __init__(self, writer: Any, hparams: HParams | None = None) -> None:
+    def __init__(self, writer: Any, hparams: HParams) -> None:
         needed = ("write_scalars", "flush", "write_hparams") if hparams else ("write_scalars", "flush")
         if not all(callable(getattr(writer, name, None)) for name in needed):
             raise TypeError(
@@ -21,10 +21,9 @@ class MetricWriterSink(Sink):
                 f"({', '.join(needed)}), got {short(writer)}"
             )
         self.writer = writer
-        self._hparams = dict(hparams or {})  # written with the first rows
+        self._hparams = hparams  # written with the first rows
 
     def write(self, rows: Sequence[Row]) -> None:
-        """One `write_scalars` call per row (after `write_hparams`, the first time)."""
         if self._hparams:
             self.writer.write_hparams(self._hparams)
             self._hparams = {}
@@ -33,15 +32,11 @@ class MetricWriterSink(Sink):
             write_scalars(row.step, row.scalars)
 
     def flush(self) -> None:
-        """Flushes the writer."""
         self.writer.flush()
 
-    def close(self) -> None:
-        """Flushes the writer; closing it is left to its owner, who may write more with it."""
-        self.writer.flush()
+    close = flush  # closing the writer is left to its owner, who may write more with it
 
     def restore(self, state: Mapping[str, Any], after_step: int | None) -> None:
-        """Nothing to restore; the hparams were written with the first rows, if there were any."""
         if after_step is not None:
             self._hparams = {}
 
@@ -52,12 +47,10 @@ class MetricWriterSink(Sink):
 def metric_writer_logger(writer: Any, *, hparams: Mapping[str, Any] | None = None) -> Logger:
     """A logger that writes every scalar entry through a clu `metric_writers.MetricWriter`.
 
-    Any writer of `clu.metric_writers` works (`SummaryWriter`, `AsyncWriter`,
-    `MultiWriter`, `LoggingWriter`, ...), as does any object with
-    `write_scalars(step, scalars)` and `flush()`. ciclo imports no clu: you
-    create the writer (and close it when you are done); the logger calls
-    `write_scalars` once per logged step and `flush` when the loop ends, and
-    `write_hparams(hparams)` before the first rows.
+    Any object with `write_scalars(step, scalars)` and `flush()` works (and
+    `write_hparams`, given `hparams`); ciclo imports no clu. You create the
+    writer and close it; the logger writes each logged step and flushes when
+    the loop ends. See docs/logging.md, "clu metric writers".
 
     Args:
         writer: the metric writer.

@@ -23,10 +23,10 @@ class MlflowSink(Sink):
         tracking_uri: str | None,
         run_id: str | None,
         tags: Mapping[str, str] | None,
-        hparams: HParams | None = None,
+        hparams: HParams,
     ) -> None:
         self._mlflow = import_extra("mlflow", "mlflow", "ciclo.mlflow_logger")
-        self._hparams = dict(hparams or {})  # logged as the run's params when it is first opened
+        self._hparams = hparams  # logged as the run's params when it is first opened
         self._experiment_name = experiment_name
         self._run_name = run_name
         self._tracking_uri = tracking_uri
@@ -69,7 +69,6 @@ class MlflowSink(Sink):
         return client
 
     def write(self, rows: Sequence[Row]) -> None:
-        """Logs each scalar of each row at its step and time, in batches of 1000."""
         client = self._client if self._active else self._open()
         metric, held = self._mlflow.entities.Metric, self._skip_through
         metrics = [
@@ -97,7 +96,6 @@ class MlflowSink(Sink):
         self._active = False
 
     def state(self) -> dict[str, Any]:
-        """The run id, so that a resumed logger logs to the same run."""
         return {"run_id": self.run_id}
 
     def restore(self, state: Mapping[str, Any], after_step: int | None) -> None:
@@ -124,12 +122,11 @@ def mlflow_logger(
 ) -> Logger:
     """A logger that writes every scalar entry to an MLflow run, at its step.
 
-    Needs MLflow (`pip install "ciclo-core[mlflow]"`, which installs
-    `mlflow-skinny`; the full `mlflow` works too). It talks to the tracking
-    server through its own `MlflowClient`, so it neither needs nor changes
-    `mlflow.start_run`'s active run. The run is created on the first write or
-    backup, and marked finished when the loop ends; a logger restored with
-    `load_state_dict` logs to the same run again.
+    Needs MLflow (`pip install "ciclo-core[mlflow]"`). It talks to the tracking
+    server through its own `MlflowClient`, leaving `mlflow.start_run`'s active
+    run alone. The run is created on the first write or backup and marked
+    finished when the loop ends; a logger restored with `load_state_dict` logs
+    to the same run. See docs/logging.md, "MLflow".
 
     Args:
         experiment_name: the experiment of the new run (created if missing).

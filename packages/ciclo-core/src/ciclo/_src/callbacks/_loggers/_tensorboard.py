@@ -71,9 +71,7 @@ def scalar_event(wall_time: float, step: int, scalars: Mapping[str, float | int]
 class _EventFile:
     """An event file: TFRecords of events (length, its masked CRC-32C, the event, its masked CRC-32C).
 
-    `crc32c` computes the checksum (the C one of the `crc32c` package, which the
-    `tensorboard` extra installs). A record's length and its checksum repeat from
-    step to step: they are computed once per length.
+    A record's length and its checksum repeat from step to step: they are computed once per length.
     """
 
     def __init__(self, path: str, crc32c: Callable[[bytes], int]) -> None:
@@ -82,9 +80,7 @@ class _EventFile:
         self._headers: dict[int, bytes] = {}
 
     def _masked(self, data: bytes) -> bytes:
-        # TFRecord's masked CRC-32C (rotate right by 15, add a constant), as tensorboardX's
-        # `masked_crc32c` computes it: written out here around the C `crc32c`, one Python call a
-        # record where tensorboardX's helper makes three on the logger's hot path.
+        # tensorboardX's `masked_crc32c` written out around the C `crc32c`: one Python call, not three.
         crc = self._crc32c(data) & 0xFFFFFFFF
         return _CRC((((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF)
 
@@ -109,10 +105,10 @@ class _EventFile:
 class TensorBoardSink(Sink):
     """Writes rows as TensorBoard scalar events to a new event file in `logdir`; see `ciclo.tensorboard`."""
 
-    def __init__(self, logdir: str | os.PathLike[str], hparams: HParams | None = None) -> None:
+    def __init__(self, logdir: str | os.PathLike[str], hparams: HParams) -> None:
         if not isinstance(logdir, (str, os.PathLike)):
             raise TypeError(f"logdir must be a path, got {short(logdir)}")
-        self._hparams = dict(hparams or {})  # written to the first event file, then emptied
+        self._hparams = hparams  # written to the first event file, then emptied
         # Imported when a logger is created: tensorboardX is an optional extra (with no type information).
         self._crc32c = import_extra("tensorboardX.crc32c", "tensorboard", "ciclo.tensorboard").crc32c
         self._events = import_extra("tensorboardX.proto.event_pb2", "tensorboard", "ciclo.tensorboard")
@@ -145,7 +141,6 @@ class TensorBoardSink(Sink):
         return writer
 
     def write(self, rows: Sequence[Row]) -> None:
-        """Writes one event per row, holding all its scalars (TensorBoard stores them as float32)."""
         writer = self._writer
         if writer is None:
             writer = self._writer = self._open()
@@ -154,12 +149,10 @@ class TensorBoardSink(Sink):
             write(scalar_event(row.wall_time, row.step, row.scalars))
 
     def flush(self) -> None:
-        """Flushes the event file."""
         if self._writer is not None:
             self._writer.flush()
 
     def close(self) -> None:
-        """Closes the event file; a later write starts a new one in the same `logdir`."""
         if self._writer is not None:
             self._writer.close()
             self._writer = None
@@ -180,22 +173,19 @@ class TensorBoardSink(Sink):
 def tensorboard(logdir: str | os.PathLike[str], *, hparams: Mapping[str, Any] | None = None) -> Logger:
     """A logger that writes every scalar entry to TensorBoard event files in `logdir`.
 
-    No TensorFlow needed: tensorboardX writes the files (`pip install
-    "ciclo-core[tensorboard]"`). Each logged step is one event holding its
-    scalar entries at the History's step. Each time the logger opens (a loop, a
-    resumed run) it starts a new event file in `logdir`; a resumed run's starts
-    with a `SessionLog.START` at its first step, so TensorBoard drops what the
-    killed run wrote from there on. `hparams` go to the first event file as the
-    hparams plugin's experiment and session start (the HPARAMS tab).
+    No TensorFlow needed (`pip install "ciclo-core[tensorboard]"`). Each logged
+    step is one event holding its scalars. Each time the logger opens (a loop, a
+    resumed run) it starts a new event file; a resumed run's starts with a
+    `SessionLog.START`, so TensorBoard drops what the killed run wrote after its
+    backup. `hparams` go to the first file (the HPARAMS tab). See
+    docs/logging.md, "TensorBoard".
 
     Args:
         logdir: the directory of the event files (created if missing).
         hparams: the run's hyperparameters (name -> number, string or bool).
 
     Returns:
-        A `Logger`: put it in a loop's tasks (`ciclo.every(1)`, after the step),
-        in `train_loop(callbacks=[...])`, or call `write(step, logs)` and
-        `close()` in a loop of your own. See `Logger`.
+        A `Logger` (see `Logger`).
 
     Raises:
         ImportError: if tensorboardX is not installed.

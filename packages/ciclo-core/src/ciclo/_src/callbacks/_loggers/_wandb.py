@@ -16,7 +16,7 @@ from ciclo._src.callbacks._loggers._base import HParams, Logger, Row, Sink, chec
 class WandbSink(Sink):
     """Logs rows to a W&B run, one `run.log(scalars, step=step)` per row; see `ciclo.wandb_logger`."""
 
-    def __init__(self, run: Any, init_kwargs: Mapping[str, Any], hparams: HParams | None = None) -> None:
+    def __init__(self, run: Any, init_kwargs: Mapping[str, Any], hparams: HParams) -> None:
         self._wandb = import_extra("wandb", "wandb", "ciclo.wandb_logger")
         self._run = run
         self._owned = run is None  # a run the sink started: it finishes it when closed
@@ -44,7 +44,6 @@ class WandbSink(Sink):
         return self._run
 
     def write(self, rows: Sequence[Row]) -> None:
-        """Logs each row at its step (W&B keeps the steps of a run increasing)."""
         log = self.run.log
         for row in rows:
             log(dict(row.scalars), step=row.step, commit=True)
@@ -150,17 +149,12 @@ def _newest_offline_step(wandb_dir: Path, run_id: str, current: Path) -> int:
 def wandb_logger(run: Any = None, *, hparams: Mapping[str, Any] | None = None, **init_kwargs: Any) -> Logger:
     """A logger that writes every scalar entry to a Weights & Biases run, at its step.
 
-    Needs wandb (`pip install "ciclo-core[wandb]"`). With no `run`, the logger
-    starts one with `wandb.init(**init_kwargs)` on its first write and
-    finishes it when the loop ends. Its state (a backup's) names the run even
-    before the run starts; a logger restored with `load_state_dict` resumes
-    that run (`wandb.init(id=..., resume="allow")`) and writes after the
-    newest step the run holds. A `run` you started yourself is written to and left
-    running. W&B's own settings apply: `WANDB_MODE=offline` writes the run to
-    `WANDB_DIR` without a network, for `wandb sync` later.
-
-    `hparams` become the run's config (`wandb.init(config=...)`, or
-    `run.config.update` for a run passed in).
+    Needs wandb (`pip install "ciclo-core[wandb]"`). With no `run`, it starts
+    one with `wandb.init(**init_kwargs)` on its first write and finishes it
+    when the loop ends; a `run` you started is left running. A logger restored
+    with `load_state_dict` resumes the run its backup names, after the newest
+    step the run holds. `hparams` become the run's config. See
+    docs/logging.md, "Weights & Biases".
 
     Args:
         run: a run from `wandb.init(...)` to log into, or None to start one.
