@@ -66,7 +66,7 @@ figure each is judged on).
 
 Usage:
     python benchmarks/bench.py                  # defaults: 10 rounds, tiny 4096 and medium 128 steps
-    python benchmarks/bench.py --smoke          # a few steps of everything, what CI runs
+    python benchmarks/bench.py --smoke          # a few steps of every row on tiny, what CI runs
     python benchmarks/bench.py --pin-core       # on one CPU (what `nox -s bench` runs)
     python benchmarks/bench.py --workloads tiny --only bare,ciclo.loop --rounds 9 --output table.md
     python benchmarks/bench.py --only "engine Python cost" --legacy-python /tmp/legacy/bin/python
@@ -963,11 +963,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, help="timed steps per run (default: 4096 tiny, 128 medium)")
     parser.add_argument("--rounds", type=int, default=10, help="runs of each implementation (default 10)")
-    parser.add_argument("--workloads", default="tiny,medium", help="comma-separated: tiny,medium")
+    parser.add_argument(
+        "--workloads", help="comma-separated: tiny,medium (default both; tiny alone with --smoke)"
+    )
     rows = [ENGINE, *IMPLEMENTATIONS]
     parser.add_argument("--only", help=f"comma-separated rows, of: {', '.join(rows)}")
     parser.add_argument(
-        "--smoke", action="store_true", help=f"{LARGEST_GROUP} steps, 1 round, every row; no targets"
+        "--smoke",
+        action="store_true",
+        help=f"{LARGEST_GROUP} steps, 1 round, every row on tiny (the rows are the same code on medium); "
+        "no targets",
     )
     parser.add_argument(
         PIN_FLAG,
@@ -983,7 +988,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.smoke:
         args.steps, args.rounds = LARGEST_GROUP, 1
-    args.workloads = _split(args.workloads, WORKLOADS, "workload", parser)
+    default_workloads = "tiny" if args.smoke else "tiny,medium"
+    args.workloads = _split(args.workloads or default_workloads, WORKLOADS, "workload", parser)
     args.only = _split(args.only, dict.fromkeys(rows), "row", parser) if args.only else rows
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")

@@ -2,7 +2,7 @@
 
 One new process restores every installed adapter's checkpoint (a process per adapter would import
 JAX, ciclo and orbax once each): `nox -s conformance` (`--dist loadgroup`) runs this module's tests
-on one pytest-xdist worker, where the module's fixture trains each adapter and starts that process once.
+on one pytest-xdist worker, where the session-scoped fixture trains each adapter and starts that process once.
 """
 
 from __future__ import annotations
@@ -81,7 +81,9 @@ def promotion(name: str) -> contextlib.AbstractContextManager[Any]:
     return jax.numpy_dtype_promotion("standard") if name in STANDARD_PROMOTION else contextlib.nullcontext()
 
 
-@pytest.fixture(scope="module")
+# Session scope: on a pytest-xdist worker the items of other modules run between this module's, and a
+# module-scoped fixture would be torn down and built again (twice in a fresh-clone run, 19 s each).
+@pytest.fixture(scope="session")
 def restored(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Restored]:
     """Every installed adapter trained to a best checkpoint, each restored in one new process."""
     tmp_path = tmp_path_factory.mktemp("after_training")
