@@ -51,20 +51,11 @@ CLAUSES: Final = (
 )
 """The clauses of the `ModelAdapter` contract, in the order `check_adapter` runs them."""
 
-MESH_STRATEGIES: Final = ("data_parallel", "fsdp")
-"""The strategies whose agreement with `jit` means something only on several devices."""
-
-BATCH: Final = 16
-"""The task's batch size: 4 micro-batches of 4 for accumulation, and 1, 2, 4, 8 or 16 devices."""
-
-STEPS: Final = 30
-"""The training batches of the task: `learns` trains on all of them, the other clauses on a few."""
-
-TX: Final = optax.sgd(0.05, momentum=0.9)
-"""One optimizer for every state the kit builds: plain enough that two strategies agree to rounding."""
-
-RTOL, ATOL = 1e-5, 1e-6
-"""float32 rounding: how close two strategies' (or two routes') parameters must be."""
+MESH_STRATEGIES: Final = ("data_parallel", "fsdp")  # checked against jit on several devices only
+BATCH: Final = 16  # 4 micro-batches of 4 for accumulation, and 1, 2, 4, 8 or 16 devices
+STEPS: Final = 30  # the task's batches: `learns` trains on all of them, the other clauses on a few
+TX: Final = optax.sgd(0.05, momentum=0.9)  # plain enough that two strategies agree to rounding
+RTOL, ATOL = 1e-5, 1e-6  # float32 rounding: how close two strategies' (or routes') parameters must be
 
 
 class KitOptions(TypedDict, total=False):
@@ -317,7 +308,6 @@ class Kit:
     # --- the clauses: each yields (seen, fix) for a check that fails --------------------------
 
     def protocol(self) -> Failures:
-        """`init` and `apply` take the arguments ciclo passes; the adapter hashes (it is a static field)."""
         for name in ("init", "apply"):
             # Whether the methods exist is what this clause checks (ModelAdapter is not runtime_checkable).
             method = getattr(self.adapter, name, None)
@@ -344,7 +334,6 @@ class Kit:
             )
 
     def init_kinds(self) -> Failures:
-        """`init` gives `(params, model_state)`: floating-point params, model state None or arrays."""
         params, model_state = self.initial
         source = "the variables given" if self.variables is not None else "init"
         if not jax.tree.leaves(params):
@@ -377,7 +366,6 @@ class Kit:
             )
 
     def deterministic_evaluation(self) -> Failures:
-        """`apply(training=False)`: the same outputs whatever the key; the statistics left alone."""
         self.classes  # noqa: B018 - checks the outputs' shape
         inputs = self.batches[0][0]
         (first, state_first), (second, _) = (self.apply(inputs, seed=s, training=False) for s in (1, 2))
@@ -400,7 +388,6 @@ class Kit:
             yield "test_step changed the model state", "see apply(training=False)"
 
     def key_use(self) -> Failures:
-        """Training draws its randomness from the key: one key the same outputs, another key others."""
         inputs = self.batches[0][0]
         if not _same(self.apply(inputs, seed=1, training=True), self.apply(inputs, seed=1, training=True)):
             yield (
@@ -420,7 +407,6 @@ class Kit:
             )
 
     def model_state_updates(self) -> Failures:
-        """Training updates the model state, keeping its structure, shapes and dtypes."""
         if not self.model_state_leaves:
             raise Skipped("no model state: updates not checked")
         before = self.initial[1]
@@ -446,7 +432,6 @@ class Kit:
             yield "train_step left the model state unchanged", "see apply(training=True)"
 
     def compiles_once(self) -> Failures:
-        """A second and third training step compile nothing new (the model state and key keep their kinds)."""
         state = self.state()
         loss = state.losses["loss"]
         assert isinstance(loss, _CountingLoss)
@@ -462,7 +447,6 @@ class Kit:
             )
 
     def learns(self) -> Failures:
-        """A few steps of `train_loop` reduce the loss on a separable task."""
         _, losses = self.trained
         first, last = np.mean(losses[:5]), np.mean(losses[-5:])
         if not (np.isfinite(last) and last < 0.8 * first):
@@ -474,7 +458,6 @@ class Kit:
             )
 
     def to_model(self) -> Failures:
-        """`to_model`, where implemented, gives a model that predicts what `predict_step` does."""
         if not isinstance(self.adapter, SupportsToModel):
             raise Skipped("the adapter has no to_model")
         state, _ = self.trained
@@ -501,7 +484,6 @@ class Kit:
         )
 
     def strategies(self) -> Failures:
-        """Every requested strategy trains to the parameters `jit` gives, to float32 rounding."""
         others = [name for name in dict.fromkeys(self.requested) if name != "jit"]
         if not others:
             raise Skipped("only jit requested")
@@ -530,7 +512,6 @@ class Kit:
             raise Skipped("; ".join(self.skipped[f"strategies: {name}"] for name in others))
 
     def precision(self) -> Failures:
-        """Under `"bf16-mixed"` the model computes in bfloat16 and keeps float32 params and outputs."""
         # Batch norms reduce half-precision activations in float32 on purpose, which strict dtype
         # promotion refuses: users' default, standard promotion, is the one to check.
         with jax.numpy_dtype_promotion("standard"):
@@ -555,7 +536,6 @@ class Kit:
             yield f"predictions are {preds.outputs.preds.dtype}", "return float outputs"
 
     def accumulation(self) -> Failures:
-        """`accumulate_steps=4` updates the params at every 4th micro-batch, as one step on their join."""
         state = self.state(accumulate_steps=4)
         inputs, target = self.batches[0]
         quarter = BATCH // 4
@@ -584,7 +564,6 @@ class Kit:
             )
 
     def ema(self) -> Failures:
-        """`ema_decay` keeps `ema = decay * ema + (1 - decay) * params`; `with_ema_params` uses it."""
         decay = 0.75
         state = self.state(ema_decay=decay)
         ema = self.host(state)
@@ -603,7 +582,6 @@ class Kit:
             yield "with_ema_params() does not evaluate with the EMA", "see the params' structure"
 
     def resume(self) -> Failures:
-        """A backup taken mid-run resumes bit for bit: params, model state, optimizer, typed keys."""
         if importlib.util.find_spec("orbax") is None:
             raise Skipped('backups need orbax-checkpoint: pip install "ciclo-core[testing]"')
         state, batches = self.state(), self.batches[:6]
