@@ -41,17 +41,10 @@ _block: Callable[[Any], Any] = jax.block_until_ready
 
 
 class Timing(NamedTuple):
-    """What was measured at one number of steps per dispatch.
+    """What was measured at one number of steps per dispatch, in seconds."""
 
-    Attributes:
-        host: seconds for the host to return from a dispatch, without waiting for
-            the device (the loop's callbacks of the step and the step's call).
-        device: seconds per step from the dispatch until its result is ready
-            (blocked on), the dispatch's steps over its number of steps.
-    """
-
-    host: float
-    device: float
+    host: float  # for the host to return from a dispatch (the step's callbacks and call), not waiting
+    device: float  # per step, from the dispatch until its result is ready
 
 
 def loop_share(steps: int, timing: Timing) -> float:
@@ -272,7 +265,7 @@ class AutoSteps(Callback):
         self._compiled: set[int] = set()  # the Ks dispatched once already, in this process
         self._started: float | None = None  # the clock when the timed dispatch in flight began
         self._calibrated = 0  # the steps drawn while measuring
-        self._sizes: list[list[int]] = []  # the K of each group drawn while measuring, as [K, groups] runs
+        self._sizes: list[int] = []  # the K of each group drawn while measuring
         self._replay: collections.deque[int] = collections.deque()  # a resumed run's sizes, drawn again
         self._wanted, self._recording = 1, False  # the K of the group being drawn, and whether to record it
         self._announce = False  # the choice is still to be logged in the history
@@ -291,7 +284,8 @@ class AutoSteps(Callback):
             batches = itertools.chain([first], batches)
         for group in cut(batches, self._next_size, align=self._align, start=self._start, total=self._total):
             if self._recording:  # before the group is yielded: a backup after its step must know it
-                self._record(self._wanted, len(group))
+                self._sizes.append(self._wanted)
+                self._calibrated += len(group)
             self._position += len(group)
             yield group[0] if self._wanted == 1 else stack(group, self._count)
 
@@ -344,13 +338,6 @@ class AutoSteps(Callback):
         if self._align is not None:
             wanted = min(wanted, self._align - self._position % self._align)
         return largest_power_of_two(wanted)
-
-    def _record(self, wanted: int, steps: int) -> None:
-        if self._sizes and self._sizes[-1][0] == wanted:
-            self._sizes[-1][1] += 1
-        else:
-            self._sizes.append([wanted, 1])
-        self._calibrated += steps
 
     def before_step(self, state: Any, batch: Any) -> None:
         if self.chosen is not None:
@@ -447,7 +434,7 @@ class AutoSteps(Callback):
             "candidate": self._candidate,
             "calibrated": self._calibrated,
             "announce": self._announce,
-            "sizes": [list(run) for run in self._sizes],
+            "sizes": list(self._sizes),
             "timings": [
                 [steps, timing.host, timing.device]
                 for steps, timings in sorted(self._timed.items())
@@ -460,8 +447,8 @@ class AutoSteps(Callback):
         self._candidate = state["candidate"]
         self._calibrated = state["calibrated"]
         self._announce = state["announce"]
-        self._sizes = [[int(wanted), int(groups)] for wanted, groups in state["sizes"]]
-        self._replay = collections.deque(wanted for wanted, groups in self._sizes for _ in range(groups))
+        self._sizes = [int(wanted) for wanted in state["sizes"]]
+        self._replay = collections.deque(self._sizes)
         self._timed = {}
         for steps, host, device in state["timings"]:
             self._timed.setdefault(int(steps), []).append(Timing(float(host), float(device)))

@@ -313,6 +313,7 @@ class Kit:
             method = getattr(self.adapter, name, None)
             if not callable(method):
                 yield f"{type(self.adapter).__name__} has no method {name}", f"define {name}"
+                continue
             expected = inspect.signature(getattr(ModelAdapter, name))
             parameters = list(expected.parameters.values())[1:]
             args = [p.name for p in parameters if p.kind is inspect.Parameter.POSITIONAL_ONLY]
