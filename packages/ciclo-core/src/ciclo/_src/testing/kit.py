@@ -296,18 +296,20 @@ class Kit:
         return state, [float(loss) for loss in history.collect("loss")]
 
     @functools.cached_property
-    def random_training(self) -> bool:
-        """Whether training outputs or model state depend on the key (then routes cannot agree exactly)."""
-        inputs = self.batches[0][0]
-        return not _same(self.apply(inputs, seed=1, training=True), self.apply(inputs, seed=2, training=True))
-
-    @functools.cached_property
     def model_state_leaves(self) -> int:
         return len(jax.tree.leaves(self.initial[1]))
 
     # --- the clauses: each yields (seen, fix) for a check that fails --------------------------
 
     def protocol(self) -> Failures:
+        try:
+            hash(self.adapter)
+        except TypeError as error:
+            yield (
+                f"{type(self.adapter).__name__} is not hashable ({error})",
+                "an adapter is a static field of the state: make it a frozen dataclass with eq=False, "
+                "or a plain class",
+            )
         for name in ("init", "apply"):
             # Whether the methods exist is what this clause checks (ModelAdapter is not runtime_checkable).
             method = getattr(self.adapter, name, None)
@@ -325,14 +327,6 @@ class Kit:
                     f"{name}{inspect.signature(method)} cannot be called as ciclo calls it ({error})",
                     f"take the arguments of ciclo.types.ModelAdapter.{name}{expected}",
                 )
-        try:
-            hash(self.adapter)
-        except TypeError as error:
-            yield (
-                f"{type(self.adapter).__name__} is not hashable ({error})",
-                "an adapter is a static field of the state: make it a frozen dataclass with eq=False, "
-                "or a plain class",
-            )
 
     def init_kinds(self) -> Failures:
         params, model_state = self.initial
@@ -550,7 +544,9 @@ class Kit:
                     f"micro-batch {index + 1}",
                     "keep the params out of model_state, and return outputs per example",
                 )
-        if self.random_training or self.model_state_leaves:
+        # Training that depends on the key, or batch statistics: micro-batches cannot match their join.
+        random = not _same(*(self.apply(inputs, seed=s, training=True) for s in (1, 2)))
+        if random or self.model_state_leaves:
             self.skipped["accumulation: the joined batch"] = (
                 "training is random or has batch statistics: micro-batches differ from their join"
             )
@@ -624,16 +620,16 @@ def check_adapter(adapter: ModelAdapter, *, inputs: Any, **options: Unpack[KitOp
     """Checks every clause of the `ciclo.types.ModelAdapter` contract on a small synthetic task.
 
     The kit applies the model to `inputs` to learn its number of outputs,
-    builds a separable classification task with as many classes (inputs
-    shaped like `inputs`, 16 to a batch), and checks, in order (`CLAUSES`):
+    builds a separable classification task with as many classes (16 inputs
+    shaped like `inputs` to a batch), and checks, in order (`CLAUSES`):
 
-    - `protocol`: `init` and `apply` take the arguments ciclo passes; the
-      adapter is hashable;
+    - `protocol`: the adapter is hashable; `init` and `apply` take the
+      arguments ciclo passes;
     - `init_kinds`: `init` returns `(params, model_state)`, params a pytree of
       floating-point arrays, model state None or a pytree of arrays;
     - `deterministic_evaluation`: `apply(training=False)` gives the same
-      outputs whatever the key, and returns the model state's floating-point
-      leaves (batch statistics) unchanged (random keys may be reseeded);
+      outputs whatever the key and leaves the model state's floating-point
+      leaves (batch statistics) unchanged;
     - `key_use`: training gives the same outputs for the same key, and other
       outputs for another key (dropout);
     - `model_state_updates`: training updates the model state, keeping its
@@ -643,10 +639,9 @@ def check_adapter(adapter: ModelAdapter, *, inputs: Any, **options: Unpack[KitOp
     - `strategies`: each of `strategies` trains to `jit`'s parameters, to
       float32 rounding (`data_parallel` and `fsdp` on several devices only);
     - `to_model`: the model `to_model` gives predicts what `predict_step` does;
-    - `precision`, `accumulation`, `ema`: the training options behave as
-      documented (bfloat16 compute with float32 params; params updated every
-      `accumulate_steps`-th micro-batch, as one step on their join; the EMA
-      recurrence);
+    - `precision`, `accumulation`, `ema`: bfloat16 compute with float32 params;
+      params updated every `accumulate_steps`-th micro-batch, as one step on
+      their join; the EMA recurrence;
     - `resume`: a backup taken mid-run resumes bit for bit (needs the
       `checkpoint` or `testing` extra).
 
@@ -656,23 +651,19 @@ def check_adapter(adapter: ModelAdapter, *, inputs: Any, **options: Unpack[KitOp
             whose first axis is the batch (its size is replaced).
         **options: all optional (`KitOptions`; `AdapterTests` takes them as class attributes).
             `strategies`: the strategies that must agree with `jit` (default `("jit",)`).
-            `variables`: `(params, model_state)` for an adapter whose model is
-            built initialised (flax nnx, equinox), whose `init` refuses;
-            `init_kinds` then checks these.
-            `uses_key`: True for a model with dropout drawn from the key
-            (`key_use` then fails when training ignores the key); False to skip
-            `key_use`'s check that another key gives other outputs; None
-            (default) checks it where training outputs differ across keys and
-            skips it otherwise.
+            `variables`: `(params, model_state)` for a model built initialised
+            (flax nnx, equinox), whose `init` refuses; `init_kinds` checks these.
+            `uses_key`: True for a model with dropout (`key_use` then fails when
+            training ignores the key), False to skip that check; None (default)
+            checks it where training outputs differ across keys.
             `has_model_state`: True or False to require that `init` gives a
             model state, or none; None (default) takes what `init` gives.
             `call_model`: `call_model(model, inputs)` runs the model `to_model`
-            gives (e.g. `lambda variables, x: module.apply(variables, x)` for a
-            flax linen variables dict); by default the model is called when it
-            is callable, and `to_model` is skipped otherwise.
+            gives (e.g. `lambda variables, x: module.apply(variables, x)` for
+            flax linen); by default a callable model is called, else `to_model`
+            is skipped.
             `skip`: `{clause: why}` for clauses that cannot hold for this
-            framework, e.g. `{"precision": "Keras casts variables to its own
-            dtype policy"}`; the report lists them with the reason.
+            framework; the report lists them with the reason.
 
     Returns:
         The clauses checked, and those skipped with why.
