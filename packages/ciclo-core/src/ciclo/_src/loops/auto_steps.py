@@ -1,21 +1,8 @@
 """`train_loop(..., steps_per_execution="auto")`: the steps per dispatch, measured on the first steps.
 
-A dispatch costs the host about the same time (Python, the loop, the runtime)
-however many steps it runs, so running K steps in one `jax.lax.scan` spreads
-that cost over K. Auto measures, on the run's first batches (real training
-steps, none thrown away), the host time of one dispatch and the device time of
-one step at K = 1, 2, 4, ... as far as needed, and runs the rest of the run with
-the smallest K at which the loop's own cost is under 5% of a step's device time.
-
-Every group is a power of two of steps, those cut at an epoch's end or at
-`stop` too (a tail of 68 steps runs as 64 + 4): each group size is a program
-compiled once, so a run compiles at most the programs of 1, 2, 4, ..., 128
-steps, whatever K it chooses. What it measured is remembered in the process for
-the same step functions, state shapes and batch shapes: a later `train_loop`
-that would measure on no more steps reuses it, and compiles nothing new.
-
-`choose` is the decision alone, a function of given timings; `AutoSteps` groups
-the batches, times the groups and keeps what it measured.
+docs/performance.md ("Measured steps per dispatch") says what it measures, chooses, compiles and
+remembers. `choose` is the decision alone, a function of given timings; `AutoSteps` groups the
+batches, times the groups and keeps what it measured.
 """
 
 from __future__ import annotations
@@ -39,31 +26,13 @@ from ciclo._src.logs.logs import PERFORMANCE, Logs
 _log = logging.getLogger("ciclo")
 
 AUTO: Final = "auto"
-"""The value of `steps_per_execution` that asks for this."""
-
-TARGET_SHARE: Final = 0.05
-"""The loop's cost per step that auto accepts, as a share of a step's device time."""
-
-MAX_STEPS: Final = 128
-"""The most steps per dispatch auto chooses: a group's batches are on the device together."""
-
-CALIBRATION_STEPS: Final = 256
-"""The most training steps auto measures on."""
-
-CALIBRATION_SHARE: Final = 4
-"""Auto measures on at most 1/4 of the steps before `stop`, when known: each K measured costs a compile."""
-
-REPEATS: Final = 3
-"""Timed dispatches per K, after one untimed dispatch that compiles the step for that K."""
-
-COLLECTION: Final = PERFORMANCE
-"""The history collection of the chosen K (loggers write it; progress bars do not show it)."""
-
-ENTRY: Final = "steps_per_execution"
-"""The history entry of the chosen K."""
-
-REMEMBERED: Final = 32
-"""How many measurements (step functions, state and batch shapes) the process remembers, the latest."""
+TARGET_SHARE: Final = 0.05  # the loop's cost per step auto accepts, as a share of a step's device time
+MAX_STEPS: Final = 128  # a group's batches are on the device together
+CALIBRATION_STEPS: Final = 256  # the most training steps auto measures on
+CALIBRATION_SHARE: Final = 4  # and at most 1/4 of the steps before `stop`: each K measured compiles
+REPEATS: Final = 3  # timed dispatches per K, after one untimed dispatch that compiles it
+ENTRY: Final = "steps_per_execution"  # the chosen K's entry in the history's `performance` collection
+REMEMBERED: Final = 32  # the measurements (steps, state and batch shapes) the process remembers
 
 # The clock and the wait for the device, read at each use: tests replace them to measure
 # without timing anything.
@@ -72,17 +41,10 @@ _block: Callable[[Any], Any] = jax.block_until_ready
 
 
 class Timing(NamedTuple):
-    """What was measured at one number of steps per dispatch.
+    """What was measured at one number of steps per dispatch, in seconds."""
 
-    Attributes:
-        host: seconds for the host to return from a dispatch, without waiting for
-            the device (the loop's callbacks of the step and the step's call).
-        device: seconds per step from the dispatch until its result is ready
-            (blocked on), the dispatch's steps over its number of steps.
-    """
-
-    host: float
-    device: float
+    host: float  # for the host to return from a dispatch (the step's callbacks and call), not waiting
+    device: float  # per step, from the dispatch until its result is ready
 
 
 def loop_share(steps: int, timing: Timing) -> float:
@@ -167,10 +129,8 @@ def choose(timings: Mapping[int, Timing], cap: int) -> int:
 
 
 class _Measured(NamedTuple):
-    """What one `train_loop` measured: its timings, on a budget of steps."""
-
     timings: Mapping[int, Timing]
-    budget: int
+    budget: int  # the steps it measured on
 
 
 # What the runs of this process measured, by `signature` and the first batch's shapes, oldest first.
@@ -181,15 +141,15 @@ _remembered: collections.OrderedDict[Hashable, _Measured] = collections.OrderedD
 def _abstract(tree: Any) -> tuple[Any, ...]:
     """The tree's structure and its leaves' shapes, dtypes and shardings: what a compiled program is for."""
     leaves, treedef = jax.tree.flatten(tree)
-    return (treedef, *(_abstract_leaf(leaf) for leaf in leaves))
-
-
-def _abstract_leaf(leaf: Any) -> object:
-    if isinstance(leaf, jax.Array):
-        return leaf.shape, leaf.dtype, leaf.sharding
-    if isinstance(leaf, (np.ndarray, np.generic)):
-        return leaf.shape, leaf.dtype
-    return type(leaf)
+    return (
+        treedef,
+        *(
+            (leaf.shape, leaf.dtype, leaf.sharding if isinstance(leaf, jax.Array) else None)
+            if isinstance(leaf, (jax.Array, np.ndarray, np.generic))
+            else type(leaf)
+            for leaf in leaves
+        ),
+    )
 
 
 def signature(state: Any, steps: Sequence[Callable[..., Any]]) -> Hashable | None:
@@ -225,12 +185,9 @@ def largest_power_of_two(limit: int) -> int:
 
 
 def _agreed(value: int) -> int:
-    """`value` as process 0 has it: under several processes (`jax.distributed`), all run the same groups.
+    """`value` as process 0 has it: under `jax.distributed` all processes must run the same groups.
 
-    Each process measures its own timings, so each would choose on its own;
-    the group sizes must agree, or the processes' compiled steps would differ.
-    Every process calls this at the same step: the decisions fall at counts of
-    steps that the group sizes alone fix.
+    Every process calls this at the same step: the decisions fall at step counts the group sizes fix.
     """
     if jax.process_count() == 1:
         return value
@@ -258,20 +215,10 @@ def _describe(timings: Mapping[int, Timing]) -> str:
 class AutoSteps(Callback):
     """`steps_per_execution="auto"` for one `train_loop`: groups the batches, times them, chooses K.
 
-    `groups(dataset)` is the loop's dataset: single batches first, then
-    `ciclo.types.Stacked` groups of 2, 4, ... batches while it measures, then
-    groups of the chosen K, every group cut as `ciclo.stacked` cuts them (at
-    the epoch ends and at `stop`, to a power of two). `before_step` (the first
-    callback of each step) and `after_dispatch` (the last of the step's phase)
-    time the dispatches while it measures: each K's first dispatch compiles
-    and is not timed, the next `REPEATS` are. Once it chooses, they return at
-    once. With a `signature`, it first looks for what an earlier run of the
-    process measured on the same steps, state and batch shapes, on at least
-    as many steps as it would: then it measures nothing.
-
-    It is a stateful callback of the loop: a backup keeps the group sizes it
-    drew while measuring, its timings and its choice, so a resumed run draws
-    the same groups (and skips those the backed-up run trained on).
+    `groups(dataset)` is the loop's dataset; `before_step` (the first callback
+    of each step) and `after_dispatch` (the last of the step's phase) time the
+    dispatches while it measures. A backup keeps the group sizes it drew while
+    measuring, its timings and its choice: a resumed run draws the same groups.
 
     Args:
         align: the epoch's length in steps, if any: no group crosses an epoch's
@@ -292,7 +239,6 @@ class AutoSteps(Callback):
     """
 
     state_key = "steps_per_execution='auto'"
-    """The key of its state in a backup."""
 
     def __init__(
         self,
@@ -319,7 +265,7 @@ class AutoSteps(Callback):
         self._compiled: set[int] = set()  # the Ks dispatched once already, in this process
         self._started: float | None = None  # the clock when the timed dispatch in flight began
         self._calibrated = 0  # the steps drawn while measuring
-        self._sizes: list[list[int]] = []  # the K of each group drawn while measuring, as [K, groups] runs
+        self._sizes: list[int] = []  # the K of each group drawn while measuring
         self._replay: collections.deque[int] = collections.deque()  # a resumed run's sizes, drawn again
         self._wanted, self._recording = 1, False  # the K of the group being drawn, and whether to record it
         self._announce = False  # the choice is still to be logged in the history
@@ -338,12 +284,12 @@ class AutoSteps(Callback):
             batches = itertools.chain([first], batches)
         for group in cut(batches, self._next_size, align=self._align, start=self._start, total=self._total):
             if self._recording:  # before the group is yielded: a backup after its step must know it
-                self._record(self._wanted, len(group))
+                self._sizes.append(self._wanted)
+                self._calibrated += len(group)
             self._position += len(group)
             yield group[0] if self._wanted == 1 else stack(group, self._count)
 
     def _reuse(self, key: Hashable) -> None:
-        """Chooses K from an earlier run's measurement on `key`, if one measured on as many steps."""
         if self.chosen is not None:  # restored from a backup
             return
         try:
@@ -393,15 +339,7 @@ class AutoSteps(Callback):
             wanted = min(wanted, self._align - self._position % self._align)
         return largest_power_of_two(wanted)
 
-    def _record(self, wanted: int, steps: int) -> None:
-        if self._sizes and self._sizes[-1][0] == wanted:
-            self._sizes[-1][1] += 1
-        else:
-            self._sizes.append([wanted, 1])
-        self._calibrated += steps
-
     def before_step(self, state: Any, batch: Any) -> None:
-        """While measuring, the first callback of a step: waits for the device, then starts the clock."""
         if self.chosen is not None:
             return
         steps = steps_of(batch)
@@ -414,7 +352,6 @@ class AutoSteps(Callback):
         self._started = _clock()
 
     def after_dispatch(self, state: Any, batch: Any) -> Logs | None:
-        """The last callback of the step's phase: times the dispatch; logs K in the history once chosen."""
         started = self._started
         if started is not None:
             self._started = None
@@ -427,7 +364,7 @@ class AutoSteps(Callback):
                 self._next_candidate()
         if self._announce:
             self._announce = False
-            return Logs().add_entry(COLLECTION, ENTRY, self.chosen)
+            return Logs().add_entry(PERFORMANCE, ENTRY, self.chosen)
         return None
 
     def _next_candidate(self) -> None:
@@ -481,7 +418,6 @@ class AutoSteps(Callback):
         )
 
     def on_end(self, loop_state: Any, error: BaseException | None) -> None:
-        """At the loop's end: says so when it ended before a K was chosen."""
         if self.chosen is None and self._calibrated:
             timings = self._measured()
             _log.info(
@@ -493,13 +429,12 @@ class AutoSteps(Callback):
             )
 
     def state_dict(self) -> dict[str, Any]:
-        """The sizes of the groups drawn while measuring, the timings and the choice."""
         return {
             "chosen": self.chosen,
             "candidate": self._candidate,
             "calibrated": self._calibrated,
             "announce": self._announce,
-            "sizes": [list(run) for run in self._sizes],
+            "sizes": list(self._sizes),
             "timings": [
                 [steps, timing.host, timing.device]
                 for steps, timings in sorted(self._timed.items())
@@ -508,13 +443,12 @@ class AutoSteps(Callback):
         }
 
     def load_state_dict(self, state: Any, /) -> None:
-        """Takes back a `state_dict()`: the groups it lists are drawn again before any other."""
         self.chosen = state["chosen"]
         self._candidate = state["candidate"]
         self._calibrated = state["calibrated"]
         self._announce = state["announce"]
-        self._sizes = [[int(wanted), int(groups)] for wanted, groups in state["sizes"]]
-        self._replay = collections.deque(wanted for wanted, groups in self._sizes for _ in range(groups))
+        self._sizes = [int(wanted) for wanted in state["sizes"]]
+        self._replay = collections.deque(self._sizes)
         self._timed = {}
         for steps, host, device in state["timings"]:
             self._timed.setdefault(int(steps), []).append(Timing(float(host), float(device)))

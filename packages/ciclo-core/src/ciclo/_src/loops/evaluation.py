@@ -33,14 +33,12 @@ LoopFn = Callable[[Any], tuple[Any, History, Elapsed]]
 Reducer = Callable[[Sequence[Any], np.ndarray], Any]
 """An aggregation as applied: `(values, samples per step) -> value`."""
 
+# Per-batch values, reduced to their mean weighted by samples by default; other collections
+# (`stateful_metrics`, running values as Keras', `outputs`) keep their last value.
 PER_BATCH_COLLECTIONS: Final = ("metrics", "losses")
-"""Collections whose entries are per-batch values by default: their mean, weighted by samples."""
-
-RUNNING_COLLECTION: Final = "stateful_metrics"
-"""The collection of running values (Keras' `stateful_metrics`): each value covers all batches so far."""
 
 # Collections a dict may name although the inner loop logged nothing there (a test step with no losses).
-_KNOWN_COLLECTIONS: Final = frozenset((*PER_BATCH_COLLECTIONS, RUNNING_COLLECTION, "outputs"))
+_KNOWN_COLLECTIONS: Final = frozenset((*PER_BATCH_COLLECTIONS, "stateful_metrics", "outputs"))
 
 
 def _reduce(fn: Callable[..., Any], values: Sequence[Any]) -> Any:
@@ -115,22 +113,6 @@ class _Rules:
             )
 
 
-def default_aggregation(collection: str) -> AggregationName:
-    """The aggregation of an entry no rule names, by the kind its collection says it is.
-
-    Entries of `metrics` and `losses` are per-batch values: their mean over the
-    steps, each step weighted by its batch's samples, which does not depend on
-    how the data is cut into batches. Entries of `stateful_metrics` are running
-    values, each covering all the batches so far: the last one. Other
-    collections (`outputs`, ...) keep their last value.
-
-    Example:
-        >>> default_aggregation("metrics"), default_aggregation("stateful_metrics")
-        ('mean', 'last')
-    """
-    return "mean" if collection in PER_BATCH_COLLECTIONS else "last"
-
-
 def _samples_per_step(counts: list[tuple[int, int]], elapsed: Elapsed | None) -> np.ndarray:
     """The samples of each history entry's step, from the entries' `(steps, samples)` counts.
 
@@ -150,11 +132,10 @@ def _samples_per_step(counts: list[tuple[int, int]], elapsed: Elapsed | None) ->
 
 @dataclasses.dataclass
 class RunningSums:
-    """One loss's sums over the steps so far, from which `mean` gives its mean so far.
+    """One loss's sums over the steps so far: `add` gives the mean so far.
 
-    The mean is the one `aggregate`'s `"mean"` gives over the same steps
-    (`_weighted_mean`): weighted by samples, or, while no step counted samples
-    (plain Python values), by steps.
+    The mean `aggregate`'s `"mean"` gives over the same steps: weighted by
+    samples or, while no step counted samples (plain Python values), by steps.
 
     Example:
         >>> sums = RunningSums()
@@ -162,14 +143,10 @@ class RunningSums:
         (1.0, 1.5, 2.0)
     """
 
-    weighted: Any = 0.0
-    """The sum of each step's value times its samples."""
+    weighted: Any = 0.0  # the sum of each step's value times its samples
     samples: int = 0
-    """The samples of all the steps."""
-    total: Any = 0.0
-    """The sum of the values, each step weighing one."""
+    total: Any = 0.0  # the sum of the values, each step weighing one
     steps: int = 0
-    """The steps added."""
 
     def add(self, value: Any, samples: int) -> Any:
         """Adds one step's `value` of `samples` samples; returns the mean so far."""
@@ -177,11 +154,6 @@ class RunningSums:
         self.samples += samples
         self.total = self.total + value
         self.steps += 1
-        return self.mean
-
-    @property
-    def mean(self) -> Any:
-        """The mean over the steps added: weighted by samples once any step counted some."""
         return self.weighted / self.samples if self.samples > 0 else self.total / self.steps
 
 
@@ -291,7 +263,7 @@ class InnerLoop(Callback, Generic[S]):
 
         Each entry takes the first rule that names it: this callback's
         `aggregation`, then `state`'s running metrics (see `ciclo.inner_loop`),
-        then its kind's default (`default_aggregation`).
+        then its kind's default (see `ciclo.inner_loop`).
 
         Args:
             history: the inner loop's history.
@@ -314,24 +286,19 @@ class InnerLoop(Callback, Generic[S]):
             return Logs()
         if self._rules is not None:
             self._rules.check_names(list(values))
-        last: AggregationName = "last"
-        running = {**running_entries(state), **dict.fromkeys(history.running, last)}
-        rules = [rule for rule in (self._rules, running and _Rules(running, "running entries")) if rule]
+        running = {*running_entries(state), *history.running}  # paths of running values: the last
         samples = _samples_per_step(counts, elapsed)
         logs = Logs()
         suffix = f"_{self.name}" if self.name else ""
         for (collection, key), series in values.items():
-            reduce = _REDUCERS[default_aggregation(collection)]
-            for rule in rules:
-                found = rule.find(collection, key)
-                if found is not None:
-                    reduce = found
-                    break
+            reduce = None if self._rules is None else self._rules.find(collection, key)
+            if reduce is None:
+                per_batch = collection in PER_BATCH_COLLECTIONS and f"{collection}.{key}" not in running
+                reduce = _REDUCERS["mean" if per_batch else "last"]
             logs.add_entry(collection, key + suffix, reduce(series, samples[steps[(collection, key)]]))
         return logs
 
     def __loop_callback__(self, loop_state: LoopState[S]) -> CallbackOutput[S]:
-        """Runs the inner loop from the current state."""
         return self(loop_state.state)
 
 

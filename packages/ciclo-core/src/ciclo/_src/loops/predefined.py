@@ -141,11 +141,7 @@ def _run(
     settings: LoopSettings,
     backup_every: Any = None,
 ) -> tuple[S, History, Elapsed]:
-    """`run_phases` with a loop's shortcuts: `backup=`, `catch_keyboard_interrupt=`, begin and end callbacks.
-
-    The begin callbacks run at the loop's first step (not again in a run
-    resumed past it), before its phases; the end ones after its last step.
-    """
+    # Begin callbacks run at the first step (not again in a run resumed past it), end ones after the last.
     catch_keyboard_interrupt = settings.get("catch_keyboard_interrupt", True)
     check_bool(catch_keyboard_interrupt, "catch_keyboard_interrupt")
     backup, elapsed = settings.get("backup"), settings.get("elapsed")
@@ -180,18 +176,13 @@ def _step_loop(
     *,
     running: bool = True,
 ) -> tuple[S, History, Elapsed]:
-    """`test_loop` or `predict_loop`: batch begin, the step, the user's schedules, batch end, at each step.
-
-    A test loop logs its losses as their means so far (`RunningLosses`), unless `running` is False:
-    `train_loop`'s evaluation keeps them per batch, for its aggregation.
-    """
+    """`test_loop` or `predict_loop`; `train_loop`'s evaluation keeps losses per batch (`running=False`)."""
     loop_name = f"{prefix}_loop"
     _check_settings(loop_name, settings)
     names, protocol = (TEST, Evaluable) if prefix == "test" else (PREDICT, Predictable)
     named, scheduled = collect(names, tasks, state=state, callbacks=callbacks, loop_name=loop_name)
     steps = (f"{prefix}_step", f"on_{prefix}_step")
     _check_runs_something(state, named, scheduled, protocol, loop_name, steps)
-    # A test loop logs each loss as its mean so far, before the user's tasks and the batch-end hooks.
     running_losses = [RunningLosses(settings.get("batch_size_fn"))] if prefix == "test" and running else []
     phases = [
         Phase(f"{prefix}_batch_begin", [(every(1), _get(named, f"on_{prefix}_batch_begin"))]),
@@ -199,7 +190,6 @@ def _step_loop(
         Phase("tasks", scheduled),
         Phase(f"{prefix}_batch_end", [(every(1), _get(named, f"on_{prefix}_batch_end"))]),
     ]
-    # The test loop resets the state's metrics before its first step.
     begin = (
         _get(named, on_test_begin, reset_step, on_reset_step)
         if prefix == "test"
@@ -218,20 +208,15 @@ def _check_runs_something(
 ) -> None:
     if isinstance(state, protocol) or scheduled or any(named.values()):
         return
-    methods: dict[type, str] = {
-        Trainable: "train_step",
-        Evaluable: "test_step and reset_step",
-        Predictable: "predict_step",
-    }
+    methods = "test_step and reset_step" if protocol is Evaluable else steps[0]
     raise TypeError(
         f"{loop_name} has no step to run: the state ({type(state).__name__}) has no "
-        f"{methods[protocol]} method (see ciclo.types.{protocol.__name__}), and no callback was given "
+        f"{methods} method (see ciclo.types.{protocol.__name__}), and no callback was given "
         f"under {' or '.join(f'ciclo.hooks.{name}' for name in steps)}"
     )
 
 
 def _steps_per_execution(value: Any) -> int | Literal["auto"]:
-    """`steps_per_execution` checked: an int >= 1 or "auto"."""
     if isinstance(value, str) and value == AUTO:
         return AUTO
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -257,7 +242,6 @@ def _group_bounds(
 
 
 def _watch_training_options(named: Named, state: Any, max_skipped_steps: Any, stop: Period | None) -> None:
-    """Adds `TrainingOptionsWatch` for a `ModelState` that scales its loss or accumulates micro-batches."""
     scaling = isinstance(state, AbstractManagedState) and state.loss_scale is not None
     if max_skipped_steps is not None and (
         isinstance(max_skipped_steps, bool) or not isinstance(max_skipped_steps, int) or max_skipped_steps < 1
@@ -317,8 +301,7 @@ def loop(
             `logs`, `state` or `None` (no logs, the state unchanged).
         on_start: callback(s) run once, before the first step's tasks.
         on_end: callback(s) run once after the last step.
-        **settings: `stop`, `history`, `elapsed`, `catch_keyboard_interrupt`,
-            `metadata`, `batch_size_fn`, `backup` (see `ciclo.types.LoopSettings`).
+        **settings: the loop settings (`ciclo.types.LoopSettings`).
 
     Returns:
         `(state, history, elapsed)`: the final state, the history of logs, and
@@ -398,50 +381,29 @@ def train_loop(
         inner_loop_kwargs: passed to `ciclo.inner_loop` for the test loop.
         test_aggregation: how the test loop's entries become one value each,
             per entry (`{"accuracy": "mean", "top2": "last"}`), per collection
-            or for all (the `aggregation` of `ciclo.inner_loop`). Entries it
-            does not name follow the state's running metrics (its fields of
-            role `managed.Role.METRICS`: their last value is kept), else
-            their kind: per-batch `metrics` and `losses` are averaged
-            weighted by each batch's samples, running `stateful_metrics` keep
-            their last value.
+            or for all; entries it does not name follow the rules of
+            `ciclo.inner_loop` (running metrics keep their last value, per-batch
+            ones are averaged weighted by samples).
         test_with_ema: evaluate with the EMA of the weights (a state created
             with `ema_decay=`): adds `ciclo.swap_ema_weights()` to `callbacks`.
         steps_per_execution: run this many training steps per dispatch, as one
             compiled `jax.lax.scan` (Keras' `steps_per_execution`): the batches
             are grouped with `ciclo.stacked`, cut so that no group crosses an
             epoch's end or `stop`. Epochs, test loops and the history still see
-            every step (one history entry per step); other scheduled tasks and
-            progress bars run once per group. The state's `train_step` must take
-            `ciclo.types.Stacked` batches: managed steps (`ciclo.types.ModelState`,
-            `managed.train_step`) do, and so does a `ciclo.fuse`d step.
-            `"auto"` measures on the first steps (256 at most, a quarter of
-            the run at most; real training steps) the host time of a dispatch
-            and the device time of a step at 1, 2, 4, ... steps per dispatch,
-            and runs the rest with the smallest power of two (at most 128 and
-            the epoch's length) at which the loop costs under 5% of a step;
-            groups cut at an epoch's end or at `stop` are powers of two too, so
-            that no new program is compiled. A later `train_loop` of the process
-            with the same steps, state shapes and batch shapes, on no more
-            steps to measure, reuses the measurement and measures nothing. The
-            chosen value is logged in the history as
-            `performance.steps_per_execution` and on the `ciclo` logger.
-        prefetch: put this many training batches (or `steps_per_execution`
-            groups) on their devices ahead of the step that takes them, with
-            `ciclo.prefetch_to_device` and the state's strategy (a
-            `managed.ManagedState`'s `strategy`; else the default device). The
-            data position stays exact: a backup resumes at the first batch the
-            loop did not take, and a dataset iterator with `set_state` (grain's)
-            is moved back there when the loop returns. 0 or None: no prefetch.
-        max_skipped_steps: under loss scaling (a `ciclo.types.ModelState` with
-            `precision="16-mixed"`), stop the loop once this many steps in a row
-            were skipped for gradients that were not finite, with a warning
-            (`ciclo.terminate_on_nan` style: seen within 20 steps, without a
-            device sync per step). Whatever it is, the loop warns after 20
-            steps skipped in a row, or a step skipped at the loss scale's
-            floor (docs/recipes.md, "Mixed precision").
-        **settings: `stop`, `history`, `elapsed`, `catch_keyboard_interrupt`,
-            `metadata`, `batch_size_fn`, `backup` (see `ciclo.types.LoopSettings`;
-            a backup is made at each epoch's end by default).
+            every step; other scheduled tasks and progress bars run once per
+            group. The `train_step` must take `ciclo.types.Stacked` batches (managed
+            steps and `ciclo.fuse`d steps do). `"auto"` measures the best power of
+            two on the first steps and logs it as `performance.steps_per_execution`
+            (docs/performance.md, "Measured steps per dispatch").
+        prefetch: put this many training batches (or groups) on their devices
+            ahead of the step that takes them (`ciclo.prefetch_to_device`, with a
+            managed state's strategy); a backup still resumes at the first batch
+            the loop did not take (docs/data.md). 0 or None: no prefetch.
+        max_skipped_steps: under loss scaling (`precision="16-mixed"`), stop the
+            loop with a warning once this many steps in a row were skipped for
+            gradients that were not finite (docs/recipes.md, "Mixed precision").
+        **settings: the loop settings (`ciclo.types.LoopSettings`; a backup is
+            made at each epoch's end by default).
 
     Returns:
         `(state, history, elapsed)`.
@@ -614,8 +576,7 @@ def test_loop(
         dataset: the test batches.
         tasks: `{named schedule or schedule: callbacks}`.
         callbacks: objects whose named test hooks are registered by name.
-        **settings: `stop`, `history`, `elapsed`, `catch_keyboard_interrupt`,
-            `metadata`, `batch_size_fn`, `backup` (see `ciclo.types.LoopSettings`).
+        **settings: the loop settings (`ciclo.types.LoopSettings`).
 
     Raises:
         TypeError: if the state is not a `ciclo.types.Evaluable` and `tasks` hold no step.

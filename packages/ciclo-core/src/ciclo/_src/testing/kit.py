@@ -16,7 +16,7 @@ import functools
 import importlib.util
 import inspect
 import tempfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Final, NoReturn, TypedDict, Unpack
 
 import jax
@@ -51,20 +51,11 @@ CLAUSES: Final = (
 )
 """The clauses of the `ModelAdapter` contract, in the order `check_adapter` runs them."""
 
-MESH_STRATEGIES: Final = ("data_parallel", "fsdp")
-"""The strategies whose agreement with `jit` means something only on several devices."""
-
-BATCH: Final = 16
-"""The task's batch size: 4 micro-batches of 4 for accumulation, and 1, 2, 4, 8 or 16 devices."""
-
-STEPS: Final = 30
-"""The training batches of the task: `learns` trains on all of them, the other clauses on a few."""
-
-TX: Final = optax.sgd(0.05, momentum=0.9)
-"""One optimizer for every state the kit builds: plain enough that two strategies agree to rounding."""
-
-RTOL, ATOL = 1e-5, 1e-6
-"""float32 rounding: how close two strategies' (or two routes') parameters must be."""
+MESH_STRATEGIES: Final = ("data_parallel", "fsdp")  # checked against jit on several devices only
+BATCH: Final = 16  # 4 micro-batches of 4 for accumulation, and 1, 2, 4, 8 or 16 devices
+STEPS: Final = 30  # the task's batches: `learns` trains on all of them, the other clauses on a few
+TX: Final = optax.sgd(0.05, momentum=0.9)  # plain enough that two strategies agree to rounding
+RTOL, ATOL = 1e-5, 1e-6  # float32 rounding: how close two strategies' (or routes') parameters must be
 
 
 class KitOptions(TypedDict, total=False):
@@ -133,6 +124,12 @@ def _same(a: Any, b: Any) -> bool:
     )
 
 
+def _close(a: list[np.ndarray], b: list[np.ndarray], atol: float = ATOL) -> bool:
+    return len(a) == len(b) and all(
+        np.allclose(x, y, rtol=RTOL, atol=atol) for x, y in zip(a, b, strict=True)
+    )
+
+
 def _farthest(a: Any, b: Any) -> float:
     """The largest absolute difference between the float leaves of two pytrees of one structure."""
     pairs = zip(_float_leaves(a), _float_leaves(b), strict=True)
@@ -142,15 +139,6 @@ def _farthest(a: Any, b: Any) -> float:
 def _signature(tree: Any) -> str:
     """The structure of `tree` with each leaf as its dtype and shape, e.g. `{'mean': 'float32[1, 8]'}`."""
     return short(jax.tree.map(lambda x: f"{jnp.result_type(x)}{list(np.shape(x))}", tree))
-
-
-def _kinds(tree: Any) -> list[tuple[str, str]]:
-    """Each leaf of `tree` that is not an array, as (path, value)."""
-    return [
-        (jax.tree_util.keystr(path), short(leaf))
-        for path, leaf in jax.tree_util.tree_leaves_with_path(tree)
-        if not isinstance(leaf, (jax.Array, np.ndarray))
-    ]
 
 
 def matmul_dtypes(state: ModelState, inputs: Any) -> set[str]:
@@ -193,6 +181,10 @@ class _Crash(Exception):
     pass
 
 
+Failures = Iterator[tuple[str, str]]
+"""What a clause yields for each check that fails: what was seen, and the fix (`run` raises the first)."""
+
+
 class Kit:
     """One adapter under test: its task, and the states the clauses share (each compiles once)."""
 
@@ -206,8 +198,7 @@ class Kit:
         strategies = options.get("strategies", ("jit",))
         variables = options.get("variables")
         skip = dict(options.get("skip") or {})
-        unknown_clauses = sorted(set(skip) - set(CLAUSES))
-        if unknown_clauses or not all(isinstance(why, str) and why for why in skip.values()):
+        if set(skip) - set(CLAUSES) or not all(isinstance(why, str) and why for why in skip.values()):
             raise ValueError(
                 f"skip must map clauses of {short(CLAUSES)} to why each is skipped, e.g. "
                 f"skip={{'precision': 'the framework casts to its own dtype policy'}}; got {short(skip)}"
@@ -228,7 +219,7 @@ class Kit:
             raise TypeError(f"variables must be (params, model_state); got {short(variables)}")
         self.adapter = adapter
         self.inputs = inputs
-        self.strategies = tuple(strategies)
+        self.requested = tuple(strategies)
         self.variables = variables
         self.uses_key = options.get("uses_key")
         self.has_model_state = options.get("has_model_state")
@@ -294,6 +285,10 @@ class Kit:
             **options,
         )
 
+    def host(self, state: ModelState, what: str = "params") -> list[np.ndarray]:
+        """The float leaves of a state's `params` (or another field), on the host."""
+        return _float_leaves(getattr(state.with_strategy("eager"), what))
+
     @functools.cached_property
     def trained(self) -> tuple[ModelState, list[float]]:
         """The `jit` state after `train_loop` on the whole task, and its losses."""
@@ -301,26 +296,26 @@ class Kit:
         return state, [float(loss) for loss in history.collect("loss")]
 
     @functools.cached_property
-    def random_training(self) -> bool:
-        """Whether training outputs or model state depend on the key (then routes cannot agree exactly)."""
-        return not _same(
-            self.apply(self.batches[0][0], seed=1, training=True),
-            self.apply(self.batches[0][0], seed=2, training=True),
-        )
-
-    @functools.cached_property
     def model_state_leaves(self) -> int:
         return len(jax.tree.leaves(self.initial[1]))
 
-    # --- the clauses ---------------------------------------------------------------------------
+    # --- the clauses: each yields (seen, fix) for a check that fails --------------------------
 
-    def protocol(self) -> None:
-        """`init` and `apply` take the arguments ciclo passes; the adapter hashes (it is a static field)."""
+    def protocol(self) -> Failures:
+        try:
+            hash(self.adapter)
+        except TypeError as error:
+            yield (
+                f"{type(self.adapter).__name__} is not hashable ({error})",
+                "an adapter is a static field of the state: make it a frozen dataclass with eq=False, "
+                "or a plain class",
+            )
         for name in ("init", "apply"):
             # Whether the methods exist is what this clause checks (ModelAdapter is not runtime_checkable).
             method = getattr(self.adapter, name, None)
             if not callable(method):
-                fail("protocol", f"{type(self.adapter).__name__} has no method {name}", f"define {name}")
+                yield f"{type(self.adapter).__name__} has no method {name}", f"define {name}"
+                continue
             expected = inspect.signature(getattr(ModelAdapter, name))
             parameters = list(expected.parameters.values())[1:]
             args = [p.name for p in parameters if p.kind is inspect.Parameter.POSITIONAL_ONLY]
@@ -328,36 +323,24 @@ class Kit:
             try:
                 inspect.signature(method).bind(*args, **kwargs)
             except TypeError as error:
-                fail(
-                    "protocol",
+                yield (
                     f"{name}{inspect.signature(method)} cannot be called as ciclo calls it ({error})",
                     f"take the arguments of ciclo.types.ModelAdapter.{name}{expected}",
                 )
-        try:
-            hash(self.adapter)
-        except TypeError as error:
-            fail(
-                "protocol",
-                f"{type(self.adapter).__name__} is not hashable ({error})",
-                "an adapter is a static field of the state: make it a frozen dataclass with eq=False, "
-                "or a plain class",
-            )
 
-    def init_kinds(self) -> None:
-        """`init` gives `(params, model_state)`: floating-point params, model state None or arrays."""
+    def init_kinds(self) -> Failures:
         params, model_state = self.initial
         source = "the variables given" if self.variables is not None else "init"
         if not jax.tree.leaves(params):
-            fail(
-                "init_kinds",
-                f"{source} gave params with no leaves: {short(params)}",
-                "return the trained arrays",
-            )
+            yield f"{source} gave params with no leaves: {short(params)}", "return the trained arrays"
         for name, tree in (("params", params), ("model_state", model_state)):
-            odd = _kinds(tree)
+            odd = [
+                (jax.tree_util.keystr(path), short(leaf))
+                for path, leaf in jax.tree_util.tree_leaves_with_path(tree)
+                if not isinstance(leaf, (jax.Array, np.ndarray))
+            ]
             if odd:
-                fail(
-                    "init_kinds",
+                yield (
                     f"{source} gave {name} with leaves that are not arrays: {short(odd)}",
                     f"make every leaf of {name} a jax array (jnp.asarray); keep settings in the adapter",
                 )
@@ -367,26 +350,22 @@ class Kit:
             if not jnp.issubdtype(leaf.dtype, jnp.floating)
         ]
         if integral:
-            fail(
-                "init_kinds",
+            yield (
                 f"{source} gave params whose leaves {short(integral)} are not floating point",
                 "params are what the optimizer trains: move counters, keys and integer tables to model_state",
             )
         if self.has_model_state is not None and self.has_model_state != bool(self.model_state_leaves):
-            fail(
-                "init_kinds",
+            yield (
                 f"{source} gave model_state {short(model_state)}, but has_model_state={self.has_model_state}",
                 "return the model's own state (batch statistics) as model_state, and None when it has none",
             )
 
-    def deterministic_evaluation(self) -> None:
-        """`apply(training=False)`: the same outputs whatever the key; the statistics left alone."""
+    def deterministic_evaluation(self) -> Failures:
         self.classes  # noqa: B018 - checks the outputs' shape
         inputs = self.batches[0][0]
         (first, state_first), (second, _) = (self.apply(inputs, seed=s, training=False) for s in (1, 2))
         if not _same(first, second):
-            fail(
-                "deterministic_evaluation",
+            yield (
                 f"apply(training=False) gave outputs that differ by up to {_farthest(first, second):.3g} "
                 "for two keys",
                 "draw no randomness from `key` when training is False (dropout off in evaluation)",
@@ -394,32 +373,27 @@ class Kit:
         # Floating-point leaves only: an adapter may reseed its random keys from `key` in every call
         # (ciclo-flax's nnx adapter does), which changes no output.
         if not _same(_float_leaves(state_first), _float_leaves(self.initial[1])):
-            fail(
-                "deterministic_evaluation",
+            yield (
                 "apply(training=False) returned a model_state whose statistics differ from those given",
                 "return the model_state unchanged when training is False (statistics read, not updated)",
             )
         state = self.state()
         _, tested = state.test_step(self.batches[0])
         if not _same(_float_leaves(tested.model_state), _float_leaves(state.model_state)):
-            fail("deterministic_evaluation", "test_step changed the model state", "see apply(training=False)")
+            yield "test_step changed the model state", "see apply(training=False)"
 
-    def key_use(self) -> None:
-        """Training draws its randomness from the key: one key the same outputs, another key others."""
+    def key_use(self) -> Failures:
         inputs = self.batches[0][0]
         if not _same(self.apply(inputs, seed=1, training=True), self.apply(inputs, seed=1, training=True)):
-            fail(
-                "key_use",
+            yield (
                 "apply(training=True) gave different results for the same key",
                 "draw every random number from `key` (no global or Python randomness)",
             )
         if self.uses_key is False:
             raise Skipped("uses_key=False: key use not checked")
-        outputs = [self.apply(inputs, seed=s, training=True)[0] for s in (1, 2)]
-        if _same(*outputs):
+        if _same(*(self.apply(inputs, seed=s, training=True)[0] for s in (1, 2))):
             if self.uses_key:
-                fail(
-                    "key_use",
+                yield (
                     "apply(training=True) gave the same outputs for two keys, but uses_key=True",
                     "draw dropout masks (and any noise) from the `key` apply is given, not from a fixed key",
                 )
@@ -427,8 +401,7 @@ class Kit:
                 "training gives the same outputs whatever the key (no dropout): key use not checked"
             )
 
-    def model_state_updates(self) -> None:
-        """Training updates the model state, keeping its structure, shapes and dtypes."""
+    def model_state_updates(self) -> Failures:
         if not self.model_state_leaves:
             raise Skipped("no model state: updates not checked")
         before = self.initial[1]
@@ -437,15 +410,13 @@ class Kit:
         if str(jax.tree.structure(after)) != str(jax.tree.structure(before)) or kinds != [
             (np.shape(x), jnp.result_type(x)) for x in jax.tree.leaves(after)
         ]:
-            fail(
-                "model_state_updates",
+            yield (
                 f"apply(training=True) returned a model_state of another structure, shape or dtype: "
                 f"{_signature(after)} for {_signature(before)}",
                 "return the updated model_state with the structure, shapes and dtypes init gave",
             )
         if _same(before, after):
-            fail(
-                "model_state_updates",
+            yield (
                 "apply(training=True) returned the model_state it was given, unchanged",
                 "return the updated state (new batch statistics) when training is True, or return None "
                 "from init when the model has no state of its own",
@@ -453,12 +424,9 @@ class Kit:
         state = self.state()
         _, trained = state.train_step(self.batches[0])
         if _same(trained.model_state, state.model_state):
-            fail(
-                "model_state_updates", "train_step left the model state unchanged", "see apply(training=True)"
-            )
+            yield "train_step left the model state unchanged", "see apply(training=True)"
 
-    def compiles_once(self) -> None:
-        """A second and third training step compile nothing new (the model state and key keep their kinds)."""
+    def compiles_once(self) -> Failures:
         state = self.state()
         loss = state.losses["loss"]
         assert isinstance(loss, _CountingLoss)
@@ -467,33 +435,28 @@ class Kit:
         for batch in self.batches[1:3]:
             _, state = state.train_step(batch)
         if loss.traces != traced:
-            fail(
-                "compiles_once",
+            yield (
                 f"the training step was traced {loss.traces - traced} more time(s) after the first step",
                 "return a model_state with the structure, dtypes and weak types init gave (e.g. jnp.asarray("
                 "x, jnp.float32), not Python numbers), so each step runs the same compiled program",
             )
 
-    def learns(self) -> None:
-        """A few steps of `train_loop` reduce the loss on a separable task."""
+    def learns(self) -> Failures:
         _, losses = self.trained
         first, last = np.mean(losses[:5]), np.mean(losses[-5:])
         if not (np.isfinite(last) and last < 0.8 * first):
-            fail(
-                "learns",
+            yield (
                 f"{len(losses)} steps of sgd on a separable {self.classes}-class task took the loss from "
                 f"{first:.4g} to {last:.4g}",
                 "check that apply's outputs depend on the params it is given (not on copies captured at "
                 "init) and that gradients flow through them",
             )
 
-    def to_model(self) -> None:
-        """`to_model`, where implemented, gives a model that predicts what `predict_step` does."""
+    def to_model(self) -> Failures:
         if not isinstance(self.adapter, SupportsToModel):
             raise Skipped("the adapter has no to_model")
         state, _ = self.trained
-        model = state.model
-        inputs = self.batches[0][0]
+        model, inputs = state.model, self.batches[0][0]
         if self.call_model is not None:
             preds = self.call_model(model, inputs)
         elif callable(model):
@@ -505,23 +468,18 @@ class Kit:
         logs, _ = state.predict_step(inputs)
         expected = np.asarray(logs.outputs.preds)
         if np.shape(preds) != expected.shape:
-            fail(
-                "to_model",
-                f"the model to_model gives predicted shape {np.shape(preds)} where predict_step gave "
-                f"{expected.shape}",
-                "build the model from the params and model_state to_model is given, in evaluation mode",
-            )
-        if not np.allclose(preds, expected, rtol=RTOL, atol=1e-5):
-            fail(
-                "to_model",
-                f"the model to_model gives predicted up to {_farthest(np.asarray(preds), expected):.3g} away "
-                "from predict_step",
-                "build the model from the params and model_state to_model is given, in evaluation mode",
-            )
+            seen = f"predicted shape {np.shape(preds)} where predict_step gave {expected.shape}"
+        elif not np.allclose(preds, expected, rtol=RTOL, atol=1e-5):
+            seen = f"predicted up to {_farthest(np.asarray(preds), expected):.3g} away from predict_step"
+        else:
+            return
+        yield (
+            f"the model to_model gives {seen}",
+            "build the model from the params and model_state to_model is given, in evaluation mode",
+        )
 
-    def strategy_agreement(self) -> None:
-        """Every requested strategy trains to the parameters `jit` gives, to float32 rounding."""
-        others = [name for name in dict.fromkeys(self.strategies) if name != "jit"]
+    def strategies(self) -> Failures:
+        others = [name for name in dict.fromkeys(self.requested) if name != "jit"]
         if not others:
             raise Skipped("only jit requested")
         checked = []
@@ -535,14 +493,10 @@ class Kit:
             for batch in self.batches[:3]:
                 _, reference = reference.train_step(batch)
                 _, state = state.train_step(batch)
-            got, want = state.with_strategy("eager"), reference.with_strategy("eager")
             for what in ("params", "model_state"):
-                a, b = _float_leaves(getattr(got, what)), _float_leaves(getattr(want, what))
-                if len(a) != len(b) or not all(
-                    np.allclose(x, y, rtol=RTOL, atol=ATOL) for x, y in zip(a, b, strict=True)
-                ):
-                    fail(
-                        "strategies",
+                a, b = self.host(state, what), self.host(reference, what)
+                if not _close(a, b):
+                    yield (
                         f"after 3 steps under {name!r} the {what} differ from jit's by up to "
                         f"{_farthest(a, b) if len(a) == len(b) else float('inf'):.3g}",
                         "compute with the arrays apply is given (no host round trips, no per-device "
@@ -552,101 +506,79 @@ class Kit:
         if not checked:
             raise Skipped("; ".join(self.skipped[f"strategies: {name}"] for name in others))
 
-    def precision(self) -> None:
-        """Under `"bf16-mixed"` the model computes in bfloat16 and keeps float32 params and outputs."""
+    def precision(self) -> Failures:
         # Batch norms reduce half-precision activations in float32 on purpose, which strict dtype
         # promotion refuses: users' default, standard promotion, is the one to check.
         with jax.numpy_dtype_promotion("standard"):
             state = self.state(precision="bf16-mixed")
             dtypes = matmul_dtypes(state, self.batches[0][0])
             if dtypes and "bfloat16" not in dtypes:
-                fail(
-                    "precision",
+                yield (
                     f"under precision='bf16-mixed' the model's matrix products ran in {sorted(dtypes)}",
                     "compute with the (cast) params and inputs apply is given; cast nothing back to float32",
                 )
             for batch in self.batches[:2]:
                 logs, state = state.train_step(batch)
             preds, _ = state.predict_step(self.batches[0][0])
-        host = state.with_strategy("eager")
-        kinds = {leaf.dtype for leaf in _float_leaves((host.params, host.opt_state))}
+        kinds = {leaf.dtype for leaf in self.host(state) + self.host(state, "opt_state")}
         if not np.isfinite(float(logs.losses.loss)) or kinds != {np.dtype("float32")}:
-            fail(
-                "precision",
+            yield (
                 f"under precision='bf16-mixed' two steps gave loss {float(logs.losses.loss)} and params "
                 f"of dtypes {sorted(map(str, kinds))}",
                 "return params in the dtype apply is given them in; ciclo keeps the float32 copy",
             )
         if preds.outputs.preds.dtype != jnp.float32:
-            fail("precision", f"predictions are {preds.outputs.preds.dtype}", "return float outputs")
+            yield f"predictions are {preds.outputs.preds.dtype}", "return float outputs"
 
-    def accumulation(self) -> None:
-        """`accumulate_steps=4` updates the params at every 4th micro-batch, as one step on their join."""
+    def accumulation(self) -> Failures:
         state = self.state(accumulate_steps=4)
         inputs, target = self.batches[0]
         quarter = BATCH // 4
-        initial = state.with_strategy("eager").params
+        initial = self.host(state)
         for index in range(4):
-            micro = (
-                inputs[index * quarter : (index + 1) * quarter],
-                target[index * quarter : (index + 1) * quarter],
-            )
-            _, state = state.train_step(micro)
-            params = state.with_strategy("eager").params
-            if (index < 3) != _same(params, initial):
-                fail(
-                    "accumulation",
+            part = slice(index * quarter, (index + 1) * quarter)
+            _, state = state.train_step((inputs[part], target[part]))
+            if (index < 3) != _same(self.host(state), initial):
+                yield (
                     f"with accumulate_steps=4 the params {'changed' if index < 3 else 'stayed'} at "
                     f"micro-batch {index + 1}",
                     "keep the params out of model_state, and return outputs per example",
                 )
-        if self.random_training or self.model_state_leaves:
+        # Training that depends on the key, or batch statistics: micro-batches cannot match their join.
+        random = not _same(*(self.apply(inputs, seed=s, training=True) for s in (1, 2)))
+        if random or self.model_state_leaves:
             self.skipped["accumulation: the joined batch"] = (
                 "training is random or has batch statistics: micro-batches differ from their join"
             )
             return
         _, joined = self.state().train_step(self.batches[0])
-        farthest = _farthest(params, joined.with_strategy("eager").params)
-        if not all(
-            np.allclose(a, b, rtol=RTOL, atol=ATOL)
-            for a, b in zip(
-                _float_leaves(params), _float_leaves(joined.with_strategy("eager").params), strict=True
-            )
-        ):
-            fail(
-                "accumulation",
-                f"4 accumulated micro-batches gave params up to {farthest:.3g} from one step on their join",
+        if not _close(self.host(state), self.host(joined)):
+            yield (
+                f"4 accumulated micro-batches gave params up to "
+                f"{_farthest(self.host(state), self.host(joined)):.3g} from one step on their join",
                 "compute each example's outputs from that example alone (no batch-wide statistics in "
                 "apply without model_state)",
             )
 
-    def ema(self) -> None:
-        """`ema_decay` keeps `ema = decay * ema + (1 - decay) * params`; `with_ema_params` uses it."""
+    def ema(self) -> Failures:
         decay = 0.75
         state = self.state(ema_decay=decay)
-        ema = _float_leaves(state.with_strategy("eager").params)
+        ema = self.host(state)
         for batch in self.batches[:3]:
             _, state = state.train_step(batch)
-            host = state.with_strategy("eager")
             ema = [
                 np.float32(decay) * e + np.float32(1 - decay) * p
-                for e, p in zip(ema, _float_leaves(host.params), strict=True)
+                for e, p in zip(ema, self.host(state), strict=True)
             ]
-            if not all(
-                np.allclose(a, b, rtol=RTOL, atol=1e-7)
-                for a, b in zip(_float_leaves(host.ema_params), ema, strict=True)
-            ):
-                fail(
-                    "ema",
+            if not _close(self.host(state, "ema_params"), ema, atol=1e-7):
+                yield (
                     "the EMA of the params does not follow ema = decay * ema + (1 - decay) * params",
                     "keep every trained array in params (nothing trained in model_state)",
                 )
-        averaged = state.with_ema_params()
-        if not _same(averaged.with_strategy("eager").params, state.with_strategy("eager").ema_params):
-            fail("ema", "with_ema_params() does not evaluate with the EMA", "see the params' structure")
+        if not _same(self.host(state.with_ema_params()), self.host(state, "ema_params")):
+            yield "with_ema_params() does not evaluate with the EMA", "see the params' structure"
 
-    def resume(self) -> None:
-        """A backup taken mid-run resumes bit for bit: params, model state, optimizer, typed keys."""
+    def resume(self) -> Failures:
         if importlib.util.find_spec("orbax") is None:
             raise Skipped('backups need orbax-checkpoint: pip install "ciclo-core[testing]"')
         state, batches = self.state(), self.batches[:6]
@@ -664,8 +596,7 @@ class Kit:
                 pass
             resumed, _, elapsed = train_loop(state, batches, backup=resumable)
         if elapsed.steps != 6 or not _same(resumed.with_strategy("eager"), expected.with_strategy("eager")):
-            fail(
-                "resume",
+            yield (
                 "a run resumed from its backup at step 4 ended with other arrays than the run not stopped",
                 "keep every array the model needs in params or model_state (random keys as jax.random.key "
                 "arrays or their key data), none in the adapter",
@@ -673,12 +604,12 @@ class Kit:
 
     def run(self, clause: str) -> str | None:
         """Runs one clause: None when it held, the reason when it was skipped."""
-        method = {"strategies": self.strategy_agreement}.get(clause) or getattr(self, clause)
         if clause in self.skip:
             self.skipped[clause] = f"skipped by the caller: {self.skip[clause]}"
             return self.skipped[clause]
         try:
-            method()
+            for seen, fix in getattr(self, clause)():
+                fail(clause, seen, fix)
         except Skipped as skipped:
             self.skipped[clause] = str(skipped)
             return str(skipped)
@@ -689,16 +620,16 @@ def check_adapter(adapter: ModelAdapter, *, inputs: Any, **options: Unpack[KitOp
     """Checks every clause of the `ciclo.types.ModelAdapter` contract on a small synthetic task.
 
     The kit applies the model to `inputs` to learn its number of outputs,
-    builds a separable classification task with as many classes (inputs
-    shaped like `inputs`, 16 to a batch), and checks, in order (`CLAUSES`):
+    builds a separable classification task with as many classes (16 inputs
+    shaped like `inputs` to a batch), and checks, in order (`CLAUSES`):
 
-    - `protocol`: `init` and `apply` take the arguments ciclo passes; the
-      adapter is hashable;
+    - `protocol`: the adapter is hashable; `init` and `apply` take the
+      arguments ciclo passes;
     - `init_kinds`: `init` returns `(params, model_state)`, params a pytree of
       floating-point arrays, model state None or a pytree of arrays;
     - `deterministic_evaluation`: `apply(training=False)` gives the same
-      outputs whatever the key, and returns the model state's floating-point
-      leaves (batch statistics) unchanged (random keys may be reseeded);
+      outputs whatever the key and leaves the model state's floating-point
+      leaves (batch statistics) unchanged;
     - `key_use`: training gives the same outputs for the same key, and other
       outputs for another key (dropout);
     - `model_state_updates`: training updates the model state, keeping its
@@ -708,10 +639,9 @@ def check_adapter(adapter: ModelAdapter, *, inputs: Any, **options: Unpack[KitOp
     - `strategies`: each of `strategies` trains to `jit`'s parameters, to
       float32 rounding (`data_parallel` and `fsdp` on several devices only);
     - `to_model`: the model `to_model` gives predicts what `predict_step` does;
-    - `precision`, `accumulation`, `ema`: the training options behave as
-      documented (bfloat16 compute with float32 params; params updated every
-      `accumulate_steps`-th micro-batch, as one step on their join; the EMA
-      recurrence);
+    - `precision`, `accumulation`, `ema`: bfloat16 compute with float32 params;
+      params updated every `accumulate_steps`-th micro-batch, as one step on
+      their join; the EMA recurrence;
     - `resume`: a backup taken mid-run resumes bit for bit (needs the
       `checkpoint` or `testing` extra).
 
@@ -721,23 +651,19 @@ def check_adapter(adapter: ModelAdapter, *, inputs: Any, **options: Unpack[KitOp
             whose first axis is the batch (its size is replaced).
         **options: all optional (`KitOptions`; `AdapterTests` takes them as class attributes).
             `strategies`: the strategies that must agree with `jit` (default `("jit",)`).
-            `variables`: `(params, model_state)` for an adapter whose model is
-            built initialised (flax nnx, equinox), whose `init` refuses;
-            `init_kinds` then checks these.
-            `uses_key`: True for a model with dropout drawn from the key
-            (`key_use` then fails when training ignores the key); False to skip
-            `key_use`'s check that another key gives other outputs; None
-            (default) checks it where training outputs differ across keys and
-            skips it otherwise.
+            `variables`: `(params, model_state)` for a model built initialised
+            (flax nnx, equinox), whose `init` refuses; `init_kinds` checks these.
+            `uses_key`: True for a model with dropout (`key_use` then fails when
+            training ignores the key), False to skip that check; None (default)
+            checks it where training outputs differ across keys.
             `has_model_state`: True or False to require that `init` gives a
             model state, or none; None (default) takes what `init` gives.
             `call_model`: `call_model(model, inputs)` runs the model `to_model`
-            gives (e.g. `lambda variables, x: module.apply(variables, x)` for a
-            flax linen variables dict); by default the model is called when it
-            is callable, and `to_model` is skipped otherwise.
+            gives (e.g. `lambda variables, x: module.apply(variables, x)` for
+            flax linen); by default a callable model is called, else `to_model`
+            is skipped.
             `skip`: `{clause: why}` for clauses that cannot hold for this
-            framework, e.g. `{"precision": "Keras casts variables to its own
-            dtype policy"}`; the report lists them with the reason.
+            framework; the report lists them with the reason.
 
     Returns:
         The clauses checked, and those skipped with why.

@@ -10,7 +10,7 @@ from typing import Any, ClassVar, cast
 
 from ciclo._src.base.types import ModelAdapter
 from ciclo._src.callbacks._loggers._base import import_extra
-from ciclo._src.testing.kit import Kit, KitOptions
+from ciclo._src.testing.kit import CLAUSES, Kit, KitOptions
 
 pytest = import_extra("pytest", "testing", "ciclo.testing.AdapterTests")
 
@@ -60,7 +60,10 @@ class AdapterTests(abc.ABC):
         cls = type(self)
         if cls not in AdapterTests._kits:
             options = {name: getattr(self, name) for name in KitOptions.__optional_keys__}
-            options["call_model"] = self._call_model()
+            # A function set on the class (`call_model = lambda model, x: ...`) would be bound as a method.
+            stored = inspect.getattr_static(self, "call_model")
+            if isinstance(stored, types.FunctionType):
+                options["call_model"] = stored
             AdapterTests._kits[cls] = Kit(
                 self.make_adapter(), inputs=self.inputs, **cast(KitOptions, options)
             )
@@ -68,46 +71,14 @@ class AdapterTests(abc.ABC):
         if why is not None:
             pytest.skip(why)
 
-    def _call_model(self) -> Callable[[Any, Any], Any] | None:
-        # A function set on the class (`call_model = lambda model, x: ...`) would be bound as a method.
-        stored = inspect.getattr_static(self, "call_model")
-        return stored if isinstance(stored, types.FunctionType) else self.call_model
 
-    def test_protocol(self) -> None:
-        self._check("protocol")
+def _clause_test(clause: str) -> Callable[[AdapterTests], None]:
+    def test(self: AdapterTests) -> None:
+        self._check(clause)
 
-    def test_init_kinds(self) -> None:
-        self._check("init_kinds")
+    test.__name__, test.__qualname__ = f"test_{clause}", f"AdapterTests.test_{clause}"
+    return test
 
-    def test_deterministic_evaluation(self) -> None:
-        self._check("deterministic_evaluation")
 
-    def test_key_use(self) -> None:
-        self._check("key_use")
-
-    def test_model_state_updates(self) -> None:
-        self._check("model_state_updates")
-
-    def test_compiles_once(self) -> None:
-        self._check("compiles_once")
-
-    def test_learns(self) -> None:
-        self._check("learns")
-
-    def test_to_model(self) -> None:
-        self._check("to_model")
-
-    def test_strategies(self) -> None:
-        self._check("strategies")
-
-    def test_precision(self) -> None:
-        self._check("precision")
-
-    def test_accumulation(self) -> None:
-        self._check("accumulation")
-
-    def test_ema(self) -> None:
-        self._check("ema")
-
-    def test_resume(self) -> None:
-        self._check("resume")
+for _clause in CLAUSES:
+    setattr(AdapterTests, f"test_{_clause}", _clause_test(_clause))
