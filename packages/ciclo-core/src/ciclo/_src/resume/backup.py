@@ -1,14 +1,10 @@
 """Backups: what a loop needs to go on after a kill, saved atomically with orbax.
 
-`ciclo.backup(directory)` is given to a loop as `backup=`; the loop then saves,
-on schedule, at its end and when preempted, one orbax step holding `state` (the
-loop state), `loop` (a JSON document: the `Elapsed`, the History's chunks, the
-callbacks' `state_dict()`s, the dataset position; data checked field by field
-when read, never code) and `kept` (trees shaped like the state that callbacks
-hold, such as an early stopping's best state). The History's rows are in
-`history/rows-<first>-<end>.json`: each backup writes the rows since the one
-before, and chunks no kept backup refers to are deleted. orbax renames a step
-into place when complete, so a kill during a save leaves the previous one.
+Each backup is one orbax step holding `state`, `loop` (a JSON document: the
+`Elapsed`, the History's chunks, the callbacks' `state_dict()`s, the dataset
+position; data checked field by field when read, never code) and `kept` (trees
+shaped like the state that callbacks hold). The History's rows are in
+`history/rows-<first>-<end>.json`: each backup writes the rows since the last.
 """
 
 from __future__ import annotations
@@ -134,24 +130,16 @@ def backup(
 ) -> Backup:
     """Backups of a loop in `directory`, so that a killed run goes on where it stopped.
 
-    Give it to `ciclo.loop`, `train_loop`, `test_loop`, `predict_loop` or
-    `run_phases` as `backup=` (a plain directory means `ciclo.backup(directory)`).
-    The loop saves the state, the `Elapsed`, the History, the stateful
-    callbacks' states and the dataset position; when it starts and finds a
-    backup, it restores them and continues. Results equal those of a run that
-    was never interrupted, bit for bit, as long as the steps are deterministic.
-
-    The dataset position: an iterator with `get_state()` / `set_state()` (like
-    grain's `DatasetIterator`) has its own state saved. Any other dataset is
-    iterated again from its start, skipping the batches already used (so it
-    must give the same batches in the same order, and the skipped batches cost
-    their loading time). A generator that was already partly consumed cannot
-    be positioned and is refused.
-
-    On SIGTERM (and SIGINT with `sigint=True`) the loop finishes the step in
-    flight, saves, and raises `ciclo.types.Preempted`, which exits the process with
-    code 143 (130 for SIGINT) unless caught. Under several processes they all
-    stop at the same step (JAX's preemption sync point).
+    Give it to a loop as `backup=` (a plain directory means
+    `ciclo.backup(directory)`). The loop saves the state, the `Elapsed`, the
+    History, the callbacks' states and the dataset position; when it finds a
+    backup, it restores them and continues, bit for bit as a run never
+    interrupted if the steps are deterministic. An iterator with
+    `get_state()`/`set_state()` has its state saved; any other dataset is
+    iterated again, skipping the batches used (a partly consumed generator is
+    refused). On SIGTERM (and SIGINT with `sigint=True`) the loop finishes the
+    step, saves, and raises `ciclo.types.Preempted` (exit code 143, 130 for
+    SIGINT); processes stop at the same step (JAX's preemption sync point).
 
     Args:
         directory: where the backups go (created if needed).
@@ -235,7 +223,6 @@ _OPTIONAL_LOOP_FIELDS = {"devices"}
 
 
 def _stop_period(fields: Any, where: str) -> Period | None:
-    """The document's `stop`: null, or `[steps, samples, time, date]` that `Period` checks."""
     if fields is None:
         return None
     try:
@@ -247,7 +234,6 @@ def _stop_period(fields: Any, where: str) -> Period | None:
 
 
 def _checked_loop_item(item: Any, step: int, where: str) -> dict[str, Any]:
-    """The loop item's fields, each checked: a backup is data, and a damaged or crafted one is named."""
     if not isinstance(item, dict):
         raise ValueError(f"{where} holds a {type(item).__name__}, not the loop's JSON document")
     if item.get("format") == 1:
@@ -301,11 +287,7 @@ def _is_time(x: Any) -> bool:
 
 
 def _check_rows(part: dict[str, Any], where: str, first: int) -> None:
-    """Each row of a chunk file as `History.to_host` writes it: names, numbers, and finite counts.
-
-    A damaged or crafted file (strings for values, NaN times) is refused like
-    any other damaged backup: the loop falls back to the one before.
-    """
+    """Refuses a chunk file's row unlike `History.to_host`'s: names, numbers, and finite counts."""
     for index, (paths, values, elapsed) in enumerate(zip(*(part[name] for name in _COLUMNS), strict=True)):
         row = f"{where}: row {first + index}"
         if not isinstance(paths, tuple) or not all(
@@ -403,13 +385,10 @@ class Session:
             _write_json(self.spec.directory, _MARKER, {"format": _FORMAT})
 
     def restore(self, target: Any) -> Restored | None:
-        """The newest backup that can be read, restored into the structure, shapes and shardings of `target`.
+        """The newest backup that can be read, into `target`'s structure and shardings; None if none is there.
 
-        Newer ones that cannot be read are warned about, then deleted (the run saves their steps again).
-
-        Raises:
-            ValueError: if no backup in the directory can be read, naming each
-                one and what failed.
+        Newer ones that cannot be read are warned about, then deleted; if none
+        can be read, a ValueError names each and what failed.
         """
         failures: list[tuple[int, Exception]] = []
         for step in sorted((int(step) for step in self.manager.all_steps()), reverse=True):
@@ -439,7 +418,6 @@ class Session:
         )
 
     def _restore_step(self, step: int, target: Any) -> Restored:
-        """The backup of `step`, checked field by field; raises if any part of it cannot be read."""
         ocp, manager = self._ocp, self.manager
         loop_item = restore_everywhere(manager, step, ocp.args.Composite(loop=ocp.args.JsonRestore()))["loop"]
         document = os.path.join(self.spec.directory, str(step), "loop")
@@ -493,7 +471,6 @@ class Session:
     def _read_history(
         self, item: dict[str, Any], chunks: list[tuple[int, int]], where: str
     ) -> dict[str, Any]:
-        """The History rows of `chunks`, from the chunk files, as `History.to_host()` gives them."""
         rows: dict[str, list[Any]] = {name: [] for name in _COLUMNS}
         for first, end in chunks:
             path = os.path.join(self.spec.directory, _HISTORY_DIR, f"rows-{first}-{end}.json")
@@ -557,13 +534,9 @@ class Session:
     def save(
         self, loop_state: LoopState[Any], samples: int, iterator_state: Any, *, finished: bool, wait: bool
     ) -> None:
-        """Saves a backup numbered by the steps completed; `wait` blocks until it is on disk.
+        """Saves a backup numbered by the steps completed, unless the state holds NaN or inf.
 
-        `samples`: those this run drew (the dataset position's check);
-        `iterator_state`: the dataset iterator's `get_state()`, if it has one.
-
-        A state holding NaN or inf is not saved (nor marked finished): the newest
-        finite backup stays the resume point, and no rotation deletes it.
+        `samples`: those this run drew; `wait` blocks until it is on disk.
         """
         state, elapsed = loop_state.state, loop_state._clock.now()
         step = int(elapsed.steps)
@@ -624,8 +597,10 @@ class Session:
             self.manager.wait_until_finished()
             self.manager.close()
         finally:
-            if self._lock is not None:
-                _unlock(self.spec.directory, self._lock)
+            if self._lock is not None:  # removed, then released: a process waiting on the old file retries
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(os.path.join(self.spec.directory, _LOCK))
+                os.close(self._lock)
 
 
 @final
@@ -730,11 +705,7 @@ class BackupCallback(Callback):
         yield from ()
 
     def on_step_end(self, loop_state: LoopState[Any], /) -> None:
-        """Stops on a signal (saving first), or backs up when due.
-
-        Raises:
-            ciclo.types.Preempted: after saving, on SIGTERM (or SIGINT with `sigint=True`).
-        """
+        """Backs up when due; on a signal, saves and raises `ciclo.types.Preempted`."""
         guard, clock = self._guard, loop_state._clock
         if guard is None or loop_state.stop_iteration:
             return
@@ -772,12 +743,7 @@ class BackupCallback(Callback):
 def position_dataset(
     iterator: Iterator[Any], dataset: Any, restored: Restored, batch_size_fn: BatchSizeFn
 ) -> Iterator[Any]:
-    """`iterator` moved to where the backed-up run stopped drawing batches.
-
-    Batches are skipped by number, so their samples are counted too: a dataset
-    whose first `position` batches hold another number of samples (another
-    batch size) would resume misaligned, and is refused.
-    """
+    """`iterator` moved to where the backed-up run stopped drawing batches (their samples checked)."""
     if restored.iterator_state is not None:
         iterator.set_state(restored.iterator_state)  # type: ignore[attr-defined]
         return iterator
@@ -809,10 +775,7 @@ def position_dataset(
 
 
 def _identity(pid: int) -> str | None:
-    """What tells process `pid` of this machine from any other that had its pid: boot id and start time.
-
-    None where /proc cannot say (not Linux, or the process is gone).
-    """
+    """Boot id and start time of process `pid`: what tells it from a later one with its pid; or None."""
     try:
         with open(f"/proc/{pid}/stat", encoding="utf-8") as file:
             fields = file.read().rpartition(")")[2].split()
@@ -823,23 +786,11 @@ def _identity(pid: int) -> str | None:
     return f"{boot}/{fields[19]}"  # field 22 of stat: the start time in clock ticks since boot
 
 
-def _holder_alive(holder: dict[str, Any]) -> bool:
-    """Whether the process a lock names still runs: only where flock cannot tell (a filesystem without it).
-
-    Same host, same pid, and the same start time: a restarted container's
-    pid 1, or another process that reused the pid, is not the holder.
-    """
-    pid, started = holder.get("pid"), holder.get("started")
-    if holder and holder.get("host") != socket.gethostname():
-        return True  # another machine's process: nothing here can tell
-    return type(pid) is int and pid > 0 and started is not None and _identity(pid) == started
-
-
 def _lock(directory: str) -> int | None:
     """Takes the directory's lock (docs/resume.md, "The lock") in process 0: its open descriptor, else None.
 
-    Raises:
-        FileExistsError: if a live process holds it, naming its pid and host.
+    flock decides; on a filesystem without it, the holder's identity: a
+    restarted container's pid 1, or another process with its pid, is not it.
     """
     if jax.process_index() != 0:
         return None
@@ -854,10 +805,25 @@ def _lock(directory: str) -> int | None:
             except FileNotFoundError:
                 continue  # released meanwhile
         try:
-            held = _flock(fd)
-            holder = _lock_holder(fd)
-            if held is None:  # no flock on this filesystem: the holder's identity decides
-                held = not _holder_alive(holder)
+            held: bool | None = None
+            if sys.platform != "win32":
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    held = True
+                except BlockingIOError:
+                    held = False
+                except OSError:
+                    pass  # no flock on this filesystem
+            try:
+                holder = json.loads(os.pread(fd, 4096, 0))
+            except (OSError, ValueError):
+                holder = {}
+            holder = holder if isinstance(holder, dict) else {}
+            if held is None:  # the holder's identity decides; another machine's, nothing here can tell
+                pid, started = holder.get("pid"), holder.get("started")
+                elsewhere = bool(holder) and holder.get("host") != socket.gethostname()
+                alive = type(pid) is int and pid > 0 and started is not None and _identity(pid) == started
+                held = not (elsewhere or alive)
             if not held:
                 raise FileExistsError(
                     f"the backup directory {directory} is in use by process {short(holder.get('pid'))} "
@@ -879,41 +845,9 @@ def _lock(directory: str) -> int | None:
         )
     owner = {"pid": os.getpid(), "host": socket.gethostname(), "started": _identity(os.getpid())}
     os.ftruncate(fd, 0)
-    os.lseek(fd, 0, os.SEEK_SET)
-    os.write(fd, json.dumps(owner).encode())
+    os.pwrite(fd, json.dumps(owner).encode(), 0)
     return fd
 
 
-def _flock(fd: int) -> bool | None:
-    """An exclusive flock on `fd`, not waited for: True; False if another holds it; None if unsupported."""
-    if sys.platform == "win32":
-        return None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return False
-    except OSError:
-        return None
-    return True
-
-
-def _lock_holder(fd: int) -> dict[str, Any]:
-    """What the lock file says of its holder: `{}` if it says nothing readable."""
-    try:
-        os.lseek(fd, 0, os.SEEK_SET)
-        holder = json.loads(os.read(fd, 4096))
-    except (OSError, ValueError):
-        return {}
-    return holder if isinstance(holder, dict) else {}
-
-
-def _unlock(directory: str, fd: int) -> None:
-    """Removes the lock file, then releases the flock: a process waiting on the old file then retries."""
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(os.path.join(directory, _LOCK))
-    os.close(fd)
-
-
 def _write_json(directory: str, name: str, document: Any) -> None:
-    """Writes `document` to `directory/name` atomically and durably: a reader sees all of it or nothing."""
-    write_atomically(os.path.join(directory, name), json.dumps(document))  # written by process 0 only
+    write_atomically(os.path.join(directory, name), json.dumps(document))  # by process 0 only
