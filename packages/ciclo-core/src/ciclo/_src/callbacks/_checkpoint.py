@@ -236,7 +236,7 @@ def _restore_in(
     manager: Any | None,
     options: RestoreOptions,
     report: bool,
-) -> tuple[T, RestoreReport]:
+) -> T | tuple[T, RestoreReport]:
     """The one restore path: with a `Checkpoint`'s `manager`, or (None, or partial) one opened here."""
     unknown = sorted(set(options) - _RESTORE_OPTIONS)
     if unknown:
@@ -269,31 +269,25 @@ def _restore_in(
         resolved = _resolve_step(manager, directory, step, monitor)
         # orbax's StandardSave takes only containers, so a single-leaf state is saved as {"state": leaf}.
         wrapped = is_single_leaf(target)
+        item = {"state": target} if wrapped else target
         where = f"of step {resolved} in {directory}"
         stored = stored_tree(manager, resolved)
         check_device_axis(stored, target, "the checkpoint", where)  # a pmap state's device axis
         if partial:
-            prefix = ("state",) if wrapped else ()
-            source = _source_of(target, stored, prefix, params_from, where)
-            result, found = partial_restore(
-                manager,
-                resolved,
-                stored,
-                {"state": target} if wrapped else target,
-                source=source,
-                where=where,
-            )
+            source = _source_of(target, stored, ("state",) if wrapped else (), params_from, where)
+            result, found = partial_restore(manager, resolved, stored, item, source=source, where=where)
             found = dataclasses.replace(found, params_from=params_from)
             announce("ciclo: restored the checkpoint %s partially: %s", where, found.summary())
-            return typing.cast(T, result["state"] if wrapped else result), found
-        item = {"state": abstract(target)} if wrapped else abstract(target)
-        # dtypes=False: restoring a checkpoint casts to the target's dtype (docs/guide.md).
-        check_structure(stored, item, "the checkpoint", where, dtypes=False, explain=setting_behind)
-        restored = restore_everywhere(manager, resolved, orbax().args.StandardRestore(item))
-        leaves = tuple(jax.tree_util.keystr(path) for path, _ in jax.tree_util.tree_leaves_with_path(target))
-        return typing.cast(T, restored["state"] if wrapped else restored), RestoreReport(
-            resolved, leaves, (), ()
-        )
+        else:
+            # dtypes=False: restoring a checkpoint casts to the target's dtype (docs/guide.md).
+            check_structure(
+                stored, abstract(item), "the checkpoint", where, dtypes=False, explain=setting_behind
+            )
+            result = restore_everywhere(manager, resolved, orbax().args.StandardRestore(abstract(item)))
+            leaves = jax.tree_util.tree_leaves_with_path(target)
+            found = RestoreReport(resolved, tuple(jax.tree_util.keystr(path) for path, _ in leaves), (), ())
+    result = typing.cast(T, result["state"] if wrapped else result)
+    return (result, found) if report else result
 
 
 def _source_of(
@@ -464,21 +458,11 @@ class Checkpoint(Callback):
         )
 
     def save(self, step: int, state: Any, logs: LogsLike | None = None) -> None:
-        """Saves `state` as the checkpoint of `step`; a step already saved is skipped.
+        """Saves `state` (a pytree) as the checkpoint of `step` (the updates it holds), unless already saved.
 
-        Args:
-            step: the step number the checkpoint is stored under (by convention,
-                the number of updates `state` holds).
-            state: the pytree to save (arrays, numbers, and the containers JAX knows).
-            logs: the logs to read the monitored entry from; needed with `monitor`.
-                Without `monitor`, a `loss` entry in them is checked too.
-
-        Raises:
-            KeyError: if `monitor` is set and `logs` lack it (the message lists the
-                entries present).
-            FileExistsError: if the directory held checkpoints when this object
-                opened it, and this run neither restored from them nor was
-                created with `resume=True` or `overwrite=True`.
+        `logs` hold the monitored entry (without `monitor`, a `loss` entry is
+        checked too). Raises KeyError if `monitor` is not in `logs`, and
+        FileExistsError for another run's directory (see `ciclo.checkpoint`).
         """
         if isinstance(step, bool) or not isinstance(step, int):
             raise TypeError(f"step must be an int, got {short(step)}")
@@ -583,7 +567,7 @@ class Checkpoint(Callback):
             )
 
     def on_start(self, loop_state: LoopState[Any], /) -> None:
-        """Refuses another run's directory (see `save`) before the first step, not at the first save."""
+        """Refuses another run's directory before the first step, not at the first save."""
         self._refuse_another_run()
 
     def on_end(self, loop_state: LoopState[Any], error: BaseException | None, /) -> None:
@@ -638,11 +622,9 @@ class Checkpoint(Callback):
         """
         manager = self._get_manager()
         self.wait()
-        restored, found = _restore_in(
-            self.directory, target, self.monitor, self.mode, manager, options, report
-        )
+        restored = _restore_in(self.directory, target, self.monitor, self.mode, manager, options, report)
         self._resumed = True
-        return (restored, found) if report else restored
+        return restored
 
 
 def checkpoint(
@@ -786,5 +768,4 @@ def restore_checkpoint(
     check_closed(path, "the checkpoint directory")
     settings = _read_settings(path) or _settings(None, "min")
     monitor, mode = settings["monitor"], typing.cast(Mode, settings["mode"] or "min")
-    restored, found = _restore_in(path, target, monitor, mode, None, options, report)
-    return (restored, found) if report else restored
+    return _restore_in(path, target, monitor, mode, None, options, report)

@@ -332,17 +332,35 @@ def _checked_chunks(item: Any, where: str) -> list[tuple[int, int]]:
     return ranges
 
 
-class Session:
-    """One loop's use of a `Backup`: opens the orbax manager, restores, saves on schedule."""
+@final
+class BackupCallback(Callback):
+    """A loop's backup as a callback (`Backup.callback`): restores before the first step, saves after.
 
-    def __init__(self, spec: Backup, default_every: Any, *, kind: str, stop: Period | None) -> None:
-        self.spec = spec
+    Before the first step it restores the newest backup (a finished run that
+    `stop` does not extend runs no step); the backup of the start is written
+    when the first batch is drawn. After each step it saves when due, and on
+    SIGTERM (or SIGINT with `sigint=True`) it saves and raises
+    `ciclo.types.Preempted`. At the end it saves the finished run, after the
+    other callbacks' `on_end` (loggers flushed what the backup then claims).
+    """
+
+    def __init__(
+        self, spec: Backup | str | os.PathLike[str], *, kind: str, default_every: Any = None
+    ) -> None:
+        self.spec = spec if isinstance(spec, Backup) else backup(spec)
         self.kind = kind
-        self.stop = stop
-        every = next(every for every in (spec.every, default_every, 1000) if every is not None)
-        self.interval: int | None
-        self.interval, self.schedule = _schedule(every)
-        if self.schedule is not None and jax.process_count() > 1:
+        self.default_every = default_every
+        self._guard: SignalGuard | None = None
+        self._done = False
+        self._iterator: Any = None
+        self._samples_before = 0  # samples counted before this run drew its first batch
+
+    def on_start(self, loop_state: LoopState[Any], /) -> None:
+        spec = self.spec
+        every = next(every for every in (spec.every, self.default_every, 1000) if every is not None)
+        self._interval: int | None
+        self._interval, self._timed = _schedule(every)
+        if self._timed is not None and jax.process_count() > 1:
             raise ValueError(
                 "under several processes, backup(every=...) must be a number of steps: all processes "
                 f"must save at the same step, and a schedule in time would not agree; got {short(spec.every)}"
@@ -352,7 +370,7 @@ class Session:
         check_closed(spec.directory, "the backup directory")
         self._check_marker()
         self._lock = _lock(spec.directory)
-        self.manager = open_manager(
+        self._manager = open_manager(
             spec.directory,
             _BARRIERS,
             item_handlers={
@@ -362,8 +380,110 @@ class Session:
             },
             max_to_keep=spec.keep,
         )
-        self.last_saved: int | None = None
+        self._last_saved: int | None = None
         self._recent: list[list[tuple[int, int]]] = []  # the History chunks of the kept backups, newest last
+        self._done = False
+        try:
+            restored = self._restore_newest(loop_state.state)
+            if restored is None:
+                self._iterator = loop_state._iterator
+                self._samples_before = loop_state._clock.samples
+                # The backup of the start, once every on_start accepted the run: a run killed before its
+                # first periodic backup resumes as a resumed run (its checkpoints then are its own).
+                loop_state._iterator = itertools.chain(self._start_backup(loop_state), self._iterator)
+            else:
+                self._resume(loop_state, restored)
+        except BaseException as error:
+            note_lost_peer(error)
+            self._close()
+            raise
+        if not self._done:
+            self._guard = SignalGuard.for_loop(sigterm=True, sigint=spec.sigint)
+
+    def _resume(self, loop_state: LoopState[Any], restored: Restored) -> None:
+        directory = self.spec.directory
+        if restored.kind != self.kind:
+            raise ValueError(
+                f"the backup in {directory} was written by {short(restored.kind)}, "
+                f"and this loop is {self.kind!r}: resuming it would return the results of another "
+                "loop. Give backup= a directory of this loop's own"
+            )
+        loop_state.history.load_host(restored.history)
+        changes = changed_hyperparameters(restored.state, loop_state.state)
+        if changes:
+            _log.warning(
+                "the backup at step %d in %s was written with other optimizer hyperparameters than this "
+                "run's state has (%s): the backup's optimizer state, and these values, are resumed; "
+                "give backup= another directory to train with the new ones",
+                restored.step,
+                directory,
+                "; ".join(changes),
+            )
+        skipped = restored.skipped and f" (newer backups at steps {list(restored.skipped)} could not be read)"
+        finished = " (a finished run)" if restored.finished else ""
+        announce(
+            "ciclo: resumed %s from the backup at step %d in %s%s%s",
+            self.kind,
+            restored.step,
+            directory,
+            finished,
+            skipped or "",
+        )
+        clock = loop_state._clock = Clock(restored.elapsed, loop_state._clock.batch_size_fn)
+        loop_state.state, loop_state._now = restored.state, clock.now
+        stop = loop_state._stop
+        # A finished run is done, unless another stop that it has not reached asks for more.
+        if restored.finished and (stop == restored.stop or (stop is not None and restored.elapsed >= stop)):
+            self._done = True
+            loop_state.stop()
+            return
+        if restored.devices is not None and restored.devices != jax.device_count():
+            announce(
+                "ciclo: resuming a backup written on %d device%s onto %d: the run goes on; its results "
+                "are not bitwise those of an uninterrupted run",
+                restored.devices,
+                "" if restored.devices == 1 else "s",
+                jax.device_count(),
+            )
+        loop_state.load_state_dicts(restored.callbacks)
+        loop_state._iterator = self._iterator = position_dataset(
+            loop_state._iterator, loop_state._dataset, restored, clock.batch_size_fn
+        )
+        loop_state._drawn = restored.position
+        self._samples_before = restored.elapsed.samples - restored.samples
+
+    def _start_backup(self, loop_state: LoopState[Any]) -> Iterator[Any]:
+        self._save(loop_state, finished=False, wait=False)
+        yield from ()
+
+    def on_step_end(self, loop_state: LoopState[Any], /) -> None:
+        """Backs up when due; on a signal, saves and raises `ciclo.types.Preempted`."""
+        guard, clock = self._guard, loop_state._clock
+        if guard is None or loop_state.stop_iteration:
+            return
+        if guard.requested(clock.steps):
+            assert guard.signum is not None
+            self._save(loop_state, finished=False, wait=True)
+            preempted = Preempted(guard.signum, clock.steps, self.spec.directory)
+            announce("ciclo: %s", preempted)
+            raise preempted
+        if self._due(clock.steps, clock.now):
+            self._save(loop_state, finished=False, wait=False)
+
+    def on_end(self, loop_state: LoopState[Any], error: BaseException | None, /) -> None:
+        """Saves a run that ended by itself as finished, waits for the save in flight, frees the signals."""
+        try:
+            if error is None and not self._done:
+                self._save(loop_state, finished=True, wait=True)
+        finally:
+            try:
+                if error is not None:
+                    note_lost_peer(error)  # before the wait for the save in flight, which JAX may end
+                self._close()
+            finally:
+                if self._guard is not None:
+                    self._guard.release()
+                    self._guard = None
 
     def _check_marker(self) -> None:
         path = os.path.join(self.spec.directory, _MARKER)
@@ -384,14 +504,14 @@ class Session:
         if jax.process_index() == 0:
             _write_json(self.spec.directory, _MARKER, {"format": _FORMAT})
 
-    def restore(self, target: Any) -> Restored | None:
+    def _restore_newest(self, target: Any) -> Restored | None:
         """The newest backup that can be read, into `target`'s structure and shardings; None if none is there.
 
         Newer ones that cannot be read are warned about, then deleted; if none
         can be read, a ValueError names each and what failed.
         """
         failures: list[tuple[int, Exception]] = []
-        for step in sorted((int(step) for step in self.manager.all_steps()), reverse=True):
+        for step in sorted((int(step) for step in self._manager.all_steps()), reverse=True):
             try:
                 # Every process resumes from the same step: the reads fail on all of them together.
                 restored = self._restore_step(step, target)
@@ -407,7 +527,7 @@ class Session:
                 )
                 continue
             for damaged, _ in failures:
-                self.manager.delete(damaged)
+                self._manager.delete(damaged)
             return dataclasses.replace(restored, skipped=tuple(step for step, _ in failures))
         if not failures:
             return None
@@ -418,7 +538,7 @@ class Session:
         )
 
     def _restore_step(self, step: int, target: Any) -> Restored:
-        ocp, manager = self._ocp, self.manager
+        ocp, manager = self._ocp, self._manager
         loop_item = restore_everywhere(manager, step, ocp.args.Composite(loop=ocp.args.JsonRestore()))["loop"]
         document = os.path.join(self.spec.directory, str(step), "loop")
         fields = _checked_loop_item(loop_item, step, document)
@@ -427,7 +547,7 @@ class Session:
         changed = check_static_options(fields["options"], target, where)
         target_tree = abstract(target)
         # Compared before orbax reads anything: its own errors name no leaf.
-        stored = stored_tree(self.manager, step, "state", "state")  # saved wrapped, as {"state": state}
+        stored = stored_tree(self._manager, step, "state", "state")  # saved wrapped, as {"state": state}
         check_device_axis(stored, target, "the backup", where)
         check_structure(stored, target_tree, "the backup", where, dtypes=True)
         items = {"state": ocp.args.StandardRestore({"state": target_tree})}
@@ -443,7 +563,7 @@ class Session:
         item = from_json(fields["history"], f"{document}: history")
         chunks = _checked_chunks(item, f"{document}: history")
         history = self._read_history(item, chunks, f"{document}: history")
-        self.last_saved, self._recent = step, [chunks]
+        self._last_saved, self._recent = step, [chunks]
         if changed:
             _log.warning(
                 "the backup at step %d in %s was written with other options than this run's state has "
@@ -525,29 +645,24 @@ class Session:
             if match is not None and (int(match[1]), int(match[2])) not in used:
                 remove_own(directory, name, _CHUNK)  # only a chunk file of ours, never through a link
 
-    def due(self, steps: int, now: Any) -> bool:
+    def _due(self, steps: int, now: Any) -> bool:
         """Whether the schedule asks for a backup after a step that ended at `steps`."""
-        if self.interval is not None:
-            return crossed(self.last_saved or 0, steps, self.interval)
-        return bool(self.schedule(now()))
+        if self._interval is not None:
+            return crossed(self._last_saved or 0, steps, self._interval)
+        return bool(self._timed(now()))
 
-    def save(
-        self, loop_state: LoopState[Any], samples: int, iterator_state: Any, *, finished: bool, wait: bool
-    ) -> None:
-        """Saves a backup numbered by the steps completed, unless the state holds NaN or inf.
-
-        `samples`: those this run drew; `wait` blocks until it is on disk.
-        """
+    def _save(self, loop_state: LoopState[Any], *, finished: bool, wait: bool) -> None:
+        """Saves a backup numbered by the steps completed, unless the state holds NaN or inf."""
         state, elapsed = loop_state.state, loop_state._clock.now()
         step = int(elapsed.steps)
-        if step == self.last_saved and not finished:
+        if step == self._last_saved and not finished:
             return
         if not all_finite(state):
             _log.warning(
                 "backup of step %d not saved: the state holds NaN or inf; running the script again resumes "
                 "from the newest finite backup (%s)",
                 step,
-                "none yet" if self.last_saved is None else f"step {self.last_saved}",
+                "none yet" if self._last_saved is None else f"step {self._last_saved}",
             )
             return
         kept: dict[str, Any] = {}
@@ -559,24 +674,24 @@ class Session:
         loop_item = {
             "format": _FORMAT,
             "kind": self.kind,
-            "stop": None if self.stop is None else list(dataclasses.astuple(self.stop)),
+            "stop": None if loop_state._stop is None else list(dataclasses.astuple(loop_state._stop)),
             "finished": finished,
             "elapsed": [step, int(elapsed.samples), float(elapsed.time), float(elapsed.date_start)],
             "history": to_json(self._history_item(loop_state.history), "the history"),
             "callbacks": callbacks_data,
             "position": int(loop_state._drawn),
-            "samples": int(samples),
-            "iterator_state": to_json(iterator_state, "the dataset iterator's get_state()"),
+            "samples": int(loop_state._clock.samples - self._samples_before),  # those this run drew
+            "iterator_state": to_json(iterator_state(self._iterator), "the dataset iterator's get_state()"),
             "kept": sorted(kept),
             "options": static_options(state),
             "devices": jax.device_count(),
         }
         ocp = self._ocp
-        if step == self.last_saved:
+        if step == self._last_saved:
             # Same step, now finished: replace the backup in place of a second one.
-            self.manager.wait_until_finished()
-            self.manager.delete(step)
-        self.manager.save(
+            self._manager.wait_until_finished()
+            self._manager.delete(step)
+        self._manager.save(
             step,
             args=ocp.args.Composite(
                 # Wrapped: orbax refuses a state that is a single leaf at the root.
@@ -586,158 +701,21 @@ class Session:
             ),
             force=True,
         )
-        self.last_saved = step
+        self._last_saved = step
         self._delete_unused_chunks()
         if wait:
-            self.manager.wait_until_finished()
+            self._manager.wait_until_finished()
 
-    def close(self) -> None:
+    def _close(self) -> None:
         """Finishes the pending save (also after Ctrl-C or an error), releases the manager and the lock."""
         try:
-            self.manager.wait_until_finished()
-            self.manager.close()
+            self._manager.wait_until_finished()
+            self._manager.close()
         finally:
             if self._lock is not None:  # removed, then released: a process waiting on the old file retries
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(os.path.join(self.spec.directory, _LOCK))
                 os.close(self._lock)
-
-
-@final
-class BackupCallback(Callback):
-    """A loop's backup as a callback (`Backup.callback`): restores before the first step, saves after.
-
-    Before the first step it restores the newest backup (a finished run that
-    `stop` does not extend runs no step); the backup of the start is written
-    when the first batch is drawn. After each step it saves when due, and on
-    SIGTERM (or SIGINT with `sigint=True`) it saves and raises
-    `ciclo.types.Preempted`. At the end it saves the finished run, after the
-    other callbacks' `on_end` (loggers flushed what the backup then claims).
-    """
-
-    def __init__(
-        self, spec: Backup | str | os.PathLike[str], *, kind: str, default_every: Any = None
-    ) -> None:
-        self.spec = spec if isinstance(spec, Backup) else backup(spec)
-        self.kind = kind
-        self.default_every = default_every
-        self._session: Session | None = None
-        self._guard: SignalGuard | None = None
-        self._done = False
-        self._iterator: Any = None
-        self._samples_before = 0  # samples counted before this run drew its first batch
-
-    def on_start(self, loop_state: LoopState[Any], /) -> None:
-        spec = self.spec
-        self._session = session = Session(spec, self.default_every, kind=self.kind, stop=loop_state._stop)
-        self._done = False
-        try:
-            restored = session.restore(loop_state.state)
-            if restored is None:
-                self._iterator = loop_state._iterator
-                self._samples_before = loop_state._clock.samples
-                # The backup of the start, once every on_start accepted the run: a run killed before its
-                # first periodic backup resumes as a resumed run (its checkpoints then are its own).
-                loop_state._iterator = itertools.chain(self._start_backup(loop_state), self._iterator)
-            else:
-                self._resume(loop_state, restored)
-        except BaseException as error:
-            note_lost_peer(error)
-            session.close()
-            raise
-        if not self._done:
-            self._guard = SignalGuard.for_loop(sigterm=True, sigint=spec.sigint)
-
-    def _resume(self, loop_state: LoopState[Any], restored: Restored) -> None:
-        directory = self.spec.directory
-        if restored.kind != self.kind:
-            raise ValueError(
-                f"the backup in {directory} was written by {short(restored.kind)}, "
-                f"and this loop is {self.kind!r}: resuming it would return the results of another "
-                "loop. Give backup= a directory of this loop's own"
-            )
-        loop_state.history.load_host(restored.history)
-        changes = changed_hyperparameters(restored.state, loop_state.state)
-        if changes:
-            _log.warning(
-                "the backup at step %d in %s was written with other optimizer hyperparameters than this "
-                "run's state has (%s): the backup's optimizer state, and these values, are resumed; "
-                "give backup= another directory to train with the new ones",
-                restored.step,
-                directory,
-                "; ".join(changes),
-            )
-        skipped = restored.skipped and f" (newer backups at steps {list(restored.skipped)} could not be read)"
-        finished = " (a finished run)" if restored.finished else ""
-        announce(
-            "ciclo: resumed %s from the backup at step %d in %s%s%s",
-            self.kind,
-            restored.step,
-            directory,
-            finished,
-            skipped or "",
-        )
-        clock = loop_state._clock = Clock(restored.elapsed, loop_state._clock.batch_size_fn)
-        loop_state.state, loop_state._now = restored.state, clock.now
-        stop = loop_state._stop
-        # A finished run is done, unless another stop that it has not reached asks for more.
-        if restored.finished and (stop == restored.stop or (stop is not None and restored.elapsed >= stop)):
-            self._done = True
-            loop_state.stop()
-            return
-        if restored.devices is not None and restored.devices != jax.device_count():
-            announce(
-                "ciclo: resuming a backup written on %d device%s onto %d: the run goes on; its results "
-                "are not bitwise those of an uninterrupted run",
-                restored.devices,
-                "" if restored.devices == 1 else "s",
-                jax.device_count(),
-            )
-        loop_state.load_state_dicts(restored.callbacks)
-        loop_state._iterator = self._iterator = position_dataset(
-            loop_state._iterator, loop_state._dataset, restored, clock.batch_size_fn
-        )
-        loop_state._drawn = restored.position
-        self._samples_before = restored.elapsed.samples - restored.samples
-
-    def _start_backup(self, loop_state: LoopState[Any]) -> Iterator[Any]:
-        self._save(loop_state, finished=False, wait=False)
-        yield from ()
-
-    def on_step_end(self, loop_state: LoopState[Any], /) -> None:
-        """Backs up when due; on a signal, saves and raises `ciclo.types.Preempted`."""
-        guard, clock = self._guard, loop_state._clock
-        if guard is None or loop_state.stop_iteration:
-            return
-        if guard.requested(clock.steps):
-            assert guard.signum is not None
-            self._save(loop_state, finished=False, wait=True)
-            preempted = Preempted(guard.signum, clock.steps, self.spec.directory)
-            announce("ciclo: %s", preempted)
-            raise preempted
-        if self._session.due(clock.steps, clock.now):  # type: ignore[union-attr]
-            self._save(loop_state, finished=False, wait=False)
-
-    def on_end(self, loop_state: LoopState[Any], error: BaseException | None, /) -> None:
-        """Saves a run that ended by itself as finished, waits for the save in flight, frees the signals."""
-        try:
-            if error is None and not self._done:
-                self._save(loop_state, finished=True, wait=True)
-        finally:
-            try:
-                if error is not None:
-                    note_lost_peer(error)  # before the wait for the save in flight, which JAX may end
-                self._session.close()  # type: ignore[union-attr]
-            finally:
-                if self._guard is not None:
-                    self._guard.release()
-                    self._guard = None
-
-    def _save(self, loop_state: LoopState[Any], *, finished: bool, wait: bool) -> None:
-        samples = loop_state._clock.samples - self._samples_before
-        self._session.save(  # type: ignore[union-attr]
-            loop_state, samples, iterator_state(self._iterator), finished=finished, wait=wait
-        )
 
 
 def position_dataset(

@@ -275,9 +275,7 @@ def _install_exit_hook() -> None:
     # once threading's exit hooks ran ("cannot schedule new futures after interpreter shutdown", the
     # traceback a double Ctrl-C used to print). threading runs these hooks in reverse order, so one
     # registered now runs before the pools' own.
-    register = getattr(threading, "_register_atexit", None)
-    if register is not None:
-        register(_finish_saves_at_exit)
+    threading._register_atexit(_finish_saves_at_exit)  # type: ignore[attr-defined]
 
 
 def _names(path: Any) -> tuple[str, ...]:
