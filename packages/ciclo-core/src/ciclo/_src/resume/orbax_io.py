@@ -18,7 +18,7 @@ from typing import Any, final
 import jax
 import numpy as np
 
-from ciclo._src.base.reprs import short
+from ciclo._src.base.reprs import cut, short
 from ciclo._src.state.managed import AbstractManagedState
 
 _log = logging.getLogger("ciclo")
@@ -229,7 +229,6 @@ def note_lost_peer(error: BaseException) -> None:
         )
     cause = str(error).strip().split("\n")[0]
     cause = re.sub(r"^(?:\w+: )?(?:Error dispatching computation: )+", "", cause)
-    cause = cause if len(cause) <= 160 else cause[:157] + "..."
     resume = f"; {'; '.join(places)}: start every process again to resume" if places else ""
     announce(
         "ciclo: process %d of %d lost %s (%s: %s)%s",
@@ -237,7 +236,7 @@ def note_lost_peer(error: BaseException) -> None:
         jax.process_count(),
         lost,
         type(error).__name__,
-        cause,
+        cut(cause, 160),
         resume,
     )
 
@@ -322,10 +321,6 @@ _MAX_ERROR = 2000
 """The longest structure error: the leaves are summarised, never all listed."""
 
 
-def _clip(text: str, limit: int = 160) -> str:
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
 def check_structure(
     stored: Any, item: Any, kind: str, where: str, *, dtypes: bool, explain: Explain | None = None
 ) -> None:
@@ -372,10 +367,10 @@ def check_structure(
     if not count:
         return
     lines = [
-        f"{len(examples)} leaf(s) of {what}: the states differ in {option} (e.g. {_clip(examples[0])})"
+        f"{len(examples)} leaf(s) of {what}: the states differ in {option} (e.g. {cut(examples[0], 160)})"
         for option, (what, examples) in explained.items()
     ]
-    lines += [_clip(problem) for problem in problems[:8]]
+    lines += [cut(problem, 160) for problem in problems[:8]]
     if len(problems) > 8:
         lines.append(f"... and {len(problems) - 8} more")
     fix = "Restore into a state built like the one that was saved (same model, optimizer, shapes" + (
