@@ -66,15 +66,10 @@ T = TypeVar("T")
 StepLike = int | Literal["latest", "best"]
 """Which checkpoint to restore: a step number, `"latest"` or `"best"`."""
 
-SETTINGS_FILE = "ciclo_checkpoint.json"
-"""Holds the monitor and mode the checkpoints of a directory were ranked with."""
-
+SETTINGS_FILE = "ciclo_checkpoint.json"  # the monitor and mode the checkpoints were ranked with
 _STATE_KEYS = ("newest_step", "newest_at_start", "warned")
-
-_LOSS = "loss"
-"""Without `monitor`, the entry whose non-finite value keeps a state from being saved."""
-_BARRIERS = "ciclo_checkpoint"
-"""The checkpoints' kind in orbax's barrier names (a backup's saves of the same step never wait on them)."""
+_LOSS = "loss"  # without `monitor`, the entry whose non-finite value keeps a state from being saved
+_BARRIERS = "ciclo_checkpoint"  # the checkpoints' kind in orbax's barrier names
 
 _log = logging.getLogger("ciclo")
 

@@ -62,17 +62,12 @@ if TYPE_CHECKING:
 _log = logging.getLogger("ciclo")
 
 
-_FORMAT = 4
-"""The loop document's format (format 1 held a pickle: refused, never read)."""
-_MARKER = "ciclo_backup.json"
-"""Written next to the checkpoints: says the directory holds ciclo backups."""
-_HISTORY_DIR = "history"
-"""The History's rows, in files `rows-<first>-<end>.json`: each backup writes only the rows since the last."""
-_BARRIERS = "ciclo_backup"
-"""The backups' kind in orbax's barrier names (a checkpoint's saves of the same step never wait on them)."""
+_FORMAT = 4  # of the loop document (format 1 held a pickle: refused, never read)
+_MARKER = "ciclo_backup.json"  # says the directory holds ciclo backups
+_HISTORY_DIR = "history"  # the History's rows, in files rows-<first>-<end>.json
 _CHUNK = re.compile(r"rows-(\d+)-(\d+)\.json")
-_LOCK = "ciclo_backup.lock"
-"""Held while a loop uses the directory: the owner's pid and host, so that a second one is refused."""
+_BARRIERS = "ciclo_backup"  # the backups' kind in orbax's barrier names
+_LOCK = "ciclo_backup.lock"  # held while a loop uses the directory: the owner's pid and host
 
 
 class Preempted(SystemExit):
@@ -210,16 +205,13 @@ class Restored:
     kind: str
     stop: Period | None
     samples: int
-    devices: int | None = None
-    """`jax.device_count()` of the run that wrote it; None where the backup did not record it."""
-    skipped: tuple[int, ...] = ()
-    """The newer backups that could not be read (warned about, then deleted)."""
+    devices: int | None = None  # of the run that wrote it, where the backup recorded it
+    skipped: tuple[int, ...] = ()  # the newer backups that could not be read
 
 
 _LOOP_FIELDS = {"format", "kind", "stop", "finished", "elapsed", "history", "callbacks", "position"}
 _LOOP_FIELDS |= {"samples", "iterator_state", "kept", "options"}
-_OPTIONAL_LOOP_FIELDS = {"devices"}
-"""Fields a format-4 document may lack: those of ciclo versions that did not record them yet."""
+_OPTIONAL_LOOP_FIELDS = {"devices"}  # fields of format 4 that earlier ciclo versions did not record
 
 
 def _stop_period(fields: Any, where: str) -> Period | None:

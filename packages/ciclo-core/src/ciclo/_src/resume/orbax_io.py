@@ -45,13 +45,12 @@ def announce(message: str, *args: Any) -> None:
     _announce.warning(message, *args)
 
 
-TMP_MARK = ".orbax-checkpoint-tmp"
-"""orbax writes a step into `<step>.orbax-checkpoint-tmp...` and renames it when the step is complete."""
+TMP_MARK = ".orbax-checkpoint-tmp"  # in the name of a step orbax is writing (renamed when complete)
 
 _ORBAX_PATH_PART = f"{os.sep}orbax{os.sep}checkpoint{os.sep}"
 
+# Every manager `open_manager` made and still alive: its kind ("ciclo_backup", ...) and directory.
 _open_managers: weakref.WeakKeyDictionary[Any, tuple[str, str]] = weakref.WeakKeyDictionary()
-"""Every manager `open_manager` made and still alive: its kind ("ciclo_backup", ...) and directory."""
 
 
 def _drop_orbax_info(record: logging.LogRecord) -> bool:
@@ -168,8 +167,7 @@ _LOST_PEER = (
 )
 """What JAX and gloo say when a process of the run is gone; the group is that process's number, if named."""
 
-_lost_peer_noted = threading.Lock()
-"""Taken by the first note of a lost process: the threads that see the loss together print one line."""
+_lost_peer_noted = threading.Lock()  # taken by the first note: threads that see the loss print one line
 
 
 def lost_peer(error: BaseException) -> str | None:
@@ -317,8 +315,7 @@ def stored_tree(manager: Any, step: int, *keys: str) -> Any:
 Explain = Callable[[tuple[str, ...]], "tuple[str, str] | None"]
 """`explain(path)`: the option that explains a leaf on one side only, and what the leaf holds; or None."""
 
-_MAX_ERROR = 2000
-"""The longest structure error: the leaves are summarised, never all listed."""
+_MAX_ERROR = 2000  # the longest structure error: the leaves are summarised, never all listed
 
 
 def check_structure(
