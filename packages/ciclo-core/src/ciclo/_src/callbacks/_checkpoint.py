@@ -1,10 +1,7 @@
 """Checkpointing: save the loop's state with orbax, keep the latest or the best, restore it.
 
-`ciclo.checkpoint(directory)` returns a `Checkpoint` callback;
-`ciclo.restore_checkpoint(directory, target)` reads one back in any process.
 The monitor and mode that rank a directory's checkpoints are recorded in its
 `ciclo_checkpoint.json`, so that "best" is found later without restating them.
-Everything orbax-specific is `ciclo._src.resume.orbax_io`, shared with backups.
 """
 
 from __future__ import annotations
@@ -69,15 +66,10 @@ T = TypeVar("T")
 StepLike = int | Literal["latest", "best"]
 """Which checkpoint to restore: a step number, `"latest"` or `"best"`."""
 
-SETTINGS_FILE = "ciclo_checkpoint.json"
-"""Holds the monitor and mode the checkpoints of a directory were ranked with."""
-
+SETTINGS_FILE = "ciclo_checkpoint.json"  # the monitor and mode the checkpoints were ranked with
 _STATE_KEYS = ("newest_step", "newest_at_start", "warned")
-
-_LOSS = "loss"
-"""Without `monitor`, the entry whose non-finite value keeps a state from being saved."""
-_BARRIERS = "ciclo_checkpoint"
-"""The checkpoints' kind in orbax's barrier names (a backup's saves of the same step never wait on them)."""
+_LOSS = "loss"  # without `monitor`, the entry whose non-finite value keeps a state from being saved
+_BARRIERS = "ciclo_checkpoint"  # the checkpoints' kind in orbax's barrier names
 
 _log = logging.getLogger("ciclo")
 
@@ -216,13 +208,11 @@ class RestoreOptions(TypedDict, total=False):
     Attributes:
         step: `"latest"` (the default), `"best"` (the best monitored value), or
             a step number.
-        partial: restore every leaf of the target whose path is in the
-            checkpoint with the same shape and dtype, and keep the others as
-            they are in the target (default False: the target must be built
-            like the state saved).
-        params_from: the checkpoint's field the target's parameters are read
-            from, e.g. `"ema_params"`: the EMA weights as the parameters (with
-            `partial=True`; default None: its own parameters).
+        partial: restore each leaf of the target found in the checkpoint with
+            its shape and dtype, keep the others (default False: the target
+            must be built like the state saved).
+        params_from: the checkpoint's field to read the parameters from, e.g.
+            `"ema_params"` (with `partial=True`).
     """
 
     step: StepLike
@@ -241,13 +231,8 @@ def _restore_in(
     manager: Any | None,
     options: RestoreOptions,
     report: bool,
-) -> tuple[T, RestoreReport]:
-    """The one restore path: checks `options`, then restores with `manager` or a manager opened here.
-
-    `manager` is a `Checkpoint`'s own (None for `ciclo.restore_checkpoint`); a
-    partial restore reads through another one (`_open_manager(partial=True)`),
-    opened here and closed after.
-    """
+) -> T | tuple[T, RestoreReport]:
+    """The one restore path: with a `Checkpoint`'s `manager`, or (None, or partial) one opened here."""
     unknown = sorted(set(options) - _RESTORE_OPTIONS)
     if unknown:
         raise TypeError(
@@ -264,51 +249,40 @@ def _restore_in(
             "checkpoint, and the checkpoint's own parameters are then left unused: pass partial=True too, "
             "e.g. restore_checkpoint(directory, target, partial=True, params_from='ema_params')"
         )
-    if manager is not None and not partial:
-        return _restore_with_report(manager, directory, target, step, monitor)
-    opened = _open_manager(
-        directory, keep=None, monitor=monitor, mode=mode, async_save=False, create=False, partial=partial
-    )
-    try:
-        return _restore_with_report(
-            opened, directory, target, step, monitor, partial=partial, params_from=params_from
-        )
-    finally:
-        opened.close()
-
-
-def _restore_with_report(
-    manager: Any,
-    directory: str,
-    target: T,
-    step: object,
-    monitor: str | None,
-    *,
-    partial: bool = False,
-    params_from: str | None = None,
-) -> tuple[T, RestoreReport]:
-    resolved = _resolve_step(manager, directory, step, monitor)
-    # orbax's StandardSave takes only containers, so a single-leaf state is saved as {"state": leaf}.
-    wrapped = is_single_leaf(target)
-    where = f"of step {resolved} in {directory}"
-    stored = stored_tree(manager, resolved)
-    check_device_axis(stored, target, "the checkpoint", where)  # a pmap state's device axis, with partial too
-    if partial:
-        prefix = ("state",) if wrapped else ()
-        source = _source_of(target, stored, prefix, params_from, where)
-        result, report = partial_restore(
-            manager, resolved, stored, {"state": target} if wrapped else target, source=source, where=where
-        )
-        report = dataclasses.replace(report, params_from=params_from)
-        announce("ciclo: restored the checkpoint %s partially: %s", where, report.summary())
-        return typing.cast(T, result["state"] if wrapped else result), report
-    item = {"state": abstract(target)} if wrapped else abstract(target)
-    # dtypes=False: restoring a checkpoint casts to the target's dtype (docs/guide.md).
-    check_structure(stored, item, "the checkpoint", where, dtypes=False, explain=setting_behind)
-    # Under several processes, a checkpoint one of them cannot read raises on all of them.
-    restored = restore_everywhere(manager, resolved, orbax().args.StandardRestore(item))
-    leaves = tuple(jax.tree_util.keystr(path) for path, _ in jax.tree_util.tree_leaves_with_path(target))
-    return typing.cast(T, restored["state"] if wrapped else restored), RestoreReport(resolved, leaves, (), ())
+    with contextlib.ExitStack() as stack:
+        if manager is None or partial:  # orbax's PyTreeCheckpointHandler reads subsets
+            manager = _open_manager(
+                directory,
+                keep=None,
+                monitor=monitor,
+                mode=mode,
+                async_save=False,
+                create=False,
+                partial=partial,
+            )
+            stack.callback(manager.close)
+        resolved = _resolve_step(manager, directory, step, monitor)
+        # orbax's StandardSave takes only containers, so a single-leaf state is saved as {"state": leaf}.
+        wrapped = is_single_leaf(target)
+        item = {"state": target} if wrapped else target
+        where = f"of step {resolved} in {directory}"
+        stored = stored_tree(manager, resolved)
+        check_device_axis(stored, target, "the checkpoint", where)  # a pmap state's device axis
+        if partial:
+            source = _source_of(target, stored, ("state",) if wrapped else (), params_from, where)
+            result, found = partial_restore(manager, resolved, stored, item, source=source, where=where)
+            found = dataclasses.replace(found, params_from=params_from)
+            announce("ciclo: restored the checkpoint %s partially: %s", where, found.summary())
+        else:
+            # dtypes=False: restoring a checkpoint casts to the target's dtype (docs/guide.md).
+            check_structure(
+                stored, abstract(item), "the checkpoint", where, dtypes=False, explain=setting_behind
+            )
+            result = restore_everywhere(manager, resolved, orbax().args.StandardRestore(abstract(item)))
+            leaves = jax.tree_util.tree_leaves_with_path(target)
+            found = RestoreReport(resolved, tuple(jax.tree_util.keystr(path) for path, _ in leaves), (), ())
+    result = typing.cast(T, result["state"] if wrapped else result)
+    return (result, found) if report else result
 
 
 def _source_of(
@@ -337,11 +311,7 @@ def _source_of(
 
 
 def _steps_done(loop_state: LoopState[Any]) -> int:
-    """The steps completed once the current step is done: what a checkpoint is numbered with.
-
-    A task's `elapsed` holds the counts before its step (the step's batch is
-    added); in an `at_step_end` task it already holds them after.
-    """
+    """The steps done with this step: a task's `elapsed` counts them before it, at_step_end's after."""
     elapsed, now = loop_state.elapsed, loop_state._now
     if not loop_state._ended and now is not None and elapsed.steps == now().steps:
         return int(elapsed.steps) + steps_of(loop_state.batch)
@@ -365,10 +335,11 @@ class Checkpoint(Callback):
     entry, when logged) is NaN or infinite is not saved, so a diverged state
     never becomes the latest or the best.
 
-    `save()` returns once the state is copied off the device; the checkpoint is
-    complete a little later. The loop waits for the saves in flight when it ends
-    (`on_end`), `wait()` and `close()` do in a hand-written loop; Ctrl-C is held
-    back until a save in flight is started or finished.
+    `save()` returns once the state is copied off the device; the loop waits
+    for the saves in flight when it ends, `wait()` and `close()` do in a
+    hand-written loop; Ctrl-C waits for a save to start or finish. The
+    arguments of `ciclo.checkpoint` are its attributes (`directory`, absolute,
+    `keep`, `monitor`, `mode`, ...): read them only.
 
     Example:
         >>> import tempfile
@@ -413,29 +384,29 @@ class Checkpoint(Callback):
             raise (ValueError if isinstance(monitor, str) else TypeError)(
                 f"monitor must be an entry name such as 'loss' or 'metrics.loss', got {short(monitor)}"
             )
-        self._name, self._keep, self._monitor = name, keep, monitor
-        self._directory = _absolute_directory(directory)
-        self._mode = resolve_mode(mode, monitor)
-        self._async_save, self._overwrite = async_save, overwrite
-        check_directory(self._directory, "checkpoint directory")
-        check_closed(self._directory, "the checkpoint directory")
-        if overwrite and epath(self._directory).exists():
-            _remove_all(self._directory)
+        self._name, self.keep, self.monitor = name, keep, monitor
+        self.directory = _absolute_directory(directory)
+        self.mode = resolve_mode(mode, monitor)
+        self.async_save, self.overwrite = async_save, overwrite
+        check_directory(self.directory, "checkpoint directory")
+        check_closed(self.directory, "the checkpoint directory")
+        if overwrite and epath(self.directory).exists():
+            _remove_all(self.directory)
         self._manager: Any = None
         steps = self.all_steps()
-        settings = _settings(monitor, self._mode)
+        settings = _settings(monitor, self.mode)
         if steps:
-            recorded = _read_settings(self._directory)
+            recorded = _read_settings(self.directory)
             if recorded is not None and recorded != settings:
                 self.close()
                 raise ValueError(
-                    f"{self._directory} holds checkpoints saved with monitor={short(recorded['monitor'])}, "
+                    f"{self.directory} holds checkpoints saved with monitor={short(recorded['monitor'])}, "
                     f"mode={short(recorded['mode'])}, but this checkpoint has monitor={short(monitor)}, "
                     f"mode={short(settings['mode'])}; use another directory, or pass overwrite=True to "
                     "delete the old checkpoints"
                 )
             steps = self._enforce_keep(steps)
-        _write_settings(self._directory, settings)
+        _write_settings(self.directory, settings)
         self._found_newest: int | None = max(steps, default=None)
         self._newest = self._found_newest
         self._warned = False
@@ -443,22 +414,22 @@ class Checkpoint(Callback):
 
     def _enforce_keep(self, steps: list[int]) -> list[int]:
         """Deletes what `keep` does not allow, as a run killed between a save and its cleanup leaves more."""
-        if self._keep is None or len(steps) <= self._keep or jax.process_index() != 0:
+        if self.keep is None or len(steps) <= self.keep or jax.process_index() != 0:
             return steps
         ranked = sorted(steps)  # oldest first
-        if self._monitor is not None:
-            rank = _rank_fn(self._monitor, self._mode)
-            sign = -1.0 if self._mode == "min" else 1.0
+        if self.monitor is not None:
+            rank = _rank_fn(self.monitor, self.mode)
+            sign = -1.0 if self.mode == "min" else 1.0
             # worst first; among equals, the oldest goes first (the sort is stable)
             ranked.sort(key=lambda step: sign * rank(self._manager.metrics(step) or {}))
-        drop = ranked[: len(steps) - self._keep]
+        drop = ranked[: len(steps) - self.keep]
         with held_interrupts():
             for step in drop:
                 self._manager.delete(step)
         _log.warning(
             "%s held more checkpoints than keep=%d: deleted steps %s",
-            self._directory,
-            self._keep,
+            self.directory,
+            self.keep,
             short(drop),
         )
         return sorted(set(steps) - set(drop))
@@ -466,67 +437,27 @@ class Checkpoint(Callback):
     def _get_manager(self) -> Any:
         if self._manager is None:
             self._manager = _open_manager(
-                self._directory,
-                keep=self._keep,
-                monitor=self._monitor,
-                mode=self._mode,
-                async_save=self._async_save,
+                self.directory,
+                keep=self.keep,
+                monitor=self.monitor,
+                mode=self.mode,
+                async_save=self.async_save,
                 create=True,
             )
         return self._manager
 
-    @property
-    def directory(self) -> str:
-        """The absolute directory the checkpoints are saved in."""
-        return self._directory
-
-    @property
-    def keep(self) -> int | None:
-        """How many checkpoints are kept (None: all)."""
-        return self._keep
-
-    @property
-    def monitor(self) -> str | None:
-        """The log entry that ranks the checkpoints, or None to keep the most recent."""
-        return self._monitor
-
-    @property
-    def mode(self) -> Mode:
-        """Whether lower (`"min"`) or higher (`"max"`) monitored values are better."""
-        return self._mode
-
-    @property
-    def async_save(self) -> bool:
-        """Whether saves are written in the background."""
-        return self._async_save
-
-    @property
-    def overwrite(self) -> bool:
-        """Whether the directory's old checkpoints were deleted when this object opened it."""
-        return self._overwrite
-
     def __repr__(self) -> str:
         return (
-            f"Checkpoint({self._directory!r}, keep={self._keep!r}, monitor={self._monitor!r}, "
-            f"mode={self._mode!r}, async_save={self._async_save!r}, overwrite={self._overwrite!r})"
+            f"Checkpoint({self.directory!r}, keep={self.keep!r}, monitor={self.monitor!r}, "
+            f"mode={self.mode!r}, async_save={self.async_save!r}, overwrite={self.overwrite!r})"
         )
 
     def save(self, step: int, state: Any, logs: LogsLike | None = None) -> None:
-        """Saves `state` as the checkpoint of `step`; a step already saved is skipped.
+        """Saves `state` (a pytree) as the checkpoint of `step` (the updates it holds), unless already saved.
 
-        Args:
-            step: the step number the checkpoint is stored under (by convention,
-                the number of updates `state` holds).
-            state: the pytree to save (arrays, numbers, and the containers JAX knows).
-            logs: the logs to read the monitored entry from; needed with `monitor`.
-                Without `monitor`, a `loss` entry in them is checked too.
-
-        Raises:
-            KeyError: if `monitor` is set and `logs` lack it (the message lists the
-                entries present).
-            FileExistsError: if the directory held checkpoints when this object
-                opened it, and this run neither restored from them nor was
-                created with `resume=True` or `overwrite=True`.
+        `logs` hold the monitored entry (without `monitor`, a `loss` entry is
+        checked too). Raises KeyError if `monitor` is not in `logs`, and
+        FileExistsError for another run's directory (see `ciclo.checkpoint`).
         """
         if isinstance(step, bool) or not isinstance(step, int):
             raise TypeError(f"step must be an int, got {short(step)}")
@@ -537,18 +468,18 @@ class Checkpoint(Callback):
                 _log.warning(
                     "%s already holds checkpoints up to step %d, so earlier steps such as %d are not "
                     "saved; use a new directory for a new run",
-                    self._directory,
+                    self.directory,
                     self._found_newest,
                     step,
                 )
             return
         source: LogsLike = {} if logs is None else logs
-        guarded, value = self._monitor or _LOSS, None
-        if self._monitor is not None:
-            value = monitored_value(source, self._monitor)
+        guarded, value = self.monitor or _LOSS, None
+        if self.monitor is not None:
+            value = monitored_value(source, self.monitor)
             if value is None:
                 raise KeyError(
-                    f"checkpoint monitor {short(self._monitor)} not found in the logs at step {step}; "
+                    f"checkpoint monitor {short(self.monitor)} not found in the logs at step {step}; "
                     f"present: {present_keys(source)}"
                 )
         elif source:
@@ -567,20 +498,14 @@ class Checkpoint(Callback):
             )
             return
         wrapped = {"state": state} if is_single_leaf(state) else state
-        metrics = None if self._monitor is None else {self._monitor: value}
+        metrics = None if self.monitor is None else {self.monitor: value}
         manager = self._get_manager()
         with held_interrupts():
             manager.save(step, args=orbax().args.StandardSave(wrapped), metrics=metrics, force=True)
         self._newest = step
 
     def __call__(self, elapsed: Elapsed, state: Any, logs: LogsLike | None = None) -> None:
-        """Saves `state`, the result of the step `elapsed` describes (the hand-written loop form).
-
-        `elapsed` is the one `ciclo.elapse` yields with the batch just trained
-        on: the counts before that step. The checkpoint is numbered with the
-        steps completed, `elapsed.steps + 1`. To pick the number, call
-        `save(step, state, logs)`.
-        """
+        """Saves `state` after the step `ciclo.elapse` yielded `elapsed` for, as step `elapsed.steps + 1`."""
         if not isinstance(elapsed, Elapsed):
             raise TypeError(
                 f"the first argument must be a ciclo.types.Elapsed, got {short(elapsed)}; "
@@ -598,15 +523,14 @@ class Checkpoint(Callback):
         """What its saved state is found by on resume: `name`, else `"Checkpoint(monitor, mode)"`."""
         if self._name:
             return self._name
-        return f"Checkpoint({self._monitor}, {self._mode})" if self._monitor else "Checkpoint(latest)"
+        return f"Checkpoint({self.monitor}, {self.mode})" if self.monitor else "Checkpoint(latest)"
 
     def state_dict(self) -> dict[str, Any]:
-        """What decides which steps are saved, for `load_state_dict`; reads neither the directory nor orbax.
+        """What decides which steps are saved (the ranking is orbax's, beside each checkpoint).
 
-        The ranking is not in it: orbax writes each checkpoint's monitored value
-        next to it. `newest_step` is the newest step saved or found (steps up to
-        it are skipped); `newest_at_start` the newest step in the directory when
-        this run began (older steps are warned about, once: `warned`).
+        `newest_step`: steps up to it are skipped; `newest_at_start`: the newest
+        step in the directory when this run began (older ones are warned about,
+        once: `warned`).
 
         Example:
             >>> import tempfile
@@ -620,18 +544,11 @@ class Checkpoint(Callback):
         return {"newest_step": self._newest, "newest_at_start": self._found_newest, "warned": self._warned}
 
     def load_state_dict(self, state: Any, /) -> None:
-        """Takes back a `state_dict()` (its numbers maybe 0-d arrays) before a resumed run's first save.
-
-        Checkpoints in the directory newer than the snapshot are kept and their
-        steps skipped (the resumed run would save the same states there).
-        Warnings about older steps follow the snapshot's run.
-        """
+        """Takes back a `state_dict()`; checkpoints newer than it are kept and their steps skipped."""
         fields = snapshot_fields(state, _STATE_KEYS, "checkpoint")
-        newest = optional_int(fields["newest_step"])
         # self._newest is at least the newest step in the directory when this object opened it.
-        if newest is None or (self._newest is not None and self._newest > newest):
-            newest = self._newest
-        self._newest = newest
+        newest = [n for n in (optional_int(fields["newest_step"]), self._newest) if n is not None]
+        self._newest = max(newest, default=None)
         self._found_newest = optional_int(fields["newest_at_start"])
         self._warned = bool(fields["warned"])
         self._resumed = True
@@ -639,13 +556,13 @@ class Checkpoint(Callback):
     def _refuse_another_run(self) -> None:
         if self._found_newest is not None and not self._resumed:
             raise FileExistsError(
-                f"{self._directory} holds the checkpoints of another run (steps {short(self.all_steps())}); "
+                f"{self.directory} holds the checkpoints of another run (steps {short(self.all_steps())}); "
                 "to go on with that run, pass resume=True (or restore from this Checkpoint first, or "
                 "resume the loop's backup); to replace them, pass overwrite=True; or use another directory"
             )
 
     def on_start(self, loop_state: LoopState[Any], /) -> None:
-        """Refuses another run's directory (see `save`) before the first step, not at the first save."""
+        """Refuses another run's directory before the first step, not at the first save."""
         self._refuse_another_run()
 
     def on_end(self, loop_state: LoopState[Any], error: BaseException | None, /) -> None:
@@ -676,7 +593,7 @@ class Checkpoint(Callback):
 
     def best_step(self) -> int | None:
         """The step with the best monitored value, or None without `monitor` or checkpoints."""
-        best = None if self._monitor is None else self._get_manager().best_step()
+        best = None if self.monitor is None else self._get_manager().best_step()
         return None if best is None else int(best)
 
     @overload
@@ -700,11 +617,9 @@ class Checkpoint(Callback):
         """
         manager = self._get_manager()
         self.wait()
-        restored, found = _restore_in(
-            self._directory, target, self._monitor, self._mode, manager, options, report
-        )
+        restored = _restore_in(self.directory, target, self.monitor, self.mode, manager, options, report)
         self._resumed = True
-        return (restored, found) if report else restored
+        return restored
 
 
 def checkpoint(
@@ -722,37 +637,31 @@ def checkpoint(
 
     Each checkpoint is numbered with the steps completed: `restore(step=N)`
     gives the state after N updates. A directory that already holds checkpoints
-    belongs to the run that wrote them: a new `Checkpoint` there saves only with
-    `resume=True` (or once it restored from them, or a resumed backup handed it
-    its state) or with `overwrite=True`; otherwise a loop refuses it before its
-    first step.
+    belongs to the run that wrote them: a loop refuses a new `Checkpoint` there
+    before its first step, unless `resume=True` or `overwrite=True` (or it
+    restored from them, or a resumed backup handed it its state).
 
     Args:
-        directory: where to save; made absolute and created if missing. Each
-            checkpoint is a sub-directory named after its step.
-        keep: how many checkpoints to keep: the most recent ones, or with
-            `monitor` the best ones. None keeps them all. Enforced also on the
-            checkpoints found in `directory`.
-        monitor: an entry of the logs (`"accuracy_test"` or a full path such as
-            `"metrics.accuracy_test"`) that ranks the checkpoints. In a loop it is
-            read from the entries logged so far (`loop_state.accumulated_logs`).
+        directory: where to save (made absolute, created if missing), a
+            sub-directory per step.
+        keep: how many checkpoints to keep (also of those found in
+            `directory`): the most recent, or with `monitor` the best. None: all.
+        monitor: a logged entry (`"accuracy_test"`, `"metrics.accuracy_test"`)
+            that ranks the checkpoints; in a loop, read from the entries logged
+            so far (`loop_state.accumulated_logs`).
         mode: `"min"` if lower monitored values are better, `"max"` if higher;
-            `"auto"` picks `"max"` for accuracy-like names (`accuracy`, `acc`,
-            `auc`, `precision`, `recall`, `f1`, `iou`, `top5`, ...) and `"min"`
-            otherwise.
+            `"auto"` picks `"max"` for accuracy-like names (`accuracy`, `auc`,
+            `f1`, `iou`, `top5`, ...), else `"min"`.
         async_save: write in the background while training goes on.
-        overwrite: delete the checkpoints already in `directory` (another run's)
-            instead of refusing to save among them.
+        overwrite: delete the checkpoints already in `directory`.
         resume: the checkpoints already in `directory` are this run's: save
-            after them. Restoring through this `Checkpoint` (`restore`) or
-            resuming a loop `backup` that holds its state does the same.
-        name: the key its state is saved under in a backup (`state_key`); by
-            default `"Checkpoint(monitor, mode)"`, or `"Checkpoint(latest)"`.
-            Needed only to tell two checkpoints with one monitor apart.
+            after them.
+        name: the key its state is saved under in a backup (`state_key`), to
+            tell two checkpoints with one monitor apart.
 
     Raises:
-        TypeError, ValueError: if an argument is not valid (the message names it),
-            or if `directory` holds checkpoints ranked with another monitor or mode.
+        TypeError, ValueError: for an invalid argument, or a `directory` whose
+            checkpoints were ranked with another monitor or mode.
 
     Example:
         >>> import tempfile
@@ -805,43 +714,26 @@ def restore_checkpoint(
     """Restores a checkpoint saved by `ciclo.checkpoint` into the structure of `target`.
 
     Works in any process: `"best"` uses the monitor and mode recorded in the
-    directory when the checkpoints were saved. Each array is read onto the
-    sharding of the target's leaf: nothing is gathered onto one device.
-
-    By default the target must be built like the state saved. With
-    `partial=True` every leaf of `target` whose path is in the checkpoint with
-    the same shape and dtype is restored, the others are kept as they are in
-    `target`, and a one-line summary goes to the `ciclo.resume` logger: a
-    training checkpoint into a state for inference (`create_flax_state(model,
-    inputs=...)`, no `tx`), or a pretrained backbone into a model with a new
-    head and a new optimizer (docs/after_training.md).
+    directory. Each array is read onto the sharding of the target's leaf. With
+    `partial=True` the leaves that match are restored and the others kept, with
+    a one-line summary on the `ciclo.resume` logger: a training checkpoint into
+    a state for inference, or a pretrained backbone under a new head
+    (docs/after_training.md).
 
     Args:
         directory: the directory passed to `ciclo.checkpoint`.
-        target: a pytree like the saved state (e.g. the freshly initialised
-            state): its structure, shapes, dtypes and shardings are those of the
-            result. Its values are read only for the leaves `partial` keeps.
-        report: also return a `ciclo.types.RestoreReport`: the leaves restored,
-            those kept from `target` with the reason, the checkpoint's unused.
-        **options: `step` (`"latest"`, `"best"`: the best monitored value, or
-            a step number), `partial` (restore the leaves that match and keep
-            the others, see above) and `params_from` (`"ema_params"`: the EMA
-            weights as the parameters, with `partial=True`); see
-            `ciclo.types.RestoreOptions`. `Checkpoint.restore` takes the same.
-
-    Returns:
-        The restored state, with the structure of `target`; with `report=True`,
-        `(state, report)`.
+        target: a pytree like the saved state: the result's structure, shapes,
+            dtypes and shardings. Its values are read only for the leaves
+            `partial` keeps.
+        report: also return a `ciclo.types.RestoreReport`.
+        **options: `step`, `partial`, `params_from`: see
+            `ciclo.types.RestoreOptions`.
 
     Raises:
-        FileNotFoundError: if `directory` does not exist, holds no checkpoint, or
-            none for `step`.
-        ValueError: if `step` is not valid, or is `"best"` for checkpoints saved
-            without `monitor`, or if `target` does not match the checkpoint
-            without `partial` (the message names the `create_*_state` option
-            that explains the difference, `metrics=`, `tx=`, ..., and the
-            leaves, with their shapes and dtypes), or for `params_from` without
-            `partial=True` or naming a field the checkpoint does not hold.
+        FileNotFoundError: if `directory` holds no checkpoint, or none for `step`.
+        ValueError: for an invalid `step` or `params_from`, or a `target` unlike
+            the checkpoint without `partial` (naming the leaves and the
+            `create_*_state` option behind the difference).
 
     Example:
         >>> import tempfile
@@ -871,5 +763,4 @@ def restore_checkpoint(
     check_closed(path, "the checkpoint directory")
     settings = _read_settings(path) or _settings(None, "min")
     monitor, mode = settings["monitor"], typing.cast(Mode, settings["mode"] or "min")
-    restored, found = _restore_in(path, target, monitor, mode, None, options, report)
-    return (restored, found) if report else restored
+    return _restore_in(path, target, monitor, mode, None, options, report)

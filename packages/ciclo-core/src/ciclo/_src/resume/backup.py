@@ -1,14 +1,10 @@
 """Backups: what a loop needs to go on after a kill, saved atomically with orbax.
 
-`ciclo.backup(directory)` is given to a loop as `backup=`; the loop then saves,
-on schedule, at its end and when preempted, one orbax step holding `state` (the
-loop state), `loop` (a JSON document: the `Elapsed`, the History's chunks, the
-callbacks' `state_dict()`s, the dataset position; data checked field by field
-when read, never code) and `kept` (trees shaped like the state that callbacks
-hold, such as an early stopping's best state). The History's rows are in
-`history/rows-<first>-<end>.json`: each backup writes the rows since the one
-before, and chunks no kept backup refers to are deleted. orbax renames a step
-into place when complete, so a kill during a save leaves the previous one.
+Each backup is one orbax step holding `state`, `loop` (a JSON document: the
+`Elapsed`, the History's chunks, the callbacks' `state_dict()`s, the dataset
+position; data checked field by field when read, never code) and `kept` (trees
+shaped like the state that callbacks hold). The History's rows are in
+`history/rows-<first>-<end>.json`: each backup writes the rows since the last.
 """
 
 from __future__ import annotations
@@ -66,17 +62,12 @@ if TYPE_CHECKING:
 _log = logging.getLogger("ciclo")
 
 
-_FORMAT = 4
-"""The loop document's format (format 1 held a pickle: refused, never read)."""
-_MARKER = "ciclo_backup.json"
-"""Written next to the checkpoints: says the directory holds ciclo backups."""
-_HISTORY_DIR = "history"
-"""The History's rows, in files `rows-<first>-<end>.json`: each backup writes only the rows since the last."""
-_BARRIERS = "ciclo_backup"
-"""The backups' kind in orbax's barrier names (a checkpoint's saves of the same step never wait on them)."""
+_FORMAT = 4  # of the loop document (format 1 held a pickle: refused, never read)
+_MARKER = "ciclo_backup.json"  # says the directory holds ciclo backups
+_HISTORY_DIR = "history"  # the History's rows, in files rows-<first>-<end>.json
 _CHUNK = re.compile(r"rows-(\d+)-(\d+)\.json")
-_LOCK = "ciclo_backup.lock"
-"""Held while a loop uses the directory: the owner's pid and host, so that a second one is refused."""
+_BARRIERS = "ciclo_backup"  # the backups' kind in orbax's barrier names
+_LOCK = "ciclo_backup.lock"  # held while a loop uses the directory: the owner's pid and host
 
 
 class Preempted(SystemExit):
@@ -134,24 +125,16 @@ def backup(
 ) -> Backup:
     """Backups of a loop in `directory`, so that a killed run goes on where it stopped.
 
-    Give it to `ciclo.loop`, `train_loop`, `test_loop`, `predict_loop` or
-    `run_phases` as `backup=` (a plain directory means `ciclo.backup(directory)`).
-    The loop saves the state, the `Elapsed`, the History, the stateful
-    callbacks' states and the dataset position; when it starts and finds a
-    backup, it restores them and continues. Results equal those of a run that
-    was never interrupted, bit for bit, as long as the steps are deterministic.
-
-    The dataset position: an iterator with `get_state()` / `set_state()` (like
-    grain's `DatasetIterator`) has its own state saved. Any other dataset is
-    iterated again from its start, skipping the batches already used (so it
-    must give the same batches in the same order, and the skipped batches cost
-    their loading time). A generator that was already partly consumed cannot
-    be positioned and is refused.
-
-    On SIGTERM (and SIGINT with `sigint=True`) the loop finishes the step in
-    flight, saves, and raises `ciclo.types.Preempted`, which exits the process with
-    code 143 (130 for SIGINT) unless caught. Under several processes they all
-    stop at the same step (JAX's preemption sync point).
+    Give it to a loop as `backup=` (a plain directory means
+    `ciclo.backup(directory)`). The loop saves the state, the `Elapsed`, the
+    History, the callbacks' states and the dataset position; when it finds a
+    backup, it restores them and continues, bit for bit as a run never
+    interrupted if the steps are deterministic. An iterator with
+    `get_state()`/`set_state()` has its state saved; any other dataset is
+    iterated again, skipping the batches used (a partly consumed generator is
+    refused). On SIGTERM (and SIGINT with `sigint=True`) the loop finishes the
+    step, saves, and raises `ciclo.types.Preempted` (exit code 143, 130 for
+    SIGINT); processes stop at the same step (JAX's preemption sync point).
 
     Args:
         directory: where the backups go (created if needed).
@@ -222,20 +205,16 @@ class Restored:
     kind: str
     stop: Period | None
     samples: int
-    devices: int | None = None
-    """`jax.device_count()` of the run that wrote it; None where the backup did not record it."""
-    skipped: tuple[int, ...] = ()
-    """The newer backups that could not be read (warned about, then deleted)."""
+    devices: int | None = None  # of the run that wrote it, where the backup recorded it
+    skipped: tuple[int, ...] = ()  # the newer backups that could not be read
 
 
 _LOOP_FIELDS = {"format", "kind", "stop", "finished", "elapsed", "history", "callbacks", "position"}
 _LOOP_FIELDS |= {"samples", "iterator_state", "kept", "options"}
-_OPTIONAL_LOOP_FIELDS = {"devices"}
-"""Fields a format-4 document may lack: those of ciclo versions that did not record them yet."""
+_OPTIONAL_LOOP_FIELDS = {"devices"}  # fields of format 4 that earlier ciclo versions did not record
 
 
 def _stop_period(fields: Any, where: str) -> Period | None:
-    """The document's `stop`: null, or `[steps, samples, time, date]` that `Period` checks."""
     if fields is None:
         return None
     try:
@@ -247,7 +226,6 @@ def _stop_period(fields: Any, where: str) -> Period | None:
 
 
 def _checked_loop_item(item: Any, step: int, where: str) -> dict[str, Any]:
-    """The loop item's fields, each checked: a backup is data, and a damaged or crafted one is named."""
     if not isinstance(item, dict):
         raise ValueError(f"{where} holds a {type(item).__name__}, not the loop's JSON document")
     if item.get("format") == 1:
@@ -301,11 +279,7 @@ def _is_time(x: Any) -> bool:
 
 
 def _check_rows(part: dict[str, Any], where: str, first: int) -> None:
-    """Each row of a chunk file as `History.to_host` writes it: names, numbers, and finite counts.
-
-    A damaged or crafted file (strings for values, NaN times) is refused like
-    any other damaged backup: the loop falls back to the one before.
-    """
+    """Refuses a chunk file's row unlike `History.to_host`'s: names, numbers, and finite counts."""
     for index, (paths, values, elapsed) in enumerate(zip(*(part[name] for name in _COLUMNS), strict=True)):
         row = f"{where}: row {first + index}"
         if not isinstance(paths, tuple) or not all(
@@ -350,284 +324,6 @@ def _checked_chunks(item: Any, where: str) -> list[tuple[int, int]]:
     return ranges
 
 
-class Session:
-    """One loop's use of a `Backup`: opens the orbax manager, restores, saves on schedule."""
-
-    def __init__(self, spec: Backup, default_every: Any, *, kind: str, stop: Period | None) -> None:
-        self.spec = spec
-        self.kind = kind
-        self.stop = stop
-        every = next(every for every in (spec.every, default_every, 1000) if every is not None)
-        self.interval: int | None
-        self.interval, self.schedule = _schedule(every)
-        if self.schedule is not None and jax.process_count() > 1:
-            raise ValueError(
-                "under several processes, backup(every=...) must be a number of steps: all processes "
-                f"must save at the same step, and a schedule in time would not agree; got {short(spec.every)}"
-            )
-        self._ocp = ocp = orbax()
-        os.makedirs(spec.directory, exist_ok=True)
-        check_closed(spec.directory, "the backup directory")
-        self._check_marker()
-        self._lock = _lock(spec.directory)
-        self.manager = open_manager(
-            spec.directory,
-            _BARRIERS,
-            item_handlers={
-                "state": ocp.StandardCheckpointHandler(),
-                "kept": ocp.StandardCheckpointHandler(),
-                "loop": ocp.JsonCheckpointHandler(),
-            },
-            max_to_keep=spec.keep,
-        )
-        self.last_saved: int | None = None
-        self._recent: list[list[tuple[int, int]]] = []  # the History chunks of the kept backups, newest last
-
-    def _check_marker(self) -> None:
-        path = os.path.join(self.spec.directory, _MARKER)
-        if os.path.exists(path):
-            return
-        # The marker's temporary file is ours (a kill between its write and its rename). Under several
-        # processes, process 0 writes the marker and may already be saving: the others leave the
-        # check of orbax's step directories to it, and may see the marker appear after looking for it.
-        ours = re.compile(
-            r"ciclo_backup\.(json|lock)(\.tmp)?|history" + (r"|\d+(\..*)?" if jax.process_index() else "")
-        )
-        entries = [e for e in os.listdir(self.spec.directory) if not ours.fullmatch(e)]
-        if entries:
-            raise FileExistsError(
-                f"{self.spec.directory} is not empty and holds no ciclo backup ({sorted(entries)[:5]}...): "
-                "give backup= a directory of its own (a checkpoint directory cannot double as one)"
-            )
-        if jax.process_index() == 0:
-            _write_json(self.spec.directory, _MARKER, {"format": _FORMAT})
-
-    def restore(self, target: Any) -> Restored | None:
-        """The newest backup that can be read, restored into the structure, shapes and shardings of `target`.
-
-        Newer ones that cannot be read are warned about, then deleted (the run saves their steps again).
-
-        Raises:
-            ValueError: if no backup in the directory can be read, naming each
-                one and what failed.
-        """
-        failures: list[tuple[int, Exception]] = []
-        for step in sorted((int(step) for step in self.manager.all_steps()), reverse=True):
-            try:
-                # Every process resumes from the same step: the reads fail on all of them together.
-                restored = self._restore_step(step, target)
-            except ResumeRefused:
-                raise  # the run's own options, which every backup in the directory was written with
-            except Exception as error:  # noqa: BLE001 - orbax, tensorstore and json raise anything
-                failures.append((step, error))
-                _log.warning(
-                    "cannot resume from the backup at step %d in %s: %s; trying the one before",
-                    step,
-                    self.spec.directory,
-                    error,
-                )
-                continue
-            for damaged, _ in failures:
-                self.manager.delete(damaged)
-            return dataclasses.replace(restored, skipped=tuple(step for step, _ in failures))
-        if not failures:
-            return None
-        errors = "\n".join(f"- step {step}: {error}" for step, error in failures)
-        raise ValueError(
-            f"no backup in {self.spec.directory} can be resumed from:\n{errors}\nIf the loop's state "
-            "changed (another model), give backup= another directory to start afresh."
-        )
-
-    def _restore_step(self, step: int, target: Any) -> Restored:
-        """The backup of `step`, checked field by field; raises if any part of it cannot be read."""
-        ocp, manager = self._ocp, self.manager
-        loop_item = restore_everywhere(manager, step, ocp.args.Composite(loop=ocp.args.JsonRestore()))["loop"]
-        document = os.path.join(self.spec.directory, str(step), "loop")
-        fields = _checked_loop_item(loop_item, step, document)
-        where = f"at step {step} in {self.spec.directory}"
-        # The options that give the arrays their meaning (accumulate_steps, ...), before the arrays.
-        changed = check_static_options(fields["options"], target, where)
-        target_tree = abstract(target)
-        # Compared before orbax reads anything: its own errors name no leaf.
-        stored = stored_tree(self.manager, step, "state", "state")  # saved wrapped, as {"state": state}
-        check_device_axis(stored, target, "the backup", where)
-        check_structure(stored, target_tree, "the backup", where, dtypes=True)
-        items = {"state": ocp.args.StandardRestore({"state": target_tree})}
-        if fields["kept"]:  # trees shaped like the loop's state (an early stopping's best state)
-            items["kept"] = ocp.args.StandardRestore({name: target_tree for name in fields["kept"]})
-        try:
-            arrays = restore_everywhere(manager, step, ocp.args.Composite(**items))
-        except Exception as error:  # noqa: BLE001 - orbax and tensorstore raise plain Exceptions
-            # The structure fits (checked above): what fails is reading the arrays' files.
-            raise ValueError(f"the state of the backup {where} cannot be read: {error}") from None
-        restored, states = arrays["state"]["state"], arrays["kept"] if fields["kept"] else {}
-        callbacks = from_json(fields["callbacks"], f"{document}: callbacks", states=states)
-        item = from_json(fields["history"], f"{document}: history")
-        chunks = _checked_chunks(item, f"{document}: history")
-        history = self._read_history(item, chunks, f"{document}: history")
-        self.last_saved, self._recent = step, [chunks]
-        if changed:
-            _log.warning(
-                "the backup at step %d in %s was written with other options than this run's state has "
-                "(%s): the run goes on with this state's, so it will not equal the run that was backed up; "
-                "give backup= another directory to start afresh",
-                step,
-                self.spec.directory,
-                "; ".join(changed),
-            )
-        return Restored(
-            step=step,
-            state=restored,
-            elapsed=make_elapsed(*fields["elapsed"]),
-            history=history,
-            callbacks=callbacks,
-            position=fields["position"],
-            iterator_state=from_json(fields["iterator_state"], f"{document}: iterator_state"),
-            finished=fields["finished"],
-            kind=fields["kind"],
-            stop=_stop_period(fields["stop"], document),
-            samples=fields["samples"],
-            devices=fields.get("devices"),
-        )
-
-    def _read_history(
-        self, item: dict[str, Any], chunks: list[tuple[int, int]], where: str
-    ) -> dict[str, Any]:
-        """The History rows of `chunks`, from the chunk files, as `History.to_host()` gives them."""
-        rows: dict[str, list[Any]] = {name: [] for name in _COLUMNS}
-        for first, end in chunks:
-            path = os.path.join(self.spec.directory, _HISTORY_DIR, f"rows-{first}-{end}.json")
-            try:
-                with open_own(path, "r") as file:
-                    part = from_json(json.load(file), path)
-            except (OSError, ValueError) as error:
-                raise ValueError(f"{where}: the rows {first} to {end} cannot be read: {error}") from None
-            if not isinstance(part, dict) or set(part) != set(_COLUMNS):
-                raise ValueError(f"{path} does not have the fields {list(_COLUMNS)}")
-            if not all(isinstance(part[name], list) and len(part[name]) == end - first for name in _COLUMNS):
-                raise ValueError(f"{path}: paths, values and elapsed are not lists of {end - first} rows")
-            _check_rows(part, path, first)
-            for name in _COLUMNS:
-                rows[name] += part[name]
-        skip = item["dropped"] - chunks[0][0] if chunks else 0  # rows a bounded History dropped since
-        history = {name: column[skip:] for name, column in rows.items()}
-        history.update(
-            max_rows=item["max_rows"], dropped=item["dropped"], evicted_latest=item["evicted_latest"]
-        )
-        return history
-
-    def _history_item(self, history: Any) -> dict[str, Any]:
-        """The document's history field; writes the rows since the last backup as a new chunk."""
-        dropped, total = history.dropped, history.dropped + len(history)
-        chunks = [chunk for chunk in (self._recent[-1] if self._recent else []) if chunk[1] > dropped]
-        written = chunks[-1][1] if chunks else dropped
-        rows = history.to_host(written)
-        if total > written:
-            if jax.process_index() == 0:
-                part = to_json({name: rows[name] for name in _COLUMNS}, "the history")
-                _write_json(
-                    os.path.join(self.spec.directory, _HISTORY_DIR), f"rows-{written}-{total}.json", part
-                )
-            chunks.append((written, total))
-        self._recent = [*self._recent, chunks][-(self.spec.keep + 1) :]
-        return {
-            "chunks": [list(chunk) for chunk in chunks],
-            "max_rows": rows["max_rows"],
-            "dropped": dropped,
-            "evicted_latest": rows["evicted_latest"],
-        }
-
-    def _delete_unused_chunks(self) -> None:
-        """Deletes the chunk files no kept backup refers to (a bounded History's old rows, a killed run's)."""
-        directory = os.path.join(self.spec.directory, _HISTORY_DIR)
-        if jax.process_index() != 0 or os.path.islink(directory) or not os.path.isdir(directory):
-            return
-        used = {chunk for chunks in self._recent for chunk in chunks}
-        for name in os.listdir(directory):
-            match = _CHUNK.fullmatch(name)
-            if match is not None and (int(match[1]), int(match[2])) not in used:
-                remove_own(directory, name, _CHUNK)  # only a chunk file of ours, never through a link
-
-    def due(self, steps: int, now: Any) -> bool:
-        """Whether the schedule asks for a backup after a step that ended at `steps`."""
-        if self.interval is not None:
-            return crossed(self.last_saved or 0, steps, self.interval)
-        return bool(self.schedule(now()))
-
-    def save(
-        self, loop_state: LoopState[Any], samples: int, iterator_state: Any, *, finished: bool, wait: bool
-    ) -> None:
-        """Saves a backup numbered by the steps completed; `wait` blocks until it is on disk.
-
-        `samples`: those this run drew (the dataset position's check);
-        `iterator_state`: the dataset iterator's `get_state()`, if it has one.
-
-        A state holding NaN or inf is not saved (nor marked finished): the newest
-        finite backup stays the resume point, and no rotation deletes it.
-        """
-        state, elapsed = loop_state.state, loop_state._clock.now()
-        step = int(elapsed.steps)
-        if step == self.last_saved and not finished:
-            return
-        if not all_finite(state):
-            _log.warning(
-                "backup of step %d not saved: the state holds NaN or inf; running the script again resumes "
-                "from the newest finite backup (%s)",
-                step,
-                "none yet" if self.last_saved is None else f"step {self.last_saved}",
-            )
-            return
-        kept: dict[str, Any] = {}
-        structure = None if is_single_leaf(state) else jax.tree.structure(state)
-        callbacks_data = {
-            name: to_json(value, f"the state of callback {name}", state_structure=structure, kept=kept)
-            for name, value in loop_state.state_dicts().items()
-        }
-        loop_item = {
-            "format": _FORMAT,
-            "kind": self.kind,
-            "stop": None if self.stop is None else list(dataclasses.astuple(self.stop)),
-            "finished": finished,
-            "elapsed": [step, int(elapsed.samples), float(elapsed.time), float(elapsed.date_start)],
-            "history": to_json(self._history_item(loop_state.history), "the history"),
-            "callbacks": callbacks_data,
-            "position": int(loop_state._drawn),
-            "samples": int(samples),
-            "iterator_state": to_json(iterator_state, "the dataset iterator's get_state()"),
-            "kept": sorted(kept),
-            "options": static_options(state),
-            "devices": jax.device_count(),
-        }
-        ocp = self._ocp
-        if step == self.last_saved:
-            # Same step, now finished: replace the backup in place of a second one.
-            self.manager.wait_until_finished()
-            self.manager.delete(step)
-        self.manager.save(
-            step,
-            args=ocp.args.Composite(
-                # Wrapped: orbax refuses a state that is a single leaf at the root.
-                state=ocp.args.StandardSave({"state": state}),
-                loop=ocp.args.JsonSave(loop_item),
-                **({"kept": ocp.args.StandardSave(kept)} if kept else {}),
-            ),
-            force=True,
-        )
-        self.last_saved = step
-        self._delete_unused_chunks()
-        if wait:
-            self.manager.wait_until_finished()
-
-    def close(self) -> None:
-        """Finishes the pending save (also after Ctrl-C or an error), releases the manager and the lock."""
-        try:
-            self.manager.wait_until_finished()
-            self.manager.close()
-        finally:
-            if self._lock is not None:
-                _unlock(self.spec.directory, self._lock)
-
-
 @final
 class BackupCallback(Callback):
     """A loop's backup as a callback (`Backup.callback`): restores before the first step, saves after.
@@ -646,7 +342,6 @@ class BackupCallback(Callback):
         self.spec = spec if isinstance(spec, Backup) else backup(spec)
         self.kind = kind
         self.default_every = default_every
-        self._session: Session | None = None
         self._guard: SignalGuard | None = None
         self._done = False
         self._iterator: Any = None
@@ -654,10 +349,34 @@ class BackupCallback(Callback):
 
     def on_start(self, loop_state: LoopState[Any], /) -> None:
         spec = self.spec
-        self._session = session = Session(spec, self.default_every, kind=self.kind, stop=loop_state._stop)
+        every = next(every for every in (spec.every, self.default_every, 1000) if every is not None)
+        self._interval: int | None
+        self._interval, self._timed = _schedule(every)
+        if self._timed is not None and jax.process_count() > 1:
+            raise ValueError(
+                "under several processes, backup(every=...) must be a number of steps: all processes "
+                f"must save at the same step, and a schedule in time would not agree; got {short(spec.every)}"
+            )
+        self._ocp = ocp = orbax()
+        os.makedirs(spec.directory, exist_ok=True)
+        check_closed(spec.directory, "the backup directory")
+        self._check_marker()
+        self._lock = _lock(spec.directory)
+        self._manager = open_manager(
+            spec.directory,
+            _BARRIERS,
+            item_handlers={
+                "state": ocp.StandardCheckpointHandler(),
+                "kept": ocp.StandardCheckpointHandler(),
+                "loop": ocp.JsonCheckpointHandler(),
+            },
+            max_to_keep=spec.keep,
+        )
+        self._last_saved: int | None = None
+        self._recent: list[list[tuple[int, int]]] = []  # the History chunks of the kept backups, newest last
         self._done = False
         try:
-            restored = session.restore(loop_state.state)
+            restored = self._restore_newest(loop_state.state)
             if restored is None:
                 self._iterator = loop_state._iterator
                 self._samples_before = loop_state._clock.samples
@@ -668,7 +387,7 @@ class BackupCallback(Callback):
                 self._resume(loop_state, restored)
         except BaseException as error:
             note_lost_peer(error)
-            session.close()
+            self._close()
             raise
         if not self._done:
             self._guard = SignalGuard.for_loop(sigterm=True, sigint=spec.sigint)
@@ -730,11 +449,7 @@ class BackupCallback(Callback):
         yield from ()
 
     def on_step_end(self, loop_state: LoopState[Any], /) -> None:
-        """Stops on a signal (saving first), or backs up when due.
-
-        Raises:
-            ciclo.types.Preempted: after saving, on SIGTERM (or SIGINT with `sigint=True`).
-        """
+        """Backs up when due; on a signal, saves and raises `ciclo.types.Preempted`."""
         guard, clock = self._guard, loop_state._clock
         if guard is None or loop_state.stop_iteration:
             return
@@ -744,7 +459,7 @@ class BackupCallback(Callback):
             preempted = Preempted(guard.signum, clock.steps, self.spec.directory)
             announce("ciclo: %s", preempted)
             raise preempted
-        if self._session.due(clock.steps, clock.now):  # type: ignore[union-attr]
+        if self._due(clock.steps, clock.now):
             self._save(loop_state, finished=False, wait=False)
 
     def on_end(self, loop_state: LoopState[Any], error: BaseException | None, /) -> None:
@@ -756,28 +471,249 @@ class BackupCallback(Callback):
             try:
                 if error is not None:
                     note_lost_peer(error)  # before the wait for the save in flight, which JAX may end
-                self._session.close()  # type: ignore[union-attr]
+                self._close()
             finally:
                 if self._guard is not None:
                     self._guard.release()
                     self._guard = None
 
-    def _save(self, loop_state: LoopState[Any], *, finished: bool, wait: bool) -> None:
-        samples = loop_state._clock.samples - self._samples_before
-        self._session.save(  # type: ignore[union-attr]
-            loop_state, samples, iterator_state(self._iterator), finished=finished, wait=wait
+    def _check_marker(self) -> None:
+        path = os.path.join(self.spec.directory, _MARKER)
+        if os.path.exists(path):
+            return
+        # The marker's temporary file is ours (a kill between its write and its rename). Under several
+        # processes, process 0 writes the marker and may already be saving: the others leave the
+        # check of orbax's step directories to it, and may see the marker appear after looking for it.
+        ours = re.compile(
+            r"ciclo_backup\.(json|lock)(\.tmp)?|history" + (r"|\d+(\..*)?" if jax.process_index() else "")
         )
+        entries = [e for e in os.listdir(self.spec.directory) if not ours.fullmatch(e)]
+        if entries:
+            raise FileExistsError(
+                f"{self.spec.directory} is not empty and holds no ciclo backup ({sorted(entries)[:5]}...): "
+                "give backup= a directory of its own (a checkpoint directory cannot double as one)"
+            )
+        if jax.process_index() == 0:
+            _write_json(self.spec.directory, _MARKER, {"format": _FORMAT})
+
+    def _restore_newest(self, target: Any) -> Restored | None:
+        """The newest backup that can be read, into `target`'s structure and shardings; None if none is there.
+
+        Newer ones that cannot be read are warned about, then deleted; if none
+        can be read, a ValueError names each and what failed.
+        """
+        failures: list[tuple[int, Exception]] = []
+        for step in sorted((int(step) for step in self._manager.all_steps()), reverse=True):
+            try:
+                # Every process resumes from the same step: the reads fail on all of them together.
+                restored = self._restore_step(step, target)
+            except ResumeRefused:
+                raise  # the run's own options, which every backup in the directory was written with
+            except Exception as error:  # noqa: BLE001 - orbax, tensorstore and json raise anything
+                failures.append((step, error))
+                _log.warning(
+                    "cannot resume from the backup at step %d in %s: %s; trying the one before",
+                    step,
+                    self.spec.directory,
+                    error,
+                )
+                continue
+            for damaged, _ in failures:
+                self._manager.delete(damaged)
+            return dataclasses.replace(restored, skipped=tuple(step for step, _ in failures))
+        if not failures:
+            return None
+        errors = "\n".join(f"- step {step}: {error}" for step, error in failures)
+        raise ValueError(
+            f"no backup in {self.spec.directory} can be resumed from:\n{errors}\nIf the loop's state "
+            "changed (another model), give backup= another directory to start afresh."
+        )
+
+    def _restore_step(self, step: int, target: Any) -> Restored:
+        ocp, manager = self._ocp, self._manager
+        loop_item = restore_everywhere(manager, step, ocp.args.Composite(loop=ocp.args.JsonRestore()))["loop"]
+        document = os.path.join(self.spec.directory, str(step), "loop")
+        fields = _checked_loop_item(loop_item, step, document)
+        where = f"at step {step} in {self.spec.directory}"
+        # The options that give the arrays their meaning (accumulate_steps, ...), before the arrays.
+        changed = check_static_options(fields["options"], target, where)
+        target_tree = abstract(target)
+        # Compared before orbax reads anything: its own errors name no leaf.
+        stored = stored_tree(self._manager, step, "state", "state")  # saved wrapped, as {"state": state}
+        check_device_axis(stored, target, "the backup", where)
+        check_structure(stored, target_tree, "the backup", where, dtypes=True)
+        items = {"state": ocp.args.StandardRestore({"state": target_tree})}
+        if fields["kept"]:  # trees shaped like the loop's state (an early stopping's best state)
+            items["kept"] = ocp.args.StandardRestore({name: target_tree for name in fields["kept"]})
+        try:
+            arrays = restore_everywhere(manager, step, ocp.args.Composite(**items))
+        except Exception as error:  # noqa: BLE001 - orbax and tensorstore raise plain Exceptions
+            # The structure fits (checked above): what fails is reading the arrays' files.
+            raise ValueError(f"the state of the backup {where} cannot be read: {error}") from None
+        restored, states = arrays["state"]["state"], arrays["kept"] if fields["kept"] else {}
+        callbacks = from_json(fields["callbacks"], f"{document}: callbacks", states=states)
+        item = from_json(fields["history"], f"{document}: history")
+        chunks = _checked_chunks(item, f"{document}: history")
+        history = self._read_history(item, chunks, f"{document}: history")
+        self._last_saved, self._recent = step, [chunks]
+        if changed:
+            _log.warning(
+                "the backup at step %d in %s was written with other options than this run's state has "
+                "(%s): the run goes on with this state's, so it will not equal the run that was backed up; "
+                "give backup= another directory to start afresh",
+                step,
+                self.spec.directory,
+                "; ".join(changed),
+            )
+        return Restored(
+            step=step,
+            state=restored,
+            elapsed=make_elapsed(*fields["elapsed"]),
+            history=history,
+            callbacks=callbacks,
+            position=fields["position"],
+            iterator_state=from_json(fields["iterator_state"], f"{document}: iterator_state"),
+            finished=fields["finished"],
+            kind=fields["kind"],
+            stop=_stop_period(fields["stop"], document),
+            samples=fields["samples"],
+            devices=fields.get("devices"),
+        )
+
+    def _read_history(
+        self, item: dict[str, Any], chunks: list[tuple[int, int]], where: str
+    ) -> dict[str, Any]:
+        rows: dict[str, list[Any]] = {name: [] for name in _COLUMNS}
+        for first, end in chunks:
+            path = os.path.join(self.spec.directory, _HISTORY_DIR, f"rows-{first}-{end}.json")
+            try:
+                with open_own(path, "r") as file:
+                    part = from_json(json.load(file), path)
+            except (OSError, ValueError) as error:
+                raise ValueError(f"{where}: the rows {first} to {end} cannot be read: {error}") from None
+            if not isinstance(part, dict) or set(part) != set(_COLUMNS):
+                raise ValueError(f"{path} does not have the fields {list(_COLUMNS)}")
+            if not all(isinstance(part[name], list) and len(part[name]) == end - first for name in _COLUMNS):
+                raise ValueError(f"{path}: paths, values and elapsed are not lists of {end - first} rows")
+            _check_rows(part, path, first)
+            for name in _COLUMNS:
+                rows[name] += part[name]
+        skip = item["dropped"] - chunks[0][0] if chunks else 0  # rows a bounded History dropped since
+        history = {name: column[skip:] for name, column in rows.items()}
+        history.update(
+            max_rows=item["max_rows"], dropped=item["dropped"], evicted_latest=item["evicted_latest"]
+        )
+        return history
+
+    def _history_item(self, history: Any) -> dict[str, Any]:
+        """The document's history field; writes the rows since the last backup as a new chunk."""
+        dropped, total = history.dropped, history.dropped + len(history)
+        chunks = [chunk for chunk in (self._recent[-1] if self._recent else []) if chunk[1] > dropped]
+        written = chunks[-1][1] if chunks else dropped
+        rows = history.to_host(written)
+        if total > written:
+            if jax.process_index() == 0:
+                part = to_json({name: rows[name] for name in _COLUMNS}, "the history")
+                _write_json(
+                    os.path.join(self.spec.directory, _HISTORY_DIR), f"rows-{written}-{total}.json", part
+                )
+            chunks.append((written, total))
+        self._recent = [*self._recent, chunks][-(self.spec.keep + 1) :]
+        return {
+            "chunks": [list(chunk) for chunk in chunks],
+            "max_rows": rows["max_rows"],
+            "dropped": dropped,
+            "evicted_latest": rows["evicted_latest"],
+        }
+
+    def _delete_unused_chunks(self) -> None:
+        """Deletes the chunk files no kept backup refers to (a bounded History's old rows, a killed run's)."""
+        directory = os.path.join(self.spec.directory, _HISTORY_DIR)
+        if jax.process_index() != 0 or os.path.islink(directory) or not os.path.isdir(directory):
+            return
+        used = {chunk for chunks in self._recent for chunk in chunks}
+        for name in os.listdir(directory):
+            match = _CHUNK.fullmatch(name)
+            if match is not None and (int(match[1]), int(match[2])) not in used:
+                remove_own(directory, name, _CHUNK)  # only a chunk file of ours, never through a link
+
+    def _due(self, steps: int, now: Any) -> bool:
+        """Whether the schedule asks for a backup after a step that ended at `steps`."""
+        if self._interval is not None:
+            return crossed(self._last_saved or 0, steps, self._interval)
+        return bool(self._timed(now()))
+
+    def _save(self, loop_state: LoopState[Any], *, finished: bool, wait: bool) -> None:
+        """Saves a backup numbered by the steps completed, unless the state holds NaN or inf."""
+        state, elapsed = loop_state.state, loop_state._clock.now()
+        step = int(elapsed.steps)
+        if step == self._last_saved and not finished:
+            return
+        if not all_finite(state):
+            _log.warning(
+                "backup of step %d not saved: the state holds NaN or inf; running the script again resumes "
+                "from the newest finite backup (%s)",
+                step,
+                "none yet" if self._last_saved is None else f"step {self._last_saved}",
+            )
+            return
+        kept: dict[str, Any] = {}
+        structure = None if is_single_leaf(state) else jax.tree.structure(state)
+        callbacks_data = {
+            name: to_json(value, f"the state of callback {name}", state_structure=structure, kept=kept)
+            for name, value in loop_state.state_dicts().items()
+        }
+        loop_item = {
+            "format": _FORMAT,
+            "kind": self.kind,
+            "stop": None if loop_state._stop is None else list(dataclasses.astuple(loop_state._stop)),
+            "finished": finished,
+            "elapsed": [step, int(elapsed.samples), float(elapsed.time), float(elapsed.date_start)],
+            "history": to_json(self._history_item(loop_state.history), "the history"),
+            "callbacks": callbacks_data,
+            "position": int(loop_state._drawn),
+            "samples": int(loop_state._clock.samples - self._samples_before),  # those this run drew
+            "iterator_state": to_json(iterator_state(self._iterator), "the dataset iterator's get_state()"),
+            "kept": sorted(kept),
+            "options": static_options(state),
+            "devices": jax.device_count(),
+        }
+        ocp = self._ocp
+        if step == self._last_saved:
+            # Same step, now finished: replace the backup in place of a second one.
+            self._manager.wait_until_finished()
+            self._manager.delete(step)
+        self._manager.save(
+            step,
+            args=ocp.args.Composite(
+                # Wrapped: orbax refuses a state that is a single leaf at the root.
+                state=ocp.args.StandardSave({"state": state}),
+                loop=ocp.args.JsonSave(loop_item),
+                **({"kept": ocp.args.StandardSave(kept)} if kept else {}),
+            ),
+            force=True,
+        )
+        self._last_saved = step
+        self._delete_unused_chunks()
+        if wait:
+            self._manager.wait_until_finished()
+
+    def _close(self) -> None:
+        """Finishes the pending save (also after Ctrl-C or an error), releases the manager and the lock."""
+        try:
+            self._manager.wait_until_finished()
+            self._manager.close()
+        finally:
+            if self._lock is not None:  # removed, then released: a process waiting on the old file retries
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(os.path.join(self.spec.directory, _LOCK))
+                os.close(self._lock)
 
 
 def position_dataset(
     iterator: Iterator[Any], dataset: Any, restored: Restored, batch_size_fn: BatchSizeFn
 ) -> Iterator[Any]:
-    """`iterator` moved to where the backed-up run stopped drawing batches.
-
-    Batches are skipped by number, so their samples are counted too: a dataset
-    whose first `position` batches hold another number of samples (another
-    batch size) would resume misaligned, and is refused.
-    """
+    """`iterator` moved to where the backed-up run stopped drawing batches (their samples checked)."""
     if restored.iterator_state is not None:
         iterator.set_state(restored.iterator_state)  # type: ignore[attr-defined]
         return iterator
@@ -809,10 +745,7 @@ def position_dataset(
 
 
 def _identity(pid: int) -> str | None:
-    """What tells process `pid` of this machine from any other that had its pid: boot id and start time.
-
-    None where /proc cannot say (not Linux, or the process is gone).
-    """
+    """Boot id and start time of process `pid`: what tells it from a later one with its pid; or None."""
     try:
         with open(f"/proc/{pid}/stat", encoding="utf-8") as file:
             fields = file.read().rpartition(")")[2].split()
@@ -823,23 +756,11 @@ def _identity(pid: int) -> str | None:
     return f"{boot}/{fields[19]}"  # field 22 of stat: the start time in clock ticks since boot
 
 
-def _holder_alive(holder: dict[str, Any]) -> bool:
-    """Whether the process a lock names still runs: only where flock cannot tell (a filesystem without it).
-
-    Same host, same pid, and the same start time: a restarted container's
-    pid 1, or another process that reused the pid, is not the holder.
-    """
-    pid, started = holder.get("pid"), holder.get("started")
-    if holder and holder.get("host") != socket.gethostname():
-        return True  # another machine's process: nothing here can tell
-    return type(pid) is int and pid > 0 and started is not None and _identity(pid) == started
-
-
 def _lock(directory: str) -> int | None:
     """Takes the directory's lock (docs/resume.md, "The lock") in process 0: its open descriptor, else None.
 
-    Raises:
-        FileExistsError: if a live process holds it, naming its pid and host.
+    flock decides; on a filesystem without it, the holder's identity: a
+    restarted container's pid 1, or another process with its pid, is not it.
     """
     if jax.process_index() != 0:
         return None
@@ -854,10 +775,25 @@ def _lock(directory: str) -> int | None:
             except FileNotFoundError:
                 continue  # released meanwhile
         try:
-            held = _flock(fd)
-            holder = _lock_holder(fd)
-            if held is None:  # no flock on this filesystem: the holder's identity decides
-                held = not _holder_alive(holder)
+            held: bool | None = None
+            if sys.platform != "win32":
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    held = True
+                except BlockingIOError:
+                    held = False
+                except OSError:
+                    pass  # no flock on this filesystem
+            try:
+                holder = json.loads(os.pread(fd, 4096, 0))
+            except (OSError, ValueError):
+                holder = {}
+            holder = holder if isinstance(holder, dict) else {}
+            if held is None:  # the holder's identity decides; another machine's, nothing here can tell
+                pid, started = holder.get("pid"), holder.get("started")
+                elsewhere = bool(holder) and holder.get("host") != socket.gethostname()
+                alive = type(pid) is int and pid > 0 and started is not None and _identity(pid) == started
+                held = not (elsewhere or alive)
             if not held:
                 raise FileExistsError(
                     f"the backup directory {directory} is in use by process {short(holder.get('pid'))} "
@@ -879,41 +815,9 @@ def _lock(directory: str) -> int | None:
         )
     owner = {"pid": os.getpid(), "host": socket.gethostname(), "started": _identity(os.getpid())}
     os.ftruncate(fd, 0)
-    os.lseek(fd, 0, os.SEEK_SET)
-    os.write(fd, json.dumps(owner).encode())
+    os.pwrite(fd, json.dumps(owner).encode(), 0)
     return fd
 
 
-def _flock(fd: int) -> bool | None:
-    """An exclusive flock on `fd`, not waited for: True; False if another holds it; None if unsupported."""
-    if sys.platform == "win32":
-        return None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return False
-    except OSError:
-        return None
-    return True
-
-
-def _lock_holder(fd: int) -> dict[str, Any]:
-    """What the lock file says of its holder: `{}` if it says nothing readable."""
-    try:
-        os.lseek(fd, 0, os.SEEK_SET)
-        holder = json.loads(os.read(fd, 4096))
-    except (OSError, ValueError):
-        return {}
-    return holder if isinstance(holder, dict) else {}
-
-
-def _unlock(directory: str, fd: int) -> None:
-    """Removes the lock file, then releases the flock: a process waiting on the old file then retries."""
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(os.path.join(directory, _LOCK))
-    os.close(fd)
-
-
 def _write_json(directory: str, name: str, document: Any) -> None:
-    """Writes `document` to `directory/name` atomically and durably: a reader sees all of it or nothing."""
-    write_atomically(os.path.join(directory, name), json.dumps(document))  # written by process 0 only
+    write_atomically(os.path.join(directory, name), json.dumps(document))  # by process 0 only

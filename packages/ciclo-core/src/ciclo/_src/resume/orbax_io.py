@@ -1,10 +1,4 @@
-"""The one orbax layer of `ciclo.checkpoint` and `ciclo.backup`: they share this and nothing else.
-
-It imports orbax on first use (naming the `checkpoint` extra if missing, and
-dropping orbax's absl records below WARNING, about fifty a save), opens managers
-with ciclo's options and barriers, restores on every process together, checks
-a target against the tree orbax stored, and notes a lost process of a run.
-"""
+"""The one orbax layer of `ciclo.checkpoint` and `ciclo.backup`: they share this and nothing else."""
 
 from __future__ import annotations
 
@@ -24,7 +18,7 @@ from typing import Any, final
 import jax
 import numpy as np
 
-from ciclo._src.base.reprs import short
+from ciclo._src.base.reprs import cut, short
 from ciclo._src.state.managed import AbstractManagedState
 
 _log = logging.getLogger("ciclo")
@@ -47,23 +41,16 @@ _announce.propagate = False  # printed once, whatever the root logger's handlers
 
 
 def announce(message: str, *args: Any) -> None:
-    """One line on stderr through the `ciclo.resume` logger: a resume, a preemption, a lost process.
-
-    What a restarted job's output must show, so it is on by default (level
-    WARNING, with a handler of its own). Silence it with
-    `logging.getLogger("ciclo.resume").setLevel(logging.ERROR)`; send it
-    elsewhere by replacing that logger's handlers.
-    """
+    """One line on stderr through the `ciclo.resume` logger (its own handler): a resume, a lost process..."""
     _announce.warning(message, *args)
 
 
-TMP_MARK = ".orbax-checkpoint-tmp"
-"""orbax writes a step into `<step>.orbax-checkpoint-tmp...` and renames it when the step is complete."""
+TMP_MARK = ".orbax-checkpoint-tmp"  # in the name of a step orbax is writing (renamed when complete)
 
 _ORBAX_PATH_PART = f"{os.sep}orbax{os.sep}checkpoint{os.sep}"
 
+# Every manager `open_manager` made and still alive: its kind ("ciclo_backup", ...) and directory.
 _open_managers: weakref.WeakKeyDictionary[Any, tuple[str, str]] = weakref.WeakKeyDictionary()
-"""Every manager `open_manager` made and still alive: its kind ("ciclo_backup", ...) and directory."""
 
 
 def _drop_orbax_info(record: logging.LogRecord) -> bool:
@@ -72,17 +59,13 @@ def _drop_orbax_info(record: logging.LogRecord) -> bool:
 
 
 def orbax() -> Any:
-    """`orbax.checkpoint`, imported on first use.
-
-    orbax-checkpoint (with absl-py and etils) is the optional `checkpoint`
-    extra; without it this raises an ImportError that says what to install.
-    """
+    """`orbax.checkpoint`, imported on first use; without it, an ImportError naming the `checkpoint` extra."""
     try:
         # absl.logging must create the "absl" logger itself: a plain logger made first by
         # logging.getLogger("absl") would report absl's own file as the origin of every record.
         from absl import logging as absl_logging
 
-        # Installed before importing orbax, which logs too (addFilter adds it once).
+        # Before importing orbax, which logs too: drops its records below WARNING, about fifty a save.
         absl_logging.get_absl_logger().addFilter(_drop_orbax_info)
         import orbax.checkpoint as ocp  # type: ignore[import-untyped]
     except ImportError as error:
@@ -114,13 +97,9 @@ def open_manager(
     create: bool = True,
     **options: Any,
 ) -> Any:
-    """An orbax `CheckpointManager` on `directory` with ciclo's options, and `options` (`max_to_keep`, ...).
+    """An orbax `CheckpointManager` on `directory` with ciclo's options and barriers (named by `kind`).
 
-    `kind` ("ciclo_backup", "ciclo_checkpoint") names its barriers with the
-    directory: two kinds of save of one step never wait on each other. The
-    `item_handlers` are named so that a manager opened later can read a step's
-    metadata. `create`: create the directory, and remove a killed run's
-    unfinished steps.
+    `create`: create the directory, and remove a killed run's unfinished steps.
     """
     ocp = orbax()
     for child in epath(directory).iterdir() if create and os.path.isdir(directory) else []:
@@ -145,16 +124,10 @@ def open_manager(
 
 
 def restore_everywhere(manager: Any, step: int, args: Any) -> Any:
-    """`manager.restore(step, args=args)` (an `open_manager`'s), done or failed on every process together.
+    """`manager.restore(step, args=args)`, done or failed on every process together.
 
-    Each process reads its own part of a step (its shards). orbax ends a restore
-    with a barrier that a process failing to read its part never reaches: here it
-    joins that barrier, then the processes share whether each one could read, so
-    that all of them raise together and can all try another step.
-
-    Raises:
-        Exception: this process's own error, or a `RuntimeError` naming the
-            processes that could not read their part.
+    A process that fails to read its part joins the barrier that ends orbax's
+    restore, then all share whether each could read: all raise together.
     """
     if jax.process_count() == 1:
         return manager.restore(step, args=args)
@@ -194,8 +167,7 @@ _LOST_PEER = (
 )
 """What JAX and gloo say when a process of the run is gone; the group is that process's number, if named."""
 
-_lost_peer_noted = threading.Lock()
-"""Taken by the first note of a lost process: the threads that see the loss together print one line."""
+_lost_peer_noted = threading.Lock()  # taken by the first note: threads that see the loss print one line
 
 
 def lost_peer(error: BaseException) -> str | None:
@@ -231,13 +203,9 @@ def lost_peer(error: BaseException) -> str | None:
 
 
 def note_lost_peer(error: BaseException) -> None:
-    """One line on stderr if `error` says that another process of the run is gone; once a process.
+    """Announces once which process `error` says is gone, and the last complete backup to restart from.
 
-    Multi-controller JAX ends every process of a run that lost one (within the
-    heartbeat timeout of `jax.distributed.initialize`): the line (`announce`)
-    says which process is gone and the last complete backup (of every backup
-    directory open; without one, checkpoint) to start every process again from.
-    The error itself is the caller's to raise.
+    JAX ends every process of a run that lost one; the error is the caller's to raise.
     """
     if jax.process_count() == 1:
         return
@@ -259,7 +227,6 @@ def note_lost_peer(error: BaseException) -> None:
         )
     cause = str(error).strip().split("\n")[0]
     cause = re.sub(r"^(?:\w+: )?(?:Error dispatching computation: )+", "", cause)
-    cause = cause if len(cause) <= 160 else cause[:157] + "..."
     resume = f"; {'; '.join(places)}: start every process again to resume" if places else ""
     announce(
         "ciclo: process %d of %d lost %s (%s: %s)%s",
@@ -267,7 +234,7 @@ def note_lost_peer(error: BaseException) -> None:
         jax.process_count(),
         lost,
         type(error).__name__,
-        cause,
+        cut(cause, 160),
         resume,
     )
 
@@ -305,24 +272,16 @@ def _install_exit_hook() -> None:
     # once threading's exit hooks ran ("cannot schedule new futures after interpreter shutdown", the
     # traceback a double Ctrl-C used to print). threading runs these hooks in reverse order, so one
     # registered now runs before the pools' own.
-    register = getattr(threading, "_register_atexit", None)
-    if register is not None:
-        register(_finish_saves_at_exit)
+    threading._register_atexit(_finish_saves_at_exit)  # type: ignore[attr-defined]
 
 
-def _key_name(key: Any) -> str:
-    for attribute in ("key", "idx", "name"):
-        if hasattr(key, attribute):
-            return str(getattr(key, attribute))
-    return str(key)
+def _names(path: Any) -> tuple[str, ...]:
+    """A tree path as its key names: orbax stores a dataclass or a NamedTuple as a dict of its fields."""
+    return tuple(str(getattr(key, "key", getattr(key, "idx", getattr(key, "name", key)))) for key in path)
 
 
 def _leaf_table(tree: Any) -> dict[tuple[str, ...], tuple[str, Any, Any]]:
-    """`{path: (printable path, shape, dtype)}` of a tree's leaves, paths compared by their key names.
-
-    orbax stores a dataclass or a NamedTuple as a dict of its fields, so the key
-    *names* (not the key types) are what a target and a checkpoint share.
-    """
+    """`{path names: (printable path, shape, dtype)}` of a tree's leaves."""
     table = {}
     for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
         shape = getattr(leaf, "shape", None)
@@ -334,7 +293,7 @@ def _leaf_table(tree: Any) -> dict[tuple[str, ...], tuple[str, Any, Any]]:
             # orbax stores a typed key (an nnx module's rng streams) as its raw uint32 data.
             data = jax.eval_shape(jax.random.key_data, leaf)
             shape, dtype = data.shape, data.dtype
-        table[tuple(_key_name(k) for k in path)] = (
+        table[_names(path)] = (
             jax.tree_util.keystr(path) or "<root>",
             tuple(shape),
             np.dtype(dtype) if dtype is not None else None,
@@ -356,35 +315,18 @@ def stored_tree(manager: Any, step: int, *keys: str) -> Any:
 Explain = Callable[[tuple[str, ...]], "tuple[str, str] | None"]
 """`explain(path)`: the option that explains a leaf on one side only, and what the leaf holds; or None."""
 
-_MAX_ERROR = 2000
-"""The longest structure error: the leaves are summarised, never all listed."""
-
-
-def _clip(text: str, limit: int = 160) -> str:
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+_MAX_ERROR = 2000  # the longest structure error: the leaves are summarised, never all listed
 
 
 def check_structure(
     stored: Any, item: Any, kind: str, where: str, *, dtypes: bool, explain: Explain | None = None
 ) -> None:
-    """Compares a target tree with the metadata tree orbax stored, leaf by leaf.
+    """Refuses a target tree unlike the metadata tree orbax stored (None: no check), naming the leaves.
 
-    Paths are compared by key names, and a typed PRNG key (`jax.random.key`, an
-    nnx module's rng streams) as the raw data orbax stores; `stored=None` (no
-    metadata, `stored_tree`) checks nothing. `kind` and `where` name the saved
-    item ("the checkpoint", "of step 3 in /runs"). `dtypes`: whether a dtype
-    alone that differs is refused too; a resume refuses it (orbax would cast the
-    parameters and the optimizer state, and the run would equal neither the one
-    saved nor a new one), a checkpoint's restore casts to the target's dtype.
-
-    `explain(path)` names the option of the state's creation that explains
-    a leaf present on one side only (`metrics=`, `tx=`, ...): the differences
-    it explains are summarised per option, each with one example, so that the
-    message stays under 2,000 characters however many leaves differ.
-
-    Raises:
-        ValueError: naming the leaves that are missing on either side or whose
-            shapes (or dtypes) differ, with the shapes and dtypes of both.
+    `dtypes`: a dtype alone that differs is refused too (a resume; a checkpoint's
+    restore casts). `explain(path)` names the option of the state's creation
+    behind a leaf on one side only: those are summarised per option, so that
+    the message stays short however many leaves differ.
     """
     if stored is None:
         return
@@ -422,10 +364,10 @@ def check_structure(
     if not count:
         return
     lines = [
-        f"{len(examples)} leaf(s) of {what}: the states differ in {option} (e.g. {_clip(examples[0])})"
+        f"{len(examples)} leaf(s) of {what}: the states differ in {option} (e.g. {cut(examples[0], 160)})"
         for option, (what, examples) in explained.items()
     ]
-    lines += [_clip(problem) for problem in problems[:8]]
+    lines += [cut(problem, 160) for problem in problems[:8]]
     if len(problems) > 8:
         lines.append(f"... and {len(problems) - 8} more")
     fix = "Restore into a state built like the one that was saved (same model, optimizer, shapes" + (
@@ -444,16 +386,9 @@ def check_structure(
 
 
 def check_device_axis(stored: Any, target: Any, kind: str, where: str, *prefix: str) -> None:
-    """Refuses a `pmap` state's save onto another device count or strategy, before any array is read.
+    """Refuses a `pmap` state's save (a leading device axis) onto another device count or strategy.
 
-    A `pmap` state holds a copy per device: each of its arrays has a leading
-    device axis, its `step` too (shape `(devices,)`). That axis cannot be laid
-    out on another device count or dropped for another strategy; a mesh
-    strategy's arrays have their own shapes and restore anywhere. `prefix`:
-    where the state lies in `stored` (a backup saves it as `{"state": state}`).
-
-    Raises:
-        ValueError: naming pmap, both device counts and the fixes.
+    `prefix`: where the state lies in `stored`.
     """
     if stored is None or not isinstance(target, AbstractManagedState):
         return
@@ -552,35 +487,6 @@ class RestoreReport:
         return "\n".join(lines)
 
 
-def _trimmed(node: Any, path: tuple[str, ...], take: dict[tuple[str, ...], Any]) -> Any:
-    """The stored tree `node` with only the leaves in `take` (each replaced by its value there).
-
-    Dicts lose the keys with nothing to take; lists and tuples keep their length
-    with None in place (orbax's partial restore matches them by position).
-    `_DROP` where nothing under `node` is taken.
-    """
-    if isinstance(node, dict):
-        kept = {key: _trimmed(value, (*path, str(key)), take) for key, value in node.items()}
-        kept = {key: value for key, value in kept.items() if value is not _DROP}
-        return kept if kept else _DROP
-    if isinstance(node, (list, tuple)):
-        items = [_trimmed(value, (*path, str(index)), take) for index, value in enumerate(node)]
-        if all(item is _DROP for item in items):
-            return _DROP
-        return [None if item is _DROP else item for item in items]
-    return take.get(path, _DROP)
-
-
-_DROP = object()
-
-
-def _at(tree: Any, path: tuple[str, ...]) -> Any:
-    """The node of a restored (dicts and lists) tree at a path of key names."""
-    for key in path:
-        tree = tree[int(key)] if isinstance(tree, (list, tuple)) else tree[key]
-    return tree
-
-
 def partial_restore(
     manager: Any,
     step: int,
@@ -592,18 +498,9 @@ def partial_restore(
 ) -> tuple[Any, RestoreReport]:
     """Restores the leaves of `target` found in the checkpoint with their shape and dtype; keeps the others.
 
-    `manager` is an `open_manager` with orbax's `PyTreeCheckpointHandler`, whose
-    `partial_restore` reads only the leaves asked for, each onto the sharding of
-    the target's leaf (`abstract`): nothing is gathered, and the checkpoint's
-    other leaves are never read. `source(path)` is where the leaf of `item` at
-    `path` is looked for in the checkpoint (the EMA weights for the parameters:
-    `params_from`).
-
-    Returns:
-        `target` with each leaf restored or as it was, and a `RestoreReport`.
-
-    Raises:
-        ValueError: when the checkpoint has no metadata of its tree (`stored` None).
+    `manager` has orbax's `PyTreeCheckpointHandler`: only the leaves taken are
+    read, each onto its target leaf's sharding. `source(path)`: where the leaf
+    at `path` is in the checkpoint (`params_from`).
     """
     if stored is None:
         raise ValueError(
@@ -630,15 +527,12 @@ def partial_restore(
     unused = tuple(name for path, (name, _, _) in stored_table.items() if path not in take)
     if take:
         ocp = orbax()
-        subset = _trimmed(stored, (), take)
-        args = ocp.args.PyTreeRestore(
-            item=subset,
-            restore_args=ocp.checkpoint_utils.construct_restore_args(subset),
-            partial_restore=True,
-        )
-        read = restore_everywhere(manager, step, args)
+        item = jax.tree_util.tree_map_with_path(lambda p, _: take.get(_names(p), ocp.PLACEHOLDER), stored)
+        restore_args = ocp.checkpoint_utils.construct_restore_args(item)
+        read = restore_everywhere(manager, step, ocp.args.PyTreeRestore(item, restore_args=restore_args))
+        read_leaves = {_names(p): leaf for p, leaf in jax.tree_util.tree_leaves_with_path(read)}
         values = [
-            _at(read, source(path)) if source(path) in take else leaf
+            read_leaves[source(path)] if source(path) in take else leaf
             for path, leaf in zip(targets, values, strict=True)
         ]
     report = RestoreReport(step, tuple(restored), tuple(kept), unused)

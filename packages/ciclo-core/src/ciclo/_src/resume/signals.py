@@ -31,14 +31,11 @@ class ForcedInterrupt(KeyboardInterrupt):
 
 
 class SignalGuard:
-    """Records the first of `signals`; a second SIGINT raises `KeyboardInterrupt` at once.
+    """Records the first of `signals`; a second SIGINT raises `ForcedInterrupt` at once.
 
-    Args:
-        signals: the signals to catch.
-        take_over: catch them whatever handler they have (else only where Python's
-            default handler is installed).
-        sync_point: also stop at JAX's preemption sync point (several processes).
-        on_signal: called (in the signal handler) when the first signal arrives.
+    `take_over`: catch them whatever handler they have (else only where Python's
+    default handler is). `sync_point`: also stop at JAX's preemption sync point.
+    `on_signal`: called in the handler on the first signal.
     """
 
     def __init__(
@@ -51,8 +48,7 @@ class SignalGuard:
     ) -> None:
         self.signum: int | None = None
         self._on_signal = on_signal
-        self.forced = False
-        """Whether a second Ctrl-C raised: that KeyboardInterrupt always propagates."""
+        self.forced = False  # a second Ctrl-C raised
         self.sync_point = sync_point
         self._previous: dict[int, Any] = {}
         if threading.current_thread() is not threading.main_thread():
