@@ -202,8 +202,17 @@ class ProgressCallback(Callback, abc.ABC):
         self._update(elapsed, self._own_logs)
 
     def __loop_callback__(self, loop_state: LoopState[S]) -> CallbackOutput[S]:
+        # Between redraws of a bar counting steps, a step reads the clock and the step counter: no
+        # `Elapsed` is built (the loop builds none on a step where no scheduled callback is due).
+        if (
+            loop_state._elapsed is None
+            and self.unit.field == "steps"
+            and perf_counter() < self._next_time
+            and loop_state._clock.steps + 1 < self._next_count
+        ):
+            return None
         self._update(loop_state.elapsed, loop_state)
-        return NO_LOGS, loop_state.state
+        return None  # no logs, the state unchanged
 
     def on_end(self, loop_state: LoopState[Any], error: BaseException | None) -> None:
         if not self.finished:
