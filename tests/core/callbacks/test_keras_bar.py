@@ -260,6 +260,21 @@ def test_jit_loop_does_not_copy_from_device_between_redraws(
     )
 
 
+def test_loop_builds_no_elapsed_between_redraws(clock: Clock, monkeypatch: pytest.MonkeyPatch) -> None:
+    built: list[int] = []
+    elapsed_property = LoopState.elapsed
+
+    def counted(loop_state: LoopState[Any]) -> ciclo.types.Elapsed:
+        if loop_state._elapsed is None:  # built now, from the loop's counters
+            built.append(loop_state._clock.steps)
+        return elapsed_property.fget(loop_state)  # type: ignore[misc]
+
+    monkeypatch.setattr(LoopState, "elapsed", property(counted, elapsed_property.fset))
+    bar = ciclo.keras_bar(total=30, file=Terminal(), interval=1e9)
+    ciclo.loop(jnp.float32(0.0), [jnp.float32(1.0)] * 30, {ciclo.every(1): [jit_step, bar]}, stop=20)
+    assert built == [0]  # the first draw; the final one is drawn with the loop's end counts
+
+
 # --- use in loops and by hand ----------------------------------------------------------------
 
 
@@ -398,10 +413,9 @@ def test_in_a_loop_draws_at_loop_end(clock: Clock) -> None:
     ]
 
 
-def test_loop_callback_returns_no_logs_and_the_state() -> None:
+def test_loop_callback_returns_none_no_logs_and_the_state_unchanged() -> None:
     bar = ciclo.keras_bar(total=10, file=io.StringIO())
-    logs, state = bar.__loop_callback__(loop_state(ciclo.types.Elapsed.create(), ciclo.logs()))
-    assert dict(logs) == {} and state == "state"
+    assert bar.__loop_callback__(loop_state(ciclo.types.Elapsed.create(), ciclo.logs())) is None
 
 
 def test_is_a_loop_callback() -> None:

@@ -19,7 +19,6 @@ import numpy as np
 
 from ciclo._src.base.elapsed import Elapsed, PeriodLike, to_period
 from ciclo._src.base.reprs import short
-from ciclo._src.base.types import CallbackOutput, S
 from ciclo._src.engine.callback import Callback
 from ciclo._src.engine.loop_state import LoopState
 from ciclo._src.logs.logs import Logs, LogsLike
@@ -201,9 +200,17 @@ class ProgressCallback(Callback, abc.ABC):
             self._own_logs.merge(logs)
         self._update(elapsed, self._own_logs)
 
-    def __loop_callback__(self, loop_state: LoopState[S]) -> CallbackOutput[S]:
-        self._update(loop_state.elapsed, loop_state)
-        return NO_LOGS, loop_state.state
+    def __loop_callback__(self, loop_state: LoopState[Any]) -> None:
+        # No logs, the state unchanged. Between redraws of a bar counting steps, a step reads the
+        # clock and the step counter: no `Elapsed` is built (the loop builds none on a step where
+        # no scheduled callback is due).
+        if (
+            loop_state._elapsed is not None
+            or self.unit.field != "steps"
+            or perf_counter() >= self._next_time
+            or loop_state._clock.steps + 1 >= self._next_count
+        ):
+            self._update(loop_state.elapsed, loop_state)
 
     def on_end(self, loop_state: LoopState[Any], error: BaseException | None) -> None:
         if not self.finished:
