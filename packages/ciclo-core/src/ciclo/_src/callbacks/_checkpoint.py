@@ -342,8 +342,8 @@ def _steps_done(loop_state: LoopState[Any]) -> int:
     A task's `elapsed` holds the counts before its step (the step's batch is
     added); in an `at_step_end` task it already holds them after.
     """
-    elapsed, now = loop_state.elapsed, loop_state._now
-    if not loop_state._ended and now is not None and elapsed.steps == now().steps:
+    elapsed, clock = loop_state.elapsed, loop_state._clock
+    if not loop_state._ended and clock is not None and elapsed.steps == clock.steps:
         return int(elapsed.steps) + steps_of(loop_state.batch)
     return int(elapsed.steps)
 
