@@ -43,12 +43,9 @@ class LoopState(Generic[S]):
             task scheduled with `ciclo.at_step_end`, the counts after it.
         logs: the logs of the current step so far.
         accumulated_logs: the latest value of every entry logged so far, this
-            step's included (monitors such as early stopping read test metrics
-            here). Derived from the history when read, so keeping it costs the
-            loop nothing per step.
+            step's included (early stopping reads test metrics here).
         metadata: whatever was passed as `metadata` to the loop.
-        stop_iteration: set to True (or call `stop()`) to end the loop after the
-            current callback.
+        stop_iteration: set to True (or call `stop()`) to end the loop after the current callback.
 
     Example:
         >>> import ciclo
@@ -123,10 +120,6 @@ class LoopState(Generic[S]):
             elapsed = self._elapsed = self._clock.now()
         return elapsed
 
-    @elapsed.setter
-    def elapsed(self, value: Elapsed) -> None:
-        self._elapsed = value
-
     @property
     def logs(self) -> Logs:
         """The logs of the current step so far; changes to it are committed with the step."""
@@ -135,11 +128,6 @@ class LoopState(Generic[S]):
             logs = self._logs = Logs(logs) if logs else Logs()
             self._owns_logs = True
         return logs
-
-    @logs.setter
-    def logs(self, value: LogsLike) -> None:
-        self._logs = value
-        self._owns_logs = False
 
     @property
     def accumulated_logs(self) -> Logs:
@@ -150,10 +138,6 @@ class LoopState(Generic[S]):
         if self._logs:
             accumulated.merge(self._logs)
         return accumulated
-
-    @accumulated_logs.setter
-    def accumulated_logs(self, value: Logs) -> None:
-        self._accumulated = value
 
     def stop(self) -> None:
         """Ends the loop once the current callback returns."""

@@ -174,13 +174,9 @@ def run_phases(
     """The loop engine: at each step of `dataset`, runs the `ciclo.types.Phase`s in order.
 
     `ciclo.loop`, the predefined loops and a loop of your own (a GAN alternating
-    two phases, say) are this engine with their own phases.
-
-    The life of a run: every `ciclo.Callback`'s `on_start(loop_state)` (those
-    of `callbacks` first), the steps, each followed by every
-    `on_step_end(loop_state)`, then every `on_end(loop_state, error)` (those
-    of `callbacks` last). A callback that stops the loop in `on_start` (a
-    backup of a finished run) leaves no step to run.
+    two phases, say) are this engine with their own phases. A run calls every
+    `on_start` (those of `callbacks` first), then runs the steps, each followed by
+    every `on_step_end`, then every `on_end` (those of `callbacks` last).
 
     Args:
         state: the initial state (any pytree).
@@ -203,14 +199,9 @@ def run_phases(
         ...     return ciclo.logs().add_metric("d", batch), state
         >>> def generator_step(state, batch):
         ...     return ciclo.logs().add_metric("g", batch), state + 1
-        >>> state, history, elapsed = ciclo.run_phases(
-        ...     0,
-        ...     range(4),
-        ...     [
-        ...         ciclo.types.Phase("discriminator", [(ciclo.every(1), discriminator_step)]),
-        ...         ciclo.types.Phase("generator", [(ciclo.every(2), generator_step)]),
-        ...     ],
-        ... )
+        >>> phases = [ciclo.types.Phase("discriminator", [(ciclo.every(1), discriminator_step)]),
+        ...           ciclo.types.Phase("generator", [(ciclo.every(2), generator_step)])]
+        >>> state, history, elapsed = ciclo.run_phases(0, range(4), phases)
         >>> state, history.collect("d"), history.collect("g")
         (2, [0, 1, 2, 3], [0, 2])
     """
@@ -254,11 +245,7 @@ def run_phases(
 
 
 def _run_steps(tasks: list[_Task], loop_state: LoopState[Any]) -> None:
-    """The steps: draws each batch, runs the tasks, commits the logs, runs the step-end hooks.
-
-    A step before `quiet_until` (on the step counter) has no scheduled task due: it runs the
-    tasks that fire at every step (`every_step`) with no schedule checked and no `Elapsed` built.
-    """
+    """The steps; one before `quiet_until` has no scheduled task due: it runs `every_step` alone."""
     stop = loop_state._stop  # one in steps alone is checked on the step counter, others on an Elapsed
     by_steps = stop is not None and (stop.samples, stop.time, stop.date) == (None, None, None)
     stop_count, stop_at = (stop.steps, None) if by_steps else (math.inf, stop)
@@ -313,10 +300,9 @@ def _run_steps(tasks: list[_Task], loop_state: LoopState[Any]) -> None:
 
 
 def _run_tasks(tasks: list[_Task], loop_state: LoopState[Any], clock: Clock, batch: Any) -> float:
-    """One step's tasks, on the counts before the step (at_step_end: after it).
+    """One step's tasks; returns the step count before which no scheduled task is due.
 
-    Returns the step count before which no step has a scheduled task due: a task checked
-    after the step fires at the step that starts one count before its boundary.
+    A task checked after the step fires at the step that starts one count before its boundary.
     """
     before: Elapsed | None = None
     after: Elapsed | None = None
