@@ -312,8 +312,8 @@ def _source_of(
 
 def _steps_done(loop_state: LoopState[Any]) -> int:
     """The steps done with this step: a task's `elapsed` counts them before it, at_step_end's after."""
-    elapsed, now = loop_state.elapsed, loop_state._now
-    if not loop_state._ended and now is not None and elapsed.steps == now().steps:
+    elapsed, clock = loop_state.elapsed, loop_state._clock
+    if not loop_state._ended and clock is not None and elapsed.steps == clock.steps:
         return int(elapsed.steps) + steps_of(loop_state.batch)
     return int(elapsed.steps)
 

@@ -16,7 +16,7 @@ _log = logging.getLogger("ciclo")
 
 
 def keyed_callbacks(callbacks: Iterable[Any]) -> dict[str, Any]:
-    """Stateful `callbacks` by `state_key`; two with one key are refused, before any step runs."""
+    """Stateful `callbacks` by `state_key`; two with one key are refused."""
     keyed: dict[str, Any] = {}
     for callback in callbacks:
         key = callback.state_key
@@ -43,12 +43,9 @@ class LoopState(Generic[S]):
             task scheduled with `ciclo.at_step_end`, the counts after it.
         logs: the logs of the current step so far.
         accumulated_logs: the latest value of every entry logged so far, this
-            step's included (monitors such as early stopping read test metrics
-            here). Derived from the history when read, so keeping it costs the
-            loop nothing per step.
+            step's included (early stopping reads test metrics here).
         metadata: whatever was passed as `metadata` to the loop.
-        stop_iteration: set to True (or call `stop()`) to end the loop after the
-            current callback.
+        stop_iteration: set to True (or call `stop()`) to end the loop after the current callback.
 
     Example:
         >>> import ciclo
@@ -68,7 +65,6 @@ class LoopState(Generic[S]):
         "_elapsed",
         "_ended",
         "_logs",
-        "_now",
         "_owns_logs",
         "_iterator",
         "_per_step",
@@ -98,21 +94,20 @@ class LoopState(Generic[S]):
         self.metadata = metadata
         self.stop_iteration = stop_iteration
         self._elapsed = elapsed
-        self._now: Callable[[], Elapsed] | None = None
-        self._per_step: Logs | None = None  # a fused group's per-step logs, committed as one entry per step
+        self._per_step: Logs | None = None  # a fused group's logs of every step
         self._logs: LogsLike | None = logs
         self._owns_logs = False  # whether `_logs` is the loop's own copy, safe to merge into
         self._accumulated = accumulated_logs
         self._callback_objects: dict[str, Any] = {}
-        self._ended = False  # the steps are over: on_end callbacks and end hooks run
-        # What the engine hands the run's lifecycle (a backup restores and saves through them):
-        self._clock: Any = None  # the step, sample and time counters (`ciclo._src.base.elapsed.Clock`)
-        self._dataset: Any = None  # the dataset as the loop was given it
-        self._iterator: Any = None  # what the loop draws batches from; on_start may replace it
-        self._drawn = 0  # batches drawn from the dataset by this run and the runs it resumes
-        self._stop: Any = None  # the loop's `stop`, as a `Period` or None
-        # The hooks run after each step. One added here (a signal handler may add one) runs from
-        # the end of the step in flight on: a callback pays for step ends only once it needs them.
+        self._ended = False  # the steps are over: on_end runs
+        # What a backup restores and saves through: the `Clock` (None: the loop has not started),
+        # the dataset, the iterator on_start may replace, the batches drawn, the `stop` Period.
+        self._clock: Any = None
+        self._dataset: Any = None
+        self._iterator: Any = None
+        self._drawn = 0
+        self._stop: Any = None
+        # Run after each step; one added (by a signal handler) runs from the step in flight on.
         self._step_end: list[Callable[[LoopState[Any]], None]] = []
 
     @property
@@ -120,30 +115,19 @@ class LoopState(Generic[S]):
         """The `Elapsed` of the current step, built on first use in each step."""
         elapsed = self._elapsed
         if elapsed is None:
-            if self._now is None:
+            if self._clock is None:
                 raise RuntimeError("this LoopState has no elapsed yet: the loop has not started")
-            elapsed = self._elapsed = self._now()
+            elapsed = self._elapsed = self._clock.now()
         return elapsed
-
-    @elapsed.setter
-    def elapsed(self, value: Elapsed) -> None:
-        self._elapsed = value
 
     @property
     def logs(self) -> Logs:
         """The logs of the current step so far; changes to it are committed with the step."""
         logs = self._logs
-        if not self._owns_logs or type(logs) is not Logs:
-            # The loop holds the first callback's logs as they came: a reader may change
-            # what it gets, so it gets the loop's own copy.
+        if not self._owns_logs or type(logs) is not Logs:  # a reader may change it: the loop's own copy
             logs = self._logs = Logs(logs) if logs else Logs()
             self._owns_logs = True
         return logs
-
-    @logs.setter
-    def logs(self, value: LogsLike) -> None:
-        self._logs = value
-        self._owns_logs = False
 
     @property
     def accumulated_logs(self) -> Logs:
@@ -155,10 +139,6 @@ class LoopState(Generic[S]):
             accumulated.merge(self._logs)
         return accumulated
 
-    @accumulated_logs.setter
-    def accumulated_logs(self, value: Logs) -> None:
-        self._accumulated = value
-
     def stop(self) -> None:
         """Ends the loop once the current callback returns."""
         self.stop_iteration = True
@@ -166,11 +146,7 @@ class LoopState(Generic[S]):
     def state_dicts(self) -> dict[str, Any]:
         """The `state_dict()` of every stateful callback of this loop, by its `state_key`.
 
-        A callback's key is its `state_key` attribute when it has one (ciclo's
-        callbacks derive it from their class and configuration, or take
-        `name=`), else its class's name; see `ciclo.types.StatefulCallback`. So the
-        snapshot of an early stopping outlives a logger added before it, or
-        two callbacks swapped, between a run and its resume.
+        See `ciclo.types.StatefulCallback`: a snapshot outlives callbacks added or swapped.
 
         Example:
             >>> import ciclo
@@ -186,12 +162,7 @@ class LoopState(Generic[S]):
         return {key: obj.state_dict() for key, obj in self._callback_objects.items()}
 
     def load_state_dicts(self, states: Mapping[str, Any]) -> None:
-        """Hands each stateful callback of this loop its snapshot from `state_dicts()`, by key.
-
-        A callback with no snapshot in `states` (one added since) keeps its fresh
-        state, and a snapshot no callback here claims (one removed since) is
-        dropped; each with a warning on the `ciclo` logger.
-        """
+        """Hands each stateful callback its snapshot from `state_dicts()`; warns of those missing."""
         for key in sorted(set(states) - set(self._callback_objects)):
             _log.warning("dropping the saved state of callback %s: no callback here has that key", short(key))
         for key, obj in self._callback_objects.items():

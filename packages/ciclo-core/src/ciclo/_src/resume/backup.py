@@ -422,7 +422,7 @@ class BackupCallback(Callback):
             skipped or "",
         )
         clock = loop_state._clock = Clock(restored.elapsed, loop_state._clock.batch_size_fn)
-        loop_state.state, loop_state._now = restored.state, clock.now
+        loop_state.state = restored.state
         stop = loop_state._stop
         # A finished run is done, unless another stop that it has not reached asks for more.
         if restored.finished and (stop == restored.stop or (stop is not None and restored.elapsed >= stop)):
