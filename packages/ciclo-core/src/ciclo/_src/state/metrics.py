@@ -13,6 +13,7 @@ import numpy as np
 
 from ciclo._src.base.reprs import short
 from ciclo._src.base.roles import Role, fields_with_role
+from ciclo._src.state._pytree import register_frozen
 
 T = TypeVar("T")
 
@@ -188,7 +189,7 @@ def _zero() -> jax.Array:
 
 
 @final
-@jax.tree_util.register_dataclass
+@register_frozen
 @dataclasses.dataclass(frozen=True, eq=False)
 class Mean:
     """The running mean of a function of the batch, such as a loss or an accuracy.
