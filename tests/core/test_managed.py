@@ -366,6 +366,29 @@ def test_a_state_is_frozen_and_keeps_its_defaults_however_it_is_built() -> None:
         Counted(step=state.step, params=state.params, tx=state.tx)  # type: ignore[call-arg]
 
 
+def test_jax_rebuilds_a_state_without_its_init_and_flattens_what_it_holds() -> None:
+    inits: list[Any] = []
+
+    class Counted(managed.ManagedState):
+        count: jax.Array = managed.field(role=managed.Role.MODEL_STATE)
+
+        def __post_init__(self) -> None:
+            inits.append(self)
+
+    state = Counted.create(params=jnp.zeros(2), tx=optax.sgd(0.1), count=jnp.zeros(()))
+    built = len(inits)
+    leaves, treedef = jax.tree.flatten(state)
+    rebuilt = jax.tree.unflatten(treedef, [leaf + 1 for leaf in leaves])
+    assert len(inits) == built  # jax's rebuild (after every compiled step) runs no __init__
+    assert int(rebuilt.count) == 1 and rebuilt.tx is state.tx and rebuilt.strategy is state.strategy
+    assert [int(leaf.sum()) for leaf in jax.tree.leaves(rebuilt)] == [1, 2, 1]  # step, params, count
+    changed = rebuilt.replace(count=jnp.full((), 5.0))
+    assert len(inits) == built + 1
+    assert [int(leaf.sum()) for leaf in jax.tree.leaves(changed)] == [1, 2, 5]
+    paths = [jax.tree_util.keystr(path) for path, _ in jax.tree_util.tree_leaves_with_path(rebuilt)]
+    assert paths == [".step", ".params", ".count"]  # sgd keeps an empty optimizer state
+
+
 # --- compiles and recompiles --------------------------------------------------------------------
 
 

@@ -756,17 +756,21 @@ _dict_values: Callable[[Mapping[str, Any]], Iterable[Any]] = dict.values  # type
 
 
 # A `Logs` is one pytree node whose children are its entries' values: unflattening a compiled
-# step's output (after every step) is one call, not one per collection.
-def _flatten_logs_tree(tree: Logs) -> tuple[list[Any], tuple[tuple[str, tuple[str, ...]], ...]]:
-    return list(_chain(map(_dict_values, tree.values()))), tuple(
-        [(collection, tuple(entries)) for collection, entries in tree.items()]
-    )
+# step's output (after every step) is one call, not one per collection, and builds its `Entries`
+# with no Python loop. Its aux data is `(collections, their entries' names)`.
+_LogsNames = tuple[tuple[str, ...], tuple[tuple[str, ...], ...]]
 
 
-def _unflatten_logs_tree(names: tuple[tuple[str, tuple[str, ...]], ...], children: Iterable[Any]) -> Logs:
-    values = iter(children)
+def _flatten_logs_tree(tree: Logs) -> tuple[list[Any], _LogsNames]:
+    return list(_chain(map(_dict_values, tree.values()))), (tuple(tree), tuple(map(tuple, tree.values())))
+
+
+def _unflatten_logs_tree(names: _LogsNames, children: Iterable[Any]) -> Logs:
     new = dict.__new__(Logs)
-    dict.update(new, [(collection, Entries(zip(keys, values, strict=False))) for collection, keys in names])
+    # Each collection's zip takes its entries' values from the one iterator, in order.
+    dict.update(
+        new, zip(names[0], map(Entries, map(zip, names[1], itertools.repeat(iter(children)))), strict=True)
+    )
     return new
 
 

@@ -22,6 +22,7 @@ from ciclo._src.base.reprs import short
 from ciclo._src.base.roles import Role, field, fields_with_role, params_field, roles
 from ciclo._src.data.fused import as_logs_and_state, scan_steps
 from ciclo._src.logs.logs import PERFORMANCE, Entries, Logs
+from ciclo._src.state._pytree import register_frozen
 from ciclo._src.state.learning_rate import learning_rate_logs
 from ciclo._src.state.metrics import Metric
 from ciclo._src.state.precision import LossScale
@@ -60,39 +61,6 @@ def _check_apply_gradients(cls: type[Any]) -> None:
             "apply_gradients(self, *, grads, value=None, **changes) and pass value on to tx.update, "
             "or ignore it"
         )
-
-
-def _set_fields_at_once(cls: type[Any]) -> None:
-    """Gives a frozen dataclass an `__init__` that sets its fields in one assignment, defaults as before.
-
-    jax rebuilds a state through `__init__` after every compiled step, and the
-    one dataclasses writes sets each field on its own (a measurable part of a
-    small model's step: benchmarks/README.md). A class with `__post_init__` or
-    a field outside `__init__` keeps the one dataclasses wrote.
-    """
-    fields = dataclasses.fields(cls)
-    if "__post_init__" in dir(cls) or not all(f.init for f in fields):
-        return
-    missing = object()
-    scope: dict[str, Any] = {"_set": object.__setattr__, "_missing": missing}
-    params, factories = [], []
-    for f in fields:
-        if f.default is not dataclasses.MISSING:
-            scope[f"_d_{f.name}"] = f.default
-            params.append(f"{f.name}=_d_{f.name}")
-        elif f.default_factory is not dataclasses.MISSING:
-            scope[f"_f_{f.name}"] = f.default_factory
-            params.append(f"{f.name}=_missing")
-            factories.append(f"    if {f.name} is _missing: {f.name} = _f_{f.name}()\n")
-        else:
-            params.append(f.name)
-    values = ", ".join(f"{f.name!r}: {f.name}" for f in fields)
-    body = f"{''.join(factories)}    _set(self, '__dict__', {{{values}}})\n"
-    source = f"def __init__(self, *, {', '.join(params)}):\n{body}"
-    exec(source, scope)  # as dataclasses writes its own __init__
-    init = scope["__init__"]
-    init.__qualname__ = f"{cls.__qualname__}.__init__"
-    cls.__init__ = init
 
 
 @dataclass_transform(kw_only_default=True, frozen_default=True, field_specifiers=(dataclasses.field, field))
@@ -161,8 +129,7 @@ class AbstractManagedState:
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         dataclasses.dataclass(frozen=True, kw_only=True)(cls)
-        _set_fields_at_once(cls)
-        jax.tree_util.register_dataclass(cls)
+        register_frozen(cls)
         params_field(cls)  # a subclass that loses or doubles the params role fails here, not at a step
         roles(cls)
         _check_apply_gradients(cls)

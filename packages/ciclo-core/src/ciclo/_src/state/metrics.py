@@ -14,6 +14,7 @@ import numpy as np
 from ciclo._src.base.checks import signature_of
 from ciclo._src.base.reprs import short
 from ciclo._src.base.roles import Role, fields_with_role
+from ciclo._src.state._pytree import register_frozen
 
 T = TypeVar("T")
 
@@ -183,7 +184,7 @@ def _zero() -> jax.Array:
 
 
 @final
-@jax.tree_util.register_dataclass
+@register_frozen
 @dataclasses.dataclass(frozen=True, eq=False)
 class Mean:
     """The running mean of a function of the batch, such as a loss or an accuracy.

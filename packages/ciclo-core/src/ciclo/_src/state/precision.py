@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ciclo._src.base.reprs import short
+from ciclo._src.state._pytree import register_frozen
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,7 +155,7 @@ def to_float32(tree: Any) -> Any:
     )
 
 
-@jax.tree_util.register_dataclass
+@register_frozen
 @dataclasses.dataclass(frozen=True)
 class LossScale:
     """The dynamic loss scale of a state trained with `Precision(loss_scaling=True)`; a pytree.

@@ -1,0 +1,72 @@
+"""Frozen dataclasses as pytrees that jax takes apart and rebuilds with no Python `__init__`.
+
+A managed state, its metrics and its loss scale cross every compiled step
+twice: flattened on the way in, rebuilt on the way out. `register_dataclass`
+rebuilds through the class's `__init__` (keywords parsed, defaults, one
+`__setattr__` per field); here the object is made with `object.__new__` and
+its field values set at once, and it keeps the pair `(children, statics)` it
+was made from, so flattening it again is one attribute read (a frozen
+dataclass's fields do not change). An object made by `__init__` computes the
+pair at its first flattening. Key paths are the fields' names, as
+`register_dataclass` gives them (`.params`, `.opt_state`, ...).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import operator
+from typing import Any, Final, TypeVar
+
+import jax
+
+T = TypeVar("T", bound=type)
+
+FLAT: Final = "_pytree_flat"
+"""The attribute holding an object's `(children, statics)`: in its `__dict__` once flattened or rebuilt."""
+
+
+def register_frozen(cls: T) -> T:
+    """Registers the frozen dataclass `cls` as a pytree: fields with `metadata={"static": True}` are static.
+
+    Example:
+        >>> import dataclasses, jax
+        >>> @register_frozen
+        ... @dataclasses.dataclass(frozen=True)
+        ... class Pair:
+        ...     value: float
+        ...     name: str = dataclasses.field(metadata={"static": True})
+        >>> leaves, tree = jax.tree.flatten(Pair(1.0, "a"))
+        >>> leaves, jax.tree.unflatten(tree, [2.0])
+        ([1.0], Pair(value=2.0, name='a'))
+        >>> jax.tree_util.keystr(jax.tree_util.tree_leaves_with_path(Pair(1.0, "a"))[0][0])
+        '.value'
+    """
+    fields = dataclasses.fields(cls)
+    data = tuple(f.name for f in fields if not f.metadata.get("static"))
+    static = tuple(f.name for f in fields if f.metadata.get("static"))
+    names = data + static
+    keys = tuple(jax.tree_util.GetAttrKey(name) for name in data)
+    new, set_ = object.__new__, object.__setattr__
+
+    def flat(self: Any) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+        return tuple(getattr(self, name) for name in data), tuple(getattr(self, name) for name in static)
+
+    def flatten_with_keys(obj: Any) -> tuple[list[tuple[Any, Any]], tuple[Any, ...]]:
+        children, statics = getattr(obj, FLAT)
+        return list(zip(keys, children, strict=True)), statics
+
+    def unflatten(statics: tuple[Any, ...], children: Any) -> Any:
+        children = tuple(children)
+        obj: Any = new(cls)  # no `__init__` and no validation: jax also rebuilds with placeholders as leaves
+        values = dict(zip(names, children + statics, strict=True), _pytree_flat=(children, statics))
+        set_(obj, "__dict__", values)
+        return obj
+
+    cached = functools.cached_property(flat)
+    cached.__set_name__(cls, FLAT)
+    setattr(cls, FLAT, cached)
+    jax.tree_util.register_pytree_with_keys(
+        cls, flatten_with_keys, unflatten, flatten_func=operator.attrgetter(FLAT)
+    )
+    return cls
