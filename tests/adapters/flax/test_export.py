@@ -75,7 +75,8 @@ def test_a_served_flax_model_predicts_what_predict_step_does(tmp_path: Path) -> 
         timeout=300,
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    served = np.load(tmp_path / "out.npz")
+    with np.load(tmp_path / "out.npz") as archive:
+        served = dict(archive)
     assert sorted(served) == sorted(expected)
     for name, value in expected.items():
         np.testing.assert_allclose(served[name], value, rtol=1e-6, atol=1e-6)
