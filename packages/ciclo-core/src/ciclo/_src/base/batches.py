@@ -1,4 +1,4 @@
-"""Batches: how many samples one holds, `Stacked` groups of them, and splitting their rows.
+"""Batches: how many samples one holds, and `Stacked` groups of them.
 
 The loop's clock, the schedules, the strategies and the managed steps all ask
 here whether a batch is stacked and how many steps and samples it counts for.
@@ -14,7 +14,7 @@ from typing import Any, Generic, TypeVar, final
 import jax
 import numpy as np
 
-from ciclo._src.base.reprs import short
+from ciclo._src.base.checks import check_int
 
 B = TypeVar("B")
 
@@ -74,10 +74,9 @@ def stacked(
         >>> [group.steps for group in ciclo.stacked([np.ones(4)] * 20, 4, align=6, total=14)]
         [4, 2, 4, 2, 2]
     """
-    bounds = {"steps": (steps, 1), "align": (align, 1), "start": (start, 0), "total": (total, 0)}
-    for name, (value, least) in bounds.items():
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < least):
-            raise ValueError(f"{name} must be an int >= {least}, got {short(value)}")
+    for name, value, least in (("steps", steps, 1), ("align", align, 1), ("start", start, 0), ("total", total, 0)):
+        if value is not None:
+            check_int(value, name, least)
     size = leading_dim if batch_size_fn is None else batch_size_fn
     for group in cut(dataset, lambda: steps, align=align, start=start, total=total):
         yield stack(group, size)
@@ -119,7 +118,10 @@ def stack(group: list[B], size: Callable[[B], int]) -> Stacked[B]:
     if leaves and all(isinstance(leaf, jax.Array) for leaf in leaves):
         batches = _stack_on_device(group)
     else:
-        batches = jax.tree.map(_stack_leaves, *group)
+        batches = jax.tree.map(
+            lambda *leaves: jax.numpy.stack(leaves) if isinstance(leaves[0], jax.Array) else np.stack(leaves),
+            *group,
+        )
     return Stacked(batches, steps=len(group), samples=sum(size(batch) for batch in group))
 
 
@@ -127,12 +129,6 @@ def stack(group: list[B], size: Callable[[B], int]) -> Stacked[B]:
 def _stack_on_device(group: list[Any]) -> Any:
     # One compiled call for the whole group: eager jnp.stack costs ~15 µs per batch stacked.
     return jax.tree.map(lambda *leaves: jax.numpy.stack(leaves), *group)
-
-
-def _stack_leaves(*leaves: Any) -> Any:
-    if isinstance(leaves[0], jax.Array):
-        return jax.numpy.stack(leaves)
-    return np.stack(leaves)
 
 
 def is_stacked(batch: Any) -> bool:
@@ -190,19 +186,3 @@ def count(batch: Any, batch_size_fn: BatchSizeFn) -> tuple[int, int]:
         return batch.steps, batch.samples
     return 1, batch_size_fn(batch)
 
-
-def split_rows(leaf: Any, parts: int) -> Any:
-    """Reshapes a leaf's `(rows, ...)` to `(parts, rows / parts, ...)` (uneven: ValueError); repeats a scalar.
-
-    Example:
-        >>> import numpy as np
-        >>> split_rows(np.arange(6), 2).tolist(), split_rows(np.float32(1), 2).tolist()
-        ([[0, 1, 2], [3, 4, 5]], [1.0, 1.0])
-    """
-    shape = np.shape(leaf)
-    if not shape:
-        return np.broadcast_to(leaf, (parts,))
-    if shape[0] % parts:
-        raise ValueError(f"{shape[0]} rows do not split over {parts} devices")
-    rows = (parts, shape[0] // parts, *shape[1:])
-    return leaf.reshape(rows) if isinstance(leaf, (jax.Array, np.ndarray)) else np.reshape(leaf, rows)

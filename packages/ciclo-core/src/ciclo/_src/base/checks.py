@@ -119,6 +119,18 @@ def check_bool(value: Any, name: str) -> None:
         raise TypeError(f"{name} must be True or False, got {short(value)}")
 
 
+def check_int(value: Any, name: str, least: int, why: str = "") -> None:
+    """Refuses (ValueError) anything but an int >= `least`, a bool included; `why` follows the bound.
+
+    Example:
+        >>> check_int(1, "keep", 2, " (a kill during a save must leave one)")
+        Traceback (most recent call last):
+        ValueError: keep must be an int >= 2 (a kill during a save must leave one), got 1
+    """
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise ValueError(f"{name} must be an int >= {least}{why}, got {short(value)}")
+
+
 def check_positive(period: Any, name: str, remedy: str) -> None:
     """Raises a ValueError if `period` (a `Period` or None) is reached at once: every set field is 0."""
     if period is None or period.date is not None:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import operator
 import time as _time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
 import jax
@@ -77,7 +78,20 @@ class Period:
             >>> ciclo.types.Period.of(10)
             Period(steps=10, samples=None, time=None, date=None)
         """
-        return to_period(value, name=name)
+        if value is None or isinstance(value, Period):
+            return value
+        if isinstance(value, int) and not isinstance(value, bool):
+            if value < 0:
+                raise ValueError(
+                    f"{name} must be >= 0 steps, got {short(value)}: pass a count of steps or a Period"
+                )
+            return cls(steps=value)
+        hint = "pass a count of steps such as 100, or a period such as ciclo.at(samples=...)"
+        if isinstance(value, str) and value.strip().isdigit():
+            hint = f"pass the int {name}={int(value)}, not the string {short(value)}"
+        elif isinstance(value, float) and float.is_integer(value):  # a float despite the annotation
+            hint = f"pass the int {name}={int(value)}"
+        raise TypeError(f"{name} must be an int (steps) or a ciclo.types.Period, got {short(value)}; {hint}")
 
     @classmethod
     def create(
@@ -114,24 +128,6 @@ def at(
         50000
     """
     return Period(steps, samples, time, date)  # type: ignore[arg-type]  # normalised in __post_init__
-
-
-def to_period(value: PeriodLike | None, *, name: str = "stop") -> Period | None:
-    """`Period.of`, naming the argument `stop` by default."""
-    if value is None or isinstance(value, Period):
-        return value
-    if isinstance(value, int) and not isinstance(value, bool):
-        if value < 0:
-            raise ValueError(
-                f"{name} must be >= 0 steps, got {short(value)}: pass a count of steps or a Period"
-            )
-        return Period(steps=value)
-    hint = "pass a count of steps such as 100, or a period such as ciclo.at(samples=...)"
-    if isinstance(value, str) and value.strip().isdigit():
-        hint = f"pass the int {name}={int(value)}, not the string {short(value)}"
-    elif isinstance(value, float) and float.is_integer(value):  # a float despite the annotation
-        hint = f"pass the int {name}={int(value)}"
-    raise TypeError(f"{name} must be an int (steps) or a ciclo.types.Period, got {short(value)}; {hint}")
 
 
 @jax.tree_util.register_dataclass
@@ -186,34 +182,27 @@ class Elapsed:
             self.date_start,
         )
 
-    def _reached(self, period: Period, strict: bool) -> bool:
+    def _reached(self, period: Period, beyond: Callable[[float, float], bool]) -> bool:
         if not isinstance(period, Period):
             raise TypeError(f"Elapsed can only be compared with a ciclo.types.Period, got {short(period)}")
-        if strict:
-            return (
-                (period.steps is not None and self.steps > period.steps)
-                or (period.samples is not None and self.samples > period.samples)
-                or (period.time is not None and self.time > period.time)
-                or (period.date is not None and self.date > period.date)
-            )
         return (
-            (period.steps is not None and self.steps >= period.steps)
-            or (period.samples is not None and self.samples >= period.samples)
-            or (period.time is not None and self.time >= period.time)
-            or (period.date is not None and self.date >= period.date)
+            (period.steps is not None and beyond(self.steps, period.steps))
+            or (period.samples is not None and beyond(self.samples, period.samples))
+            or (period.time is not None and beyond(self.time, period.time))
+            or (period.date is not None and beyond(self.date, period.date))
         )
 
     def __ge__(self, period: Period) -> bool:
-        return self._reached(period, strict=False)
+        return self._reached(period, operator.ge)
 
     def __gt__(self, period: Period) -> bool:
-        return self._reached(period, strict=True)
+        return self._reached(period, operator.gt)
 
     def __lt__(self, period: Period) -> bool:
-        return not self._reached(period, strict=False)
+        return not self._reached(period, operator.ge)
 
     def __le__(self, period: Period) -> bool:
-        return not self._reached(period, strict=True)
+        return not self._reached(period, operator.gt)
 
 
 def make_elapsed(steps: int, samples: int, time: float, date_start: float) -> Elapsed:
@@ -251,10 +240,6 @@ class Clock:
         """An `Elapsed` snapshot of the counters at this instant."""
         return make_elapsed(self.steps, self.samples, _time.perf_counter() - self.origin, self.date_start)
 
-    def seconds(self) -> float:
-        """Seconds counted at this instant: `now().time` without building an `Elapsed`."""
-        return _time.perf_counter() - self.origin
-
     def advance(self, batch: Any) -> None:
         """Counts one finished step over `batch` (`batch.steps` steps for a `Stacked` batch)."""
         steps, samples = count(batch, self.batch_size_fn)
@@ -286,7 +271,7 @@ def elapse(
         >>> [(e.steps, e.samples, b) for e, b in ciclo.elapse(["a", "b", "c"], stop=2)]
         [(0, 0, 'a'), (1, 1, 'b')]
     """
-    stop_period = to_period(stop)
+    stop_period = Period.of(stop, name="stop")
     clock = Clock(initial, batch_size_fn)
     iterator = iter(dataset)
     while True:

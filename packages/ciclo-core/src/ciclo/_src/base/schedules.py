@@ -9,7 +9,7 @@ import math
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, final
 
-from ciclo._src.base.elapsed import Elapsed, Period, PeriodLike, _seconds, to_period
+from ciclo._src.base.elapsed import Elapsed, Period, PeriodLike, _seconds
 from ciclo._src.base.reprs import short
 
 if TYPE_CHECKING:
@@ -291,7 +291,7 @@ def piecewise(initial: Schedule, pieces: Mapping[PeriodLike, Schedule]) -> Piece
     _check_schedule(initial)
     converted: list[tuple[Period, Schedule]] = []
     for key, schedule in pieces.items():
-        period = to_period(key, name="piecewise key")
+        period = Period.of(key, name="piecewise key")
         assert period is not None
         converted.append((period, _check_schedule(schedule)))
     return Piecewise(initial, tuple(converted))

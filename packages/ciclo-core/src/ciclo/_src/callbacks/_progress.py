@@ -17,7 +17,7 @@ from typing import Any, ClassVar, Literal
 import jax
 import numpy as np
 
-from ciclo._src.base.elapsed import Elapsed, PeriodLike, to_period
+from ciclo._src.base.elapsed import Elapsed, Period, PeriodLike
 from ciclo._src.base.reprs import short
 from ciclo._src.engine.callback import Callback
 from ciclo._src.engine.loop_state import LoopState
@@ -58,7 +58,7 @@ def resolve_total(total: PeriodLike | None) -> Unit:
         >>> resolve_total(None)
         Unit(field='steps', label='step', total=None)
     """
-    period = to_period(total, name="total")
+    period = Period.of(total, name="total")
     if period is None:
         return Unit("steps", "step", None)
     for field, label in _UNITS:

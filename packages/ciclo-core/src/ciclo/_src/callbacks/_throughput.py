@@ -11,7 +11,7 @@ from typing import Any, ClassVar, Final, final
 import jax
 
 from ciclo._src.base.checks import check_positive
-from ciclo._src.base.elapsed import Elapsed, Period, PeriodLike, to_period
+from ciclo._src.base.elapsed import Elapsed, Period, PeriodLike
 from ciclo._src.base.reprs import short
 from ciclo._src.base.types import CallbackOutput, S
 from ciclo._src.engine.callback import Callback
@@ -69,7 +69,7 @@ def _check_peak(peak_flops: float | None) -> float | None:
 
 
 def _check_window(window: PeriodLike) -> Period:
-    period = to_period(window, name="window")
+    period = Period.of(window, name="window")
     if period is None:
         raise TypeError("window must be an int (steps) or a ciclo.types.Period, got None")
     if period.date is not None:

@@ -14,7 +14,7 @@ from typing import Any, cast, final
 
 from ciclo._src.base.batches import BatchSizeFn, Stacked, steps_of
 from ciclo._src.base.batches import count as count_batch
-from ciclo._src.base.elapsed import Clock, Elapsed, Period, PeriodLike, make_elapsed, to_period
+from ciclo._src.base.elapsed import Clock, Elapsed, Period, PeriodLike, make_elapsed
 from ciclo._src.base.reprs import short
 from ciclo._src.base.schedules import AtStepEnd, Every, next_boundary
 from ciclo._src.base.types import S
@@ -205,7 +205,7 @@ def run_phases(
         >>> state, history.collect("d"), history.collect("g")
         (2, [0, 1, 2, 3], [0, 2])
     """
-    stop_period = to_period(stop)
+    stop_period = Period.of(stop, name="stop")
     if stop_period == Period(steps=0):
         raise ValueError(
             "stop=0 would run no step: pass the number of steps to run (>= 1), a period such as "

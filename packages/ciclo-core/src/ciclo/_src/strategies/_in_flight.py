@@ -42,16 +42,6 @@ def needs_bound(devices: list[jax.Device]) -> bool:
     return len(local) > 1 and all(device.platform == "cpu" for device in local)
 
 
-def with_token(step: Step) -> TokenedStep:
-    """`step` that also returns a scalar, ready once every device has run the whole program."""
-
-    def tokened(state: Any, batch: Any) -> tuple[Logs, Any, jax.Array]:
-        logs, state = step(state, batch)
-        return logs, state, jnp.zeros((), jnp.bool_)
-
-    return tokened
-
-
 def compile_bounded(compile: Callable[[Any], Any], step: Step, devices: list[jax.Device]) -> Step:
     """`compile(step)`, bounded with a token when `devices` need it (see `needs_bound`).
 
@@ -61,20 +51,18 @@ def compile_bounded(compile: Callable[[Any], Any], step: Step, devices: list[jax
         >>> step(jnp.zeros(()), 1.0)[1]
         Array(1., dtype=float32)
     """
-    if needs_bound(devices):
-        return bounded(compile(with_token(step)))
-    return cast(Step, compile(step))
+    if not needs_bound(devices):
+        return cast(Step, compile(step))
+
+    def tokened(state: Any, batch: Any) -> tuple[Logs, Any, jax.Array]:
+        logs, state = step(state, batch)
+        return logs, state, jnp.zeros((), jnp.bool_)  # ready once every device has run the program
+
+    return bounded(compile(tokened))
 
 
 def bounded(compiled: TokenedStep, limit: int = MAX_STEPS_IN_FLIGHT) -> Step:
-    """Runs `compiled` (a `with_token` step, compiled) with at most `limit` calls unfinished on return.
-
-    Example:
-        >>> import jax, jax.numpy as jnp
-        >>> step = bounded(jax.jit(with_token(lambda s, b: ({}, s + b))), limit=1)
-        >>> step(jnp.zeros(()), 1.0)[1]
-        Array(1., dtype=float32)
-    """
+    """Runs `compiled`, a step that also returns a token, with at most `limit` calls unfinished on return."""
     pending: collections.deque[jax.Array] = collections.deque()
 
     def run(state: Any, batch: Any) -> tuple[Logs, Any]:

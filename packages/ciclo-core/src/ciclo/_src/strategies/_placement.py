@@ -185,14 +185,14 @@ def _name(path: tuple[Any, ...]) -> str:
     return jax.tree_util.keystr(path) or "(the root)"
 
 
-def check_divisible(batch: Any, devices: int, strategy: str) -> None:
-    """Raises a ValueError when a batch leaf's leading axis does not split over `devices`."""
+def check_divisible(batch: Any, devices: int, strategy: str, axis: int = 0) -> None:
+    """Raises a ValueError when a batch leaf's rows (its `axis`, if it has one) do not split over `devices`."""
     for path, leaf in jax.tree_util.tree_leaves_with_path(batch):
         shape = np.shape(leaf)
-        if shape and shape[0] % devices:
+        if len(shape) > axis and shape[axis] % devices:
             raise ValueError(
                 f"strategy {short(strategy)} splits each batch over the {devices} devices of this process, "
-                f"but batch leaf {_name(path)} has {shape[0]} rows (shape {shape}), not a multiple of "
+                f"but batch leaf {_name(path)} has {shape[axis]} rows (shape {shape}), not a multiple of "
                 f"{devices}. Use a batch size that is a multiple of {devices} (drop or pad the last, "
                 "smaller batch), or a strategy that runs on one device such as 'jit'."
             )

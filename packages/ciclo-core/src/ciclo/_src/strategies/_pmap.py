@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
-from ciclo._src.base.batches import is_stacked, split_rows
+from ciclo._src.base.batches import is_stacked
 from ciclo._src.base.roles import Role, fields_with_role
 from ciclo._src.logs.logs import Entries, Logs, collapse_leading_axis
 from ciclo._src.strategies._in_flight import compile_bounded
@@ -72,7 +72,11 @@ class PMap:
         replicated = jax.tree.map(lambda leaf: jnp.broadcast_to(leaf, (devices, *np.shape(leaf))), state)
         keys = fields_with_role(type(state), Role.KEY)
         if keys:
-            split = {name: _split_keys(getattr(state, name), devices) for name in keys}
+            # A different key per device for each key leaf, typed or raw `uint32` data.
+            split = {
+                name: jax.tree.map(lambda key: jax.random.split(key, devices), getattr(state, name))
+                for name in keys
+            }
             replicated = dataclasses.replace(cast(Any, replicated), **split)
         return cast(T, jax.device_put(replicated, self._devices))
 
@@ -88,11 +92,14 @@ class PMap:
         if placed(batch, lambda shape: self._devices):
             return batch  # split and placed ahead of the step (ciclo.prefetch_to_device)
         devices = jax.local_device_count()
-        try:
-            split = jax.tree.map(lambda leaf: split_rows(leaf, devices), batch)
-        except ValueError:
-            check_divisible(batch, devices, "pmap")
-            raise
+        check_divisible(batch, devices, "pmap")
+        # Each leaf's `(rows, ...)` becomes `(devices, rows / devices, ...)`; a scalar is repeated.
+        split = jax.tree.map(
+            lambda leaf: np.reshape(leaf, (devices, np.shape(leaf)[0] // devices, *np.shape(leaf)[1:]))
+            if np.ndim(leaf)
+            else np.broadcast_to(leaf, (devices,)),
+            batch,
+        )
         # Placed as `jax.pmap` lays out its inputs: the mapped step takes them without a copy.
         return cast(T, jax.device_put(split, self._devices))
 
@@ -137,7 +144,3 @@ class PMap:
         gathered = jax.lax.all_gather(metric, self.axis_name)
         return gathered.reduce()
 
-
-def _split_keys(keys: Any, devices: int) -> Any:
-    """A different key per device for each key leaf, typed or raw `uint32` data."""
-    return jax.tree.map(lambda key: jax.random.split(key, devices), keys)
