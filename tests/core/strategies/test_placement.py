@@ -38,6 +38,10 @@ def test_check_divisible_names_the_leaf_and_the_fix() -> None:
         ValueError, match=r"batch leaf \['y'\] has 6 rows \(shape \(6,\)\), not a multiple of 4"
     ):
         check_divisible(batch, 4, "data_parallel")
+    # A stacked group's rows are its second axis; a leaf without one (per-step scalars) is not split.
+    check_divisible({"x": np.zeros((3, 8)), "n": np.zeros(3)}, 4, "data_parallel", axis=1)
+    with pytest.raises(ValueError, match=r"has 6 rows \(shape \(2, 6, 3\)\)"):
+        check_divisible({"x": np.zeros((2, 6, 3))}, 4, "data_parallel", axis=1)
 
 
 @pytest.mark.parametrize("strategy", PLACING)

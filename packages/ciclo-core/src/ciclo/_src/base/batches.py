@@ -132,7 +132,6 @@ def _stack_on_device(group: list[Any]) -> Any:
 
 
 def is_stacked(batch: Any) -> bool:
-    """Whether `batch` is a `Stacked` group of batches."""
     return type(batch) is Stacked
 
 

@@ -8,7 +8,7 @@ import operator
 import os
 import sys
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
@@ -172,9 +172,5 @@ class TestData:
                 "up: this pass would test nothing. Return a fresh iterable each call, e.g. "
                 "test_dataset=lambda: iter(test_batches), or a function that makes a new generator"
             )
-        try:
-            is_iterator = iter(data) is data
-        except TypeError:
-            is_iterator = False  # not iterable: the test loop says so
-        self.previous = data if is_iterator else None
+        self.previous = data if isinstance(data, Iterator) else None
         return data

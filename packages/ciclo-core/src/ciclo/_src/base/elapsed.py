@@ -62,9 +62,7 @@ class Period:
         if self.time is not None:
             object.__setattr__(self, "time", _seconds("time", self.time))
         if self.date is not None:
-            date: object = self.date
-            if isinstance(date, datetime.datetime):
-                date = date.timestamp()
+            date = self.date.timestamp() if isinstance(self.date, datetime.datetime) else self.date
             object.__setattr__(self, "date", _seconds("date", date))
 
     @classmethod
@@ -237,7 +235,6 @@ class Clock:
         self.batch_size_fn = leading_dim if batch_size_fn is None else batch_size_fn
 
     def now(self) -> Elapsed:
-        """An `Elapsed` snapshot of the counters at this instant."""
         return make_elapsed(self.steps, self.samples, _time.perf_counter() - self.origin, self.date_start)
 
     def advance(self, batch: Any) -> None:

@@ -58,8 +58,6 @@ def _check_schedule(value: object) -> Schedule:
 @final
 @dataclasses.dataclass(frozen=True, eq=False)
 class _Combined(ScheduleBase):
-    """`all` or `any` of its parts' answers; every part is asked. With no part: `always()`, `never()`."""
-
     combine: Callable[[list[bool]], bool]
     parts: tuple[Schedule, ...]
 

@@ -17,8 +17,6 @@ T = TypeVar("T")
 class _OneDevice:
     """The placement of a single-device strategy: the state whole on this process's first device."""
 
-    __slots__ = ()
-
     def create(self, init: Callable[..., T], /, *args: Any) -> T:
         # One device holds the whole state anyway: build it as plain JAX code would.
         return self.place(init(*args))

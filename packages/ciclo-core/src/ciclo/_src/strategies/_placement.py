@@ -19,7 +19,6 @@ _SCALARS = (bool, int, float, complex, np.generic)
 
 
 def is_key(leaf: Any) -> bool:
-    """Whether `leaf` is a typed PRNG key array (`jax.random.key`)."""
     return isinstance(leaf, jax.Array) and jnp.issubdtype(leaf.dtype, jax.dtypes.prng_key)
 
 
