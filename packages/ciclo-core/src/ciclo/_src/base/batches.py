@@ -74,7 +74,8 @@ def stacked(
         >>> [group.steps for group in ciclo.stacked([np.ones(4)] * 20, 4, align=6, total=14)]
         [4, 2, 4, 2, 2]
     """
-    for name, value, least in (("steps", steps, 1), ("align", align, 1), ("start", start, 0), ("total", total, 0)):
+    bounds = (("steps", steps, 1), ("align", align, 1), ("start", start, 0), ("total", total, 0))
+    for name, value, least in bounds:
         if value is not None:
             check_int(value, name, least)
     size = leading_dim if batch_size_fn is None else batch_size_fn
@@ -184,4 +185,3 @@ def count(batch: Any, batch_size_fn: BatchSizeFn) -> tuple[int, int]:
     if type(batch) is Stacked:
         return batch.steps, batch.samples
     return 1, batch_size_fn(batch)
-

@@ -185,7 +185,7 @@ def _name(path: tuple[Any, ...]) -> str:
 
 
 def check_divisible(batch: Any, devices: int, strategy: str, axis: int = 0) -> None:
-    """Raises a ValueError when a batch leaf's rows (its `axis`, if it has one) do not split over `devices`."""
+    """Raises a ValueError when a batch leaf's rows (its `axis`, if any) do not split over `devices`."""
     for path, leaf in jax.tree_util.tree_leaves_with_path(batch):
         shape = np.shape(leaf)
         if len(shape) > axis and shape[axis] % devices:

@@ -95,9 +95,11 @@ class PMap:
         check_divisible(batch, devices, "pmap")
         # Each leaf's `(rows, ...)` becomes `(devices, rows / devices, ...)`; a scalar is repeated.
         split = jax.tree.map(
-            lambda leaf: np.reshape(leaf, (devices, np.shape(leaf)[0] // devices, *np.shape(leaf)[1:]))
-            if np.ndim(leaf)
-            else np.broadcast_to(leaf, (devices,)),
+            lambda leaf: (
+                np.reshape(leaf, (devices, np.shape(leaf)[0] // devices, *np.shape(leaf)[1:]))
+                if np.ndim(leaf)
+                else np.broadcast_to(leaf, (devices,))
+            ),
             batch,
         )
         # Placed as `jax.pmap` lays out its inputs: the mapped step takes them without a copy.
@@ -126,11 +128,9 @@ class PMap:
         return jax.tree.map(self._mean, model_state)
 
     def reduce_logs(self, logs: Logs, /) -> Logs:
-        reduced = Logs()
+        reduced = Logs(logs)
         for collection, entries in logs.items():
-            if collection == "outputs":
-                reduced[collection] = entries
-            else:
+            if collection != "outputs":
                 reduced[collection] = Entries(jax.tree.map(self._mean, dict(entries)))
         return reduced
 
@@ -143,4 +143,3 @@ class PMap:
     def reduce_metric(self, metric: M, /) -> M:
         gathered = jax.lax.all_gather(metric, self.axis_name)
         return gathered.reduce()
-

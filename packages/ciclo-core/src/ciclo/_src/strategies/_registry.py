@@ -98,8 +98,7 @@ def get_strategy(strategy: str | Strategy) -> Strategy:
             missing = [name for name in _METHODS if not callable(getattr(strategy, name, None))]
             raise TypeError(
                 f"{short(strategy)} is not a strategy: it has no {', '.join(missing)} "
-                f"(see ciclo.strategies.Strategy: "
-                f"{', '.join(_METHODS)})"
+                f"(see ciclo.strategies.Strategy: {', '.join(_METHODS)})"
             )
         return strategy
     key = _key(strategy)

@@ -90,10 +90,7 @@ class _MeshStrategy(abc.ABC):
         return self._lift(batch, self._rows, 0)
 
     def _lift(self, batch: T, rows: NamedSharding, axis: int) -> T:
-        def sharding_of(shape: tuple[int, ...]) -> NamedSharding:
-            return rows if len(shape) > axis else self._replicated
-
-        if placed(batch, sharding_of):
+        if placed(batch, lambda shape: rows if len(shape) > axis else self._replicated):
             return batch  # lifted ahead of the step (ciclo.prefetch_to_device)
         try:
             if not self._multi_process:
@@ -101,16 +98,16 @@ class _MeshStrategy(abc.ABC):
                     # One call for the whole tree: the common case of array leaves only.
                     return jax.device_put(batch, rows)
                 except ValueError:
-                    return place(batch, sharding_of)
-            return jax.tree.map(
-                lambda leaf: jax.make_array_from_process_local_data(rows, leaf)
-                if np.ndim(leaf) > axis
-                else place(leaf, sharding_of),
-                batch,
-            )
+                    return place(batch, lambda shape: rows if len(shape) > axis else self._replicated)
+            return jax.tree.map(lambda leaf: self._lift_local(leaf, rows, axis), batch)
         except ValueError:
             check_divisible(batch, jax.local_device_count(), self.name, axis)
             raise
+
+    def _lift_local(self, leaf: Any, rows: NamedSharding, axis: int) -> jax.Array:
+        if np.ndim(leaf) > axis:
+            return jax.make_array_from_process_local_data(rows, leaf)
+        return place(leaf, lambda shape: self._replicated)
 
     @functools.cached_property
     def _stacked_rows(self) -> NamedSharding:
@@ -209,11 +206,8 @@ class FSDP(_MeshStrategy):
     name = "fsdp"
 
     def state_spec(self, shape: tuple[int, ...], /) -> PartitionSpec:
-        devices = self.mesh.size
-        if math.prod(shape) < self.min_size:
-            return PartitionSpec()
-        divisible = [dim for dim, size in enumerate(shape) if size % devices == 0]
-        if not divisible:
+        divisible = [dim for dim, size in enumerate(shape) if size % self.mesh.size == 0]
+        if math.prod(shape) < self.min_size or not divisible:
             return PartitionSpec()
         split = max(divisible, key=lambda dim: shape[dim])
         return PartitionSpec(*(self.axis_name if dim == split else None for dim in range(len(shape))))
