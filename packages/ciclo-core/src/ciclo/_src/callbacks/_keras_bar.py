@@ -41,16 +41,6 @@ def is_notebook_stream(file: object) -> bool:
         return False
 
 
-def _redraws_in_place(file: TextIO) -> bool:
-    isatty = getattr(file, "isatty", None)
-    try:
-        if callable(isatty) and isatty():
-            return True
-    except (OSError, ValueError):  # a closed or detached stream
-        return False
-    return is_notebook_stream(file)
-
-
 def format_duration(seconds: float) -> str:
     """Formats a duration like Keras: `42s`, `3:05` or `1:02:03`.
 
@@ -113,7 +103,10 @@ class KerasBar(ProgressCallback):
         super().__init__(total, interval)
         self._width = width
         self._file = file
-        self._terminal = _redraws_in_place(file)
+        try:  # redrawn in place? A stream without isatty, closed or detached is no terminal.
+            self._terminal = bool(file.isatty()) or is_notebook_stream(file)
+        except (AttributeError, OSError, ValueError):
+            self._terminal = False
         self._drawn_width = 0
 
     def _schedule(self, now: float, count: float, first: bool) -> bool:
