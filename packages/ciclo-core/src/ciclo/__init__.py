@@ -24,7 +24,7 @@ from ciclo._src.base import installation as _installation
 from ciclo._src.base.batches import stacked as stacked
 from ciclo._src.base.elapsed import at as at
 from ciclo._src.base.elapsed import elapse as elapse
-from ciclo._src.base.reprs import short
+from ciclo._src.base.reprs import short as _short
 from ciclo._src.base.schedules import after as after
 from ciclo._src.base.schedules import always as always
 from ciclo._src.base.schedules import at_step_end as at_step_end
@@ -95,19 +95,11 @@ if TYPE_CHECKING:
 
 # Names ciclo 0.1.9 exported from `ciclo` that now live in the one namespace each belongs to. Names
 # that only ever existed in this repository between releases are gone.
-_MOVED: dict[str, str] = {
-    "DataParallel": "strategies",
-    "Eager": "strategies",
-    "Elapsed": "types",
-    "History": "types",
-    "JIT": "strategies",
-    "LoopState": "types",
-    "Logs": "types",
-    "Period": "types",
-    "Strategy": "strategies",
-    "get_strategy": "strategies",
-    "register_strategy": "strategies",
-}
+_MOVED: dict[str, str] = dict.fromkeys(
+    ("Elapsed", "History", "LoopState", "Logs", "Period"), "types"
+) | dict.fromkeys(
+    ("DataParallel", "Eager", "JIT", "Strategy", "get_strategy", "register_strategy"), "strategies"
+)
 
 
 def __getattr__(name: str) -> Any:
@@ -126,7 +118,7 @@ def __getattr__(name: str) -> Any:
         )
         return getattr(globals()[namespace], name)
     if name.startswith("__"):
-        raise AttributeError(f"module 'ciclo' has no attribute {short(name)}")
+        raise AttributeError(f"module 'ciclo' has no attribute {_short(name)}")
     value = _frameworks.resolve(name)
     globals()[name] = value
     return value

@@ -41,22 +41,11 @@ def create_equinox_state(
 ) -> ModelState:
     """A training state for an equinox module: `train_step`, `test_step`, `predict_step`, `reset_step`.
 
-    The module is already initialised: its floating-point arrays are trained,
-    and everything else (integer arrays, activation functions, sizes) is held
-    fixed. A module with stateful layers (`eqx.nn.BatchNorm`) is built with
-    `model, state = eqx.nn.make_with_state(Model)(...)`; pass both, as
-    `create_equinox_state(model, state=state, ...)` or as the pair
-    `create_equinox_state((model, state), ...)`. The state is the
-    `ModelState`'s `model_state`, updated by training steps only.
-
-    Equinox modules act on one example: by default the module is `jax.vmap`-ed
-    over the batch, with the batch axis named `batch_axis_name` (give
-    `eqx.nn.BatchNorm` the same `axis_name`); `vmap=False` hands it the whole
-    batch. See `ciclo_equinox.EquinoxAdapter` for how it is called, and
-    switched to inference in `test_step` and `predict_step`.
-
-    Everything else is `ciclo.types.ModelState`'s: see there for how losses and
-    metrics get their arguments (`preds`, `target`, `logits`, `labels`, ...).
+    The module's floating-point arrays are trained, everything else is held
+    fixed; its `eqx.nn.State` (from `eqx.nn.make_with_state`) is the model
+    state, updated by training steps only. How the module is called (mapped
+    over the batch, switched to inference) is `ciclo_equinox.EquinoxAdapter`'s;
+    the long story is docs/frameworks/equinox.md.
 
     Args:
         model: an `equinox.Module`, or the `(model, state)` pair of `eqx.nn.make_with_state`.
@@ -64,10 +53,8 @@ def create_equinox_state(
         vmap: map the module over the leading batch axis (True), or call it on
             the whole batch (False).
         batch_axis_name: the name of the mapped batch axis (with `vmap=True`).
-        **settings: `ciclo.create_model_state`'s (`ciclo.types.ModelStateSettings`):
-            `tx` (none: a state for inference), `losses`, `metrics`, `strategy`, `key` (for the steps' keys,
-            dropout; the module's own weights come from the key it was built
-            with), `precision`, `accumulate_steps`, `ema_decay`.
+        **settings: `ciclo.create_model_state`'s (`ciclo.types.ModelStateSettings`);
+            `key` gives the steps' keys, the weights come from the module.
 
     Raises:
         TypeError: for a model that is not an equinox module, a state that is not

@@ -19,25 +19,15 @@ def create_flax_state(
 ) -> ModelState:
     """A training state for a flax model: `train_step`, `test_step`, `predict_step`, `reset_step`.
 
-    For a **linen** module, the variables are created with `model.init` on
-    `inputs`; the `"params"` collection is trained and the other collections
-    (`"batch_stats"`) are the model state. The step key is the module's
-    `"dropout"` rng, and a `__call__` argument `training`, `train`,
-    `is_training` or `deterministic` is set for each step.
-
-    An **nnx** module is already initialised (`inputs` is not needed): its
-    `nnx.Param`s are trained, its other variables are the model state, and
-    `nnx.view` switches dropout and batch norm between training and evaluation.
-
-    Everything else is `ciclo.types.ModelState`'s: see there for how losses and
-    metrics get their arguments (`preds`, `target`, `logits`, `labels`, ...).
+    A **linen** module is initialised with `model.init` on `inputs` (see
+    `ciclo_flax.LinenAdapter`); an **nnx** module is already initialised (see
+    `ciclo_flax.NnxAdapter`). The long story is docs/frameworks/flax_linen.md
+    and docs/frameworks/flax_nnx.md.
 
     Args:
         model: a `flax.linen.Module` or a `flax.nnx.Module`.
         inputs: sample inputs for a linen module, e.g. `jnp.empty((1, 28, 28, 1))`.
-        **settings: `ciclo.create_model_state`'s (`ciclo.types.ModelStateSettings`):
-            `tx` (none: a state for inference), `losses`, `metrics`, `strategy`, `key` (for initialisation and
-            dropout), `precision`, `accumulate_steps`, `ema_decay`.
+        **settings: `ciclo.create_model_state`'s (`ciclo.types.ModelStateSettings`).
 
     Raises:
         TypeError: for a model that is neither a linen nor an nnx module, or a

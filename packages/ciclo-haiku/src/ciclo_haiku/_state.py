@@ -51,21 +51,11 @@ def create_haiku_state(
 ) -> ModelState:
     """A training state for a haiku function: `train_step`, `test_step`, `predict_step`, `reset_step`.
 
-    `model` is an `hk.Transformed` (`hk.transform(f)`), an
-    `hk.TransformedWithState` (`hk.transform_with_state(f)`), or the function
-    `f` itself, which is transformed with `hk.transform_with_state`. The
-    function takes the batch's inputs as its one positional argument. It is
-    initialised on `inputs` in training mode; its haiku params are trained and
-    its haiku state (`hk.BatchNorm`'s moving averages) is the model state,
-    updated in training steps only. Each step's key is the haiku rng, so
-    `hk.next_rng_key()` draws a fresh key per step (and per device).
-
-    A function that takes `is_training`, `training`, `train` or `deterministic`
-    by keyword gets it for each step; see `ciclo_haiku.HaikuAdapter` for
-    `training_flag`.
-
-    Everything else is `ciclo.types.ModelState`'s: see there for how losses and
-    metrics get their arguments (`preds`, `target`, `logits`, `labels`, ...).
+    The function takes the batch's inputs as its one positional argument and
+    is initialised on `inputs` in training mode; its haiku params are trained,
+    its haiku state is the model state, and each step's key is its haiku rng.
+    How it is called (its training flag) is `ciclo_haiku.HaikuAdapter`'s; the
+    long story is docs/frameworks/haiku.md.
 
     Args:
         model: an `hk.Transformed`, an `hk.TransformedWithState`, or a function
@@ -73,9 +63,7 @@ def create_haiku_state(
         inputs: sample inputs to initialise the function with, e.g. `jnp.zeros((1, 64))`.
         training_flag: `"auto"`, the name of the function's argument that says
             whether it is training, or None.
-        **settings: `ciclo.create_model_state`'s (`ciclo.types.ModelStateSettings`):
-            `tx` (none: a state for inference), `losses`, `metrics`, `strategy`, `key` (for initialisation and
-            the step keys), `precision`, `accumulate_steps`, `ema_decay`.
+        **settings: `ciclo.create_model_state`'s (`ciclo.types.ModelStateSettings`).
 
     Raises:
         TypeError: for a model of another kind (the message says which are

@@ -63,9 +63,6 @@ if TYPE_CHECKING:
 S = TypeVar("S")
 T = TypeVar("T")
 
-StepLike = int | Literal["latest", "best"]
-"""Which checkpoint to restore: a step number, `"latest"` or `"best"`."""
-
 SETTINGS_FILE = "ciclo_checkpoint.json"  # the monitor and mode the checkpoints were ranked with
 _STATE_KEYS = ("newest_step", "newest_at_start", "warned")
 _LOSS = "loss"  # without `monitor`, the entry whose non-finite value keeps a state from being saved
@@ -131,8 +128,7 @@ def _open_manager(
     )
 
 
-def _settings(monitor: str | None, mode: Mode) -> dict[str, Any]:
-    """The ranking as `ciclo_checkpoint.json` records it: no mode without a monitor."""
+def _settings(monitor: str | None, mode: Mode) -> dict[str, Any]:  # no mode without a monitor
     return {"monitor": monitor, "mode": mode if monitor is not None else None}
 
 
@@ -161,17 +157,6 @@ def _write_settings(directory: str, settings: dict[str, Any]) -> None:
         path.write_text(text)  # object stores replace whole objects: already atomic
     else:
         write_atomically(os.path.join(directory, SETTINGS_FILE), text)
-
-
-def _remove_all(directory: str) -> None:
-    """Removes a directory's checkpoints and settings, for `overwrite=True`."""
-    if jax.process_index() != 0:
-        return
-    for child in epath(directory).iterdir():
-        if child.name.isdigit() or TMP_MARK in child.name:
-            child.rmtree()
-        elif child.name == SETTINGS_FILE:
-            child.unlink()
 
 
 def _resolve_step(manager: Any, directory: str, step: object, monitor: str | None) -> int:
@@ -215,7 +200,7 @@ class RestoreOptions(TypedDict, total=False):
             `"ema_params"` (with `partial=True`).
     """
 
-    step: StepLike
+    step: int | Literal["latest", "best"]
     partial: bool
     params_from: str | None
 
@@ -310,36 +295,19 @@ def _source_of(
     return lambda path: (*prefix, params_from, *path[size:]) if path[:size] == own else path
 
 
-def _steps_done(loop_state: LoopState[Any]) -> int:
-    """The steps done with this step: a task's `elapsed` counts them before it, at_step_end's after."""
-    elapsed, clock = loop_state.elapsed, loop_state._clock
-    if not loop_state._ended and clock is not None and elapsed.steps == clock.steps:
-        return int(elapsed.steps) + steps_of(loop_state.batch)
-    return int(elapsed.steps)
-
-
 @typing.final
 class Checkpoint(Callback):
     """Saves the loop's state with orbax and keeps the latest or the best checkpoints.
 
-    Create one with `ciclo.checkpoint`. Put it under a schedule in `ciclo.loop`
-    (`{ciclo.at_step_end(ciclo.every(steps=1000)): [ckpt]}`), pass it to
-    `ciclo.train_loop(callbacks=[...])` (it runs on `on_epoch_end`), or call
-    `ckpt(elapsed, state, logs)` in a hand-written loop. In a loop's task the
-    steps completed are the task's `elapsed.steps` plus the step's batch (a
-    plain `every(1000)` saves after steps 1, 1001, ...; `at_step_end(every(1000))`
-    after 1000, 2000, ...).
-
-    A step at or before the newest checkpoint, in the directory or already saved,
-    is skipped. A state whose monitored value (without `monitor`: its `loss`
-    entry, when logged) is NaN or infinite is not saved, so a diverged state
-    never becomes the latest or the best.
-
-    `save()` returns once the state is copied off the device; the loop waits
-    for the saves in flight when it ends, `wait()` and `close()` do in a
-    hand-written loop; Ctrl-C waits for a save to start or finish. The
-    arguments of `ciclo.checkpoint` are its attributes (`directory`, absolute,
-    `keep`, `monitor`, `mode`, ...): read them only.
+    Create one with `ciclo.checkpoint`; put it under a schedule in `ciclo.loop`
+    (`{ciclo.at_step_end(ciclo.every(steps=1000)): [ckpt]}`), in
+    `ciclo.train_loop(callbacks=[...])` (on `on_epoch_end`), or call
+    `ckpt(elapsed, state, logs)` in a hand-written loop. Steps already saved,
+    and states whose monitored value (or `loss`) is not finite, are skipped.
+    The loop waits for the saves in flight when it ends; `wait()` and
+    `close()` do by hand. Its attributes are `ciclo.checkpoint`'s arguments
+    (read them only). Numbering, saves and Ctrl-C: docs/guide.md, "Runs that
+    survive".
 
     Example:
         >>> import tempfile
@@ -390,8 +358,12 @@ class Checkpoint(Callback):
         self.async_save, self.overwrite = async_save, overwrite
         check_directory(self.directory, "checkpoint directory")
         check_closed(self.directory, "the checkpoint directory")
-        if overwrite and epath(self.directory).exists():
-            _remove_all(self.directory)
+        if overwrite and epath(self.directory).exists() and jax.process_index() == 0:
+            for child in epath(self.directory).iterdir():
+                if child.name.isdigit() or TMP_MARK in child.name:
+                    child.rmtree()
+                elif child.name == SETTINGS_FILE:
+                    child.unlink()
         self._manager: Any = None
         steps = self.all_steps()
         settings = _settings(monitor, self.mode)
@@ -515,7 +487,12 @@ class Checkpoint(Callback):
 
     def __loop_callback__(self, loop_state: LoopState[S], /) -> CallbackOutput[S]:
         """Saves the loop's state under the steps done with this step (monitor: accumulated logs)."""
-        self.save(_steps_done(loop_state), loop_state.state, loop_state.accumulated_logs)
+        # The steps done with this step: a task's `elapsed` counts them before it, at_step_end's after.
+        elapsed, clock = loop_state.elapsed, loop_state._clock
+        steps = int(elapsed.steps)
+        if not loop_state._ended and clock is not None and elapsed.steps == clock.steps:
+            steps += steps_of(loop_state.batch)
+        self.save(steps, loop_state.state, loop_state.accumulated_logs)
         return {}, loop_state.state
 
     @property
@@ -588,8 +565,7 @@ class Checkpoint(Callback):
 
     def latest_step(self) -> int | None:
         """The step of the most recent checkpoint, or None if there is none."""
-        steps = self.all_steps()
-        return steps[-1] if steps else None
+        return max(self.all_steps(), default=None)
 
     def best_step(self) -> int | None:
         """The step with the best monitored value, or None without `monitor` or checkpoints."""
@@ -650,8 +626,7 @@ def checkpoint(
             that ranks the checkpoints; in a loop, read from the entries logged
             so far (`loop_state.accumulated_logs`).
         mode: `"min"` if lower monitored values are better, `"max"` if higher;
-            `"auto"` picks `"max"` for accuracy-like names (`accuracy`, `auc`,
-            `f1`, `iou`, `top5`, ...), else `"min"`.
+            `"auto"`: `"max"` for accuracy-like names (docs/guide.md).
         async_save: write in the background while training goes on.
         overwrite: delete the checkpoints already in `directory`.
         resume: the checkpoints already in `directory` are this run's: save

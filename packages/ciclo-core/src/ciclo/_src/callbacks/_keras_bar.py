@@ -11,11 +11,8 @@ from ciclo._src.base.elapsed import PeriodLike
 from ciclo._src.base.reprs import short
 from ciclo._src.callbacks._progress import ProgressCallback, format_value
 
-_LOG_LINES = 10
-"""Without a terminal, a bar with a known total writes a line at each tenth of it."""
-
-_LOG_PERIOD = 30.0
-"""Without a terminal and with an unknown total, a bar writes a line at most this often (seconds)."""
+# Without a terminal: a line at each tenth of a known total, else at most every 30 seconds.
+_LOG_LINES, _LOG_PERIOD = 10, 30.0
 
 
 def is_notebook_stream(file: object) -> bool:
@@ -42,16 +39,6 @@ def is_notebook_stream(file: object) -> bool:
         )
     except Exception:  # a stand-in IPython, or one half torn down
         return False
-
-
-def _redraws_in_place(file: TextIO) -> bool:
-    isatty = getattr(file, "isatty", None)
-    try:
-        if callable(isatty) and isatty():
-            return True
-    except (OSError, ValueError):  # a closed or detached stream
-        return False
-    return is_notebook_stream(file)
 
 
 def format_duration(seconds: float) -> str:
@@ -116,7 +103,10 @@ class KerasBar(ProgressCallback):
         super().__init__(total, interval)
         self._width = width
         self._file = file
-        self._terminal = _redraws_in_place(file)
+        try:  # redrawn in place? A stream without isatty, closed or detached is no terminal.
+            self._terminal = bool(file.isatty()) or is_notebook_stream(file)
+        except (AttributeError, OSError, ValueError):
+            self._terminal = False
         self._drawn_width = 0
 
     def _schedule(self, now: float, count: float, first: bool) -> bool:
@@ -174,26 +164,19 @@ def keras_bar(
     """Creates a Keras-style progress bar callback.
 
     Shows the latest value of each scalar entry of the `losses`, `metrics` and
-    `stateful_metrics` collections. It runs as a loop callback (put it after
-    the step whose metrics it shows), after each batch of the predefined loops
-    (`callbacks=[bar]`: a test or predict loop's bar shows the evaluation), or
-    by hand as `bar(elapsed, logs)`.
-
-    On a terminal, and in a Jupyter notebook (the stream is `ipykernel`'s
-    output stream, or the kernel's `sys.stdout` or `sys.stderr`), the line is
-    redrawn in place with a carriage return at most once per `interval`
-    seconds, so a cell shows one line; elsewhere (log files, pipes) a full line
-    is written at each tenth of the total, or every 30 seconds if the total is
-    unknown. Between redraws a call reads no logged value, so it never waits
-    for the device; the values shown are copied to the host, all at once, only
-    when a line is drawn.
+    `stateful_metrics` collections. It runs as a loop callback (after the step
+    whose metrics it shows), after each batch of the predefined loops, or by
+    hand as `bar(elapsed, logs)`. On a terminal or in a notebook the line is
+    redrawn in place; elsewhere a line is written at each tenth of the total
+    (every 30 seconds if unknown). Between redraws a call reads no logged
+    value, so it never waits for the device (docs/logging.md, "Notebooks").
 
     Args:
         total: where the bar is full: an int (steps), a `ciclo.types.Period`
             counting steps, samples or time (the bar counts in that unit), or
             None if unknown.
-        interval: on a terminal or in a notebook, the least number of seconds between two
-            redraws. Each redraw copies the values shown from the device.
+        interval: on a terminal or in a notebook, the least number of seconds
+            between two redraws.
         width: the number of characters of the bar itself.
         file: where to write; `sys.stdout` (as it is when the bar is created) by default.
 

@@ -33,10 +33,7 @@ SHOWN_COLLECTIONS = ("losses", "metrics", "stateful_metrics")
 
 @dataclasses.dataclass(frozen=True)
 class Unit:
-    """What a bar counts (`field`: `"steps"`, `"samples"` or `"time"`), as shown (`label`), and up to where.
-
-    `total` is the count at which the bar is full, or None if unknown.
-    """
+    """What a bar counts (`field`), as shown (`label`), and its `total` (the full count, or None)."""
 
     field: Field
     label: str
@@ -272,8 +269,7 @@ class ProgressCallback(Callback, abc.ABC):
     def _draw(self, now: float, count: float, steps: float, *, final: bool) -> None:
         """Draws the bar at `count`; the final state if `final`."""
 
-    def _release(self) -> None:
-        """Frees what the bar holds once it is finished."""
+    def _release(self) -> None:  # once finished
         self._logs = NO_LOGS
         self._own_logs = Logs()
         self._elapsed = None

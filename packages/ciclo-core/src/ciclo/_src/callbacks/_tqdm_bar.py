@@ -60,22 +60,16 @@ class TqdmBar(ProgressCallback):
 def tqdm_bar(total: PeriodLike | None = None, *, interval: float = 0.1, **tqdm_kwargs: Any) -> TqdmBar:
     """Creates a progress bar callback drawn by tqdm (`pip install "ciclo-core[tqdm]"`).
 
-    It runs as a loop callback (put it after the step whose metrics it shows),
-    after each batch of the predefined loops (`callbacks=[bar]`: a test or predict
-    loop's bar shows the evaluation), or by hand as `bar(elapsed, logs)`. The
-    tqdm bar counts steps, samples or whole seconds,
-    as `total` says; in a Jupyter notebook `tqdm.auto` draws a widget (if
-    ipywidgets is installed; otherwise the text bar, which the notebook redraws
-    in place). The count and the postfix (the scalar entries of the `losses`,
-    `metrics` and `stateful_metrics` collections) are passed to tqdm at most
-    once per `interval` seconds: in between a call reads no logged value, so it
-    never waits for the device.
+    It runs where `ciclo.keras_bar` does, and counts steps, samples or whole
+    seconds as `total` says; in a notebook `tqdm.auto` draws a widget (with
+    ipywidgets). The count and the postfix (the entries `ciclo.keras_bar`
+    shows) reach tqdm at most once per `interval` seconds: in between a call
+    reads no logged value, so it never waits for the device.
 
     Args:
         total: where the bar is full, as for `ciclo.keras_bar`: steps (an int),
             a `ciclo.types.Period` of steps, samples or time, or None.
-        interval: the least number of seconds between two updates of the tqdm
-            bar. Each update copies the metrics shown from the device.
+        interval: the least number of seconds between two updates of the tqdm bar.
         **tqdm_kwargs: passed to `tqdm.auto.tqdm` (`desc`, `file`, `leave`,
             `bar_format`, ...); `unit` defaults to the unit counted.
 
