@@ -117,6 +117,7 @@ CASES: list[tuple[str, Callable[[Any], Any], type, str, int | None]] = [
     # loop and stop
     ("stop=0", lambda p: loop(stop=0), ValueError, r"stop=0 would run no step.*stop=None", 0),
     ("stop=-1", lambda p: loop(stop=-1), ValueError, r"stop must be >= 0 steps, got -1: pass a count", 0),
+    ("train_loop stop=-1", lambda p: train(dataset=[1], stop=-1), ValueError, r"stop must be >= 0 steps", 0),
     ("stop='10'", lambda p: loop(stop="10"), TypeError, r"got '10'; pass the int stop=10, not the string", 0),
     (
         "stop=1.5",

@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ciclo._src.base.checks import check_int
 from ciclo._src.base.reprs import short
 from ciclo._src.base.types import CallbackOutput, S
 from ciclo._src.callbacks._monitor import present_keys
@@ -38,8 +39,7 @@ class TerminateOnNaN(Callback, Generic[S]):
         names = (monitor,) if isinstance(monitor, str) else tuple(monitor)
         if not names or not all(isinstance(name, str) and name for name in names):
             raise TypeError(f"monitor must be an entry name or a list of them, got {short(monitor)}")
-        if isinstance(check_every, bool) or not isinstance(check_every, int) or check_every < 1:
-            raise ValueError(f"check_every must be an int >= 1, got {short(check_every)}")
+        check_int(check_every, "check_every", 1)
         self.monitor = names
         self.check_every = check_every
         self.step: int | None = None

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Final, final
 import jax
 import numpy as np
 
+from ciclo._src.base.checks import check_int
 from ciclo._src.base.reprs import short
 from ciclo._src.base.types import Trainable
 from ciclo._src.data.fused import as_logs_and_state
@@ -111,8 +112,7 @@ def _check_arguments(min_lr: Any, max_lr: Any, steps: Any) -> None:
             f"min_lr ({short(min_lr)}) must be below max_lr ({short(max_lr)}): the sweep grows from one to "
             "the other, e.g. min_lr=1e-7, max_lr=10.0"
         )
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 2:
-        raise ValueError(f"steps must be an int >= 2 (the rates tried), got {short(steps)}")
+    check_int(steps, "steps", 2, " (the rates tried)")
 
 
 def _step_of(state: Any, train_step: Callable[[Any, Any], Any] | None) -> Callable[[Any, Any], Any]:

@@ -434,7 +434,7 @@ def train_loop(
         (10, ([4, 9], [2.0, 2.0]))
     """
     _check_settings("train_loop", settings)
-    stop, batch_size_fn = Period.of(settings.get("stop")), settings.get("batch_size_fn")
+    stop, batch_size_fn = Period.of(settings.get("stop"), name="stop"), settings.get("batch_size_fn")
     names = tuple(dict.fromkeys(TRAIN + TEST))
     named, scheduled = split_tasks(tasks, names, "train_loop")
     add_callbacks(

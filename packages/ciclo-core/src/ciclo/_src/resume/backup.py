@@ -28,7 +28,7 @@ import jax
 import numpy as np
 
 from ciclo._src.base.batches import BatchSizeFn, count
-from ciclo._src.base.checks import check_bool, check_directory
+from ciclo._src.base.checks import check_bool, check_directory, check_int
 from ciclo._src.base.elapsed import Clock, Elapsed, Period, make_elapsed
 from ciclo._src.base.files import check_closed, open_own, remove_own, write_atomically
 from ciclo._src.base.finite import all_finite
@@ -164,8 +164,7 @@ def backup(
     """
     if not isinstance(directory, (str, os.PathLike)):
         raise TypeError(f"backup directory must be a path, got {short(directory)}")
-    if isinstance(keep, bool) or not isinstance(keep, int) or keep < 2:
-        raise ValueError(f"keep must be an int >= 2 (a kill during a save must leave one), got {short(keep)}")
+    check_int(keep, "keep", 2, " (a kill during a save must leave one)")
     check_bool(sigint, "sigint")
     _schedule(every)  # checked now, not at the first step
     path = os.path.abspath(os.fspath(directory))
