@@ -388,7 +388,6 @@ class History(Sequence[Logs]):
         return blocks + [_Block.fused(run, positions) for positions, run in runs]
 
     def _note(self, index: int, paths: Paths, values: tuple[Any, ...]) -> None:
-        """Keeps `values` as the newest of rows with `paths`, unless a newer row's are kept."""
         if self._newest.get(paths, (-1, ()))[0] < index:
             self._newest[paths] = (index, values)
 
@@ -434,7 +433,6 @@ class History(Sequence[Logs]):
         return logs
 
     def _note_pending(self) -> None:
-        """Notes the pending rows not noted yet for `latest`."""
         pending = self._pending
         first = self.dropped + len(self) - len(pending)  # the first pending row's index
         for index in range(max(self._scanned, first), first + len(pending)):
@@ -446,7 +444,7 @@ class History(Sequence[Logs]):
         self._scanned = first + len(pending)
 
     def _fetch(self, upto: int) -> None:
-        """Brings rows up to `upto` to the host, waiting for their device values."""
+        """Brings rows up to `upto` to the host (waits)."""
         if upto <= len(self._rows):
             return
         self._take_windows(wait=True)
@@ -550,7 +548,6 @@ class History(Sequence[Logs]):
         self._fetch(len(self))
         columns: tuple[list[Any], ...] = tuple([] for _ in keys)
         found = [False] * len(keys)
-        # Resolve each key once per distinct set of paths, not once per entry.
         resolved: dict[Paths, list[tuple[int, int]] | None] = {}
         for row in self._rows:
             plan = resolved.get(row[0], ())
