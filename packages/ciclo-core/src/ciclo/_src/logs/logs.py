@@ -285,7 +285,6 @@ class History(Sequence[Logs]):
         # Oldest first: the rows on the host, the windows of rows being copied, the pending rows.
         self._rows: list[Row] = []
         self._windows: deque[tuple[list[_Block], list[_Pending]]] = deque()
-        self._in_flight = 0  # rows in `_windows`
         self._pending: list[_Pending] = []
         # For `latest`: the newest row of each set of paths read up to row `_scanned`, as its index
         # (dropped rows counted) and values (host values once the row is dropped).
@@ -351,14 +350,13 @@ class History(Sequence[Logs]):
         """Reads the oldest `count` pending rows into a window, and starts copying their device values."""
         if count <= 0:
             return
-        first = self.dropped + len(self._rows) + self._in_flight  # the first row's index, dropped counted
+        first = self.dropped + len(self) - len(self._pending)  # the first row's index, dropped counted
         rows = self._pending[:count]
         del self._pending[:count]
         blocks = self._blocks([row[0] for row in rows])
         for block in blocks:
             self._note(first + block.positions[-1], block.paths, block.newest)
         self._windows.append((blocks, rows))
-        self._in_flight += count
 
     def _blocks(self, rows: list[LogsLike | _FusedRow]) -> list[_Block]:
         """`rows` as blocks of rows that log the same entries: one block, usually."""
@@ -407,7 +405,6 @@ class History(Sequence[Logs]):
                     for position, row in zip(block.positions, block.take(), strict=True):
                         paths[position], values[position] = block.paths, row
                 self._rows += zip(paths, values, steps, samples, times, strict=True)
-            self._in_flight -= len(rows)
 
     def latest(self) -> Logs:
         """The newest value of every entry in the history (values may still be device arrays).
@@ -497,11 +494,11 @@ class History(Sequence[Logs]):
         self._newest = {paths: (-1, values) for paths, values in rows["evicted_latest"].items()}
         for index, row in enumerate(self._rows):
             self._note(self.dropped + index, row[0], row[1])
-        self._pending, self._windows, self._in_flight = [], deque(), 0
+        self._pending, self._windows = [], deque()
         self._scanned = self.dropped + len(self)
 
     def __len__(self) -> int:
-        return len(self._rows) + self._in_flight + len(self._pending)
+        return len(self._rows) + sum(len(rows) for _, rows in self._windows) + len(self._pending)
 
     @overload
     def __getitem__(self, index: int) -> Logs: ...
