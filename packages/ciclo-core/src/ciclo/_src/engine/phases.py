@@ -119,13 +119,12 @@ def _run_callbacks(loop_state: LoopState[Any], callbacks: list[Callback]) -> Non
                     new_logs.per_step if held is None else Logs(held).merge(new_logs.per_step)
                 )
             logs = loop_state._logs
-            if not logs:
+            if not logs:  # held as it came, a callback's own object: copied before a merge into it
                 loop_state._logs, loop_state._owns_logs = new_logs, False
-            else:
-                if not loop_state._owns_logs:
-                    logs = loop_state._logs = Logs(logs)
-                    loop_state._owns_logs = True
+            elif loop_state._owns_logs:
                 cast(Logs, logs).merge(new_logs)
+            else:
+                loop_state._logs, loop_state._owns_logs = Logs(logs).merge(new_logs), True
         if loop_state.stop_iteration:
             return
 
@@ -274,8 +273,36 @@ def _run_steps(tasks: list[_Task], loop_state: LoopState[Any]) -> None:
             loop_state._logs = None
             if steps < quiet_until and type(batch) is not Stacked:
                 _run_callbacks(loop_state, every_step)
-            else:
-                quiet_until = _run_tasks(tasks, loop_state, clock, batch)
+            else:  # every task; `quiet_until`: the step count before which none scheduled is due
+                before = after = None
+                after_steps, quiet_until = steps + steps_of(batch), math.inf
+                for task in tasks:
+                    if task.boundary is not None:
+                        count = after_steps if task.after else steps
+                        fires = count >= task.due
+                        if fires:
+                            task.due = next_boundary(count, *task.boundary)
+                        quiet_until = min(quiet_until, task.due - task.after)
+                        if not fires:
+                            continue
+                    elif task.check is not None:
+                        quiet_until = 0
+                    if task.after:
+                        if after is None:
+                            before = loop_state.elapsed
+                            added, added_samples = count_batch(batch, clock.batch_size_fn)
+                            after = make_elapsed(
+                                steps + added, before.samples + added_samples, before.time, before.date_start
+                            )
+                        if task.check is not None and not task.check(after):
+                            continue
+                        loop_state._elapsed = after
+                        _run_callbacks(loop_state, task.callbacks)
+                        loop_state._elapsed = before
+                    elif task.check is None or task.check(loop_state.elapsed):
+                        _run_callbacks(loop_state, task.callbacks)
+                    if loop_state.stop_iteration:
+                        break
             step_logs = loop_state._logs
             if step_logs:
                 now, samples = loop_state._elapsed, clock.samples
@@ -295,40 +322,3 @@ def _run_steps(tasks: list[_Task], loop_state: LoopState[Any]) -> None:
                 return
     finally:
         loop_state._drawn = drawn
-
-
-def _run_tasks(tasks: list[_Task], loop_state: LoopState[Any], clock: Clock, batch: Any) -> float:
-    """One step's tasks; returns the step count before which no scheduled task is due."""
-    before: Elapsed | None = None
-    after: Elapsed | None = None
-    steps = clock.steps
-    after_steps = steps + steps_of(batch)
-    quiet: float = math.inf
-    for task in tasks:
-        if task.boundary is not None:
-            count = after_steps if task.after else steps
-            fires = count >= task.due
-            if fires:
-                task.due = next_boundary(count, *task.boundary)
-            quiet = min(quiet, task.due - task.after)
-            if not fires:
-                continue
-        elif task.check is not None:
-            quiet = 0
-        if task.after:
-            if after is None:
-                before = loop_state.elapsed
-                added, samples = count_batch(batch, clock.batch_size_fn)
-                after = make_elapsed(
-                    before.steps + added, before.samples + samples, before.time, before.date_start
-                )
-            if task.check is not None and not task.check(after):
-                continue
-            loop_state._elapsed = after
-            _run_callbacks(loop_state, task.callbacks)
-            loop_state._elapsed = before
-        elif task.check is None or task.check(loop_state.elapsed):
-            _run_callbacks(loop_state, task.callbacks)
-        if loop_state.stop_iteration:
-            return 0
-    return quiet
