@@ -138,18 +138,6 @@ def _plain_function(fn: Callable[..., Any]) -> Callback:
     return _Adapted(_BY_POSITION[arity](fn), fn)
 
 
-def _clu_action(obj: Any) -> Callback | None:
-    """A clu `PeriodicAction` as a `Callback` called with the steps done; None for anything else.
-
-    ciclo never imports clu: an object is only recognised as a periodic action
-    once the user has imported clu.
-    """
-    module = sys.modules.get("clu.periodic_actions")
-    if module is None or not isinstance(obj, module.PeriodicAction):
-        return None
-    return _Adapted(lambda loop_state: obj(loop_state.elapsed.steps), obj)
-
-
 def as_callback_list(value: Any, where: str) -> list[Callback]:
     """A callback, a list/tuple of callbacks, or None, as a list of `Callback`s: the one door in.
 
@@ -165,20 +153,16 @@ def as_callback_list(value: Any, where: str) -> list[Callback]:
 
 
 def _as_callback(obj: Any) -> Callback:
-    if isinstance(obj, Callback):
-        misnamed = check_method_names(obj)  # a subclass of a user's may misspell a lifecycle method
-        if misnamed:
-            warn_misnamed(obj, misnamed)
-        return obj
-    clu = _clu_action(obj)
-    if clu is not None:
-        return clu
     if isinstance(obj, str):
         raise TypeError(f"{short(obj)} is a string, not a callback")
+    clu = sys.modules.get("clu.periodic_actions")  # never imported here: only once the user has
+    if clu is not None and isinstance(obj, clu.PeriodicAction):  # called with the steps done
+        return _Adapted(lambda loop_state: obj(loop_state.elapsed.steps), obj)
     misnamed = () if inspect.isroutine(obj) else check_method_names(obj)
-    call = vars_lookup(type(obj), "__loop_callback__")
-    if call is not None:
-        callback: Callback = _Object(obj, obj.__loop_callback__)
+    if isinstance(obj, Callback):  # a subclass of a user's may misspell a lifecycle method
+        callback = obj
+    elif vars_lookup(type(obj), "__loop_callback__") is not None:
+        callback = _Object(obj, obj.__loop_callback__)
     elif not callable(obj):
         raise TypeError(
             f"{short(obj)} of type {type(obj).__name__} is not a callback: pass a callable taking "
