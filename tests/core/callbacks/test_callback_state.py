@@ -351,3 +351,34 @@ def test_the_guide_example_runs():
     exec(
         compile(blocks[0], "guide.md[callback state]", "exec", dont_inherit=True), {"__name__": "docs_guide"}
     )
+
+
+class _Counter(ciclo.Callback):
+    def __init__(self, key: Any = "counter") -> None:
+        self.key = key
+
+    def state_dict(self) -> Any:
+        return 0
+
+    @property
+    def state_key(self) -> Any:
+        return self.key
+
+
+@pytest.mark.parametrize(
+    ("keys", "error", "match"),
+    [
+        (
+            ["counter", "counter"],
+            ValueError,
+            "two stateful callbacks of this loop save their state under the key",
+        ),
+        ([""], TypeError, "the state_key of .* must be a non-empty str, got ''"),
+    ],
+)
+def test_state_keys_are_refused_before_the_first_step(keys, error, match):
+    steps: list[int] = []
+    callbacks = [_Counter(key) for key in keys]
+    with pytest.raises(error, match=match):
+        ciclo.loop(None, range(3), {ciclo.every(1): [*callbacks, lambda: steps.append(1)]})
+    assert steps == []

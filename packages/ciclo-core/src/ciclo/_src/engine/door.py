@@ -138,44 +138,31 @@ def _plain_function(fn: Callable[..., Any]) -> Callback:
     return _Adapted(_BY_POSITION[arity](fn), fn)
 
 
-def _clu_action(obj: Any) -> Callback | None:
-    """A clu `PeriodicAction` as a `Callback` called with the steps done; None for anything else.
-
-    ciclo never imports clu: an object is only recognised as a periodic action
-    once the user has imported clu.
-    """
-    module = sys.modules.get("clu.periodic_actions")
-    if module is None or not isinstance(obj, module.PeriodicAction):
-        return None
-    return _Adapted(lambda loop_state: obj(loop_state.elapsed.steps), obj)
-
-
-def as_callback(obj: Any) -> Callback:
-    """Turns any form of callback a user may give into a `Callback`: the one door in.
+def as_callback_list(value: Any, where: str) -> list[Callback]:
+    """A callback, a list/tuple of callbacks, or None, as a list of `Callback`s: the one door in.
 
     An object whose methods are named like a hook that no loop calls is
     warned about (`on_ends`), or refused for a `__loop_*__` other than
     `__loop_callback__` (`__loop_end__`).
-
-    Raises:
-        TypeError: if `obj` is not a callback: not callable, or requiring more
-            arguments than the loop passes; or if it has a `__loop_*__` method
-            that no loop calls.
     """
-    if isinstance(obj, Callback):
-        misnamed = check_method_names(obj)  # a subclass of a user's may misspell a lifecycle method
-        if misnamed:
-            warn_misnamed(obj, misnamed)
-        return obj
-    clu = _clu_action(obj)
-    if clu is not None:
-        return clu
+    items = [] if value is None else list(value) if isinstance(value, (list, tuple)) else [value]
+    try:
+        return [_as_callback(item) for item in items]
+    except TypeError as error:
+        raise TypeError(f"in {where}: {error}") from None
+
+
+def _as_callback(obj: Any) -> Callback:
     if isinstance(obj, str):
         raise TypeError(f"{short(obj)} is a string, not a callback")
+    clu = sys.modules.get("clu.periodic_actions")  # never imported here: only once the user has
+    if clu is not None and isinstance(obj, clu.PeriodicAction):  # called with the steps done
+        return _Adapted(lambda loop_state: obj(loop_state.elapsed.steps), obj)
     misnamed = () if inspect.isroutine(obj) else check_method_names(obj)
-    call = vars_lookup(type(obj), "__loop_callback__")
-    if call is not None:
-        callback: Callback = _Object(obj, obj.__loop_callback__)
+    if isinstance(obj, Callback):  # a subclass of a user's may misspell a lifecycle method
+        callback = obj
+    elif vars_lookup(type(obj), "__loop_callback__") is not None:
+        callback = _Object(obj, obj.__loop_callback__)
     elif not callable(obj):
         raise TypeError(
             f"{short(obj)} of type {type(obj).__name__} is not a callback: pass a callable taking "
@@ -189,20 +176,6 @@ def as_callback(obj: Any) -> Callback:
     if misnamed:
         warn_misnamed(obj, misnamed)
     return callback
-
-
-def as_callback_list(value: Any, where: str) -> list[Callback]:
-    """A callback, a list/tuple of callbacks, or None, as a list of `Callback`s."""
-    if value is None:
-        return []
-    items = list(value) if isinstance(value, (list, tuple)) else [value]
-    callbacks = []
-    for item in items:
-        try:
-            callbacks.append(as_callback(item))
-        except TypeError as error:
-            raise TypeError(f"in {where}: {error}") from None
-    return callbacks
 
 
 def owners(callbacks: Iterable[Callback]) -> list[Callback]:
@@ -280,7 +253,7 @@ def collect(
 def split_tasks(
     tasks: Mapping[Any, Any] | None, names: tuple[str, ...], loop_name: str
 ) -> tuple[Named, dict[Any, Any]]:
-    """Splits `tasks` into named tasks (validated against `names`) and scheduled tasks."""
+    """`tasks` as its named tasks (refused unless in `names`) and its scheduled tasks."""
     if tasks is None:
         return {}, {}
     if not isinstance(tasks, Mapping):
@@ -302,12 +275,9 @@ def split_tasks(
 
 def add_state_methods(named: Named, state: Any, names: tuple[str, ...]) -> None:
     """Puts the methods of `state`'s class named in `names` first under their names."""
-    state_type = type(state)
-    for name in names:
-        # The unbound method, so that the loop passes the *current* state as `self`.
-        method = vars_lookup(state_type, name)
-        if method is not None and callable(method):
-            named.setdefault(name, []).insert(0, getattr(state_type, name))
+    for name in names:  # unbound: the loop passes the current state as `self`
+        if callable(vars_lookup(type(state), name)):
+            named.setdefault(name, []).insert(0, getattr(type(state), name))
 
 
 def add_callbacks(named: Named, callbacks: Iterable[Any] | None, names: tuple[str, ...]) -> None:
@@ -356,8 +326,7 @@ OBJECT_CALLBACK: Final = "__loop_callback__"
 
 _MISNAMED: weakref.WeakKeyDictionary[type, dict[tuple[str, ...], tuple[tuple[str, str], ...]]] = (
     weakref.WeakKeyDictionary()
-)
-"""`misnamed_methods` of each class met: a loop is built once per call, and a test loop at each epoch."""
+)  # per class met: a loop is built once per call, and a test loop at each epoch
 
 
 def misnamed_methods(cls: type, names: tuple[str, ...] = ()) -> tuple[tuple[str, str], ...]:
@@ -379,13 +348,8 @@ def misnamed_methods(cls: type, names: tuple[str, ...] = ()) -> tuple[tuple[str,
         (('__loop_end__', 'on_end'), ('on_epoch_ends', 'on_epoch_end'))
     """
     by_names = _MISNAMED.setdefault(cls, {})
-    misnamed = by_names.get(names)
-    if misnamed is None:
-        misnamed = by_names[names] = _misnamed(cls, names)
-    return misnamed
-
-
-def _misnamed(cls: type, names: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
+    if names in by_names:
+        return by_names[names]
     vocabulary = (*names, *LIFECYCLE)
     found = []
     for name in dir(cls):
@@ -403,7 +367,8 @@ def _misnamed(cls: type, names: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
                 continue
         if callable(vars_lookup(cls, name)):
             found.append((name, meant[0] if meant else ""))
-    return tuple(found)
+    by_names[names] = tuple(found)
+    return by_names[names]
 
 
 def _fix(meant: str) -> str:
@@ -416,13 +381,7 @@ def _fix(meant: str) -> str:
 
 
 def check_method_names(callback: Any, names: tuple[str, ...] = ()) -> tuple[tuple[str, str], ...]:
-    """Refuses a callback object with a `__loop_*__` method no loop calls; returns its other misnamed methods.
-
-    Raises:
-        TypeError: if `callback`'s class has a `__loop_*__` method other than
-            `__loop_callback__` (`__loop_end__`): its author expects a call that
-            never comes.
-    """
+    """Refuses an object with a `__loop_*__` method no loop calls; returns its other misnamed methods."""
     misnamed = misnamed_methods(type(callback), names)
     for name, meant in misnamed:
         if name.startswith("__"):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Generic, TypeVar
 
 from ciclo._src.base.elapsed import Elapsed
@@ -13,23 +13,6 @@ from ciclo._src.logs.logs import History, Logs, LogsLike
 S = TypeVar("S")
 
 _log = logging.getLogger("ciclo")
-
-
-def keyed_callbacks(callbacks: Iterable[Any]) -> dict[str, Any]:
-    """Stateful `callbacks` by `state_key`; two with one key are refused."""
-    keyed: dict[str, Any] = {}
-    for callback in callbacks:
-        key = callback.state_key
-        if not isinstance(key, str) or not key:
-            raise TypeError(f"the state_key of {short(callback)} must be a non-empty str, got {short(key)}")
-        if key in keyed:
-            raise ValueError(
-                f"two stateful callbacks of this loop save their state under the key {short(key)}: "
-                f"{short(keyed[key])} and {short(callback)}; give one of them "
-                "another name= (or, for your own callback, a state_key attribute)"
-            )
-        keyed[key] = callback
-    return keyed
 
 
 class LoopState(Generic[S]):
@@ -98,16 +81,15 @@ class LoopState(Generic[S]):
         self._logs: LogsLike | None = logs
         self._owns_logs = False  # whether `_logs` is the loop's own copy, safe to merge into
         self._accumulated = accumulated_logs
-        self._callback_objects: dict[str, Any] = {}
-        self._ended = False  # the steps are over: on_end runs
-        # What a backup restores and saves through: the `Clock` (None: the loop has not started),
-        # the dataset, the iterator on_start may replace, the batches drawn, the `stop` Period.
+        self._callback_objects: dict[str, Any] = {}  # by state_key
+        self._ended = False  # on_end runs
+        # What a backup restores and saves through (a `Clock`: None before the loop starts).
         self._clock: Any = None
         self._dataset: Any = None
         self._iterator: Any = None
         self._drawn = 0
         self._stop: Any = None
-        # Run after each step; one added (by a signal handler) runs from the step in flight on.
+        # Run after each step; one a signal handler adds runs from the step in flight on.
         self._step_end: list[Callable[[LoopState[Any]], None]] = []
 
     @property

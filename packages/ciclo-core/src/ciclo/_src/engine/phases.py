@@ -1,8 +1,4 @@
-"""The loop engine: `run_phases` runs ordered phases of `(schedule, callbacks)` over a dataset.
-
-It calls `ciclo.Callback`s only (the door, `ciclo._src.engine.door`, makes them): backups and
-signals are callbacks too.
-"""
+"""The loop engine: `run_phases` calls `ciclo.Callback`s (made by `ciclo._src.engine.door`) over a dataset."""
 
 from __future__ import annotations
 
@@ -22,7 +18,6 @@ from ciclo._src.data.position import dataset_ended, dataset_raised, iterate_data
 from ciclo._src.engine.callback import Callback, Tasks
 from ciclo._src.engine.door import as_callback_list, lifecycle_of, owners
 from ciclo._src.engine.loop_state import LoopState as LoopState
-from ciclo._src.engine.loop_state import keyed_callbacks
 from ciclo._src.logs.logs import History, Logs, StackedLogs
 from ciclo._src.logs.step_output import describe, step_output
 
@@ -53,11 +48,9 @@ class Phase:
 
 @dataclasses.dataclass(eq=False)
 class _Task:
-    """A schedule and its callbacks.
+    """A schedule and its callbacks: `boundary` (an `Every` in steps, due at `due`), `check`, or neither.
 
-    An `Every` in steps alone is checked on the step counter: `boundary` is its `(period, offset)`,
-    `due` the count at which it next fires. `check` is another schedule; with neither, the task fires
-    at every step. `after`: the schedule is `at_step_end`'s, checked on the counts after the step.
+    `after`: the schedule is checked on the counts after the step (`at_step_end`).
     """
 
     check: Callable[[Elapsed], bool] | None
@@ -102,19 +95,18 @@ def _compile_tasks(phases: Sequence[Phase]) -> list[_Task]:
 
 
 def _run_callbacks(loop_state: LoopState[Any], callbacks: list[Callback]) -> None:
-    """Calls `callbacks` in order, merging their logs into the step's (the hot path of every loop)."""
     for callback in callbacks:
         try:
             out = callback.__loop_callback__(loop_state)
             if out is None:
-                new_logs = None  # what step_output would say, without the call
+                new_logs = None  # step_output's answers for the common outputs, without the call
             elif (
                 type(out) is tuple
                 and len(out) == 2
                 and type(out[0]) is Logs
                 and type(out[1]) is type(loop_state.state)
             ):
-                new_logs, loop_state.state = out  # what step_output would return, without the call
+                new_logs, loop_state.state = out
             else:
                 new_logs, loop_state.state = step_output(out, loop_state.state, callback)
         except Exception as error:
@@ -122,19 +114,17 @@ def _run_callbacks(loop_state: LoopState[Any], callbacks: list[Callback]) -> Non
             raise
         if new_logs:
             if type(new_logs) is StackedLogs and type(loop_state.batch) is Stacked:
-                held = loop_state._per_step  # a fused group's logs of every step, a history row each
+                held = loop_state._per_step
                 loop_state._per_step = (
                     new_logs.per_step if held is None else Logs(held).merge(new_logs.per_step)
                 )
             logs = loop_state._logs
-            if not logs:
-                # Held as it came (a callback's own object): copied before anything is merged into it.
+            if not logs:  # held as it came, a callback's own object: copied before a merge into it
                 loop_state._logs, loop_state._owns_logs = new_logs, False
-            else:
-                if not loop_state._owns_logs:
-                    logs = loop_state._logs = Logs(logs)
-                    loop_state._owns_logs = True
+            elif loop_state._owns_logs:
                 cast(Logs, logs).merge(new_logs)
+            else:
+                loop_state._logs, loop_state._owns_logs = Logs(logs).merge(new_logs), True
         if loop_state.stop_iteration:
             return
 
@@ -142,10 +132,7 @@ def _run_callbacks(loop_state: LoopState[Any], callbacks: list[Callback]) -> Non
 def _run_end_hooks(
     callbacks: list[Callback], loop_state: LoopState[Any], error: BaseException | None
 ) -> bool:
-    """Calls each `on_end(loop_state, error)`; returns whether one returned True (the error is taken).
-
-    The first error an `on_end` raises is what those after it see, and is raised once all ran.
-    """
+    """Calls each `on_end`; returns whether one took the error. The first error one raises goes on."""
     loop_state._elapsed, loop_state._logs, loop_state._ended = loop_state._clock.now(), None, True
     failed: BaseException | None = None
     taken = False
@@ -218,13 +205,23 @@ def run_phases(
     lifecycle = [*outer, *inner]
     starts = [o for o in lifecycle if lifecycle_of(o, "on_start")]
     ends = [o for o in [*inner, *outer] if lifecycle_of(o, "on_end")]
-    clock = Clock(elapsed, batch_size_fn)
     if history is not None and not isinstance(history, History):
         raise TypeError(f"history must be a ciclo.types.History, got {short(history)}")
     loop_state: LoopState[S] = LoopState(state, history=history, metadata=metadata)
-    loop_state._clock, loop_state._stop = clock, stop_period
+    loop_state._clock, loop_state._stop = Clock(elapsed, batch_size_fn), stop_period
     loop_state._dataset, loop_state._iterator = dataset, iterate_dataset(dataset)
-    loop_state._callback_objects = keyed_callbacks(o for o in lifecycle if lifecycle_of(o, "state_dict"))
+    keyed = loop_state._callback_objects
+    for owner in (o for o in lifecycle if lifecycle_of(o, "state_dict")):
+        key = owner.state_key
+        if not isinstance(key, str) or not key:
+            raise TypeError(f"the state_key of {short(owner)} must be a non-empty str, got {short(key)}")
+        if key in keyed:
+            raise ValueError(
+                f"two stateful callbacks of this loop save their state under the key {short(key)}: "
+                f"{short(keyed[key])} and {short(owner)}; give one of them "
+                "another name= (or, for your own callback, a state_key attribute)"
+            )
+        keyed[key] = owner
     loop_state._step_end = [o.on_step_end for o in lifecycle if lifecycle_of(o, "on_step_end")]
     for index, callback in enumerate(starts):
         try:
@@ -246,7 +243,7 @@ def run_phases(
 
 def _run_steps(tasks: list[_Task], loop_state: LoopState[Any]) -> None:
     """The steps; one before `quiet_until` has no scheduled task due: it runs `every_step` alone."""
-    stop = loop_state._stop  # one in steps alone is checked on the step counter, others on an Elapsed
+    stop = loop_state._stop
     by_steps = stop is not None and (stop.samples, stop.time, stop.date) == (None, None, None)
     stop_count, stop_at = (stop.steps, None) if by_steps else (math.inf, stop)
     append, history = loop_state.history.append, loop_state.history
@@ -273,11 +270,39 @@ def _run_steps(tasks: list[_Task], loop_state: LoopState[Any]) -> None:
             drawn += 1
             loop_state.batch = batch
             loop_state._elapsed = None
-            loop_state._logs = None  # whether the loop owns the logs is set with them (`_run_callbacks`)
+            loop_state._logs = None
             if steps < quiet_until and type(batch) is not Stacked:
                 _run_callbacks(loop_state, every_step)
-            else:
-                quiet_until = _run_tasks(tasks, loop_state, clock, batch)
+            else:  # every task; `quiet_until`: the step count before which none scheduled is due
+                before = after = None
+                after_steps, quiet_until = steps + steps_of(batch), math.inf
+                for task in tasks:
+                    if task.boundary is not None:
+                        count = after_steps if task.after else steps
+                        fires = count >= task.due
+                        if fires:
+                            task.due = next_boundary(count, *task.boundary)
+                        quiet_until = min(quiet_until, task.due - task.after)
+                        if not fires:
+                            continue
+                    elif task.check is not None:
+                        quiet_until = 0
+                    if task.after:
+                        if after is None:
+                            before = loop_state.elapsed
+                            added, added_samples = count_batch(batch, clock.batch_size_fn)
+                            after = make_elapsed(
+                                steps + added, before.samples + added_samples, before.time, before.date_start
+                            )
+                        if task.check is not None and not task.check(after):
+                            continue
+                        loop_state._elapsed = after
+                        _run_callbacks(loop_state, task.callbacks)
+                        loop_state._elapsed = before
+                    elif task.check is None or task.check(loop_state.elapsed):
+                        _run_callbacks(loop_state, task.callbacks)
+                    if loop_state.stop_iteration:
+                        break
             step_logs = loop_state._logs
             if step_logs:
                 now, samples = loop_state._elapsed, clock.samples
@@ -297,43 +322,3 @@ def _run_steps(tasks: list[_Task], loop_state: LoopState[Any]) -> None:
                 return
     finally:
         loop_state._drawn = drawn
-
-
-def _run_tasks(tasks: list[_Task], loop_state: LoopState[Any], clock: Clock, batch: Any) -> float:
-    """One step's tasks; returns the step count before which no scheduled task is due.
-
-    A task checked after the step fires at the step that starts one count before its boundary.
-    """
-    before: Elapsed | None = None
-    after: Elapsed | None = None
-    steps = clock.steps
-    after_steps = steps + steps_of(batch)
-    quiet: float = math.inf
-    for task in tasks:
-        if task.boundary is not None:
-            count = after_steps if task.after else steps
-            fires = count >= task.due
-            if fires:
-                task.due = next_boundary(count, *task.boundary)
-            quiet = min(quiet, task.due - task.after)
-            if not fires:
-                continue
-        elif task.check is not None:
-            quiet = 0
-        if task.after:
-            if after is None:
-                before = loop_state.elapsed
-                added, samples = count_batch(batch, clock.batch_size_fn)
-                after = make_elapsed(
-                    before.steps + added, before.samples + samples, before.time, before.date_start
-                )
-            if task.check is not None and not task.check(after):
-                continue
-            loop_state._elapsed = after
-            _run_callbacks(loop_state, task.callbacks)
-            loop_state._elapsed = before
-        elif task.check is None or task.check(loop_state.elapsed):
-            _run_callbacks(loop_state, task.callbacks)
-        if loop_state.stop_iteration:
-            return 0
-    return quiet
