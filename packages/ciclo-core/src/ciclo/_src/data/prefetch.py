@@ -13,6 +13,7 @@ from typing import Any, TypeVar, final
 
 import jax
 
+from ciclo._src.base.checks import check_int
 from ciclo._src.base.reprs import short
 from ciclo._src.data.position import StatefulIterator, has_state, iterate_dataset
 from ciclo._src.strategies._placement import unplaceable
@@ -55,8 +56,7 @@ def prefetch_to_device(
         >>> [isinstance(batch, jax.Array) for batch in batches]
         [True, True]
     """
-    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-        raise ValueError(f"prefetch size must be an int >= 1 (the batches read ahead), got {short(size)}")
+    check_int(size, "prefetch size", 1, " (the batches read ahead)")
     place = _on_device
     if strategy is not None:
         lift = get_strategy(strategy).lift_batch
