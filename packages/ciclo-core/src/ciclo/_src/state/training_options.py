@@ -258,14 +258,14 @@ def apply_gradients(state: Any, grads: Any, value: Any, changes: dict[str, Any])
     with jax.numpy_dtype_promotion("standard") if options.accumulate_steps > 1 else contextlib.nullcontext():
         updates, opt_state = tx.update(grads, state.opt_state, params, **extra)
     new = {name: optax.apply_updates(params, updates), "opt_state": opt_state}
-    if options.log_norms and state.norms is not None:
+    if options.log_norms:
         with jax.numpy_dtype_promotion("standard"):  # the running mean divides by the int mini_step
             received = grads if options.accumulate_steps == 1 else accumulated(grads, state.opt_state)
         norms = options.norms(received, updates, new[name])
         if options.accumulate_steps > 1:  # a micro-step carries the last optimizer step's
             norms = _where(_has_updated(opt_state, options.accumulate_steps), norms, state.norms)
         new["norms"] = norms
-    if options.ema_decay is not None and state.ema_params is not None:
+    if options.ema_decay is not None:
         new["ema_params"] = ema(
             options.ema_decay, state.ema_params, new[name], opt_state, options.accumulate_steps
         )
