@@ -534,7 +534,8 @@ class ManagedStep(Generic[S]):
         if is_stacked(batch):
             # One step's batch of the group: the leading axis goes.
             batch = jax.tree.map(
-                lambda leaf: jax.ShapeDtypeStruct(np.shape(leaf)[1:], leaf.dtype), batch.batches
+                lambda leaf: jax.ShapeDtypeStruct(np.shape(leaf)[1:], leaf.dtype),  # type: ignore[no-untyped-call]
+                batch.batches,
             )
         else:
             batch = strategy.lift_batch(batch)  # as the step was called: jax finds the program it compiled
@@ -657,11 +658,9 @@ def train_step(
         >>> state.params, float(logs.losses.mse) < 1e-4
         (Array([ 1., -1.], dtype=float32), True)
     """
-    return (
-        functools.partial(ManagedStep, strategy=strategy, update=True)
-        if fn is None
-        else ManagedStep(fn, strategy, update=True)
-    )
+    if fn is None:
+        return lambda fn: ManagedStep(fn, strategy, update=True)
+    return ManagedStep(fn, strategy, update=True)
 
 
 @overload

@@ -292,10 +292,6 @@ class ModelState(AbstractManagedState):
         return cast(ModelState, state)
 
 
-_SHAPES_SHOWN: Final = 8
-"""The leaves whose shapes an error note lists; it counts the others."""
-
-
 def _shapes(tree: Any) -> str:
     """`float32[4, 8]`-style shapes and dtypes of the first leaves of a batch, then a count, for error notes.
 
@@ -308,10 +304,9 @@ def _shapes(tree: Any) -> str:
     """
     leaves = jax.tree.leaves(tree)
     shown = ", ".join(
-        f"{getattr(x, 'dtype', type(x).__name__)}{list(getattr(x, 'shape', ()))}"
-        for x in leaves[:_SHAPES_SHOWN]
+        f"{getattr(x, 'dtype', type(x).__name__)}{list(getattr(x, 'shape', ()))}" for x in leaves[:8]
     )
-    more = len(leaves) - _SHAPES_SHOWN
+    more = len(leaves) - 8
     return (shown + (f" and {more} more leaves" if more > 0 else "")) or "(none)"
 
 
