@@ -319,45 +319,6 @@ def _loss_hint(name: str, preds: Any, target: Any) -> str:
     )
 
 
-def _check_losses(losses: Mapping[str, Callable[..., Any]] | Callable[..., Any] | None) -> NamedLosses:
-    if losses is None:
-        return NamedLosses({})
-    if callable(losses) and not isinstance(losses, Mapping):
-        return NamedLosses({"loss": losses})
-    if not isinstance(losses, Mapping):
-        raise TypeError(f"losses must be a dict of name -> function (or one function), got {short(losses)}")
-    for name, fn in losses.items():
-        if not isinstance(name, str) or not callable(fn):
-            raise TypeError(f"losses must map names to functions; entry {short(name)} is {short(fn)}")
-    return NamedLosses(losses)
-
-
-def _check_metrics(metrics: Mapping[str, Any] | None) -> dict[str, Metric]:
-    if metrics is None:
-        return {}
-    if not isinstance(metrics, Mapping):
-        raise TypeError(f"metrics must be a dict of name -> metric or function, got {short(metrics)}")
-    checked: dict[str, Metric] = {}
-    for name, metric in metrics.items():
-        if not isinstance(name, str):
-            raise TypeError(f"metric names must be strings, got {short(name)}")
-        try:
-            checked[name] = as_metric(metric).reset()
-        except TypeError as error:
-            raise TypeError(f"metric {short(name)}: {error}") from None
-    return checked
-
-
-def _as_key(key: jax.Array | int) -> jax.Array:
-    if isinstance(key, int) and not isinstance(key, bool):
-        return jax.random.key(key)
-    if isinstance(key, jax.Array) and jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
-        return key
-    if isinstance(key, jax.Array) and key.shape == (2,) and key.dtype == jnp.uint32:
-        return cast(jax.Array, jax.random.wrap_key_data(key))
-    raise TypeError(f"key must be an int seed or a jax.random.key, got {short(key)}")
-
-
 class ModelStateSettings(TrainingOptionsKwargs, total=False):
     """The keywords of `ciclo.create_model_state` (documented there) that every `create_*_state` forwards."""
 
@@ -458,11 +419,37 @@ def create_model_state(
             f"inputs={short(tuple(inputs))} looks like a shape: inputs must be an example batch, e.g. "
             f"inputs=jnp.zeros({short(tuple(inputs))}), from which the model's shapes are inferred"
         )
-    loss_fns = _check_losses(settings.get("losses"))
-    running = _check_metrics(settings.get("metrics"))
+    losses = settings.get("losses")
+    losses = {} if losses is None else losses
+    if callable(losses) and not isinstance(losses, Mapping):
+        losses = {"loss": losses}
+    if not isinstance(losses, Mapping):
+        raise TypeError(f"losses must be a dict of name -> function (or one function), got {short(losses)}")
+    for name, fn in losses.items():
+        if not isinstance(name, str) or not callable(fn):
+            raise TypeError(f"losses must map names to functions; entry {short(name)} is {short(fn)}")
+    metrics = settings.get("metrics")
+    metrics = {} if metrics is None else metrics
+    if not isinstance(metrics, Mapping):
+        raise TypeError(f"metrics must be a dict of name -> metric or function, got {short(metrics)}")
+    running: dict[str, Metric] = {}
+    for name, metric in metrics.items():
+        if not isinstance(name, str):
+            raise TypeError(f"metric names must be strings, got {short(name)}")
+        try:
+            running[name] = as_metric(metric).reset()
+        except TypeError as error:
+            raise TypeError(f"metric {short(name)}: {error}") from None
     chosen: dict[str, Any] = {name: value for name, value in settings.items() if name in OPTION_NAMES}
     options = training_options(**chosen)
-    init_key, state_key = jax.random.split(_as_key(settings.get("key", 0)))
+    key = settings.get("key", 0)
+    if isinstance(key, int) and not isinstance(key, bool):
+        key = jax.random.key(key)
+    elif isinstance(key, jax.Array) and key.shape == (2,) and key.dtype == jnp.uint32:
+        key = jax.random.wrap_key_data(key)
+    elif not (isinstance(key, jax.Array) and jnp.issubdtype(key.dtype, jax.dtypes.prng_key)):
+        raise TypeError(f"key must be an int seed or a jax.random.key, got {short(key)}")
+    init_key, state_key = jax.random.split(key)
 
     def fields(key: jax.Array, inputs: Any, variables: Any, values: dict[str, Any]) -> dict[str, Any]:
         # Under a mesh strategy this runs inside `jax.jit`: the variables are born in their layout.
@@ -481,7 +468,7 @@ def create_model_state(
         options=options,
         key_impl=jax.random.key_impl(state_key),
         adapter=adapter,
-        losses=loss_fns,
+        losses=NamedLosses(losses),
     )
 
 
