@@ -1,11 +1,4 @@
-"""Export for serving: a `ModelState`'s prediction function as a `jax.export` file, and loading it back.
-
-`export` traces the state's prediction (the model applied with `training=False`,
-under the state's precision, as `predict_step` applies it) with its parameters
-as constants and, by default, a symbolic batch dimension; `load_exported` gives
-back a callable that needs jax alone, not the framework the model was written in.
-jax's serialization format is flatbuffers (the `export` extra).
-"""
+"""Export for serving: a `ModelState`'s prediction function as a `jax.export` file, and loading it back."""
 
 from __future__ import annotations
 
@@ -62,25 +55,18 @@ def export(
 ) -> jax.export.Exported:
     """Writes `state`'s prediction function to `path` with `jax.export`, to serve without its framework.
 
-    The function is what `predict_step` computes from a batch's inputs (the
-    model with `training=False`, under the state's precision), with the
-    state's parameters and model state inside as constants: the file is the
-    whole model. It runs on the platform it was exported on (`Exported.platforms`).
-    Keras spells this `model.export`, Lightning `to_torchscript`.
+    The function is what `predict_step` computes from a batch's inputs, with
+    the state's arrays inside as constants; it runs on the platform it was
+    exported on (docs/after_training.md, "Export for serving").
 
     Args:
-        state: a `ciclo.types.ModelState` (from `ciclo.create_model_state` or a
-            framework's `create_*_state`), under any strategy: its arrays are
-            brought whole to one device first.
-        inputs: sample inputs (a pytree of arrays, or of `jax.ShapeDtypeStruct`s):
-            the shapes and dtypes the exported function takes. Their values are
-            not read.
+        state: a `ciclo.types.ModelState`, under any strategy.
+        inputs: sample inputs (arrays or `jax.ShapeDtypeStruct`s): the shapes
+            and dtypes the exported function takes.
         path: the file to write (its folder is created).
-        batch_polymorphic: give every input array a symbolic first dimension
-            (`jax.export.symbolic_shape("batch")`), so that the file takes any
-            batch size; False exports the exact shapes of `inputs`.
-        use_ema: export the state's EMA weights (`state.with_ema_params()`)
-            instead of its parameters; the state needs `ema_decay=`.
+        batch_polymorphic: give every input a symbolic first dimension, so that
+            the file takes any batch size; False exports the exact shapes.
+        use_ema: export the EMA weights (`state.with_ema_params()`).
 
     Returns:
         The `jax.export.Exported` written (its `in_avals`, `out_avals`, ...).
@@ -161,10 +147,6 @@ def export(
 
 def load_exported(path: str | os.PathLike[str]) -> Callable[..., Any]:
     """The prediction function that `ciclo.export` wrote to `path`, as a callable that needs jax alone.
-
-    It takes inputs shaped as the exported ones (any batch size where the
-    export was batch-polymorphic) and returns the predictions. The same as
-    `jax.export.deserialize(open(path, "rb").read()).call`.
 
     Raises:
         ImportError: without flatbuffers (the `export` extra).

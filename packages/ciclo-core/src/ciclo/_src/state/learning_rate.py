@@ -37,18 +37,12 @@ def _is_injected(node: Any) -> bool:
 
 
 def learning_rate_logs(opt_state: Any) -> dict[str, jax.Array]:
-    """The learning-rate entries to log for an optimizer state; empty when it holds none.
+    """The learning-rate entries to log for an optimizer state (docs/guide.md, "Learning rates").
 
-    - `learning_rate`: the learning rate an `optax.inject_hyperparams` state
-      holds (the one its last update used), found anywhere in the state
-      (inside `optax.chain`, `optax.MultiSteps`, `optax.masked`, ...), times
-      the `scale` of each `optax.contrib.reduce_on_plateau` state beside it:
-      `reduce_on_plateau` multiplies the updates by its scale, so this is the
-      rate the update was made with. Several injected rates (one per
-      `optax.multi_transform` group, say) are logged as `learning_rate_0`,
-      `learning_rate_1`, ... in the state's order.
-    - `learning_rate_scale`: the product of the `reduce_on_plateau` scales when
-      no learning rate is injected.
+    `learning_rate`: the rate of an `optax.inject_hyperparams` state anywhere
+    in it, times the scales of its `reduce_on_plateau` states (several injected
+    rates: `learning_rate_0`, `learning_rate_1`, ...); else `learning_rate_scale`,
+    the product of the scales; else nothing.
 
     Example:
         >>> import jax.numpy as jnp, optax
@@ -75,11 +69,7 @@ def learning_rate_logs(opt_state: Any) -> dict[str, jax.Array]:
 
 
 def changed_hyperparameters(resumed: Any, given: Any) -> list[str]:
-    """What the `optax.inject_hyperparams` states of two states hold differently, as `name: old -> new`.
-
-    These are the optimizer's hyperparameters that a state shows: the others
-    live in closures of `tx` that nothing can compare. `resumed` and `given`
-    have one structure (a resume checked it). Read on the host, once.
+    """What the `optax.inject_hyperparams` states of two states of one structure hold differently.
 
     Example:
         >>> import jax.numpy as jnp, optax
@@ -134,10 +124,7 @@ def injected_learning_rates(opt_state: Any) -> list[Any]:
 def with_learning_rate(opt_state: Any, rate: float) -> Any:
     """`opt_state` with the learning rate of each `optax.inject_hyperparams` state in it set to `rate`.
 
-    The new value keeps the old one's shape, dtype and placement (a `pmap`
-    state's device axis, a mesh's sharding), so a compiled step takes it
-    without compiling again. An injected schedule recomputes the rate from the
-    step count at each update, over this value.
+    The new value keeps the old one's shape, dtype and placement: a compiled step takes it as it is.
 
     Example:
         >>> import jax.numpy as jnp, optax

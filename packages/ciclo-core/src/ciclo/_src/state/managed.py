@@ -19,7 +19,7 @@ from typing_extensions import dataclass_transform
 from ciclo._src.base.batches import is_stacked
 from ciclo._src.base.checks import RecompileWarning, warn
 from ciclo._src.base.reprs import short
-from ciclo._src.base.roles import Role, field, fields_with_role, params_field, roles
+from ciclo._src.base.roles import Role, field, fields_with_role, params_field
 from ciclo._src.data.fused import as_logs_and_state, scan_steps
 from ciclo._src.logs.logs import PERFORMANCE, Entries, Logs
 from ciclo._src.state._pytree import register_frozen
@@ -48,70 +48,31 @@ COMPILES: Final = (PERFORMANCE, "compiles")
 _OFF, _ARMED, _ON = 0, 1, 2  # a step's watch for recompiles: none, to start at the next call, running
 
 
-def _check_apply_gradients(cls: type[Any]) -> None:
-    """Refuses, when the class is defined, an `apply_gradients` override that cannot take the loss."""
-    try:
-        parameters = inspect.signature(cls.apply_gradients).parameters
-    except (TypeError, ValueError):  # a callable without a signature: trusted to follow the base
-        return
-    if "value" not in parameters:
-        raise TypeError(
-            f"{cls.__name__}.apply_gradients must take the step's loss as `value=` (managed.train_step "
-            "passes it, for optimizers such as optax.contrib.reduce_on_plateau): define it as "
-            "apply_gradients(self, *, grads, value=None, **changes) and pass value on to tx.update, "
-            "or ignore it"
-        )
-
-
 @dataclass_transform(kw_only_default=True, frozen_default=True, field_specifiers=(dataclasses.field, field))
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class AbstractManagedState:
     """What every managed state is: a pytree that knows its optimizer, strategy and training options.
 
-    Its two concrete kinds are `ManagedState`, the one to subclass with your
-    own fields, and the final `ciclo.types.ModelState`. Both inherit every
-    method here unchanged and implement the two abstract ones, `resume_options`
-    and `resume_refusal` (equinox's rule: a class is abstract or final, and no
-    concrete method is overridden); a subclass that does not is refused when
-    it is defined. Every subclass becomes a frozen,
-    keyword-only dataclass registered as a pytree, with nothing to decorate
-    or register. A field holding configuration rather than arrays must be
-    static: `managed.field(static=True)` (or
-    `dataclasses.field(metadata={"static": True})`).
-
-    **Roles.** ciclo finds the fields it treats specially by the role they
-    declare with `managed.field(role=...)`, never by their names:
-
-    - `Role.PARAMS`: what `train_step` differentiates and `apply_gradients`
-      updates; `params` carries it.
-    - `Role.MODEL_STATE`: state the model updates itself, such as batch
-      statistics; a training step synchronises it across devices (averaged
-      under `pmap`; one global value under the other strategies).
-    - `Role.KEY`: an rng key (typed, or raw `uint32` data); `pmap` splits it so
-      that each device draws different numbers.
-    - `Role.METRICS`: running metrics (`ciclo.types.ModelState.metrics`).
-
-    **Training options** (`managed.TrainingOptionsKwargs`: `precision`,
-    `accumulate_steps`, `ema_decay`, `log_norms`) are set when the state is
-    created and applied by `apply_gradients` (see
-    `ciclo._src.state.training_options`). Their state (`loss_scale`, the
-    accumulated gradients in `opt_state`, `ema_params`, `norms`) is part of the
-    pytree: backed up, checkpointed and resumed with the rest.
+    Its two concrete kinds are `ManagedState`, the one to subclass, and the
+    final `ciclo.types.ModelState`; both implement the abstract
+    `resume_options` and `resume_refusal` and override no concrete method
+    (equinox's rule, checked when a subclass is defined). Every subclass
+    becomes a frozen, keyword-only dataclass registered as a pytree; fields
+    holding configuration are `managed.field(static=True)`, and fields ciclo
+    treats specially declare a `managed.Role` (docs/strategies.md, "Field
+    roles"). The training options (`managed.TrainingOptionsKwargs`,
+    docs/recipes.md) are applied by `apply_gradients`; their state is part of
+    the pytree, so it is checkpointed and resumed with the rest.
 
     Attributes:
         step: the number of `apply_gradients` calls (an int32 array).
         params: the trained parameters, any pytree (role `PARAMS`).
         opt_state: the optimizer's state.
-        ema_params: the exponential moving average of `params`, or None
-            without `ema_decay`; placed (and under `fsdp` sharded) as `params`.
-        loss_scale: the dynamic loss scale (`ciclo.types.LossScale`) under a
-            precision with loss scaling (`"16-mixed"`), else None.
-        norms: the last optimizer step's `grad_norm`, `update_norm` and
-            `param_norm` (float32 scalars by name) under `log_norms`, which a
-            training step logs in the `norms` collection; else None.
+        ema_params: the EMA of `params` under `ema_decay`, else None.
+        loss_scale: the `ciclo.types.LossScale` under `precision="16-mixed"`, else None.
+        norms: the last optimizer step's norms by name under `log_norms`, else None.
         tx: the optax optimizer, in an `optax.MultiSteps` under
-            `accumulate_steps` (static); None for a state made for inference
-            (created without `tx`, and `opt_state` None), which refuses to train.
+            `accumulate_steps` (static); None for a state made for inference.
         strategy: where the state lives and how steps compile (static).
         options: the `managed.TrainingOptions` (static).
     """
@@ -131,10 +92,14 @@ class AbstractManagedState:
         dataclasses.dataclass(frozen=True, kw_only=True)(cls)
         register_frozen(cls)
         params_field(cls)  # a subclass that loses or doubles the params role fails here, not at a step
-        roles(cls)
-        _check_apply_gradients(cls)
-        # Abstract methods checked here rather than by abc.ABC's metaclass: its isinstance costs ~0.4 µs,
-        # once a step. `abc.abstractmethod` marks them; a subclass that leaves one as it is fails here.
+        if "value" not in inspect.signature(cls.apply_gradients).parameters:
+            raise TypeError(
+                f"{cls.__name__}.apply_gradients must take the step's loss as `value=` (managed.train_step "
+                "passes it, for optimizers such as optax.contrib.reduce_on_plateau): define it as "
+                "apply_gradients(self, *, grads, value=None, **changes) and pass value on to tx.update, "
+                "or ignore it"
+            )
+        # Checked here rather than by abc.ABC's metaclass, whose isinstance costs ~0.4 µs once a step.
         abstract = ("resume_options", "resume_refusal")
         missing = [name for name in abstract if getattr(cls, name) is getattr(AbstractManagedState, name)]
         if missing:
@@ -147,59 +112,35 @@ class AbstractManagedState:
     def resume_options(self) -> dict[str, Any]:
         """The static options that give this state's arrays their meaning, as plain data (JSON).
 
-        A backup records them (`ciclo.backup`); a resume compares them with the
-        resumed run's state's before it reads any array. An option that differs
-        is refused where `resume_refusal` gives a reason, else noted on the
-        `ciclo` logger and trained on with this state's value.
+        A backup records them; a resume refuses a change `resume_refusal` gives a reason for, and notes
+        any other (docs/resume.md).
         """
 
     @abc.abstractmethod
     def resume_refusal(self, name: str, old: Any) -> str | None:
-        """Why this state cannot resume a backup whose option `name` was `old`; None: the change is noted.
-
-        Asked only for an option of `resume_options` whose recorded value
-        differs from this state's.
-        """
+        """Why this state cannot resume a backup whose option `name` was another value, `old`; None: noted."""
 
     def replace(self, **changes: Any) -> Self:
         """A copy with some fields changed."""
         return dataclasses.replace(cast(Any, self), **changes)  # type: ignore[no-any-return]
 
     def apply_gradients(self, *, grads: Any, value: Any = None, **changes: Any) -> Self:
-        """Applies one optimizer update, under the state's training options: `step + 1`.
-
-        Under loss scaling the gradients are divided by the scale first, and a
-        step whose gradients are not finite is skipped (parameters, optimizer
-        state and EMA unchanged; the scale halved). The EMA follows
-        `ema = d * ema + (1 - d) * params` after each optimizer step (every
-        `accumulate_steps`-th call), as do the `norms` under `log_norms`.
+        """Applies one optimizer update under the state's training options (docs/recipes.md): `step + 1`.
 
         Args:
             grads: the gradients, shaped as the params.
-            value: the loss the gradients are of, passed on as `value=` to an
-                optimizer that takes extra arguments (an
-                `optax.GradientTransformationExtraArgs`), as
-                `optax.contrib.reduce_on_plateau` needs; `managed.train_step`
-                passes the step's total loss.
+            value: the loss the gradients are of, passed on as `value=` to an optimizer that takes
+                extra arguments (`optax.contrib.reduce_on_plateau`); `managed.train_step` passes it.
             **changes: other fields to replace.
         """
         return cast(Self, apply_options(self, grads, value, changes))
 
     def scale_loss(self, loss: jax.Array) -> jax.Array:
-        """The value `managed.train_step` differentiates for a step whose losses sum to `loss`.
-
-        The loss times the loss scale under loss scaling (`precision="16-mixed"`),
-        which `apply_gradients` divides the gradients by again; else the loss.
-        """
+        """What `managed.train_step` differentiates: `loss` times the loss scale under loss scaling."""
         return loss if self.loss_scale is None else loss * self.loss_scale.scale
 
     def step_metrics(self) -> dict[str, jax.Array]:
-        """What a training step logs about the state after its update, in `metrics`.
-
-        The learning rate an `optax.inject_hyperparams` optimizer holds (see
-        `learning_rate_logs`), and under loss scaling `loss_scale` and
-        `skipped_steps`. An entry the step logged itself is not replaced.
-        """
+        """What a training step logs in `metrics` after the update: learning rate, loss scale, skips."""
         metrics = learning_rate_logs(self.opt_state)
         if self.loss_scale is not None:
             metrics["loss_scale"] = self.loss_scale.scale
@@ -228,12 +169,7 @@ class AbstractManagedState:
         return self.replace(**{params_field(type(self)): self.ema_params})
 
     def with_strategy(self, strategy: str | Strategy) -> Self:
-        """Moves the state to another strategy.
-
-        Between `data_parallel` and `fsdp` the arrays are resharded device to
-        device, never gathered whole onto one; `"eager"` and `"jit"` bring the
-        state whole to this process's first device; `pmap` adds or removes its
-        device axis.
+        """Moves the state to another strategy (docs/strategies.md, "Creating and moving a state").
 
         Example:
             >>> import jax.numpy as jnp, optax
@@ -251,15 +187,11 @@ class AbstractManagedState:
 class ManagedState(AbstractManagedState):
     """A training state that knows its optimizer and its strategy; a pytree. Subclass it to add fields.
 
-    Fields declare their roles (see `managed.AbstractManagedState`).
-    `ManagedState.create` takes the training options too; under a precision
-    with a compute dtype, cast what your step computes with through
-    `state.options.precision.cast(...)`; loss scaling and the skipping of
-    non-finite steps are `apply_gradients`'.
+    See docs/strategies.md. Under a precision with a compute dtype, cast what
+    your step computes with through `state.options.precision.cast(...)`.
 
     Attributes:
-        apply_fn: the model's apply function, for the step's use, as in
-            ciclo 0.1 and flax's `TrainState` (static).
+        apply_fn: the model's apply function, for the step's use (static).
 
     Example:
         >>> import jax, jax.numpy as jnp, optax
@@ -291,9 +223,6 @@ class ManagedState(AbstractManagedState):
     ) -> Self:
         """Makes a state at step 0 with a fresh optimizer state, built in place for `strategy`.
 
-        The optimizer state is initialised under the strategy (`strategy.create`):
-        under `fsdp` it is born sharded, as `params` are laid out.
-
         Args:
             params: the parameters to train, any pytree of arrays.
             tx: an optax optimizer.
@@ -304,9 +233,7 @@ class ManagedState(AbstractManagedState):
                 `log_norms` (`managed.TrainingOptionsKwargs`).
 
         Raises:
-            TypeError: if `params` has a leaf that is not an array (a function,
-                as in an equinox module): the message says how to keep it in a
-                static field.
+            TypeError: if `params` has a leaf that is not an array (see `check_params`).
             ValueError: for a training option out of its range.
 
         Example:
@@ -334,10 +261,6 @@ class ManagedState(AbstractManagedState):
     def resume_options(self) -> dict[str, Any]:
         """The training options (`managed.TrainingOptionsKwargs`), as plain data (JSON).
 
-        `tx` and `apply_fn` are code, and a resume may change the `strategy`. A
-        subclass with static fields of its own that give its arrays their
-        meaning may add them here, and judge their changes in `resume_refusal`.
-
         Example:
             >>> import jax.numpy as jnp, optax
             >>> from ciclo import managed
@@ -362,16 +285,10 @@ def create_state(
     options: TrainingOptions,
     **static: Any,
 ) -> S:
-    """A managed state's state at step 0, built by `strategy.create`, under its training options.
+    """A managed state at step 0, built by `strategy.create` (`tx=None`: for inference).
 
-    `tx=None` makes a state for inference: no optimizer state, and no training
-    option that needs an optimizer (`TrainingOptions.check_without_optimizer`).
-
-    `fields(*args)` returns the values of the state's array fields, the
-    parameters under `"params"`; it runs under the strategy (inside `jax.jit`
-    for the mesh strategies), as do the optimizer's `init` and the options'
-    own (the EMA's copy of the parameters). `static` holds the class's other
-    static fields.
+    `fields(*args)`, run under the strategy with the optimizer's and the options' `init`, returns the
+    array fields, the parameters under `"params"`; `static` holds the other static fields.
     """
     placed = get_strategy(strategy)
     if tx is None:
@@ -401,13 +318,7 @@ def create_state(
 
 
 def static_options(state: Any) -> dict[str, dict[str, Any]]:
-    """The `resume_options()` of each `ManagedState` in `state`, by its path (`""` for the state itself).
-
-    What a backup records: plain data, checked to be JSON.
-
-    Raises:
-        TypeError: if a `resume_options()` is not plain data.
-    """
+    """What a backup records: the `resume_options()` of each managed state in `state`, by path, as JSON."""
     found = {}
     for path, node in _managed_states(state).items():
         try:
@@ -428,31 +339,14 @@ def _managed_states(state: Any) -> dict[str, AbstractManagedState]:
 
 
 class ResumeRefused(ValueError):
-    """A resume refused for an option of the state (`ManagedState.resume_refusal`).
-
-    Every backup of a directory was written with the same options, so a loop
-    refuses at once rather than trying the backups before.
-    """
+    """A resume refused for an option of the state: the backups before were written with it too."""
 
 
 def check_static_options(recorded: Any, state: Any, where: str) -> list[str]:
-    """Compares the options a backup recorded (`static_options`) with those of the state resumed into.
+    """Notes on the options that changed between a backup's record (`static_options`) and `state`.
 
-    Only the states and options on both sides are compared: a state present on
-    one side only is a change of structure, which the structure check names.
-
-    Args:
-        recorded: the backup's record, as read from its document.
-        state: the state the run resumes into.
-        where: names the backup in the messages, e.g. "at step 20 in /runs".
-
-    Returns:
-        Notes on the options that changed where the state allows it.
-
-    Raises:
-        ValueError: for a record that is not what `static_options` writes.
-        ResumeRefused: for an option whose change the state refuses
-            (`resume_refusal`): its name, both values, why, and the fix.
+    Only states and options on both sides are compared (the structure check names the rest); a change
+    that `resume_refusal` refuses raises `ResumeRefused`, naming the backup `where`.
     """
     if not isinstance(recorded, dict) or not all(
         isinstance(path, str) and isinstance(options, dict) and all(isinstance(name, str) for name in options)
@@ -483,14 +377,7 @@ _ARRAY_LEAVES = (jax.Array, np.ndarray, np.generic, bool, int, float, complex)
 
 
 def check_params(params: Any) -> None:
-    """Refuses parameters with a leaf that is not an array, before optax or `jax.jit` meet it.
-
-    optax cannot make an optimizer state for a function (`zeros_like` fails deep
-    inside it) and `jax.jit` cannot take one, so a model that keeps its
-    activation functions as leaves (an equinox module) must be split first.
-
-    Raises:
-        TypeError: naming the first such leaf by its path, and how to split the model.
+    """Refuses parameters with a leaf that is not an array (an equinox module's functions), naming it.
 
     Example:
         >>> import jax
@@ -522,20 +409,11 @@ class ManagedStep(Generic[S]):
     """A step function run under a strategy: what `train_step` and `step` return.
 
     Call it as `logs, state = step(state, batch)`. It compiles once per
-    strategy: the state's own (`state.strategy`) when it has one, else the one
-    given to the decorator, else `"jit"`. Defined in a class body, it binds
-    like a method: `state.train_step(batch)`.
-
-    Each compile traces the step (its Python function runs), a warm one from
-    jax's persistent cache included: `compiles` counts them. While a
-    `train_loop` runs it (`watch_recompiles`), a step that compiled logs the
-    count (`performance.compiles`), and a compile for inputs that differ from
-    those of the loop's first step (a smaller last batch, a Python scalar in
-    the state, a static field that changed) warns once per change with a
-    `ciclo.types.RecompileWarning` naming the step, both shapes and the usual
-    fix; silence it with
-    `warnings.filterwarnings("ignore", category=ciclo.types.RecompileWarning)`.
-    A step that does not compile pays a comparison of two ints for it.
+    strategy: the state's own when it has one, else the decorator's, else
+    `"jit"`. Defined in a class body, it binds like a method:
+    `state.train_step(batch)`. While a `train_loop` runs it, a recompile logs
+    `performance.compiles` and warns once per change of its inputs
+    (`ciclo.types.RecompileWarning`, docs/logging.md).
     """
 
     __slots__ = (
@@ -635,16 +513,10 @@ class ManagedStep(Generic[S]):
     def flops(self, state: Any, batch: Any) -> float | None:
         """The floating-point operations of one step on `state` and `batch`, from XLA's cost analysis.
 
-        The step is lowered (traced, not compiled) for `state` and one batch
-        shaped as `batch` (one step's batch of a `ciclo.types.Stacked` group)
-        under `state`'s strategy, and XLA's count of the whole program read,
-        before it is split over devices: under a strategy that shards the step
-        (`data_parallel`, `fsdp`) the model's FLOPs of all devices together,
-        not one device's share nor the work they repeat. Where the step
-        already compiled for such a batch (`"jit"`, a mesh strategy on
-        accelerators in one process), jax finds the trace it made. None under
-        a strategy that runs one program per device (`pmap`), or when XLA
-        gives no count. Reading it is not counted in `compiles`.
+        The step is lowered (not compiled) for one step's batch under `state`'s
+        strategy, and the whole program's count read (all devices together
+        under `data_parallel`, `fsdp`). None under `pmap`, or when XLA gives no
+        count. Not counted in `compiles`.
 
         Example:
             >>> import ciclo, jax.numpy as jnp, optax
@@ -660,7 +532,11 @@ class ManagedStep(Generic[S]):
         if isinstance(strategy, DeviceReductions):
             return None
         if is_stacked(batch):
-            batch = jax.tree.map(_one_step, batch.batches)
+            # One step's batch of the group: the leading axis goes.
+            batch = jax.tree.map(
+                lambda leaf: jax.ShapeDtypeStruct(np.shape(leaf)[1:], leaf.dtype),  # type: ignore[no-untyped-call]
+                batch.batches,
+            )
         else:
             batch = strategy.lift_batch(batch)  # as the step was called: jax finds the program it compiled
         program = self._compiled.get(strategy)
@@ -680,9 +556,10 @@ class ManagedStep(Generic[S]):
     def _body(self, strategy: Strategy, state: Any) -> Callable[[Any, Any], tuple[Logs, Any]]:
         # Asked once per compiled step: only strategies that run one program per device reduce in it.
         reductions = strategy if isinstance(strategy, DeviceReductions) else None
+        fn = self.__wrapped__
         if self._update:
-            return _train_body(self.__wrapped__, reductions, _check_trainable(state))
-        return _body(self.__wrapped__, reductions)
+            return _train_body(fn, reductions, state)
+        return lambda state, batch: _finish(*as_logs_and_state(fn, state, batch), reductions)
 
     def _compile(
         self, strategy: Strategy, state: Any, *, fused: bool
@@ -691,7 +568,7 @@ class ManagedStep(Generic[S]):
         # Only training consumes the state: the state an evaluation reads stays valid, since a train
         # loop trains on from it after a test pass.
         donate = self._update
-        step = _fused(body) if fused else body
+        step = (lambda state, stacked: scan_steps(body, state, stacked.batches)) if fused else body
 
         def run(state: Any, batch: Any) -> tuple[Logs, Any]:
             steps = batch.batches if fused else batch
@@ -703,13 +580,7 @@ class ManagedStep(Generic[S]):
         return step if compiled is run else compiled
 
     def watch_recompiles(self, on: bool) -> None:
-        """Starts or stops watching for recompiles: `train_loop` watches its managed training steps.
-
-        While watched, the step compares each compile's inputs with those of
-        the first step it runs after this call, warns of a change once
-        (`ciclo.types.RecompileWarning`), and adds the count to the logs of a
-        step that compiled (`performance.compiles`).
-        """
+        """Starts or stops watching for recompiles against the next step run (as `train_loop` does)."""
         self._watching = _ARMED if on else _OFF
         self._first, self._warned = {}, set()
 
@@ -760,20 +631,10 @@ def train_step(
 ) -> ManagedStep[Any] | Callable[[StepBody], ManagedStep[Any]]:
     """Turns a step that logs losses into a training step: gradients and update are ciclo's.
 
-    The step `fn(state, batch)` returns `(logs, state)` (or just `logs`) with at
-    least one scalar entry in the `losses` collection. ciclo differentiates the
-    sum of the losses with respect to `state.params` (the field with the role
-    `managed.Role.PARAMS`), combines the gradients of all devices, applies
-    `state.apply_gradients`, synchronises the fields with the role
-    `managed.Role.MODEL_STATE` across devices, and runs all of it under the
-    strategy.
-
-    Logs come back per collection: losses and metrics averaged over devices,
-    outputs concatenated in batch order. A state created with `log_norms`
-    adds its gradient, update and parameter norms in the `norms` collection. A logged stateful metric (see
-    `ciclo.metrics.Metric`), typically a state field after its `update`, is logged as
-    its `compute()`; under `pmap`, where each device's copy has seen only that
-    device's rows, the copies are first combined with `merge`/`reduce`.
+    `fn(state, batch)` returns `(logs, state)` or `logs`, with scalar entries in
+    `losses`; ciclo differentiates their sum with respect to the params, applies
+    `state.apply_gradients` and syncs the `MODEL_STATE` fields across devices,
+    under the strategy (docs/strategies.md, "The managed API in brief").
 
     Args:
         fn: the step; `train_step` also works as `@train_step(strategy=...)`.
@@ -813,10 +674,7 @@ def step(*, strategy: str | Strategy | None = None) -> Callable[[StepBody], Mana
 def step(
     fn: StepBody | None = None, /, strategy: str | Strategy | None = None
 ) -> ManagedStep[Any] | Callable[[StepBody], ManagedStep[Any]]:
-    """Runs a step under the state's strategy, with no gradients and no update.
-
-    For evaluation and inference: logs are lowered as in `train_step`, and a
-    returned state (updated metrics, say) is kept.
+    """Runs a step under the state's strategy, with no gradients and no update: for evaluation and inference.
 
     Example:
         >>> import ciclo, jax.numpy as jnp, optax
@@ -835,45 +693,33 @@ def step(
     return ManagedStep(fn, strategy, update=False)
 
 
-def _check_trainable(state: Any) -> tuple[str, tuple[str, ...]]:
-    """The names of the state's params field and of its fields to synchronise across devices."""
+def _train_body(fn: StepBody, reductions: DeviceReductions | None, state: Any) -> Callable[[Any, Any], Any]:
     if not isinstance(state, AbstractManagedState):
         raise TypeError(
             "managed.train_step needs a managed.ManagedState (or a subclass), or a ciclo.types.ModelState "
             f"(the adapters' states), got {short(state)}"
         )
-    kind = type(state)
-    return params_field(kind), fields_with_role(kind, Role.MODEL_STATE)
-
-
-def _total_loss(logs: Logs, fn: StepBody) -> jax.Array:
-    losses = logs.get("losses")
-    if not losses:
-        raise ValueError(
-            f"managed.train_step: {short(getattr(fn, '__name__', fn))} logged no losses (collections: "
-            f"{sorted(logs)}); add the loss to differentiate with logs.add_loss('loss', value)"
-        )
-    total = jnp.zeros((), jnp.float32)
-    for name, value in losses.items():
-        shape = jnp.shape(value)
-        if shape != ():
-            raise ValueError(
-                f"managed.train_step: loss {short(name)} has shape {shape}, but losses must be scalars; "
-                "reduce it over the batch first, e.g. with .mean()"
-            )
-        total = total + value
-    return total
-
-
-def _train_body(
-    fn: StepBody, reductions: DeviceReductions | None, fields: tuple[str, tuple[str, ...]]
-) -> Callable[[Any, Any], tuple[Logs, Any]]:
-    params_name, model_state_names = fields
+    params_name = params_field(type(state))
+    model_state_names = fields_with_role(type(state), Role.MODEL_STATE)
 
     def train(state: Any, batch: Any) -> tuple[Logs, Any]:
         def loss(params: Any) -> tuple[jax.Array, tuple[jax.Array, Logs, Any]]:
             logs, new_state = as_logs_and_state(fn, state.replace(**{params_name: params}), batch)
-            total = _total_loss(logs, fn)
+            losses = logs.get("losses")
+            if not losses:
+                raise ValueError(
+                    f"managed.train_step: {short(getattr(fn, '__name__', fn))} logged no losses "
+                    f"(collections: {sorted(logs)}); add the loss to differentiate with "
+                    "logs.add_loss('loss', value)"
+                )
+            total = jnp.zeros((), jnp.float32)
+            for name, value in losses.items():
+                if jnp.shape(value) != ():
+                    raise ValueError(
+                        f"managed.train_step: loss {short(name)} has shape {jnp.shape(value)}, but losses "
+                        "must be scalars; reduce it over the batch first, e.g. with .mean()"
+                    )
+                total = total + value
             return state.scale_loss(total), (total, logs, new_state)
 
         (_, (total, logs, new_state)), grads = jax.value_and_grad(loss, has_aux=True)(
@@ -887,28 +733,19 @@ def _train_body(
         logged = {name for entries in logs.values() for name in entries}
         reported = {name: value for name, value in new_state.step_metrics().items() if name not in logged}
         logs = Logs(logs).add_metrics(**reported) if reported else logs
-        if new_state.norms is not None:  # under log_norms: kept by apply_gradients (training_options.py)
+        if new_state.norms is not None:
             logs = Logs(logs).add_entries("norms", **new_state.norms)
-        if reductions is None:
-            return _finish(logs, new_state, None)
-        synced = {
-            name: reductions.reduce_model_state(getattr(new_state, name))
-            for name in model_state_names
-            if getattr(new_state, name) is not None
-        }
-        if synced:
-            new_state = new_state.replace(**synced)
+        if reductions is not None:
+            new_state = new_state.replace(
+                **{
+                    name: reductions.reduce_model_state(getattr(new_state, name))
+                    for name in model_state_names
+                    if getattr(new_state, name) is not None
+                }
+            )
         return _finish(logs, new_state, reductions)
 
     return train
-
-
-def _body(fn: StepBody, reductions: DeviceReductions | None) -> Callable[[Any, Any], tuple[Logs, Any]]:
-    def run(state: Any, batch: Any) -> tuple[Logs, Any]:
-        logs, new_state = as_logs_and_state(fn, state, batch)
-        return _finish(logs, new_state, reductions)
-
-    return run
 
 
 def _finish(logs: Logs, state: Any, reductions: DeviceReductions | None) -> tuple[Logs, Any]:
@@ -1024,19 +861,9 @@ def _check_batch(batch: Any) -> None:
         raise cast(TypeError, batch_refusal(batch))
 
 
-def _fused(body: Callable[[Any, Any], tuple[Logs, Any]]) -> Callable[[Any, Any], tuple[Logs, Any]]:
-    """`body` over each step of a `ciclo.types.Stacked` batch, in one `jax.lax.scan`."""
-    return lambda state, stacked: scan_steps(body, state, stacked.batches)
-
-
 def _one_device(leaf: Any) -> Any:
     """An array leaf laid out with a leading device axis (`pmap`), as one device's program sees it."""
     if isinstance(leaf, (jax.Array, np.ndarray)) and np.ndim(leaf) > 0:
         weak = isinstance(leaf, jax.Array) and leaf.weak_type
         return jax.ShapeDtypeStruct(np.shape(leaf)[1:], leaf.dtype, weak_type=weak)  # type: ignore[no-untyped-call]
     return leaf
-
-
-def _one_step(leaf: Any) -> Any:
-    """A leaf of a `Stacked` group's batches as one step's `jax.ShapeDtypeStruct` (the leading axis gone)."""
-    return jax.ShapeDtypeStruct(np.shape(leaf)[1:], leaf.dtype)  # type: ignore[no-untyped-call]

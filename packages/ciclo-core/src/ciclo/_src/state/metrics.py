@@ -21,12 +21,10 @@ T = TypeVar("T")
 
 @runtime_checkable
 class Metric(Protocol):
-    """A metric that accumulates over batches: the interface of `jax_metrics`.
+    """A metric that accumulates over batches: the interface of `jax_metrics` (docs/metrics.md).
 
-    Metrics are immutable pytrees, so they can live inside the state of a
-    `jax.jit`-compiled step: every method returns a new metric. `Mean` and
-    `CluMetric` are the built-in ones; `as_metric` turns plain functions and clu
-    metrics into one. Metrics from `jax_metrics` satisfy this protocol as they are.
+    Metrics are immutable pytrees that live inside a compiled step's state:
+    every method returns a new metric.
 
     Example:
         >>> import jax.numpy as jnp
@@ -43,13 +41,7 @@ class Metric(Protocol):
         ...
 
     def update(self, **kwargs: Any) -> Self:
-        """Returns the metric with one more batch accumulated.
-
-        Args:
-            **kwargs: the named values of the batch (`preds=`, `target=`,
-                `inputs=`, `batch=`, ...). A metric takes the ones it needs and
-                ignores the others.
-        """
+        """Returns the metric with one more batch accumulated, from the named values it needs (`preds=`)."""
         ...
 
     def merge(self, other: Self, /) -> Self:
@@ -57,11 +49,7 @@ class Metric(Protocol):
         ...
 
     def reduce(self) -> Self:
-        """Combines a metric whose leaves carry a stacked leading axis into one.
-
-        The leading axis is the one added by `jax.lax.all_gather` across devices,
-        or by stacking several metrics with `jax.tree.map(jnp.stack, ...)`.
-        """
+        """Combines a metric whose leaves carry a stacked leading axis (`jax.lax.all_gather`'s) into one."""
         ...
 
     def compute(self) -> Any:
@@ -74,22 +62,11 @@ def _name(fn: Callable[..., Any]) -> str:
 
 
 def call_with_available(fn: Callable[..., T], /, **available: Any) -> T:
-    """Calls `fn` with the arguments it accepts, by name, out of `available`.
-
-    A function that takes `**kwargs` receives everything. Parameters with a
-    default that are not available keep their default.
-
-    Args:
-        fn: the function to call; its parameters are matched by name.
-        **available: the values that may be passed.
-
-    Returns:
-        What `fn` returns.
+    """Calls `fn` with the arguments it accepts, by name, out of `available` (all of them for `**kwargs`).
 
     Raises:
         TypeError: when `fn` needs an argument that is not available, takes a
-            required positional-only parameter (which cannot be passed by name),
-            or has no signature that can be inspected.
+            required positional-only parameter, or has no signature.
 
     Example:
         >>> def accuracy(preds, target):
@@ -141,15 +118,9 @@ def _is_array(value: Any) -> bool:
 def call_for_array(
     fn: Callable[..., Any], what: str, hint: Callable[[], str] | None, /, **available: Any
 ) -> Any:
-    """`call_with_available(fn, **available)`, refusing a result that is not an array.
+    """`call_with_available(fn, **available)`, refusing a result that is not an array, under every strategy.
 
-    An array is a jax array, or a numpy array of numbers (what an eager step
-    computes from the batch it was given as it is). A compiled step cannot
-    turn its traced arrays into Python values (`float(x)`, `x.item()`,
-    `np.mean(x)`), and a string means nothing there: such a function is
-    refused under every strategy, eager included. Checked when the step is
-    traced, so it costs a compiled step nothing. Any other TypeError or
-    ValueError of `fn` gets the note `hint()`, when `hint` is given.
+    Checked when the step is traced. Any other TypeError or ValueError of `fn` gets the note `hint()`.
 
     Raises:
         TypeError: naming `what` ("loss 'mse'") and saying to return a jax array.
@@ -187,12 +158,10 @@ def _zero() -> jax.Array:
 @register_frozen
 @dataclasses.dataclass(frozen=True, eq=False)
 class Mean:
-    """The running mean of a function of the batch, such as a loss or an accuracy.
+    """The running mean of a function of the batch, such as a loss or an accuracy, weighted by samples.
 
-    `fn` is called by name with the values given to `update` (see
-    `call_with_available`). A scalar result counts as one observation; an array
-    result counts each of its elements, so a per-sample function gives a mean
-    weighted by samples, also across batches of different sizes.
+    `fn` is called by name with the values given to `update`; each element of
+    its result counts as one observation.
 
     Attributes:
         fn: the function, `fn(preds, target, ...) -> array`; static under `jax.jit`.
@@ -240,12 +209,9 @@ class Mean:
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True, eq=False)
 class CluMetric:
-    """Gives a clu metric (`clu.metrics.Metric` or `Collection`) the `Metric` interface.
+    """Gives a clu metric (`clu.metrics.Metric` or `Collection`) the `Metric` interface: `as_metric(cls)`.
 
-    clu metrics are built with the class methods `empty()` and
-    `from_model_output(**outputs)` instead of `reset()` and `update()`. Build one
-    with `as_metric(SomeCluMetric)`. The keyword names are clu's: its `Accuracy`
-    needs `logits=` and `labels=`, its `Average` needs `values=`.
+    The keyword names are clu's: its `Accuracy` needs `logits=` and `labels=`.
 
     Attributes:
         metric: the wrapped clu metric instance (a pytree).
@@ -348,14 +314,9 @@ _RUNNING: dict[Any, Mapping[str, Literal["last"]]] = {}
 
 
 def running_entries(state: Any) -> Mapping[str, Literal["last"]]:
-    """`{"metrics.<entry>": "last"}` for each entry the running metrics of `state` log.
+    """`{"metrics.<entry>": "last"}` for each entry the running metrics of `state` log (role `METRICS`).
 
-    The running metrics are the `Metric`s in the fields the state's class
-    declares with the role `managed.Role.METRICS` (`ciclo.types.ModelState.metrics`),
-    logged in the `metrics` collection under their name, or under each key of
-    a `compute()` that returns a dict. Each covers every batch so far, so an
-    evaluation loop keeps its last value. The entries are traced, not
-    computed, once per structure of those fields.
+    An evaluation loop keeps their last value. Traced, not computed, once per structure of those fields.
 
     Example:
         >>> import jax.numpy as jnp, optax

@@ -106,45 +106,16 @@ def split_batch(batch: Any) -> tuple[Any, Any]:
 class ModelState(AbstractManagedState):
     """A training state for any model: `train_step`, `test_step`, `predict_step`, `reset_step`.
 
-    Make one with `ciclo.create_model_state(adapter, ...)`, or through a
-    framework package (`ciclo.create_flax_state`, ...). Its steps are methods,
-    so `ciclo.train_loop`, `test_loop` and `predict_loop` register them by
-    themselves.
-
-    Losses and metrics are called with the arguments they name, out of
-    `preds` (also as `logits`), `target` (also as `labels`), `inputs`, `batch`
-    and `params`; metrics may also take `loss`, the batch's total loss. A loss
-    that returns one value per sample is averaged. Plain functions used as
-    metrics become running means (`ciclo.metrics.Mean`), weighted by samples.
-
-    - `train_step` applies the model with `training=True` and a fresh key,
-      differentiates the sum of the losses, applies the optimizer, keeps the
-      model's new state (synchronised across devices) and updates the
-      metrics. It logs each loss of the batch and each metric's running value.
-    - `test_step` does the same without training, and updates the metrics.
-    - `predict_step` logs the model's outputs as the output `preds`.
-    - `reset_step` empties the metrics; the predefined loops call it at the
-      end of each epoch and before each test run, so the metrics logged are
-      those of the epoch, or of the whole test set, so far.
-
-    After training, `state.model` gives the trained model back in its
-    framework's own form (an nnx module, a linen variables dict, ...), when
-    the adapter implements `to_model` (`ciclo.types.SupportsToModel`).
-
-    The training options (`managed.TrainingOptionsKwargs`) are those of any
-    managed state; under a precision with a compute dtype the model computes
-    in it. The class is final: a model of another framework is an adapter,
-    not a subclass.
+    Make one with `ciclo.create_model_state(adapter, ...)` or a framework's
+    `create_*_state`; what the steps do, and the names losses and metrics are
+    called with, are in docs/frameworks/index.md. The class is final: a model
+    of another framework is an adapter, not a subclass.
 
     Attributes:
-        model_state: the model's own state (batch statistics), or None (role
-            `managed.Role.MODEL_STATE`: synchronised across devices).
-        metrics: the running metrics by name (`ciclo.metrics.Metric`s; role
-            `METRICS`: an evaluation loop keeps the last value of what they log).
-        key: the data of the random key steps derive their keys from (see
-            `step_key`; role `KEY`: `pmap` splits it per device). It is kept as
-            raw `uint32` data: a typed key costs microseconds to rebuild in
-            Python after every compiled step.
+        model_state: the model's own state (batch statistics), or None (role `MODEL_STATE`).
+        metrics: the running metrics by name (`ciclo.metrics.Metric`s; role `METRICS`).
+        key: the raw `uint32` data of the key steps derive theirs from (`step_key`; role `KEY`):
+            a typed key costs microseconds to rebuild after every compiled step.
         adapter: the `ciclo.types.ModelAdapter` (static).
         losses: the loss functions by name (static).
         key_impl: the PRNG implementation of `key` (static).
@@ -179,18 +150,10 @@ class ModelState(AbstractManagedState):
 
     @property
     def model(self) -> Any:
-        """The trained model in its framework's own form, from the adapter's `to_model`.
-
-        A flax linen state gives the module's variables dict, an nnx state the
-        nnx module, a haiku state `params` or `(params, state)`, an equinox state
-        the module or `(module, state)`: see `ciclo.types.SupportsToModel`. Each access
-        builds the model anew from the state's current `params` and
-        `model_state` (under `pmap`, from the first device's copy), so use it
-        after training, e.g. on the best checkpoint restored.
+        """The trained model in its framework's own form, built anew from the adapter's `to_model`.
 
         Raises:
-            AttributeError: when the adapter has no `to_model` method (the
-                variables are still `params` and `model_state`).
+            AttributeError: when the adapter has no `to_model` (`ciclo.types.SupportsToModel`).
 
         Example:
             >>> import ciclo, jax.numpy as jnp, optax
@@ -215,10 +178,7 @@ class ModelState(AbstractManagedState):
         return self.adapter.to_model(params, model_state)
 
     def resume_options(self) -> dict[str, Any]:
-        """The training options and `key_impl`, as a backup records them.
-
-        A resume refuses another `key_impl`, and judges the training options'
-        changes as `managed.TrainingOptions.resume_refusal` does (docs/resume.md).
+        """The training options and `key_impl`, as a backup records them (docs/resume.md).
 
         Example:
             >>> import ciclo, jax.numpy as jnp, optax
@@ -332,10 +292,6 @@ class ModelState(AbstractManagedState):
         return cast(ModelState, state)
 
 
-_SHAPES_SHOWN: Final = 8
-"""The leaves whose shapes an error note lists; it counts the others."""
-
-
 def _shapes(tree: Any) -> str:
     """`float32[4, 8]`-style shapes and dtypes of the first leaves of a batch, then a count, for error notes.
 
@@ -348,10 +304,9 @@ def _shapes(tree: Any) -> str:
     """
     leaves = jax.tree.leaves(tree)
     shown = ", ".join(
-        f"{getattr(x, 'dtype', type(x).__name__)}{list(getattr(x, 'shape', ()))}"
-        for x in leaves[:_SHAPES_SHOWN]
+        f"{getattr(x, 'dtype', type(x).__name__)}{list(getattr(x, 'shape', ()))}" for x in leaves[:8]
     )
-    more = len(leaves) - _SHAPES_SHOWN
+    more = len(leaves) - 8
     return (shown + (f" and {more} more leaves" if more > 0 else "")) or "(none)"
 
 
@@ -364,53 +319,8 @@ def _loss_hint(name: str, preds: Any, target: Any) -> str:
     )
 
 
-def _check_losses(losses: Mapping[str, Callable[..., Any]] | Callable[..., Any] | None) -> NamedLosses:
-    if losses is None:
-        return NamedLosses({})
-    if callable(losses) and not isinstance(losses, Mapping):
-        return NamedLosses({"loss": losses})
-    if not isinstance(losses, Mapping):
-        raise TypeError(f"losses must be a dict of name -> function (or one function), got {short(losses)}")
-    for name, fn in losses.items():
-        if not isinstance(name, str) or not callable(fn):
-            raise TypeError(f"losses must map names to functions; entry {short(name)} is {short(fn)}")
-    return NamedLosses(losses)
-
-
-def _check_metrics(metrics: Mapping[str, Any] | None) -> dict[str, Metric]:
-    if metrics is None:
-        return {}
-    if not isinstance(metrics, Mapping):
-        raise TypeError(f"metrics must be a dict of name -> metric or function, got {short(metrics)}")
-    checked: dict[str, Metric] = {}
-    for name, metric in metrics.items():
-        if not isinstance(name, str):
-            raise TypeError(f"metric names must be strings, got {short(name)}")
-        try:
-            checked[name] = as_metric(metric).reset()
-        except TypeError as error:
-            raise TypeError(f"metric {short(name)}: {error}") from None
-    return checked
-
-
-def _as_key(key: jax.Array | int) -> jax.Array:
-    if isinstance(key, int) and not isinstance(key, bool):
-        return jax.random.key(key)
-    if isinstance(key, jax.Array) and jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
-        return key
-    if isinstance(key, jax.Array) and key.shape == (2,) and key.dtype == jnp.uint32:
-        return cast(jax.Array, jax.random.wrap_key_data(key))
-    raise TypeError(f"key must be an int seed or a jax.random.key, got {short(key)}")
-
-
 class ModelStateSettings(TrainingOptionsKwargs, total=False):
-    """The keywords of `ciclo.create_model_state` that every `create_*_state` forwards as they are.
-
-    One definition and one docstring (`ciclo.create_model_state`'s) for the
-    adapters' functions, which take them as `**settings: Unpack[ModelStateSettings]`:
-    `tx` (leave it out for a state made for inference), `losses`, `metrics`,
-    `strategy`, `key` and the training options (`managed.TrainingOptionsKwargs`).
-    """
+    """The keywords of `ciclo.create_model_state` (documented there) that every `create_*_state` forwards."""
 
     tx: optax.GradientTransformation | None
     losses: Mapping[str, Callable[..., Any]] | Callable[..., Any] | None
@@ -423,12 +333,7 @@ _MULTI_STEPS_FIELDS: Final = frozenset(optax.MultiStepsState._fields)
 
 
 def setting_behind(path: tuple[str, ...]) -> tuple[str, str] | None:
-    """The `create_*_state` setting that gives a state the leaf at `path` (key names), and what it holds.
-
-    What a checkpoint's structure error names for a leaf found on one side only
-    (`ciclo.restore_checkpoint`): `metrics=`, `precision=` (the loss scale),
-    `accumulate_steps=` (`optax.MultiSteps`' state), `ema_decay=`, `log_norms=`
-    or `tx=` (another optimizer, or none); None for another leaf.
+    """The `create_*_state` setting behind the leaf at `path` and what it holds, for a checkpoint's errors.
 
     Example:
         >>> setting_behind(("ema_params", "Dense_0", "kernel"))
@@ -458,13 +363,9 @@ def create_model_state(
     variables: tuple[Any, Any] | None = None,
     **settings: Unpack[ModelStateSettings],
 ) -> ModelState:
-    """Initialises a model through its adapter and returns its `ModelState`, placed for `strategy`.
+    """Initialises a model through its adapter and returns its `ModelState`, built in place for `strategy`.
 
-    The model is initialised under the strategy (`adapter.init` runs inside
-    `jax.jit` for `data_parallel` and `fsdp`), so that under `fsdp` its
-    parameters and optimizer state are born sharded: no device holds a large
-    parameter whole. Every `create_*_state` (`ciclo.create_flax_state`, ...)
-    takes the keywords after `variables` as they are here (`ModelStateSettings`).
+    Every `create_*_state` takes the keywords after `variables` as they are here (`ModelStateSettings`).
 
     Args:
         adapter: how to initialise and apply the model (see `ciclo.types.ModelAdapter`).
@@ -472,28 +373,17 @@ def create_model_state(
             `jnp.empty((1, 28, 28, 1))`.
         variables: `(params, model_state)` of a model that is built initialised
             (flax nnx, equinox), instead of `inputs`.
-        **settings: `tx`: the optax optimizer; without it (None) the state is
-            for inference: `predict_step`, `test_step`, `model` and
-            `ciclo.summary` work, `train_step` is refused, and so are the
-            training options that act on optimizer steps. `losses`:
-            `{name: fn}`, summed for training; one function is named `"loss"`.
-            `metrics`: `{name: metric}`: functions, `ciclo.metrics.Metric`s such
-            as `jax_metrics` metrics, or clu metrics. Both are called with the
-            arguments they name (see `ciclo.types.ModelState`).
-            `strategy`: a strategy or its name (default `"jit"`, see
-            `ciclo.strategies.get_strategy`). `key`: a seed (default 0) or a
-            `jax.random.key`; split into the initialisation key and the state's
-            `key`. And the training options `precision`, `accumulate_steps`,
-            `ema_decay` and `log_norms` (`managed.TrainingOptionsKwargs`).
+        **settings: `tx`: the optax optimizer (without it the state is for
+            inference, and refuses to train). `losses`: `{name: fn}`, summed for
+            training; one function is named `"loss"`. `metrics`: `{name: metric}`:
+            functions, `ciclo.metrics.Metric`s or clu metrics. `strategy`: a
+            strategy or its name (default `"jit"`). `key`: a seed (default 0) or a
+            `jax.random.key`. And the training options (`managed.TrainingOptionsKwargs`).
 
     Raises:
-        TypeError: for losses or metrics of the wrong kind (naming the entry),
-            a `tx` that is not an optax optimizer, a bad key, an unknown
+        TypeError: for losses, metrics, `tx` or `key` of the wrong kind, an unknown
             keyword, or not exactly one of `inputs` and `variables`.
-        ValueError: for an unknown `precision`, `accumulate_steps` below 1 or an
-            `ema_decay` outside [0, 1), or `accumulate_steps` above 1 with a `tx`
-            that is an `optax.MultiSteps` already, or without `tx` for
-            `accumulate_steps`, `ema_decay` or `log_norms`.
+        ValueError: for a training option out of its range, or one that needs a `tx`.
 
     Example:
         >>> import ciclo, jax.numpy as jnp, optax
@@ -529,11 +419,37 @@ def create_model_state(
             f"inputs={short(tuple(inputs))} looks like a shape: inputs must be an example batch, e.g. "
             f"inputs=jnp.zeros({short(tuple(inputs))}), from which the model's shapes are inferred"
         )
-    loss_fns = _check_losses(settings.get("losses"))
-    running = _check_metrics(settings.get("metrics"))
+    losses = settings.get("losses")
+    losses = {} if losses is None else losses
+    if callable(losses) and not isinstance(losses, Mapping):
+        losses = {"loss": losses}
+    if not isinstance(losses, Mapping):
+        raise TypeError(f"losses must be a dict of name -> function (or one function), got {short(losses)}")
+    for name, fn in losses.items():
+        if not isinstance(name, str) or not callable(fn):
+            raise TypeError(f"losses must map names to functions; entry {short(name)} is {short(fn)}")
+    metrics = settings.get("metrics")
+    metrics = {} if metrics is None else metrics
+    if not isinstance(metrics, Mapping):
+        raise TypeError(f"metrics must be a dict of name -> metric or function, got {short(metrics)}")
+    running: dict[str, Metric] = {}
+    for name, metric in metrics.items():
+        if not isinstance(name, str):
+            raise TypeError(f"metric names must be strings, got {short(name)}")
+        try:
+            running[name] = as_metric(metric).reset()
+        except TypeError as error:
+            raise TypeError(f"metric {short(name)}: {error}") from None
     chosen: dict[str, Any] = {name: value for name, value in settings.items() if name in OPTION_NAMES}
     options = training_options(**chosen)
-    init_key, state_key = jax.random.split(_as_key(settings.get("key", 0)))
+    key = settings.get("key", 0)
+    if isinstance(key, int) and not isinstance(key, bool):
+        key = jax.random.key(key)
+    elif isinstance(key, jax.Array) and key.shape == (2,) and key.dtype == jnp.uint32:
+        key = jax.random.wrap_key_data(key)
+    elif not (isinstance(key, jax.Array) and jnp.issubdtype(key.dtype, jax.dtypes.prng_key)):
+        raise TypeError(f"key must be an int seed or a jax.random.key, got {short(key)}")
+    init_key, state_key = jax.random.split(key)
 
     def fields(key: jax.Array, inputs: Any, variables: Any, values: dict[str, Any]) -> dict[str, Any]:
         # Under a mesh strategy this runs inside `jax.jit`: the variables are born in their layout.
@@ -552,7 +468,7 @@ def create_model_state(
         options=options,
         key_impl=jax.random.key_impl(state_key),
         adapter=adapter,
-        losses=loss_fns,
+        losses=NamedLosses(losses),
     )
 
 

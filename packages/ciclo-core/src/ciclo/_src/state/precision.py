@@ -17,20 +17,10 @@ from ciclo._src.state._pytree import register_frozen
 class Precision:
     """A mixed-precision policy: the dtype steps compute in, and whether the loss is scaled.
 
-    `ciclo.create_model_state(..., precision=...)` takes one, or the name of
-    a built-in one (Lightning's names): `"32"` (no casting), `"bf16-mixed"`
-    (bfloat16 compute) and `"16-mixed"` (float16 compute with dynamic loss
-    scaling). Parameters and optimizer state always stay in their own dtype
-    (float32): only the copies a step computes with are cast, and the
-    gradients come back in the parameters' dtype. Predictions are cast back to
-    float32 before losses and metrics, so those are computed and logged in
-    float32.
-
-    With `loss_scaling`, the loss is multiplied by the scale before the
-    gradients are taken and the gradients divided by it after. A step whose
-    gradients are not finite is skipped (parameters, optimizer state and EMA
-    weights unchanged) and halves the scale; after `growth_interval` finite
-    steps in a row the scale doubles (PyTorch's `GradScaler` defaults).
+    `precision=` takes one, or a built-in one's name: `"32"`, `"bf16-mixed"`,
+    `"16-mixed"` (docs/recipes.md, "Mixed precision"). A scaled step whose
+    gradients are not finite is skipped and halves the scale; `growth_interval`
+    finite steps in a row double it (PyTorch's `GradScaler` defaults).
 
     Attributes:
         compute_dtype: the dtype of the step's computation (None: no casting).
@@ -65,11 +55,7 @@ class Precision:
 
     @classmethod
     def of(cls, precision: str | Precision) -> Precision:
-        """The policy `precision` names (`"32"`, `"bf16-mixed"`, `"16-mixed"`), or `precision` itself.
-
-        Raises:
-            ValueError: for another name, listing the known ones.
-        """
+        """The policy `precision` names (a ValueError lists the known ones), or `precision` itself."""
         if isinstance(precision, Precision):
             return precision
         policy = PRECISIONS.get(precision) if isinstance(precision, str) else None

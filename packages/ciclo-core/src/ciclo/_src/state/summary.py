@@ -17,12 +17,10 @@ _UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
 
 
 def _human(size: int) -> str:
-    value = float(size)
-    for unit in _UNITS:
-        if value < 1024 or unit == _UNITS[-1]:
-            return f"{size} B" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    raise AssertionError("unreachable")
+    if size < 1024:
+        return f"{size} B"
+    power = min((size.bit_length() - 1) // 10, len(_UNITS) - 1)
+    return f"{size / 1024**power:.1f} {_UNITS[power]}"
 
 
 def _sizes(tree: Any) -> tuple[int, int]:
@@ -82,18 +80,10 @@ def _table(rows: Iterable[tuple[str, int | None, int | None]]) -> str:
 def summary(state: Any, *, file: IO[str] | None = None) -> str:
     """Prints and returns a table of a state's parameters and memory, by top-level module.
 
-    One row per top-level key of the parameters (a flax or haiku module, an
-    equinox field, a list index), with its number of parameters and bytes;
-    then the parameters' total, the model state (batch statistics), the
-    optimizer state (a state for inference, created without `tx`: a row "no
-    optimizer (no tx)") and the state's other arrays (step counter, rng key,
-    metrics) in bytes, and the whole state's total. A state is a
-    managed state (`managed.ManagedState`, `ciclo.types.ModelState`) or any state with a field of
-    role `managed.Role.PARAMS`; any other pytree is summarised as parameters.
-
-    Sizes are those of the arrays' logical (global) shapes, read without
-    copying anything: a sharded array counts once, and a `pmap` state's copies
-    on each device count once.
+    One row per top-level key of the parameters, then the parameters' total,
+    the model state, the optimizer state, the other arrays and the total. Sizes
+    are those of the logical (global) shapes, read without copying anything.
+    A pytree without a `managed.Role.PARAMS` field is summarised as parameters.
 
     Args:
         state: the state.

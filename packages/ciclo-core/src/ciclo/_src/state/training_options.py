@@ -1,22 +1,8 @@
 """Training options: mixed precision, gradient accumulation, skipping non-finite steps, the weight EMA, norms.
 
-Each option is a part built on optax's own pieces, readable on its own:
-
-- **accumulation** wraps the optimizer in `optax.MultiSteps` (`accumulate`);
-- **precision** scales the loss by a `LossScale` kept in the state and divides
-  the gradients by it again (`unscale`); under it a step whose gradients are
-  not finite is skipped, `optax.apply_if_finite`'s idea (`skip_if_not_finite`);
-- **the EMA** averages the weights after each optimizer step, which
-  `optax.MultiSteps.has_updated` tells (`ema`);
-- **the norms** of the gradients the optimizer receives, of its updates and of
-  the parameters after them, global L2 norms kept in the state after each
-  optimizer step (`norms`).
-
-`TrainingOptions` holds the settings, and `apply_gradients` combines the
-parts in the one place every managed state's update goes through
-(`managed.AbstractManagedState.apply_gradients`, which `managed.ManagedState`,
-`ciclo.types.ModelState` and every adapter's state inherit). A state's step
-stays blind to them.
+Each option is a part built on optax's own pieces (`optax.MultiSteps`, a loss
+scale, `optax.apply_if_finite`'s skipping), combined in `apply_gradients`, the
+one place every managed state's update goes through (docs/recipes.md).
 """
 
 from __future__ import annotations
@@ -39,33 +25,17 @@ from ciclo._src.state.precision import PRECISIONS, LossScale, Precision
 class TrainingOptionsKwargs(TypedDict, total=False):
     """The training options as keywords, as `ManagedState.create` and every `create_*_state` take them.
 
+    See docs/recipes.md and docs/logging.md ("Gradient, update and parameter norms").
+
     Attributes:
-        precision: mixed precision, Lightning's names: `"32"` (none, the
-            default), `"bf16-mixed"` (the model computes in bfloat16),
-            `"16-mixed"` (float16, with dynamic loss scaling and skipped
-            overflow steps), or a `ciclo.types.Precision`. Parameters,
-            optimizer state, losses and metrics stay float32.
-        accumulate_steps: micro-batches per optimizer step (Keras'
-            `gradient_accumulation_steps`, Lightning's `accumulate_grad_batches`;
-            default 1): `tx` is wrapped in `optax.MultiSteps`, which averages the
-            gradients of `accumulate_steps` train steps and updates the
-            parameters at every `accumulate_steps`-th. `state.step` counts train
-            steps; learning-rate schedules (and the logged `learning_rate`)
-            count optimizer steps.
-        ema_decay: keep `ema_params`, an exponential moving average of the
-            parameters with this decay (e.g. 0.999; default None: none), updated
-            in the compiled step after each optimizer step; see
-            `with_ema_params` and `ciclo.callbacks.SwapEMAWeights`.
-        log_norms: log the run's health in the `norms` collection (default
-            False): `grad_norm`, the global L2 norm of the gradients the
-            optimizer receives (unscaled, accumulated, before any clipping in
-            `tx`), `update_norm`, of the optimizer's updates, and `param_norm`,
-            of the parameters after the update; `"modules"` adds
-            `grad_norm/<name>` per top-level module (the first key of the
-            parameters' paths). Computed in the compiled step and kept in the
-            state (`norms`): under `accumulate_steps` a micro-step logs the
-            last optimizer step's (zeros before the first), and a skipped
-            non-finite step keeps them too.
+        precision: `"32"` (the default), `"bf16-mixed"`, `"16-mixed"` (float16
+            with dynamic loss scaling) or a `ciclo.types.Precision`.
+        accumulate_steps: micro-batches per optimizer step (default 1), through
+            `optax.MultiSteps`; schedules count optimizer steps.
+        ema_decay: keep `ema_params`, an EMA of the parameters with this decay
+            (e.g. 0.999; default None).
+        log_norms: log `grad_norm`, `update_norm` and `param_norm` in the `norms`
+            collection (default False); `"modules"` adds `grad_norm/<module>`.
     """
 
     precision: str | Precision
@@ -81,9 +51,7 @@ OPTION_NAMES: Final = frozenset(TrainingOptionsKwargs.__annotations__)
 @final
 @dataclasses.dataclass(frozen=True)
 class TrainingOptions:
-    """The training options of a managed state (static): see `TrainingOptionsKwargs`.
-
-    Build one with `training_options(...)`, which checks the values.
+    """The training options of a managed state (static), as `training_options(...)` checks them.
 
     Example:
         >>> options = training_options(precision="bf16-mixed", accumulate_steps=4)
@@ -137,10 +105,7 @@ class TrainingOptions:
         return norms
 
     def check_without_optimizer(self) -> None:
-        """Refuses, for a state created without `tx` (for inference), the options that need an optimizer.
-
-        `accumulate_steps` above 1, `ema_decay` and `log_norms` act on optimizer
-        steps; `precision` is kept (the model computes in its dtype).
+        """Refuses, for a state created without `tx` (for inference), the options that act on optimizer steps.
 
         Example:
             >>> training_options(ema_decay=0.999).check_without_optimizer()
@@ -186,12 +151,7 @@ class TrainingOptions:
         }
 
     def resume_refusal(self, name: str, old: Any) -> str | None:
-        """Why a backup whose option `name` was `old` cannot go on under these options; None where it can.
-
-        Another `accumulate_steps`, loss scaling on one side only, an EMA on
-        one side only and another `log_norms` are refused; another precision or
-        decay otherwise is noted.
-        """
+        """Why a backup whose option `name` was `old` cannot go on under these options; None where it can."""
         if name == "log_norms":
             return (
                 f"a state keeps the norms it logs in its field `norms` ({_kept_norms(old)} in the backup, "
@@ -298,14 +258,14 @@ def apply_gradients(state: Any, grads: Any, value: Any, changes: dict[str, Any])
     with jax.numpy_dtype_promotion("standard") if options.accumulate_steps > 1 else contextlib.nullcontext():
         updates, opt_state = tx.update(grads, state.opt_state, params, **extra)
     new = {name: optax.apply_updates(params, updates), "opt_state": opt_state}
-    if options.log_norms and state.norms is not None:
+    if options.log_norms:
         with jax.numpy_dtype_promotion("standard"):  # the running mean divides by the int mini_step
             received = grads if options.accumulate_steps == 1 else accumulated(grads, state.opt_state)
         norms = options.norms(received, updates, new[name])
         if options.accumulate_steps > 1:  # a micro-step carries the last optimizer step's
             norms = _where(_has_updated(opt_state, options.accumulate_steps), norms, state.norms)
         new["norms"] = norms
-    if options.ema_decay is not None and state.ema_params is not None:
+    if options.ema_decay is not None:
         new["ema_params"] = ema(
             options.ema_decay, state.ema_params, new[name], opt_state, options.accumulate_steps
         )
