@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import optax
 from typing_extensions import TypedDict
 
+from ciclo._src.base.checks import check_int
 from ciclo._src.base.finite import finite_flag
 from ciclo._src.base.reprs import short
 from ciclo._src.base.roles import params_field
@@ -196,10 +197,7 @@ def training_options(
         0.999
     """
     policy = Precision.of(precision)
-    if not (
-        isinstance(accumulate_steps, int) and not isinstance(accumulate_steps, bool) and accumulate_steps >= 1
-    ):
-        raise ValueError(f"accumulate_steps must be an int >= 1, got {short(accumulate_steps)}")
+    check_int(accumulate_steps, "accumulate_steps", 1)
     if ema_decay is not None and not (
         isinstance(ema_decay, (int, float)) and not isinstance(ema_decay, bool) and 0 <= ema_decay < 1
     ):
