@@ -46,9 +46,10 @@ nox.options.sessions = [
 ]
 """The default sessions, in order; README.md's Development table times each (tests/core/test_noxfile.py)."""
 
-# uv installs without compiling bytecode; the first import would then compile every module under
-# the tests' `-W error`, where a third-party SyntaxWarning (jax_metrics' docstrings) is an error.
-os.environ.setdefault("UV_COMPILE_BYTECODE", "1")
+# Bytecode is written as a module is first imported, for what the session imports: compiling every
+# installed file at install (UV_COMPILE_BYTECODE) cost each session ~10 s of its 2 cores, most of it
+# for modules no process of it imports (mypy and mkdocs read ciclo's dependencies, never import them).
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 # JAX's persistent compilation cache, for every session and every process the tests start: a
 # program compiled once (by another test, session or process) is read back instead of compiled.
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(ROOT / ".nox" / "jax-cache"))
