@@ -426,8 +426,9 @@ def package(session: nox.Session) -> None:
     session.run("python", "-m", "venv", "--clear", str(venv))
     python = str(venv / ("Scripts" if sys.platform == "win32" else "bin") / "python")
     check = str(Path("tests/package/check_install.py").resolve())
-    session.run(python, "-m", "pip", "install", wheels["ciclo_core"], external=True)
+    # --no-compile: the two checks write the bytecode of what they import (pip would compile every file).
+    session.run(python, "-m", "pip", "install", "--no-compile", wheels["ciclo_core"], external=True)
     session.run(python, check, "core", external=True)
     adapters = [wheels[adapter.distribution.replace("-", "_")] for adapter in ADAPTER_PACKAGES]
-    session.run(python, "-m", "pip", "install", *adapters, external=True)
+    session.run(python, "-m", "pip", "install", "--no-compile", *adapters, external=True)
     session.run(python, check, "flax", external=True)
