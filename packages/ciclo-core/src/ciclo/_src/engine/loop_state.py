@@ -79,7 +79,7 @@ class LoopState(Generic[S]):
         self._owns_logs = False  # whether `_logs` is the loop's own copy, safe to merge into
         self._accumulated = accumulated_logs
         self._callback_objects: dict[str, Any] = {}  # by state_key
-        # What a backup restores and saves through (a `Clock`: None before the loop starts and once it ended).
+        # What a backup restores and saves through (the `Clock`: None before the loop and after it).
         self._clock: Any = None
         self._iterator: Any = None
         self._stop: Any = None
