@@ -121,7 +121,7 @@ def test_a_dataset_error_read_ahead_is_raised_at_the_step_of_the_batch_that_fail
         ciclo.train_loop(0, failing_at(5), {ciclo.on_train_step: [train_step]}, prefetch=3)
     assert steps == [0, 1, 2, 3, 4]  # the batches before it trained, as without prefetch
     notes = "\n".join(getattr(info.value, "__notes__", []))
-    assert "the batch of step 5 (5 batches drawn before it" in notes or not hasattr(info.value, "add_note")
+    assert "the batch of step 5 (5 steps ran before it" in notes or not hasattr(info.value, "add_note")
 
 
 @pytest.mark.parametrize(

@@ -487,10 +487,11 @@ class Checkpoint(Callback):
 
     def __loop_callback__(self, loop_state: LoopState[S], /) -> CallbackOutput[S]:
         """Saves the loop's state under the steps done with this step (monitor: accumulated logs)."""
-        # The steps done with this step: a task's `elapsed` counts them before it, at_step_end's after.
+        # The steps done with this step: a task's `elapsed` counts them before it (the clock has not counted
+        # it yet), at_step_end's after; on_end's (no clock: the loop ended) all of them.
         elapsed, clock = loop_state.elapsed, loop_state._clock
         steps = int(elapsed.steps)
-        if not loop_state._ended and clock is not None and elapsed.steps == clock.steps:
+        if clock is not None and elapsed.steps == clock.steps:
             steps += steps_of(loop_state.batch)
         self.save(steps, loop_state.state, loop_state.accumulated_logs)
         return {}, loop_state.state

@@ -20,17 +20,17 @@ def iterate_dataset(dataset: Iterable[Any]) -> Iterator[Any]:
         raise TypeError(f"dataset must be an iterable of batches, got {short(dataset)}") from None
 
 
-def dataset_raised(error: BaseException, steps: int, drawn: int) -> None:
-    """Notes on `error` which batch the loop asked the dataset for."""
+def dataset_raised(error: BaseException, steps: int, first: int) -> None:
+    """Notes on `error` which batch the loop, which began at step `first`, asked the dataset for."""
     error.add_note(
         f"raised by the dataset when the loop asked for the batch of step {steps} "
-        f"({drawn} batches drawn before it in this run); the loop stopped there"
+        f"({steps - first} steps ran before it in this run); the loop stopped there"
     )
 
 
-def dataset_ended(drawn: int, steps: int, stop: Any) -> None:
-    """Warns when the dataset yielded nothing, or ran out before `stop`."""
-    if drawn == 0:
+def dataset_ended(steps: int, first: int, stop: Any) -> None:
+    """Warns when the dataset, drawn from step `first` on, yielded nothing or ran out before `stop`."""
+    if steps == first:
         warnings.warn(
             "the dataset yielded no batch, so the loop ran no step; check the dataset (an iterator or "
             "generator already used by an earlier loop is empty: create a fresh one for each loop)",

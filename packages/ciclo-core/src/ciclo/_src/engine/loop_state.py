@@ -43,10 +43,7 @@ class LoopState(Generic[S]):
         "_accumulated",
         "_callback_objects",
         "_clock",
-        "_dataset",
-        "_drawn",
         "_elapsed",
-        "_ended",
         "_logs",
         "_owns_logs",
         "_iterator",
@@ -82,12 +79,9 @@ class LoopState(Generic[S]):
         self._owns_logs = False  # whether `_logs` is the loop's own copy, safe to merge into
         self._accumulated = accumulated_logs
         self._callback_objects: dict[str, Any] = {}  # by state_key
-        self._ended = False  # on_end runs
-        # What a backup restores and saves through (a `Clock`: None before the loop starts).
+        # What a backup restores and saves through (the `Clock`: None before the loop and after it).
         self._clock: Any = None
-        self._dataset: Any = None
         self._iterator: Any = None
-        self._drawn = 0
         self._stop: Any = None
         # Run after each step; one a signal handler adds runs from the step in flight on.
         self._step_end: list[Callable[[LoopState[Any]], None]] = []

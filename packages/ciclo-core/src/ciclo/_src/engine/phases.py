@@ -133,7 +133,8 @@ def _run_end_hooks(
     callbacks: list[Callback], loop_state: LoopState[Any], error: BaseException | None
 ) -> bool:
     """Calls each `on_end`; returns whether one took the error. The first error one raises goes on."""
-    loop_state._elapsed, loop_state._logs, loop_state._ended = loop_state._clock.now(), None, True
+    # A finished loop has no clock: its elapsed is final.
+    loop_state._elapsed, loop_state._logs, loop_state._clock = loop_state._clock.now(), None, None
     failed: BaseException | None = None
     taken = False
     for callback in callbacks:
@@ -209,7 +210,7 @@ def run_phases(
         raise TypeError(f"history must be a ciclo.types.History, got {short(history)}")
     loop_state: LoopState[S] = LoopState(state, history=history, metadata=metadata)
     loop_state._clock, loop_state._stop = Clock(elapsed, batch_size_fn), stop_period
-    loop_state._dataset, loop_state._iterator = dataset, iterate_dataset(dataset)
+    loop_state._iterator = iterate_dataset(dataset)
     keyed = loop_state._callback_objects
     for owner in (o for o in lifecycle if lifecycle_of(o, "state_dict")):
         key = owner.state_key
@@ -237,7 +238,6 @@ def run_phases(
             raise
     else:
         _run_end_hooks(ends, loop_state, None)
-    loop_state._elapsed = loop_state._clock.now()
     return loop_state.state, loop_state.history, loop_state.elapsed
 
 
@@ -247,78 +247,74 @@ def _run_steps(tasks: list[_Task], loop_state: LoopState[Any]) -> None:
     by_steps = stop is not None and (stop.samples, stop.time, stop.date) == (None, None, None)
     stop_count, stop_at = (stop.steps, None) if by_steps else (math.inf, stop)
     append, history = loop_state.history.append, loop_state.history
-    clock, iterator, drawn = loop_state._clock, loop_state._iterator, loop_state._drawn
-    first_drawn, step_end, origin = drawn, loop_state._step_end, clock.origin
+    clock, iterator, step_end = loop_state._clock, loop_state._iterator, loop_state._step_end
+    first, origin = clock.steps, clock.origin
     every_step = [c for t in tasks if t.check is None and t.boundary is None for c in t.callbacks]
     for task in tasks:
         if task.boundary is not None:  # before the step, a boundary at `steps` fires; after it, past it
             task.due = next_boundary(clock.steps - 1 + task.after, *task.boundary)
     quiet_until: float = 0
-    try:
-        while True:
-            steps = clock.steps
-            if steps >= stop_count or (stop_at is not None and clock.now() >= stop_at):
-                return
-            try:
-                batch = next(iterator)
-            except StopIteration:
-                dataset_ended(drawn - first_drawn, steps, stop_count if by_steps else stop)
-                return
-            except Exception as error:
-                dataset_raised(error, steps, drawn - first_drawn)
-                raise
-            drawn += 1
-            loop_state.batch = batch
-            loop_state._elapsed = None
-            loop_state._logs = None
-            if steps < quiet_until and type(batch) is not Stacked:
-                _run_callbacks(loop_state, every_step)
-            else:  # every task; `quiet_until`: the step count before which none scheduled is due
-                before = after = None
-                after_steps, quiet_until = steps + steps_of(batch), math.inf
-                for task in tasks:
-                    if task.boundary is not None:
-                        count = after_steps if task.after else steps
-                        fires = count >= task.due
-                        if fires:
-                            task.due = next_boundary(count, *task.boundary)
-                        quiet_until = min(quiet_until, task.due - task.after)
-                        if not fires:
-                            continue
-                    elif task.check is not None:
-                        quiet_until = 0
-                    if task.after:
-                        if after is None:
-                            before = loop_state.elapsed
-                            added, added_samples = count_batch(batch, clock.batch_size_fn)
-                            after = make_elapsed(
-                                steps + added, before.samples + added_samples, before.time, before.date_start
-                            )
-                        if task.check is not None and not task.check(after):
-                            continue
-                        loop_state._elapsed = after
-                        _run_callbacks(loop_state, task.callbacks)
-                        loop_state._elapsed = before
-                    elif task.check is None or task.check(loop_state.elapsed):
-                        _run_callbacks(loop_state, task.callbacks)
-                    if loop_state.stop_iteration:
-                        break
-            step_logs = loop_state._logs
-            if step_logs:
-                now, samples = loop_state._elapsed, clock.samples
-                time = perf_counter() - origin if now is None else now.time
-                per_step = loop_state._per_step
-                if per_step is not None:  # a fused group: its first steps' rows, then the last's
-                    rows, size = batch.steps - 1, batch.samples // batch.steps
-                    history.append_steps(steps, samples, time, per_step, rows, size)
-                    steps, samples, loop_state._per_step = steps + rows, samples + rows * size, None
-                append(steps, samples, time, step_logs)
-            clock.advance(batch)
-            if step_end:
-                loop_state._drawn, loop_state._elapsed = drawn, None  # the hooks see the counts after it
-                for hook in step_end:
-                    hook(loop_state)
-            if loop_state.stop_iteration:
-                return
-    finally:
-        loop_state._drawn = drawn
+    while True:
+        steps = clock.steps
+        if steps >= stop_count or (stop_at is not None and clock.now() >= stop_at):
+            return
+        try:
+            batch = next(iterator)
+        except StopIteration:
+            dataset_ended(steps, first, stop_count if by_steps else stop)
+            return
+        except Exception as error:
+            dataset_raised(error, steps, first)
+            raise
+        loop_state.batch = batch
+        loop_state._elapsed = None
+        loop_state._logs = None
+        if steps < quiet_until and type(batch) is not Stacked:
+            _run_callbacks(loop_state, every_step)
+        else:  # every task; `quiet_until`: the step count before which none scheduled is due
+            before = after = None
+            after_steps, quiet_until = steps + steps_of(batch), math.inf
+            for task in tasks:
+                if task.boundary is not None:
+                    count = after_steps if task.after else steps
+                    fires = count >= task.due
+                    if fires:
+                        task.due = next_boundary(count, *task.boundary)
+                    quiet_until = min(quiet_until, task.due - task.after)
+                    if not fires:
+                        continue
+                elif task.check is not None:
+                    quiet_until = 0
+                if task.after:
+                    if after is None:
+                        before = loop_state.elapsed
+                        added, added_samples = count_batch(batch, clock.batch_size_fn)
+                        after = make_elapsed(
+                            steps + added, before.samples + added_samples, before.time, before.date_start
+                        )
+                    if task.check is not None and not task.check(after):
+                        continue
+                    loop_state._elapsed = after
+                    _run_callbacks(loop_state, task.callbacks)
+                    loop_state._elapsed = before
+                elif task.check is None or task.check(loop_state.elapsed):
+                    _run_callbacks(loop_state, task.callbacks)
+                if loop_state.stop_iteration:
+                    break
+        step_logs = loop_state._logs
+        if step_logs:
+            now, samples = loop_state._elapsed, clock.samples
+            time = perf_counter() - origin if now is None else now.time
+            per_step = loop_state._per_step
+            if per_step is not None:  # a fused group: its first steps' rows, then the last's
+                rows, size = batch.steps - 1, batch.samples // batch.steps
+                history.append_steps(steps, samples, time, per_step, rows, size)
+                steps, samples, loop_state._per_step = steps + rows, samples + rows * size, None
+            append(steps, samples, time, step_logs)
+        clock.advance(batch)
+        if step_end:
+            loop_state._elapsed = None  # the hooks see the counts after it
+            for hook in step_end:
+                hook(loop_state)
+        if loop_state.stop_iteration:
+            return

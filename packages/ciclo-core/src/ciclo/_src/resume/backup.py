@@ -344,6 +344,7 @@ class BackupCallback(Callback):
         self._guard: SignalGuard | None = None
         self._done = False
         self._iterator: Any = None
+        self._position = 0  # the batches drawn from the dataset: restored, then one a step
         self._samples_before = 0  # samples counted before this run drew its first batch
 
     def on_start(self, loop_state: LoopState[Any], /) -> None:
@@ -376,8 +377,8 @@ class BackupCallback(Callback):
         self._done = False
         try:
             restored = self._restore_newest(loop_state.state)
+            self._iterator, self._position = loop_state._iterator, 0
             if restored is None:
-                self._iterator = loop_state._iterator
                 self._samples_before = loop_state._clock.samples
                 # The backup of the start, once every on_start accepted the run: a run killed before its
                 # first periodic backup resumes as a resumed run (its checkpoints then are its own).
@@ -437,10 +438,8 @@ class BackupCallback(Callback):
                 jax.device_count(),
             )
         loop_state.load_state_dicts(restored.callbacks)
-        loop_state._iterator = self._iterator = position_dataset(
-            loop_state._iterator, loop_state._dataset, restored, clock.batch_size_fn
-        )
-        loop_state._drawn = restored.position
+        position_dataset(self._iterator, restored, clock.batch_size_fn)
+        self._position = restored.position
         self._samples_before = restored.elapsed.samples - restored.samples
 
     def _start_backup(self, loop_state: LoopState[Any]) -> Iterator[Any]:
@@ -449,6 +448,7 @@ class BackupCallback(Callback):
 
     def on_step_end(self, loop_state: LoopState[Any], /) -> None:
         """Backs up when due; on a signal, saves and raises `ciclo.types.Preempted`."""
+        self._position += 1
         guard, clock = self._guard, loop_state._clock
         if guard is None or loop_state.stop_iteration:
             return
@@ -644,7 +644,7 @@ class BackupCallback(Callback):
 
     def _save(self, loop_state: LoopState[Any], *, finished: bool, wait: bool) -> None:
         """Saves a backup numbered by the steps completed, unless the state holds NaN or inf."""
-        state, elapsed = loop_state.state, loop_state._clock.now()
+        state, elapsed = loop_state.state, loop_state.elapsed
         step = int(elapsed.steps)
         if step == self._last_saved and not finished:
             return
@@ -670,8 +670,8 @@ class BackupCallback(Callback):
             "elapsed": [step, int(elapsed.samples), float(elapsed.time), float(elapsed.date_start)],
             "history": to_json(self._history_item(loop_state.history), "the history"),
             "callbacks": callbacks_data,
-            "position": int(loop_state._drawn),
-            "samples": int(loop_state._clock.samples - self._samples_before),  # those this run drew
+            "position": self._position,
+            "samples": int(elapsed.samples - self._samples_before),  # those this run drew
             "iterator_state": to_json(iterator_state(self._iterator), "the dataset iterator's get_state()"),
             "kept": sorted(kept),
             "options": static_options(state),
@@ -709,16 +709,15 @@ class BackupCallback(Callback):
                 os.close(self._lock)
 
 
-def position_dataset(
-    iterator: Iterator[Any], dataset: Any, restored: Restored, batch_size_fn: BatchSizeFn
-) -> Iterator[Any]:
-    """`iterator` moved to where the backed-up run stopped drawing batches (their samples checked)."""
+def position_dataset(iterator: Iterator[Any], restored: Restored, batch_size_fn: BatchSizeFn) -> None:
+    """Moves `iterator` to where the backed-up run stopped drawing batches (their samples checked)."""
     if restored.iterator_state is not None:
         iterator.set_state(restored.iterator_state)  # type: ignore[attr-defined]
-        return iterator
+        return
     if restored.position == 0:
-        return iterator
-    if inspect.isgenerator(dataset) and inspect.getgeneratorstate(dataset) != inspect.GEN_CREATED:
+        return
+    # A generator given as the dataset is its own iterator.
+    if inspect.isgenerator(iterator) and inspect.getgeneratorstate(iterator) != inspect.GEN_CREATED:
         raise ValueError(
             "cannot resume from the backup: the dataset is a generator that was already partly consumed, "
             f"and the run must skip the {restored.position} batches it used. Pass a fresh generator, or an "
@@ -740,7 +739,6 @@ def position_dataset(
             f"{samples}: another batch size would resume at another sample. Resume with the batch size of "
             "the backed-up run, or give backup= another directory to start afresh"
         )
-    return iterator
 
 
 def _identity(pid: int) -> str | None:
