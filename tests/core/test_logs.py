@@ -132,11 +132,11 @@ def test_history_holds_device_arrays_only_briefly():
     history = ciclo.history()
     n = 5 * logs_module._LAG
     commit_steps(history, [jnp.float32(i) for i in range(n)])
-    assert not any(isinstance(v, jax.Array) for row in history.host_rows(0, history.on_host) for v in row[1])
+    assert not any(isinstance(v, jax.Array) for row in history._values for v in row)
     # the newest `_LAG` rows, the window of copies in flight, and the rows since: not every row
     assert 0 < len(history) - history.on_host < 3 * logs_module._LAG
     assert history.collect("loss") == [float(i) for i in range(n)]
-    assert not any(isinstance(v, jax.Array) for row in history.host_rows(0, history.on_host) for v in row[1])
+    assert not any(isinstance(v, jax.Array) for row in history._values for v in row)
 
 
 def test_history_keeps_arrays_as_numpy():

@@ -1,12 +1,12 @@
 """Logs (what one step reports) and the History (what a loop reported, step by step).
 
-A History row is one `Row`: `(paths, values, steps, samples, time)`, its `Paths`
-(each value's `(collection, name)`, one object for the rows that log the same
-entries) and values. Oldest first, a row is on the host (what `collect`,
-`host_rows` and `to_host` read); in flight (a window: `_Block`s of rows that log
-the same entries, read column by column, whose device values `host_copies`
-brings over); or pending (the newest rows, fewer than `2 * _LAG`, as their steps
-returned them; a fused group's as `_FusedRow`s).
+A History row is one step's entries as `Paths` (each value's `(collection, name)`,
+one object for the rows that log the same entries) and values, plus the step's
+counts. Oldest first, a row is on the host (what `collect`, `host_rows` and
+`to_host` read); in flight (a window: `_Block`s of rows that log the same
+entries, read column by column, whose device values `host_copies` brings over);
+or pending (the newest rows, fewer than `2 * _LAG`, kept as their steps returned
+them; a fused group's as `_FusedRow`s).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import dataclasses
 import itertools
 import os
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple, cast, final, overload
 
 import jax
@@ -250,12 +250,6 @@ def logs() -> Logs:
 Paths = tuple[EntryPath, ...]
 """A History row's entry paths, in the order of its values; rows that log the same entries share one."""
 
-Row = tuple[Paths, tuple[Any, ...], int, int, float]
-"""A History row: `(paths, values, steps, samples, time)`, its values on the host."""
-
-_Pending = tuple["LogsLike | _FusedRow", int, int, float]
-"""A row as its step returned it: `(logs, steps, samples, time)`."""
-
 
 class History(Sequence[Logs]):
     """The logs a loop committed, one entry per step that logged something.
@@ -282,10 +276,15 @@ class History(Sequence[Logs]):
             raise ValueError(f"max_rows must be None (keep every row) or an int >= 0, got {short(max_rows)}")
         self.max_rows = max_rows
         self.dropped = 0  # rows dropped from the front by `max_rows`
-        # Oldest first: the rows on the host, the windows of rows being copied, the pending rows.
-        self._rows: list[Row] = []
-        self._windows: deque[tuple[list[_Block], list[_Pending]]] = deque()
-        self._pending: list[_Pending] = []
+        # Row `i` kept: counts `_steps[i]`, `_samples[i]`, `_times[i]`; entries `_paths[i]`, `_values[i]`
+        # for the first `on_host` rows, then in `_windows`, then `_pending`.
+        self._steps: list[int] = []
+        self._samples: list[int] = []
+        self._times: list[float] = []
+        self._paths: list[Paths] = []
+        self._values: list[tuple[Any, ...]] = []
+        self._windows: deque[list[_Block]] = deque()  # oldest first; a window's blocks
+        self._pending: list[LogsLike | _FusedRow] = []
         # For `latest`: the newest row of each set of paths read up to row `_scanned`, as its index
         # (dropped rows counted) and values (host values once the row is dropped).
         self._newest: dict[Paths, tuple[int, tuple[Any, ...]]] = {}
@@ -302,7 +301,10 @@ class History(Sequence[Logs]):
     def append(self, steps: int, samples: int, time: float, logs: LogsLike) -> None:
         """`commit` without building an `Elapsed`; the history keeps `logs` itself."""
         pending = self._pending
-        pending.append((logs, steps, samples, time))
+        pending.append(logs)
+        self._steps.append(steps)
+        self._samples.append(samples)
+        self._times.append(time)
         if len(pending) >= 2 * _LAG:
             self._advance()
 
@@ -315,9 +317,10 @@ class History(Sequence[Logs]):
         `samples + i * batch_size` samples; each entry is copied to the host once for the group.
         """
         paths, arrays = self._read(per_step)
-        self._pending += [
-            (_FusedRow(paths, arrays, i), steps + i, samples + i * batch_size, time) for i in range(rows)
-        ]
+        self._pending += [_FusedRow(paths, arrays, i) for i in range(rows)]
+        self._steps += range(steps, steps + rows)
+        self._samples += [samples + i * batch_size for i in range(rows)]
+        self._times += [time] * rows
         if len(self._pending) >= 2 * _LAG:
             self._advance()
 
@@ -337,26 +340,27 @@ class History(Sequence[Logs]):
         if self.max_rows is None:
             return
         # The newest host rows stay for one more batch: a logger reading the history at every step sees them.
-        excess = min(len(self) - self.max_rows, len(self._rows) - _LAG)
+        excess = min(len(self) - self.max_rows, len(self._values) - _LAG)
         if excess <= 0:
             return
         for paths, (index, _) in self._newest.items():
             if self.dropped <= index < self.dropped + excess:
-                self._newest[paths] = (index, self._rows[index - self.dropped][1])
-        del self._rows[:excess]
+                self._newest[paths] = (index, self._values[index - self.dropped])
+        del self._paths[:excess], self._values[:excess]
+        del self._steps[:excess], self._samples[:excess], self._times[:excess]
         self.dropped += excess
 
     def _start(self, count: int) -> None:
         """Reads the oldest `count` pending rows into a window, and starts copying their device values."""
         if count <= 0:
             return
-        first = self.dropped + len(self) - len(self._pending)  # the first row's index, dropped counted
+        first = self.dropped + len(self) - len(self._pending)  # the first row's index, dropped rows counted
         rows = self._pending[:count]
         del self._pending[:count]
-        blocks = self._blocks([row[0] for row in rows])
+        blocks = self._blocks(rows)
         for block in blocks:
             self._note(first + block.positions[-1], block.paths, block.newest)
-        self._windows.append((blocks, rows))
+        self._windows.append(blocks)
 
     def _blocks(self, rows: list[LogsLike | _FusedRow]) -> list[_Block]:
         """`rows` as blocks of rows that log the same entries: one block, usually."""
@@ -386,25 +390,27 @@ class History(Sequence[Logs]):
         return blocks + [_Block.fused(run, positions) for positions, run in runs]
 
     def _note(self, index: int, paths: Paths, values: tuple[Any, ...]) -> None:
+        """Keeps `values` as the newest of rows with `paths`, unless a newer row's are kept."""
         if self._newest.get(paths, (-1, ()))[0] < index:
             self._newest[paths] = (index, values)
 
     def _take_windows(self, *, wait: bool) -> None:
         """Moves the windows the device is done with (with `wait`: every window, waiting) to the host rows."""
         windows = self._windows
-        while windows and (wait or all(block.ready() for block in windows[0][0])):
-            blocks, rows = windows.popleft()
-            _, steps, samples, times = zip(*rows, strict=True)
+        while windows and (wait or all(block.ready() for block in windows[0])):
+            blocks = windows.popleft()
             if len(blocks) == 1:  # the usual case: every row logs the same entries
-                values = blocks[0].take()
-                self._rows += zip(itertools.repeat(blocks[0].paths), values, steps, samples, times)
-            else:
-                paths: list[Paths] = [()] * len(rows)
-                values = [()] * len(rows)
-                for block in blocks:
-                    for position, row in zip(block.positions, block.take(), strict=True):
-                        paths[position], values[position] = block.paths, row
-                self._rows += zip(paths, values, steps, samples, times, strict=True)
+                self._paths += [blocks[0].paths] * len(blocks[0].positions)
+                self._values += blocks[0].take()
+                continue
+            size = sum(len(block.positions) for block in blocks)
+            paths: list[Paths] = [()] * size
+            values: list[tuple[Any, ...]] = [()] * size
+            for block in blocks:
+                for position, row in zip(block.positions, block.take(), strict=True):
+                    paths[position], values[position] = block.paths, row
+            self._paths += paths
+            self._values += values
 
     def latest(self) -> Logs:
         """The newest value of every entry in the history (values may still be device arrays).
@@ -419,10 +425,10 @@ class History(Sequence[Logs]):
         """
         self._note_pending()
         newest: dict[EntryPath, Any] = {}  # each entry's value in the newest row that logs it
-        on_host = self.dropped + len(self._rows)  # rows before this one give their host values
+        on_host = self.dropped + len(self._values)  # rows before this one give their host values
         for paths, (index, values) in sorted(self._newest.items(), key=lambda item: item[1][0]):
             if self.dropped <= index < on_host:
-                values = self._rows[index - self.dropped][1]
+                values = self._values[index - self.dropped]
             newest.update(zip(paths, values, strict=True))
         logs = Logs()
         for (collection, name), value in newest.items():
@@ -430,10 +436,11 @@ class History(Sequence[Logs]):
         return logs
 
     def _note_pending(self) -> None:
+        """Notes the pending rows not noted yet for `latest`."""
         pending = self._pending
         first = self.dropped + len(self) - len(pending)  # the first pending row's index
         for index in range(max(self._scanned, first), first + len(pending)):
-            row = pending[index - first][0]
+            row = pending[index - first]
             if type(row) is _FusedRow:
                 self._note(index, row.paths, tuple([_StepValue(array, row.step) for array in row.arrays]))
             else:
@@ -441,19 +448,19 @@ class History(Sequence[Logs]):
         self._scanned = first + len(pending)
 
     def _fetch(self, upto: int) -> None:
-        """Brings rows up to `upto` to the host (waits)."""
-        if upto <= len(self._rows):
+        """Brings rows up to `upto` to the host, waiting for their device values."""
+        if upto <= len(self._values):
             return
         self._take_windows(wait=True)
-        self._start(upto - len(self._rows))
+        self._start(upto - len(self._values))
         self._take_windows(wait=True)
 
     @property
     def on_host(self) -> int:
         """How many of the first rows are on the host: reading them never waits on the device."""
-        return len(self._rows)
+        return len(self._values)
 
-    def host_rows(self, start: int, stop: int) -> list[Row]:
+    def host_rows(self, start: int, stop: int) -> Iterator[tuple[Paths, tuple[Any, ...], int, int, float]]:
         """Rows `start` to `stop` (of those kept), as `(paths, values, steps, samples, time)`, for loggers.
 
         Values are host values: rows from `on_host` on wait for the device.
@@ -464,20 +471,29 @@ class History(Sequence[Logs]):
             >>> import ciclo
             >>> history = ciclo.history()
             >>> history.append(0, 8, 0.5, ciclo.logs().add_metric("acc", 0.25))
-            >>> history.host_rows(0, 1)
+            >>> list(history.host_rows(0, 1))
             [((('metrics', 'acc'),), (0.25,), 0, 8, 0.5)]
         """
         self._fetch(stop)
-        return self._rows[start:stop]
+        return zip(
+            self._paths[start:stop],
+            self._values[start:stop],
+            self._steps[start:stop],
+            self._samples[start:stop],
+            self._times[start:stop],
+            strict=True,
+        )
 
     def to_host(self, first: int | None = None) -> dict[str, Any]:
         """The rows kept (from row `first` on, dropped rows counted) as host values: what a backup saves."""
         self._fetch(len(self))
-        rows = self._rows[0 if first is None else max(first - self.dropped, 0) :]
+        start = 0 if first is None else max(first - self.dropped, 0)
         return {
-            "paths": [row[0] for row in rows],
-            "values": [row[1] for row in rows],
-            "elapsed": [row[2:] for row in rows],
+            "paths": self._paths[start:],
+            "values": self._values[start:],
+            "elapsed": list(
+                zip(self._steps[start:], self._samples[start:], self._times[start:], strict=True)
+            ),
             "max_rows": self.max_rows,
             "dropped": self.dropped,
             "evicted_latest": {paths: row for paths, (i, row) in self._newest.items() if i < self.dropped},
@@ -486,19 +502,20 @@ class History(Sequence[Logs]):
     def load_host(self, rows: Mapping[str, Any]) -> None:
         """Replaces this history's rows with those of `to_host()` (a resumed loop's history)."""
         self._interned = {}
-        paths = [self._interned.setdefault(paths, paths) for paths in rows["paths"]]
-        self._rows = [
-            (p, v, *counts) for p, v, counts in zip(paths, rows["values"], rows["elapsed"], strict=True)
-        ]
+        self._paths = [self._interned.setdefault(paths, paths) for paths in rows["paths"]]
+        self._values = list(rows["values"])
+        self._steps = [steps for steps, _, _ in rows["elapsed"]]
+        self._samples = [samples for _, samples, _ in rows["elapsed"]]
+        self._times = [time for _, _, time in rows["elapsed"]]
         self.dropped = int(rows["dropped"])
         self._newest = {paths: (-1, values) for paths, values in rows["evicted_latest"].items()}
-        for index, row in enumerate(self._rows):
-            self._note(self.dropped + index, row[0], row[1])
+        for index, (paths, values) in enumerate(zip(self._paths, self._values, strict=True)):
+            self._note(self.dropped + index, paths, values)
         self._pending, self._windows = [], deque()
         self._scanned = self.dropped + len(self)
 
     def __len__(self) -> int:
-        return len(self._rows) + sum(len(rows) for _, rows in self._windows) + len(self._pending)
+        return len(self._steps)
 
     @overload
     def __getitem__(self, index: int) -> Logs: ...
@@ -514,11 +531,13 @@ class History(Sequence[Logs]):
         if not 0 <= index < len(self):
             raise IndexError(f"history index {index} out of range for {len(self)} entries")
         self._fetch(index + 1)
-        paths, values, *counts = self._rows[index]
         logs = Logs()
-        for (collection, name), value in zip(paths, values, strict=True):
+        for (collection, name), value in zip(self._paths[index], self._values[index], strict=True):
             logs.add_entry(collection, name, value)
-        return logs.add_entries("elapsed", **dict(zip(ELAPSED_KEYS, counts, strict=True)))
+        counts = (self._steps[index], self._samples[index], self._times[index])
+        for name, value in zip(ELAPSED_KEYS, counts, strict=True):
+            logs.add_entry("elapsed", name, value)
+        return logs
 
     def __repr__(self) -> str:
         return f"History({len(self)} entries)"
@@ -545,15 +564,17 @@ class History(Sequence[Logs]):
         self._fetch(len(self))
         columns: tuple[list[Any], ...] = tuple([] for _ in keys)
         found = [False] * len(keys)
-        resolved: dict[Paths, list[tuple[int, int]] | None] = {}
-        for row in self._rows:
-            plan = resolved.get(row[0], ())
+        # Resolve each key once per distinct set of paths, not once per entry.
+        resolved: dict[Paths, list[tuple[bool, int]] | None] = {}
+        counts = zip(self._steps, self._samples, self._times, strict=True)
+        for paths, values, row_counts in zip(self._paths, self._values, counts, strict=True):
+            plan = resolved.get(paths, ())
             if plan == ():
-                plan = resolved[row[0]] = self._plan(row[0], keys, found)
+                plan = resolved[paths] = self._plan(paths, keys, found)
             if plan is None:
                 continue
-            for column, (field, position) in zip(columns, plan, strict=True):
-                column.append(row[1][position] if field == 1 else row[field])
+            for column, (from_counts, position) in zip(columns, plan, strict=True):
+                column.append(row_counts[position] if from_counts else values[position])
         missing = [key for key, ok in zip(keys, found, strict=True) if not ok]
         if missing:
             present = [f"{c}.{n}" for c, n in self._entry_paths()]
@@ -564,24 +585,22 @@ class History(Sequence[Logs]):
         return columns[0] if len(keys) == 1 else columns
 
     @staticmethod
-    def _plan(paths: Paths, keys: tuple[str, ...], found: list[bool]) -> list[tuple[int, int]] | None:
-        """Where each key is in rows with `paths`: `(1, index in the values)` or `(a count's index, 0)`."""
+    def _plan(paths: Paths, keys: tuple[str, ...], found: list[bool]) -> list[tuple[bool, int]] | None:
+        """Where each key's value is in rows with `paths`, `(in the counts, position)`; None if one lacks."""
         available = frozenset(paths) | {("elapsed", name) for name in ELAPSED_KEYS}
         located = [_entry_path(key, available) for key in keys]
         found[:] = [was or path is not None for was, path in zip(found, located, strict=True)]
         if None in located:
             return None
         return [
-            (1, paths.index(path)) if path in paths else (2 + ELAPSED_KEYS.index(path[1]), 0)
+            (False, paths.index(path)) if path in paths else (True, ELAPSED_KEYS.index(path[1]))
             for path in cast("list[EntryPath]", located)
         ]
 
     def _entry_paths(self) -> tuple[EntryPath, ...]:
         """Every `(collection, name)` some entry holds, in the order they first appeared."""
         self._fetch(len(self))
-        return tuple(
-            dict.fromkeys(path for paths in dict.fromkeys(row[0] for row in self._rows) for path in paths)
-        )
+        return tuple(dict.fromkeys(path for paths in dict.fromkeys(self._paths) for path in paths))
 
     def plot(self, *entries: str, path: str | os.PathLike[str] | None = None) -> Figure:
         """Draws entries against steps with matplotlib; one subplot per entry, its test curve with it.
