@@ -73,7 +73,7 @@ def test_names_with_dashes_and_objects_resolve() -> None:
     assert ciclo.strategies.get_strategy(fsdp) is fsdp
 
 
-def test_unknown_names_list_the_known_ones() -> None:
+def test_unknown_names_list_the_known_ones(clean_registry: None) -> None:
     with pytest.raises(
         ValueError, match="unknown strategy 'tpu'; known strategies: data_parallel, eager, fsdp"
     ):
