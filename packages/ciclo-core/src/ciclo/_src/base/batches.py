@@ -21,7 +21,7 @@ BatchSizeFn = Callable[[Any], int]
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class Stacked(Generic[B]):
-    """`steps` consecutive batches stacked along a new leading axis; made by `ciclo.stacked`, run by `ciclo.fuse`.
+    """`steps` consecutive batches on a new leading axis; made by `ciclo.stacked`, run by `ciclo.fuse`.
 
     Attributes:
         batches: the batches' pytree, each leaf with a leading axis of length `steps`.
@@ -45,7 +45,7 @@ def stacked(
 ) -> Iterator[Stacked[B]]:
     """Groups each `steps` consecutive batches of `dataset` into one `Stacked` batch.
 
-    A shorter group (the last, or one cut at `align`) is yielded as it is: it compiles the fused step once more.
+    A shorter group (the last, or one cut at `align`) is yielded as it is (one more compile).
 
     Args:
         dataset: any iterable of batches with the same structure and shapes.

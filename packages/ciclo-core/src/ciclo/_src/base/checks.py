@@ -120,7 +120,7 @@ def check_positive(period: Any, name: str, remedy: str) -> None:
 
 
 class TestData:
-    """Calls `train_loop`'s `test_dataset` for each test pass, refusing (when unbounded) what would hang or be empty."""
+    """Calls `train_loop`'s `test_dataset` per pass, refusing (unbounded) what would hang or be empty."""
 
     __test__ = False  # not a pytest test class
 

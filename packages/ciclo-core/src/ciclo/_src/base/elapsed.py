@@ -36,7 +36,7 @@ def _seconds(name: str, value: object) -> float:
 
 @dataclasses.dataclass(frozen=True)
 class Period:
-    """A duration in steps, samples, seconds or a wall-clock date, reached when *any* field is; see `ciclo.at`.
+    """A duration in steps, samples, seconds or a date, reached when *any* field is; see `ciclo.at`.
 
     Example:
         >>> import ciclo
@@ -110,7 +110,7 @@ def at(
     time: float | datetime.timedelta | None = None,
     date: float | datetime.datetime | None = None,
 ) -> Period:
-    """Creates a `Period`; `time` in seconds (or a `timedelta`) since the start, `date` a timestamp or `datetime`.
+    """Creates a `Period`; `time` in seconds (or a `timedelta`), `date` a timestamp or `datetime`.
 
     Example:
         >>> import ciclo

@@ -8,7 +8,7 @@ EntryPath = tuple[str, str]
 
 
 def entry_path(key: str, paths: set[EntryPath] | frozenset[EntryPath]) -> EntryPath | None:
-    """The `(collection, name)` path of `key` among `paths`, or None; a ValueError if a bare name is ambiguous.
+    """The `(collection, name)` path of `key` among `paths`, or None; a ValueError if ambiguous.
 
     Example:
         >>> entry_path("loss", {("losses", "loss"), ("metrics", "accuracy")})

@@ -1,4 +1,4 @@
-"""Checks at `import ciclo` that ciclo 0.1's distribution `ciclo` (the same import package) is not installed."""
+"""Checks at `import ciclo` that ciclo 0.1's distribution `ciclo` (same package) is not installed."""
 
 from __future__ import annotations
 

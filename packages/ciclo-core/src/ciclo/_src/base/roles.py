@@ -44,6 +44,8 @@ def field(
     Args:
         role: what the field holds for ciclo (see `managed.Role`); None for a plain field.
         static: True for configuration rather than arrays: part of the pytree's structure, not a leaf.
+        default: the field's default value.
+        default_factory: a zero-argument function making the default value.
 
     Example:
         >>> import jax, jax.numpy as jnp, optax

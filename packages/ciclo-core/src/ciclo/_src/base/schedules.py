@@ -135,7 +135,7 @@ class Every(ScheduleBase):
         return fired
 
     def step_boundary(self) -> tuple[int, int] | None:
-        """`(interval, offset)` in steps when this schedule counts steps alone (the engine's fast path), else None."""
+        """`(interval, offset)` in steps when this schedule counts steps alone (a fast path), else None."""
         period, offset = self.period, self.offset
         if not _steps_only(period) or (offset is not None and not _steps_only(offset)):
             return None

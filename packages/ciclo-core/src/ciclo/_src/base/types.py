@@ -24,7 +24,7 @@ CallbackOutput = tuple[LogsLike, S]
 
 
 class Schedule(Protocol):
-    """Decides whether its callbacks run: any `Callable[[Elapsed], bool]` that fires when a point is *crossed*."""
+    """Decides whether callbacks run: a `Callable[[Elapsed], bool]` that fires when a point is *crossed*."""
 
     def __call__(self, elapsed: Elapsed, /) -> bool: ...
 
@@ -71,7 +71,7 @@ class Trainable(Protocol):
 
 @runtime_checkable
 class Evaluable(Protocol):
-    """A state that evaluates (`ciclo.test_loop`): `test_step(batch) -> (logs, state)`, `reset_step()` empties metrics."""
+    """A state that evaluates (`ciclo.test_loop`); `reset_step()` returns it with its metrics emptied."""
 
     def test_step(self, batch: Any, /) -> Any: ...
 
@@ -103,7 +103,7 @@ class ModelAdapter(Protocol):
 
 @runtime_checkable
 class SupportsToModel(Protocol):
-    """A `ModelAdapter` whose `to_model` gives the trained model back (`ModelState.model`) in its framework's form.
+    """A `ModelAdapter` whose `to_model` gives the trained model back in its framework's form.
 
     Example:
         >>> import ciclo, jax.numpy as jnp

@@ -18,7 +18,6 @@ class _OneDevice:
     """The placement of a single-device strategy: the state whole on this process's first device."""
 
     def create(self, init: Callable[..., T], /, *args: Any) -> T:
-        # One device holds the whole state anyway: build it as plain JAX code would.
         return self.place(init(*args))
 
     def place(self, state: T, /) -> T:
@@ -49,12 +48,7 @@ class Eager(_OneDevice):
 @final
 @dataclasses.dataclass(frozen=True)
 class JIT(_OneDevice):
-    """Compiles the step with `jax.jit` on the default device.
-
-    Args:
-        donate: donate the input state's buffers to the output state
-            (`"jit_donate"`): saves memory, but the state passed in can no
-            longer be read after the step.
+    """Compiles the step with `jax.jit`; `donate=True` (`"jit_donate"`) donates the input state's buffers.
 
     Example:
         >>> import ciclo
