@@ -154,6 +154,8 @@ def every(
 ) -> Every:
     """Fires every `steps` steps, `samples` samples or `time` seconds (when any does), starting at 0.
 
+    A count fires at the first step and at each that reaches or crosses the next multiple.
+
     Example:
         >>> import ciclo
         >>> schedule = ciclo.every(2)
@@ -206,13 +208,13 @@ def after(
     samples: int | None = None,
     time: float | datetime.timedelta | None = None,
 ) -> After:
-    """Fires at every step from the moment a period is reached.
+    """Fires at every step from the moment a period is reached; `.every(...)` fires periodically from there.
 
     Example:
         >>> import ciclo
         >>> schedule = ciclo.after(3)
-        >>> [s for s in range(6) if schedule(ciclo.types.Elapsed.create(steps=s))]
-        [3, 4, 5]
+        >>> schedule(ciclo.types.Elapsed.create(steps=2)), schedule(ciclo.types.Elapsed.create(steps=3))
+        (False, True)
     """
     return After(Period(steps=steps, samples=samples, time=time))  # type: ignore[arg-type]
 

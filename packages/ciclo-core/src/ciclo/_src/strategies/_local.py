@@ -48,7 +48,10 @@ class Eager(_OneDevice):
 @final
 @dataclasses.dataclass(frozen=True)
 class JIT(_OneDevice):
-    """Compiles the step with `jax.jit`; `donate=True` (`"jit_donate"`) donates the input state's buffers.
+    """Compiles the step with `jax.jit` on the default device.
+
+    Args:
+        donate: donate the input state's buffers to the output state (`"jit_donate"`).
 
     Example:
         >>> import ciclo
