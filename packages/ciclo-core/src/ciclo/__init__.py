@@ -93,8 +93,7 @@ if TYPE_CHECKING:
     create_equinox_state: Callable[..., ModelState]
 
 
-# Names ciclo 0.1.9 exported from `ciclo` that now live in the one namespace each belongs to. Names
-# that only ever existed in this repository between releases are gone.
+# Names ciclo 0.1.9 exported from `ciclo` that now live in a namespace.
 _MOVED: dict[str, str] = dict.fromkeys(
     ("Elapsed", "History", "LoopState", "Logs", "Period"), "types"
 ) | dict.fromkeys(
@@ -103,11 +102,7 @@ _MOVED: dict[str, str] = dict.fromkeys(
 
 
 def __getattr__(name: str) -> Any:
-    """Resolves `ciclo.create_flax_state` and the other adapters' functions on first use.
-
-    A name that moved to a namespace (`ciclo.History` is `ciclo.types.History`)
-    still resolves, with a DeprecationWarning naming its new place.
-    """
+    """Resolves the adapters' `create_*_state` on first use, and 0.1's moved names (deprecated)."""
     if name in _MOVED:
         namespace = _MOVED[name]
         _warnings.warn(
@@ -124,8 +119,7 @@ def __getattr__(name: str) -> Any:
     return value
 
 
-# The on_* hook names imported above are ciclo 0.1.9's: their home is `ciclo.hooks`; they resolve here
-# for 0.1 code, out of `__all__`.
+# The on_* hook names imported above are ciclo 0.1.9's, kept out of `__all__` (their home is `ciclo.hooks`).
 __all__ = [
     "Callback",
     "__version__",

@@ -1,13 +1,6 @@
-"""The hook vocabulary of the predefined loops, in one place.
+"""The hook names of the predefined loops: tasks' keys, state methods and callback methods.
 
-Each name is a string, used three ways: as a named schedule in a loop's tasks
-(`{ciclo.hooks.on_train_step: [step]}`), as a method of the state
-(`state.train_step`), and as a method of an object in `callbacks=[...]`
-(`on_train_batch_end`). `TRAIN`, `TEST` and `PREDICT` are the names each
-predefined loop runs; `collect` gathers the callbacks of a set of names, for
-the predefined loops and for a loop of your own. The `on_*` names that ciclo
-0.1.9 exported (`ciclo.on_train_step`, `ciclo.on_epoch_end`, ...) stay
-available on `ciclo` itself.
+`TRAIN`, `TEST` and `PREDICT` are the names each loop runs; `collect` gathers their callbacks.
 
 Example:
     >>> import ciclo

@@ -1,7 +1,4 @@
-"""Strategies: where a managed step's state and batches live and how the step compiles.
-
-Pass one by name (`strategy="data_parallel"`) or as an object
-(`strategy=ciclo.strategies.FSDP(min_size=4096)`).
+"""Strategies: where a managed step's state and batches live and how the step compiles (by name or object).
 
 Example:
     >>> import ciclo

@@ -1,9 +1,7 @@
 """The conformance kit for framework authors: check a `ciclo.types.ModelAdapter` against its contract.
 
-`check_adapter(adapter, inputs=...)` runs every clause of the contract on a
-small synthetic task and returns an `AdapterReport`; `AdapterTests` is the
-same clauses as a pytest class to subclass, one test per clause (it needs
-pytest: `pip install "ciclo-core[testing]"`). docs/adapter.md shows both.
+`check_adapter` runs every clause and returns an `AdapterReport`; `AdapterTests` is the same as a
+pytest class to subclass (`pip install "ciclo-core[testing]"`). See docs/adapter.md.
 
 Example:
     >>> import ciclo.testing

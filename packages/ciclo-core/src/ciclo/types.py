@@ -1,22 +1,9 @@
-"""The types of ciclo: what you annotate with, subclass or check with `isinstance`.
-
-`ciclo` itself exports what you call (`ciclo.every`, `ciclo.checkpoint`,
-`ciclo.train_loop`); the classes those return and the protocols the pieces meet
-through live here, each in one place: `ciclo.every(10)` is a
-`ciclo.types.Every`, `ciclo.checkpoint(...)` a `ciclo.types.Checkpoint`, a
-state with a `train_step` method a `ciclo.types.Trainable`. The strategies'
-classes are in `ciclo.strategies`, the metrics' in `ciclo.metrics`, the managed
-API's in `ciclo.managed`.
+"""The types of ciclo: the classes `ciclo`'s functions return, and the protocols the pieces meet through.
 
 Example:
     >>> import ciclo
-    >>> from ciclo.types import Elapsed, History, LoopCallback
-    >>> isinstance(ciclo.every(10), ciclo.types.Every), isinstance(ciclo.history(), History)
+    >>> isinstance(ciclo.every(10), ciclo.types.Every), isinstance(ciclo.history(), ciclo.types.History)
     (True, True)
-    >>> isinstance(ciclo.keras_bar(total=10), LoopCallback)
-    True
-    >>> Elapsed.create().steps
-    0
 """
 
 from ciclo._src.base.batches import Stacked as Stacked

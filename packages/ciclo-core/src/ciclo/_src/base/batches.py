@@ -1,8 +1,4 @@
-"""Batches: how many samples one holds, and `Stacked` groups of them.
-
-The loop's clock, the schedules, the strategies and the managed steps all ask
-here whether a batch is stacked and how many steps and samples it counts for.
-"""
+"""Batches: how many samples one holds, and `Stacked` groups of them."""
 
 from __future__ import annotations
 
@@ -19,17 +15,13 @@ from ciclo._src.base.checks import check_int
 B = TypeVar("B")
 
 BatchSizeFn = Callable[[Any], int]
-"""Returns the number of samples in a batch."""
 
 
 @final
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class Stacked(Generic[B]):
-    """`steps` consecutive batches stacked along a new leading axis; made by `ciclo.stacked`.
-
-    The loop counts it as `steps` steps and `samples` samples; `ciclo.fuse`d and
-    managed steps run all of them in one dispatch with `jax.lax.scan`.
+    """`steps` consecutive batches on a new leading axis; made by `ciclo.stacked`, run by `ciclo.fuse`.
 
     Attributes:
         batches: the batches' pytree, each leaf with a leading axis of length `steps`.
@@ -53,15 +45,12 @@ def stacked(
 ) -> Iterator[Stacked[B]]:
     """Groups each `steps` consecutive batches of `dataset` into one `Stacked` batch.
 
-    Leaves are stacked with `numpy` on the host (JAX arrays on the device). A
-    shorter group (the last, or one cut at an `align` boundary) is yielded as
-    it is: its first use compiles the fused step once more.
+    A shorter group (the last, or one cut at `align`) is yielded as it is (one more compile).
 
     Args:
         dataset: any iterable of batches with the same structure and shapes.
         steps: batches per group.
-        batch_size_fn: the samples in one batch; by default the leading
-            dimension of its first array leaf.
+        batch_size_fn: the samples in one batch; by default its first array leaf's leading dimension.
         align: no group crosses a multiple of `align` steps (an epoch's length, say).
         start: the step count of the first batch (a resumed loop's), for `align`.
         total: read at most this many batches (the steps left before a loop's stop).
@@ -86,14 +75,7 @@ def stacked(
 def cut(
     dataset: Iterable[B], steps: Callable[[], int], *, align: int | None, start: int, total: int | None
 ) -> Iterator[list[B]]:
-    """Consecutive batches of `dataset` in lists of `steps()` (asked before each), as `stacked` cuts them.
-
-    Shared with `train_loop(..., steps_per_execution="auto")`, whose lists grow as it measures.
-
-    Example:
-        >>> [len(group) for group in cut(range(20), lambda: 4, align=6, start=0, total=14)]
-        [4, 2, 4, 2, 2]
-    """
+    """Consecutive batches of `dataset` in lists of `steps()` (asked before each), as `stacked` cuts them."""
     iterator = iter(dataset)
     position, left = start, total
     while left is None or left > 0:
@@ -114,7 +96,6 @@ def cut(
 
 
 def stack(group: list[B], size: Callable[[B], int]) -> Stacked[B]:
-    """The batches of `group` as one `Stacked` batch; `size` counts a batch's samples."""
     leaves = jax.tree.leaves(group)
     if leaves and all(isinstance(leaf, jax.Array) for leaf in leaves):
         batches = _stack_on_device(group)
@@ -136,8 +117,8 @@ def is_stacked(batch: Any) -> bool:
     return type(batch) is Stacked
 
 
+# Array types seen as batch leaves: `type(x) in` is much cheaper than `isinstance(x, jax.Array)`.
 _ARRAY_TYPES: set[type] = {np.ndarray}
-"""Array types seen as batch leaves: `type(x) in` is much cheaper than `isinstance(x, jax.Array)`."""
 
 
 def leading_dim(batch: Any) -> int:
@@ -181,7 +162,6 @@ def steps_of(batch: Any) -> int:
 
 
 def count(batch: Any, batch_size_fn: BatchSizeFn) -> tuple[int, int]:
-    """`(steps, samples)` that `batch` counts for: `Stacked` groups count all their steps."""
     if type(batch) is Stacked:
         return batch.steps, batch.samples
     return 1, batch_size_fn(batch)

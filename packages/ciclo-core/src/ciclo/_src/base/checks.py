@@ -15,18 +15,15 @@ import jax
 
 from ciclo._src.base.reprs import short
 
-_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
-"""The directory of the `ciclo` package: `warn` points at the first frame outside it."""
-
-_SKIPPED = (_PACKAGE, os.path.dirname(os.path.dirname(os.path.abspath(jax.__file__))) + os.sep + "jax")
-"""Where `warn` looks past: ciclo, and jax, which calls a step's function while it traces it."""
+# Where `warn` looks past: ciclo, and jax, which calls a step's function while it traces it.
+_SKIPPED = (
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,
+    os.path.dirname(os.path.dirname(os.path.abspath(jax.__file__))) + os.sep + "jax",
+)
 
 
 class DataWarning(UserWarning):
     """A loop was given data that is probably not what was meant (no batch, or fewer than `stop`).
-
-    Warned, not raised, as the run is still well defined; make it an error with
-    `warnings.simplefilter("error", ciclo.types.DataWarning)`.
 
     Example:
         >>> import ciclo, warnings
@@ -39,24 +36,11 @@ class DataWarning(UserWarning):
 
 
 class RecompileWarning(UserWarning):
-    """A managed step compiled again, for inputs that differ from its first compile's.
-
-    Warned by `train_loop` once per change (see `managed.ManagedStep`);
-    silence it with
-    `warnings.filterwarnings("ignore", category=ciclo.types.RecompileWarning)`.
+    """A managed step compiled again, for inputs that differ from its first compile's (docs/logging.md).
 
     Example:
-        >>> import ciclo, jax.numpy as jnp, optax, warnings
-        >>> from ciclo import managed
-        >>> @managed.train_step
-        ... def train_step(state, batch):
-        ...     return ciclo.logs().add_loss("loss", (batch * state.params).sum() ** 2), state
-        >>> state = managed.ManagedState.create(params=jnp.ones(()), tx=optax.sgd(0.1))
-        >>> with warnings.catch_warnings(record=True) as caught:
-        ...     warnings.simplefilter("always")
-        ...     _ = ciclo.train_loop(state, [jnp.ones(4), jnp.ones(3)], {ciclo.on_train_step: [train_step]})
-        >>> [type(w.message).__name__ for w in caught], train_step.compiles
-        (['RecompileWarning'], 2)
+        >>> import ciclo, warnings
+        >>> warnings.filterwarnings("ignore", category=ciclo.types.RecompileWarning)
     """
 
 
@@ -69,7 +53,6 @@ def warn(message: str, category: type[Warning] = UserWarning) -> None:
 
 
 def signature_of(fn: Callable[..., Any], passing: str, wrapper: str) -> inspect.Signature:
-    """`fn`'s signature, read to pass it arguments `passing`; a builtin's refused naming `wrapper`."""
     try:
         return inspect.signature(fn)
     except (TypeError, ValueError) as error:
@@ -80,11 +63,7 @@ def signature_of(fn: Callable[..., Any], passing: str, wrapper: str) -> inspect.
 
 
 def check_directory(directory: str, what: str) -> None:
-    """Raises now, naming the remedy, if local `directory` (named `what`) cannot be created or written to.
-
-    Raises:
-        NotADirectoryError: if `directory` or one of its parents is a file.
-        PermissionError: if the nearest existing directory is not writable.
+    """Raises now (NotADirectoryError, PermissionError) if local `directory` cannot be created or written to.
 
     Example:
         >>> import tempfile
@@ -108,7 +87,7 @@ def check_directory(directory: str, what: str) -> None:
 
 
 def check_bool(value: Any, name: str) -> None:
-    """Refuses an option that must be True or False and is anything else (`"yes"`, `1`, None).
+    """Refuses an option that must be True or False and is anything else.
 
     Example:
         >>> check_bool("yes", "test_with_ema")
@@ -120,7 +99,7 @@ def check_bool(value: Any, name: str) -> None:
 
 
 def check_int(value: Any, name: str, least: int, why: str = "") -> None:
-    """Refuses (ValueError) anything but an int >= `least`, a bool included; `why` follows the bound.
+    """Refuses (ValueError) anything but an int >= `least`, a bool included.
 
     Example:
         >>> check_int(1, "keep", 2, " (a kill during a save must leave one)")
@@ -132,7 +111,7 @@ def check_int(value: Any, name: str, least: int, why: str = "") -> None:
 
 
 def check_positive(period: Any, name: str, remedy: str) -> None:
-    """Raises a ValueError if `period` (a `Period` or None) is reached at once: every set field is 0."""
+    """Raises a ValueError if `period` (a `Period` or None) is reached at once."""
     if period is None or period.date is not None:
         return
     if any(value is not None and value > 0 for value in (period.steps, period.samples, period.time)):
@@ -141,19 +120,14 @@ def check_positive(period: Any, name: str, remedy: str) -> None:
 
 
 class TestData:
-    """Calls `train_loop`'s `test_dataset` for each test pass, refusing what would hang or be empty.
-
-    Unless `test_duration` bounds the pass: an endless standard iterator
-    (`itertools.cycle`, `count`, endless `repeat`), or the iterator an earlier
-    pass used up.
-    """
+    """Calls `train_loop`'s `test_dataset` per pass, refusing (unbounded) what would hang or be empty."""
 
     __test__ = False  # not a pytest test class
 
     def __init__(self, make: Any, bounded: bool) -> None:
         self.make = make
         self.bounded = bounded
-        self.previous: Any = None  # the iterator of the previous pass, if it was one
+        self.previous: Any = None
 
     def __call__(self) -> Any:
         data = self.make()

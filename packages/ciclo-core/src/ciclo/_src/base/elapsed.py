@@ -36,9 +36,7 @@ def _seconds(name: str, value: object) -> float:
 
 @dataclasses.dataclass(frozen=True)
 class Period:
-    """A duration measured in steps, samples, seconds, or a wall-clock date.
-
-    Reached as soon as *any* of its set fields is; build one with `ciclo.at`.
+    """A duration in steps, samples, seconds or a date, reached when *any* field is; see `ciclo.at`.
 
     Example:
         >>> import ciclo
@@ -68,8 +66,6 @@ class Period:
     @classmethod
     def of(cls, value: PeriodLike | None, *, name: str = "period") -> Period | None:
         """`value` as a `Period`: an int counts steps; a `Period` or None is returned as is.
-
-        Raises a TypeError for anything else, a ValueError for a negative step count, naming `name`.
 
         Example:
             >>> import ciclo
@@ -114,16 +110,12 @@ def at(
     time: float | datetime.timedelta | None = None,
     date: float | datetime.datetime | None = None,
 ) -> Period:
-    """Creates a `Period`: the point at which a loop has run for so long.
-
-    `time` is in seconds (or a `timedelta`) since the loop started; `date` a unix timestamp or `datetime`.
+    """Creates a `Period`; `time` in seconds (or a `timedelta`), `date` a timestamp or `datetime`.
 
     Example:
         >>> import ciclo
         >>> ciclo.at(1000)
         Period(steps=1000, samples=None, time=None, date=None)
-        >>> ciclo.at(samples=50_000).samples
-        50000
     """
     return Period(steps, samples, time, date)  # type: ignore[arg-type]  # normalised in __post_init__
 
@@ -131,10 +123,7 @@ def at(
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class Elapsed:
-    """How far a loop has run: steps, samples and seconds since it started.
-
-    A pytree (a `jax.jit`-compiled step may take it); compare it with a `Period`
-    (`elapsed >= ciclo.at(steps=10)`) to know whether the period was reached.
+    """How far a loop has run; a pytree, compared with a `Period` (`elapsed >= ciclo.at(steps=10)`).
 
     Attributes:
         steps: steps completed before the current one.
@@ -145,10 +134,8 @@ class Elapsed:
     Example:
         >>> import ciclo
         >>> elapsed = ciclo.types.Elapsed.create(steps=10, samples=320)
-        >>> elapsed.steps, elapsed.samples
-        (10, 320)
-        >>> elapsed >= ciclo.at(samples=300)
-        True
+        >>> elapsed.steps, elapsed >= ciclo.at(samples=300)
+        (10, True)
     """
 
     steps: int = 0
@@ -204,7 +191,7 @@ class Elapsed:
 
 
 def make_elapsed(steps: int, samples: int, time: float, date_start: float) -> Elapsed:
-    """`Elapsed(steps, samples, time, date_start)` at half the cost (no `object.__setattr__` per field)."""
+    # Half the cost of `Elapsed(...)`: no `object.__setattr__` per field.
     elapsed = _new(Elapsed)
     fields = elapsed.__dict__
     fields["steps"] = steps
@@ -218,7 +205,7 @@ _new = object.__new__
 
 
 class Clock:
-    """Mutable step/sample/time counters behind `elapse` and `ciclo.loop`: an `Elapsed` only when asked."""
+    """Mutable counters behind `elapse` and `ciclo.loop`: an `Elapsed` only when asked."""
 
     __slots__ = ("batch_size_fn", "date_start", "origin", "samples", "steps")
 
@@ -238,7 +225,6 @@ class Clock:
         return make_elapsed(self.steps, self.samples, _time.perf_counter() - self.origin, self.date_start)
 
     def advance(self, batch: Any) -> None:
-        """Counts one finished step over `batch` (`batch.steps` steps for a `Stacked` batch)."""
         steps, samples = count(batch, self.batch_size_fn)
         self.steps += steps
         self.samples += samples
@@ -251,15 +237,11 @@ def elapse(
     initial: Elapsed | None = None,
     batch_size_fn: BatchSizeFn | None = None,
 ) -> Iterator[tuple[Elapsed, B]]:
-    """Iterates a dataset, yielding `(elapsed, batch)` pairs.
-
-    `elapsed` tells how much ran *before* this batch (the first comes with
-    `steps == 0`); the counters advance after the body of the `for` loop runs.
+    """Iterates a dataset, yielding `(elapsed, batch)`: `elapsed` counts what ran *before* the batch.
 
     Args:
         dataset: any iterable of batches.
-        stop: stop (reading no further) before the step at which this `Period`
-            (or number of steps) is reached.
+        stop: stop, reading no further, where this `Period` (or number of steps) is reached.
         initial: resume counting from this `Elapsed`.
         batch_size_fn: a batch's sample count; by default its first array leaf's leading dimension.
 

@@ -5,15 +5,10 @@ from __future__ import annotations
 from ciclo._src.base.reprs import short
 
 EntryPath = tuple[str, str]
-"""Where a logged value lives: `(collection, name)`, as in `("metrics", "accuracy")`."""
 
 
 def entry_path(key: str, paths: set[EntryPath] | frozenset[EntryPath]) -> EntryPath | None:
-    """The `(collection, name)` path of `key` among `paths`, or None if absent.
-
-    Raises:
-        TypeError: if `key` is not a string.
-        ValueError: if a bare name is found in several collections.
+    """The `(collection, name)` path of `key` among `paths`, or None; a ValueError if ambiguous.
 
     Example:
         >>> entry_path("loss", {("losses", "loss"), ("metrics", "accuracy")})

@@ -26,9 +26,7 @@ class LinkError(FileExistsError):
 
 
 def check_closed(directory: str, what: str) -> None:
-    """Raises `LinkError` if anything under `directory` is a symbolic link or a file with other hard links.
-
-    The directory itself may be a link (the user named it). Remote paths (`gs://...`) have no links.
+    """Raises `LinkError` if anything under `directory` (itself excepted) is a symbolic or hard-linked file.
 
     Example:
         >>> import tempfile
@@ -56,9 +54,7 @@ def check_closed(directory: str, what: str) -> None:
 
 
 def write_atomically(path: str, text: str | bytes) -> None:
-    """Writes `text` (UTF-8, or bytes as they are) to `path` through `path + ".tmp"`, synced, then renamed.
-
-    One writer per file: a `.tmp` left behind (or a link there) is removed, not written through.
+    """Writes `text` (UTF-8, or bytes) to `path` through `path + ".tmp"`, synced, then renamed.
 
     Example:
         >>> import os, pathlib, tempfile

@@ -1,10 +1,4 @@
-"""Whether a state is fit to resume from: every floating-point value finite.
-
-Checkpoints and backups ask before they save: a state holding NaN or inf is
-never kept as a resume point. The check is one reduction on the devices, read
-back as a single bool, at save time only. A step under dynamic loss scaling
-asks the same of its gradients inside the compiled step (`finite_flag`).
-"""
+"""Whether every floating-point value of a tree is finite: asked before a save, and by loss scaling."""
 
 from __future__ import annotations
 
@@ -28,7 +22,7 @@ def _all_finite(leaves: list[Any]) -> jax.Array:
 
 
 def finite_flag(tree: Any) -> jax.Array:
-    """A boolean array: every floating-point leaf of `tree` finite; traceable, so a step can ask too.
+    """A boolean array: every floating-point leaf of `tree` finite; traceable.
 
     Example:
         >>> import jax.numpy as jnp

@@ -1,8 +1,4 @@
-"""Framework adapters are found by entry point: `ciclo.create_flax_state` and friends load on first use.
-
-An adapter package declares its `create_*_state` function in the entry point
-group `ciclo.frameworks` (`create_flax_state = "ciclo_flax:create_flax_state"`).
-"""
+"""Framework adapters, found by entry point (group `ciclo.frameworks`): loaded on first use."""
 
 from __future__ import annotations
 
@@ -16,20 +12,14 @@ KNOWN_ADAPTERS = {
     "create_haiku_state": "ciclo-haiku",
     "create_equinox_state": "ciclo-equinox",
 }
-"""The adapters ciclo ships, by the name they take on `ciclo`, with their distribution."""
 
 
 def framework_entry_points() -> dict[str, Any]:
-    """The installed adapters: `{name: entry point}`, e.g. `{"create_flax_state": ...}`."""
     return {point.name: point for point in entry_points(group="ciclo.frameworks")}
 
 
 def resolve(name: str) -> Any:
-    """Loads the adapter function registered as `name`.
-
-    Raises:
-        AttributeError: when nothing is registered as `name`; for one of the
-            adapters ciclo ships, the message says which package to install.
+    """Loads the adapter function registered as `name`; an AttributeError (saying what to install) if none.
 
     Example:
         >>> resolve("create_nothing_state")
@@ -50,11 +40,7 @@ def resolve(name: str) -> Any:
 
 
 def creator_name(adapter: object) -> str:
-    """The `create_*_state` a state with this model adapter is made with: its package's entry point.
-
-    An adapter of a package that declares a `ciclo.frameworks` entry point
-    (`ciclo_flax`'s adapters: `"create_flax_state"`); `"create_model_state"`
-    for any other.
+    """The `create_*_state` entry point of the adapter's package, else `"create_model_state"`.
 
     Example:
         >>> creator_name(object())

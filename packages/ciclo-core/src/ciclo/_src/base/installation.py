@@ -1,10 +1,4 @@
-"""Checks at `import ciclo` that the old `ciclo` distribution (0.1.x) is not installed too.
-
-ciclo 0.1 was published as the distribution `ciclo`, which installs the same
-import package as ciclo-core: with both, their files overwrite each other and
-`pip uninstall ciclo` deletes files ciclo-core needs. Only installed metadata is
-read (the old package is not imported).
-"""
+"""Checks at `import ciclo` that ciclo 0.1's distribution `ciclo` (same package) is not installed."""
 
 from __future__ import annotations
 

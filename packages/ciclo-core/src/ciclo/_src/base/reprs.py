@@ -7,10 +7,7 @@ import reprlib
 from typing import Any
 
 LIMIT = 300
-"""Characters a value takes in a message at most."""
-
-_ARRAY_ITEMS = 16
-"""An array with more elements than this is shown by type, shape and dtype."""
+_ARRAY_ITEMS = 16  # a larger array is shown by type, shape and dtype
 
 
 class _Short(reprlib.Repr):
@@ -53,9 +50,7 @@ def short(value: Any, limit: int = LIMIT) -> str:
 
 
 def cut(text: str, limit: int = LIMIT) -> str:
-    """`text` of ciclo's own making (a path into a document), cut in its middle to at most `limit` characters.
-
-    Unlike `short`, it adds no quotes: the text is part of the message, not a value in it.
+    """`text` of ciclo's own making, cut in its middle to at most `limit` characters (no quotes added).
 
     Example:
         >>> cut("backup['a']['b']"), len(cut("state" + "['key']" * 1000))

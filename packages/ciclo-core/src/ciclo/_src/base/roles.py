@@ -11,7 +11,6 @@ from typing import Any
 from ciclo._src.base.reprs import short
 
 ROLE_KEY = "ciclo.role"
-"""The dataclass field metadata key that holds a field's `Role`."""
 
 
 class Role(enum.Enum):
@@ -48,9 +47,6 @@ def field(
         default: the field's default value.
         default_factory: a zero-argument function making the default value.
 
-    Raises:
-        TypeError: for a static field with a role: roles are for arrays.
-
     Example:
         >>> import jax, jax.numpy as jnp, optax
         >>> from ciclo import managed
@@ -76,20 +72,6 @@ def field(
 _roles: weakref.WeakKeyDictionary[type, Mapping[Role, tuple[str, ...]]] = weakref.WeakKeyDictionary()
 
 
-def roles(cls: type) -> Mapping[Role, tuple[str, ...]]:
-    """The fields of a dataclass by role, read from their metadata once per class (none for other types)."""
-    found = _roles.get(cls)
-    if found is None:
-        by_role: dict[Role, list[str]] = {}
-        if dataclasses.is_dataclass(cls):
-            for spec in dataclasses.fields(cls):
-                role = spec.metadata.get(ROLE_KEY)
-                if role is not None:
-                    by_role.setdefault(role, []).append(spec.name)
-        found = _roles[cls] = {role: tuple(names) for role, names in by_role.items()}
-    return found
-
-
 def fields_with_role(cls: type, role: Role) -> tuple[str, ...]:
     """The names of the fields of `cls` declared with `role`, in field order.
 
@@ -99,7 +81,15 @@ def fields_with_role(cls: type, role: Role) -> tuple[str, ...]:
         >>> managed.fields_with_role(ciclo.types.ModelState, managed.Role.MODEL_STATE)
         ('model_state',)
     """
-    return roles(cls).get(role, ())
+    found = _roles.get(cls)
+    if found is None:  # read once per class
+        by_role: dict[Role, list[str]] = {}
+        if dataclasses.is_dataclass(cls):
+            for spec in dataclasses.fields(cls):
+                if ROLE_KEY in spec.metadata:
+                    by_role.setdefault(spec.metadata[ROLE_KEY], []).append(spec.name)
+        found = _roles[cls] = {key: tuple(names) for key, names in by_role.items()}
+    return found.get(role, ())
 
 
 def params_field(cls: type) -> str:

@@ -17,10 +17,7 @@ if TYPE_CHECKING:
 
 
 class ScheduleBase(abc.ABC):
-    """Gives schedules the combinators `&`, `|` and `~`.
-
-    Both sides of `&` and `|` are always evaluated, so stateful schedules (such as
-    `every`, which remembers the last step it saw) stay in step.
+    """Gives schedules the combinators `&`, `|` and `~`; both sides always run, so stateful ones stay in step.
 
     Example:
         >>> import ciclo
@@ -80,14 +77,13 @@ class _Not(ScheduleBase):
 
 
 def _boundaries_upto(value: float, offset: float, interval: float) -> int:
-    """How many of the boundaries offset, offset + interval, ... are <= value (exact for ints)."""
     if value < offset:
         return 0
     return int((value - offset) // interval) + 1
 
 
 def next_boundary(value: int, interval: int, offset: int = 0) -> int:
-    """The first boundary `offset + k * interval` (k >= 0) past `value`: where `crossed` next holds.
+    """The first boundary `offset + k * interval` (k >= 0) past `value`.
 
     Example:
         >>> [next_boundary(steps, 4) for steps in (-1, 0, 3, 4)], next_boundary(4, 4, offset=1)
@@ -97,10 +93,7 @@ def next_boundary(value: int, interval: int, offset: int = 0) -> int:
 
 
 def crossed(before: float, after: float, interval: float, offset: float = 0) -> bool:
-    """Whether a boundary `offset + k * interval` (k >= 0) lies in `(before, after]`.
-
-    The one rule of `Every`, the loop's epoch ends and `backup(every=N)`, also
-    when a count jumps over several boundaries at once (fused steps).
+    """Whether a boundary `offset + k * interval` (k >= 0) lies in `(before, after]`: `Every`'s one rule.
 
     Example:
         >>> crossed(7, 8, 4), crossed(8, 9, 4), crossed(3, 12, 4, offset=1)
@@ -112,11 +105,9 @@ def crossed(before: float, after: float, interval: float, offset: float = 0) -> 
 @final
 @dataclasses.dataclass(eq=False)
 class Every(ScheduleBase):
-    """Fires once each time a boundary `offset + k * interval` (k >= 0) is crossed.
+    """Fires once each time a boundary `offset + k * interval` is reached or jumped over; see `ciclo.every`.
 
-    Made by `ciclo.every` or `ciclo.after(...).every(...)`. A boundary is crossed
-    when the value reaches it or jumps over it (fused steps). The same `Elapsed`
-    again gets the same answer; a lower value (an inner loop's new run) starts over.
+    The same `Elapsed` again gets the same answer; a lower one (an inner loop's new run) starts over.
     """
 
     period: Period
@@ -144,15 +135,7 @@ class Every(ScheduleBase):
         return fired
 
     def step_boundary(self) -> tuple[int, int] | None:
-        """`(interval, offset)` in steps when this schedule counts steps alone, else None.
-
-        The loop engine checks such a schedule on its step counter, with no `Elapsed` built.
-
-        Example:
-            >>> import ciclo
-            >>> ciclo.every(4).step_boundary(), ciclo.every(samples=4).step_boundary()
-            ((4, 0), None)
-        """
+        """`(interval, offset)` in steps when this schedule counts steps alone (a fast path), else None."""
         period, offset = self.period, self.offset
         if not _steps_only(period) or (offset is not None and not _steps_only(offset)):
             return None
@@ -169,10 +152,9 @@ def every(
     samples: int | None = None,
     time: float | datetime.timedelta | None = None,
 ) -> Every:
-    """Fires every `steps` steps, `samples` samples or `time` seconds, starting at 0.
+    """Fires every `steps` steps, `samples` samples or `time` seconds (when any does), starting at 0.
 
-    `every(2)` fires at steps 0, 2, 4, ...; `every(samples=100)` at the first step
-    and at each that reaches or crosses 100, 200, ... samples; with several, when any does.
+    A count fires at the first step and at each that reaches or crosses the next multiple.
 
     Example:
         >>> import ciclo
@@ -226,13 +208,13 @@ def after(
     samples: int | None = None,
     time: float | datetime.timedelta | None = None,
 ) -> After:
-    """Fires at every step from the moment a period is reached.
+    """Fires at every step from the moment a period is reached; `.every(...)` fires periodically from there.
 
     Example:
         >>> import ciclo
         >>> schedule = ciclo.after(3)
-        >>> [s for s in range(6) if schedule(ciclo.types.Elapsed.create(steps=s))]
-        [3, 4, 5]
+        >>> schedule(ciclo.types.Elapsed.create(steps=2)), schedule(ciclo.types.Elapsed.create(steps=3))
+        (False, True)
     """
     return After(Period(steps=steps, samples=samples, time=time))  # type: ignore[arg-type]
 
@@ -276,9 +258,7 @@ class Piecewise(ScheduleBase):
 
 
 def piecewise(initial: Schedule, pieces: Mapping[PeriodLike, Schedule]) -> Piecewise:
-    """Uses `initial` until the first period is reached, then the schedule of the latest period reached.
-
-    `pieces` maps a `Period` (or a number of steps) to the schedule used from then on.
+    """Uses `initial`, then from each period in `pieces` (a `Period` or steps) on, its schedule.
 
     Example:
         >>> import ciclo
@@ -309,27 +289,13 @@ class AtStepEnd(ScheduleBase):
 def at_step_end(schedule: Schedule) -> AtStepEnd:
     """Checks `schedule` after the step, on the counts that include the step's batch.
 
-    A plain schedule sees the `Elapsed` from before the step. An epoch ends
-    *after* the step that completes it, so epoch-end work is scheduled
-    `at_step_end(ciclo.every(steps_per_epoch))`: with 10 steps per epoch it runs
-    after steps 10, 20, ... (seeing `elapsed.steps == 10`), never at step 0.
-    Place such a task after the phase that runs the step.
+    A plain schedule sees the `Elapsed` from before the step; epoch-end work is
+    `at_step_end(ciclo.every(steps_per_epoch))`, placed after the phase that runs the step.
 
     Example:
         >>> import ciclo
-        >>> def train_step(state, batch):
-        ...     return state + 1
-        >>> def epoch_end(state, batch, elapsed):
-        ...     return ciclo.logs().add_metric("epoch_end_at", elapsed.steps)
-        >>> _, history, _ = ciclo.run_phases(
-        ...     0,
-        ...     range(7),
-        ...     [
-        ...         ciclo.types.Phase("train", [(ciclo.every(1), train_step)]),
-        ...         ciclo.types.Phase("epoch", [(ciclo.at_step_end(ciclo.every(3)), epoch_end)]),
-        ...     ],
-        ... )
-        >>> history.collect("epoch_end_at")
+        >>> schedule = ciclo.at_step_end(ciclo.every(3))
+        >>> [s for s in range(1, 8) if schedule(ciclo.types.Elapsed.create(steps=s))]
         [3, 6]
     """
     if not callable(schedule):

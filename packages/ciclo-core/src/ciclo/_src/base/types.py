@@ -9,7 +9,6 @@ if TYPE_CHECKING:
     from ciclo._src.base.elapsed import Elapsed
 
 S = TypeVar("S")
-"""The type of the loop's state."""
 
 State = Any
 """Any pytree (parameters, optimizer state, rng keys, ...); the predefined loops' meet `Trainable` and co."""
@@ -25,26 +24,16 @@ CallbackOutput = tuple[LogsLike, S]
 
 
 class Schedule(Protocol):
-    """Decides whether its callbacks run at this point of the loop: any `Callable[[Elapsed], bool]`.
-
-    A schedule must fire when the loop *crosses* one of its points, also when
-    `elapsed` advances by several steps at once. The built-in ones combine with `&`, `|` and `~`.
-    """
+    """Decides whether callbacks run: a `Callable[[Elapsed], bool]` that fires when a point is *crossed*."""
 
     def __call__(self, elapsed: Elapsed, /) -> bool: ...
 
 
 @runtime_checkable
 class StatefulCallback(Protocol):
-    """A callback that keeps state across steps, and can hand it out and take it back.
+    """A callback whose state a backup saves (`state_dict()`) and a resume hands back; see docs/guide.md.
 
-    A backed-up loop saves `state_dict()` (a pytree of arrays, numbers,
-    strings and `None`: a snapshot later steps do not change) with the
-    training state, under the callback's `state_key` attribute when it has one
-    (a non-empty str), else its class's name; a resumed loop hands it back by
-    that key with `load_state_dict` before its first step, so the run goes on
-    exactly as the uninterrupted one would have. Two stateful callbacks of one
-    loop need two keys. ciclo's own: `early_stopping`, `checkpoint` and the loggers.
+    Saved under its `state_key` attribute when it has one, else its class's name.
 
     Example:
         >>> import ciclo
@@ -64,10 +53,7 @@ class StatefulCallback(Protocol):
 
 @runtime_checkable
 class Trainable(Protocol):
-    """A state that trains: what `ciclo.train_loop` calls at each step.
-
-    `ciclo.types.ModelState`, framework states and any class of your own with a
-    `train_step(self, batch)` method returning `(logs, new_state)` satisfy it.
+    """A state that trains: `train_step(batch) -> (logs, new_state)`, what `ciclo.train_loop` calls.
 
     Example:
         >>> import ciclo
@@ -85,11 +71,7 @@ class Trainable(Protocol):
 
 @runtime_checkable
 class Evaluable(Protocol):
-    """A state that evaluates: what `ciclo.test_loop` (and `train_loop`'s test loop) calls.
-
-    `reset_step()` returns the state with its running metrics emptied (before
-    each evaluation and epoch); `test_step(batch)` returns `(logs, new_state)`.
-    """
+    """A state that evaluates (`ciclo.test_loop`); `reset_step()` returns it with its metrics emptied."""
 
     def test_step(self, batch: Any, /) -> Any: ...
 
@@ -104,48 +86,24 @@ class Predictable(Protocol):
 
 
 class ModelAdapter(Protocol):
-    """How a framework's model is initialised and applied: what an adapter package implements.
+    """How a framework's model is initialised and applied: what an adapter implements (docs/adapter.md).
 
-    `ciclo.create_model_state` builds a training state from any adapter; the
-    framework packages are adapters plus a `create_*_state` function. An
-    adapter is a static field of the state, so it must be hashable (a frozen
-    dataclass with `eq=False`, or a plain class, compares by identity).
-
-    It works on two pytrees of arrays: `params` (what the optimizer trains)
-    and `model_state` (what the model updates itself, such as batch-norm
-    statistics; `None` when it has none).
-
-    An adapter may also give the trained model back (`ciclo.types.SupportsToModel`).
+    It must be hashable (a static field of the state), and works on `params` (what the optimizer
+    trains) and `model_state` (what the model updates itself, or `None`).
     """
 
     def init(self, key: Any, inputs: Any, /) -> tuple[Any, Any]:
-        """Creates `(params, model_state)` from a random key and sample inputs.
-
-        Frameworks whose models are built initialised (flax nnx, equinox) hand
-        their variables to `ciclo.create_model_state(variables=...)` instead,
-        and their `init` raises an error saying so.
-        """
+        """Creates `(params, model_state)` from a random key and sample inputs."""
 
     def apply(
         self, params: Any, model_state: Any, inputs: Any, /, *, key: Any, training: bool
     ) -> tuple[Any, Any]:
-        """Runs the model on `inputs`: `(outputs, new_model_state)`.
-
-        `key` is a fresh random key for this step (dropout, noise); `training`
-        is True in training steps (dropout on, statistics updated).
-        """
+        """Runs the model on `inputs` with a fresh `key`: `(outputs, new_model_state)`."""
 
 
 @runtime_checkable
 class SupportsToModel(Protocol):
-    """A `ModelAdapter` that gives the trained model back in its framework's own form.
-
-    `to_model`, the one optional method of an adapter, is what
-    `ciclo.types.ModelState.model` calls (outside any trace). It returns the
-    form the framework's own `init` or constructor gives: ciclo-flax a linen
-    module's variables dict (`{"params": ..., "batch_stats": ...}`) or an nnx
-    module, ciclo-haiku `params` or `(params, state)`, ciclo-equinox the module
-    or `(module, state)`.
+    """A `ModelAdapter` whose `to_model` gives the trained model back in its framework's form.
 
     Example:
         >>> import ciclo, jax.numpy as jnp

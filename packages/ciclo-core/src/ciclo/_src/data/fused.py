@@ -17,13 +17,11 @@ StepFn = Callable[[Any, Any], Any]
 
 
 def as_logs_and_state(step: StepFn, state: S, batch: Any) -> tuple[Logs, S]:
-    """Runs `step`, its output as `(ciclo.types.Logs, state)` by the rule of `step_output`."""
     logs, new_state = step_output(step(state, batch), state, step)
     return (logs if type(logs) is Logs else Logs(logs)), new_state
 
 
 def scan_steps(step: StepFn, state: Any, batches: Any) -> tuple[StackedLogs, Any]:
-    """Runs `step(state, batch) -> (logs, state)` over the leading axis of `batches` (when compiled)."""
 
     def body(state: Any, batch: Any) -> tuple[Any, Logs]:
         logs, state = as_logs_and_state(step, state, batch)
@@ -50,21 +48,16 @@ class Fused(Generic[S]):
         return f"ciclo.fuse({self.__name__})"
 
     def __call__(self, state: S, batch: Any) -> tuple[Logs, S]:
-        """One dispatch for a `Stacked` batch; a plain batch runs the step as it is."""
         if is_stacked(batch):
             return self._fused(state, batch.batches)  # type: ignore[no-any-return]
         return as_logs_and_state(self.__wrapped__, state, batch)
 
 
 def fuse(step: StepFn, *, donate: bool = False) -> Fused[Any]:
-    """Makes `step` run all the steps of a `ciclo.types.Stacked` batch in one dispatch.
+    """Makes a traceable `step` run all the steps of a `ciclo.types.Stacked` batch in one `jax.lax.scan`.
 
-    The steps run in one `jax.jit`-compiled `jax.lax.scan`: Python and dispatch
-    costs are paid once per group. `step` must be traceable. The fused step
-    returns the group's last step's logs, every step's in their `per_step`; the
-    loop counts the group's steps and samples (a schedule whose point falls
-    inside a group fires once, after it) and the history gets one entry per
-    step. A plain batch runs `step` unfused. Managed steps need no `fuse`.
+    It returns the last step's logs, every step's in their `per_step`; a plain batch runs `step` unfused.
+    See docs/guide.md, "Fused steps".
 
     Args:
         step: `(state, batch) -> (logs, state)`.

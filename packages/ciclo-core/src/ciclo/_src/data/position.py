@@ -13,7 +13,6 @@ T_co = TypeVar("T_co", covariant=True)
 
 
 def iterate_dataset(dataset: Iterable[Any]) -> Iterator[Any]:
-    """`iter(dataset)`, or a TypeError saying that a loop takes an iterable of batches."""
     try:
         return iter(dataset)
     except TypeError:
@@ -21,7 +20,6 @@ def iterate_dataset(dataset: Iterable[Any]) -> Iterator[Any]:
 
 
 def dataset_raised(error: BaseException, steps: int, first: int) -> None:
-    """Notes on `error` which batch the loop, which began at step `first`, asked the dataset for."""
     error.add_note(
         f"raised by the dataset when the loop asked for the batch of step {steps} "
         f"({steps - first} steps ran before it in this run); the loop stopped there"
@@ -29,7 +27,6 @@ def dataset_raised(error: BaseException, steps: int, first: int) -> None:
 
 
 def dataset_ended(steps: int, first: int, stop: Any) -> None:
-    """Warns when the dataset, drawn from step `first` on, yielded nothing or ran out before `stop`."""
     if steps == first:
         warnings.warn(
             "the dataset yielded no batch, so the loop ran no step; check the dataset (an iterator or "
@@ -51,18 +48,14 @@ class StatefulIterator(Iterator[T_co], Protocol):
 
     def get_state(self) -> Any:
         """Where the iterator is: plain data (JSON-like) for the backup document."""
-        ...
 
     def set_state(self, state: Any, /) -> None:
         """Moves the iterator to a position `get_state` returned."""
-        ...
 
 
 def has_state(iterator: Any) -> TypeGuard[StatefulIterator[Any]]:
-    """Whether the iterator has `get_state` and `set_state`: the one test backups and prefetch ask."""
     return callable(getattr(iterator, "get_state", None)) and callable(getattr(iterator, "set_state", None))
 
 
 def iterator_state(iterator: Any) -> Any:
-    """The iterator's own `get_state()` when it has `get_state` and `set_state`; None otherwise."""
     return iterator.get_state() if has_state(iterator) else None

@@ -1,9 +1,4 @@
-"""Batches put on their devices ahead of the step that takes them: `prefetch_to_device`.
-
-JAX's transfers are asynchronous, so a short queue of batches read ahead needs
-no thread. A backup resumes at the first batch the loop did not take, not the
-first the queue did not read.
-"""
+"""`prefetch_to_device`: batches put on devices ahead of the step (transfers are asynchronous: no thread)."""
 
 from __future__ import annotations
 
@@ -28,27 +23,9 @@ def prefetch_to_device(
 ) -> Prefetched[B]:
     """The batches of `dataset`, each put on its devices `size` batches before the loop takes it.
 
-    Each batch is placed where the strategy's compiled step wants it (its
-    `lift_batch`: under `data_parallel` and `fsdp` its rows are split over the
-    mesh), the rest on the default device. `train_loop(..., prefetch=2)` does
-    this with the state's strategy.
-
-    When `dataset`'s iterator has `get_state()` and `set_state()` (grain's
-    `DatasetIterator`), so does the returned iterator, and its state is that
-    after the last batch *taken*; `close()` moves the source back there.
-    An error of `dataset`, or of placing a batch, is raised when the loop asks
-    for that batch, as without prefetch.
-
-    Args:
-        dataset: any iterable of batches (`ciclo.stacked` groups too).
-        size: how many batches to read ahead, at least 1.
-        strategy: a strategy or its name (`ciclo.strategies.get_strategy`), or
-            None to put each batch on the default device.
-
-    Raises:
-        ValueError: if `size` is not an int >= 1, or the strategy's name is unknown.
-        TypeError: if `dataset` is not iterable, or (when taken) a batch has a
-            leaf that no device holds (a string), naming its path.
+    Each batch is placed by the strategy's `lift_batch` (else on the default device). When `dataset`'s
+    iterator has `get_state()` and `set_state()`, so does the returned one, at the last batch *taken*.
+    Errors are raised when the loop asks for that batch. See docs/data.md.
 
     Example:
         >>> import ciclo, jax, numpy as np
@@ -68,7 +45,6 @@ def prefetch_to_device(
 
 
 def _placement_error(error: Exception, batch: Any, index: int) -> Exception:
-    """`error` of placing batch `index`, or a TypeError naming the leaf that no device holds."""
     found = unplaceable(batch)
     if found is None:
         note = f"raised by prefetch_to_device placing batch {index} of the dataset (counted from 0)"
@@ -93,7 +69,7 @@ def _on_device(batch: Any) -> Any:
 
 
 class Prefetched(Iterator[B]):
-    """What `ciclo.prefetch_to_device` returns for a source without `get_state` (a backup counts batches).
+    """What `ciclo.prefetch_to_device` returns for a source without `get_state`.
 
     Example:
         >>> import ciclo
@@ -110,9 +86,9 @@ class Prefetched(Iterator[B]):
         self._place = place
         self._buffer: collections.deque[tuple[B, Any]] = collections.deque()
         self._exhausted = False
-        self._read = 0  # batches read from the source and placed
+        self._read = 0
         self._error: Exception | None = None
-        self._state: Any = None  # the source's position after the last batch taken, if it tells
+        self._state: Any = None  # the source's position after the last batch taken
 
     def __next__(self) -> B:
         while not self._exhausted and len(self._buffer) <= self._size:
@@ -140,7 +116,7 @@ class Prefetched(Iterator[B]):
         return batch
 
     def close(self) -> None:
-        """Drops the batches read ahead (a source without `set_state` cannot take them back)."""
+        """Drops the batches read ahead."""
         self._buffer.clear()
         self._error = None
 
@@ -150,7 +126,7 @@ class Prefetched(Iterator[B]):
 
 @final
 class StatefulPrefetched(Prefetched[B]):
-    """`Prefetched` over an iterator with `get_state()` / `set_state()`: it has them too.
+    """`Prefetched` over an iterator with `get_state()` / `set_state()`, which it has too.
 
     Example:
         >>> import ciclo, grain
@@ -168,7 +144,7 @@ class StatefulPrefetched(Prefetched[B]):
         self._state = source.get_state()
 
     def get_state(self) -> Any:
-        """The source's state after the last batch taken (before the first, its state at the start)."""
+        """The source's state after the last batch taken."""
         return self._state
 
     def set_state(self, state: Any, /) -> None:

@@ -1,15 +1,9 @@
 """How many steps a multi-device strategy lets XLA:CPU run ahead of Python.
 
-XLA's CPU client deadlocks when about 32 programs with collectives are queued
-on the virtual devices of one process (`--xla_force_host_platform_device_count`
-or `jax_num_cpu_devices`): one device never reaches the rendezvous, and XLA
-aborts the whole process after 40 seconds ("Termination timeout for `all
-reduce`"). A loop whose Python runs faster than the devices, the usual case on
-a busy machine, reaches that depth within a few hundred steps. So on CPU, with
-several devices in this process, the step also returns a token, and each call
-waits for the token of the step `MAX_STEPS_IN_FLIGHT` calls back before
-returning: the devices still overlap with Python, and the queue stays short.
-Accelerators have no such limit and are left alone.
+XLA's CPU client deadlocks (and aborts after 40 seconds, "Termination timeout
+for `all reduce`") when about 32 programs with collectives are queued on the
+virtual devices of one process. So there, each step also returns a token, and
+waits for the token of the step `MAX_STEPS_IN_FLIGHT` calls back (docs/strategies.md).
 """
 
 from __future__ import annotations
@@ -24,33 +18,19 @@ import jax.numpy as jnp
 from ciclo._src.logs.logs import Logs
 
 MAX_STEPS_IN_FLIGHT = 4
-"""Steps that may still run on the devices when a bounded step returns."""
 
 TokenedStep = Callable[[Any, Any], tuple[Logs, Any, jax.Array]]
 Step = Callable[[Any, Any], tuple[Logs, Any]]
 
 
 def needs_bound(devices: list[jax.Device]) -> bool:
-    """Whether programs over `devices` can fill XLA:CPU's queue: several CPU devices of this process.
-
-    Example:
-        >>> import jax
-        >>> needs_bound(jax.local_devices()[:1])
-        False
-    """
+    """Whether programs over `devices` can fill XLA:CPU's queue: several CPU devices of this process."""
     local = [device for device in devices if device.process_index == jax.process_index()]
     return len(local) > 1 and all(device.platform == "cpu" for device in local)
 
 
 def compile_bounded(compile: Callable[[Any], Any], step: Step, devices: list[jax.Device]) -> Step:
-    """`compile(step)`, bounded with a token when `devices` need it (see `needs_bound`).
-
-    Example:
-        >>> import jax, jax.numpy as jnp
-        >>> step = compile_bounded(jax.jit, lambda s, b: ({}, s + b), jax.local_devices()[:1])
-        >>> step(jnp.zeros(()), 1.0)[1]
-        Array(1., dtype=float32)
-    """
+    """`compile(step)`, bounded with a token when `devices` need it (see `needs_bound`)."""
     if not needs_bound(devices):
         return cast(Step, compile(step))
 
@@ -62,7 +42,6 @@ def compile_bounded(compile: Callable[[Any], Any], step: Step, devices: list[jax
 
 
 def bounded(compiled: TokenedStep, limit: int = MAX_STEPS_IN_FLIGHT) -> Step:
-    """Runs `compiled`, a step that also returns a token, with at most `limit` calls unfinished on return."""
     pending: collections.deque[jax.Array] = collections.deque()
 
     def run(state: Any, batch: Any) -> tuple[Logs, Any]:

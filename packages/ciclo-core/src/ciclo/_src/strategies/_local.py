@@ -18,7 +18,6 @@ class _OneDevice:
     """The placement of a single-device strategy: the state whole on this process's first device."""
 
     def create(self, init: Callable[..., T], /, *args: Any) -> T:
-        # One device holds the whole state anyway: build it as plain JAX code would.
         return self.place(init(*args))
 
     def place(self, state: T, /) -> T:
@@ -52,9 +51,7 @@ class JIT(_OneDevice):
     """Compiles the step with `jax.jit` on the default device.
 
     Args:
-        donate: donate the input state's buffers to the output state
-            (`"jit_donate"`): saves memory, but the state passed in can no
-            longer be read after the step.
+        donate: donate the input state's buffers to the output state (`"jit_donate"`).
 
     Example:
         >>> import ciclo

@@ -14,7 +14,6 @@ from ciclo._src.base.reprs import short
 
 T = TypeVar("T")
 
-
 _SCALARS = (bool, int, float, complex, np.generic)
 
 
@@ -23,10 +22,7 @@ def is_key(leaf: Any) -> bool:
 
 
 def unplaceable(tree: Any) -> tuple[str, str, Any] | None:
-    """`(path, kind, leaf)` of the first leaf of `tree` that no device holds, else None.
-
-    A device holds numbers and arrays of numbers or booleans; not a string, an
-    array of strings or objects, nor any other object.
+    """`(path, kind, leaf)` of the first leaf of `tree` that is not a number or array of numbers, else None.
 
     Example:
         >>> import numpy as np
@@ -57,7 +53,7 @@ def check_placeable(tree: Any, what: str, strategy: str) -> None:
 
 
 def _is_number_list(node: Any) -> bool:
-    """Whether `node` is a Python list of numbers (or of such lists): judged by its first element."""
+    # Judged by its first element.
     if not isinstance(node, list) or not node:
         return False
     first = node[0]
@@ -69,10 +65,7 @@ def _is_number_list(node: Any) -> bool:
 
 
 def number_list(batch: Any) -> tuple[str, Any] | None:
-    """`(path, list)` of the first Python list of numbers in `batch`, else None.
-
-    jax takes a list as a node of the tree, not as an array: each of its
-    numbers would be a separate input of the step.
+    """`(path, list)` of the first Python list of numbers in `batch` (jax takes it as many inputs), else None.
 
     Example:
         >>> import numpy as np
@@ -91,8 +84,6 @@ def number_list(batch: Any) -> tuple[str, Any] | None:
 
 def batch_refusal(batch: Any) -> TypeError | None:
     """A TypeError naming the first leaf of `batch` that a step cannot take as an array, else None.
-
-    That is a Python list of numbers, or a leaf no device holds (`unplaceable`).
 
     Example:
         >>> import numpy as np
@@ -124,9 +115,7 @@ def batch_refusal(batch: Any) -> TypeError | None:
 def place(tree: T, sharding_of: Callable[[tuple[int, ...]], jax.sharding.Sharding]) -> T:
     """Puts every leaf of `tree` on devices with the sharding `sharding_of(leaf.shape)`.
 
-    A leaf already laid out over devices is resharded device to device, never
-    gathered whole onto one. Otherwise every process must pass the same values:
-    each one fills the shards that live on its own devices.
+    A leaf laid out over devices is resharded in place; otherwise every process passes the same values.
     """
     shardings = jax.tree.map(lambda leaf: sharding_of(np.shape(leaf)), tree)
     if jax.process_count() == 1:
@@ -135,13 +124,7 @@ def place(tree: T, sharding_of: Callable[[tuple[int, ...]], jax.sharding.Shardin
 
 
 def placed(tree: Any, sharding_of: Callable[[tuple[int, ...]], jax.sharding.Sharding]) -> bool:
-    """Whether every leaf of `tree` is an array laid out as `sharding_of(leaf.shape)` already.
-
-    A batch lifted ahead of time (`ciclo.prefetch_to_device`) is lifted again by
-    the managed step: this says there is nothing to move, and costs no copy.
-    A traced batch (a managed step inside `ciclo.fuse` or `jax.jit`) has no
-    layout yet: it is never placed.
-    """
+    """Whether every leaf of `tree` is a (not traced) array laid out as `sharding_of(leaf.shape)` already."""
     return all(
         isinstance(leaf, jax.Array)
         and not isinstance(leaf, jax.core.Tracer)
@@ -185,7 +168,6 @@ def _name(path: tuple[Any, ...]) -> str:
 
 
 def check_divisible(batch: Any, devices: int, strategy: str, axis: int = 0) -> None:
-    """Raises a ValueError when a batch leaf's rows (its `axis`, if any) do not split over `devices`."""
     for path, leaf in jax.tree_util.tree_leaves_with_path(batch):
         shape = np.shape(leaf)
         if len(shape) > axis and shape[axis] % devices:
@@ -203,7 +185,7 @@ def copied(tree: T) -> T:
 
 
 def unaliased(tree: T) -> T:
-    """Copies every array leaf that appears more than once, so that each buffer can be donated."""
+    """Copies every array leaf that appears more than once, so that each buffer can be donated once."""
     seen: set[int] = set()
 
     def fresh(leaf: Any) -> Any:

@@ -26,24 +26,10 @@ M = TypeVar("M")
 @final
 @dataclasses.dataclass(frozen=True)
 class PMap:
-    """Data parallelism with `jax.pmap`, as in ciclo 0.1: a copy of the state per device.
+    """Data parallelism with `jax.pmap`, as in ciclo 0.1: a copy of the state per device (docs/strategies.md).
 
-    The state gets a leading device axis (`state.params["w"].shape[0]` is the
-    local device count); a state field with the role `managed.Role.KEY` is split
-    so that each device draws different random numbers. Each batch is reshaped to
-    `(devices, batch_size / devices, ...)`. Inside the step (the
-    `ciclo.strategies.DeviceReductions` methods), gradients, fields with the
-    role `managed.Role.MODEL_STATE`, losses and metrics are averaged over
-    devices with `jax.lax.pmean`; outputs are concatenated back to
-    `(batch_size, ...)`.
-
-    `jax.pmap` is in maintenance mode since JAX 0.8: prefer `data_parallel`,
-    which gives the same results without the device axis and also runs
-    multi-process. This strategy uses this process's devices only.
-
-    Args:
-        axis_name: the name of the mapped axis, for collectives in the step.
-        donate: donate the input state's buffers to the output state.
+    The state gets a leading device axis; fields with the role `managed.Role.KEY` are split per device.
+    Prefer `data_parallel`: `jax.pmap` is in maintenance mode since JAX 0.8.
 
     Example:
         >>> import ciclo, jax, jax.numpy as jnp
@@ -62,7 +48,6 @@ class PMap:
         return NamedSharding(mesh, PartitionSpec(self.axis_name))
 
     def create(self, init: Callable[..., T], /, *args: Any) -> T:
-        # Every device holds a whole copy anyway: build it on one device, then copy it.
         return self.place(init(*args))
 
     def place(self, state: T, /) -> T:
@@ -72,7 +57,6 @@ class PMap:
         replicated = jax.tree.map(lambda leaf: jnp.broadcast_to(leaf, (devices, *np.shape(leaf))), state)
         keys = fields_with_role(type(state), Role.KEY)
         if keys:
-            # A different key per device for each key leaf, typed or raw `uint32` data.
             split = {
                 name: jax.tree.map(lambda key: jax.random.split(key, devices), getattr(state, name))
                 for name in keys

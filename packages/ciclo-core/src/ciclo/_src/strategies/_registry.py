@@ -12,7 +12,6 @@ from ciclo._src.strategies._protocols import Strategy
 from ciclo._src.strategies._sharding import FSDP, DataParallel
 
 StrategyFactory = Callable[[], Strategy]
-"""Makes a strategy; called by `get_strategy` each time the name is asked for."""
 
 _BUILT_IN: dict[str, StrategyFactory] = {
     "eager": Eager,
@@ -49,16 +48,9 @@ def register_strategy(name: str, factory: StrategyFactory) -> StrategyFactory: .
 def register_strategy(
     name: str, factory: StrategyFactory | None = None
 ) -> StrategyFactory | Callable[[StrategyFactory], StrategyFactory]:
-    """Makes `get_strategy(name)` (and `strategy=name` everywhere) return `factory()`.
+    """Makes `get_strategy(name)` (and `strategy=name` everywhere) return `factory()`; a name is taken once.
 
-    Use it as a function or as a class decorator. A name can be taken once.
-
-    Args:
-        name: the strategy's name; `-` and `_` are the same in names.
-        factory: a zero-argument callable returning the strategy, e.g. its class.
-
-    Raises:
-        ValueError: if the name is already taken.
+    Use it as a function or as a class decorator; `-` and `_` are the same in names.
 
     Example:
         >>> import ciclo
@@ -79,14 +71,7 @@ def register_strategy(
 
 
 def get_strategy(strategy: str | Strategy) -> Strategy:
-    """The strategy with this name; a strategy object is returned as is.
-
-    Names: `eager`, `jit`, `jit_donate`, `data_parallel`, `fsdp`, `pmap`, and
-    any registered with `register_strategy`. `data-parallel` is `data_parallel`.
-
-    Raises:
-        ValueError: for an unknown name, listing the known ones.
-        TypeError: for an object that lacks a method of `ciclo.strategies.Strategy`.
+    """The strategy with this name (see `strategy_names`); a strategy object is returned as is.
 
     Example:
         >>> import ciclo

@@ -1,10 +1,4 @@
-"""`data_parallel` and `fsdp`: one program over a device mesh, partitioned by the compiler.
-
-Both build a one-axis `Mesh` over every device of every process, shard each
-batch's leading axis over it and let XLA insert the gradient all-reduce. The
-user's state keeps its own shapes: there is no leading device axis. Under
-`jax.distributed` each process feeds its own part of the global batch.
-"""
+"""`data_parallel` and `fsdp`: one program over a mesh of every device, partitioned by the compiler."""
 
 from __future__ import annotations
 
@@ -42,7 +36,6 @@ class _MeshStrategy(abc.ABC):
 
     @functools.cached_property
     def mesh(self) -> Mesh:
-        """All devices of all processes along one axis, `axis_name`."""
         return jax.make_mesh((jax.device_count(),), (self.axis_name,), axis_types=(AxisType.Auto,))
 
     @functools.cached_property
@@ -152,15 +145,6 @@ class _MeshStrategy(abc.ABC):
 class DataParallel(_MeshStrategy):
     """Data parallelism with `jax.jit` and `NamedSharding`: batch sharded, state replicated.
 
-    Every device holds the whole state; each gets `batch_size / device_count`
-    rows of every batch; the compiler sums the gradients and batch statistics
-    over devices. Runs multi-process under `jax.distributed.initialize`, each
-    process feeding its local rows (see the strategies guide).
-
-    Args:
-        axis_name: the name of the mesh's data axis.
-        donate: donate the input state's buffers to the output state.
-
     Example:
         >>> import ciclo, jax
         >>> strategy = ciclo.strategies.get_strategy("data_parallel")
@@ -181,15 +165,8 @@ class DataParallel(_MeshStrategy):
 class FSDP(_MeshStrategy):
     """Fully sharded data parallelism: `data_parallel` that also shards the state.
 
-    Each state leaf (parameters, their optimizer state, ...) with at least
-    `min_size` elements is split along its largest dimension divisible by the
-    device count; smaller leaves are replicated. The compiler gathers
-    parameters where the step needs them whole.
-
-    Args:
-        axis_name: the name of the mesh's data axis.
-        min_size: leaves with fewer elements stay replicated.
-        donate: donate the input state's buffers to the output state.
+    Each leaf with at least `min_size` elements is split along its largest dimension divisible by the
+    device count; the others are replicated.
 
     Example:
         >>> import ciclo, jax
