@@ -42,10 +42,8 @@ def create_equinox_state(
     """A training state for an equinox module: `train_step`, `test_step`, `predict_step`, `reset_step`.
 
     The module's floating-point arrays are trained, everything else is held
-    fixed; its `eqx.nn.State` (from `eqx.nn.make_with_state`) is the model
-    state, updated by training steps only. How the module is called (mapped
-    over the batch, switched to inference) is `ciclo_equinox.EquinoxAdapter`'s;
-    the long story is docs/frameworks/equinox.md.
+    fixed; its `eqx.nn.State` is the model state. See
+    `ciclo_equinox.EquinoxAdapter` and docs/frameworks/equinox.md.
 
     Args:
         model: an `equinox.Module`, or the `(model, state)` pair of `eqx.nn.make_with_state`.

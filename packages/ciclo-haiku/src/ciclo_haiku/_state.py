@@ -52,10 +52,8 @@ def create_haiku_state(
     """A training state for a haiku function: `train_step`, `test_step`, `predict_step`, `reset_step`.
 
     The function takes the batch's inputs as its one positional argument and
-    is initialised on `inputs` in training mode; its haiku params are trained,
-    its haiku state is the model state, and each step's key is its haiku rng.
-    How it is called (its training flag) is `ciclo_haiku.HaikuAdapter`'s; the
-    long story is docs/frameworks/haiku.md.
+    is initialised on `inputs`; see `ciclo_haiku.HaikuAdapter` and
+    docs/frameworks/haiku.md.
 
     Args:
         model: an `hk.Transformed`, an `hk.TransformedWithState`, or a function

@@ -18,8 +18,6 @@ from ciclo._src.logs.step_output import NO_LOGS
 _log = logging.getLogger("ciclo")
 
 COLLECTION = "device_stats"
-"""The collection the entries are logged in: loggers write it, progress bars do not show it."""
-
 STATS = ("bytes_in_use", "peak_bytes_in_use")
 """The keys of `memory_stats()` that are logged, each as the entry `device<id>/<key>`."""
 
@@ -34,29 +32,6 @@ class Device(Protocol):
     def platform(self) -> str: ...
 
     def memory_stats(self) -> Mapping[str, Any] | None: ...
-
-
-def _check_devices(devices: object) -> tuple[Device, ...] | None:
-    if devices is None:
-        return None
-    if not isinstance(devices, (list, tuple)):
-        raise TypeError(f"devices must be a list of jax devices (jax.local_devices()), got {short(devices)}")
-    if not devices:
-        raise ValueError("devices must hold at least one device, got an empty list")
-    ids = []
-    for device in devices:
-        try:
-            ident = device.id
-        except AttributeError:
-            raise TypeError(
-                f"devices must be jax devices (jax.local_devices()), got {short(device)}"
-            ) from None
-        if isinstance(ident, bool) or not isinstance(ident, int):
-            raise TypeError(f"a device's id must be an int, got {short(ident)} for {short(device)}")
-        ids.append(ident)
-    if len(set(ids)) < len(ids):
-        raise ValueError(f"devices must be distinct: their entries are named by id, and the ids are {ids}")
-    return tuple(devices)
 
 
 @final
@@ -77,7 +52,29 @@ class DeviceStats(Callback):
     hook: ClassVar[str | None] = "on_train_step"
 
     def __init__(self, devices: Sequence[Device] | None = None) -> None:
-        self._devices = _check_devices(devices)
+        if devices is not None:
+            if not isinstance(devices, (list, tuple)):
+                raise TypeError(
+                    f"devices must be a list of jax devices (jax.local_devices()), got {short(devices)}"
+                )
+            if not devices:
+                raise ValueError("devices must hold at least one device, got an empty list")
+            ids = []
+            for device in devices:
+                try:
+                    ident = device.id
+                except AttributeError:
+                    raise TypeError(
+                        f"devices must be jax devices (jax.local_devices()), got {short(device)}"
+                    ) from None
+                if isinstance(ident, bool) or not isinstance(ident, int):
+                    raise TypeError(f"a device's id must be an int, got {short(ident)} for {short(device)}")
+                ids.append(ident)
+            if len(set(ids)) < len(ids):
+                raise ValueError(
+                    f"devices must be distinct: their entries are named by id, and the ids are {ids}"
+                )
+        self._devices = None if devices is None else tuple(devices)
         # (device, ((memory_stats key, entry name), ...)) of each device that reported at the first read.
         self._named: tuple[tuple[Device, tuple[tuple[str, str], ...]], ...] | None = None
 
@@ -109,7 +106,7 @@ class DeviceStats(Callback):
         return {COLLECTION: entries} if entries else NO_LOGS
 
     def _first_read(self) -> list[tuple[tuple[tuple[str, str], ...], Mapping[str, Any] | None]]:
-        """`(names, stats)` of the devices that report stats, which are named; the others are noted once."""
+        """`(names, stats)` of the devices that report stats, which are named; warns of the others."""
         named = []
         read: list[tuple[tuple[tuple[str, str], ...], Mapping[str, Any] | None]] = []
         silent: list[tuple[Device, str]] = []
@@ -148,24 +145,16 @@ class DeviceStats(Callback):
 def device_stats(devices: Sequence[Device] | None = None) -> DeviceStats:
     """Creates a callback that logs each device's memory in use and its peak, where the backend has them.
 
-    Each call reads every device's `memory_stats()` on the host (it never
-    waits for the device) and logs, in the `device_stats` collection,
-    `device<id>/bytes_in_use` and `device<id>/peak_bytes_in_use`: loggers
-    write them, progress bars do not show them. The CPU backend reports no
-    stats: there it logs nothing, and says so once in a warning on the `ciclo`
-    logger. See docs/logging.md, "Device memory".
-
-    In `train_loop(callbacks=[...])` it runs as the `on_train_step` hook; under
-    a schedule in the tasks dict (`{ciclo.every(100): ciclo.device_stats()}`)
-    that sets how often it reads. Called with no argument it returns the logs.
+    Each call reads every device's `memory_stats()` on the host and logs, in
+    the `device_stats` collection (which loggers write and progress bars do
+    not show), `device<id>/bytes_in_use` and `device<id>/peak_bytes_in_use`.
+    The CPU backend reports none: it logs nothing, and warns once. Called with
+    no argument it returns the logs. See docs/logging.md, "Device memory".
 
     Args:
         devices: the devices to read, by default `jax.local_devices()` (asked
-            at the first call). Any object with an `id`, a `platform` and a
+            at the first call); any object with an `id`, a `platform` and a
             `memory_stats()` method will do.
-
-    Returns:
-        A `DeviceStats` callback.
 
     Raises:
         TypeError: if `devices` is not a list of devices.
