@@ -18,15 +18,7 @@ def _is_state_index(node: Any) -> bool:
 
 
 def accepts_key(model: Any) -> bool:
-    """Whether calling `model` accepts a `key` keyword argument (unknown signatures count as yes).
-
-    Example:
-        >>> import equinox as eqx, jax
-        >>> accepts_key(eqx.nn.Linear(2, 3, key=jax.random.key(0)))
-        True
-        >>> accepts_key(lambda x: x)
-        False
-    """
+    """Whether calling `model` accepts a `key` keyword argument (unknown signatures count as yes)."""
     try:
         parameters = inspect.signature(model).parameters.values()
     except (TypeError, ValueError):
@@ -90,17 +82,7 @@ class EquinoxAdapter:
         vmap: bool = True,
         batch_axis_name: Hashable = "batch",
     ) -> tuple[EquinoxAdapter, tuple[Any, eqx.nn.State | None]]:
-        """Splits an equinox module into its adapter and its variables, `(params, model_state)`.
-
-        Args:
-            module: the equinox module (any callable pytree).
-            state: its `eqx.nn.State` when it has stateful layers (see `eqx.nn.make_with_state`).
-            vmap: map the module over the batch (True) or give it the whole batch (False).
-            batch_axis_name: the name of the mapped batch axis.
-
-        Raises:
-            TypeError: for a state that is not an `eqx.nn.State`, or a module with
-                stateful layers and no state.
+        """Splits an equinox module (and its `eqx.nn.State`) into its adapter and `(params, model_state)`.
 
         Example:
             >>> import equinox as eqx, jax

@@ -14,17 +14,7 @@ TRAINING_FLAGS = ("training", "train", "is_training", "deterministic")
 
 
 def training_flag(module: nn.Module) -> str | None:
-    """The name of the argument of `module.__call__` that says whether it is training, if any.
-
-    Example:
-        >>> import flax.linen as nn
-        >>> class Model(nn.Module):
-        ...     @nn.compact
-        ...     def __call__(self, x, *, deterministic: bool = True):
-        ...         return nn.Dropout(0.5, deterministic=deterministic)(x)
-        >>> training_flag(Model()), training_flag(nn.Dense(2))
-        ('deterministic', None)
-    """
+    """The name of the argument of `module.__call__` that says whether it is training, if any."""
     parameters = inspect.signature(type(module).__call__).parameters
     return next((name for name in TRAINING_FLAGS if name in parameters), None)
 

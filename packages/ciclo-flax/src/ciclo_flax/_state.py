@@ -28,8 +28,7 @@ def create_flax_state(
         **settings: `ciclo.create_model_state`'s (`ciclo.types.ModelStateSettings`).
 
     Raises:
-        TypeError: for a model that is neither a linen nor an nnx module, or a
-            linen module without `inputs`.
+        TypeError: for another model, or a linen module without `inputs`.
 
     Example:
         >>> import ciclo, jax.numpy as jnp, optax

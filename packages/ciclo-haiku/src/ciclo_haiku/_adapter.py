@@ -55,10 +55,6 @@ class HaikuAdapter:
         flag: `training_flag` resolved: the argument set for each step, or None.
         takes_rng: whether `transformed.apply` takes an rng.
 
-    Raises:
-        TypeError: for a `transformed` of another kind, or a `training_flag`
-            the function does not take.
-
     Example:
         >>> import haiku as hk, jax, jax.numpy as jnp
         >>> def forward(x, is_training):

@@ -115,21 +115,6 @@ class EarlyStopping(Callback, Generic[S]):
             A dict: `best`, `wait` (checks since the best), `best_elapsed` (the
             best check's `Elapsed` fields, or None), `stopped`, and `best_state`
             (with `restore_best_weights`; else None).
-
-        Example:
-            >>> import ciclo
-            >>> losses = iter([1.0, 0.5, 0.6])
-            >>> def log_loss(state):
-            ...     return ciclo.logs().add_metric("loss", next(losses)), state
-            >>> stopper = ciclo.early_stopping("loss", patience=1)
-            >>> _ = ciclo.loop(0, range(3), {ciclo.every(1): [log_loss, stopper]})
-            >>> snapshot = stopper.state_dict()
-            >>> snapshot["best"], snapshot["wait"], snapshot["best_elapsed"]["steps"]
-            (0.5, 1, 1)
-            >>> resumed = ciclo.early_stopping("loss", patience=1)
-            >>> resumed.load_state_dict(snapshot)
-            >>> resumed.best, resumed.wait
-            (0.5, 1)
         """
         best_elapsed = self._best_elapsed
         return {
@@ -184,15 +169,14 @@ def early_stopping(
 ) -> EarlyStopping[Any]:
     """Stops the loop when `monitor` has stopped improving.
 
-    A value improves when it beats the best so far (and `baseline`) by more
-    than `min_delta`; a NaN never improves. In `train_loop(callbacks=[...])`
-    it runs at the end of each epoch. See docs/guide.md.
+    A NaN never improves. In `train_loop(callbacks=[...])` it runs at the end
+    of each epoch. See docs/guide.md.
 
     Args:
         monitor: entry name or full path, e.g. `"loss_test"` or `"metrics.accuracy"`.
         patience: checks without improvement to tolerate (int), or a
             `ciclo.types.Period` elapsed since the best value.
-        min_delta: minimum change that counts as an improvement.
+        min_delta: by how much a value must beat the best so far to improve.
         mode: `"auto"` (from the name of `monitor`), `"min"` or `"max"`.
         baseline: a value to beat before anything counts as an improvement.
         restore_best_weights: when the loop ends, for any reason, return the

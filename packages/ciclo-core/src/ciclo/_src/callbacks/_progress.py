@@ -51,14 +51,7 @@ def resolve_total(total: PeriodLike | None) -> Unit:
 
 
 def count_after(elapsed: Elapsed, field: Field) -> float:
-    """The count once the step `elapsed` describes has run; samples estimated from the average batch.
-
-    Example:
-        >>> import ciclo
-        >>> elapsed = ciclo.types.Elapsed.create(steps=9, samples=288)
-        >>> count_after(elapsed, "steps"), count_after(elapsed, "samples")
-        (10, 320)
-    """
+    """The count once the step `elapsed` describes has run; samples estimated from the average batch."""
     steps = elapsed.steps
     if field == "steps":
         return steps + 1
@@ -160,7 +153,7 @@ class ProgressCallback(Callback, abc.ABC):
         elapsed = self._elapsed
         if self.finished:
             return
-        if elapsed is None:
+        if elapsed is None:  # nothing to draw
             self.finished = True
             self._next_time = self._next_count = math.inf
             self._release()

@@ -13,20 +13,7 @@ from ciclo._src.callbacks._progress import ProgressCallback, format_value
 
 @typing.final
 class TqdmBar(ProgressCallback):
-    """A progress bar drawn by `tqdm.auto.tqdm`, with the latest metrics as its postfix; see `ciclo.tqdm_bar`.
-
-    Example:
-        >>> import io
-        >>> import ciclo
-        >>> buffer = io.StringIO()
-        >>> bar = ciclo.tqdm_bar(total=4, file=buffer, bar_format="{n}/{total}{postfix}")
-        >>> for elapsed, batch in ciclo.elapse([0.4, 0.3, 0.2, 0.1]):
-        ...     bar(elapsed, ciclo.logs().add_metric("loss", batch))
-        >>> print(buffer.getvalue().splitlines()[-1])
-        4/4, loss=0.1000
-        >>> bar.tqdm.n
-        4
-    """
+    """A progress bar drawn by `tqdm.auto.tqdm`, with the latest metrics as postfix; see `ciclo.tqdm_bar`."""
 
     def __init__(self, total: PeriodLike | None = None, *, interval: float = 0.1, **tqdm_kwargs: Any) -> None:
         tqdm = import_extra("tqdm.auto", "tqdm", "ciclo.tqdm_bar")
@@ -70,9 +57,6 @@ def tqdm_bar(total: PeriodLike | None = None, *, interval: float = 0.1, **tqdm_k
 
     Raises:
         ImportError: if tqdm is not installed.
-        TypeError: if `total` or `interval` has the wrong type.
-        ValueError: if `interval` is negative, or `total` is negative or a
-            `Period` counting toward a date.
 
     Example:
         >>> import io
