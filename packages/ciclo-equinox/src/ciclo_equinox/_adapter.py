@@ -18,15 +18,7 @@ def _is_state_index(node: Any) -> bool:
 
 
 def accepts_key(model: Any) -> bool:
-    """Whether calling `model` accepts a `key` keyword argument (unknown signatures count as yes).
-
-    Example:
-        >>> import equinox as eqx, jax
-        >>> accepts_key(eqx.nn.Linear(2, 3, key=jax.random.key(0)))
-        True
-        >>> accepts_key(lambda x: x)
-        False
-    """
+    """Whether calling `model` accepts a `key` keyword argument (unknown signatures count as yes)."""
     try:
         parameters = inspect.signature(model).parameters.values()
     except (TypeError, ValueError):
@@ -52,36 +44,17 @@ def _batch_size(inputs: Any) -> int:
 @final
 @dataclasses.dataclass(frozen=True, eq=False)
 class EquinoxAdapter:
-    """Applies an equinox module functionally for `ciclo.types.ModelState`.
+    """Applies an equinox module functionally for `ciclo.types.ModelState`; see docs/frameworks/equinox.md.
 
-    A module is split with `eqx.partition(module, eqx.is_inexact_array)`: its
-    floating-point arrays are the trained params, and everything else (the
-    module's structure, integer and boolean arrays, activation functions,
-    hyperparameters, `inference` flags) stays in the adapter as `static`, so
-    optax never sees, and `jax.grad` never differentiates, a non-float leaf.
-    An `eqx.nn.State` (from `eqx.nn.make_with_state`) is the model state.
-
-    Each step combines the module back, switches it between training and
-    inference with `eqx.nn.inference_mode(module, value=not training)` (dropout
-    off, batch norm on its running statistics), and calls it the equinox way:
-
-    - `vmap=True` (default): the module acts on ONE example and is
-      `jax.vmap`-ed over the leading axis of the inputs, with the mapped axis
-      named `batch_axis_name` (`eqx.nn.BatchNorm(..., axis_name="batch")`
-      averages over it). Each example gets its own key, split from the step
-      key. A stateful module is called `module(x, state, key=k) -> (y, state)`
-      with the state shared by the batch (`in_axes=None`, `out_axes=None`), so
-      one state comes back, not one per example.
-    - `vmap=False`: the module takes the whole batch itself,
-      `module(inputs, key=key)` or `module(inputs, state, key=key)`.
-
-    A module whose `__call__` takes no `key` is called without one.
-    `to_model` (`ciclo.types.ModelState.model`) combines the trained module back.
+    Its floating-point arrays are the params, everything else stays in the
+    adapter as `static`, and an `eqx.nn.State` is the model state. Each step
+    combines the module back, sets `eqx.nn.inference_mode(module, value=not
+    training)`, and calls it on each example (`vmap=True`) or on the batch.
 
     Attributes:
         static: the module with its params replaced by None (`eqx.partition`'s second part).
         stateful: whether the module takes and returns an `eqx.nn.State`.
-        vmap: whether to map the module over the batch (see above).
+        vmap: whether to map the module over the batch.
         batch_axis_name: the name of the mapped batch axis, for `eqx.nn.BatchNorm`'s `axis_name`.
         takes_key: whether the module's `__call__` accepts `key`.
 
@@ -109,17 +82,7 @@ class EquinoxAdapter:
         vmap: bool = True,
         batch_axis_name: Hashable = "batch",
     ) -> tuple[EquinoxAdapter, tuple[Any, eqx.nn.State | None]]:
-        """Splits an equinox module into its adapter and its variables, `(params, model_state)`.
-
-        Args:
-            module: the equinox module (any callable pytree).
-            state: its `eqx.nn.State` when it has stateful layers (see `eqx.nn.make_with_state`).
-            vmap: map the module over the batch (True) or give it the whole batch (False).
-            batch_axis_name: the name of the mapped batch axis.
-
-        Raises:
-            TypeError: for a state that is not an `eqx.nn.State`, or a module with
-                stateful layers and no state.
+        """Splits an equinox module (and its `eqx.nn.State`) into its adapter and `(params, model_state)`.
 
         Example:
             >>> import equinox as eqx, jax
@@ -182,11 +145,7 @@ class EquinoxAdapter:
         )(inputs, model_state, keys)
 
     def to_model(self, params: Any, model_state: Any, /) -> Any:
-        """The trained module, or `(module, state)` for a stateful one, as `eqx.nn.make_with_state` gives.
-
-        The module acts on one example, as built (training mode): `jax.vmap`
-        it over a batch, and call `eqx.nn.inference_mode(module)` to evaluate.
-        """
+        """The trained module, or `(module, state)` for a stateful one, as `eqx.nn.make_with_state` gives."""
         module = eqx.combine(params, self.static)
         return (module, model_state) if self.stateful else module
 

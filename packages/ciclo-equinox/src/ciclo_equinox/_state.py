@@ -42,10 +42,8 @@ def create_equinox_state(
     """A training state for an equinox module: `train_step`, `test_step`, `predict_step`, `reset_step`.
 
     The module's floating-point arrays are trained, everything else is held
-    fixed; its `eqx.nn.State` (from `eqx.nn.make_with_state`) is the model
-    state, updated by training steps only. How the module is called (mapped
-    over the batch, switched to inference) is `ciclo_equinox.EquinoxAdapter`'s;
-    the long story is docs/frameworks/equinox.md.
+    fixed; its `eqx.nn.State` is the model state. See
+    `ciclo_equinox.EquinoxAdapter` and docs/frameworks/equinox.md.
 
     Args:
         model: an `equinox.Module`, or the `(model, state)` pair of `eqx.nn.make_with_state`.
@@ -57,29 +55,19 @@ def create_equinox_state(
             `key` gives the steps' keys, the weights come from the module.
 
     Raises:
-        TypeError: for a model that is not an equinox module, a state that is not
-            an `eqx.nn.State`, a state given twice, or a module with stateful
-            layers and no state.
+        TypeError: for a model that is not an equinox module, a state given
+            twice, or a module with stateful layers and no state.
 
     Example:
         >>> import ciclo, equinox as eqx, jax, jax.numpy as jnp, optax
-        >>> model, state = eqx.nn.make_with_state(eqx.nn.Sequential)(
-        ...     [
-        ...         eqx.nn.Linear(2, 8, key=jax.random.key(0)),
-        ...         eqx.nn.BatchNorm(8, axis_name="batch", mode="batch"),
-        ...         eqx.nn.Lambda(jax.nn.relu),
-        ...         eqx.nn.Linear(8, 3, key=jax.random.key(1)),
-        ...     ]
-        ... )
-        >>> train_state = ciclo.create_equinox_state(
-        ...     model,
-        ...     state=state,
+        >>> state = ciclo.create_equinox_state(
+        ...     eqx.nn.Linear(2, 3, key=jax.random.key(0)),
         ...     tx=optax.adam(1e-3),
         ...     losses={"loss": optax.softmax_cross_entropy_with_integer_labels},
         ... )
-        >>> logs, train_state = train_state.train_step((jnp.ones((4, 2)), jnp.array([0, 1, 2, 0])))
-        >>> sorted(logs.losses), type(train_state.model_state).__name__
-        (['loss'], 'State')
+        >>> logs, state = state.train_step((jnp.ones((4, 2)), jnp.array([0, 1, 2, 0])))
+        >>> sorted(logs.losses)
+        ['loss']
     """
     module, module_state = _unpack(model, state)
     adapter, variables = EquinoxAdapter.split(

@@ -9,25 +9,12 @@ from typing import Any, final
 import flax.linen as nn
 import jax
 
+# In lookup order; `deterministic` is passed as `not training`.
 TRAINING_FLAGS = ("training", "train", "is_training", "deterministic")
-"""The `__call__` arguments that switch a module between training and evaluation, in lookup order.
-
-`deterministic` is passed as `not training`; the others as `training`.
-"""
 
 
 def training_flag(module: nn.Module) -> str | None:
-    """The name of the argument of `module.__call__` that says whether it is training, if any.
-
-    Example:
-        >>> import flax.linen as nn
-        >>> class Model(nn.Module):
-        ...     @nn.compact
-        ...     def __call__(self, x, *, deterministic: bool = True):
-        ...         return nn.Dropout(0.5, deterministic=deterministic)(x)
-        >>> training_flag(Model()), training_flag(nn.Dense(2))
-        ('deterministic', None)
-    """
+    """The name of the argument of `module.__call__` that says whether it is training, if any."""
     parameters = inspect.signature(type(module).__call__).parameters
     return next((name for name in TRAINING_FLAGS if name in parameters), None)
 
@@ -35,14 +22,10 @@ def training_flag(module: nn.Module) -> str | None:
 @final
 @dataclasses.dataclass(frozen=True, eq=False)
 class LinenAdapter:
-    """Initialises and applies a linen module for `ciclo.types.ModelState`.
+    """Initialises and applies a linen module for `ciclo.types.ModelState`; see docs/frameworks/flax_linen.md.
 
-    `params` is the `"params"` collection; every other collection the module
-    creates (`"batch_stats"`, ...) is the model state, updated in training
-    steps. The random key reaches the module as its `"dropout"` rng (and any
-    other rng it names in `rngs`). A module whose `__call__` takes `training`,
-    `train`, `is_training` or `deterministic` gets it set for each step.
-    `to_model` (`ciclo.types.ModelState.model`) gives back the variables dict.
+    `params` is the `"params"` collection; every other collection is the model
+    state. The step key reaches the module as each rng named in `rngs`.
 
     Attributes:
         module: the linen module.
@@ -93,9 +76,5 @@ class LinenAdapter:
         return self.module.apply(variables, inputs, rngs=self._rngs(key), **flag), model_state
 
     def to_model(self, params: Any, model_state: Any, /) -> dict[str, Any]:
-        """The module's variables, as `module.init` gives them: `{"params": ..., "batch_stats": ...}`.
-
-        Run them with `module.apply(variables, inputs)` (in evaluation mode,
-        e.g. `training=False`).
-        """
+        """The module's variables, as `module.init` gives them: `{"params": ..., "batch_stats": ...}`."""
         return {"params": params, **(model_state or {})}

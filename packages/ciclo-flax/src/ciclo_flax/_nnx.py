@@ -12,16 +12,11 @@ from flax import nnx
 @final
 @dataclasses.dataclass(frozen=True, eq=False)
 class NnxAdapter:
-    """Applies an nnx module functionally for `ciclo.types.ModelState`.
+    """Applies an nnx module functionally for `ciclo.types.ModelState`; see docs/frameworks/flax_nnx.md.
 
-    An nnx module is split, `nnx.split(module, nnx.Param, ...)`: the graph
-    definition stays in the adapter, the `nnx.Param`s are the trained params,
-    and every other variable (`nnx.BatchStat`, rng counters, ...) is the model
-    state. Each step merges them back, switches training on or off with
-    `nnx.view(deterministic=..., use_running_average=...)`, and reseeds the
-    module's rng streams from the step key, so dropout differs per step and per
-    device. `to_model` (`ciclo.types.ModelState.model`) merges a new module from
-    trained variables.
+    The graph definition stays in the adapter, the `nnx.Param`s are the params,
+    every other variable is the model state. Each step merges them back, sets
+    training with `nnx.view`, and reseeds the rng streams from the step key.
 
     Attributes:
         graphdef: the module's graph definition.
@@ -71,9 +66,5 @@ class NnxAdapter:
         return outputs, rest[0]
 
     def to_model(self, params: Any, model_state: Any, /) -> Any:
-        """A new nnx module holding the trained variables: `nnx.merge(graphdef, params, model_state)`.
-
-        It is in the mode the module was built in (dropout and batch norm as
-        they were when it was split); switch it to evaluation with `module.eval()`.
-        """
+        """A new nnx module holding the trained variables, in the mode it was built in (`module.eval()`)."""
         return nnx.merge(self.graphdef, params, model_state, copy=True)

@@ -19,10 +19,8 @@ def create_flax_state(
 ) -> ModelState:
     """A training state for a flax model: `train_step`, `test_step`, `predict_step`, `reset_step`.
 
-    A **linen** module is initialised with `model.init` on `inputs` (see
-    `ciclo_flax.LinenAdapter`); an **nnx** module is already initialised (see
-    `ciclo_flax.NnxAdapter`). The long story is docs/frameworks/flax_linen.md
-    and docs/frameworks/flax_nnx.md.
+    A linen module is initialised on `inputs`; an nnx module is already
+    initialised. See docs/frameworks/flax_linen.md and flax_nnx.md.
 
     Args:
         model: a `flax.linen.Module` or a `flax.nnx.Module`.
@@ -30,8 +28,7 @@ def create_flax_state(
         **settings: `ciclo.create_model_state`'s (`ciclo.types.ModelStateSettings`).
 
     Raises:
-        TypeError: for a model that is neither a linen nor an nnx module, or a
-            linen module without `inputs`.
+        TypeError: for another model, or a linen module without `inputs`.
 
     Example:
         >>> import ciclo, jax.numpy as jnp, optax

@@ -11,13 +11,8 @@ import haiku as hk
 import jax
 
 AUTO: Final = "auto"
-"""The `training_flag` value that looks the flag up in the function's signature."""
-
+# In lookup order; `deterministic` is passed as `not training`.
 TRAINING_FLAGS = ("is_training", "training", "train", "deterministic")
-"""The arguments of a haiku function that switch it between training and evaluation, in lookup order.
-
-`deterministic` is passed as `not training`; the others as `training`.
-"""
 
 _KEYWORD_KINDS = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
 
@@ -28,7 +23,7 @@ def _calling_convention(
     """Whether `transformed.apply` takes an rng, and the parameters of the function it runs (None: unknown).
 
     haiku gives `apply` the signature `(params, [state,] rng, *function's parameters)`, without `rng` after
-    `hk.without_apply_rng`: reading it is the public way to see the user's function through a transform.
+    `hk.without_apply_rng`.
     """
     try:
         parameters = list(inspect.signature(transformed.apply).parameters.values())
@@ -47,25 +42,11 @@ def _calling_convention(
 class HaikuAdapter:
     """Initialises and applies a haiku transformed function for `ciclo.types.ModelState`.
 
-    The haiku params are the trained params. For an `hk.TransformedWithState`,
-    the haiku state (`hk.BatchNorm`'s moving averages, ...) is the model state,
-    updated in training steps only; an `hk.Transformed`, or a function whose
-    state is empty, has model state None. The step key is passed as the haiku
-    rng, so `hk.next_rng_key()` works (e.g. for `hk.dropout`), except after
-    `hk.without_apply_rng`, whose `apply` takes none. `to_model`
-    (`ciclo.types.ModelState.model`) gives back the trained `(params, state)`.
-
-    The function is initialised in training mode (haiku's convention: the
-    training path creates all the state, e.g. `hk.BatchNorm`'s moving
-    averages) and gets its training flag for each step, by keyword:
-
-    - `training_flag="auto"` (default) finds `is_training`, `training`,
-      `train` or `deterministic` in the function's signature, which haiku
-      shows as the signature of `apply`; a function without one, or whose
-      signature cannot be read, gets no flag.
-    - `training_flag="name"` passes the argument `name` (`"deterministic"` as
-      `not training`); a function whose signature lacks it is refused.
-    - `training_flag=None` passes none.
+    The haiku params are trained, the haiku state is the model state (None if
+    empty), and the step key is the haiku rng. The function is initialised in
+    training mode and gets its training flag by keyword: `training_flag="auto"`
+    looks for one in its signature, a name is that argument, None sets none.
+    See docs/frameworks/haiku.md.
 
     Attributes:
         transformed: the `hk.Transformed` or `hk.TransformedWithState`.
@@ -73,10 +54,6 @@ class HaikuAdapter:
             flag, or None.
         flag: `training_flag` resolved: the argument set for each step, or None.
         takes_rng: whether `transformed.apply` takes an rng.
-
-    Raises:
-        TypeError: for a `transformed` of another kind, or a `training_flag`
-            the function does not take.
 
     Example:
         >>> import haiku as hk, jax, jax.numpy as jnp
@@ -123,7 +100,6 @@ class HaikuAdapter:
                 f"{reprlib.repr(flag)}: its arguments are ({', '.join(p.name for p in parameters)}); "
                 "pass training_flag=None to set none"
             )
-        # Derived once here: the fields are what every traced step reads.
         object.__setattr__(self, "flag", flag)
         object.__setattr__(self, "takes_rng", takes_rng)
 
@@ -151,12 +127,7 @@ class HaikuAdapter:
         return outputs, (new_state if training and model_state is not None else model_state)
 
     def to_model(self, params: Any, model_state: Any, /) -> Any:
-        """What `transformed.init` gives: `params` for an `hk.Transformed`, else `(params, state)`.
-
-        Run them with `transformed.apply(params, rng, inputs, ...)`, or
-        `transformed.apply(params, state, rng, inputs, ...)` which returns
-        `(outputs, state)`; the state is `{}` for a function without any.
-        """
+        """What `transformed.init` gives: `params` for an `hk.Transformed`, else `(params, state)`."""
         if isinstance(self.transformed, hk.Transformed):
             return params
         return params, (model_state or {})

@@ -18,8 +18,6 @@ from ciclo._src.logs.step_output import NO_LOGS
 _log = logging.getLogger("ciclo")
 
 COLLECTION = "device_stats"
-"""The collection the entries are logged in: loggers write it, progress bars do not show it."""
-
 STATS = ("bytes_in_use", "peak_bytes_in_use")
 """The keys of `memory_stats()` that are logged, each as the entry `device<id>/<key>`."""
 
@@ -36,48 +34,36 @@ class Device(Protocol):
     def memory_stats(self) -> Mapping[str, Any] | None: ...
 
 
-def _check_devices(devices: object) -> tuple[Device, ...] | None:
-    if devices is None:
-        return None
-    if not isinstance(devices, (list, tuple)):
-        raise TypeError(f"devices must be a list of jax devices (jax.local_devices()), got {short(devices)}")
-    if not devices:
-        raise ValueError("devices must hold at least one device, got an empty list")
-    ids = []
-    for device in devices:
-        try:
-            ident = device.id
-        except AttributeError:
-            raise TypeError(
-                f"devices must be jax devices (jax.local_devices()), got {short(device)}"
-            ) from None
-        if isinstance(ident, bool) or not isinstance(ident, int):
-            raise TypeError(f"a device's id must be an int, got {short(ident)} for {short(device)}")
-        ids.append(ident)
-    if len(set(ids)) < len(ids):
-        raise ValueError(f"devices must be distinct: their entries are named by id, and the ids are {ids}")
-    return tuple(devices)
-
-
 @final
 class DeviceStats(Callback):
-    """Logs each device's memory in use and its peak; see `ciclo.device_stats`.
-
-    Example:
-        >>> import ciclo
-        >>> class Gpu:  # a stand-in for a jax.Device whose backend reports memory stats
-        ...     id, platform = 3, "gpu"
-        ...     def memory_stats(self):
-        ...         return {"bytes_in_use": 1024, "peak_bytes_in_use": 4096, "bytes_limit": 8192}
-        >>> stats = ciclo.device_stats(devices=[Gpu()])
-        >>> stats()
-        {'device_stats': {'device3/bytes_in_use': 1024, 'device3/peak_bytes_in_use': 4096}}
-    """
+    """Logs each device's memory in use and its peak; see `ciclo.device_stats`."""
 
     hook: ClassVar[str | None] = "on_train_step"
 
     def __init__(self, devices: Sequence[Device] | None = None) -> None:
-        self._devices = _check_devices(devices)
+        if devices is not None:
+            if not isinstance(devices, (list, tuple)):
+                raise TypeError(
+                    f"devices must be a list of jax devices (jax.local_devices()), got {short(devices)}"
+                )
+            if not devices:
+                raise ValueError("devices must hold at least one device, got an empty list")
+            ids = []
+            for device in devices:
+                try:
+                    ident = device.id
+                except AttributeError:
+                    raise TypeError(
+                        f"devices must be jax devices (jax.local_devices()), got {short(device)}"
+                    ) from None
+                if isinstance(ident, bool) or not isinstance(ident, int):
+                    raise TypeError(f"a device's id must be an int, got {short(ident)} for {short(device)}")
+                ids.append(ident)
+            if len(set(ids)) < len(ids):
+                raise ValueError(
+                    f"devices must be distinct: their entries are named by id, and the ids are {ids}"
+                )
+        self._devices = None if devices is None else tuple(devices)
         # (device, ((memory_stats key, entry name), ...)) of each device that reported at the first read.
         self._named: tuple[tuple[Device, tuple[tuple[str, str], ...]], ...] | None = None
 
@@ -109,7 +95,7 @@ class DeviceStats(Callback):
         return {COLLECTION: entries} if entries else NO_LOGS
 
     def _first_read(self) -> list[tuple[tuple[tuple[str, str], ...], Mapping[str, Any] | None]]:
-        """`(names, stats)` of the devices that report stats, which are named; the others are noted once."""
+        """`(names, stats)` of the devices that report stats, which are named; warns of the others."""
         named = []
         read: list[tuple[tuple[tuple[str, str], ...], Mapping[str, Any] | None]] = []
         silent: list[tuple[Device, str]] = []
@@ -148,43 +134,25 @@ class DeviceStats(Callback):
 def device_stats(devices: Sequence[Device] | None = None) -> DeviceStats:
     """Creates a callback that logs each device's memory in use and its peak, where the backend has them.
 
-    Each call reads every device's `memory_stats()` on the host (it never
-    waits for the device) and logs, in the `device_stats` collection,
-    `device<id>/bytes_in_use` and `device<id>/peak_bytes_in_use`: loggers
-    write them, progress bars do not show them. The CPU backend reports no
-    stats: there it logs nothing, and says so once in a warning on the `ciclo`
-    logger. See docs/logging.md, "Device memory".
-
-    In `train_loop(callbacks=[...])` it runs as the `on_train_step` hook; under
-    a schedule in the tasks dict (`{ciclo.every(100): ciclo.device_stats()}`)
-    that sets how often it reads. Called with no argument it returns the logs.
+    Each call reads every device's `memory_stats()` on the host and logs, in
+    the `device_stats` collection (which loggers write and progress bars do
+    not show), `device<id>/bytes_in_use` and `device<id>/peak_bytes_in_use`.
+    The CPU backend reports none: it logs nothing, and warns once. Called with
+    no argument it returns the logs. See docs/logging.md, "Device memory".
 
     Args:
         devices: the devices to read, by default `jax.local_devices()` (asked
-            at the first call). Any object with an `id`, a `platform` and a
+            at the first call); any object with an `id`, a `platform` and a
             `memory_stats()` method will do.
 
-    Returns:
-        A `DeviceStats` callback.
-
-    Raises:
-        TypeError: if `devices` is not a list of devices.
-        ValueError: if `devices` is empty or holds two devices with one id.
-
     Example:
-        >>> import numpy as np
         >>> import ciclo
         >>> class Gpu:  # a stand-in for a jax.Device whose backend reports memory stats
-        ...     def __init__(self, id):
-        ...         self.id, self.platform = id, "gpu"
+        ...     id, platform = 3, "gpu"
         ...     def memory_stats(self):
-        ...         return {"bytes_in_use": 1000 * (self.id + 1), "peak_bytes_in_use": 5000}
-        >>> def train_step(state, batch):
-        ...     return ciclo.logs().add_loss("loss", batch.mean()), state
-        >>> stats = ciclo.device_stats(devices=[Gpu(0), Gpu(1)])
-        >>> tasks = {ciclo.every(1): train_step, ciclo.every(10): stats}
-        >>> _, history, _ = ciclo.loop(None, [np.ones(4)] * 25, tasks)
-        >>> history.collect("steps", "device1/bytes_in_use")
-        ([0, 10, 20], [2000, 2000, 2000])
+        ...         return {"bytes_in_use": 1024, "peak_bytes_in_use": 4096, "bytes_limit": 8192}
+        >>> stats = ciclo.device_stats(devices=[Gpu()])
+        >>> stats()
+        {'device_stats': {'device3/bytes_in_use': 1024, 'device3/peak_bytes_in_use': 4096}}
     """
     return DeviceStats(devices)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, ClassVar, Generic, final
 
 from ciclo._src.base.elapsed import Elapsed, Period
@@ -11,7 +12,6 @@ from ciclo._src.base.types import CallbackOutput, S
 from ciclo._src.callbacks._monitor import (
     Mode,
     ModeLike,
-    is_improvement,
     monitored_value,
     present_keys,
     resolve_mode,
@@ -87,7 +87,10 @@ class EarlyStopping(Callback, Generic[S]):
             )
         if self._best_elapsed is None:
             self._best_elapsed = elapsed
-        if is_improvement(value, self.best, self.mode, self.min_delta):
+        best, delta = self.best, self.min_delta
+        if not math.isnan(value) and (
+            best is None or (value < best - delta if self.mode == "min" else value > best + delta)
+        ):
             self.best = value
             self.wait = 0
             self._best_elapsed = elapsed
@@ -109,26 +112,9 @@ class EarlyStopping(Callback, Generic[S]):
         """A snapshot of what decides when to stop, for `load_state_dict`.
 
         Returns:
-            A dict: `best` (the best value, or the baseline, or None), `wait`
-            (checks since the best), `best_elapsed` (the `Elapsed` fields of the
-            best check as a dict, from which a `Period` patience counts; None
-            before the first check), `stopped`, and `best_state` (the best state,
-            kept as is, with `restore_best_weights`; else None).
-
-        Example:
-            >>> import ciclo
-            >>> losses = iter([1.0, 0.5, 0.6])
-            >>> def log_loss(state):
-            ...     return ciclo.logs().add_metric("loss", next(losses)), state
-            >>> stopper = ciclo.early_stopping("loss", patience=1)
-            >>> _ = ciclo.loop(0, range(3), {ciclo.every(1): [log_loss, stopper]})
-            >>> snapshot = stopper.state_dict()
-            >>> snapshot["best"], snapshot["wait"], snapshot["best_elapsed"]["steps"]
-            (0.5, 1, 1)
-            >>> resumed = ciclo.early_stopping("loss", patience=1)
-            >>> resumed.load_state_dict(snapshot)
-            >>> resumed.best, resumed.wait
-            (0.5, 1)
+            A dict: `best`, `wait` (checks since the best), `best_elapsed` (the
+            best check's `Elapsed` fields, or None), `stopped`, and `best_state`
+            (with `restore_best_weights`; else None).
         """
         best_elapsed = self._best_elapsed
         return {
@@ -166,12 +152,7 @@ class EarlyStopping(Callback, Generic[S]):
         return NO_LOGS, state
 
     def on_end(self, loop_state: LoopState[S], error: BaseException | None, /) -> None:
-        """With `restore_best_weights`, the loop returns the best state however it ends.
-
-        The loop returns `loop_state.state` after its end hooks run, so setting it
-        here covers the ends that early stopping does not decide: `stop`, the
-        dataset running out, another callback stopping the loop, Ctrl-C.
-        """
+        """With `restore_best_weights`, the loop returns the best state however it ends (Ctrl-C included)."""
         if self.restore_best_weights and self.best_state is not None:
             loop_state.state = self.best_state
 
@@ -188,25 +169,20 @@ def early_stopping(
 ) -> EarlyStopping[Any]:
     """Stops the loop when `monitor` has stopped improving.
 
-    A value improves when it beats the best so far by more than `min_delta`
-    (and beats `baseline`, if given); a NaN never improves. The loop stops once
-    more than `patience` consecutive checks bring no improvement, or, with a
-    `Period`, once that much has elapsed since the best value. With
-    `restore_best_weights=True` the loop returns the state of the best check
-    however it ends. In `train_loop(callbacks=[...])` it runs at the end of
-    each epoch. See docs/guide.md.
+    A NaN never improves. In `train_loop(callbacks=[...])` it runs at the end
+    of each epoch. See docs/guide.md.
 
     Args:
         monitor: entry name or full path, e.g. `"loss_test"` or `"metrics.accuracy"`.
-        patience: checks without improvement to tolerate (int), or a `ciclo.types.Period`.
-        min_delta: minimum change that counts as an improvement.
+        patience: checks without improvement to tolerate (int), or a
+            `ciclo.types.Period` elapsed since the best value.
+        min_delta: by how much a value must beat the best so far to improve.
         mode: `"auto"` (from the name of `monitor`), `"min"` or `"max"`.
         baseline: a value to beat before anything counts as an improvement.
         restore_best_weights: when the loop ends, for any reason, return the
             state of the best check.
-        name: the key its state is saved under in a backup (`state_key`); by
-            default `"EarlyStopping(monitor, mode)"`. Needed only to tell two
-            early stoppings on one monitor apart.
+        name: the key its state is saved under in a backup (`state_key`), to
+            tell two early stoppings on one monitor apart.
 
     Example:
         >>> import ciclo

@@ -30,10 +30,8 @@ def _check(state: Any) -> AbstractManagedState:
 class SwapEMAWeights(Callback):
     """Tests with the EMA of the weights (`ema_decay=`), then trains on with the trained weights.
 
-    Give it to `train_loop(callbacks=[ciclo.swap_ema_weights()])`, or pass `test_with_ema=True`,
-    which adds it. Before each test loop its `params` and `ema_params` are
-    exchanged, and after it exchanged back, as Keras' `SwapEMAWeights` does; the
-    state is checked to keep an EMA before the first training step.
+    `train_loop(test_with_ema=True)` adds it. Before each test loop `params` and
+    `ema_params` are exchanged, and after it exchanged back, as in Keras.
 
     Example:
         >>> import ciclo, jax.numpy as jnp, optax

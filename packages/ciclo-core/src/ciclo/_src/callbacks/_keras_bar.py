@@ -16,18 +16,13 @@ _LOG_LINES, _LOG_PERIOD = 10, 30.0
 
 
 def is_notebook_stream(file: object) -> bool:
-    """Whether `file` is a Jupyter kernel's output stream (`OutStream`, or `sys.stdout`/`stderr` in a kernel).
-
-    A notebook renders their carriage returns as a terminal does, although
-    they are not terminals (`isatty()` is False).
-    """
+    """Whether `file` is a Jupyter kernel's output stream, rendering carriage returns as a terminal does."""
     out_stream = getattr(sys.modules.get("ipykernel.iostream"), "OutStream", None)
     if isinstance(out_stream, type) and isinstance(file, out_stream):
         return True
     if file is not sys.stdout and file is not sys.stderr:
         return False
-    # In a kernel? Asked of IPython as tqdm and Keras do: looked up, never imported (a kernel has
-    # imported it before running any cell).
+    # Asked of IPython as tqdm and Keras do; never imported (a kernel has imported it).
     get_ipython = getattr(sys.modules.get("IPython"), "get_ipython", None)
     if not callable(get_ipython):
         return False
@@ -42,12 +37,7 @@ def is_notebook_stream(file: object) -> bool:
 
 
 def format_duration(seconds: float) -> str:
-    """Formats a duration like Keras: `42s`, `3:05` or `1:02:03`.
-
-    Example:
-        >>> format_duration(42.4), format_duration(185), format_duration(3723)
-        ('42s', '3:05', '1:02:03')
-    """
+    """Formats a duration like Keras: `42s`, `3:05` or `1:02:03`."""
     seconds = max(seconds, 0.0)
     if seconds >= 3600:
         return f"{int(seconds // 3600)}:{int(seconds % 3600 // 60):02d}:{int(seconds % 60):02d}"
@@ -57,12 +47,7 @@ def format_duration(seconds: float) -> str:
 
 
 def format_rate(seconds_per_unit: float, label: str) -> str:
-    """Formats the time per unit like Keras: `2s/step`, `530ms/step`, `12us/sample`.
-
-    Example:
-        >>> format_rate(0.53, "step"), format_rate(1.2e-5, "sample")
-        ('530ms/step', '12us/sample')
-    """
+    """Formats the time per unit like Keras: `2s/step`, `530ms/step`, `12us/sample`."""
     if seconds_per_unit >= 1 or seconds_per_unit == 0:
         return f"{seconds_per_unit:.0f}s/{label}"
     if seconds_per_unit >= 1e-3:
@@ -72,18 +57,7 @@ def format_rate(seconds_per_unit: float, label: str) -> str:
 
 @typing.final
 class KerasBar(ProgressCallback):
-    """A progress bar like Keras': `80/100 [=======>...] - ETA: 42s - loss: 1.5371`; see `ciclo.keras_bar`.
-
-    Example:
-        >>> import io
-        >>> import ciclo
-        >>> buffer = io.StringIO()
-        >>> bar = ciclo.keras_bar(total=4, file=buffer)
-        >>> for elapsed, batch in ciclo.elapse([0.4, 0.3, 0.2, 0.1]):
-        ...     bar(elapsed, ciclo.logs().add_metric("loss", batch))
-        >>> print(buffer.getvalue().splitlines()[-1])  # doctest: +ELLIPSIS
-        4/4 [==============================] - 0s ...s/step - loss: 0.1000
-    """
+    """A progress bar like Keras': `80/100 [=======>...] - ETA: 42s - loss: 1.5371`; see `ciclo.keras_bar`."""
 
     def __init__(
         self,
@@ -131,8 +105,7 @@ class KerasBar(ProgressCallback):
             parts = [
                 f"{int(count):{len(str(int(total)))}d}/{int(total)} [{bar}{'.' * (self._width - filled)}]"
             ]
-        # Seconds since the first call, and per unit counted (per step for time bars), measured over
-        # the steps since the first call; samples via the average batch.
+        # Per unit counted (per step for time bars), over the steps since the first call.
         start_time, start_steps = self._start or (now, steps)
         seconds = now - start_time
         per_unit = seconds / (steps - start_steps) if steps > start_steps else None
@@ -163,40 +136,27 @@ def keras_bar(
 ) -> KerasBar:
     """Creates a Keras-style progress bar callback.
 
-    Shows the latest value of each scalar entry of the `losses`, `metrics` and
-    `stateful_metrics` collections. It runs as a loop callback (after the step
-    whose metrics it shows), after each batch of the predefined loops, or by
-    hand as `bar(elapsed, logs)`. On a terminal or in a notebook the line is
-    redrawn in place; elsewhere a line is written at each tenth of the total
-    (every 30 seconds if unknown). Between redraws a call reads no logged
-    value, so it never waits for the device (docs/logging.md, "Notebooks").
+    Shows the latest value of each scalar entry of `losses`, `metrics` and
+    `stateful_metrics`; runs after the step, after each batch of the predefined
+    loops, or by hand as `bar(elapsed, logs)`. On a terminal or in a notebook
+    the line is redrawn in place; elsewhere a line is written at each tenth of
+    the total (every 30 seconds if unknown). See docs/logging.md, "Notebooks".
 
     Args:
         total: where the bar is full: an int (steps), a `ciclo.types.Period`
-            counting steps, samples or time (the bar counts in that unit), or
-            None if unknown.
-        interval: on a terminal or in a notebook, the least number of seconds
-            between two redraws.
+            of steps, samples or time (the unit counted), or None if unknown.
+        interval: on a terminal or in a notebook, the least seconds between redraws.
         width: the number of characters of the bar itself.
         file: where to write; `sys.stdout` (as it is when the bar is created) by default.
-
-    Returns:
-        A `KerasBar`: a loop callback, also callable as `bar(elapsed, logs)`.
-
-    Raises:
-        TypeError: if an argument has the wrong type.
-        ValueError: if `interval` is negative, `width` is below 1, or `total`
-            is negative or a `Period` counting toward a date.
 
     Example:
         >>> import io
         >>> import ciclo
-        >>> def train_step(state, batch):
-        ...     return ciclo.logs().add_metric("accuracy", batch / 10), state
         >>> buffer = io.StringIO()
-        >>> bar = ciclo.keras_bar(total=ciclo.at(samples=10), file=buffer)
-        >>> _ = ciclo.loop(None, range(10), {ciclo.every(1): [train_step, bar]}, stop=10)
+        >>> bar = ciclo.keras_bar(total=4, file=buffer)
+        >>> for elapsed, batch in ciclo.elapse([0.4, 0.3, 0.2, 0.1]):
+        ...     bar(elapsed, ciclo.logs().add_metric("loss", batch))
         >>> print(buffer.getvalue().splitlines()[-1])  # doctest: +ELLIPSIS
-        10/10 [==============================] - 0s ...s/sample - accuracy: 0.9000
+        4/4 [==============================] - 0s ...s/step - loss: 0.1000
     """
     return KerasBar(total, interval=interval, width=width, file=file)

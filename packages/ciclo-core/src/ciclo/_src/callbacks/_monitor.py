@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Mapping
 from typing import Any, Literal
@@ -13,10 +12,7 @@ from ciclo._src.base.reprs import short
 from ciclo._src.logs.logs import Logs, LogsLike
 
 Mode = Literal["min", "max"]
-"""Whether lower (`"min"`) or higher (`"max"`) values of a monitored entry are better."""
-
 ModeLike = Literal["auto", "min", "max"]
-"""A `Mode`, or `"auto"`: decided from the monitored entry's name by `auto_mode`."""
 
 _HIGHER_IS_BETTER = frozenset(
     {"acc", "accuracy", "auc", "precision", "recall", "f1", "fbeta", "iou", "miou", "map", "dice", "r2"}
@@ -26,17 +22,7 @@ _TOP_K = re.compile(r"top\d*k?")
 
 
 def auto_mode(monitor: str) -> Mode:
-    """The mode `"auto"` stands for: `"max"` for accuracy-like names, `"min"` otherwise.
-
-    `"max"` if a word of the entry's name (after the last `.`, split at each
-    character that is not a letter or digit, case ignored) is in
-    `_HIGHER_IS_BETTER` or is `top`, `top5`, `topk` and the like.
-
-    Example:
-        >>> from ciclo._src.callbacks._monitor import auto_mode
-        >>> [auto_mode(name) for name in ["loss_test", "metrics.accuracy_test", "val_top5", "mean_iou"]]
-        ['min', 'max', 'max', 'max']
-    """
+    """The mode `"auto"` stands for: `"max"` if a word of the entry's name is accuracy-like, else `"min"`."""
     words = re.split(r"[^a-z0-9]+", monitor.rsplit(".", 1)[-1].lower())
     if any(word in _HIGHER_IS_BETTER or _TOP_K.fullmatch(word) for word in words):
         return "max"
@@ -44,7 +30,6 @@ def auto_mode(monitor: str) -> Mode:
 
 
 def check_mode(mode: str) -> Mode:
-    """Validates `mode`, naming the valid values if it is wrong."""
     if mode not in ("min", "max"):
         raise ValueError(f"mode must be 'min' or 'max', got {short(mode)}")
     return mode  # type: ignore[return-value]
@@ -72,22 +57,8 @@ def monitored_value(logs: LogsLike, key: str) -> float | None:
     return float(array.reshape(()))
 
 
-def is_improvement(value: float, best: float | None, mode: Mode, min_delta: float = 0.0) -> bool:
-    """Whether `value` beats `best` by more than `min_delta` (any value beats None)."""
-    if math.isnan(value):
-        return False
-    if best is None:
-        return True
-    if mode == "min":
-        return value < best - min_delta
-    return value > best + min_delta
-
-
 def snapshot_fields(snapshot: Any, names: tuple[str, ...], owner: str) -> Mapping[str, Any]:
-    """`snapshot`, given to `owner`'s `load_state_dict`, checked to be a mapping with the keys `names`.
-
-    A snapshot of another callback is refused with a `ValueError` naming the keys missing and unknown.
-    """
+    """`snapshot`, given to `owner`'s `load_state_dict`, checked to be a mapping with the keys `names`."""
     if not isinstance(snapshot, Mapping):
         raise TypeError(
             f"{owner}.load_state_dict takes the dict that state_dict() returned, got {short(snapshot)}"
@@ -103,7 +74,7 @@ def snapshot_fields(snapshot: Any, names: tuple[str, ...], owner: str) -> Mappin
 
 
 def snapshot_float(value: Any) -> float:
-    """A snapshot's number (maybe a 0-d array) as a float; text (a damaged backup) is refused, bounded."""
+    """A snapshot's number (maybe a 0-d array) as a float; text (a damaged backup) is refused."""
     if isinstance(value, (str, bytes)):
         raise ValueError(f"a callback state holds {short(value)} where a number belongs")
     return float(value)

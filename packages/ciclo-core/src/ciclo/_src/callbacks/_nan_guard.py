@@ -66,7 +66,7 @@ class TerminateOnNaN(Callback, Generic[S]):
             self.step, self.entry = step, name
 
     def _read_pending(self) -> None:
-        """Copies the device flags to the host: the one sync, every `check_every` steps."""
+        """Copies the device flags to the host: the one sync."""
         for name, first in self._pending.items():
             step = int(first)
             if step >= 0:
@@ -74,7 +74,6 @@ class TerminateOnNaN(Callback, Generic[S]):
         self._pending = {}
 
     def __loop_callback__(self, loop_state: LoopState[S], /) -> CallbackOutput[S]:
-        """Records whether this step's monitored values are finite; every `check_every` steps, reads it."""
         logs = loop_state._logs or {}  # read only: the loop's own logs need no copy
         step = int(loop_state.elapsed.steps)
         for name in self.monitor if logs else ():
@@ -108,7 +107,7 @@ class TerminateOnNaN(Callback, Generic[S]):
         return NO_LOGS, loop_state.state
 
     def on_end(self, loop_state: LoopState[S], error: BaseException | None, /) -> None:
-        """Reads what the last steps left on the device, so that a late NaN is reported too."""
+        """Reports a NaN the last steps left on the device."""
         if self._pending and self.step is None:
             self._read_pending()
             if self.step is not None:
@@ -126,19 +125,14 @@ def terminate_on_nan(monitor: str | Sequence[str] = "loss", *, check_every: int 
     """Stops the loop soon after a monitored entry turns NaN or infinite, without a per-step sync.
 
     Each step folds "is every monitored value finite?" into a flag on the
-    device; every `check_every` steps the flag is read, so the loop stops at
-    most `check_every - 1` steps after the first non-finite value (host values
-    are checked at once). The warning it logs, and the attributes `step` and
-    `entry`, name the entry and the step. Put it after the step under
-    `ciclo.every(1)`, or in `train_loop(callbacks=[...])`.
+    device, read every `check_every` steps (host values are checked at once).
+    Its warning, and its attributes `step` and `entry`, name the step and the
+    entry. Put it after the step, or in `train_loop(callbacks=[...])`.
 
     Args:
         monitor: an entry name (`"loss"`, `"losses.loss"`) or a list of them.
         check_every: steps between two reads of the flag: the most the loop runs
             on after a NaN.
-
-    Returns:
-        The callback.
 
     Example:
         >>> import ciclo

@@ -20,38 +20,9 @@ STEP_ANNOTATION = "step"
 _Status = Literal["waiting", "tracing", "done"]
 
 
-def _check_steps(steps: int | tuple[int, int]) -> tuple[int, int]:
-    first, last = steps if isinstance(steps, tuple) and len(steps) == 2 else (steps, steps)
-    for value in (first, last):
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise TypeError(
-                f"steps must be a step number or a (first, last) pair of step numbers, got {short(steps)}"
-            )
-        if value < 0:
-            raise ValueError(f"the steps to profile must be >= 0, got {short(steps)}")
-    if last < first:
-        raise ValueError(f"steps must be (first, last) with first <= last, got {short(steps)}")
-    return first, last
-
-
 @final
 class Profile(Callback):
-    """Captures a `jax.profiler` trace of chosen steps of a loop; see `ciclo.profile`.
-
-    Example:
-        >>> import pathlib, tempfile
-        >>> import jax.numpy as jnp
-        >>> import ciclo
-        >>> logdir = tempfile.mkdtemp()
-        >>> profiler = ciclo.profile(logdir, steps=(2, 3))
-        >>> def train_step(state, batch):
-        ...     return None, state + batch
-        >>> _ = ciclo.loop(jnp.float32(0.0), jnp.ones(5), {ciclo.every(1): [profiler, train_step]})
-        >>> profiler.status
-        'done'
-        >>> len(list(pathlib.Path(logdir).glob("plugins/profile/*/*.xplane.pb")))
-        1
-    """
+    """Captures a `jax.profiler` trace of chosen steps of a loop; see `ciclo.profile`."""
 
     hook: ClassVar[str | None] = "on_train_batch_begin"
 
@@ -60,9 +31,19 @@ class Profile(Callback):
     ) -> None:
         if not isinstance(logdir, (str, os.PathLike)):
             raise TypeError(f"logdir must be a path (a str or os.PathLike), got {short(logdir)}")
+        first, last = steps if isinstance(steps, tuple) and len(steps) == 2 else (steps, steps)
+        for value in (first, last):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(
+                    f"steps must be a step number or a (first, last) pair of step numbers, got {short(steps)}"
+                )
+            if value < 0:
+                raise ValueError(f"the steps to profile must be >= 0, got {short(steps)}")
+        if last < first:
+            raise ValueError(f"steps must be (first, last) with first <= last, got {short(steps)}")
         self.logdir = os.fspath(logdir)
         """The directory the trace is written under (in `plugins/profile/<run>/`)."""
-        self.steps = _check_steps(steps)
+        self.steps = (first, last)
         """The first and last step profiled (both included)."""
         self._perfetto = bool(perfetto)
         self.status: _Status = "waiting"
@@ -70,7 +51,6 @@ class Profile(Callback):
         self._annotation: Any = None  # the open marker of the step being traced
 
     def __loop_callback__(self, loop_state: LoopState[S]) -> CallbackOutput[S]:
-        # Before the step if listed before it: opens the step's marker (and the trace at the first).
         steps, (first, last) = loop_state.elapsed.steps, self.steps
         # A `ciclo.stacked` group of steps is traced whole if it reaches into the window.
         if self.status == "waiting" and first < steps + steps_of(loop_state.batch) and steps <= last:
@@ -82,12 +62,10 @@ class Profile(Callback):
         return NO_LOGS, loop_state.state
 
     def on_step_end(self, loop_state: LoopState[Any], /) -> None:
-        # The step's marker ends with the step; the trace stops after the last profiled one.
         self._end_step(loop_state, stop=loop_state.elapsed.steps > self.steps[1])
 
     def on_end(self, loop_state: LoopState[Any], error: BaseException | None) -> None:
-        # The loop ended inside the window (the data ran out, `stop`, an error): the trace
-        # still covers the steps that ran.
+        # Ended inside the window (the data ran out, `stop`, an error): the steps that ran are traced.
         self._end_step(loop_state, stop=True)
 
     def _end_step(self, loop_state: LoopState[Any], *, stop: bool) -> None:
@@ -99,8 +77,7 @@ class Profile(Callback):
         if stop:
             self.status = "done"
             try:
-                # Dispatch is asynchronous: the device may still be running the profiled steps,
-                # and the trace must contain them. The only wait this callback makes.
+                # The device may still be running the profiled steps, which the trace must contain.
                 jax.block_until_ready(loop_state.state)  # type: ignore[no-untyped-call]
             finally:
                 jax.profiler.stop_trace()  # type: ignore[no-untyped-call]
@@ -114,49 +91,28 @@ def profile(
 ) -> Profile:
     """Creates a callback that captures a `jax.profiler` trace of the chosen steps.
 
-    The trace starts before the first of `steps` runs and stops after the last
-    one has finished on the device (the one time it waits for the state), with
-    a `jax.profiler.StepTraceAnnotation` named `"step"` per step. It is written
-    under `logdir/plugins/profile/<date>/<host>.xplane.pb`, for TensorBoard's
-    profile plugin (or Perfetto, with `perfetto=True`). Steps are numbered from
-    0 as `elapsed.steps` counts them: skip the first ones, which compile. A loop
-    that ends inside the window writes the trace of the steps that ran. One
-    trace runs at a time in a process, and a `Profile` traces once. See
+    The trace, with a `jax.profiler.StepTraceAnnotation` named `"step"` per
+    step, is written under `logdir/plugins/profile/<date>/<host>.xplane.pb`
+    once the last step has finished on the device (the one time it waits).
+    Steps are numbered from 0 as `elapsed.steps` counts them: skip the first
+    ones, which compile. In `ciclo.loop`, list it *before* the step. See
     docs/logging.md, "Profiling".
 
-    In `ciclo.loop`, list it *before* the step (`{ciclo.every(1): [profiler,
-    train_step]}`); in `train_loop(callbacks=[...])` it runs under
-    `on_train_batch_begin`.
-
     Args:
-        logdir: the directory to write the trace under (a TensorBoard log
-            directory).
-        steps: the step to profile, or `(first, last)`: the steps from first to
-            last, both included.
+        logdir: the directory to write the trace under (a TensorBoard log directory).
+        steps: the step to profile, or `(first, last)`, both included.
         perfetto: also write `perfetto_trace.json.gz` for the Perfetto UI.
-
-    Returns:
-        A `Profile` callback.
-
-    Raises:
-        TypeError: if `logdir` is not a path or `steps` not a step number or a
-            pair of them.
-        ValueError: if a step is negative or `last < first`.
 
     Example:
         >>> import pathlib, tempfile
-        >>> import numpy as np
+        >>> import jax.numpy as jnp
         >>> import ciclo
-        >>> logdir = pathlib.Path(tempfile.mkdtemp())
+        >>> logdir = tempfile.mkdtemp()
+        >>> profiler = ciclo.profile(logdir, steps=(2, 3))
         >>> def train_step(state, batch):
-        ...     return ciclo.logs().add_metric("loss", batch.mean()), state
-        >>> _ = ciclo.train_loop(
-        ...     None,
-        ...     [np.ones(4)] * 10,
-        ...     {ciclo.on_train_step: [train_step]},
-        ...     callbacks=[ciclo.profile(logdir, steps=(5, 7))],
-        ... )
-        >>> [trace.stat().st_size > 0 for trace in logdir.glob("plugins/profile/*/*.xplane.pb")]
-        [True]
+        ...     return None, state + batch
+        >>> _ = ciclo.loop(jnp.float32(0.0), jnp.ones(5), {ciclo.every(1): [profiler, train_step]})
+        >>> profiler.status, len(list(pathlib.Path(logdir).glob("plugins/profile/*/*.xplane.pb")))
+        ('done', 1)
     """
     return Profile(logdir, steps, perfetto=perfetto)

@@ -1,9 +1,7 @@
 """What the progress bars share: counting progress, throttling redraws, reading the values to show.
 
-A bar is called at every step of a loop whose step is usually an asynchronously
-dispatched `jax.jit` function. Between redraws it only reads a clock and
-compares two numbers; logged values are read (and copied to the host) only
-when a line is drawn, so a bar never waits for the device in between.
+Between redraws a bar only reads a clock and compares two numbers; logged values
+are copied to the host only when a line is drawn, so it never waits for the device.
 """
 
 from __future__ import annotations
@@ -25,10 +23,6 @@ from ciclo._src.logs.logs import Logs, LogsLike
 from ciclo._src.logs.step_output import NO_LOGS
 
 Field = Literal["steps", "samples", "time"]
-"""The `Elapsed` field a bar counts."""
-
-SHOWN_COLLECTIONS = ("losses", "metrics", "stateful_metrics")
-"""The log collections whose scalar entries the bars show, in this order."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,25 +34,13 @@ class Unit:
     total: float | None
 
 
-_UNITS: tuple[tuple[Field, str], ...] = (("steps", "step"), ("samples", "sample"), ("time", "s"))
-
-
 def resolve_total(total: PeriodLike | None) -> Unit:
-    """The `Unit` of a bar's `total`: an int counts steps; a `Period`, the first of steps, samples, time set.
-
-    A `Period` with only a date is refused: a bar counts from the start of its loop.
-
-    Example:
-        >>> import ciclo
-        >>> resolve_total(ciclo.at(samples=640))
-        Unit(field='samples', label='sample', total=640)
-        >>> resolve_total(None)
-        Unit(field='steps', label='step', total=None)
-    """
+    """The `Unit` of `total`: an int counts steps; a `Period`, the first of its steps, samples, time."""
     period = Period.of(total, name="total")
     if period is None:
         return Unit("steps", "step", None)
-    for field, label in _UNITS:
+    units: tuple[tuple[Field, str], ...] = (("steps", "step"), ("samples", "sample"), ("time", "s"))
+    for field, label in units:
         count = getattr(period, field)
         if count is not None:
             return Unit(field, label, count)
@@ -69,17 +51,7 @@ def resolve_total(total: PeriodLike | None) -> Unit:
 
 
 def count_after(elapsed: Elapsed, field: Field) -> float:
-    """The count once the step that `elapsed` describes has run (`Elapsed` counts what ran before it).
-
-    Samples are estimated from the average batch (a bar does not see the batch);
-    time is the time at which the step started.
-
-    Example:
-        >>> import ciclo
-        >>> elapsed = ciclo.types.Elapsed.create(steps=9, samples=288)
-        >>> count_after(elapsed, "steps"), count_after(elapsed, "samples")
-        (10, 320)
-    """
+    """The count once the step `elapsed` describes has run; samples estimated from the average batch."""
     steps = elapsed.steps
     if field == "steps":
         return steps + 1
@@ -98,33 +70,8 @@ def _is_scalar(value: Any) -> bool:
     return kind is not None and kind not in "cOSUMm"
 
 
-def scalar_entries(logs: LogsLike) -> list[tuple[str, Any]]:
-    """The entries a bar shows: scalar values of the shown collections, each name once, not read.
-
-    Example:
-        >>> import ciclo
-        >>> logs = ciclo.logs().add_loss("loss", 0.5, add_metric=True).add_metric("acc", 0.9)
-        >>> scalar_entries(logs.add_output("pred", [1, 2]))
-        [('loss', 0.5), ('acc', 0.9)]
-    """
-    entries: dict[str, Any] = {}
-    for collection in SHOWN_COLLECTIONS:
-        for name, value in (logs.get(collection) or {}).items():
-            if name not in entries and _is_scalar(value):
-                entries[name] = value
-    return list(entries.items())
-
-
 def host_floats(entries: list[tuple[str, Any]]) -> list[tuple[str, float]]:
-    """Copies the values of `entries` to the host, in one transfer, as floats; the bars' only read.
-
-    Values that are not real numbers are left out.
-
-    Example:
-        >>> import jax.numpy as jnp
-        >>> host_floats([("loss", jnp.float32(0.5)), ("n", 3)])
-        [('loss', 0.5), ('n', 3.0)]
-    """
+    """Copies the values of `entries` to the host, in one transfer, as floats; the bars' only read."""
     if not entries:
         return []
     shown: list[tuple[str, float]] = []
@@ -151,15 +98,9 @@ def format_value(value: float) -> str:
 
 
 class ProgressCallback(Callback, abc.ABC):
-    """Base of the progress bars: follows the loop's progress and decides when to redraw.
+    """Base of the bars: draws one run, when the clock passes `_next_time` or the count `_next_count`."""
 
-    A bar draws (`_draw`) only when the clock passes `_next_time` or the count
-    reaches `_next_count`; `_schedule` sets them after each redraw. A bar draws
-    one run: once its final line is drawn, further calls do nothing.
-    """
-
-    # After each batch of whichever predefined loop runs the bar: a test or predict loop's bar shows the
-    # evaluation's progress.
+    # A test or predict loop's bar shows the evaluation's progress.
     hook: ClassVar[str | tuple[str, ...] | None] = (
         "on_train_batch_end",
         "on_test_batch_end",
@@ -174,33 +115,25 @@ class ProgressCallback(Callback, abc.ABC):
         self._interval = float(interval)
         self.unit = resolve_total(total)
         """What the bar counts (`steps`, `samples` or `time`) and its total."""
-        self._next_time = -math.inf  # the first call always draws: it starts the bar's clock
+        self._next_time = -math.inf  # the first call starts the bar's clock
         self._next_count = math.inf
         self.finished = False
         """Whether the final line was drawn (or the bar closed)."""
         self._start: tuple[float, float] | None = None  # (time, steps) at the first call
         self._elapsed: Elapsed | None = None
-        # The logs to show, or the loop state whose accumulated logs (derived from the history)
-        # are read only when the bar draws.
+        # Or the loop state, whose accumulated logs are derived only when the bar draws.
         self._logs: LogsLike | LoopState[Any] = NO_LOGS
         self._own_logs = Logs()
 
     def __call__(self, elapsed: Elapsed, logs: LogsLike | None = None) -> None:
-        """Updates the bar after a step, when iterating by hand.
-
-        Args:
-            elapsed: the `Elapsed` of the step that just ran, as yielded by `ciclo.elapse`.
-            logs: the step's logs; merged into the bar's own logs, whose latest
-                value of each entry is shown.
-        """
+        """Updates the bar after the step `elapsed` (from `ciclo.elapse`) describes; shows `logs`."""
         if logs:
             self._own_logs.merge(logs)
         self._update(elapsed, self._own_logs)
 
     def __loop_callback__(self, loop_state: LoopState[Any]) -> None:
-        # No logs, the state unchanged. Between redraws of a bar counting steps, a step reads the
-        # clock and the step counter: no `Elapsed` is built (the loop builds none on a step where
-        # no scheduled callback is due).
+        # Between redraws of a bar counting steps, no `Elapsed` is built (the loop builds none on a
+        # step where no scheduled callback is due).
         if (
             loop_state._elapsed is not None
             or self.unit.field != "steps"
@@ -212,19 +145,15 @@ class ProgressCallback(Callback, abc.ABC):
     def on_end(self, loop_state: LoopState[Any], error: BaseException | None) -> None:
         if not self.finished:
             self._logs = loop_state.accumulated_logs
-            elapsed = loop_state.elapsed  # which now includes every step that ran
+            elapsed = loop_state.elapsed  # now counting every step that ran
             self._advance(perf_counter(), getattr(elapsed, self.unit.field), elapsed.steps, final=True)
 
     def close(self) -> None:
-        """Draws the final line (if not drawn yet) and releases the bar.
-
-        Needed only when iterating by hand and the count never reaches the
-        total (or the total is unknown); loops close their bars when they end.
-        """
+        """Draws the final line (if not drawn yet); by hand only, when the count never reaches the total."""
         elapsed = self._elapsed
         if self.finished:
             return
-        if elapsed is None:
+        if elapsed is None:  # nothing to draw
             self.finished = True
             self._next_time = self._next_count = math.inf
             self._release()
@@ -234,7 +163,6 @@ class ProgressCallback(Callback, abc.ABC):
             )
 
     def _update(self, elapsed: Elapsed, logs: LogsLike | LoopState[Any]) -> None:
-        # The hot path: runs at every step, so it must not read logged values.
         self._elapsed = elapsed
         self._logs = logs
         now = perf_counter()
@@ -256,20 +184,25 @@ class ProgressCallback(Callback, abc.ABC):
             self._draw(now, count, steps, final=False)
 
     def _schedule(self, now: float, count: float, first: bool) -> bool:
-        """Sets `_next_time` and `_next_count` after a call that drew; returns whether to draw now."""
+        """Sets `_next_time` and `_next_count`; returns whether to draw now."""
         self._next_time = now + self._interval
         self._next_count = math.inf if self.unit.total is None else self.unit.total
         return True
 
     def _shown_values(self) -> list[tuple[str, float]]:
-        logs = self._logs
-        return host_floats(scalar_entries(logs.accumulated_logs if isinstance(logs, LoopState) else logs))
+        """The scalar values of `losses`, `metrics`, `stateful_metrics`, each name once, on the host."""
+        logs = self._logs.accumulated_logs if isinstance(self._logs, LoopState) else self._logs
+        entries: dict[str, Any] = {}
+        for collection in ("losses", "metrics", "stateful_metrics"):
+            for name, value in (logs.get(collection) or {}).items():
+                if name not in entries and _is_scalar(value):
+                    entries[name] = value
+        return host_floats(list(entries.items()))
 
     @abc.abstractmethod
-    def _draw(self, now: float, count: float, steps: float, *, final: bool) -> None:
-        """Draws the bar at `count`; the final state if `final`."""
+    def _draw(self, now: float, count: float, steps: float, *, final: bool) -> None: ...
 
-    def _release(self) -> None:  # once finished
+    def _release(self) -> None:
         self._logs = NO_LOGS
         self._own_logs = Logs()
         self._elapsed = None

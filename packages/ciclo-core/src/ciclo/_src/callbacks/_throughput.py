@@ -22,22 +22,6 @@ from ciclo._src.state.managed import ManagedStep
 
 _log = logging.getLogger("ciclo")
 
-STEPS_PER_SECOND = "steps_per_second"
-"""The name of the logged steps per second (in the `metrics` collection)."""
-
-SAMPLES_PER_SECOND = "samples_per_second"
-"""The name of the logged samples per second (in the `metrics` collection)."""
-
-
-FLOPS_PER_STEP = "flops_per_step"
-"""The name of the logged floating-point operations of one step (in `metrics`)."""
-
-FLOPS_PER_SECOND = "flops_per_second"
-"""The name of the logged floating-point operations per second (in `metrics`)."""
-
-MFU = "mfu"
-"""The name of the logged model FLOPs utilisation, `flops_per_second` over the peak (in `metrics`)."""
-
 PEAK_FLOPS: Final[Mapping[str, float]] = {
     # NVIDIA datasheets (H100 and H200: SXM; A100: SXM and PCIe), bf16 tensor cores without sparsity.
     "NVIDIA H100 80GB HBM3": 989e12,
@@ -57,71 +41,44 @@ PEAK_FLOPS: Final[Mapping[str, float]] = {
 """The dense bf16 peak FLOP/s of one chip by `jax.Device.device_kind`, for `throughput`'s `mfu`."""
 
 
-def _check_peak(peak_flops: float | None) -> float | None:
-    if peak_flops is None:
-        return None
-    if isinstance(peak_flops, bool) or not isinstance(peak_flops, (int, float)) or not peak_flops > 0:
-        raise ValueError(
-            f"peak_flops must be a positive number (a chip's peak FLOP/s, e.g. 989e12 for an H100's bf16), "
-            f"or None for ciclo's table; got {short(peak_flops)}"
-        )
-    return float(peak_flops)
-
-
-def _check_window(window: PeriodLike) -> Period:
-    period = Period.of(window, name="window")
-    if period is None:
-        raise TypeError("window must be an int (steps) or a ciclo.types.Period, got None")
-    if period.date is not None:
-        raise ValueError(
-            f"window must count steps, samples or time: a throughput window is a duration, not a date; "
-            f"got {short(window)}"
-        )
-    check_positive(period, "window", "pass a window of at least one step, sample or second")
-    return period
-
-
 @final
 class Throughput(Callback):
-    """Logs steps and samples per second, measured over a window; see `ciclo.throughput`.
-
-    Example:
-        >>> import numpy as np
-        >>> import ciclo
-        >>> meter = ciclo.throughput(window=2)
-        >>> def train_step(state, batch):
-        ...     return ciclo.logs().add_metric("loss", batch.mean()), state
-        >>> batches = [np.ones(8)] * 5
-        >>> _, history, _ = ciclo.loop(None, batches, {ciclo.every(1): [train_step, meter]})
-        >>> steps, rates = history.collect("steps", "steps_per_second")
-        >>> steps  # the clock starts at step 0; a window closes every 2 steps
-        [2, 4]
-    """
+    """Logs steps and samples per second, measured over a window; see `ciclo.throughput`."""
 
     hook: ClassVar[str | None] = "on_train_step"
 
     def __init__(self, window: PeriodLike = 100, *, peak_flops: float | None = None) -> None:
-        self._peak = _check_peak(peak_flops)
+        if peak_flops is not None and (
+            isinstance(peak_flops, bool) or not isinstance(peak_flops, (int, float)) or not peak_flops > 0
+        ):
+            raise ValueError(
+                f"peak_flops must be a positive number (a chip's peak FLOP/s, e.g. 989e12 for an H100's "
+                f"bf16), or None for ciclo's table; got {short(peak_flops)}"
+            )
+        period = Period.of(window, name="window")
+        if period is None:
+            raise TypeError("window must be an int (steps) or a ciclo.types.Period, got None")
+        if period.date is not None:
+            raise ValueError(
+                f"window must count steps, samples or time: a throughput window is a duration, not a date; "
+                f"got {short(window)}"
+            )
+        check_positive(period, "window", "pass a window of at least one step, sample or second")
+        self._peak = None if peak_flops is None else float(peak_flops)
         self._steps: tuple[ManagedStep[Any], ...] | None = None  # the loop's steps, when a loop said
         self._flops: tuple[float, float | None] | None = None  # (per step, peak of all devices), once read
         self._read = False  # whether the steps' FLOPs were read in this loop
-        self.window: Period = _check_window(window)
+        self.window: Period = period
         """The window over which each rate is measured."""
         # (steps, samples, seconds) any of which closes a window; inf where the window does not count it.
         self._limits = tuple(
-            math.inf if limit is None else limit
-            for limit in (self.window.steps, self.window.samples, self.window.time)
+            math.inf if limit is None else limit for limit in (period.steps, period.samples, period.time)
         )
         # (host time, steps, samples) where the current window started; None before the first call.
         self._start: tuple[float, int, int] | None = None
 
     def watch(self, steps: Iterable[Any]) -> None:
-        """Takes the steps the loop runs before this callback: their FLOPs are read at its first call.
-
-        The loops call it (`train_loop` with its training steps, `ciclo.loop`
-        with the steps before it in its task); the managed ones among `steps`
-        are analysed.
-        """
+        """Takes the steps run before it (the loops call it): their FLOPs are read at its first call."""
         self._steps = tuple(step for step in steps if isinstance(step, ManagedStep))
         if not self._steps:
             names = ", ".join(short(step) for step in steps) or "none"
@@ -173,7 +130,6 @@ class Throughput(Callback):
         return sum(analysed), peak * next((len(leaf.sharding.device_set) for leaf in arrays), 1)
 
     def _measure(self, elapsed: Elapsed) -> LogsLike:
-        # The hot path: two ints, one clock read and a comparison until the window closes.
         now, steps, samples = perf_counter(), elapsed.steps, elapsed.samples
         start = self._start
         if start is None:
@@ -187,16 +143,13 @@ class Throughput(Callback):
         if seconds <= 0 or (steps_done < max_steps and samples_done < max_samples and seconds < max_seconds):
             return NO_LOGS
         self._start = (now, steps, samples)
-        metrics = {
-            STEPS_PER_SECOND: steps_done / seconds,
-            SAMPLES_PER_SECOND: samples_done / seconds,
-        }
+        metrics = {"steps_per_second": steps_done / seconds, "samples_per_second": samples_done / seconds}
         if self._flops is not None:
             per_step, peak = self._flops
-            metrics[FLOPS_PER_STEP] = per_step
-            metrics[FLOPS_PER_SECOND] = per_step * steps_done / seconds
+            metrics["flops_per_step"] = per_step
+            metrics["flops_per_second"] = per_step * steps_done / seconds
             if peak is not None:
-                metrics[MFU] = metrics[FLOPS_PER_SECOND] / peak
+                metrics["mfu"] = metrics["flops_per_second"] / peak
         return {"metrics": metrics}
 
     def __repr__(self) -> str:
@@ -207,33 +160,19 @@ class Throughput(Callback):
 def throughput(window: PeriodLike = 100, *, peak_flops: float | None = None) -> Throughput:
     """Creates a callback that logs the loop's throughput: steps and samples per second, FLOPs and MFU.
 
-    Each time `window` has passed since the last measurement, it logs
-    `steps_per_second` and `samples_per_second` in the `metrics` collection:
-    the loop's `ciclo.types.Elapsed` counts over the host's clock, so it never
-    waits for the device. The first call only starts the clock (the first step
-    compiles); each loop starts a new window. When the loop's step is a managed
-    one, it also logs XLA's `flops_per_step`, `flops_per_second` and, with a
-    peak, `mfu`. See docs/logging.md, "Throughput".
-
-    Put it after the step in `ciclo.loop`'s callbacks, or in
-    `train_loop(callbacks=[...])` (the `on_train_step` hook). By hand,
-    `meter(elapsed)` returns the logs.
+    Each time `window` has passed, it logs `steps_per_second` and
+    `samples_per_second` in `metrics`, from the loop's counts over the host's
+    clock (it never waits for the device); the first call only starts the
+    clock. With a managed step it also logs XLA's `flops_per_step`,
+    `flops_per_second` and, with a peak, `mfu`. Put it after the step, or in
+    `train_loop(callbacks=[...])`; by hand `meter(elapsed)` returns the logs.
+    See docs/logging.md, "Throughput".
 
     Args:
         window: how long each measurement lasts: an int (steps) or a
-            `ciclo.types.Period` in steps, samples or time (`ciclo.at(time=10)`
-            logs about every 10 seconds). A window closes at the first call at
-            which it has passed.
-        peak_flops: one device's peak FLOP/s, for `mfu`; None: the table
-            `PEAK_FLOPS` (no `mfu` for a device kind it lacks, as CPUs).
-
-    Returns:
-        A `Throughput` callback.
-
-    Raises:
-        TypeError: if `window` is not an int or a `ciclo.types.Period`.
-        ValueError: if `window` is negative or zero, or counts toward a date, or
-            `peak_flops` is not a positive number.
+            `ciclo.types.Period` in steps, samples or time.
+        peak_flops: one device's peak FLOP/s, for `mfu`; None: ciclo's table
+            (no `mfu` for a device kind it lacks, as CPUs).
 
     Example:
         >>> import numpy as np

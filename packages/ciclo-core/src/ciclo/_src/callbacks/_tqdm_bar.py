@@ -13,23 +13,9 @@ from ciclo._src.callbacks._progress import ProgressCallback, format_value
 
 @typing.final
 class TqdmBar(ProgressCallback):
-    """A progress bar drawn by `tqdm.auto.tqdm`, with the latest metrics as its postfix; see `ciclo.tqdm_bar`.
-
-    Example:
-        >>> import io
-        >>> import ciclo
-        >>> buffer = io.StringIO()
-        >>> bar = ciclo.tqdm_bar(total=4, file=buffer, bar_format="{n}/{total}{postfix}")
-        >>> for elapsed, batch in ciclo.elapse([0.4, 0.3, 0.2, 0.1]):
-        ...     bar(elapsed, ciclo.logs().add_metric("loss", batch))
-        >>> print(buffer.getvalue().splitlines()[-1])
-        4/4, loss=0.1000
-        >>> bar.tqdm.n
-        4
-    """
+    """A progress bar drawn by `tqdm.auto.tqdm`, with the latest metrics as postfix; see `ciclo.tqdm_bar`."""
 
     def __init__(self, total: PeriodLike | None = None, *, interval: float = 0.1, **tqdm_kwargs: Any) -> None:
-        # `tqdm.auto` draws an ipywidgets bar in a notebook (with ipywidgets installed), else the text bar.
         tqdm = import_extra("tqdm.auto", "tqdm", "ciclo.tqdm_bar")
         super().__init__(total, interval)
         unit = self.unit
@@ -60,27 +46,17 @@ class TqdmBar(ProgressCallback):
 def tqdm_bar(total: PeriodLike | None = None, *, interval: float = 0.1, **tqdm_kwargs: Any) -> TqdmBar:
     """Creates a progress bar callback drawn by tqdm (`pip install "ciclo-core[tqdm]"`).
 
-    It runs where `ciclo.keras_bar` does, and counts steps, samples or whole
-    seconds as `total` says; in a notebook `tqdm.auto` draws a widget (with
-    ipywidgets). The count and the postfix (the entries `ciclo.keras_bar`
-    shows) reach tqdm at most once per `interval` seconds: in between a call
-    reads no logged value, so it never waits for the device.
+    It runs where `ciclo.keras_bar` does and shows the same entries; they and
+    the count reach tqdm at most once per `interval` seconds.
 
     Args:
-        total: where the bar is full, as for `ciclo.keras_bar`: steps (an int),
-            a `ciclo.types.Period` of steps, samples or time, or None.
+        total: where the bar is full, as for `ciclo.keras_bar`.
         interval: the least number of seconds between two updates of the tqdm bar.
         **tqdm_kwargs: passed to `tqdm.auto.tqdm` (`desc`, `file`, `leave`,
             `bar_format`, ...); `unit` defaults to the unit counted.
 
-    Returns:
-        A `TqdmBar`: a loop callback, also callable as `bar(elapsed, logs)`.
-
     Raises:
         ImportError: if tqdm is not installed.
-        TypeError: if `total` or `interval` has the wrong type.
-        ValueError: if `interval` is negative, or `total` is negative or a
-            `Period` counting toward a date.
 
     Example:
         >>> import io

@@ -1,10 +1,7 @@
 """What `train_loop` watches of a managed state's training options, with no device sync per step.
 
-Under loss scaling, a run whose steps are all skipped trains nothing: every
-`CHECK_EVERY` steps the watch reads the copy of the state's count of steps
-skipped in a row (`LossScale.skipped_in_a_row`) that it started at the check
-before, so the loop seldom waits. With `accumulate_steps`, it says how many
-micro-batches the run leaves unapplied after its last optimizer step.
+Under loss scaling, every `CHECK_EVERY` steps it reads the copy of the count of
+steps skipped in a row that it started at the check before, so the loop seldom waits.
 """
 
 from __future__ import annotations
@@ -37,7 +34,7 @@ def _stack(scale: jax.Array, in_a_row: jax.Array) -> jax.Array:
 
 
 def _stall(state: AbstractManagedState) -> jax.Array:
-    """`[scale, steps skipped in a row]` of one device's copy, as a fresh array (the state's are donated)."""
+    """`[scale, steps skipped in a row]` as a fresh array (the state's are donated)."""
     scale = state.loss_scale
     assert scale is not None
     stall: jax.Array = _stack(_first_copy(scale.scale), _first_copy(scale.skipped_in_a_row))
@@ -58,12 +55,7 @@ def _mini_step(state: AbstractManagedState) -> int:
 class TrainingOptionsWatch(Callback):
     """Warns of a stuck float16 run and of micro-batches left unapplied; `train_loop` adds it.
 
-    Args:
-        loss_scaling: whether the state scales its loss (watch its skipped steps).
-        accumulate_steps: the state's micro-batches per optimizer step.
-        max_skipped_steps: stop the loop after this many steps skipped in a
-            row (None: never).
-        stop_steps: the loop's `stop` when it is a number of steps, else None.
+    `stop_steps` is the loop's `stop` when it is a number of steps, else None.
     """
 
     def __init__(
@@ -95,7 +87,7 @@ class TrainingOptionsWatch(Callback):
             self._warn_unapplied(left, f"will end at stop={self.stop_steps} steps", "will not be")
 
     def __loop_callback__(self, loop_state: LoopState[Any], /) -> None:
-        """Every `CHECK_EVERY` steps under loss scaling: judges the copy started before, starts the next."""
+        """Every `CHECK_EVERY` steps: judges the copy started before, starts the next."""
         if not self.loss_scaling:
             return
         self._countdown -= steps_of(loop_state.batch)
