@@ -234,10 +234,8 @@ Paths = tuple[EntryPath, ...]
 class History(Sequence[Logs]):
     """The logs a loop committed, one entry per step that logged something.
 
-    Each entry is a `Logs` with an extra `elapsed` collection (`steps`, `samples`,
-    `time`). Committing never waits on the device: the history keeps the logs a
-    step returned (do not change them afterwards) and copies rows a few hundred
-    steps old to the host in batches; reading what is not `on_host` waits.
+    Each entry is a `Logs` with an extra `elapsed` collection (`steps`, `samples`, `time`).
+    Committing never waits on the device (do not change the logs afterwards); see docs/logging.md.
 
     Example:
         >>> import ciclo
@@ -391,7 +389,15 @@ class History(Sequence[Logs]):
             >>> history.latest()
             {'metrics': {'a': 3}, 'losses': {'b': 2}}
         """
-        self._note_pending()
+        pending = self._pending
+        first = self.dropped + len(self) - len(pending)  # the first pending row's index
+        for index in range(max(self._scanned, first), first + len(pending)):  # rows not noted yet
+            row = pending[index - first]
+            if type(row) is _FusedRow:
+                self._note(index, row.paths, tuple([_StepValue(array, row.step) for array in row.arrays]))
+            else:
+                self._note(index, *self._read(row))
+        self._scanned = first + len(pending)
         newest: dict[EntryPath, Any] = {}  # each entry's value in the newest row that logs it
         on_host = self.dropped + len(self._values)  # rows before this one give their host values
         for paths, (index, values) in sorted(self._newest.items(), key=lambda item: item[1][0]):
@@ -402,17 +408,6 @@ class History(Sequence[Logs]):
         for (collection, name), value in newest.items():
             logs.add_entry(collection, name, value.array[value.step] if type(value) is _StepValue else value)
         return logs
-
-    def _note_pending(self) -> None:
-        pending = self._pending
-        first = self.dropped + len(self) - len(pending)  # the first pending row's index
-        for index in range(max(self._scanned, first), first + len(pending)):
-            row = pending[index - first]
-            if type(row) is _FusedRow:
-                self._note(index, row.paths, tuple([_StepValue(array, row.step) for array in row.arrays]))
-            else:
-                self._note(index, *self._read(row))
-        self._scanned = first + len(pending)
 
     def _fetch(self, upto: int) -> None:
         if upto <= len(self._values):

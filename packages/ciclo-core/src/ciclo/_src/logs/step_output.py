@@ -80,14 +80,6 @@ def step_output(output: Any, state: S, source: Any) -> tuple[LogsLike, S]:
     - anything else: the new state, with no logs.
 
     Anything else (`check_new_state`, `check_logs`, a swapped pair) raises, naming `source`.
-
-    Example:
-        >>> step_output(None, 1, "cb")
-        (mappingproxy({}), 1)
-        >>> step_output(({"metrics": {"a": 1}}, None), 1, "cb")
-        ({'metrics': {'a': 1}}, 1)
-        >>> step_output(2, 1, "cb")
-        (mappingproxy({}), 2)
     """
     if output is None:
         return NO_LOGS, state

@@ -58,13 +58,6 @@ def scalars(logs: LogsLike) -> dict[str, float | int]:
     """The entries of `logs` that are numbers (not `elapsed`, `outputs`), by entry name.
 
     A name in several collections with different values is written as `collection.name`.
-
-    Example:
-        >>> import ciclo
-        >>> from ciclo._src.callbacks._loggers._base import scalars
-        >>> logs = ciclo.logs().add_loss("loss", 0.5, add_metric=True).add_metric("acc", 0.9)
-        >>> scalars(logs.add_output("logits", [1.0, 2.0]))
-        {'loss': 0.5, 'acc': 0.9}
     """
     paths = tuple((collection, name) for collection, entries in logs.items() for name in entries)
     values = tuple(value for entries in logs.values() for value in entries.values())
@@ -76,14 +69,7 @@ HParams = dict[str, "bool | int | float | str"]
 
 
 def checked_hparams(hparams: Mapping[str, Any] | None) -> HParams:
-    """`hparams` as plain Python values, checked when a logger is created.
-
-    Example:
-        >>> import numpy as np
-        >>> from ciclo._src.callbacks._loggers._base import checked_hparams
-        >>> checked_hparams({"learning_rate": np.float32(0.5), "optimizer": "adam"})
-        {'learning_rate': 0.5, 'optimizer': 'adam'}
-    """
+    """`hparams` as plain Python values (numpy scalars as numbers), checked when a logger is created."""
     if hparams is None:
         return {}
     if not isinstance(hparams, Mapping):

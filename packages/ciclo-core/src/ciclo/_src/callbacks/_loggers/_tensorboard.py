@@ -47,14 +47,7 @@ def _float32(value: float | int) -> bytes:
 
 
 def scalar_event(wall_time: float, step: int, scalars: Mapping[str, float | int]) -> bytes:
-    """A serialized TensorBoard `Event` at `step` whose summary holds `scalars`, with no message objects.
-
-    Example:
-        >>> from tensorboardX.proto.event_pb2 import Event
-        >>> event = Event.FromString(scalar_event(1.5, 3, {"loss": 0.5}))
-        >>> event.step, event.wall_time, [(v.tag, v.simple_value) for v in event.summary.value]
-        (3, 1.5, [('loss', 0.5)])
-    """
+    """A serialized TensorBoard `Event` at `step` whose summary holds `scalars`, with no message objects."""
     summary = b"".join([_value_head(tag) + _float32(value) for tag, value in scalars.items()])
     # An int64 step: a negative one is its 64-bit two's complement, as protobuf writes it.
     head = b"\x09" + _DOUBLE(wall_time) + b"\x10" + _varint(step & _INT64)
