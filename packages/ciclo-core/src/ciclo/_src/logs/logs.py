@@ -493,10 +493,9 @@ class History(Sequence[Logs]):
         logs = Logs()
         for (collection, name), value in zip(self._paths[index], self._values[index], strict=True):
             logs.add_entry(collection, name, value)
-        counts = (self._steps[index], self._samples[index], self._times[index])
-        for name, value in zip(ELAPSED_KEYS, counts, strict=True):
-            logs.add_entry("elapsed", name, value)
-        return logs
+        return logs.add_entries(
+            "elapsed", steps=self._steps[index], samples=self._samples[index], time=self._times[index]
+        )
 
     def __repr__(self) -> str:
         return f"History({len(self)} entries)"

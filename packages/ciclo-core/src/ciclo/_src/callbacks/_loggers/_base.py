@@ -33,9 +33,11 @@ class Sink(Protocol):
 
     def flush(self) -> None:
         """Makes everything written so far durable (on disk, handed to the backend's client)."""
+        return None
 
     def close(self) -> None:
         """Flushes and releases the file, run or connection."""
+        return None
 
     def state(self) -> dict[str, Any]:
         """What a resumed sink needs besides the last step (a run id); strings and numbers only."""
@@ -143,15 +145,11 @@ class Logger(Callback):
 
     Example:
         >>> import ciclo
-        >>> from ciclo._src.callbacks._loggers._base import Logger
-        >>> class Printed:  # a sink of your own: any object with these five methods
+        >>> from ciclo._src.callbacks._loggers._base import Logger, Sink
+        >>> class Printed(Sink):  # a sink of your own
         ...     def write(self, rows):
         ...         for row in rows:
         ...             print(row.step, row.scalars)
-        ...     def flush(self): pass
-        ...     def close(self): pass
-        ...     def state(self): return {}
-        ...     def restore(self, state, after_step): pass
         >>> def train_step(state, batch):
         ...     return ciclo.logs().add_loss("loss", 1.0 / (batch + 1)), state
         >>> logger = Logger(Printed())
