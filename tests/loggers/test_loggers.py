@@ -414,6 +414,7 @@ def test_scalars_takes_numbers_only() -> None:
     logs.add_output("d", "text")  # text is logged as an output (metrics refuse it)
     logs.add_loss("a", 0.25)  # another value under the same name: both kept, by collection
     assert scalars(logs) == {"metrics.a": 0.5, "losses.a": 0.25, "b": 2, "c": 1, "g": 3}
+    assert scalars(ciclo.logs().add_loss("loss", 0.5, add_metric=True)) == {"loss": 0.5}  # one value: once
 
 
 def test_flush_writes_the_rows_given_so_far(tmp_path: Path) -> None:
@@ -658,6 +659,13 @@ def test_bad_hparams_are_refused_when_the_logger_is_created(
     with pytest.raises(error, match=message):
         ciclo.csv_logger(tmp_path / "log.csv", hparams=hparams)
     assert not list(tmp_path.glob("log*"))
+
+
+def test_numpy_hparams_are_written_as_python_values(tmp_path: Path) -> None:
+    hparams = {"learning_rate": np.float32(0.5), "layers": np.int64(2), "nesterov": False}
+    train(ciclo.csv_logger(tmp_path / "log.csv", hparams=hparams), 0, 1)
+    written = json.loads((tmp_path / "log.hparams.json").read_text())
+    assert written == {"learning_rate": 0.5, "layers": 2, "nesterov": False}
 
 
 def test_hparams_and_a_wandb_config_giving_the_same_name_are_refused() -> None:

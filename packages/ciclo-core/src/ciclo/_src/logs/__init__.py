@@ -1,8 +1,4 @@
-"""What a step reports and what a run remembers.
-
-Owns `Logs`, the `History` and its host copies, the one rule that turns a
-step's or callback's return value into logs and a state (`step_output`), and
-plotting.
+"""What a step reports and what a run remembers: `Logs`, the `History`, `step_output`, plotting.
 
 May import: base.
 """

@@ -30,11 +30,9 @@ class Copy:
         array.copy_to_host_async()
 
     def ready(self) -> bool:
-        """Whether the device computed the array: reading it then waits at most for the copy itself."""
         return bool(self.array.is_ready())
 
     def fill(self, column: list[Any]) -> None:
-        """Writes the host values into their cells of `column` (Python numbers for scalars, else numpy)."""
         cells = self.cells
         if self.first is None:
             column[cells.start] = to_host(self.array)
@@ -55,11 +53,7 @@ def _stack(*scalars: jax.Array) -> jax.Array:
 
 
 def start_column(column: list[Any], kinds: set[type]) -> list[Copy]:
-    """Starts copying the device values of `column` (its values' types are `kinds`); converts the others.
-
-    JAX scalars of one sharding are stacked `CHUNK` to a copy, other JAX arrays
-    copied one by one; Python numbers are left as they are.
-    """
+    """Starts copying `column`'s device values (scalars of one sharding `CHUNK` to a copy)."""
     if kinds <= HOST_SCALARS:
         return []
     if all(issubclass(kind, jax.Array) for kind in kinds) and _stackable(column):
@@ -79,7 +73,6 @@ def start_column(column: list[Any], kinds: set[type]) -> list[Copy]:
 
 
 def _stackable(arrays: list[Any]) -> bool:
-    """Whether JAX arrays are scalars of one dtype and one sharding: one compiled `jnp.stack` takes them."""
     avals = set(map(_aval, arrays))
     if len(avals) != 1 or avals.pop().shape != ():
         return False

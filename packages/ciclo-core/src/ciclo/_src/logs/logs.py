@@ -1,12 +1,7 @@
 """Logs (what one step reports) and the History (what a loop reported, step by step).
 
-A History row is one step's entries as `Paths` (each value's `(collection, name)`,
-one object for the rows that log the same entries) and values, plus the step's
-counts. Oldest first, a row is on the host (what `collect`, `host_rows` and
-`to_host` read); in flight (a window: `_Block`s of rows that log the same
-entries, read column by column, whose device values `host_copies` brings over);
-or pending (the newest rows, fewer than `2 * _LAG`, kept as their steps returned
-them; a fused group's as `_FusedRow`s).
+A History row is oldest first on the host; in flight (a window of `_Block`s whose
+device values `host_copies` brings over); or pending (the newest, kept as returned).
 """
 
 from __future__ import annotations
@@ -90,9 +85,7 @@ class Logs(dict[str, Entries]):
             self.merge(updates)
 
     updates = property(
-        fset=_merge_updates,
-        doc="""Write-only: `logs.updates = other` merges `other` into `logs`, as in
-        `logs.updates, state = train_step(state, batch)`.""",
+        fset=_merge_updates, doc="Write-only: `logs.updates, state = train_step(state, batch)` merges."
     )
 
     def add_entry(self, collection: str, name: str, value: Any) -> Logs:
@@ -178,12 +171,7 @@ class Logs(dict[str, Entries]):
         return _entry_path(key, {(c, n) for c, entries in self.items() for n in entries})
 
     def entry_value(self, key: str) -> Any:
-        """The value of `key` (`"name"` or `"collection.name"`).
-
-        Raises:
-            KeyError: if the key is absent, naming the keys present.
-            ValueError: if a bare name is found in several collections.
-        """
+        """The value of `key` (`"name"` or `"collection.name"`): KeyError if absent, ValueError if two."""
         path = self.entry_path(key)
         if path is None:
             present = sorted(f"{c}.{n}" for c, entries in self.items() for n in entries)
@@ -192,10 +180,7 @@ class Logs(dict[str, Entries]):
 
 
 def collapse_leading_axis(logs: Logs, index: int) -> Logs:
-    """Logs whose values carry a leading axis (devices, fused steps) as one step's logs.
-
-    `outputs` `(n, rows, ...)` become `(n * rows, ...)`; every other entry takes its value at `index`.
-    """
+    """Logs with a leading axis as one step's: `outputs` `(n, rows, ...)` merge it, others index it."""
     out = Logs()
     for collection, entries in logs.items():
         if collection == "outputs":
@@ -211,10 +196,6 @@ def collapse_leading_axis(logs: Logs, index: int) -> Logs:
 class StackedLogs(Logs):
     """The logs of a fused group of steps: the last step's logs, with every step's in `per_step`.
 
-    `per_step` holds the entries with a leading axis over the group's steps: a
-    loop gives the history one entry per step from it. Made by `ciclo.fuse`d
-    steps and by managed steps given a `ciclo.types.Stacked` batch.
-
     Example:
         >>> import ciclo, jax.numpy as jnp
         >>> logs = StackedLogs.of(ciclo.logs().add_metric("loss", jnp.array([3.0, 2.0, 1.0])))
@@ -228,7 +209,6 @@ class StackedLogs(Logs):
 
     @classmethod
     def of(cls, per_step: Logs) -> StackedLogs:
-        """Stacked logs from every step's logs (a leading axis over steps)."""
         new = cls()
         for collection, entries in per_step.items():
             dict.__setitem__(new, collection, Entries({name: value[-1] for name, value in entries.items()}))
@@ -254,10 +234,8 @@ Paths = tuple[EntryPath, ...]
 class History(Sequence[Logs]):
     """The logs a loop committed, one entry per step that logged something.
 
-    Each entry is a `Logs` with an extra `elapsed` collection (`steps`, `samples`,
-    `time`). Committing never waits on the device: the history keeps the logs a
-    step returned (do not change them afterwards) and copies rows a few hundred
-    steps old to the host in batches; reading what is not `on_host` waits.
+    Each entry is a `Logs` with an extra `elapsed` collection (`steps`, `samples`, `time`).
+    Committing never waits on the device (do not change the logs afterwards); see docs/logging.md.
 
     Example:
         >>> import ciclo
@@ -311,11 +289,7 @@ class History(Sequence[Logs]):
     def append_steps(
         self, steps: int, samples: int, time: float, per_step: Logs, rows: int, batch_size: int
     ) -> None:
-        """Appends `rows` entries from logs with a leading axis over steps (a fused group's first steps).
-
-        Row `i` holds each entry's value at index `i`, at `steps + i` steps and
-        `samples + i * batch_size` samples; each entry is copied to the host once for the group.
-        """
+        """Appends `rows` entries from logs with a leading axis over steps (a fused group's first steps)."""
         paths, arrays = self._read(per_step)
         self._pending += [_FusedRow(paths, arrays, i) for i in range(rows)]
         self._steps += range(steps, steps + rows)
@@ -325,16 +299,12 @@ class History(Sequence[Logs]):
             self._advance()
 
     def _read(self, logs: LogsLike) -> tuple[Paths, tuple[Any, ...]]:
-        """One row's entry paths (the object shared by rows that log the same entries) and values."""
         paths = tuple([(collection, name) for collection, entries in logs.items() for name in entries])
         values = tuple([value for entries in logs.values() for value in entries.values()])
         return self._interned.setdefault(paths, paths), values
 
     def _advance(self) -> None:
-        """Starts copying the rows now `_LAG` rows old, takes the windows done; drops rows beyond `max_rows`.
-
-        Never waits; `latest` keeps each dropped entry's newest value.
-        """
+        """Starts copying rows `_LAG` rows old, takes the windows done; drops rows beyond `max_rows`."""
         self._start(len(self._pending) - _LAG)
         self._take_windows(wait=False)
         if self.max_rows is None:
@@ -351,7 +321,6 @@ class History(Sequence[Logs]):
         self.dropped += excess
 
     def _start(self, count: int) -> None:
-        """Reads the oldest `count` pending rows into a window, and starts copying their device values."""
         if count <= 0:
             return
         first = self.dropped + len(self) - len(self._pending)  # the first row's index, dropped rows counted
@@ -363,7 +332,6 @@ class History(Sequence[Logs]):
         self._windows.append(blocks)
 
     def _blocks(self, rows: list[LogsLike | _FusedRow]) -> list[_Block]:
-        """`rows` as blocks of rows that log the same entries: one block, usually."""
         alike = _alike_columns(rows)
         if alike is not None:
             paths, columns, kinds = alike
@@ -390,12 +358,10 @@ class History(Sequence[Logs]):
         return blocks + [_Block.fused(run, positions) for positions, run in runs]
 
     def _note(self, index: int, paths: Paths, values: tuple[Any, ...]) -> None:
-        """Keeps `values` as the newest of rows with `paths`, unless a newer row's are kept."""
         if self._newest.get(paths, (-1, ()))[0] < index:
             self._newest[paths] = (index, values)
 
     def _take_windows(self, *, wait: bool) -> None:
-        """Moves the windows the device is done with (with `wait`: every window, waiting) to the host rows."""
         windows = self._windows
         while windows and (wait or all(block.ready() for block in windows[0])):
             blocks = windows.popleft()
@@ -423,7 +389,15 @@ class History(Sequence[Logs]):
             >>> history.latest()
             {'metrics': {'a': 3}, 'losses': {'b': 2}}
         """
-        self._note_pending()
+        pending = self._pending
+        first = self.dropped + len(self) - len(pending)  # the first pending row's index
+        for index in range(max(self._scanned, first), first + len(pending)):  # rows not noted yet
+            row = pending[index - first]
+            if type(row) is _FusedRow:
+                self._note(index, row.paths, tuple([_StepValue(array, row.step) for array in row.arrays]))
+            else:
+                self._note(index, *self._read(row))
+        self._scanned = first + len(pending)
         newest: dict[EntryPath, Any] = {}  # each entry's value in the newest row that logs it
         on_host = self.dropped + len(self._values)  # rows before this one give their host values
         for paths, (index, values) in sorted(self._newest.items(), key=lambda item: item[1][0]):
@@ -435,20 +409,7 @@ class History(Sequence[Logs]):
             logs.add_entry(collection, name, value.array[value.step] if type(value) is _StepValue else value)
         return logs
 
-    def _note_pending(self) -> None:
-        """Notes the pending rows not noted yet for `latest`."""
-        pending = self._pending
-        first = self.dropped + len(self) - len(pending)  # the first pending row's index
-        for index in range(max(self._scanned, first), first + len(pending)):
-            row = pending[index - first]
-            if type(row) is _FusedRow:
-                self._note(index, row.paths, tuple([_StepValue(array, row.step) for array in row.arrays]))
-            else:
-                self._note(index, *self._read(row))
-        self._scanned = first + len(pending)
-
     def _fetch(self, upto: int) -> None:
-        """Brings rows up to `upto` to the host, waiting for their device values."""
         if upto <= len(self._values):
             return
         self._take_windows(wait=True)
@@ -463,9 +424,7 @@ class History(Sequence[Logs]):
     def host_rows(self, start: int, stop: int) -> Iterator[tuple[Paths, tuple[Any, ...], int, int, float]]:
         """Rows `start` to `stop` (of those kept), as `(paths, values, steps, samples, time)`, for loggers.
 
-        Values are host values: rows from `on_host` on wait for the device.
-        Rows that log the same entries share one `paths` object, so a reader
-        can work out once per set of entries what to do with a row.
+        Rows from `on_host` on wait for the device; rows that log the same entries share one `paths`.
 
         Example:
             >>> import ciclo
@@ -534,10 +493,9 @@ class History(Sequence[Logs]):
         logs = Logs()
         for (collection, name), value in zip(self._paths[index], self._values[index], strict=True):
             logs.add_entry(collection, name, value)
-        counts = (self._steps[index], self._samples[index], self._times[index])
-        for name, value in zip(ELAPSED_KEYS, counts, strict=True):
-            logs.add_entry("elapsed", name, value)
-        return logs
+        return logs.add_entries(
+            "elapsed", steps=self._steps[index], samples=self._samples[index], time=self._times[index]
+        )
 
     def __repr__(self) -> str:
         return f"History({len(self)} entries)"
@@ -549,15 +507,10 @@ class History(Sequence[Logs]):
     def collect(self, key: str, key2: str, /, *keys: str) -> tuple[list[Any], ...]: ...
 
     def collect(self, *keys: str) -> list[Any] | tuple[list[Any], ...]:
-        """Values of `keys` over the entries in which all of them appear.
+        """Values of `keys` over the entries in which all of them appear: a list, or a tuple of lists.
 
         A key is an entry name (`"accuracy"`), a full path (`"metrics.accuracy"`),
-        or one of the elapsed keys `steps`, `samples`, `time`. Returns one list
-        for one key, a tuple of lists for several.
-
-        Raises:
-            KeyError: if a key appears in no entry (the message lists those present).
-            ValueError: if a bare name is found in several collections.
+        or one of the elapsed keys `steps`, `samples`, `time`.
         """
         if not keys:
             raise TypeError("collect() needs at least one key")
@@ -598,24 +551,14 @@ class History(Sequence[Logs]):
         ]
 
     def _entry_paths(self) -> tuple[EntryPath, ...]:
-        """Every `(collection, name)` some entry holds, in the order they first appeared."""
         self._fetch(len(self))
         return tuple(dict.fromkeys(path for paths in dict.fromkeys(self._paths) for path in paths))
 
     def plot(self, *entries: str, path: str | os.PathLike[str] | None = None) -> Figure:
-        """Draws entries against steps with matplotlib; one subplot per entry, its test curve with it.
+        """Draws entries (none: every scalar entry) against steps, each with its `_test` entry.
 
-        Each subplot draws an entry (`"loss"`, or `"losses.loss"`) and, when
-        the history has it, its test entry (`"loss_test"`, as `train_loop` names
-        it). Built without `pyplot`, the figure needs no screen. Needs
-        matplotlib (`pip install "ciclo-core[plot]"`).
-
-        Args:
-            *entries: the entries to draw; none draws every scalar entry.
-            path: where to save the figure (as PNG, or the format its suffix names).
-
-        Returns:
-            The `matplotlib.figure.Figure`.
+        Needs matplotlib (`pip install "ciclo-core[plot]"`); see docs/logging.md.
+        `path` saves the figure (as PNG, or the format its suffix names).
 
         Example:
             >>> import ciclo
@@ -652,7 +595,7 @@ _LAG = 128
 
 @final
 class _FusedRow(NamedTuple):
-    """A pending row of a fused group of steps: its entry `k` is `arrays[k][step]`, on the device."""
+    """A fused group's pending row: its entry `k` is `arrays[k][step]`, on the device."""
 
     paths: Paths
     arrays: tuple[Any, ...]
@@ -670,11 +613,7 @@ class _StepValue(NamedTuple):
 @final
 @dataclasses.dataclass(slots=True)
 class _Block:
-    """Rows of a window that log the same entries: `columns[k]` holds entry `paths[k]`.
-
-    `copies[k]` bring its device values to the host. The rows are at `positions`
-    in their window; `newest` is the last row's values.
-    """
+    """Rows of a window that log the same entries, at `positions`: `columns[k]` holds entry `paths[k]`."""
 
     paths: Paths
     positions: Sequence[int]
@@ -686,13 +625,11 @@ class _Block:
     def read(
         cls, paths: Paths, positions: Sequence[int], columns: list[list[Any]], kinds: list[set[type]]
     ) -> _Block:
-        """Rows read column by column (`kinds`: each column's value types); starts their copies."""
         copies = list(map(host_copies.start_column, columns, kinds))
         return cls(paths, positions, columns, copies, tuple([column[-1] for column in columns]))
 
     @classmethod
     def fused(cls, rows: list[_FusedRow], positions: Sequence[int]) -> _Block:
-        """Consecutive rows of one fused group: each of the group's arrays is copied once."""
         arrays, first, count = rows[0].arrays, rows[0].step, len(rows)
         columns: list[list[Any]] = [[None] * count for _ in arrays]
         copies = [[host_copies.Copy(array, range(count), first)] for array in arrays]
@@ -703,29 +640,22 @@ class _Block:
         return all(copy.ready() for copies in self.copies for copy in copies)
 
     def take(self) -> list[tuple[Any, ...]]:
-        """The rows' host values (once `ready`: nothing waits)."""
         for column, copies in zip(self.columns, self.copies, strict=True):
             for copy in copies:
                 copy.fill(column)
         return list(zip(*self.columns, strict=True)) if self.columns else [()] * len(self.positions)
 
 
-@final
-class _Missing:
-    """What `_alike_columns` reads for an entry a row does not log."""
-
-
-_MISSING = _Missing()
+_MISSING = object()  # what `_alike_columns` reads for an entry a row does not log
 _DICTS = frozenset({dict, Logs, StackedLogs, Entries})
 
 
 def _alike_columns(
     rows: Sequence[LogsLike | _FusedRow],
 ) -> tuple[Paths, list[list[Any]], list[set[type]]] | None:
-    """`rows`' entry paths, value columns and each column's value types, if all log the same entries.
+    """`rows`' entry paths, value columns and each column's value types; None unless all log the same.
 
-    None when they do not, or are not all dicts. Read with C-level calls and no
-    object made per row: how the history reads a loop's rows, a few hundred at a time.
+    C-level calls and no object made per row: how the history reads a loop's rows.
     """
     logs = cast("Sequence[dict[str, dict[str, Any]]]", rows)
     count = len(logs)
@@ -743,7 +673,7 @@ def _alike_columns(
         for name in names:
             column = list(map(dict.get, entries, itertools.repeat(name), itertools.repeat(_MISSING)))
             column_kinds = set(map(type, column))
-            if _Missing in column_kinds:
+            if object in column_kinds:
                 return None
             paths.append((collection, name))
             columns.append(column)

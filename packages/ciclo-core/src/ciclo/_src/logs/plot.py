@@ -1,11 +1,4 @@
-"""Drawing with matplotlib: a `History`, one subplot per entry with its test curve beside it.
-
-`new_figure` is the figure every plot of ciclo starts from (`History.plot`,
-`ciclo.types.LRFindResult.plot`). matplotlib (`ciclo-core[plot]`) is imported
-only when something is drawn. Figures are built without `pyplot`: they need no
-screen and leave its global state alone; a notebook shows them as images
-(`_repr_png_`), with no `%matplotlib` magic.
-"""
+"""Drawing with matplotlib, imported only when something is drawn: `History.plot` and `new_figure`."""
 
 from __future__ import annotations
 
@@ -63,11 +56,7 @@ def _curves(ordered: Sequence[tuple[str, str]], entries: Sequence[str]) -> list[
 
 
 def new_figure(user: str, width: float, height: float) -> Figure:
-    """An empty figure of `width` x `height` inches drawn off screen, without `pyplot`, for `user`.
-
-    Raises:
-        ImportError: without matplotlib, naming `user` and the `plot` extra.
-    """
+    """An empty figure of `width` x `height` inches, without `pyplot` (no screen; no global state)."""
     try:
         figure_module = importlib.import_module("matplotlib.figure")
         backend = importlib.import_module("matplotlib.backends.backend_agg")
@@ -75,16 +64,12 @@ def new_figure(user: str, width: float, height: float) -> Figure:
         raise ImportError(f'{user} needs matplotlib: pip install "ciclo-core[plot]"') from error
     figure: Figure = figure_module.Figure(figsize=(width, height), layout="constrained")
     backend.FigureCanvasAgg(figure)
-    # A figure built without pyplot has no display in a notebook of its own: without %matplotlib
-    # inline the cell would show `<Figure size ...>`. IPython shows an object's `_repr_png_` as an
-    # image, as the cell's value or through display(); under %matplotlib inline its own figure
-    # formatter comes first: the same image, drawn once.
+    # Without pyplot a notebook would show `<Figure size ...>`: IPython shows `_repr_png_` as an image.
     figure._repr_png_ = functools.partial(_png, figure)  # type: ignore[attr-defined]
     return figure
 
 
 def _png(figure: Figure) -> bytes:
-    """The figure as a PNG image, for a notebook's display."""
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png", dpi=100)
     return buffer.getvalue()
@@ -96,11 +81,7 @@ def plot_history(
     entries: Sequence[str],
     path: str | os.PathLike[str] | None,
 ) -> Figure:
-    """Draws `entries` (all scalar entries of `paths` when empty) against steps; see `History.plot`.
-
-    `paths` are a history's `(collection, name)` entries in order, and
-    `collect(steps, key)` its `collect`.
-    """
+    """Draws `entries` (all scalar entries of `paths` when empty) against steps; see `History.plot`."""
     drawn: list[tuple[str, list[tuple[str, list[Any], list[Any]]]]] = []
     for title, keys in _curves(paths, entries):
         curves = []

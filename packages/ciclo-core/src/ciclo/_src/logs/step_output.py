@@ -25,7 +25,6 @@ def describe(obj: Any) -> str:
 
 
 def _is_value(x: Any) -> bool:
-    """A number or an array: a leaf that a state of a single value may be replaced by."""
     return isinstance(x, (int, float, complex, np.ndarray, np.generic, jax.Array))
 
 
@@ -50,11 +49,7 @@ def check_logs(logs: Any, source: Any) -> None:
 
 
 def check_new_state(new_state: Any, state: Any, source: Any) -> None:
-    """Raises if a step or callback returned a new state of another kind than `state`.
-
-    A new state is of the type of the current one (or a subclass or base class
-    of it), or both are numbers or arrays; a state of `None` may become anything.
-    """
+    """Raises unless `new_state` is of `state`'s type (a sub/base class), both are values, or `state` None."""
     old_type = type(state)
     if type(new_state) is old_type or state is None:
         return
@@ -84,17 +79,7 @@ def step_output(output: Any, state: S, source: Any) -> tuple[LogsLike, S]:
     - a mapping (`ciclo.types.Logs` or a dict): logs, the state unchanged;
     - anything else: the new state, with no logs.
 
-    A new state of another type (`check_new_state`), logs that are not
-    `{collection: {entry: value}}`, a pair `(state, logs)` swapped, or a tuple
-    of another length raises here, naming `source` (the step or callback).
-
-    Example:
-        >>> step_output(None, 1, "cb")
-        (mappingproxy({}), 1)
-        >>> step_output(({"metrics": {"a": 1}}, None), 1, "cb")
-        ({'metrics': {'a': 1}}, 1)
-        >>> step_output(2, 1, "cb")
-        (mappingproxy({}), 2)
+    Anything else (`check_new_state`, `check_logs`, a swapped pair) raises, naming `source`.
     """
     if output is None:
         return NO_LOGS, state

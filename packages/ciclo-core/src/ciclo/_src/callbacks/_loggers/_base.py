@@ -16,38 +16,27 @@ from ciclo._src.logs.logs import History, LogsLike, Paths
 from ciclo._src.logs.step_output import NO_LOGS
 
 _SKIPPED_COLLECTIONS = frozenset({"elapsed", "outputs"})
-"""Never scalars worth plotting: the counts (written as the step) and a step's model outputs."""
 
 
 class Row(NamedTuple):
-    """One logged step, as a sink writes it."""
+    """One logged step, as a sink writes it: the History's `steps`, unix time, `scalars(logs)`."""
 
     step: int
-    """The step (the History's `steps` column: steps completed before the step that logged)."""
     wall_time: float
-    """Unix time when the step was logged."""
     scalars: dict[str, float | int]
-    """Entry name -> Python number, see `scalars`."""
 
 
 class Sink(Protocol):
-    """Where a `Logger` writes: one backend (an event file, a CSV file, a W&B or MLflow run, ...).
+    """Where a `Logger` writes: one backend; `write` after `close` opens it again."""
 
-    `write` may be called again after `close`: the sink then opens again (a new
-    event file, the same run resumed, ...). A class that subclasses `Sink`
-    inherits the other methods, which do nothing.
-    """
-
-    def write(self, rows: Sequence[Row], /) -> None:
-        """Writes `rows`, in step order."""
-        ...
+    def write(self, rows: Sequence[Row], /) -> None: ...
 
     def flush(self) -> None:
         """Makes everything written so far durable (on disk, handed to the backend's client)."""
         return None
 
     def close(self) -> None:
-        """Flushes and releases the file, run or connection; a later `write` opens it again."""
+        """Flushes and releases the file, run or connection."""
         return None
 
     def state(self) -> dict[str, Any]:
@@ -55,13 +44,7 @@ class Sink(Protocol):
         return {}
 
     def restore(self, state: Mapping[str, Any], after_step: int | None, /) -> int | None:
-        """Takes back `state()`; rows of steps after `after_step` that the backend holds are stale.
-
-        Returns None, or the newest step the backend holds when only the backend
-        knows it (a W&B run can lose the rows its client had not written yet, or
-        hold rows a killed run wrote after its backup). The logger then writes
-        the restored History's rows after that step, and none before.
-        """
+        """Takes back `state()`; returns None, or the newest step the backend holds (a W&B run's)."""
         return None
 
 
@@ -74,20 +57,9 @@ def import_extra(module: str, extra: str, what: str) -> Any:
 
 
 def scalars(logs: LogsLike) -> dict[str, float | int]:
-    """The entries of `logs` that are numbers, by entry name.
+    """The entries of `logs` that are numbers (not `elapsed`, `outputs`), by entry name.
 
-    Collections `elapsed` and `outputs` are left out, and so are values that are
-    not numbers (arrays of several values, strings, None). A name found in
-    several collections with one value (`add_loss(..., add_metric=True)`) is
-    written once; with different values, each is written as
-    `collection.name` (the form `History.collect` takes).
-
-    Example:
-        >>> import ciclo
-        >>> from ciclo._src.callbacks._loggers._base import scalars
-        >>> logs = ciclo.logs().add_loss("loss", 0.5, add_metric=True).add_metric("acc", 0.9)
-        >>> scalars(logs.add_output("logits", [1.0, 2.0]))
-        {'loss': 0.5, 'acc': 0.9}
+    A name in several collections with different values is written as `collection.name`.
     """
     paths = tuple((collection, name) for collection, entries in logs.items() for name in entries)
     values = tuple(value for entries in logs.values() for value in entries.values())
@@ -99,18 +71,7 @@ HParams = dict[str, "bool | int | float | str"]
 
 
 def checked_hparams(hparams: Mapping[str, Any] | None) -> HParams:
-    """`hparams` as plain Python values, checked when a logger is created.
-
-    Example:
-        >>> import numpy as np
-        >>> from ciclo._src.callbacks._loggers._base import checked_hparams
-        >>> checked_hparams({"learning_rate": np.float32(0.5), "optimizer": "adam"})
-        {'learning_rate': 0.5, 'optimizer': 'adam'}
-
-    Raises:
-        TypeError: if `hparams` is not a mapping, a name is not a non-empty
-            string, or a value is not a number, a string or a bool.
-    """
+    """`hparams` as plain Python values (numpy scalars as numbers), checked when a logger is created."""
     if hparams is None:
         return {}
     if not isinstance(hparams, Mapping):
@@ -129,11 +90,7 @@ def checked_hparams(hparams: Mapping[str, Any] | None) -> HParams:
 
 
 def _scalar_columns(paths: Paths) -> list[tuple[int, str]] | None:
-    """`(column, name)` of each entry of a row with these `paths` that `scalars` may write.
-
-    None when a name appears in several collections: `_row_scalars` then names
-    them by the values, row by row.
-    """
+    """`(column, name)` of each entry `scalars` may write; None when a name is in several collections."""
     columns = [
         (column, name)
         for column, (collection, name) in enumerate(paths)
@@ -146,7 +103,6 @@ def _scalar_columns(paths: Paths) -> list[tuple[int, str]] | None:
 def _row_scalars(
     paths: Paths, values: tuple[Any, ...], columns: list[tuple[int, str]] | None
 ) -> dict[str, float | int]:
-    """`scalars` of a row, from its `_scalar_columns` where its entry names are unique."""
     out: dict[str, float | int] = {}
     if columns is not None:
         for column, name in columns:
@@ -184,28 +140,16 @@ def _number(value: Any) -> float | int | None:
 class Logger(Callback):
     """A loop callback that writes every logged scalar entry to a backend, against its step.
 
-    Create one with `ciclo.tensorboard`, `ciclo.csv_logger`, `ciclo.wandb_logger`,
-    `ciclo.mlflow_logger` or `ciclo.metric_writer_logger`. Put it under
-    `ciclo.every(1)` after the step in `ciclo.loop`, in
-    `train_loop(..., callbacks=[logger])` (it runs as `on_train_batch_end`), or
-    call `logger.write(step, logs)` then `logger.close()` in a loop of your own.
-    It writes the rows `History` has already copied to the host, so it never
-    makes the loop wait for the device; when the loop ends it writes the rest
-    and closes the backend. `state_dict()` holds the last step written (and a
-    run id): a fresh logger given it appends after that step. See
-    docs/logging.md, "How loggers work".
+    Made by `ciclo.tensorboard`, `ciclo.csv_logger`, ...; it writes the rows History has
+    copied to the host, never waiting. See docs/logging.md, "How loggers work".
 
     Example:
         >>> import ciclo
-        >>> from ciclo._src.callbacks._loggers._base import Logger
-        >>> class Printed:  # a sink of your own: any object with these five methods
+        >>> from ciclo._src.callbacks._loggers._base import Logger, Sink
+        >>> class Printed(Sink):  # a sink of your own
         ...     def write(self, rows):
         ...         for row in rows:
         ...             print(row.step, row.scalars)
-        ...     def flush(self): pass
-        ...     def close(self): pass
-        ...     def state(self): return {}
-        ...     def restore(self, state, after_step): pass
         >>> def train_step(state, batch):
         ...     return ciclo.logs().add_loss("loss", 1.0 / (batch + 1)), state
         >>> logger = Logger(Printed())
@@ -250,7 +194,6 @@ class Logger(Callback):
         self._sink.close()
 
     def _drain_loop(self, loop_state: LoopState[Any], *, ended: bool) -> None:
-        """Writes the rows of the loop's History on the host (all of them once the loop `ended`)."""
         history = loop_state.history
         if history is not self._history:
             self._history, self._next_row = history, history.dropped
@@ -260,11 +203,7 @@ class Logger(Callback):
             self._next_row = self._drain(history, self._next_row, upto, self._date_start)
 
     def _drain(self, history: History, start: int, upto: int, date_start: float) -> int:
-        """Writes rows [`start`, `upto`) of `history`, counted from its first row ever; returns `upto`.
-
-        Rows a bounded History dropped are skipped; each set of entries is
-        turned into scalar columns once.
-        """
+        """Writes rows [`start`, `upto`) of `history`, dropped rows counted; returns `upto`."""
         first, last = max(start - history.dropped, 0), upto - history.dropped
         if last <= first:
             return upto
@@ -325,7 +264,7 @@ class Logger(Callback):
     def state_dict(self) -> dict[str, Any]:
         """The last step written (`step`, None before any) and what the backend needs to resume.
 
-        The backend is flushed first: a backup holding this state claims only rows that survive a kill.
+        Flushed first: a backup holding this state claims only rows that survive a kill.
         """
         self._sink.flush()
         return {"step": self._last_step, **self._sink.state()}

@@ -15,7 +15,6 @@ from ciclo._src.base.reprs import short
 from ciclo._src.callbacks._loggers._base import HParams, Logger, Row, Sink, checked_hparams
 
 STEP = "step"
-"""The first column: the History's step."""
 
 
 @final
@@ -32,7 +31,6 @@ class CsvSink(Sink):
         self._keep_through: int | None = None  # restored: the file's rows of later steps are dropped
 
     def _open(self) -> list[str]:
-        """The columns of the file to append to: a new file, or a resumed run's file."""
         keep_through = self._keep_through
         if keep_through is not None and os.path.exists(self.path):
             with open_own(self.path, "r") as file:
@@ -55,7 +53,7 @@ class CsvSink(Sink):
             write_atomically(self.hparams_path, json.dumps(self._hparams, indent=2) + "\n")
 
     def _keep_hparams(self) -> None:
-        """A resumed run keeps its hparams file (a damaged one is written anew) and warns of other hparams."""
+        """A resumed run keeps its hparams file (a damaged one is written anew), warning of other hparams."""
         try:
             with open_own(self.hparams_path, "r") as file:
                 started = json.load(file)
@@ -81,7 +79,6 @@ class CsvSink(Sink):
             )
 
     def _replace(self, header: list[str], rows: Sequence[Sequence[Any]]) -> None:
-        """Writes the whole file anew, atomically: a reader sees the old file or the new one."""
         text = io.StringIO()
         writer = csv.writer(text)
         writer.writerow(header)
@@ -89,7 +86,6 @@ class CsvSink(Sink):
         write_atomically(self.path, text.getvalue())
 
     def write(self, rows: Sequence[Row]) -> None:
-        """Appends one line per row; when new entries appear, rewrites the file with the wider header."""
         columns = self._columns
         if columns is None:
             columns = self._columns = self._open()
@@ -107,13 +103,11 @@ class CsvSink(Sink):
             writer.writerows([row.step, *(row.scalars.get(name, "") for name in entries)] for row in rows)
 
     def flush(self) -> None:
-        """Syncs the file to disk (each `write` closes it, so the rows are already out of this process)."""
         if self._columns is not None:
             with open_own(self.path, "r") as file:
                 os.fsync(file.fileno())
 
     def restore(self, state: Mapping[str, Any], after_step: int | None) -> None:
-        """Appends to the existing file, after dropping its rows of steps after `after_step`."""
         self._keep_through = -1 if after_step is None else after_step
         self._columns = None
 
@@ -127,18 +121,8 @@ _ABSENT = object()
 def csv_logger(path: str | os.PathLike[str], *, hparams: Mapping[str, Any] | None = None) -> Logger:
     """A logger that writes one CSV row per logged step: `step`, then a column per entry.
 
-    The header is the entries seen so far; a new entry rewrites the file with
-    the wider header, atomically. Values are written exactly. A new logger
-    replaces the file at `path`; one restored with `load_state_dict` appends
-    to it. `hparams` go to a JSON file beside it (`log.csv` ->
-    `log.hparams.json`). See docs/logging.md, "CSV".
-
-    Args:
-        path: the CSV file (its directory is created if missing).
-        hparams: the run's hyperparameters (name -> number, string or bool).
-
-    Returns:
-        A `Logger` (see `Logger`).
+    A new entry rewrites the file with the wider header, atomically; `hparams` go to
+    `log.hparams.json` beside `log.csv`. See docs/logging.md, "CSV".
 
     Example:
         >>> import os, tempfile

@@ -47,21 +47,8 @@ class MetricWriterSink(Sink):
 def metric_writer_logger(writer: Any, *, hparams: Mapping[str, Any] | None = None) -> Logger:
     """A logger that writes every scalar entry through a clu `metric_writers.MetricWriter`.
 
-    Any object with `write_scalars(step, scalars)` and `flush()` works (and
-    `write_hparams`, given `hparams`); ciclo imports no clu. You create the
-    writer and close it; the logger writes each logged step and flushes when
-    the loop ends. See docs/logging.md, "clu metric writers".
-
-    Args:
-        writer: the metric writer.
-        hparams: the run's hyperparameters (name -> number, string or bool).
-
-    Returns:
-        A `Logger` (see `Logger`).
-
-    Raises:
-        TypeError: if `writer` has no `write_scalars` or `flush` method (or
-            no `write_hparams`, given `hparams`).
+    Any object with `write_scalars(step, scalars)` and `flush()` works (and `write_hparams`,
+    given `hparams`); you create and close it. See docs/logging.md, "clu metric writers".
 
     Example:
         >>> import ciclo

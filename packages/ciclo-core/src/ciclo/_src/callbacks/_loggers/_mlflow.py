@@ -8,8 +8,7 @@ from typing import Any, final
 from ciclo._src.base.reprs import short
 from ciclo._src.callbacks._loggers._base import HParams, Logger, Row, Sink, checked_hparams, import_extra
 
-_BATCH = 1000
-"""The most metric values MLflow takes in one `log_batch` call."""
+_BATCH = 1000  # the most metric values MLflow takes in one `log_batch` call
 
 
 @final
@@ -81,16 +80,11 @@ class MlflowSink(Sink):
             client.log_batch(self.run_id, metrics=metrics[start : start + _BATCH], synchronous=True)
 
     def flush(self) -> None:
-        """Creates the run if no row has yet (each batch is logged synchronously).
-
-        A logger's state is taken after a flush: a backup always names the run
-        its rows go to, and a resumed run never starts a second one.
-        """
+        """Creates the run if no row has yet: a backup (taken after a flush) names the run its rows go to."""
         if self.run_id is None:
             self._open()
 
     def close(self) -> None:
-        """Marks the run the logger created as finished (a `run_id` passed in is left as it is)."""
         if self._active and self._owned:
             self._client.set_terminated(self.run_id)
         self._active = False
@@ -99,7 +93,6 @@ class MlflowSink(Sink):
         return {"run_id": self.run_id}
 
     def restore(self, state: Mapping[str, Any], after_step: int | None) -> None:
-        """Logs to the run `state["run_id"]`, skipping the steps it already holds (a killed run's)."""
         run_id = state.get("run_id")
         if run_id is not None:
             self.run_id = str(run_id)
@@ -122,27 +115,16 @@ def mlflow_logger(
 ) -> Logger:
     """A logger that writes every scalar entry to an MLflow run, at its step.
 
-    Needs MLflow (`pip install "ciclo-core[mlflow]"`). It talks to the tracking
-    server through its own `MlflowClient`, leaving `mlflow.start_run`'s active
-    run alone. The run is created on the first write or backup and marked
-    finished when the loop ends; a logger restored with `load_state_dict` logs
-    to the same run. See docs/logging.md, "MLflow".
+    Needs MLflow (`pip install "ciclo-core[mlflow]"`); it uses its own `MlflowClient`,
+    leaving `mlflow.start_run`'s active run alone. See docs/logging.md, "MLflow".
 
     Args:
         experiment_name: the experiment of the new run (created if missing).
         run_name: the new run's name (MLflow picks one if None).
-        tracking_uri: where runs are tracked (`file:/path`, `sqlite:///mlflow.db`,
-            `http://server:5000`); None uses MLflow's default (`MLFLOW_TRACKING_URI`).
+        tracking_uri: where runs are tracked; None uses `MLFLOW_TRACKING_URI`.
         run_id: log to this existing run instead of creating one (left running).
         tags: tags of the new run.
-        hparams: the run's hyperparameters (name -> number, string or bool),
-            logged as its params when the run is created or first opened.
-
-    Returns:
-        A `Logger` (see `Logger`).
-
-    Raises:
-        ImportError: if MLflow is not installed.
+        hparams: the run's hyperparameters, logged as its params.
     """
     if not isinstance(experiment_name, str) or not experiment_name:
         raise TypeError(f"experiment_name must be a non-empty string, got {short(experiment_name)}")

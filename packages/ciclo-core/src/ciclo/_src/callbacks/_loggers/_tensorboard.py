@@ -23,7 +23,6 @@ _INT64 = (1 << 64) - 1
 
 
 def _varint(value: int) -> bytes:
-    """`value` (>= 0) as a protobuf varint."""
     out = bytearray()
     while value > 0x7F:
         out.append((value & 0x7F) | 0x80)
@@ -34,11 +33,10 @@ def _varint(value: int) -> bytes:
 
 @functools.lru_cache(maxsize=4096)
 def _value_head(tag: str) -> bytes:
-    """A `Summary.value` entry's bytes up to its float: its key and length, `tag`, the float's key."""
+    """A `Summary.value` entry's bytes up to its float: field 1 (a Value: tag = 1, simple_value = 2)."""
     name = tag.encode("utf-8")
-    # Value: tag = field 1 (a string), simple_value = field 2 (a float: its 4 bytes come next).
     value = b"\x0a" + _varint(len(name)) + name + b"\x15"
-    return b"\x0a" + _varint(len(value) + 4) + value  # Summary: value = field 1 (a Value)
+    return b"\x0a" + _varint(len(value) + 4) + value
 
 
 def _float32(value: float | int) -> bytes:
@@ -49,18 +47,7 @@ def _float32(value: float | int) -> bytes:
 
 
 def scalar_event(wall_time: float, step: int, scalars: Mapping[str, float | int]) -> bytes:
-    """A serialized TensorBoard `Event` at `step` whose summary holds `scalars` as simple values.
-
-    The bytes protobuf writes for `Event(wall_time=..., step=..., summary=Summary(value=[
-    Value(tag=..., simple_value=...), ...]))`, built with no message object per
-    value: the logger writes one such event per logged step.
-
-    Example:
-        >>> from tensorboardX.proto.event_pb2 import Event
-        >>> event = Event.FromString(scalar_event(1.5, 3, {"loss": 0.5}))
-        >>> event.step, event.wall_time, [(v.tag, v.simple_value) for v in event.summary.value]
-        (3, 1.5, [('loss', 0.5)])
-    """
+    """A serialized TensorBoard `Event` at `step` whose summary holds `scalars`, with no message objects."""
     summary = b"".join([_value_head(tag) + _float32(value) for tag, value in scalars.items()])
     # An int64 step: a negative one is its 64-bit two's complement, as protobuf writes it.
     head = b"\x09" + _DOUBLE(wall_time) + b"\x10" + _varint(step & _INT64)
@@ -69,15 +56,12 @@ def scalar_event(wall_time: float, step: int, scalars: Mapping[str, float | int]
 
 @final
 class _EventFile:
-    """An event file: TFRecords of events (length, its masked CRC-32C, the event, its masked CRC-32C).
-
-    A record's length and its checksum repeat from step to step: they are computed once per length.
-    """
+    """An event file: TFRecords of events (length, its masked CRC-32C, the event, its masked CRC-32C)."""
 
     def __init__(self, path: str, crc32c: Callable[[bytes], int]) -> None:
         self._file = open_own(path, "ab")  # closed by `close`; never written through a link
         self._crc32c = crc32c
-        self._headers: dict[int, bytes] = {}
+        self._headers: dict[int, bytes] = {}  # a record's length and checksum, once per length
 
     def _masked(self, data: bytes) -> bytes:
         # tensorboardX's `masked_crc32c` written out around the C `crc32c`: one Python call, not three.
@@ -118,9 +102,7 @@ class TensorBoardSink(Sink):
 
     def _open(self) -> Any:
         os.makedirs(self.logdir, exist_ok=True)
-        # Named as tensorboardX names them, by the second: a writer opened again within one second (a
-        # resumed run) would overwrite the first file. The nanosecond suffix keeps each file,
-        # in the order TensorBoard reads them.
+        # Named as tensorboardX names them, plus nanoseconds: a run resumed within the second keeps both.
         now, event = time.time(), self._events.Event
         name = f"events.out.tfevents.{int(now)}.{socket.gethostname()}.{time.time_ns()}"
         events = [event(wall_time=now, file_version="brain.Event:2")]
@@ -129,8 +111,7 @@ class TensorBoardSink(Sink):
             events.append(event(wall_time=now, step=self._resume_step, session_log=start))
             self._resume_step = None
         if self._hparams:
-            # The hparams plugin's experiment and session summaries, as tensorboardX's add_hparams
-            # writes them, but in this run's own directory: the run is the session.
+            # tensorboardX's add_hparams summaries, but in this run's own directory: the run is the session.
             summary = import_extra("tensorboardX.summary", "tensorboard", "ciclo.tensorboard")
             experiment, session_start, _ = summary.hparams(self._hparams, {})
             events += [event(wall_time=now, step=0, summary=part) for part in (experiment, session_start)]
@@ -158,10 +139,7 @@ class TensorBoardSink(Sink):
             self._writer = None
 
     def restore(self, state: Mapping[str, Any], after_step: int | None) -> None:
-        """Starts the new event file with a `SessionLog.START` at the step after `after_step`.
-
-        TensorBoard's reader then drops the events of earlier files from that step on.
-        """
+        """Starts the new event file with a `SessionLog.START` after `after_step`: later events drop."""
         self._resume_step = 0 if after_step is None else after_step + 1
         if after_step is not None:  # rows were written: the first event file holds the hparams
             self._hparams = {}
@@ -173,23 +151,9 @@ class TensorBoardSink(Sink):
 def tensorboard(logdir: str | os.PathLike[str], *, hparams: Mapping[str, Any] | None = None) -> Logger:
     """A logger that writes every scalar entry to TensorBoard event files in `logdir`.
 
-    No TensorFlow needed (`pip install "ciclo-core[tensorboard]"`). Each logged
-    step is one event holding its scalars. Each time the logger opens (a loop, a
-    resumed run) it starts a new event file; a resumed run's starts with a
-    `SessionLog.START`, so TensorBoard drops what the killed run wrote after its
-    backup. `hparams` go to the first file (the HPARAMS tab). See
-    docs/logging.md, "TensorBoard".
-
-    Args:
-        logdir: the directory of the event files (created if missing).
-        hparams: the run's hyperparameters (name -> number, string or bool).
-
-    Returns:
-        A `Logger` (see `Logger`).
-
-    Raises:
-        ImportError: if tensorboardX is not installed.
-        TypeError: if `hparams` holds something else than numbers, strings, bools.
+    No TensorFlow needed (`pip install "ciclo-core[tensorboard]"`); `logdir` is
+    created if missing; `hparams` (name -> number, string or bool) go to the
+    HPARAMS tab. See docs/logging.md, "TensorBoard".
 
     Example:
         >>> import tempfile

@@ -34,7 +34,6 @@ class WandbSink(Sink):
 
     @property
     def run(self) -> Any:
-        """The `wandb` run written to; started (or resumed) on the first write."""
         if self._run is None:
             kwargs = dict(self._init_kwargs)
             if self._run_id is not None:
@@ -49,17 +48,12 @@ class WandbSink(Sink):
             log(dict(row.scalars), step=row.step, commit=True)
 
     def close(self) -> None:
-        """Finishes the run the logger started (a run passed to `wandb_logger` is left running)."""
         if self._run is not None and self._owned:
             self._run.finish()
             self._run = None
 
     def state(self) -> dict[str, Any]:
-        """The run id, so that a resumed logger resumes the same run.
-
-        Asked for before the run starts (the first backup), it picks the id the
-        run will be started with: a backup always names the run its rows go to.
-        """
+        """The run id; asked before the run starts (a first backup), it picks the id the run starts with."""
         if self._run_id is None:
             given = self._init_kwargs.get("id")
             self._run_id = str(given) if given is not None else secrets.token_hex(4)
@@ -68,11 +62,8 @@ class WandbSink(Sink):
     def restore(self, state: Mapping[str, Any], after_step: int | None) -> int | None:
         """Resumes the run `state["run_id"]` and returns the newest step it holds.
 
-        W&B's client buffers what `run.log` is given, so a killed run can hold
-        fewer rows than its backup claims, or rows logged after the backup. The
-        newest step the run holds decides where the logger writes again: online,
-        W&B's own count (`run.starting_step`); offline, the history records of
-        the run's earlier offline directories (`offline-run-*-<id>`), read as data.
+        A killed run's client may have lost rows its backup claims, or written later ones: online
+        W&B counts them (`run.starting_step`); offline, the earlier offline directories are read.
         """
         run_id = state.get("run_id")
         if run_id is None or self._run is not None:
@@ -122,11 +113,7 @@ def _records(data: bytes) -> Iterator[bytes]:
 
 
 def _newest_offline_step(wandb_dir: Path, run_id: str, current: Path) -> int:
-    """The newest history step in the earlier offline directories of run `run_id` (-1: none).
-
-    Each file is read up to its first record that is not whole: what a killed
-    writer left behind is not trusted.
-    """
+    """The newest history step in the earlier offline directories of run `run_id` (-1: none)."""
     messages = import_extra("wandb.proto.wandb_internal_pb2", "wandb", "ciclo.wandb_logger")
     newest = -1
     # offline-run-<date>_<time>-<id>, and -<n> after it for a run started again within the second.
@@ -149,27 +136,10 @@ def _newest_offline_step(wandb_dir: Path, run_id: str, current: Path) -> int:
 def wandb_logger(run: Any = None, *, hparams: Mapping[str, Any] | None = None, **init_kwargs: Any) -> Logger:
     """A logger that writes every scalar entry to a Weights & Biases run, at its step.
 
-    Needs wandb (`pip install "ciclo-core[wandb]"`). With no `run`, it starts
-    one with `wandb.init(**init_kwargs)` on its first write and finishes it
-    when the loop ends; a `run` you started is left running. A logger restored
-    with `load_state_dict` resumes the run its backup names, after the newest
-    step the run holds. `hparams` become the run's config. See
+    Needs wandb (`pip install "ciclo-core[wandb]"`). With no `run`, it starts one with
+    `wandb.init(**init_kwargs)` on its first write and finishes it when the loop ends; a
+    `run` you started is left running. `hparams` become the run's config. See
     docs/logging.md, "Weights & Biases".
-
-    Args:
-        run: a run from `wandb.init(...)` to log into, or None to start one.
-        hparams: the run's hyperparameters (name -> number, string or bool).
-        **init_kwargs: arguments of `wandb.init` (`project`, `name`, `config`,
-            `dir`, `mode`, ...), when `run` is None.
-
-    Returns:
-        A `Logger` (see `Logger`).
-
-    Raises:
-        ImportError: if wandb is not installed.
-        TypeError: if both `run` and `init_kwargs` are given, or `hparams`
-            holds something else than numbers, strings and bools.
-        ValueError: if `hparams` and `config=` give the same name.
     """
     if run is not None and init_kwargs:
         raise TypeError("wandb_logger takes a run or wandb.init arguments, not both")
