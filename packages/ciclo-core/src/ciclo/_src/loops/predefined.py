@@ -39,9 +39,7 @@ from ciclo._src.loops.hooks import (
     TEST,
     TRAIN,
     on_epoch_end,
-    on_predict_begin,
     on_reset_step,
-    on_test_begin,
     on_train_batch_begin,
     on_train_batch_end,
     on_train_begin,
@@ -183,11 +181,7 @@ def _step_loop(
         Phase("tasks", scheduled),
         Phase(f"{prefix}_batch_end", [(every(1), _get(named, f"on_{prefix}_batch_end"))]),
     ]
-    begin = (
-        _get(named, on_test_begin, reset_step, on_reset_step)
-        if prefix == "test"
-        else _get(named, on_predict_begin)
-    )
+    begin = _get(named, f"on_{prefix}_begin", reset_step, on_reset_step)  # predict has no reset_step
     return _run(loop_name, state, dataset, phases, begin, _get(named, f"on_{prefix}_end"), settings)
 
 
