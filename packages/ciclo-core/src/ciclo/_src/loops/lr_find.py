@@ -63,9 +63,6 @@ class LRFindResult:
         Args:
             path: where to save the figure (as PNG, or the format its suffix names).
 
-        Returns:
-            The `matplotlib.figure.Figure`.
-
         Example:
             >>> import numpy as np
             >>> rates = np.geomspace(1e-3, 1.0, 4)
@@ -175,9 +172,6 @@ def lr_find(
         train_step: the step to run, `(state, batch) -> (logs, state)` with the
             loss in the `losses` collection (a `managed.train_step`); default:
             the state's `train_step` method.
-
-    Returns:
-        The rates, raw and smoothed losses and suggested rate (`ciclo.types.LRFindResult`).
 
     Raises:
         ValueError: for bounds or `steps` out of range, a `tx` without one

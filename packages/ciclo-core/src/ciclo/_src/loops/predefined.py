@@ -331,9 +331,6 @@ def train_loop(
         **settings: the loop settings (`ciclo.types.LoopSettings`; a backup is
             made at each epoch's end by default).
 
-    Returns:
-        `(state, history, elapsed)`.
-
     Raises:
         TypeError: if the state is not a `ciclo.types.Trainable` and `tasks` hold no step.
         ValueError: for a `prefetch`, `steps_per_execution` or `max_skipped_steps` out of range.

@@ -168,8 +168,7 @@ class _Crash(Exception):
     pass
 
 
-Failures = Iterator[tuple[str, str]]
-"""What a clause yields for each check that fails: what was seen, and the fix (`run` raises the first)."""
+Failures = Iterator[tuple[str, str]]  # per failed check: what was seen, and the fix (`run` raises the first)
 
 
 class Kit:
@@ -615,9 +614,6 @@ def check_adapter(adapter: ModelAdapter, *, inputs: Any, **options: Unpack[KitOp
             `call_model`: `call_model(model, inputs)` runs what `to_model` gives;
             by default a callable model is called, else `to_model` is skipped.
             `skip`: `{clause: why}` for clauses this framework cannot meet.
-
-    Returns:
-        The clauses checked, and those skipped with why.
 
     Raises:
         AssertionError: for the first clause that fails, naming it, what was
