@@ -403,7 +403,7 @@ CASES: list[tuple[str, Callable[[Any], Any], type, str, int | None]] = [
         "steps_per_execution=0",
         lambda p: train(steps_per_execution=0),
         ValueError,
-        r"steps_per_execution must be a positive int",
+        r"steps_per_execution must be an int >= 1",
         0,
     ),
     ("test_name=5", lambda p: train(test_name=5), TypeError, r"test_name must be a string", 0),

@@ -116,7 +116,7 @@ def test_a_resumed_loop_keeps_its_groups_on_the_epochs() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"steps_per_execution": 0}, "steps_per_execution must be a positive int"),
+        ({"steps_per_execution": 0}, "steps_per_execution must be an int >= 1"),
         (
             {"steps_per_execution": 4, "epoch_duration": ciclo.at(samples=80)},
             "epoch_duration must be a number of steps",
@@ -125,7 +125,7 @@ def test_a_resumed_loop_keeps_its_groups_on_the_epochs() -> None:
         ({"steps_per_execution": "auto", "stop": ciclo.at(time=10.0)}, "stop must be a number of steps"),
     ]
     + [
-        ({"steps_per_execution": bad}, r'steps_per_execution must be a positive int or "auto"')
+        ({"steps_per_execution": bad}, r'steps_per_execution must be an int >= 1 or "auto"')
         for bad in ("Auto", "", 0, -1, 2.5, 1.0, True, None)
     ],
 )

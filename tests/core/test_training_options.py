@@ -358,8 +358,8 @@ def test_a_float16_run_that_skips_a_few_steps_says_nothing(caplog: pytest.LogCap
 @pytest.mark.parametrize(
     ("options", "error", "match"),
     [
-        ({"max_skipped_steps": 0}, ValueError, "max_skipped_steps must be None or an int >= 1, got 0"),
-        ({"max_skipped_steps": True}, ValueError, "max_skipped_steps must be None or an int >= 1, got True"),
+        ({"max_skipped_steps": 0}, ValueError, "max_skipped_steps must be an int >= 1 or None, got 0"),
+        ({"max_skipped_steps": True}, ValueError, "max_skipped_steps must be an int >= 1 or None, got True"),
     ],
 )
 def test_bad_max_skipped_steps_are_refused(options: dict[str, Any], error: type, match: str) -> None:

@@ -1,9 +1,4 @@
-"""`train_loop(..., steps_per_execution="auto")`: the steps per dispatch, measured on the first steps.
-
-docs/performance.md ("Measured steps per dispatch") says what it measures, chooses, compiles and
-remembers. `choose` is the decision alone, a function of given timings; `AutoSteps` groups the
-batches, times the groups and keeps what it measured.
-"""
+"""`steps_per_execution="auto"`, measured on the first steps (docs/performance.md)."""
 
 from __future__ import annotations
 
@@ -34,8 +29,7 @@ REPEATS: Final = 3  # timed dispatches per K, after one untimed dispatch that co
 ENTRY: Final = "steps_per_execution"  # the chosen K's entry in the history's `performance` collection
 REMEMBERED: Final = 32  # the measurements (steps, state and batch shapes) the process remembers
 
-# The clock and the wait for the device, read at each use: tests replace them to measure
-# without timing anything.
+# Read at each use: tests replace them to measure without timing anything.
 _clock: Callable[[], float] = time.perf_counter
 _block: Callable[[Any], Any] = jax.block_until_ready
 
@@ -48,33 +42,17 @@ class Timing(NamedTuple):
 
 
 def loop_share(steps: int, timing: Timing) -> float:
-    """The loop's own cost per step (host seconds per dispatch / `steps`) over a step's device seconds.
-
-    Example:
-        >>> round(loop_share(4, Timing(host=40e-6, device=1e-3)), 3)
-        0.01
-    """
+    """The loop's own cost per step (host seconds per dispatch / `steps`) over a step's device seconds."""
     if timing.device <= 0:
         return math.inf
     return timing.host / steps / timing.device
 
 
 def dispatch_cost(timings: Mapping[int, Timing]) -> Timing | None:
-    """The fixed seconds of a dispatch and the seconds of a step, fitted to the times at two K.
+    """`fixed + K * step`, the time of a dispatch of K steps, fitted between the smallest and largest K.
 
-    A dispatch of K steps, from its start until its result is ready, takes
-    `fixed + K * step`: `step` is the slope between the smallest and largest K
-    measured, `fixed` what is left at the smallest. This is the loop's cost
-    whether or not the device computes during the dispatch (on CPU, XLA runs a
-    small step inline, so a dispatch's host time holds the step's compute).
-    Returned as a `Timing` of K = 1: `host` the fixed cost, `device` the step.
+    Returned as a `Timing` of K = 1 (`host` the fixed cost, `device` the step);
     None with fewer than two K measured.
-
-    Example:
-        >>> # 300 us per dispatch, 1 ms per step: 1.3 ms at K=1, 4.3 ms at K=4
-        >>> cost = dispatch_cost({1: Timing(1e-3, 1.3e-3), 4: Timing(1e-3, 4.3e-3 / 4)})
-        >>> round(cost.host * 1e6), round(cost.device * 1e6)
-        (300, 1000)
     """
     measured = sorted(timings)
     if len(measured) < 2:
@@ -96,24 +74,10 @@ def loop_share_at(steps: int, timings: Mapping[int, Timing]) -> float:
 
 
 def choose(timings: Mapping[int, Timing], cap: int) -> int:
-    """The steps per dispatch to run with, from the timings measured at 1, 2, 4, ... steps per dispatch.
+    """The smallest power of two (at most `cap`) at which the loop's share of a step is under `TARGET_SHARE`.
 
-    The smallest power of two at which the loop's share of a step is under
-    `TARGET_SHARE`: the share fitted from two K or more (`dispatch_cost`), else
-    from the one timing measured (a dispatch's host time does not grow with its
-    steps). Never more than `cap`; 1 without timings.
-
-    Args:
-        timings: a `Timing` per steps per dispatch (powers of two).
-        cap: the most steps per dispatch, a power of two (`MAX_STEPS`, or the
-            largest power of two in an epoch).
-
-    Example:
-        >>> tiny = {1: Timing(host=300e-6, device=305e-6), 2: Timing(host=300e-6, device=155e-6)}
-        >>> choose(tiny, cap=128), choose(tiny, cap=16)
-        (128, 16)
-        >>> choose({1: Timing(host=300e-6, device=20e-3)}, cap=128)
-        1
+    The share is fitted from two K or more (`dispatch_cost`), else taken from
+    the one K measured (a dispatch's host time does not grow with its steps).
     """
     measured = {steps: timing for steps, timing in timings.items() if steps <= cap}
     if not measured:
@@ -153,19 +117,7 @@ def _abstract(tree: Any) -> tuple[Any, ...]:
 
 
 def signature(state: Any, steps: Sequence[Callable[..., Any]]) -> Hashable | None:
-    """What a measurement holds for, the batches aside: the step functions and the state's shapes.
-
-    None when a part cannot be hashed (a step that is a mutable dataclass,
-    say): such a run measures, and is not remembered.
-
-    Example:
-        >>> import numpy as np
-        >>> def step(state, batch): ...
-        >>> signature({"w": np.zeros(3)}, [step]) == signature({"w": np.ones(3)}, [step])
-        True
-        >>> signature({"w": np.zeros(3)}, [step]) == signature({"w": np.zeros(4)}, [step])
-        False
-    """
+    """The step functions and the state's shapes: None when a part cannot be hashed (not remembered)."""
     key = (tuple(steps), _abstract(state))
     try:
         hash(key)
@@ -175,20 +127,12 @@ def signature(state: Any, steps: Sequence[Callable[..., Any]]) -> Hashable | Non
 
 
 def largest_power_of_two(limit: int) -> int:
-    """The largest power of two not above `limit` (>= 1).
-
-    Example:
-        >>> largest_power_of_two(10), largest_power_of_two(128), largest_power_of_two(1)
-        (8, 128, 1)
-    """
+    """The largest power of two not above `limit` (>= 1)."""
     return 1 << (max(limit, 1).bit_length() - 1)
 
 
 def _agreed(value: int) -> int:
-    """`value` as process 0 has it: under `jax.distributed` all processes must run the same groups.
-
-    Every process calls this at the same step: the decisions fall at step counts the group sizes fix.
-    """
+    """`value` as process 0 has it: under `jax.distributed` all processes must run the same groups."""
     if jax.process_count() == 1:
         return value
     from jax.experimental import multihost_utils
@@ -197,10 +141,6 @@ def _agreed(value: int) -> int:
 
 
 _END: Final = object()
-
-
-def _median(timings: Sequence[Timing]) -> Timing:
-    return Timing(statistics.median(t.host for t in timings), statistics.median(t.device for t in timings))
 
 
 def _describe(timings: Mapping[int, Timing]) -> str:
@@ -215,27 +155,11 @@ def _describe(timings: Mapping[int, Timing]) -> str:
 class AutoSteps(Callback):
     """`steps_per_execution="auto"` for one `train_loop`: groups the batches, times them, chooses K.
 
-    `groups(dataset)` is the loop's dataset; `before_step` (the first callback
-    of each step) and `after_dispatch` (the last of the step's phase) time the
-    dispatches while it measures. A backup keeps the group sizes it drew while
-    measuring, its timings and its choice: a resumed run draws the same groups.
-
-    Args:
-        align: the epoch's length in steps, if any: no group crosses an epoch's
-            end, and K is at most the largest power of two in it.
-        start: the step count of the first batch.
-        total: how many steps the loop runs (to its `stop`), if known.
-        batch_size_fn: counts a batch's samples.
-        signature: the run's `signature(state, steps)`, to reuse an earlier
-            measurement and be remembered; None: neither.
-
-    Example:
-        >>> import numpy as np
-        >>> auto = AutoSteps(align=None, start=0, total=8, batch_size_fn=None)
-        >>> [type(batch).__name__ for batch in auto.groups([np.ones(2)] * 8)]  # too short to measure
-        ['ndarray', 'ndarray', 'ndarray', 'ndarray', 'ndarray', 'ndarray', 'ndarray', 'ndarray']
-        >>> auto.chosen
-        1
+    `groups(dataset)` is the loop's dataset; `before_step` and `after_dispatch`
+    time the dispatches while it measures. A backup keeps the sizes it drew,
+    its timings and its choice: a resumed run draws the same groups. `align`,
+    `start` and `total` cut the groups as `ciclo.stacked` does; `signature`
+    reuses an earlier measurement.
     """
 
     state_key = "steps_per_execution='auto'"
@@ -258,8 +182,7 @@ class AutoSteps(Callback):
         self._signature = signature
         self._key: Hashable | None = None  # the signature with the first batch's shapes
         self._position = start  # the step count of the next group's first batch
-        self.chosen: int | None = None
-        """The chosen steps per dispatch; None while measuring."""
+        self.chosen: int | None = None  # None while measuring
         self._candidate = 1  # the K being measured
         self._timed: dict[int, list[Timing]] = {}
         self._compiled: set[int] = set()  # the Ks dispatched once already, in this process
@@ -327,17 +250,14 @@ class AutoSteps(Callback):
                 wanted, recording = self._candidate, True
             else:
                 wanted = self.chosen
-            wanted = self._fitted(wanted)
+            # Cut as `cut` would cut it here, then to a power of two: a size compiled already.
+            if self._total is not None:
+                wanted = min(wanted, self._total - (self._position - self._start))
+            if self._align is not None:
+                wanted = min(wanted, self._align - self._position % self._align)
+            wanted = largest_power_of_two(wanted)
         self._wanted, self._recording = wanted, recording
         return wanted
-
-    def _fitted(self, wanted: int) -> int:
-        """`wanted` cut as `cut` would cut it here, then to a power of two: a size compiled already."""
-        if self._total is not None:
-            wanted = min(wanted, self._total - (self._position - self._start))
-        if self._align is not None:
-            wanted = min(wanted, self._align - self._position % self._align)
-        return largest_power_of_two(wanted)
 
     def before_step(self, state: Any, batch: Any) -> None:
         if self.chosen is not None:
@@ -382,7 +302,9 @@ class AutoSteps(Callback):
     def _measured(self) -> dict[int, Timing]:
         """The median timing of each K timed `REPEATS` times (a K cut short by the budget does not count)."""
         return {
-            steps: _median(timings)
+            steps: Timing(
+                statistics.median(t.host for t in timings), statistics.median(t.device for t in timings)
+            )
             for steps, timings in self._timed.items()
             if len(timings) >= REPEATS and steps == largest_power_of_two(steps)
         }

@@ -25,13 +25,11 @@ Aggregation = AggregationName | Callable[[Sequence[Any]], Any]
 """How an entry's values over the inner loop's history become one value."""
 
 AggregationLike = Aggregation | Mapping[str, Aggregation]
-"""One aggregation for every entry, or a dict keyed by entry (`"accuracy"`, `"metrics.accuracy"`)
-or by collection (`"metrics"`); entries it does not name take their kind's default."""
+"""One aggregation for every entry, or a dict of them by entry or collection (see `ciclo.inner_loop`)."""
 
 LoopFn = Callable[[Any], tuple[Any, History, Elapsed]]
 
-Reducer = Callable[[Sequence[Any], np.ndarray], Any]
-"""An aggregation as applied: `(values, samples per step) -> value`."""
+Reducer = Callable[[Sequence[Any], np.ndarray], Any]  # (values, samples per step) -> value
 
 # Per-batch values, reduced to their mean weighted by samples by default; other collections
 # (`stateful_metrics`, running values as Keras', `outputs`) keep their last value.
@@ -78,41 +76,6 @@ def _check_aggregation(aggregation: Any, where: str) -> Reducer:
     )
 
 
-class _Rules:
-    """An `AggregationLike` checked: one reducer for all, or reducers by path, name and collection."""
-
-    __slots__ = ("by_key", "every")
-
-    def __init__(self, aggregation: AggregationLike, where: str) -> None:
-        self.every: Reducer | None = None
-        self.by_key: dict[str, Reducer] = {}
-        if isinstance(aggregation, Mapping):
-            for key, agg in aggregation.items():
-                if not isinstance(key, str):
-                    raise TypeError(f"{where} keys are entry or collection names, got {short(key)}")
-                self.by_key[key] = _check_aggregation(agg, f"{where}[{short(key)}]")
-        else:
-            self.every = _check_aggregation(aggregation, where)
-
-    def find(self, collection: str, name: str) -> Reducer | None:
-        """The reducer of an entry: by full path, else by name, else by collection."""
-        if self.every is not None:
-            return self.every
-        by_key = self.by_key
-        return by_key.get(f"{collection}.{name}") or by_key.get(name) or by_key.get(collection)
-
-    def check_names(self, paths: Sequence[tuple[str, str]]) -> None:
-        """Refuses keys that name no entry, so that a misspelt name is not silently ignored."""
-        known = {f"{c}.{n}" for c, n in paths} | {n for _, n in paths} | {c for c, _ in paths}
-        unknown = [key for key in self.by_key if key not in known and key not in _KNOWN_COLLECTIONS]
-        if unknown:
-            present = sorted(f"{c}.{n}" for c, n in paths)
-            raise ValueError(
-                f"aggregation names {short(unknown[0])}, which is no entry or collection of the inner "
-                f"loop's logs; present: {present}"
-            )
-
-
 def _samples_per_step(counts: list[tuple[int, int]], elapsed: Elapsed | None) -> np.ndarray:
     """The samples of each history entry's step, from the entries' `(steps, samples)` counts.
 
@@ -132,16 +95,7 @@ def _samples_per_step(counts: list[tuple[int, int]], elapsed: Elapsed | None) ->
 
 @dataclasses.dataclass
 class RunningSums:
-    """One loss's sums over the steps so far: `add` gives the mean so far.
-
-    The mean `aggregate`'s `"mean"` gives over the same steps: weighted by
-    samples or, while no step counted samples (plain Python values), by steps.
-
-    Example:
-        >>> sums = RunningSums()
-        >>> sums.add(1.0, 4), sums.add(2.0, 4), sums.add(4.0, 2)
-        (1.0, 1.5, 2.0)
-    """
+    """One loss's sums so far: `add` gives the mean `"mean"` gives, by samples (else by steps)."""
 
     weighted: Any = 0.0  # the sum of each step's value times its samples
     samples: int = 0
@@ -164,16 +118,11 @@ _SUMS_KEYS: Final = tuple(field.name for field in dataclasses.fields(RunningSums
 class RunningLosses(Callback):
     """Logs each loss of a step as its sample-weighted mean over the steps so far: `test_loop`'s losses.
 
-    A test loop reports the loss of the batches seen so far (the test set's at
-    the end), as Keras' `evaluate` and as its running metrics do, rather than
-    the last batch's. The history says so (`History.running`): an inner loop
-    keeps the last value of these entries, the test set's mean. It is a
-    stateful callback of the loop: a backup keeps its sums, so a resumed
-    `test_loop` ends on the same loss as one run without a break.
+    The history names these entries in `History.running`, so that an inner
+    loop keeps their last value; a backup keeps the sums (docs/loops.md).
     """
 
     state_key = "test_loop.running_losses"
-    """The key of its state in a backup: a resumed `test_loop` goes on with the sums it had."""
 
     def __init__(self, batch_size_fn: Callable[[Any], int] | None) -> None:
         self._batch_size_fn = leading_dim if batch_size_fn is None else batch_size_fn
@@ -198,18 +147,10 @@ class RunningLosses(Callback):
         return running, loop_state.state
 
     def state_dict(self) -> dict[str, dict[str, Any]]:
-        """The sums of each loss so far, by the loss's name (the fields of `RunningSums`).
-
-        Example:
-            >>> running = RunningLosses(None)
-            >>> running.load_state_dict({"loss": {"weighted": 12.0, "samples": 8, "total": 3.0, "steps": 2}})
-            >>> running.state_dict()["loss"]["weighted"]
-            12.0
-        """
+        """The sums of each loss so far, by the loss's name (the fields of `RunningSums`)."""
         return {name: dataclasses.asdict(sums) for name, sums in self._sums.items()}
 
     def load_state_dict(self, state: Any, /) -> None:
-        """Takes back a `state_dict()` snapshot: the losses go on from its sums."""
         if not isinstance(state, Mapping):
             raise TypeError(
                 f"test_loop's running losses take the dict state_dict() returned, got {short(state)}"
@@ -242,34 +183,31 @@ class InnerLoop(Callback, Generic[S]):
         self.name = name
         self.loop_fn = loop_fn
         self.output_state = output_state
-        self._rules = None if aggregation is None else _Rules(aggregation, "aggregation")
+        self._every: Reducer | None = None  # one rule for all entries, else rules by path, name, collection
+        self._by_key: dict[str, Reducer] = {}
+        if isinstance(aggregation, Mapping):
+            for key, agg in aggregation.items():
+                if not isinstance(key, str):
+                    raise TypeError(f"aggregation keys are entry or collection names, got {short(key)}")
+                self._by_key[key] = _check_aggregation(agg, f"aggregation[{short(key)}]")
+        elif aggregation is not None:
+            self._every = _check_aggregation(aggregation, "aggregation")
 
     def __repr__(self) -> str:
         # Named in the notes of errors raised inside the inner loop ("raised by callback ...").
         return f"inner_loop({self.name!r}, {describe(self.loop_fn)})"
 
     def __call__(self, state: S) -> CallbackOutput[S]:
-        """Runs the inner loop from `state`; returns its aggregated logs and a state.
-
-        The state is the inner loop's final state with `output_state=True`,
-        else `state` unchanged.
-        """
+        """Runs the inner loop from `state`: its aggregated logs, and its final state if `output_state`."""
         inner_state, inner_history, elapsed = self.loop_fn(state)
         logs = self.aggregate(inner_history, elapsed=elapsed, state=state)
         return logs, (inner_state if self.output_state else state)
 
     def aggregate(self, history: History, *, elapsed: Elapsed | None = None, state: Any = None) -> Logs:
-        """Reduces a history to one `Logs`, renaming entries with the `_name` suffix.
+        """Reduces a history to one `Logs` as `ciclo.inner_loop` says, entries renamed `<entry>_<name>`.
 
-        Each entry takes the first rule that names it: this callback's
-        `aggregation`, then `state`'s running metrics (see `ciclo.inner_loop`),
-        then its kind's default (see `ciclo.inner_loop`).
-
-        Args:
-            history: the inner loop's history.
-            elapsed: the inner loop's final counts, which tell how many samples
-                its last step saw (for the weighted `"mean"`).
-            state: the state the inner loop started from.
+        `elapsed`, the inner loop's final counts, tells the samples of its last
+        step; `state`, the one it started from, its running metrics.
         """
         values: dict[tuple[str, str], list[Any]] = {}
         steps: dict[tuple[str, str], list[int]] = {}
@@ -284,14 +222,23 @@ class InnerLoop(Callback, Generic[S]):
                     steps.setdefault((collection, key), []).append(index)
         if not values:
             return Logs()
-        if self._rules is not None:
-            self._rules.check_names(list(values))
+        # A key that names no entry is refused, so that a misspelt name is not silently ignored.
+        known = {part for c, n in values for part in (f"{c}.{n}", c, n)} | _KNOWN_COLLECTIONS
+        unknown = [key for key in self._by_key if key not in known]
+        if unknown:
+            raise ValueError(
+                f"aggregation names {short(unknown[0])}, which is no entry or collection of the inner "
+                f"loop's logs; present: {sorted(f'{c}.{n}' for c, n in values)}"
+            )
         running = {*running_entries(state), *history.running}  # paths of running values: the last
         samples = _samples_per_step(counts, elapsed)
         logs = Logs()
         suffix = f"_{self.name}" if self.name else ""
         for (collection, key), series in values.items():
-            reduce = None if self._rules is None else self._rules.find(collection, key)
+            by_key = self._by_key
+            reduce = (
+                self._every or by_key.get(f"{collection}.{key}") or by_key.get(key) or by_key.get(collection)
+            )
             if reduce is None:
                 per_batch = collection in PER_BATCH_COLLECTIONS and f"{collection}.{key}" not in running
                 reduce = _REDUCERS["mean" if per_batch else "last"]
@@ -311,38 +258,21 @@ def inner_loop(
 ) -> InnerLoop[Any]:
     """A callback that runs a whole loop, e.g. an evaluation loop during training.
 
-    The loop function receives the current state and returns
-    `(state, history, elapsed)`, as `ciclo.loop` and the predefined loops do.
-    Its history is reduced to one value per entry, and each entry is renamed
-    `<entry>_<name>` when a name is given.
-
-    How an entry is reduced is decided per entry, by the first of:
-
-    1. `aggregation`: one aggregation for every entry, or a dict keyed by full
-       path (`"metrics.accuracy"`), entry name (`"accuracy"`) or collection
-       (`"metrics"`), tried in that order;
-    2. the state's running metrics (the `Metric`s of its fields of role
-       `managed.Role.METRICS`, as `ciclo.types.ModelState.metrics`): each
-       keeps its last value;
-    3. the entry's kind, from its collection: `metrics` and `losses` hold
-       per-batch values, reduced to their mean weighted by each step's samples,
-       which does not depend on the batch size; `stateful_metrics` holds
-       running values (each covering all the batches so far, as Keras'
-       `stateful_metrics`), reduced to the last one; other collections keep
-       their last value.
-
-    A hand-written running metric (a sum and a count kept in the state) is
-    logged in `stateful_metrics`, or named in `aggregation` as `"last"`: its
-    mean over the steps would be wrong.
+    The loop function takes the state and returns `(state, history, elapsed)`,
+    as the loops do. Its history is reduced to one value per entry, renamed
+    `<entry>_<name>` when a name is given. An entry's reduction is, first
+    match wins: `aggregation`'s rule for it; the last value for the state's
+    running metrics; the mean weighted by samples for `metrics` and `losses`;
+    else the last value (docs/loops.md, "How test results are aggregated").
 
     Args:
         name_or_loop_fn: the name used as suffix, or the loop function.
         maybe_loop_fn: the loop function when a name is given first.
         output_state: return the inner loop's final state (default: keep the
             outer state unchanged).
-        aggregation: `"last"`, `"first"`, `"mean"` (weighted by each step's
-            samples), `"sum"`, `"min"`, `"max"`, a function of the list of
-            values, or a dict of those by entry or collection (see above).
+        aggregation: `"last"`, `"first"`, `"mean"` (weighted by samples),
+            `"sum"`, `"min"`, `"max"`, a function of the list of values, or a
+            dict of those by full path, entry name or collection.
 
     Raises:
         ValueError: for an unknown aggregation, and, when the inner loop has

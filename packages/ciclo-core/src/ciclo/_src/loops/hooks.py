@@ -1,12 +1,4 @@
-"""The hook vocabulary: the names predefined loops run callbacks under.
-
-A hook name is a string. In a loop's tasks dict it is a named schedule
-(`{ciclo.on_train_step: [step]}`); on a state it names a method the loop calls
-(`state.train_step`); a `ciclo.Callback` declares the one it runs under
-(`keras_bar` runs under `on_train_batch_end`), and a user's own object in
-`callbacks=[...]` names its methods after them. `ciclo.hooks.collect` (in the
-one door, `ciclo._src.engine.door`) gathers all of them for a set of names.
-"""
+"""The hook vocabulary: the names predefined loops run callbacks under (see `ciclo.hooks`)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,7 @@
 """The learning-rate range test: `ciclo.lr_find` and what it returns, `ciclo.types.LRFindResult`.
 
-Leslie Smith's test, as Lightning's `Tuner.lr_find` and fastai's `lr_find` run
-it: train on a copy of the state while the learning rate grows exponentially
-from `min_lr` to `max_lr`, one rate per optimizer step, and stop once the loss
-diverges. The rate is set in the `optax.inject_hyperparams` state inside the
-optimizer state, a value the compiled step takes as input: the sweep compiles
-the step once.
+The rate is set in the `optax.inject_hyperparams` state inside the optimizer
+state, a value the compiled step takes as input: the sweep compiles the step once.
 """
 
 from __future__ import annotations
@@ -45,18 +41,12 @@ class LRFindResult:
 
     Attributes:
         rates: the learning rates tried, growing exponentially.
-        losses: the training loss (the sum of the step's `losses`) at each rate,
-            averaged over the micro-batches of an optimizer step under
-            `accumulate_steps`.
-        smoothed: `losses` smoothed by an exponential moving average (weight
-            0.98 on the past, bias-corrected, as Lightning and fastai).
+        losses: the training loss (the sum of the step's `losses`) at each rate.
+        smoothed: `losses` smoothed by a bias-corrected moving average (`SMOOTHING`).
         suggestion: the rate where the smoothed loss falls fastest against
-            log(rate) (Lightning's and fastai's "steepest" suggestion), leaving
-            out the first tenth of the points and the last one; None when fewer
-            than 3 points remain (the loss diverged at once: lower `max_lr` or
-            `min_lr`).
-        diverged: whether the sweep stopped early because the loss diverged
-            (not finite, or its smoothed value above 4 times its lowest).
+            log(rate), leaving out the first tenth of the points and the last;
+            None when fewer than 3 points remain (lower `max_lr` or `min_lr`).
+        diverged: whether the sweep stopped early because the loss diverged.
     """
 
     rates: np.ndarray[Any, np.dtype[np.float64]]
@@ -68,14 +58,10 @@ class LRFindResult:
     def plot(self, path: str | os.PathLike[str] | None = None) -> Figure:
         """Draws the loss against the learning rate (log scale), raw and smoothed, with the suggestion.
 
-        Needs matplotlib (`pip install "ciclo-core[plot]"`); built without
-        `pyplot`, as `ciclo.types.History.plot`.
+        Needs matplotlib (`pip install "ciclo-core[plot]"`).
 
         Args:
             path: where to save the figure (as PNG, or the format its suffix names).
-
-        Returns:
-            The `matplotlib.figure.Figure`.
 
         Example:
             >>> import numpy as np
@@ -103,20 +89,7 @@ class LRFindResult:
         return figure
 
 
-def _check_arguments(min_lr: Any, max_lr: Any, steps: Any) -> None:
-    for name, value in (("min_lr", min_lr), ("max_lr", max_lr)):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
-            raise ValueError(f"{name} must be a positive finite number, got {short(value)}")
-    if min_lr >= max_lr:
-        raise ValueError(
-            f"min_lr ({short(min_lr)}) must be below max_lr ({short(max_lr)}): the sweep grows from one to "
-            "the other, e.g. min_lr=1e-7, max_lr=10.0"
-        )
-    check_int(steps, "steps", 2, " (the rates tried)")
-
-
 def _step_of(state: Any, train_step: Callable[[Any, Any], Any] | None) -> Callable[[Any, Any], Any]:
-    """The step the sweep runs: `train_step`, else the state's `train_step` method."""
     if not isinstance(state, AbstractManagedState):
         raise TypeError(
             "ciclo.lr_find sets the learning rate in the state's optimizer state: it needs a "
@@ -133,22 +106,6 @@ def _step_of(state: Any, train_step: Callable[[Any, Any], Any] | None) -> Callab
     # Unbound, so that the step takes the state it is given: `step(state, batch)`.
     step: Callable[[Any, Any], Any] = type(state).train_step
     return step
-
-
-def _check_injected(state: AbstractManagedState) -> None:
-    rates = injected_learning_rates(state.opt_state)
-    if not rates:
-        raise ValueError(
-            f"ciclo.lr_find sets the learning rate through optax.inject_hyperparams, and this state's tx "
-            f"({short(state.tx)}) has no learning_rate hyperparameter: create the state with the optimizer "
-            "wrapped, tx=optax.inject_hyperparams(optax.adam)(learning_rate=1e-3) for optax.adam(1e-3). "
-            "(A plain optax optimizer keeps its rate in a closure, which ciclo cannot change.)"
-        )
-    if len(rates) > 1:
-        raise ValueError(
-            f"ciclo.lr_find sweeps one learning rate, and this state's tx injects {len(rates)} (one per "
-            "optax.multi_transform group, say): sweep one group's rate with a tx that injects only it"
-        )
 
 
 def _batches(dataset: Iterable[Any]) -> Iterator[Any]:
@@ -200,16 +157,11 @@ def lr_find(
 ) -> LRFindResult:
     """The learning-rate range test (Lightning's `Tuner.lr_find`): loss against an exponentially growing rate.
 
-    Trains a copy of `state` for `steps` optimizer steps, the learning rate
-    growing exponentially from `min_lr` to `max_lr`, and stops early once the
-    loss diverges: not finite, or its smoothed value above 4 times its lowest
-    (a loss assumed positive). `state` is left as it was, bit for bit, also
-    under a strategy that donates its buffers (`jit_donate`). The rate is set
-    through `optax.inject_hyperparams`: the state's `tx` must hold a constant
-    `learning_rate` hyperparameter (`optax.inject_hyperparams(optax.adam)(
-    learning_rate=1e-3)`). Under `accumulate_steps` each rate runs one
-    optimizer step's micro-batches. A `dataset` that ends is started again; a
-    one-shot iterator that ends ends the sweep.
+    Trains a copy of `state` (left as it was) for `steps` optimizer steps, the
+    rate growing from `min_lr` to `max_lr`, until the loss diverges. The state's
+    `tx` must inject a constant `learning_rate` (`optax.inject_hyperparams`);
+    see docs/recipes.md, "Learning-rate range test". A `dataset` that ends is
+    started again; a one-shot iterator that ends ends the sweep.
 
     Args:
         state: a `ciclo.types.ModelState` or `managed.ManagedState`.
@@ -221,13 +173,9 @@ def lr_find(
             loss in the `losses` collection (a `managed.train_step`); default:
             the state's `train_step` method.
 
-    Returns:
-        The rates, raw and smoothed losses and suggested rate (`ciclo.types.LRFindResult`).
-
     Raises:
-        ValueError: for `min_lr >= max_lr`, a bound that is not a positive
-            number, `steps < 2`, a `tx` without an injected learning rate (or
-            with several, or a schedule), or a step that logs no loss.
+        ValueError: for bounds or `steps` out of range, a `tx` without one
+            constant injected learning rate, or a step that logs no loss.
         TypeError: for a state that is not a managed state, or has no step.
 
     Example:
@@ -240,9 +188,29 @@ def lr_find(
         >>> result.diverged, 0.01 < result.suggestion < 1.0, float(state.params[0])  # sgd diverges above 1
         (True, True, 0.0)
     """
-    _check_arguments(min_lr, max_lr, steps)
+    for name, value in (("min_lr", min_lr), ("max_lr", max_lr)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+            raise ValueError(f"{name} must be a positive finite number, got {short(value)}")
+    if min_lr >= max_lr:
+        raise ValueError(
+            f"min_lr ({short(min_lr)}) must be below max_lr ({short(max_lr)}): the sweep grows from one to "
+            "the other, e.g. min_lr=1e-7, max_lr=10.0"
+        )
+    check_int(steps, "steps", 2, " (the rates tried)")
     step = _step_of(state, train_step)
-    _check_injected(state)
+    injected = injected_learning_rates(state.opt_state)
+    if not injected:
+        raise ValueError(
+            f"ciclo.lr_find sets the learning rate through optax.inject_hyperparams, and this state's tx "
+            f"({short(state.tx)}) has no learning_rate hyperparameter: create the state with the optimizer "
+            "wrapped, tx=optax.inject_hyperparams(optax.adam)(learning_rate=1e-3) for optax.adam(1e-3). "
+            "(A plain optax optimizer keeps its rate in a closure, which ciclo cannot change.)"
+        )
+    if len(injected) > 1:
+        raise ValueError(
+            f"ciclo.lr_find sweeps one learning rate, and this state's tx injects {len(injected)} (one per "
+            "optax.multi_transform group, say): sweep one group's rate with a tx that injects only it"
+        )
     rates = np.geomspace(min_lr, max_lr, steps)
     micro_batches = state.options.accumulate_steps
     batches = _batches(dataset)

@@ -1,11 +1,4 @@
-"""Predefined loops: `train_loop`, `test_loop` and `predict_loop`.
-
-Each is `run_phases` with phases built from the hook vocabulary of
-`ciclo.hooks`: named schedules in the tasks dict (`{ciclo.on_train_step:
-[step]}`), the state's own methods (`state.train_step`, ...) and the hooks of
-the objects in `callbacks=[...]` (`keras_bar` has `on_train_batch_end`,
-`checkpoint` and `early_stopping` have `on_epoch_end`).
-"""
+"""`ciclo.loop`, `train_loop`, `test_loop` and `predict_loop`: `run_phases` with `ciclo.hooks` phases."""
 
 from __future__ import annotations
 
@@ -17,7 +10,7 @@ from typing import Any, Final, Literal, TypedDict, final
 from typing_extensions import Unpack
 
 from ciclo._src.base.batches import BatchSizeFn, stacked
-from ciclo._src.base.checks import DataWarning, TestData, check_bool, check_positive
+from ciclo._src.base.checks import DataWarning, TestData, check_bool, check_int, check_positive
 from ciclo._src.base.elapsed import Elapsed, Period, PeriodLike
 from ciclo._src.base.reprs import short
 from ciclo._src.base.schedules import Every, at_step_end, every
@@ -46,9 +39,7 @@ from ciclo._src.loops.hooks import (
     TEST,
     TRAIN,
     on_epoch_end,
-    on_predict_begin,
     on_reset_step,
-    on_test_begin,
     on_train_batch_begin,
     on_train_batch_end,
     on_train_begin,
@@ -91,8 +82,6 @@ _ONCE: Final = Period(steps=2**62)
 
 class LoopSettings(TypedDict, total=False):
     """The keywords every loop takes: `ciclo.loop`, `train_loop`, `test_loop` and `predict_loop`.
-
-    One definition for the four (they take them as `**settings`), and one docstring:
 
     Attributes:
         stop: stop when this `Period` (or number of steps) is reached; otherwise
@@ -181,77 +170,41 @@ def _step_loop(
     _check_settings(loop_name, settings)
     names, protocol = (TEST, Evaluable) if prefix == "test" else (PREDICT, Predictable)
     named, scheduled = collect(names, tasks, state=state, callbacks=callbacks, loop_name=loop_name)
-    steps = (f"{prefix}_step", f"on_{prefix}_step")
-    _check_runs_something(state, named, scheduled, protocol, loop_name, steps)
+    _check_runs_something(prefix, state, named, scheduled, protocol)
     running_losses = [RunningLosses(settings.get("batch_size_fn"))] if prefix == "test" and running else []
     phases = [
         Phase(f"{prefix}_batch_begin", [(every(1), _get(named, f"on_{prefix}_batch_begin"))]),
-        Phase(f"{prefix}_step", [(every(1), _get(named, *steps) + running_losses)]),
+        Phase(
+            f"{prefix}_step",
+            [(every(1), _get(named, f"{prefix}_step", f"on_{prefix}_step") + running_losses)],
+        ),
         Phase("tasks", scheduled),
         Phase(f"{prefix}_batch_end", [(every(1), _get(named, f"on_{prefix}_batch_end"))]),
     ]
-    begin = (
-        _get(named, on_test_begin, reset_step, on_reset_step)
-        if prefix == "test"
-        else _get(named, on_predict_begin)
-    )
+    begin = _get(named, f"on_{prefix}_begin", reset_step, on_reset_step)  # predict has no reset_step
     return _run(loop_name, state, dataset, phases, begin, _get(named, f"on_{prefix}_end"), settings)
 
 
-def _check_runs_something(
-    state: Any,
-    named: Named,
-    scheduled: Mapping[Any, Any],
-    protocol: type,
-    loop_name: str,
-    steps: tuple[str, ...],
-) -> None:
+def _check_runs_something(prefix: str, state: Any, named: Named, scheduled: Any, protocol: type) -> None:
     if isinstance(state, protocol) or scheduled or any(named.values()):
         return
-    methods = "test_step and reset_step" if protocol is Evaluable else steps[0]
+    methods = "test_step and reset_step" if protocol is Evaluable else f"{prefix}_step"
     raise TypeError(
-        f"{loop_name} has no step to run: the state ({type(state).__name__}) has no "
+        f"{prefix}_loop has no step to run: the state ({type(state).__name__}) has no "
         f"{methods} method (see ciclo.types.{protocol.__name__}), and no callback was given "
-        f"under {' or '.join(f'ciclo.hooks.{name}' for name in steps)}"
+        f"under ciclo.hooks.{prefix}_step or ciclo.hooks.on_{prefix}_step"
     )
-
-
-def _steps_per_execution(value: Any) -> int | Literal["auto"]:
-    if isinstance(value, str) and value == AUTO:
-        return AUTO
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(
-            f'steps_per_execution must be a positive int or "auto" (measured), got {short(value)}'
-        )
-    return value
-
-
-def _group_bounds(
-    epoch: Period | None, stop: Period | None, elapsed: Elapsed | None
-) -> tuple[int | None, int, int | None]:
-    """`(align, start, total)` of the groups: cut at every epoch end and at `stop`, from the resumed step."""
-    for name, period in (("epoch_duration", epoch), ("stop", stop)):
-        if period is not None and (period.steps is None or period != Period(steps=period.steps)):
-            raise ValueError(
-                f"steps_per_execution cuts its groups at the epoch ends and at stop, so {name} must be "
-                f"a number of steps, got {short(period)}"
-            )
-    start = 0 if elapsed is None else elapsed.steps
-    total = None if stop is None or stop.steps is None else max(stop.steps - start, 0)
-    return (None if epoch is None else epoch.steps), start, total
 
 
 def _watch_training_options(named: Named, state: Any, max_skipped_steps: Any, stop: Period | None) -> None:
     scaling = isinstance(state, AbstractManagedState) and state.loss_scale is not None
-    if max_skipped_steps is not None and (
-        isinstance(max_skipped_steps, bool) or not isinstance(max_skipped_steps, int) or max_skipped_steps < 1
-    ):
-        raise ValueError(f"max_skipped_steps must be None or an int >= 1, got {short(max_skipped_steps)}")
-    if max_skipped_steps is not None and not scaling:
-        raise ValueError(
-            f"max_skipped_steps={short(max_skipped_steps)} counts the steps a loss scale skips, and this "
-            "state has none: it applies to a managed state created with precision='16-mixed'"
-        )
+    if max_skipped_steps is not None:
+        check_int(max_skipped_steps, "max_skipped_steps", 1, " or None")
+        if not scaling:
+            raise ValueError(
+                f"max_skipped_steps={short(max_skipped_steps)} counts the steps a loss scale skips, and "
+                "this state has none: it applies to a managed state created with precision='16-mixed'"
+            )
     if not isinstance(state, AbstractManagedState) or not (scaling or state.options.accumulate_steps > 1):
         return
     watch = TrainingOptionsWatch(
@@ -283,14 +236,10 @@ def loop(
 ) -> tuple[S, History, Elapsed]:
     """Runs `tasks` over `dataset`: at each step, the callbacks of each schedule that fires.
 
-    At each step the loop goes through `tasks` in dict order and, for each
-    schedule that fires, calls its callbacks in list order. Each callback may
-    return new logs (merged into the step's logs) and a new state. Steps that
-    logged anything are committed to the history. The loop never waits for the
-    device: logged arrays stay on it until they are shown or collected.
-
-    `loop` is the dict front-end of the engine, `ciclo.run_phases`: the tasks
-    form one `ciclo.types.Phase`.
+    Each step goes through `tasks` in dict order and, for each schedule that
+    fires, calls its callbacks in list order; steps that logged anything are
+    committed to the history. The tasks are one `ciclo.types.Phase` of
+    `ciclo.run_phases` (docs/guide.md).
 
     Args:
         state: the initial state (any pytree).
@@ -352,69 +301,39 @@ def train_loop(
 ) -> tuple[S, History, Elapsed]:
     """A training loop with epochs and an evaluation loop at the end of each epoch.
 
-    Each step runs these phases in order: `on_train_batch_begin`;
-    `train_step` and `on_train_step`; the scheduled tasks of `tasks` (e.g.
-    `ciclo.every(20)`); after the step that completes an epoch, `reset_step`
-    / `on_reset_step`, the test loop over `test_dataset()` (a `ciclo.test_loop`
-    whose logs are renamed with the `_test` suffix and reduced to one value
-    per entry, see `test_aggregation`), and `on_epoch_end`; finally `on_train_batch_end` (where
-    progress bars go, so they show everything logged in the step).
-    `on_train_begin` and `on_train_end` run once. It is `ciclo.run_phases`
-    with these phases: build your own loop the same way.
+    Each step runs `on_train_batch_begin`, `train_step` and `on_train_step`,
+    the scheduled tasks, at an epoch's end `reset_step`, the test loop and
+    `on_epoch_end`, then `on_train_batch_end` (docs/loops.md).
 
     Args:
-        state: the initial state: a `ciclo.types.Trainable` (a `train_step` method),
-            or any state with the step given in `tasks`. Its `train_step`,
-            `test_step`, `reset_step` (and other named) methods are registered
-            automatically.
+        state: a `ciclo.types.Trainable`, or any state with the step given in
+            `tasks`; its `train_step`, `test_step`, ... methods are registered.
         dataset: the training batches.
         tasks: `{named schedule or schedule: callbacks}`.
-        callbacks: objects whose named hooks (`on_train_batch_end`,
-            `on_epoch_end`, ...) are registered by name.
-        test_dataset: a zero-argument function returning a fresh iterable of
-            test batches (called at the end of every epoch).
+        callbacks: objects whose named hooks (`on_epoch_end`, ...) are registered.
+        test_dataset: a zero-argument function returning fresh test batches,
+            called at the end of every epoch.
         epoch_duration: steps (int) or `Period` per epoch; needed for
             `test_dataset`, `reset_step` and `on_epoch_end`.
-        test_duration: stop each test loop after this period (default: when
-            `test_dataset()` is exhausted).
+        test_duration: stop each test loop after this period.
         test_name: suffix of the test entries (`accuracy_test`).
         inner_loop_kwargs: passed to `ciclo.inner_loop` for the test loop.
-        test_aggregation: how the test loop's entries become one value each,
-            per entry (`{"accuracy": "mean", "top2": "last"}`), per collection
-            or for all; entries it does not name follow the rules of
-            `ciclo.inner_loop` (running metrics keep their last value, per-batch
-            ones are averaged weighted by samples).
-        test_with_ema: evaluate with the EMA of the weights (a state created
-            with `ema_decay=`): adds `ciclo.swap_ema_weights()` to `callbacks`.
-        steps_per_execution: run this many training steps per dispatch, as one
-            compiled `jax.lax.scan` (Keras' `steps_per_execution`): the batches
-            are grouped with `ciclo.stacked`, cut so that no group crosses an
-            epoch's end or `stop`. Epochs, test loops and the history still see
-            every step; other scheduled tasks and progress bars run once per
-            group. The `train_step` must take `ciclo.types.Stacked` batches (managed
-            steps and `ciclo.fuse`d steps do). `"auto"` measures the best power of
-            two on the first steps and logs it as `performance.steps_per_execution`
-            (docs/performance.md, "Measured steps per dispatch").
-        prefetch: put this many training batches (or groups) on their devices
-            ahead of the step that takes them (`ciclo.prefetch_to_device`, with a
-            managed state's strategy); a backup still resumes at the first batch
-            the loop did not take (docs/data.md). 0 or None: no prefetch.
-        max_skipped_steps: under loss scaling (`precision="16-mixed"`), stop the
-            loop with a warning once this many steps in a row were skipped for
-            gradients that were not finite (docs/recipes.md, "Mixed precision").
+        test_aggregation: how the test entries become one value each, for all
+            or by entry or collection (`ciclo.inner_loop`'s `aggregation`).
+        test_with_ema: evaluate with the EMA of the weights (`ema_decay=`).
+        steps_per_execution: training steps per dispatch, as one compiled
+            `jax.lax.scan` over `ciclo.stacked` groups that never cross an
+            epoch's end or `stop`; `"auto"` measures it (docs/performance.md).
+        prefetch: training batches (or groups) put on their devices ahead
+            (`ciclo.prefetch_to_device`); 0 or None: none.
+        max_skipped_steps: under loss scaling, stop once this many steps in a
+            row were skipped (docs/recipes.md, "Mixed precision").
         **settings: the loop settings (`ciclo.types.LoopSettings`; a backup is
             made at each epoch's end by default).
 
-    Returns:
-        `(state, history, elapsed)`.
-
     Raises:
-        TypeError: if nothing would train: the state is not a `ciclo.types.Trainable`
-            and `tasks` hold no step.
-        ValueError: if `prefetch` is not an int >= 0 or None, `steps_per_execution`
-            not an int >= 1 or `"auto"` (or, when it groups, `epoch_duration` or
-            `stop` is not a number of steps), or `max_skipped_steps` is not None
-            or an int >= 1 for a state with loss scaling.
+        TypeError: if the state is not a `ciclo.types.Trainable` and `tasks` hold no step.
+        ValueError: for a `prefetch`, `steps_per_execution` or `max_skipped_steps` out of range.
 
     Example:
         >>> import ciclo
@@ -462,25 +381,32 @@ def train_loop(
     if not isinstance(test_name, str):
         raise TypeError(f"test_name must be a string, got {short(test_name)}")
     check_bool(test_with_ema, "test_with_ema")
-    _check_runs_something(state, named, scheduled, Trainable, "train_loop", (train_step, on_train_step))
+    _check_runs_something("train", state, named, scheduled, Trainable)
     _watch_training_options(named, state, max_skipped_steps, stop)
-    steps = _steps_per_execution(steps_per_execution)
+    steps = steps_per_execution
+    if not (isinstance(steps, str) and steps == AUTO):
+        check_int(steps, "steps_per_execution", 1, ' or "auto" (measured)')
     auto = None
     if steps != 1:
-        align, start, total = _group_bounds(epoch, stop, settings.get("elapsed"))
+        for name, period in (("epoch_duration", epoch), ("stop", stop)):
+            if period is not None and (period.steps is None or period != Period(steps=period.steps)):
+                raise ValueError(
+                    f"steps_per_execution cuts its groups at the epoch ends and at stop, so {name} must "
+                    f"be a number of steps, got {short(period)}"
+                )
+        # The groups are cut at every epoch end and at `stop`, from the resumed step.
+        start = 0 if (elapsed := settings.get("elapsed")) is None else elapsed.steps
+        cuts: dict[str, Any] = {
+            "align": None if epoch is None else epoch.steps,
+            "start": start,
+            "total": None if stop is None or stop.steps is None else max(stop.steps - start, 0),
+            "batch_size_fn": batch_size_fn,
+        }
         if isinstance(steps, str):
-            auto = AutoSteps(
-                align=align,
-                start=start,
-                total=total,
-                batch_size_fn=batch_size_fn,
-                signature=signature(state, _get(named, train_step, on_train_step)),
-            )
+            auto = AutoSteps(**cuts, signature=signature(state, _get(named, train_step, on_train_step)))
             dataset = auto.groups(dataset)
         else:
-            dataset = stacked(
-                dataset, steps, batch_size_fn=batch_size_fn, align=align, start=start, total=total
-            )
+            dataset = stacked(dataset, steps, **cuts)
     prefetched = None
     if prefetch is not None and prefetch != 0:
         # After the grouping: each group is placed whole, as the fused step takes it.
@@ -564,15 +490,10 @@ def test_loop(
     callbacks: list[Any] | None = None,
     **settings: Unpack[LoopSettings],
 ) -> tuple[S, History, Elapsed]:
-    """An evaluation loop: `test_step` on each batch, after `reset_step` at the start.
-
-    Each step runs `on_test_batch_begin`, `test_step`, `on_test_step`, the
-    scheduled tasks, then `on_test_batch_end`. `on_test_begin`, `reset_step`
-    and `on_reset_step` run before the first step; `on_test_end` after the last.
+    """An evaluation loop: `test_step` on each batch, after `reset_step` at the start (docs/loops.md).
 
     Args:
-        state: a `ciclo.types.Evaluable` (`test_step` and `reset_step` methods), or
-            any state with the step given in `tasks`.
+        state: a `ciclo.types.Evaluable`, or any state with the step given in `tasks`.
         dataset: the test batches.
         tasks: `{named schedule or schedule: callbacks}`.
         callbacks: objects whose named test hooks are registered by name.
@@ -606,13 +527,8 @@ def predict_loop(
 ) -> tuple[S, History, Elapsed]:
     """An inference loop: `predict_step` on each batch; collect outputs from the history.
 
-    Each step runs `on_predict_batch_begin`, `predict_step`, `on_predict_step`,
-    the scheduled tasks, then `on_predict_batch_end`; `on_predict_begin` and
-    `on_predict_end` run once.
-
     Args:
-        state: a `ciclo.types.Predictable` (a `predict_step` method), or any state
-            with the step given in `tasks`.
+        state: a `ciclo.types.Predictable`, or any state with the step given in `tasks`.
         dataset: the batches to predict.
         tasks: as in `ciclo.test_loop`, with the predict hooks.
         callbacks: as in `ciclo.test_loop`, placed under the predict hooks.

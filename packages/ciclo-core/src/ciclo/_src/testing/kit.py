@@ -1,13 +1,4 @@
-"""`check_adapter`: every clause of the `ModelAdapter` contract, run on a small synthetic task.
-
-The kit builds a separable classification task from the adapter's sample
-inputs (as many classes as the model has outputs), trains the model on it
-through ciclo's own states and loops, and checks each clause in turn. A
-clause that fails raises an `AssertionError` naming the clause, what was seen
-and the fix; one that cannot apply (no dropout, one device) is skipped and the
-report says why. `AdapterTests` (`pytest_class.py`) runs the same clauses, one
-test each.
-"""
+"""`check_adapter`: every clause of the `ModelAdapter` contract, run on a small synthetic task."""
 
 from __future__ import annotations
 
@@ -59,7 +50,7 @@ RTOL, ATOL = 1e-5, 1e-6  # float32 rounding: how close two strategies' (or route
 
 
 class KitOptions(TypedDict, total=False):
-    """The options of `check_adapter` (and class attributes of `AdapterTests`); its docstring says each."""
+    """The options of `check_adapter` (class attributes of `AdapterTests`); its docstring says each."""
 
     strategies: Sequence[str]
     variables: tuple[Any, Any] | None
@@ -74,7 +65,6 @@ class Skipped(Exception):
 
 
 def fail(clause: str, seen: str, fix: str) -> NoReturn:
-    """Raises the kit's `AssertionError`: the clause, what was seen, and the fix."""
     raise AssertionError(f"ciclo.testing clause {clause!r} failed: {seen}. Fix: {fix}")
 
 
@@ -102,8 +92,7 @@ class AdapterReport:
         return f"checked: {', '.join(self.checked)}\nskipped: {skipped or 'nothing'}"
 
 
-def _leaves(tree: Any) -> list[np.ndarray]:
-    """Every leaf of `tree` on the host, random keys as their key data."""
+def _leaves(tree: Any) -> list[np.ndarray]:  # on the host, random keys as their key data
     out = []
     for leaf in jax.tree.leaves(tree):
         if isinstance(leaf, jax.Array) and jnp.issubdtype(leaf.dtype, jax.dtypes.prng_key):
@@ -117,7 +106,6 @@ def _float_leaves(tree: Any) -> list[np.ndarray]:
 
 
 def _same(a: Any, b: Any) -> bool:
-    """Whether two pytrees have the same leaves, bit for bit."""
     left, right = _leaves(a), _leaves(b)
     return len(left) == len(right) and all(
         x.shape == y.shape and np.array_equal(x, y, equal_nan=True) for x, y in zip(left, right, strict=True)
@@ -131,7 +119,6 @@ def _close(a: list[np.ndarray], b: list[np.ndarray], atol: float = ATOL) -> bool
 
 
 def _farthest(a: Any, b: Any) -> float:
-    """The largest absolute difference between the float leaves of two pytrees of one structure."""
     pairs = zip(_float_leaves(a), _float_leaves(b), strict=True)
     return max((float(np.max(np.abs(x - y), initial=0.0)) for x, y in pairs), default=0.0)
 
@@ -181,8 +168,7 @@ class _Crash(Exception):
     pass
 
 
-Failures = Iterator[tuple[str, str]]
-"""What a clause yields for each check that fails: what was seen, and the fix (`run` raises the first)."""
+Failures = Iterator[tuple[str, str]]  # per failed check: what was seen, and the fix (`run` raises the first)
 
 
 class Kit:
@@ -227,11 +213,8 @@ class Kit:
         self.skip = skip
         self.skipped: dict[str, str] = {}
 
-    # --- the variables, the task and the states ---------------------------------------------
-
     @functools.cached_property
     def initial(self) -> tuple[Any, Any]:
-        """`(params, model_state)` from `init` (or the `variables` given)."""
         if self.variables is not None:
             return self.variables
         result = self.adapter.init(jax.random.key(0), self.inputs)
@@ -272,7 +255,6 @@ class Kit:
 
     @functools.cache  # noqa: B019 - a Kit lives as long as its checks
     def state(self, strategy: str = "jit", **options: Any) -> ModelState:
-        """The task's state under `strategy` with the training `options`, built once."""
         start = {"inputs": self.inputs} if self.variables is None else {"variables": self.variables}
         return create_model_state(
             self.adapter,
@@ -286,20 +268,16 @@ class Kit:
         )
 
     def host(self, state: ModelState, what: str = "params") -> list[np.ndarray]:
-        """The float leaves of a state's `params` (or another field), on the host."""
         return _float_leaves(getattr(state.with_strategy("eager"), what))
 
     @functools.cached_property
     def trained(self) -> tuple[ModelState, list[float]]:
-        """The `jit` state after `train_loop` on the whole task, and its losses."""
         state, history, _ = train_loop(self.state(), self.batches)
         return state, [float(loss) for loss in history.collect("loss")]
 
     @functools.cached_property
     def model_state_leaves(self) -> int:
         return len(jax.tree.leaves(self.initial[1]))
-
-    # --- the clauses: each yields (seen, fix) for a check that fails --------------------------
 
     def protocol(self) -> Failures:
         try:
@@ -619,59 +597,28 @@ class Kit:
 def check_adapter(adapter: ModelAdapter, *, inputs: Any, **options: Unpack[KitOptions]) -> AdapterReport:
     """Checks every clause of the `ciclo.types.ModelAdapter` contract on a small synthetic task.
 
-    The kit applies the model to `inputs` to learn its number of outputs,
-    builds a separable classification task with as many classes (16 inputs
-    shaped like `inputs` to a batch), and checks, in order (`CLAUSES`):
-
-    - `protocol`: the adapter is hashable; `init` and `apply` take the
-      arguments ciclo passes;
-    - `init_kinds`: `init` returns `(params, model_state)`, params a pytree of
-      floating-point arrays, model state None or a pytree of arrays;
-    - `deterministic_evaluation`: `apply(training=False)` gives the same
-      outputs whatever the key and leaves the model state's floating-point
-      leaves (batch statistics) unchanged;
-    - `key_use`: training gives the same outputs for the same key, and other
-      outputs for another key (dropout);
-    - `model_state_updates`: training updates the model state, keeping its
-      structure, shapes and dtypes;
-    - `compiles_once`: later training steps compile nothing new;
-    - `learns`: 30 steps of `ciclo.train_loop` reduce the loss;
-    - `strategies`: each of `strategies` trains to `jit`'s parameters, to
-      float32 rounding (`data_parallel` and `fsdp` on several devices only);
-    - `to_model`: the model `to_model` gives predicts what `predict_step` does;
-    - `precision`, `accumulation`, `ema`: bfloat16 compute with float32 params;
-      params updated every `accumulate_steps`-th micro-batch, as one step on
-      their join; the EMA recurrence;
-    - `resume`: a backup taken mid-run resumes bit for bit (needs the
-      `checkpoint` or `testing` extra).
+    The clauses (`CLAUSES`, in order) run on a separable classification task
+    built from `inputs`, as many classes as the model has outputs
+    (docs/adapter.md, "Checking an adapter").
 
     Args:
         adapter: the adapter under test.
-        inputs: sample inputs, as `init` takes them: one floating-point array
-            whose first axis is the batch (its size is replaced).
-        **options: all optional (`KitOptions`; `AdapterTests` takes them as class attributes).
-            `strategies`: the strategies that must agree with `jit` (default `("jit",)`).
-            `variables`: `(params, model_state)` for a model built initialised
-            (flax nnx, equinox), whose `init` refuses; `init_kinds` checks these.
-            `uses_key`: True for a model with dropout (`key_use` then fails when
-            training ignores the key), False to skip that check; None (default)
-            checks it where training outputs differ across keys.
-            `has_model_state`: True or False to require that `init` gives a
-            model state, or none; None (default) takes what `init` gives.
-            `call_model`: `call_model(model, inputs)` runs the model `to_model`
-            gives (e.g. `lambda variables, x: module.apply(variables, x)` for
-            flax linen); by default a callable model is called, else `to_model`
-            is skipped.
-            `skip`: `{clause: why}` for clauses that cannot hold for this
-            framework; the report lists them with the reason.
-
-    Returns:
-        The clauses checked, and those skipped with why.
+        inputs: sample inputs for `init`: one floating-point array whose first
+            axis is the batch.
+        **options: all optional (`KitOptions`).
+            `strategies`: those that must train as `jit` does (default `("jit",)`).
+            `variables`: `(params, model_state)` for a model built initialised.
+            `uses_key`: True for a model with dropout, False to skip `key_use`;
+            None (default) checks it where training outputs differ across keys.
+            `has_model_state`: whether `init` must give a model state; None: any.
+            `call_model`: `call_model(model, inputs)` runs what `to_model` gives;
+            by default a callable model is called, else `to_model` is skipped.
+            `skip`: `{clause: why}` for clauses this framework cannot meet.
 
     Raises:
         AssertionError: for the first clause that fails, naming it, what was
             seen and the fix.
-        TypeError, ValueError: for arguments of the wrong kind (an unknown option or strategy).
+        TypeError, ValueError: for an unknown option or strategy, or inputs of the wrong kind.
 
     Example:
         >>> import ciclo, ciclo.testing, jax, jax.numpy as jnp

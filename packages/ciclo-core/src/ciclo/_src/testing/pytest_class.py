@@ -18,15 +18,10 @@ pytest = import_extra("pytest", "testing", "ciclo.testing.AdapterTests")
 class AdapterTests(abc.ABC):
     """Subclass it in an adapter's own test suite to get one test per clause of `check_adapter`.
 
-    A subclass defines `make_adapter(self)` and the class attribute `inputs`
-    (sample inputs for `init`), and optionally `strategies`, `variables`,
-    `uses_key`, `has_model_state`, `call_model` and `skip`, as `check_adapter` takes
-    them (class attributes, or properties computed from the instance). Its
-    tests are `test_protocol`, `test_init_kinds`, ... (one per name
-    of `ciclo.testing.CLAUSES`); a clause that does not apply is skipped with
-    the reason. The states are built once per class and shared by its tests.
-
-    Needs pytest: `pip install "ciclo-core[testing]"`.
+    A subclass defines `make_adapter(self)` and `inputs`, and optionally the
+    other options of `check_adapter` (class attributes or properties). A clause
+    that does not apply is skipped with the reason; the states are built once
+    per class. Needs pytest: `pip install "ciclo-core[testing]"`.
 
     Example:
         >>> import ciclo.testing, jax, jax.numpy as jnp
