@@ -143,17 +143,6 @@ def _read_settings(directory: str) -> dict[str, Any] | None:
         raise ValueError(f"cannot read the checkpoint settings in {path}: {error}") from error
 
 
-def _write_settings(directory: str, settings: dict[str, Any]) -> None:
-    text = json.dumps(settings, indent=2) + "\n"
-    path = epath(directory) / SETTINGS_FILE
-    if jax.process_index() != 0 or (path.exists() and path.read_text() == text):
-        return
-    if "://" in directory:
-        path.write_text(text)  # object stores replace whole objects: already atomic
-    else:
-        write_atomically(os.path.join(directory, SETTINGS_FILE), text)
-
-
 def _resolve_step(manager: Any, directory: str, step: object, monitor: str | None) -> int:
     if isinstance(step, str):
         if step not in ("latest", "best"):
@@ -273,14 +262,11 @@ def _source_of(
     for key in (*prefix, params_from):
         node = node.get(key) if isinstance(node, Mapping) else None
     if not jax.tree.leaves(node):
+        ema = params_from == "ema_params"
         raise ValueError(
             f"params_from={short(params_from)}: the checkpoint {where} holds no {params_from}"
-            + (
-                " (the EMA of the weights: train with ema_decay=, e.g. 0.999)"
-                if params_from == "ema_params"
-                else ""
-            )
-            + f"; restore without params_from to read its {name}"
+            f"{' (the EMA of the weights: train with ema_decay=, e.g. 0.999)' if ema else ''}; restore "
+            f"without params_from to read its {name}"
         )
     own = (*prefix, name)
     size = len(own)
@@ -366,7 +352,13 @@ class Checkpoint(Callback):
                     "delete the old checkpoints"
                 )
             steps = self._enforce_keep(steps)
-        _write_settings(self.directory, settings)
+        text = json.dumps(settings, indent=2) + "\n"
+        path = epath(self.directory) / SETTINGS_FILE
+        if jax.process_index() == 0 and not (path.exists() and path.read_text() == text):
+            if "://" in self.directory:
+                path.write_text(text)  # object stores replace whole objects: already atomic
+            else:
+                write_atomically(os.path.join(self.directory, SETTINGS_FILE), text)
         self._found_newest: int | None = max(steps, default=None)
         self._newest = self._found_newest
         self._warned = False

@@ -441,7 +441,11 @@ class BackupCallback(Callback):
             preempted = Preempted(guard.signum, clock.steps, self.spec.directory)
             announce("ciclo: %s", preempted)
             raise preempted
-        if self._due(clock.steps, clock.now):
+        if self._interval is not None:
+            due = crossed(self._last_saved or 0, clock.steps, self._interval)
+        else:
+            due = bool(self._timed(clock.now()))
+        if due:
             self._save(loop_state, finished=False, wait=False)
 
     def on_end(self, loop_state: LoopState[Any], error: BaseException | None, /) -> None:
@@ -613,12 +617,6 @@ class BackupCallback(Callback):
             match = _CHUNK.fullmatch(name)
             if match is not None and (int(match[1]), int(match[2])) not in used:
                 remove_own(directory, name, _CHUNK)  # only a chunk file of ours, never through a link
-
-    def _due(self, steps: int, now: Any) -> bool:
-        """Whether the schedule asks for a backup after a step that ended at `steps`."""
-        if self._interval is not None:
-            return crossed(self._last_saved or 0, steps, self._interval)
-        return bool(self._timed(now()))
 
     def _save(self, loop_state: LoopState[Any], *, finished: bool, wait: bool) -> None:
         """Saves a backup numbered by the steps completed, unless the state holds NaN or inf."""
