@@ -1,8 +1,4 @@
-"""Checkpointing: save the loop's state with orbax, keep the latest or the best, restore it.
-
-The monitor and mode that rank a directory's checkpoints are recorded in its
-`ciclo_checkpoint.json`, so that "best" is found later without restating them.
-"""
+"""Checkpointing: save the loop's state with orbax, keep the latest or the best, restore it."""
 
 from __future__ import annotations
 
@@ -128,12 +124,12 @@ def _open_manager(
     )
 
 
-def _settings(monitor: str | None, mode: Mode) -> dict[str, Any]:  # no mode without a monitor
+def _settings(monitor: str | None, mode: Mode) -> dict[str, Any]:
+    """What ranks a directory's checkpoints, recorded so that "best" is found without restating it."""
     return {"monitor": monitor, "mode": mode if monitor is not None else None}
 
 
 def _read_settings(directory: str) -> dict[str, Any] | None:
-    """The settings recorded in `directory`, checked; None if none were."""
     path = epath(directory) / SETTINGS_FILE
     if not path.exists():
         return None
@@ -145,18 +141,6 @@ def _read_settings(directory: str) -> dict[str, Any] | None:
         return _settings(monitor, "min" if monitor is None else check_mode(mode))
     except (ValueError, TypeError, KeyError) as error:
         raise ValueError(f"cannot read the checkpoint settings in {path}: {error}") from error
-
-
-def _write_settings(directory: str, settings: dict[str, Any]) -> None:
-    """Records the ranking, only when it changed, and atomically: a reader never sees half a file."""
-    text = json.dumps(settings, indent=2) + "\n"
-    path = epath(directory) / SETTINGS_FILE
-    if jax.process_index() != 0 or (path.exists() and path.read_text() == text):
-        return
-    if "://" in directory:
-        path.write_text(text)  # object stores replace whole objects: already atomic
-    else:
-        write_atomically(os.path.join(directory, SETTINGS_FILE), text)
 
 
 def _resolve_step(manager: Any, directory: str, step: object, monitor: str | None) -> int:
@@ -193,9 +177,8 @@ class RestoreOptions(TypedDict, total=False):
     Attributes:
         step: `"latest"` (the default), `"best"` (the best monitored value), or
             a step number.
-        partial: restore each leaf of the target found in the checkpoint with
-            its shape and dtype, keep the others (default False: the target
-            must be built like the state saved).
+        partial: restore the target's leaves found in the checkpoint with their
+            shape and dtype, keep the others (default False).
         params_from: the checkpoint's field to read the parameters from, e.g.
             `"ema_params"` (with `partial=True`).
     """
@@ -217,7 +200,6 @@ def _restore_in(
     options: RestoreOptions,
     report: bool,
 ) -> T | tuple[T, RestoreReport]:
-    """The one restore path: with a `Checkpoint`'s `manager`, or (None, or partial) one opened here."""
     unknown = sorted(set(options) - _RESTORE_OPTIONS)
     if unknown:
         raise TypeError(
@@ -273,7 +255,6 @@ def _restore_in(
 def _source_of(
     target: Any, stored: Any, prefix: tuple[str, ...], params_from: str | None, where: str
 ) -> Callable[[tuple[str, ...]], tuple[str, ...]]:
-    """Where a leaf of the target is looked for in the checkpoint: its own path, or `params_from`'s."""
     if params_from is None:
         return lambda path: path
     name = params_field(type(target)) if isinstance(target, AbstractManagedState) else "params"
@@ -281,14 +262,11 @@ def _source_of(
     for key in (*prefix, params_from):
         node = node.get(key) if isinstance(node, Mapping) else None
     if not jax.tree.leaves(node):
+        ema = params_from == "ema_params"
         raise ValueError(
             f"params_from={short(params_from)}: the checkpoint {where} holds no {params_from}"
-            + (
-                " (the EMA of the weights: train with ema_decay=, e.g. 0.999)"
-                if params_from == "ema_params"
-                else ""
-            )
-            + f"; restore without params_from to read its {name}"
+            f"{' (the EMA of the weights: train with ema_decay=, e.g. 0.999)' if ema else ''}; restore "
+            f"without params_from to read its {name}"
         )
     own = (*prefix, name)
     size = len(own)
@@ -299,15 +277,12 @@ def _source_of(
 class Checkpoint(Callback):
     """Saves the loop's state with orbax and keeps the latest or the best checkpoints.
 
-    Create one with `ciclo.checkpoint`; put it under a schedule in `ciclo.loop`
-    (`{ciclo.at_step_end(ciclo.every(steps=1000)): [ckpt]}`), in
-    `ciclo.train_loop(callbacks=[...])` (on `on_epoch_end`), or call
-    `ckpt(elapsed, state, logs)` in a hand-written loop. Steps already saved,
-    and states whose monitored value (or `loss`) is not finite, are skipped.
-    The loop waits for the saves in flight when it ends; `wait()` and
-    `close()` do by hand. Its attributes are `ciclo.checkpoint`'s arguments
-    (read them only). Numbering, saves and Ctrl-C: docs/guide.md, "Runs that
-    survive".
+    Create one with `ciclo.checkpoint`; put it under a schedule in `ciclo.loop`,
+    in `ciclo.train_loop(callbacks=[...])`, or call `ckpt(elapsed, state, logs)`
+    in a hand-written loop. Steps already saved, and states whose monitored value
+    (or `loss`) is not finite, are skipped. Its attributes are
+    `ciclo.checkpoint`'s arguments (read them only). Numbering, saves and Ctrl-C:
+    docs/guide.md, "Runs that survive".
 
     Example:
         >>> import tempfile
@@ -337,7 +312,6 @@ class Checkpoint(Callback):
         resume: bool,
         name: str | None,
     ) -> None:
-        """Validates the arguments, creates `directory` and opens it; see `ciclo.checkpoint`."""
         for flag, value in (("async_save", async_save), ("overwrite", overwrite), ("resume", resume)):
             check_bool(value, flag)
         if resume and overwrite:
@@ -378,14 +352,20 @@ class Checkpoint(Callback):
                     "delete the old checkpoints"
                 )
             steps = self._enforce_keep(steps)
-        _write_settings(self.directory, settings)
+        text = json.dumps(settings, indent=2) + "\n"
+        path = epath(self.directory) / SETTINGS_FILE
+        if jax.process_index() == 0 and not (path.exists() and path.read_text() == text):
+            if "://" in self.directory:
+                path.write_text(text)  # object stores replace whole objects: already atomic
+            else:
+                write_atomically(os.path.join(self.directory, SETTINGS_FILE), text)
         self._found_newest: int | None = max(steps, default=None)
         self._newest = self._found_newest
         self._warned = False
         self._resumed = resume
 
     def _enforce_keep(self, steps: list[int]) -> list[int]:
-        """Deletes what `keep` does not allow, as a run killed between a save and its cleanup leaves more."""
+        """Deletes what `keep` does not allow (a run killed between a save and its cleanup left more)."""
         if self.keep is None or len(steps) <= self.keep or jax.process_index() != 0:
             return steps
         ranked = sorted(steps)  # oldest first
@@ -425,11 +405,10 @@ class Checkpoint(Callback):
         )
 
     def save(self, step: int, state: Any, logs: LogsLike | None = None) -> None:
-        """Saves `state` (a pytree) as the checkpoint of `step` (the updates it holds), unless already saved.
+        """Saves `state` as the checkpoint of `step` (the updates it holds), unless already saved.
 
-        `logs` hold the monitored entry (without `monitor`, a `loss` entry is
-        checked too). Raises KeyError if `monitor` is not in `logs`, and
-        FileExistsError for another run's directory (see `ciclo.checkpoint`).
+        Raises KeyError if `monitor` is not in `logs`, and FileExistsError for
+        another run's directory (see `ciclo.checkpoint`).
         """
         if isinstance(step, bool) or not isinstance(step, int):
             raise TypeError(f"step must be an int, got {short(step)}")
@@ -487,8 +466,8 @@ class Checkpoint(Callback):
 
     def __loop_callback__(self, loop_state: LoopState[S], /) -> CallbackOutput[S]:
         """Saves the loop's state under the steps done with this step (monitor: accumulated logs)."""
-        # The steps done with this step: a task's `elapsed` counts them before it (the clock has not counted
-        # it yet), at_step_end's after; on_end's (no clock: the loop ended) all of them.
+        # A task's `elapsed` counts the steps before it (the clock has not counted it yet), at_step_end's
+        # after; on_end's (no clock: the loop ended) all of them.
         elapsed, clock = loop_state.elapsed, loop_state._clock
         steps = int(elapsed.steps)
         if clock is not None and elapsed.steps == clock.steps:
@@ -504,11 +483,7 @@ class Checkpoint(Callback):
         return f"Checkpoint({self.monitor}, {self.mode})" if self.monitor else "Checkpoint(latest)"
 
     def state_dict(self) -> dict[str, Any]:
-        """What decides which steps are saved (the ranking is orbax's, beside each checkpoint).
-
-        `newest_step`: steps up to it are skipped; `newest_at_start`: the newest
-        step in the directory when this run began (older ones are warned about,
-        once: `warned`).
+        """What decides which steps are saved: those up to `newest_step` are skipped.
 
         Example:
             >>> import tempfile
@@ -540,11 +515,10 @@ class Checkpoint(Callback):
             )
 
     def on_start(self, loop_state: LoopState[Any], /) -> None:
-        """Refuses another run's directory before the first step, not at the first save."""
         self._refuse_another_run()
 
     def on_end(self, loop_state: LoopState[Any], error: BaseException | None, /) -> None:
-        """Waits for the saves in flight, also after an error or Ctrl-C: a save is finished, never dropped."""
+        """Waits for the saves in flight, also after an error or Ctrl-C."""
         self.wait()
 
     def wait(self) -> None:
@@ -588,9 +562,7 @@ class Checkpoint(Callback):
     ) -> T | tuple[T, RestoreReport]:
         """Restores a checkpoint into the structure of `target`, as `ciclo.restore_checkpoint` does.
 
-        Takes the same keywords: `step`, `partial`, `params_from` (see
-        `ciclo.types.RestoreOptions`) and `report`. Restoring makes the
-        directory's checkpoints this run's: later saves go after them.
+        Restoring makes the directory's checkpoints this run's: later saves go after them.
         """
         manager = self._get_manager()
         self.wait()
@@ -613,27 +585,22 @@ def checkpoint(
     """Creates a `Checkpoint` callback that saves the state in `directory` with orbax.
 
     Each checkpoint is numbered with the steps completed: `restore(step=N)`
-    gives the state after N updates. A directory that already holds checkpoints
-    belongs to the run that wrote them: a loop refuses a new `Checkpoint` there
-    before its first step, unless `resume=True` or `overwrite=True` (or it
+    gives the state after N updates. A loop refuses a new `Checkpoint` on
+    another run's checkpoints, unless `resume=True` or `overwrite=True` (or it
     restored from them, or a resumed backup handed it its state).
 
     Args:
-        directory: where to save (made absolute, created if missing), a
-            sub-directory per step.
+        directory: where to save (created if missing), a sub-directory per step.
         keep: how many checkpoints to keep (also of those found in
             `directory`): the most recent, or with `monitor` the best. None: all.
         monitor: a logged entry (`"accuracy_test"`, `"metrics.accuracy_test"`)
-            that ranks the checkpoints; in a loop, read from the entries logged
-            so far (`loop_state.accumulated_logs`).
+            that ranks the checkpoints.
         mode: `"min"` if lower monitored values are better, `"max"` if higher;
             `"auto"`: `"max"` for accuracy-like names (docs/guide.md).
         async_save: write in the background while training goes on.
         overwrite: delete the checkpoints already in `directory`.
-        resume: the checkpoints already in `directory` are this run's: save
-            after them.
-        name: the key its state is saved under in a backup (`state_key`), to
-            tell two checkpoints with one monitor apart.
+        resume: the checkpoints already in `directory` are this run's.
+        name: the key its state is saved under in a backup (`state_key`).
 
     Raises:
         TypeError, ValueError: for an invalid argument, or a `directory` whose
@@ -689,18 +656,14 @@ def restore_checkpoint(
 ) -> T | tuple[T, RestoreReport]:
     """Restores a checkpoint saved by `ciclo.checkpoint` into the structure of `target`.
 
-    Works in any process: `"best"` uses the monitor and mode recorded in the
-    directory. Each array is read onto the sharding of the target's leaf. With
-    `partial=True` the leaves that match are restored and the others kept, with
-    a one-line summary on the `ciclo.resume` logger: a training checkpoint into
-    a state for inference, or a pretrained backbone under a new head
+    `"best"` uses the monitor and mode recorded in the directory. With
+    `partial=True` the leaves that match are restored and the others kept
     (docs/after_training.md).
 
     Args:
         directory: the directory passed to `ciclo.checkpoint`.
         target: a pytree like the saved state: the result's structure, shapes,
-            dtypes and shardings. Its values are read only for the leaves
-            `partial` keeps.
+            dtypes and shardings.
         report: also return a `ciclo.types.RestoreReport`.
         **options: `step`, `partial`, `params_from`: see
             `ciclo.types.RestoreOptions`.
@@ -708,8 +671,7 @@ def restore_checkpoint(
     Raises:
         FileNotFoundError: if `directory` holds no checkpoint, or none for `step`.
         ValueError: for an invalid `step` or `params_from`, or a `target` unlike
-            the checkpoint without `partial` (naming the leaves and the
-            `create_*_state` option behind the difference).
+            the checkpoint without `partial`.
 
     Example:
         >>> import tempfile
@@ -723,8 +685,6 @@ def restore_checkpoint(
         >>> ckpt.close()
         >>> ciclo.restore_checkpoint(directory, {"accuracy": jnp.float32(0)}, step="best")
         {'accuracy': Array(0.9, dtype=float32)}
-        >>> ciclo.restore_checkpoint(directory, {"accuracy": jnp.float32(0)})
-        {'accuracy': Array(0.7, dtype=float32)}
         >>> target = {"accuracy": jnp.float32(0), "loss": jnp.float32(-1)}
         >>> state, report = ciclo.restore_checkpoint(directory, target, partial=True, report=True)
         >>> state

@@ -1,10 +1,8 @@
-"""Backups: what a loop needs to go on after a kill, saved atomically with orbax.
+"""Backups: what a loop needs to go on after a kill, saved atomically with orbax (docs/resume.md).
 
-Each backup is one orbax step holding `state`, `loop` (a JSON document: the
-`Elapsed`, the History's chunks, the callbacks' `state_dict()`s, the dataset
-position; data checked field by field when read, never code) and `kept` (trees
-shaped like the state that callbacks hold). The History's rows are in
-`history/rows-<first>-<end>.json`: each backup writes the rows since the last.
+Each backup is one orbax step holding `state`, `loop` (a JSON document, checked
+field by field when read) and `kept` (trees shaped like the state that callbacks
+hold). Each backup writes the History's rows since the last to `history/`.
 """
 
 from __future__ import annotations
@@ -73,9 +71,8 @@ _LOCK = "ciclo_backup.lock"  # held while a loop uses the directory: the owner's
 class Preempted(SystemExit):
     """Raised by a loop after it saved its backup on SIGTERM (or SIGINT when asked).
 
-    A `SystemExit`: unless caught, the process exits with `code`, 128 plus the
-    signal's number (143 for SIGTERM), without a traceback. Run the same script
-    again to resume from the backup.
+    A `SystemExit` of code 128 plus the signal's number (143 for SIGTERM): run
+    the same script again to resume from the backup.
     """
 
     def __init__(self, signum: int, steps: int, directory: str | None = None) -> None:
@@ -108,11 +105,7 @@ class Backup:
         )
 
     def callback(self, kind: str, *, default_every: Any = None) -> BackupCallback:
-        """This backup as a loop's callback, for `run_phases(callbacks=[...])`: put it first.
-
-        `kind` names the loop in its backups (a backup of another kind is
-        refused); `default_every` is how often to back up when `every` is None.
-        """
+        """This backup as a callback for `run_phases(callbacks=[...])`, first; `kind` names the loop."""
         return BackupCallback(self, kind=kind, default_every=default_every)
 
 
@@ -129,12 +122,9 @@ def backup(
     `ciclo.backup(directory)`). The loop saves the state, the `Elapsed`, the
     History, the callbacks' states and the dataset position; when it finds a
     backup, it restores them and continues, bit for bit as a run never
-    interrupted if the steps are deterministic. An iterator with
-    `get_state()`/`set_state()` has its state saved; any other dataset is
-    iterated again, skipping the batches used (a partly consumed generator is
-    refused). On SIGTERM (and SIGINT with `sigint=True`) the loop finishes the
-    step, saves, and raises `ciclo.types.Preempted` (exit code 143, 130 for
-    SIGINT); processes stop at the same step (JAX's preemption sync point).
+    interrupted if the steps are deterministic. On SIGTERM (and SIGINT with
+    `sigint=True`) the loop finishes the step, saves, and raises
+    `ciclo.types.Preempted`. Datasets, signals, several processes: docs/resume.md.
 
     Args:
         directory: where the backups go (created if needed).
@@ -213,17 +203,6 @@ _LOOP_FIELDS |= {"samples", "iterator_state", "kept", "options"}
 _OPTIONAL_LOOP_FIELDS = {"devices"}  # fields of format 4 that earlier ciclo versions did not record
 
 
-def _stop_period(fields: Any, where: str) -> Period | None:
-    if fields is None:
-        return None
-    try:
-        if not isinstance(fields, list) or len(fields) != 4:
-            raise TypeError("not null or [steps, samples, time, date]")
-        return Period(*fields)
-    except (TypeError, ValueError) as error:
-        raise ValueError(f"{where}: stop is {short(fields)}: {error}") from None
-
-
 def _checked_loop_item(item: Any, step: int, where: str) -> dict[str, Any]:
     if not isinstance(item, dict):
         raise ValueError(f"{where} holds a {type(item).__name__}, not the loop's JSON document")
@@ -266,7 +245,14 @@ def _checked_loop_item(item: Any, step: int, where: str) -> dict[str, Any]:
         raise ValueError(f"{where}: elapsed counts {elapsed[0]} steps, but the backup is numbered {step}")
     if not isinstance(item["callbacks"], dict):
         raise ValueError(f"{where}: callbacks is a {type(item['callbacks']).__name__}, not a dict")
-    return dict(item)
+    stop = item["stop"]
+    try:
+        if stop is not None and (not isinstance(stop, list) or len(stop) != 4):
+            raise TypeError("not null or [steps, samples, time, date]")
+        item["stop"] = None if stop is None else Period(*stop)
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"{where}: stop is {short(stop)}: {error}") from None
+    return item
 
 
 def _is_count(x: Any) -> bool:
@@ -278,7 +264,7 @@ def _is_time(x: Any) -> bool:
 
 
 def _check_rows(part: dict[str, Any], where: str, first: int) -> None:
-    """Refuses a chunk file's row unlike `History.to_host`'s: names, numbers, and finite counts."""
+    """Refuses a chunk file's row unlike `History.to_host`'s."""
     for index, (paths, values, elapsed) in enumerate(zip(*(part[name] for name in _COLUMNS), strict=True)):
         row = f"{where}: row {first + index}"
         if not isinstance(paths, tuple) or not all(
@@ -327,12 +313,9 @@ def _checked_chunks(item: Any, where: str) -> list[tuple[int, int]]:
 class BackupCallback(Callback):
     """A loop's backup as a callback (`Backup.callback`): restores before the first step, saves after.
 
-    Before the first step it restores the newest backup (a finished run that
-    `stop` does not extend runs no step); the backup of the start is written
-    when the first batch is drawn. After each step it saves when due, and on
-    SIGTERM (or SIGINT with `sigint=True`) it saves and raises
-    `ciclo.types.Preempted`. At the end it saves the finished run, after the
-    other callbacks' `on_end` (loggers flushed what the backup then claims).
+    The backup of the start is written when the first batch is drawn; the
+    finished run's after the other callbacks' `on_end` (loggers flushed what the
+    backup then claims).
     """
 
     def __init__(
@@ -458,7 +441,11 @@ class BackupCallback(Callback):
             preempted = Preempted(guard.signum, clock.steps, self.spec.directory)
             announce("ciclo: %s", preempted)
             raise preempted
-        if self._due(clock.steps, clock.now):
+        if self._interval is not None:
+            due = crossed(self._last_saved or 0, clock.steps, self._interval)
+        else:
+            due = bool(self._timed(clock.now()))
+        if due:
             self._save(loop_state, finished=False, wait=False)
 
     def on_end(self, loop_state: LoopState[Any], error: BaseException | None, /) -> None:
@@ -493,14 +480,10 @@ class BackupCallback(Callback):
                 "give backup= a directory of its own (a checkpoint directory cannot double as one)"
             )
         if jax.process_index() == 0:
-            _write_json(self.spec.directory, _MARKER, {"format": _FORMAT})
+            write_atomically(path, json.dumps({"format": _FORMAT}))
 
     def _restore_newest(self, target: Any) -> Restored | None:
-        """The newest backup that can be read, into `target`'s structure and shardings; None if none is there.
-
-        Newer ones that cannot be read are warned about, then deleted; if none
-        can be read, a ValueError names each and what failed.
-        """
+        """The newest backup that can be read, into `target`'s structure; deletes newer unreadable ones."""
         failures: list[tuple[int, Exception]] = []
         for step in sorted((int(step) for step in self._manager.all_steps()), reverse=True):
             try:
@@ -574,7 +557,7 @@ class BackupCallback(Callback):
             iterator_state=from_json(fields["iterator_state"], f"{document}: iterator_state"),
             finished=fields["finished"],
             kind=fields["kind"],
-            stop=_stop_period(fields["stop"], document),
+            stop=fields["stop"],
             samples=fields["samples"],
             devices=fields.get("devices"),
         )
@@ -613,9 +596,8 @@ class BackupCallback(Callback):
         if total > written:
             if jax.process_index() == 0:
                 part = to_json({name: rows[name] for name in _COLUMNS}, "the history")
-                _write_json(
-                    os.path.join(self.spec.directory, _HISTORY_DIR), f"rows-{written}-{total}.json", part
-                )
+                path = os.path.join(self.spec.directory, _HISTORY_DIR, f"rows-{written}-{total}.json")
+                write_atomically(path, json.dumps(part))
             chunks.append((written, total))
         self._recent = [*self._recent, chunks][-(self.spec.keep + 1) :]
         return {
@@ -635,12 +617,6 @@ class BackupCallback(Callback):
             match = _CHUNK.fullmatch(name)
             if match is not None and (int(match[1]), int(match[2])) not in used:
                 remove_own(directory, name, _CHUNK)  # only a chunk file of ours, never through a link
-
-    def _due(self, steps: int, now: Any) -> bool:
-        """Whether the schedule asks for a backup after a step that ended at `steps`."""
-        if self._interval is not None:
-            return crossed(self._last_saved or 0, steps, self._interval)
-        return bool(self._timed(now()))
 
     def _save(self, loop_state: LoopState[Any], *, finished: bool, wait: bool) -> None:
         """Saves a backup numbered by the steps completed, unless the state holds NaN or inf."""
@@ -698,7 +674,6 @@ class BackupCallback(Callback):
             self._manager.wait_until_finished()
 
     def _close(self) -> None:
-        """Finishes the pending save (also after Ctrl-C or an error), releases the manager and the lock."""
         try:
             self._manager.wait_until_finished()
             self._manager.close()
@@ -710,7 +685,7 @@ class BackupCallback(Callback):
 
 
 def position_dataset(iterator: Iterator[Any], restored: Restored, batch_size_fn: BatchSizeFn) -> None:
-    """Moves `iterator` to where the backed-up run stopped drawing batches (their samples checked)."""
+    """Moves `iterator` to where the backed-up run stopped drawing batches."""
     if restored.iterator_state is not None:
         iterator.set_state(restored.iterator_state)  # type: ignore[attr-defined]
         return
@@ -756,8 +731,7 @@ def _identity(pid: int) -> str | None:
 def _lock(directory: str) -> int | None:
     """Takes the directory's lock (docs/resume.md, "The lock") in process 0: its open descriptor, else None.
 
-    flock decides; on a filesystem without it, the holder's identity: a
-    restarted container's pid 1, or another process with its pid, is not it.
+    flock decides; on a filesystem without it, the holder's identity (`_identity`).
     """
     if jax.process_index() != 0:
         return None
@@ -814,7 +788,3 @@ def _lock(directory: str) -> int | None:
     os.ftruncate(fd, 0)
     os.pwrite(fd, json.dumps(owner).encode(), 0)
     return fd
-
-
-def _write_json(directory: str, name: str, document: Any) -> None:
-    write_atomically(os.path.join(directory, name), json.dumps(document))  # by process 0 only

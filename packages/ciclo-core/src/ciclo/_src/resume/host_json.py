@@ -1,10 +1,7 @@
-"""Host values as JSON data: what a backup stores of a loop besides its state.
+"""Host values as JSON data, tagged (`{"$tuple": [...]}`): what a backup stores besides its state.
 
-`to_json` writes numbers, strings, lists, dicts, and tagged forms for the rest
-(`{"$array": ...}`, `{"$tuple": [...]}`, ...); any other value is refused, named
-by its path. `from_json` checks every tag and value and never runs code from
-the data (no pickle). A tree shaped like the loop state (an early stopping's
-best state) goes to `kept`, saved by orbax, and is stored as `{"$state": "0"}`.
+`from_json` checks every tag and value and never runs code from the data. A
+tree shaped like the loop state goes to `kept`, saved by orbax, as `{"$state": "0"}`.
 """
 
 from __future__ import annotations
@@ -150,7 +147,6 @@ def from_json(data: Any, where: str, *, states: Mapping[str, Any] | None = None)
 
 
 def _host_array(value: Any) -> np.ndarray:
-    """A numpy copy; an array sharded over several processes is gathered from all of them."""
     if isinstance(value, jax.Array) and not value.is_fully_addressable:
         from jax.experimental import multihost_utils
 

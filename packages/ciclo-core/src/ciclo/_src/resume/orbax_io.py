@@ -9,7 +9,6 @@ import hashlib
 import logging
 import os
 import re
-import sys
 import threading
 import weakref
 from collections.abc import Callable, Iterator
@@ -24,24 +23,14 @@ from ciclo._src.state.managed import AbstractManagedState
 _log = logging.getLogger("ciclo")
 
 
-class _Stderr(logging.Handler):
-    """Writes each record's message alone to the `sys.stderr` of the moment it is written."""
-
-    def emit(self, record: logging.LogRecord) -> None:
-        try:
-            sys.stderr.write(self.format(record) + "\n")
-            sys.stderr.flush()
-        except Exception:  # noqa: BLE001 - logging's own rule: a handler never raises
-            self.handleError(record)
-
-
 _announce = logging.getLogger("ciclo.resume")
-_announce.addHandler(_Stderr())
+# The handler of logging.lastResort: the message alone, on the sys.stderr of the moment (pytest's capture).
+_announce.addHandler(logging._StderrHandler())  # type: ignore[attr-defined]
 _announce.propagate = False  # printed once, whatever the root logger's handlers
 
 
 def announce(message: str, *args: Any) -> None:
-    """One line on stderr through the `ciclo.resume` logger (its own handler): a resume, a lost process..."""
+    """One line on stderr (the `ciclo.resume` logger): a resume, a lost process..."""
     _announce.warning(message, *args)
 
 
@@ -53,20 +42,16 @@ _ORBAX_PATH_PART = f"{os.sep}orbax{os.sep}checkpoint{os.sep}"
 _open_managers: weakref.WeakKeyDictionary[Any, tuple[str, str]] = weakref.WeakKeyDictionary()
 
 
-def _drop_orbax_info(record: logging.LogRecord) -> bool:
-    """The filter of absl's logger: drops orbax's records below WARNING, lets everything else through."""
-    return record.levelno >= logging.WARNING or _ORBAX_PATH_PART not in record.pathname
-
-
 def orbax() -> Any:
     """`orbax.checkpoint`, imported on first use; without it, an ImportError naming the `checkpoint` extra."""
     try:
-        # absl.logging must create the "absl" logger itself: a plain logger made first by
-        # logging.getLogger("absl") would report absl's own file as the origin of every record.
+        # absl.logging must create the "absl" logger itself (a plain one would report absl's own file as
+        # every record's origin), before orbax logs its fifty records a save: those below WARNING go.
         from absl import logging as absl_logging
 
-        # Before importing orbax, which logs too: drops its records below WARNING, about fifty a save.
-        absl_logging.get_absl_logger().addFilter(_drop_orbax_info)
+        absl_logging.get_absl_logger().addFilter(
+            lambda record: record.levelno >= logging.WARNING or _ORBAX_PATH_PART not in record.pathname
+        )
         import orbax.checkpoint as ocp  # type: ignore[import-untyped]
     except ImportError as error:
         raise ImportError(
@@ -77,14 +62,13 @@ def orbax() -> Any:
 
 def epath(path: str) -> Any:
     """An `etils.epath.Path` (orbax's path type), so that remote URLs work like local paths."""
-    orbax()  # etils comes with orbax: without it, the ImportError that names the extra
+    orbax()  # etils comes with orbax
     from etils import epath as etils_epath  # type: ignore[import-untyped]
 
     return etils_epath.Path(path)
 
 
 def _barriers(kind: str, directory: str) -> str:
-    """A name for orbax's multi-process barriers, the same in every process that saves to `directory`."""
     return f"{kind}_{hashlib.sha1(os.path.abspath(directory).encode()).hexdigest()[:12]}"
 
 
@@ -97,10 +81,7 @@ def open_manager(
     create: bool = True,
     **options: Any,
 ) -> Any:
-    """An orbax `CheckpointManager` on `directory` with ciclo's options and barriers (named by `kind`).
-
-    `create`: create the directory, and remove a killed run's unfinished steps.
-    """
+    """An orbax `CheckpointManager` on `directory`; `create`: also remove a killed run's unfinished steps."""
     ocp = orbax()
     for child in epath(directory).iterdir() if create and os.path.isdir(directory) else []:
         if TMP_MARK in child.name:  # orbax's cleanup_tmp_directories removes it
@@ -126,8 +107,8 @@ def open_manager(
 def restore_everywhere(manager: Any, step: int, args: Any) -> Any:
     """`manager.restore(step, args=args)`, done or failed on every process together.
 
-    A process that fails to read its part joins the barrier that ends orbax's
-    restore, then all share whether each could read: all raise together.
+    A process that fails joins the barrier that ends orbax's restore, then all
+    share whether each could read.
     """
     if jax.process_count() == 1:
         return manager.restore(step, args=args)
@@ -171,10 +152,7 @@ _lost_peer_noted = threading.Lock()  # taken by the first note: threads that see
 
 
 def lost_peer(error: BaseException) -> str | None:
-    """Which process `error` says is gone ("process 1", "another process"), or None if it says no such thing.
-
-    The error's causes and contexts are read too (orbax raises a TimeoutError
-    from JAX's failed barrier).
+    """Which process `error` (or its causes and contexts) says is gone ("process 1"), or None.
 
     Example:
         >>> lost_peer(RuntimeError("UNAVAILABLE: Task 1 heartbeat timeout. This indicates ..."))
@@ -203,10 +181,7 @@ def lost_peer(error: BaseException) -> str | None:
 
 
 def note_lost_peer(error: BaseException) -> None:
-    """Announces once which process `error` says is gone, and the last complete backup to restart from.
-
-    JAX ends every process of a run that lost one; the error is the caller's to raise.
-    """
+    """Announces once which process `error` says is gone, and the last complete backup to restart from."""
     if jax.process_count() == 1:
         return
     lost = lost_peer(error)
@@ -241,7 +216,6 @@ def note_lost_peer(error: BaseException) -> None:
 
 @contextlib.contextmanager
 def _noting() -> Iterator[None]:
-    """Notes a lost process (`note_lost_peer`) in an error raised inside, and lets the error through."""
     try:
         yield
     except Exception as error:
@@ -250,7 +224,7 @@ def _noting() -> Iterator[None]:
 
 
 def _noting_barrier(barrier: Callable[..., None]) -> Callable[..., None]:
-    """Wraps orbax's barrier of a save's end (`key=`, `timeout_ms=`): a lost process it fails on is noted."""
+    """Wraps orbax's barrier of a save's end: a lost process it fails on is noted."""
 
     def wait(*, key: str, timeout_ms: int) -> None:
         with _noting():
@@ -260,7 +234,6 @@ def _noting_barrier(barrier: Callable[..., None]) -> Callable[..., None]:
 
 
 def _finish_saves_at_exit() -> None:
-    """Finishes the saves in flight as the interpreter shuts down, before thread pools refuse work."""
     for manager in list(_open_managers.keys()):
         with contextlib.suppress(Exception):
             manager.wait_until_finished()
@@ -284,8 +257,7 @@ def _leaf_table(tree: Any) -> dict[tuple[str, ...], tuple[str, Any, Any]]:
     """`{path names: (printable path, shape, dtype)}` of a tree's leaves."""
     table = {}
     for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
-        shape = getattr(leaf, "shape", None)
-        dtype = getattr(leaf, "dtype", None)
+        shape, dtype = getattr(leaf, "shape", None), getattr(leaf, "dtype", None)
         if shape is None:
             shape = np.shape(leaf)
             dtype = np.asarray(leaf).dtype
@@ -323,10 +295,8 @@ def check_structure(
 ) -> None:
     """Refuses a target tree unlike the metadata tree orbax stored (None: no check), naming the leaves.
 
-    `dtypes`: a dtype alone that differs is refused too (a resume; a checkpoint's
-    restore casts). `explain(path)` names the option of the state's creation
-    behind a leaf on one side only: those are summarised per option, so that
-    the message stays short however many leaves differ.
+    `dtypes`: a dtype alone that differs is refused too (a checkpoint's restore
+    casts). Leaves that `explain` explains are summarised per option.
     """
     if stored is None:
         return
@@ -386,10 +356,7 @@ def check_structure(
 
 
 def check_device_axis(stored: Any, target: Any, kind: str, where: str, *prefix: str) -> None:
-    """Refuses a `pmap` state's save (a leading device axis) onto another device count or strategy.
-
-    `prefix`: where the state lies in `stored`.
-    """
+    """Refuses a `pmap` state's save (a leading device axis) onto another device count or strategy."""
     if stored is None or not isinstance(target, AbstractManagedState):
         return
     found = _leaf_table(stored).get((*prefix, "step"))
@@ -441,18 +408,13 @@ def abstract(tree: Any) -> Any:
 class RestoreReport:
     """What a partial restore (`ciclo.restore_checkpoint(..., partial=True, report=True)`) did, leaf by leaf.
 
-    Leaves are named by their paths (`jax.tree_util.keystr`): those of the
-    target for `restored` and `kept`, those of the checkpoint for `unused`.
-
     Attributes:
         step: the checkpoint's step.
-        restored: the target's leaves read from the checkpoint (same path,
-            shape and dtype).
-        kept: `(leaf, reason)` for each leaf of the target left as it was: `"missing
-            in the checkpoint"`, `"other shape: ..."` or `"other dtype: ..."`.
+        restored: the target's leaves read from the checkpoint (paths as
+            `jax.tree_util.keystr` writes them).
+        kept: `(leaf, reason)` for each leaf of the target left as it was.
         unused: the checkpoint's leaves that no leaf of the target took.
-        params_from: the checkpoint's field the target's parameters were read
-            from (`"ema_params"`), or None: its own parameters.
+        params_from: the checkpoint's field the parameters were read from, or None.
 
     Example:
         >>> report = RestoreReport(3, (".params['w']",), ((".params['b']", "missing in the checkpoint"),), ())
@@ -478,12 +440,12 @@ class RestoreReport:
 
     def __str__(self) -> str:
         lines = [self.summary()]
-        lines += [f"  kept {leaf}: {reason}" for leaf, reason in self.kept[:20]]
-        if len(self.kept) > 20:
-            lines.append(f"  ... and {len(self.kept) - 20} more kept")
-        lines += [f"  unused {leaf}" for leaf in self.unused[:20]]
-        if len(self.unused) > 20:
-            lines.append(f"  ... and {len(self.unused) - 20} more unused")
+        for word, leaves in (
+            ("kept", [f"{leaf}: {why}" for leaf, why in self.kept]),
+            ("unused", self.unused),
+        ):
+            lines += [f"  {word} {leaf}" for leaf in leaves[:20]]
+            lines += [f"  ... and {len(leaves) - 20} more {word}"] if len(leaves) > 20 else []
         return "\n".join(lines)
 
 
@@ -499,8 +461,7 @@ def partial_restore(
     """Restores the leaves of `target` found in the checkpoint with their shape and dtype; keeps the others.
 
     `manager` has orbax's `PyTreeCheckpointHandler`: only the leaves taken are
-    read, each onto its target leaf's sharding. `source(path)`: where the leaf
-    at `path` is in the checkpoint (`params_from`).
+    read. `source(path)`: where the leaf at `path` is in the checkpoint.
     """
     if stored is None:
         raise ValueError(

@@ -1,11 +1,4 @@
-"""Signals: SIGTERM and Ctrl-C turned into a request to stop after the step in flight.
-
-`SignalGuard` records the first signal it catches; a second SIGINT raises at
-once (`ForcedInterrupt`, which no loop swallows). A loop's guard takes only
-signals that still have Python's default handler, in the main thread; under
-several processes SIGTERM is JAX's preemption sync point. `held_interrupts()`
-holds Ctrl-C back while orbax starts, finishes or deletes a save.
-"""
+"""Signals: SIGTERM and Ctrl-C turned into a request to stop after the step in flight."""
 
 from __future__ import annotations
 
@@ -31,11 +24,10 @@ class ForcedInterrupt(KeyboardInterrupt):
 
 
 class SignalGuard:
-    """Records the first of `signals`; a second SIGINT raises `ForcedInterrupt` at once.
+    """Records the first of `signals` (in the main thread); a second SIGINT raises `ForcedInterrupt`.
 
     `take_over`: catch them whatever handler they have (else only where Python's
     default handler is). `sync_point`: also stop at JAX's preemption sync point.
-    `on_signal`: called in the handler on the first signal.
     """
 
     def __init__(
@@ -99,8 +91,7 @@ class SignalGuard:
 class CatchInterrupt(Callback):
     """`catch_keyboard_interrupt=True`: Ctrl-C stops the loop after the step in flight, which returns.
 
-    A `KeyboardInterrupt` raised by a step is caught too; a second Ctrl-C is
-    never caught. A backup with `sigint=True` before it takes Ctrl-C first.
+    A second Ctrl-C is never caught; a backup with `sigint=True` takes Ctrl-C first.
     """
 
     def __init__(self) -> None:
@@ -130,10 +121,9 @@ def _interrupt(loop_state: LoopState[Any]) -> None:
 
 @contextlib.contextmanager
 def held_interrupts() -> Iterator[None]:
-    """Holds Ctrl-C back for the block, then delivers it to the handler that was there before.
+    """Holds Ctrl-C back for the block (orbax starting, finishing or deleting a save), then delivers it.
 
-    A second Ctrl-C inside the block raises at once (the save in flight is then
-    left as a tmp directory, removed by the next run; finished saves are kept).
+    A second Ctrl-C inside raises at once (the next run removes the unfinished save).
     """
     guard = SignalGuard((signal.SIGINT,), take_over=True)
     try:
