@@ -9,6 +9,7 @@ import hashlib
 import logging
 import os
 import re
+import sys
 import threading
 import weakref
 from collections.abc import Callable, Iterator
@@ -23,9 +24,19 @@ from ciclo._src.state.managed import AbstractManagedState
 _log = logging.getLogger("ciclo")
 
 
+class _Stderr(logging.Handler):
+    """Writes each record's message alone to the `sys.stderr` of the moment it is written."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            sys.stderr.write(self.format(record) + "\n")
+            sys.stderr.flush()
+        except Exception:  # noqa: BLE001 - logging's own rule: a handler never raises
+            self.handleError(record)
+
+
 _announce = logging.getLogger("ciclo.resume")
-# The handler of logging.lastResort: the message alone, on the sys.stderr of the moment (pytest's capture).
-_announce.addHandler(logging._StderrHandler())  # type: ignore[attr-defined]
+_announce.addHandler(_Stderr())
 _announce.propagate = False  # printed once, whatever the root logger's handlers
 
 
