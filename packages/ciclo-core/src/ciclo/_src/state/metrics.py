@@ -98,14 +98,6 @@ _CONVERSIONS = (
 )
 
 
-def _is_array(value: Any) -> bool:
-    """A jax array, or a numpy array of numbers (a batch an eager step was given as it is)."""
-    return isinstance(value, jax.Array) or (
-        isinstance(value, (np.ndarray, np.generic))
-        and (np.issubdtype(value.dtype, np.number) or np.issubdtype(value.dtype, np.bool_))
-    )
-
-
 def call_for_array(
     fn: Callable[..., Any], what: str, hint: Callable[[], str] | None, /, **available: Any
 ) -> Any:
@@ -127,7 +119,11 @@ def call_for_array(
         if hint is not None:
             error.add_note(hint())
         raise
-    if not _is_array(value):
+    # A numpy array of numbers passes: a batch an eager step was given as it is.
+    if not isinstance(value, jax.Array) and not (
+        isinstance(value, (np.ndarray, np.generic))
+        and (np.issubdtype(value.dtype, np.number) or np.issubdtype(value.dtype, np.bool_))
+    ):
         raise TypeError(f"{what} returned {short(value)} (a {type(value).__name__}), not a jax array: {fix}")
     return value
 
