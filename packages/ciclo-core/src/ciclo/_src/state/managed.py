@@ -693,10 +693,8 @@ _STATIC_FIX = (
 class _Inputs(NamedTuple):
     """What a compile was for: the trees of the batch (one step's) and of the state, their leaves' types."""
 
-    batch_tree: Any
-    batch: tuple[tuple[str, tuple[tuple[int, ...], Any, bool]], ...]
-    state_tree: Any
-    state: tuple[tuple[str, tuple[tuple[int, ...], Any, bool]], ...]
+    batch: tuple[Any, tuple[tuple[str, tuple[tuple[int, ...], Any, bool]], ...]]
+    state: tuple[Any, tuple[tuple[str, tuple[tuple[int, ...], Any, bool]], ...]]
     static: dict[str, Any]
 
 
@@ -716,14 +714,12 @@ def _leaf_types(tree: Any, *, stacked: bool) -> tuple[Any, tuple[tuple[str, Any]
 
 
 def _inputs(state: Any, batch: Any, *, stacked: bool) -> _Inputs:
-    batch_tree, batch_types = _leaf_types(batch, stacked=stacked)
-    state_tree, state_types = _leaf_types(state, stacked=False)
     static = {}
     if dataclasses.is_dataclass(state) and not isinstance(state, type):
         static = {
             f.name: getattr(state, f.name) for f in dataclasses.fields(state) if f.metadata.get("static")
         }
-    return _Inputs(batch_tree, batch_types, state_tree, state_types, static)
+    return _Inputs(_leaf_types(batch, stacked=stacked), _leaf_types(state, stacked=False), static)
 
 
 def _describe(leaf_type: tuple[tuple[int, ...], Any, bool]) -> str:
@@ -735,9 +731,9 @@ def _changes(first: _Inputs, now: _Inputs) -> tuple[str, str] | None:
     """What differs between two compiles' inputs, and the fixes; None when jax sees what ciclo does not."""
     changes: list[str] = []
     fixes: list[str] = []
-    for name, tree0, tree, types0, types, fix in (
-        ("batch", first.batch_tree, now.batch_tree, first.batch, now.batch, _BATCH_FIX),
-        ("state", first.state_tree, now.state_tree, first.state, now.state, _STATE_FIX),
+    for name, (tree0, types0), (tree, types), fix in (
+        ("batch", first.batch, now.batch, _BATCH_FIX),
+        ("state", first.state, now.state, _STATE_FIX),
     ):
         if tree != tree0:
             if name == "state" and now.static.keys() == first.static.keys():
