@@ -1,14 +1,8 @@
 """Frozen dataclasses as pytrees that jax takes apart and rebuilds with no Python `__init__`.
 
-A managed state, its metrics and its loss scale cross every compiled step
-twice: flattened on the way in, rebuilt on the way out. `register_dataclass`
-rebuilds through the class's `__init__` (keywords parsed, defaults, one
-`__setattr__` per field); here the object is made with `object.__new__` and
-its field values set at once, and it keeps the pair `(children, statics)` it
-was made from, so flattening it again is one attribute read (a frozen
-dataclass's fields do not change). An object made by `__init__` computes the
-pair at its first flattening. Key paths are the fields' names, as
-`register_dataclass` gives them (`.params`, `.opt_state`, ...).
+A managed state crosses every compiled step twice. Unlike `register_dataclass`, rebuilding sets the
+fields at once, with no `__init__`, and keeps the `(children, statics)` it was made from, so flattening
+again is one attribute read (the fields are frozen). Key paths are the fields' names.
 """
 
 from __future__ import annotations
@@ -22,8 +16,7 @@ import jax
 
 T = TypeVar("T", bound=type)
 
-FLAT: Final = "_pytree_flat"
-"""The attribute holding an object's `(children, statics)`: in its `__dict__` once flattened or rebuilt."""
+FLAT: Final = "_pytree_flat"  # an object's `(children, statics)`, in its `__dict__` once flattened or rebuilt
 
 
 def register_frozen(cls: T) -> T:
@@ -39,8 +32,6 @@ def register_frozen(cls: T) -> T:
         >>> leaves, tree = jax.tree.flatten(Pair(1.0, "a"))
         >>> leaves, jax.tree.unflatten(tree, [2.0])
         ([1.0], Pair(value=2.0, name='a'))
-        >>> jax.tree_util.keystr(jax.tree_util.tree_leaves_with_path(Pair(1.0, "a"))[0][0])
-        '.value'
     """
     fields = dataclasses.fields(cls)
     data = tuple(f.name for f in fields if not f.metadata.get("static"))

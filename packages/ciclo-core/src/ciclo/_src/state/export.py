@@ -14,12 +14,10 @@ from ciclo._src.base.files import write_atomically
 from ciclo._src.base.reprs import short
 from ciclo._src.state.model_state import ModelState
 
-_BATCH = "batch"
-"""The name of the symbolic batch dimension (`Exported.in_avals` show it)."""
+_BATCH = "batch"  # the symbolic batch dimension's name, as `Exported.in_avals` show it
 
 
 def _check_serialization() -> None:
-    """Raises an ImportError naming the `export` extra where flatbuffers (jax.export's format) is missing."""
     try:
         importlib.import_module("flatbuffers")
     except ImportError as error:
@@ -30,7 +28,6 @@ def _check_serialization() -> None:
 
 
 def _spec(leaf: Any, batch: Any) -> jax.ShapeDtypeStruct:
-    """The `ShapeDtypeStruct` of one input array; its first axis `batch` where that is not None."""
     shape, dtype = (
         (leaf.shape, leaf.dtype) if hasattr(leaf, "dtype") else (np.shape(leaf), np.result_type(leaf))
     )
@@ -55,27 +52,17 @@ def export(
 ) -> jax.export.Exported:
     """Writes `state`'s prediction function to `path` with `jax.export`, to serve without its framework.
 
-    The function is what `predict_step` computes from a batch's inputs, with
-    the state's arrays inside as constants; it runs on the platform it was
-    exported on (docs/after_training.md, "Export for serving").
+    The function is `predict_step`'s on a batch's inputs, with the state's arrays inside as constants
+    (docs/after_training.md, "Export for serving").
 
     Args:
         state: a `ciclo.types.ModelState`, under any strategy.
-        inputs: sample inputs (arrays or `jax.ShapeDtypeStruct`s): the shapes
-            and dtypes the exported function takes.
+        inputs: sample inputs (arrays or `jax.ShapeDtypeStruct`s) for the shapes and dtypes.
         path: the file to write (its folder is created).
-        batch_polymorphic: give every input a symbolic first dimension, so that
-            the file takes any batch size; False exports the exact shapes.
+        batch_polymorphic: give every input a symbolic first dimension (any batch size).
         use_ema: export the EMA weights (`state.with_ema_params()`).
 
-    Returns:
-        The `jax.export.Exported` written (its `in_avals`, `out_avals`, ...).
-
     Raises:
-        TypeError: if `state` is not a `ModelState`.
-        ValueError: if `use_ema=True` and the state keeps no EMA, if an input
-            is a scalar under `batch_polymorphic=True`, or if jax cannot export
-            the model's function (the message says jax's error and what to try).
         ImportError: without flatbuffers (the `export` extra).
 
     Example:
@@ -88,14 +75,8 @@ def export(
         ...         return inputs * params, model_state
         >>> state = ciclo.create_model_state(Scale(), inputs=jnp.ones((1, 2)), tx=optax.sgd(0.1))
         >>> path = os.path.join(tempfile.mkdtemp(), "model.jax")
-        >>> exported = ciclo.export(state, jnp.ones((1, 2)), path)
-        >>> exported.in_avals
+        >>> ciclo.export(state, jnp.ones((1, 2)), path).in_avals
         (ShapedArray(float32[batch,2]),)
-        >>> predict = ciclo.load_exported(path)  # in any process with jax
-        >>> predict(jnp.ones((3, 2)))
-        Array([[3., 3.],
-               [3., 3.],
-               [3., 3.]], dtype=float32)
     """
     if not isinstance(state, ModelState):
         raise TypeError(
@@ -147,9 +128,6 @@ def export(
 
 def load_exported(path: str | os.PathLike[str]) -> Callable[..., Any]:
     """The prediction function that `ciclo.export` wrote to `path`, as a callable that needs jax alone.
-
-    Raises:
-        ImportError: without flatbuffers (the `export` extra).
 
     Example:
         >>> import os, tempfile

@@ -53,16 +53,8 @@ _OFF, _ARMED, _ON = 0, 1, 2  # a step's watch for recompiles: none, to start at 
 class AbstractManagedState:
     """What every managed state is: a pytree that knows its optimizer, strategy and training options.
 
-    Its two concrete kinds are `ManagedState`, the one to subclass, and the
-    final `ciclo.types.ModelState`; both implement the abstract
-    `resume_options` and `resume_refusal` and override no concrete method
-    (equinox's rule, checked when a subclass is defined). Every subclass
-    becomes a frozen, keyword-only dataclass registered as a pytree; fields
-    holding configuration are `managed.field(static=True)`, and fields ciclo
-    treats specially declare a `managed.Role` (docs/strategies.md, "Field
-    roles"). The training options (`managed.TrainingOptionsKwargs`,
-    docs/recipes.md) are applied by `apply_gradients`; their state is part of
-    the pytree, so it is checkpointed and resumed with the rest.
+    Subclass `ManagedState` (or use `ciclo.types.ModelState`): every subclass becomes a frozen,
+    keyword-only dataclass registered as a pytree (docs/strategies.md, "Field roles").
 
     Attributes:
         step: the number of `apply_gradients` calls (an int32 array).
@@ -110,11 +102,7 @@ class AbstractManagedState:
 
     @abc.abstractmethod
     def resume_options(self) -> dict[str, Any]:
-        """The static options that give this state's arrays their meaning, as plain data (JSON).
-
-        A backup records them; a resume refuses a change `resume_refusal` gives a reason for, and notes
-        any other (docs/resume.md).
-        """
+        """The static options that give this state's arrays their meaning, as JSON data (docs/resume.md)."""
 
     @abc.abstractmethod
     def resume_refusal(self, name: str, old: Any) -> str | None:
@@ -127,11 +115,8 @@ class AbstractManagedState:
     def apply_gradients(self, *, grads: Any, value: Any = None, **changes: Any) -> Self:
         """Applies one optimizer update under the state's training options (docs/recipes.md): `step + 1`.
 
-        Args:
-            grads: the gradients, shaped as the params.
-            value: the loss the gradients are of, passed on as `value=` to an optimizer that takes
-                extra arguments (`optax.contrib.reduce_on_plateau`); `managed.train_step` passes it.
-            **changes: other fields to replace.
+        `value`, the loss, goes to an optimizer that takes it (`optax.contrib.reduce_on_plateau`);
+        `changes` are other fields to replace.
         """
         return cast(Self, apply_options(self, grads, value, changes))
 
@@ -148,19 +133,7 @@ class AbstractManagedState:
         return metrics
 
     def with_ema_params(self) -> Self:
-        """The state with its EMA weights as its parameters: for evaluation, prediction, checkpoints, `model`.
-
-        Raises:
-            ValueError: for a state created without `ema_decay`.
-
-        Example:
-            >>> import jax.numpy as jnp, optax
-            >>> from ciclo import managed
-            >>> state = managed.ManagedState.create(params=jnp.ones(()), tx=optax.sgd(1.0), ema_decay=0.9)
-            >>> state = state.apply_gradients(grads=jnp.ones(()))  # params 1 - 1 = 0; EMA 0.9 * 1 + 0.1 * 0
-            >>> float(state.params), round(float(state.with_ema_params().params), 4)
-            (0.0, 0.9)
-        """
+        """The state with its EMA weights as its parameters (a state created with `ema_decay`)."""
         if self.ema_params is None:
             raise ValueError(
                 "this state keeps no EMA of its weights: create it with ema_decay=, e.g. "
@@ -169,15 +142,7 @@ class AbstractManagedState:
         return self.replace(**{params_field(type(self)): self.ema_params})
 
     def with_strategy(self, strategy: str | Strategy) -> Self:
-        """Moves the state to another strategy (docs/strategies.md, "Creating and moving a state").
-
-        Example:
-            >>> import jax.numpy as jnp, optax
-            >>> from ciclo import managed
-            >>> state = managed.ManagedState.create(params=jnp.zeros(2), tx=optax.sgd(0.1))
-            >>> state.with_strategy("data_parallel").strategy
-            DataParallel(axis_name='data', donate=False)
-        """
+        """Moves the state to another strategy (docs/strategies.md, "Creating and moving a state")."""
         new = get_strategy(strategy)
         if new == self.strategy:
             return self
@@ -187,8 +152,8 @@ class AbstractManagedState:
 class ManagedState(AbstractManagedState):
     """A training state that knows its optimizer and its strategy; a pytree. Subclass it to add fields.
 
-    See docs/strategies.md. Under a precision with a compute dtype, cast what
-    your step computes with through `state.options.precision.cast(...)`.
+    See docs/strategies.md. Under a mixed precision, cast what your step computes with through
+    `state.options.precision.cast(...)`.
 
     Attributes:
         apply_fn: the model's apply function, for the step's use (static).
@@ -229,19 +194,7 @@ class ManagedState(AbstractManagedState):
             apply_fn: the model's apply function, kept for the steps' use.
             strategy: a strategy or its name (see `ciclo.strategies.get_strategy`).
             **fields: the values of a subclass's own fields, and the training
-                options: `precision`, `accumulate_steps`, `ema_decay`,
-                `log_norms` (`managed.TrainingOptionsKwargs`).
-
-        Raises:
-            TypeError: if `params` has a leaf that is not an array (see `check_params`).
-            ValueError: for a training option out of its range.
-
-        Example:
-            >>> import jax.numpy as jnp, optax
-            >>> from ciclo import managed
-            >>> state = managed.ManagedState.create(params=jnp.zeros(2), tx=optax.sgd(1), accumulate_steps=2)
-            >>> state.options.accumulate_steps, int(state.opt_state.mini_step)
-            (2, 0)
+                options (`managed.TrainingOptionsKwargs`).
         """
         check_params(params)
         options = training_options(**{name: fields.pop(name) for name in OPTION_NAMES & fields.keys()})
@@ -259,14 +212,7 @@ class ManagedState(AbstractManagedState):
         )
 
     def resume_options(self) -> dict[str, Any]:
-        """The training options (`managed.TrainingOptionsKwargs`), as plain data (JSON).
-
-        Example:
-            >>> import jax.numpy as jnp, optax
-            >>> from ciclo import managed
-            >>> managed.ManagedState.create(params=jnp.zeros(2), tx=optax.sgd(0.1)).resume_options()
-            {'precision': '32', 'accumulate_steps': 1, 'ema_decay': None, 'log_norms': False}
-        """
+        """The training options (`managed.TrainingOptionsKwargs`), as plain data (JSON)."""
         return self.options.resume_options()
 
     def resume_refusal(self, name: str, old: Any) -> str | None:
@@ -287,8 +233,7 @@ def create_state(
 ) -> S:
     """A managed state at step 0, built by `strategy.create` (`tx=None`: for inference).
 
-    `fields(*args)`, run under the strategy with the optimizer's and the options' `init`, returns the
-    array fields, the parameters under `"params"`; `static` holds the other static fields.
+    `fields(*args)`, run under the strategy, returns the array fields, the parameters under `"params"`.
     """
     placed = get_strategy(strategy)
     if tx is None:
@@ -331,7 +276,6 @@ def static_options(state: Any) -> dict[str, dict[str, Any]]:
 
 
 def _managed_states(state: Any) -> dict[str, AbstractManagedState]:
-    """The managed states in `state` by their path (`""` for `state` itself)."""
     leaves = jax.tree_util.tree_flatten_with_path(
         state, is_leaf=lambda n: isinstance(n, AbstractManagedState)
     )[0]
@@ -345,8 +289,7 @@ class ResumeRefused(ValueError):
 def check_static_options(recorded: Any, state: Any, where: str) -> list[str]:
     """Notes on the options that changed between a backup's record (`static_options`) and `state`.
 
-    Only states and options on both sides are compared (the structure check names the rest); a change
-    that `resume_refusal` refuses raises `ResumeRefused`, naming the backup `where`.
+    Only states and options on both sides are compared (the structure check names the rest).
     """
     if not isinstance(recorded, dict) or not all(
         isinstance(path, str) and isinstance(options, dict) and all(isinstance(name, str) for name in options)
@@ -408,12 +351,8 @@ def check_params(params: Any) -> None:
 class ManagedStep(Generic[S]):
     """A step function run under a strategy: what `train_step` and `step` return.
 
-    Call it as `logs, state = step(state, batch)`. It compiles once per
-    strategy: the state's own when it has one, else the decorator's, else
-    `"jit"`. Defined in a class body, it binds like a method:
-    `state.train_step(batch)`. While a `train_loop` runs it, a recompile logs
-    `performance.compiles` and warns once per change of its inputs
-    (`ciclo.types.RecompileWarning`, docs/logging.md).
+    Call it as `logs, state = step(state, batch)`; it compiles once per strategy (the state's, else the
+    decorator's, else `"jit"`) and binds like a method in a class body (docs/logging.md on recompiles).
     """
 
     __slots__ = (
@@ -494,29 +433,14 @@ class ManagedStep(Generic[S]):
 
     @property
     def compiles(self) -> int:
-        """How many times this step was compiled (traced), under every strategy; 0 before its first call.
-
-        Example:
-            >>> import ciclo, jax.numpy as jnp, optax
-            >>> from ciclo import managed
-            >>> @managed.step
-            ... def test_step(state, batch):
-            ...     return ciclo.logs().add_metric("sum", batch.sum()), state
-            >>> state = managed.ManagedState.create(params=jnp.zeros(()), tx=optax.sgd(0.1))
-            >>> for batch in [jnp.ones(4), jnp.ones(4), jnp.zeros(4)]:
-            ...     _ = test_step(state, batch)
-            >>> test_step.compiles
-            1
-        """
+        """How many times this step was compiled (traced), under every strategy; 0 before its first call."""
         return self._compiles
 
     def flops(self, state: Any, batch: Any) -> float | None:
         """The floating-point operations of one step on `state` and `batch`, from XLA's cost analysis.
 
-        The step is lowered (not compiled) for one step's batch under `state`'s
-        strategy, and the whole program's count read (all devices together
-        under `data_parallel`, `fsdp`). None under `pmap`, or when XLA gives no
-        count. Not counted in `compiles`.
+        The step is lowered, not compiled, and counted over all devices; None under `pmap`, or when XLA
+        gives no count.
 
         Example:
             >>> import ciclo, jax.numpy as jnp, optax
@@ -547,9 +471,6 @@ class ManagedStep(Generic[S]):
             cost = program.lower(state, batch).cost_analysis()
         finally:
             self._analysing = False
-        # An older jax gives one dict per program, a newer one dict.
-        if isinstance(cost, (list, tuple)):
-            cost = cost[0] if cost else None
         flops = None if cost is None else cost.get("flops")
         return None if flops is None or flops <= 0 else float(flops)
 
@@ -585,11 +506,8 @@ class ManagedStep(Generic[S]):
         self._first, self._warned = {}, set()
 
     def _first_inputs(self, strategy: Strategy, state: Any, batch: Any) -> None:
-        """Takes the inputs of the first step a watch sees as what later compiles are compared with.
-
-        That step may run a program compiled before (by an earlier loop), which
-        compiles nothing to compare with.
-        """
+        # The first step a watch sees may run a program an earlier loop compiled: its inputs are the
+        # reference later compiles are compared with.
         self._watching = _ON
         if isinstance(strategy, DeviceReductions):  # traced per device: the device axis goes
             state, batch = jax.tree.map(_one_device, (state, batch))
@@ -597,7 +515,7 @@ class ManagedStep(Generic[S]):
         self._first[strategy] = _inputs(state, batch.batches if stacked else batch, stacked=stacked)
 
     def _traced(self, strategy: Strategy, inputs: _Inputs) -> None:
-        """Counts a compile (jax traces the step only to compile it); warns of what changed."""
+        # jax traces the step only to compile it.
         if self._analysing:
             return
         self._compiles += 1
@@ -631,17 +549,9 @@ def train_step(
 ) -> ManagedStep[Any] | Callable[[StepBody], ManagedStep[Any]]:
     """Turns a step that logs losses into a training step: gradients and update are ciclo's.
 
-    `fn(state, batch)` returns `(logs, state)` or `logs`, with scalar entries in
-    `losses`; ciclo differentiates their sum with respect to the params, applies
-    `state.apply_gradients` and syncs the `MODEL_STATE` fields across devices,
-    under the strategy (docs/strategies.md, "The managed API in brief").
-
-    Args:
-        fn: the step; `train_step` also works as `@train_step(strategy=...)`.
-        strategy: the strategy for states that carry none (default `"jit"`).
-
-    Raises:
-        ValueError: at the first call, if the logs have no losses or a loss is not a scalar.
+    `fn(state, batch)` returns `(logs, state)` or `logs`, with scalar entries in `losses`; ciclo
+    differentiates their sum and applies `state.apply_gradients` (docs/strategies.md, "The managed API
+    in brief"). Also `@train_step(strategy=...)`, for states that carry no strategy.
 
     Example:
         >>> import ciclo, jax.numpy as jnp, optax
@@ -749,7 +659,7 @@ def _train_body(fn: StepBody, reductions: DeviceReductions | None, state: Any) -
 
 
 def _finish(logs: Logs, state: Any, reductions: DeviceReductions | None) -> tuple[Logs, Any]:
-    """Replaces stateful metrics in the logs by their values, then reduces the logs over devices."""
+    # Stateful metrics in the logs become their values; then the logs are reduced over devices.
     lowered = Logs()
     for collection, entries in logs.items():
         values = lowered[collection] = Entries()
@@ -783,10 +693,8 @@ _STATIC_FIX = (
 class _Inputs(NamedTuple):
     """What a compile was for: the trees of the batch (one step's) and of the state, their leaves' types."""
 
-    batch_tree: Any
-    batch: tuple[tuple[str, tuple[tuple[int, ...], Any, bool]], ...]
-    state_tree: Any
-    state: tuple[tuple[str, tuple[tuple[int, ...], Any, bool]], ...]
+    batch: tuple[Any, tuple[tuple[str, tuple[tuple[int, ...], Any, bool]], ...]]
+    state: tuple[Any, tuple[tuple[str, tuple[tuple[int, ...], Any, bool]], ...]]
     static: dict[str, Any]
 
 
@@ -806,15 +714,12 @@ def _leaf_types(tree: Any, *, stacked: bool) -> tuple[Any, tuple[tuple[str, Any]
 
 
 def _inputs(state: Any, batch: Any, *, stacked: bool) -> _Inputs:
-    """The `_Inputs` of a step being traced: `batch` is stacked along a leading axis when `stacked`."""
-    batch_tree, batch_types = _leaf_types(batch, stacked=stacked)
-    state_tree, state_types = _leaf_types(state, stacked=False)
     static = {}
     if dataclasses.is_dataclass(state) and not isinstance(state, type):
         static = {
             f.name: getattr(state, f.name) for f in dataclasses.fields(state) if f.metadata.get("static")
         }
-    return _Inputs(batch_tree, batch_types, state_tree, state_types, static)
+    return _Inputs(_leaf_types(batch, stacked=stacked), _leaf_types(state, stacked=False), static)
 
 
 def _describe(leaf_type: tuple[tuple[int, ...], Any, bool]) -> str:
@@ -826,9 +731,9 @@ def _changes(first: _Inputs, now: _Inputs) -> tuple[str, str] | None:
     """What differs between two compiles' inputs, and the fixes; None when jax sees what ciclo does not."""
     changes: list[str] = []
     fixes: list[str] = []
-    for name, tree0, tree, types0, types, fix in (
-        ("batch", first.batch_tree, now.batch_tree, first.batch, now.batch, _BATCH_FIX),
-        ("state", first.state_tree, now.state_tree, first.state, now.state, _STATE_FIX),
+    for name, (tree0, types0), (tree, types), fix in (
+        ("batch", first.batch, now.batch, _BATCH_FIX),
+        ("state", first.state, now.state, _STATE_FIX),
     ):
         if tree != tree0:
             if name == "state" and now.static.keys() == first.static.keys():
@@ -856,13 +761,13 @@ def _changes(first: _Inputs, now: _Inputs) -> tuple[str, str] | None:
 
 
 def _check_batch(batch: Any) -> None:
-    """Refuses a batch holding a Python list of numbers, at a step's first call under a strategy."""
+    # At a step's first call under a strategy: a batch holding a Python list of numbers.
     if number_list(batch) is not None:
         raise cast(TypeError, batch_refusal(batch))
 
 
 def _one_device(leaf: Any) -> Any:
-    """An array leaf laid out with a leading device axis (`pmap`), as one device's program sees it."""
+    # An array leaf with a leading device axis (`pmap`), as one device's program sees it.
     if isinstance(leaf, (jax.Array, np.ndarray)) and np.ndim(leaf) > 0:
         weak = isinstance(leaf, jax.Array) and leaf.weak_type
         return jax.ShapeDtypeStruct(np.shape(leaf)[1:], leaf.dtype, weak_type=weak)  # type: ignore[no-untyped-call]

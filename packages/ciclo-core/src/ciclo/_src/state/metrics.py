@@ -21,10 +21,7 @@ T = TypeVar("T")
 
 @runtime_checkable
 class Metric(Protocol):
-    """A metric that accumulates over batches: the interface of `jax_metrics` (docs/metrics.md).
-
-    Metrics are immutable pytrees that live inside a compiled step's state:
-    every method returns a new metric.
+    """A metric that accumulates over batches; an immutable pytree (docs/metrics.md).
 
     Example:
         >>> import jax.numpy as jnp
@@ -38,23 +35,18 @@ class Metric(Protocol):
 
     def reset(self) -> Self:
         """Returns an empty metric with the same configuration."""
-        ...
 
     def update(self, **kwargs: Any) -> Self:
         """Returns the metric with one more batch accumulated, from the named values it needs (`preds=`)."""
-        ...
 
     def merge(self, other: Self, /) -> Self:
         """Returns a metric that has accumulated what both `self` and `other` have."""
-        ...
 
     def reduce(self) -> Self:
         """Combines a metric whose leaves carry a stacked leading axis (`jax.lax.all_gather`'s) into one."""
-        ...
 
     def compute(self) -> Any:
         """Returns the value of the metric: a scalar array or a dict of them."""
-        ...
 
 
 def _name(fn: Callable[..., Any]) -> str:
@@ -65,8 +57,7 @@ def call_with_available(fn: Callable[..., T], /, **available: Any) -> T:
     """Calls `fn` with the arguments it accepts, by name, out of `available` (all of them for `**kwargs`).
 
     Raises:
-        TypeError: when `fn` needs an argument that is not available, takes a
-            required positional-only parameter, or has no signature.
+        TypeError: when `fn` needs an argument that is not available, or cannot take them by name.
 
     Example:
         >>> def accuracy(preds, target):
@@ -107,29 +98,12 @@ _CONVERSIONS = (
 )
 
 
-def _is_array(value: Any) -> bool:
-    """A jax array, or a numpy array of numbers (a batch an eager step was given as it is)."""
-    return isinstance(value, jax.Array) or (
-        isinstance(value, (np.ndarray, np.generic))
-        and (np.issubdtype(value.dtype, np.number) or np.issubdtype(value.dtype, np.bool_))
-    )
-
-
 def call_for_array(
     fn: Callable[..., Any], what: str, hint: Callable[[], str] | None, /, **available: Any
 ) -> Any:
-    """`call_with_available(fn, **available)`, refusing a result that is not an array, under every strategy.
+    """`call_with_available`, refusing a result that is not an array, named `what` ("loss 'mse'").
 
-    Checked when the step is traced. Any other TypeError or ValueError of `fn` gets the note `hint()`.
-
-    Raises:
-        TypeError: naming `what` ("loss 'mse'") and saying to return a jax array.
-
-    Example:
-        >>> call_for_array(lambda preds: float(preds.mean()), "metric 'acc'", None, preds=jnp.ones(2))
-        Traceback (most recent call last):
-        TypeError: metric 'acc' returned 1.0 (a float), not a jax array: return a jax array, e.g.
-        jnp.mean(x), not float(x), x.item() or np.mean(x), which cannot run in a compiled step
+    Any other TypeError or ValueError of `fn` gets the note `hint()`.
     """
     fix = (
         "return a jax array, e.g. jnp.mean(x), not float(x), x.item() or np.mean(x), which cannot run in a "
@@ -145,7 +119,11 @@ def call_for_array(
         if hint is not None:
             error.add_note(hint())
         raise
-    if not _is_array(value):
+    # A numpy array of numbers passes: a batch an eager step was given as it is.
+    if not isinstance(value, jax.Array) and not (
+        isinstance(value, (np.ndarray, np.generic))
+        and (np.issubdtype(value.dtype, np.number) or np.issubdtype(value.dtype, np.bool_))
+    ):
         raise TypeError(f"{what} returned {short(value)} (a {type(value).__name__}), not a jax array: {fix}")
     return value
 
@@ -158,10 +136,7 @@ def _zero() -> jax.Array:
 @register_frozen
 @dataclasses.dataclass(frozen=True, eq=False)
 class Mean:
-    """The running mean of a function of the batch, such as a loss or an accuracy, weighted by samples.
-
-    `fn` is called by name with the values given to `update`; each element of
-    its result counts as one observation.
+    """The running mean of a function of the batch; each element of its result counts once.
 
     Attributes:
         fn: the function, `fn(preds, target, ...) -> array`; static under `jax.jit`.
@@ -215,8 +190,7 @@ class CluMetric:
 
     Attributes:
         metric: the wrapped clu metric instance (a pytree).
-        cls: its class, used to build empty metrics and batch updates; static
-            under `jax.jit`.
+        cls: its class, which makes empty metrics and batch updates (static).
 
     Example:
         >>> import dataclasses
@@ -228,7 +202,6 @@ class CluMetric:
         ...     @classmethod
         ...     def from_model_output(cls, *, target, **_): return cls(len(target))
         ...     def merge(self, other): return Count(self.n + other.n)
-        ...     def reduce(self): return Count(sum(self.n))
         ...     def compute(self): return self.n
         >>> metric = as_metric(Count)
         >>> metric.update(target=[1, 2, 3], preds=[1, 2, 2]).update(target=[4]).compute()
@@ -244,10 +217,8 @@ class CluMetric:
 
     def update(self, **kwargs: Any) -> CluMetric:
         """Merges in `cls.from_model_output(**kwargs)`; all keywords are passed on."""
-        from_model_output = getattr(self.cls, "from_model_output", None)
-        if from_model_output is None:
-            # A clu `Collection` names it `single_from_model_output`.
-            from_model_output = self.cls.single_from_model_output
+        # A clu `Collection` names it `single_from_model_output`.
+        from_model_output = getattr(self.cls, "from_model_output", None) or self.cls.single_from_model_output
         return dataclasses.replace(self, metric=self.metric.merge(from_model_output(**kwargs)))
 
     def merge(self, other: CluMetric, /) -> CluMetric:
@@ -278,15 +249,11 @@ _ACCEPTED = (
 def as_metric(obj: object) -> Metric:
     """Turns a metric-like object into a `Metric`.
 
-    - an object that already has the `Metric` methods (a `Mean`, a
-      `jax_metrics` metric) is returned as is;
-    - a clu metric class becomes `CluMetric` of `cls.empty()`, and a clu metric
-      instance is wrapped in a `CluMetric`;
-    - any other callable becomes `Mean(obj)`.
+    A `Metric` is returned as is, a clu metric (class or instance) wrapped in a `CluMetric`, any other
+    callable in a `Mean`.
 
     Raises:
-        TypeError: for anything else, including a class that is not a clu metric
-            class (pass an instance of a `jax_metrics` metric, not its class).
+        TypeError: for anything else, including a class that is not a clu metric class.
 
     Example:
         >>> metric = as_metric(lambda preds, target: (preds - target) ** 2)
@@ -314,19 +281,9 @@ _RUNNING: dict[Any, Mapping[str, Literal["last"]]] = {}
 
 
 def running_entries(state: Any) -> Mapping[str, Literal["last"]]:
-    """`{"metrics.<entry>": "last"}` for each entry the running metrics of `state` log (role `METRICS`).
+    """`{"metrics.<entry>": "last"}` for the entries the running metrics (role `METRICS`) of `state` log.
 
     An evaluation loop keeps their last value. Traced, not computed, once per structure of those fields.
-
-    Example:
-        >>> import jax.numpy as jnp, optax
-        >>> from ciclo import managed, metrics
-        >>> class State(managed.ManagedState):
-        ...     scores: dict = managed.field(role=managed.Role.METRICS)
-        >>> mae = metrics.as_metric(lambda preds, target: abs(preds - target))
-        >>> state = State.create(params=jnp.zeros(()), tx=optax.sgd(0.1), scores={"mae": mae})
-        >>> running_entries(state)
-        {'metrics.mae': 'last'}
     """
     fields = [getattr(state, name) for name in fields_with_role(type(state), Role.METRICS)]
     if not fields:

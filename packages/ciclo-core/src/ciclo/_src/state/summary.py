@@ -24,7 +24,6 @@ def _human(size: int) -> str:
 
 
 def _sizes(tree: Any) -> tuple[int, int]:
-    """Elements and bytes of the arrays in a tree of shapes (`jax.ShapeDtypeStruct`s)."""
     elements = nbytes = 0
     for leaf in jax.tree.leaves(tree):
         count = math.prod(np.shape(leaf))
@@ -42,19 +41,8 @@ def _by_top_level_key(params: Any) -> list[tuple[str, int, int]]:
     return [(name, *_sizes(leaves)) for name, leaves in groups.items()]
 
 
-def _shapes(state: Any) -> Any:
-    """The state's shapes as one device sees them, without copying or computing any array.
-
-    `strategy.unplace` removes what placement added (`pmap`'s device axis); the
-    mesh strategies' arrays already have their global shapes.
-    """
-    if isinstance(state, AbstractManagedState):
-        return jax.eval_shape(state.strategy.unplace, state)
-    return jax.eval_shape(lambda tree: tree, state)
-
-
 def _table(rows: Iterable[tuple[str, int | None, int | None]]) -> str:
-    """The rows `(name, parameters, bytes)` as a table; None shows "-" (bytes: in both byte columns)."""
+    # None shows "-" (bytes: in both byte columns).
     header = ("", "parameters", "bytes", "size")
     lines = [
         (
@@ -80,17 +68,8 @@ def _table(rows: Iterable[tuple[str, int | None, int | None]]) -> str:
 def summary(state: Any, *, file: IO[str] | None = None) -> str:
     """Prints and returns a table of a state's parameters and memory, by top-level module.
 
-    One row per top-level key of the parameters, then the parameters' total,
-    the model state, the optimizer state, the other arrays and the total. Sizes
-    are those of the logical (global) shapes, read without copying anything.
-    A pytree without a `managed.Role.PARAMS` field is summarised as parameters.
-
-    Args:
-        state: the state.
-        file: where to print the table; `sys.stdout` by default.
-
-    Returns:
-        The table's text.
+    Sizes are those of the global shapes, read without copying anything; a pytree without a
+    `managed.Role.PARAMS` field is summarised as parameters. `file`: where to print (`sys.stdout`).
 
     Example:
         >>> import ciclo, jax.numpy as jnp, optax
@@ -107,7 +86,10 @@ def summary(state: Any, *, file: IO[str] | None = None) -> str:
         -----------------------------------------
         total                     9    116  116 B
     """
-    shapes = _shapes(state)
+    # The shapes without computing any array; `unplace` removes `pmap`'s device axis.
+    shapes = jax.eval_shape(
+        state.strategy.unplace if isinstance(state, AbstractManagedState) else lambda tree: tree, state
+    )
     kind = type(state)
     params_names = fields_with_role(kind, Role.PARAMS)
     rows: list[tuple[str, int | None, int | None]] = []

@@ -1,8 +1,7 @@
 """Training options: mixed precision, gradient accumulation, skipping non-finite steps, the weight EMA, norms.
 
-Each option is a part built on optax's own pieces (`optax.MultiSteps`, a loss
-scale, `optax.apply_if_finite`'s skipping), combined in `apply_gradients`, the
-one place every managed state's update goes through (docs/recipes.md).
+Built on optax's own pieces (`optax.MultiSteps`, `optax.apply_if_finite`'s skipping) and combined in
+`apply_gradients`, the one place every managed state's update goes through (docs/recipes.md).
 """
 
 from __future__ import annotations
@@ -20,7 +19,7 @@ from ciclo._src.base.checks import check_int
 from ciclo._src.base.finite import finite_flag
 from ciclo._src.base.reprs import short
 from ciclo._src.base.roles import params_field
-from ciclo._src.state.precision import PRECISIONS, LossScale, Precision
+from ciclo._src.state.precision import PRECISIONS, Precision
 
 
 class TrainingOptionsKwargs(TypedDict, total=False):
@@ -46,7 +45,6 @@ class TrainingOptionsKwargs(TypedDict, total=False):
 
 
 OPTION_NAMES: Final = frozenset(TrainingOptionsKwargs.__annotations__)
-"""The keywords of `TrainingOptionsKwargs`."""
 
 
 @final
@@ -72,12 +70,7 @@ class TrainingOptions:
         return optax.MultiSteps(tx, every_k_schedule=self.accumulate_steps).gradient_transformation()
 
     def init(self, params: Any) -> dict[str, Any]:
-        """The options' own state at step 0: `ema_params` (a copy of `params`), `loss_scale`, `norms` (zeros).
-
-        Raises:
-            ValueError: under `log_norms="modules"`, for `params` that are one
-                array, with no modules to name.
-        """
+        """The options' own state at step 0: `ema_params`, `loss_scale`, `norms`."""
         # A copy: a donating strategy must not see one buffer twice.
         ema = None if self.ema_decay is None else jax.tree.map(jnp.copy, params)
         norms = None
@@ -106,13 +99,7 @@ class TrainingOptions:
         return norms
 
     def check_without_optimizer(self) -> None:
-        """Refuses, for a state created without `tx` (for inference), the options that act on optimizer steps.
-
-        Example:
-            >>> training_options(ema_decay=0.999).check_without_optimizer()
-            Traceback (most recent call last):
-            ValueError: ema_decay=0.999 acts on optimizer steps, but the state is created without tx= ...
-        """
+        """Refuses the options that act on optimizer steps, for a state created without `tx`."""
         needing = {
             "accumulate_steps": self.accumulate_steps if self.accumulate_steps != 1 else None,
             "ema_decay": self.ema_decay,
@@ -164,7 +151,12 @@ class TrainingOptions:
                 "micro-batches (optax.MultiSteps)"
             )
         if name == "precision":
-            scaled = _loss_scaling_of(old)
+            # Whether the backup's precision (`Precision.to_data`) scales the loss; None: unknown.
+            scaled = None
+            if isinstance(old, str) and old in PRECISIONS:
+                scaled = PRECISIONS[old].loss_scaling
+            elif isinstance(old, dict) and isinstance(old.get("loss_scaling"), bool):
+                scaled = old["loss_scaling"]
             if scaled is None:
                 return "this ciclo does not know the backup's precision"
             if scaled == self.precision.loss_scaling:
@@ -211,65 +203,45 @@ def training_options(
     return TrainingOptions(policy, accumulate_steps, decay, log_norms)
 
 
-def unscale(grads: Any, scale: LossScale) -> Any:
-    """The precision part: gradients of a scaled loss divided by the scale again."""
-    return jax.tree.map(lambda grad: grad / scale.scale.astype(grad.dtype), grads)
-
-
-def ema(decay: float, average: Any, params: Any, opt_state: Any, accumulate_steps: int) -> Any:
-    """The EMA part: `decay * average + (1 - decay) * params`, after each optimizer step only."""
-    new = jax.tree.map(lambda old, new: decay * old + (1 - decay) * new, average, params)
-    return new if accumulate_steps == 1 else _where(_has_updated(opt_state, accumulate_steps), new, average)
-
-
-def accumulated(grads: Any, opt_state: optax.MultiStepsState) -> Any:
-    """The gradient an `optax.MultiSteps` passes to its optimizer this micro-step: the mean so far.
-
-    optax's own running mean (`acc + (grad - acc) / (mini_step + 1)`), which
-    XLA computes once for both.
-    """
-    n = opt_state.mini_step
-    return jax.tree.map(
-        lambda grad, acc: (acc + (grad - acc) / (n + 1)).astype(grad.dtype), grads, opt_state.acc_grads
-    )
-
-
-def skip_if_not_finite(finite: jax.Array, new: dict[str, Any], old: dict[str, Any]) -> dict[str, Any]:
-    """`optax.apply_if_finite`'s idea: the values of `old` where the gradients were not `finite`."""
-    return {name: _where(finite, value, old[name]) for name, value in new.items()}
-
-
 def apply_gradients(state: Any, grads: Any, value: Any, changes: dict[str, Any]) -> Any:
     """`AbstractManagedState.apply_gradients`: the one place the training options' parts meet."""
     options: TrainingOptions = state.options
     if state.tx is None:
         raise ValueError(without_tx(type(state).__name__))
     name = params_field(type(state))
-    params, scale = getattr(state, name), state.loss_scale
+    params, scale, k = getattr(state, name), state.loss_scale, options.accumulate_steps
     if scale is not None:
-        grads = unscale(grads, scale)
+        grads = jax.tree.map(lambda grad: grad / scale.scale.astype(grad.dtype), grads)
     # optax passes `value` on to the transformations that take it and drops it for the rest.
     tx, extra = (
         (state.tx, {}) if value is None else (optax.with_extra_args_support(state.tx), {"value": value})
     )
     # optax.MultiSteps multiplies its float updates by an int flag, which strict promotion refuses.
-    with jax.numpy_dtype_promotion("standard") if options.accumulate_steps > 1 else contextlib.nullcontext():
+    with jax.numpy_dtype_promotion("standard") if k > 1 else contextlib.nullcontext():
         updates, opt_state = tx.update(grads, state.opt_state, params, **extra)
     new = {name: optax.apply_updates(params, updates), "opt_state": opt_state}
     if options.log_norms:
-        with jax.numpy_dtype_promotion("standard"):  # the running mean divides by the int mini_step
-            received = grads if options.accumulate_steps == 1 else accumulated(grads, state.opt_state)
+        received = grads
+        if k > 1:
+            # What optax.MultiSteps passes its optimizer: optax's own running mean, which XLA computes
+            # once for both. A micro-step carries the last optimizer step's norms.
+            n, acc_grads = state.opt_state.mini_step, state.opt_state.acc_grads
+            with jax.numpy_dtype_promotion("standard"):
+                received = jax.tree.map(
+                    lambda grad, acc: (acc + (grad - acc) / (n + 1)).astype(grad.dtype), grads, acc_grads
+                )
         norms = options.norms(received, updates, new[name])
-        if options.accumulate_steps > 1:  # a micro-step carries the last optimizer step's
-            norms = _where(_has_updated(opt_state, options.accumulate_steps), norms, state.norms)
-        new["norms"] = norms
+        new["norms"] = norms if k == 1 else _where(_has_updated(opt_state, k), norms, state.norms)
     if options.ema_decay is not None:
-        new["ema_params"] = ema(
-            options.ema_decay, state.ema_params, new[name], opt_state, options.accumulate_steps
+        decay = options.ema_decay
+        average = jax.tree.map(lambda old, new: decay * old + (1 - decay) * new, state.ema_params, new[name])
+        new["ema_params"] = (
+            average if k == 1 else _where(_has_updated(opt_state, k), average, state.ema_params)
         )
     if scale is not None:
+        # optax.apply_if_finite's idea: a step whose gradients are not finite changes nothing.
         finite = finite_flag(grads)
-        new = skip_if_not_finite(finite, new, {key: getattr(state, key) for key in new})
+        new = {key: _where(finite, value, getattr(state, key)) for key, value in new.items()}
         new["loss_scale"] = scale.update(finite=finite, growth_interval=options.precision.growth_interval)
     return state.replace(step=state.step + 1, **new, **changes)
 
@@ -280,15 +252,6 @@ def without_tx(creator: str) -> str:
         f"this state was created without tx= (for inference), so it cannot train; pass an optimizer, "
         f"e.g. tx=optax.adam(1e-3), to {creator} to train it"
     )
-
-
-def _loss_scaling_of(precision: Any) -> bool | None:
-    """Whether a precision as a backup records it (`Precision.to_data`) scales the loss; None: unknown."""
-    if isinstance(precision, str) and precision in PRECISIONS:
-        return PRECISIONS[precision].loss_scaling
-    if isinstance(precision, dict) and isinstance(precision.get("loss_scaling"), bool):
-        return bool(precision["loss_scaling"])
-    return None
 
 
 def _has_updated(opt_state: Any, accumulate_steps: int) -> jax.Array:
