@@ -19,15 +19,10 @@ if TYPE_CHECKING:
 class LoopCallback(Protocol[S]):
     """A callback object: the loop hands it the whole `LoopState`.
 
-    Plain functions are callbacks too: a function whose parameters are named
-    after what it wants (any of `state`, `batch`, `elapsed`, `loop_state`,
-    `logs`), or any callable taking 0 to 4 of `(state, batch, elapsed,
-    loop_state)` in that order; each returns `(logs, state)`, `logs` (a dict),
-    `state`, or `None`. `ciclo.Callback` implements this protocol with the
-    moments of a run's life (`on_start`, `on_step_end`, `on_end`) and
-    `state_dict` / `load_state_dict`; an object that satisfies it without
+    `ciclo.Callback` implements it; an object that satisfies it without
     subclassing `ciclo.Callback` is adapted when the loop is built, with the
-    lifecycle methods and `state_dict` it has (see `StatefulCallback`).
+    lifecycle methods and `state_dict` it has. Plain functions are callbacks
+    too (see the guide's "Callbacks").
     """
 
     def __loop_callback__(self, loop_state: LoopState[S], /) -> CallbackOutput[S]:
@@ -61,10 +56,8 @@ class Callback:
       `state_dict`.
 
     A lifecycle method that a class does not override is never called: it
-    costs nothing per step. `hook` is the hook of a predefined loop that
-    `train_loop(callbacks=[...])` places the callback under; a tuple of hooks
-    (a progress bar's `on_train_batch_end`, `on_test_batch_end`,
-    `on_predict_batch_end`) places it under the first one the loop runs.
+    costs nothing per step. `hook` places the callback in a predefined loop's
+    `callbacks=[...]`.
 
     Example:
         >>> import ciclo

@@ -79,16 +79,15 @@ class LoopState(Generic[S]):
         self._owns_logs = False  # whether `_logs` is the loop's own copy, safe to merge into
         self._accumulated = accumulated_logs
         self._callback_objects: dict[str, Any] = {}  # by state_key
-        # What a backup restores and saves through (the `Clock`: None before the loop and after it).
+        # What a backup restores and saves through (the `Clock`: None outside the loop).
         self._clock: Any = None
         self._iterator: Any = None
         self._stop: Any = None
-        # Run after each step; one a signal handler adds runs from the step in flight on.
         self._step_end: list[Callable[[LoopState[Any]], None]] = []
 
     @property
     def elapsed(self) -> Elapsed:
-        """The `Elapsed` of the current step, built on first use in each step."""
+        """The `Elapsed` of the current step."""
         elapsed = self._elapsed
         if elapsed is None:
             if self._clock is None:
