@@ -121,8 +121,6 @@ class LoopState(Generic[S]):
     def state_dicts(self) -> dict[str, Any]:
         """The `state_dict()` of every stateful callback of this loop, by its `state_key`.
 
-        See `ciclo.types.StatefulCallback`: a snapshot outlives callbacks added or swapped.
-
         Example:
             >>> import ciclo
             >>> stopper = ciclo.early_stopping("loss", patience=2)

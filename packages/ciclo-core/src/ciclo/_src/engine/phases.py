@@ -105,14 +105,12 @@ def _run_callbacks(loop_state: LoopState[Any], callbacks: list[Callback]) -> Non
             return
 
 
-def _run_end_hooks(
-    callbacks: list[Callback], loop_state: LoopState[Any], error: BaseException | None
-) -> bool:
+def _run_end_hooks(ends: list[Callback], loop_state: LoopState[Any], error: BaseException | None) -> bool:
     """Calls each `on_end`; returns whether one took the error. The first error one raises goes on."""
     loop_state._elapsed, loop_state._logs, loop_state._clock = loop_state._clock.now(), None, None
     failed: BaseException | None = None
     taken = False
-    for callback in callbacks:
+    for callback in ends:
         try:
             taken = bool(callback.on_end(loop_state, error or failed)) or taken
         except BaseException as raised:  # noqa: BLE001 - re-raised once the other callbacks ran
@@ -243,10 +241,8 @@ def _run_steps(tasks: list[_Task], loop_state: LoopState[Any]) -> None:
                 if task.after:
                     if after is None:
                         before = loop_state.elapsed
-                        added, added_samples = count_batch(batch, clock.batch_size_fn)
-                        after = make_elapsed(
-                            steps + added, before.samples + added_samples, before.time, before.date_start
-                        )
+                        after_samples = before.samples + count_batch(batch, clock.batch_size_fn)[1]
+                        after = make_elapsed(after_steps, after_samples, before.time, before.date_start)
                     if task.check is not None and not task.check(after):
                         continue
                     loop_state._elapsed = after
