@@ -178,16 +178,13 @@ def owners(callbacks: Iterable[Callback]) -> list[Callback]:
     """The callbacks whose lifecycle the engine runs, each once, in order; a method stands for its owner."""
     found: dict[int, Callback] = {}
     for callback in callbacks:
-        owner: Any = callback
-        if isinstance(callback, _Adapted):
-            source = callback.source
-            owner = source.__self__ if inspect.ismethod(source) else source
-            if owner is not source and not isinstance(owner, Callback):
-                callback = _Object(owner, Callback().__loop_callback__)
-            if not isinstance(owner, Callback):
-                found.setdefault(id(owner), callback)
-                continue
-        found.setdefault(id(owner), owner)
+        source = callback.source if isinstance(callback, _Adapted) else callback
+        owner = source.__self__ if inspect.ismethod(source) else source
+        if isinstance(owner, Callback):
+            callback = owner
+        elif owner is not source:  # a method of a user's object: the object's lifecycle
+            callback = _Object(owner, Callback().__loop_callback__)
+        found.setdefault(id(owner), callback)
     return list(found.values())
 
 
