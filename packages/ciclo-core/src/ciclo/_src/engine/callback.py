@@ -41,23 +41,10 @@ Tasks = Mapping[Any, "CallbackLike | list[CallbackLike] | tuple[CallbackLike, ..
 class Callback:
     """The one callback type: a scheduled call and the moments of a run's life, all no-ops by default.
 
-    Subclass it and override what you need. The engine calls
-
-    - `__loop_callback__(loop_state)` at each step its schedule fires; it
-      returns `(logs, state)`, `logs`, `state` or `None`;
-    - `on_start(loop_state)` once before the first step (after a resumed run
-      handed back the callbacks' states);
-    - `on_step_end(loop_state)` after each committed step (backups, signals);
-    - `on_end(loop_state, error)` once when the loop ends, also on an error:
-      `error` is what ended it, None when it ended by itself (True returned
-      takes the error: the loop returns normally);
-    - `state_dict()` / `load_state_dict(state)` when a backup saves or
-      restores the run, under `state_key`, for a callback that overrides
-      `state_dict`.
-
-    A lifecycle method that a class does not override is never called: it
-    costs nothing per step. `hook` places the callback in a predefined loop's
-    `callbacks=[...]`.
+    Subclass it and override what you need: a method that a class does not
+    override is never called, so it costs nothing per step. A backup saves and
+    restores `state_dict()` under `state_key`. `hook` places the callback in a
+    predefined loop's `callbacks=[...]`.
 
     Example:
         >>> import ciclo
@@ -83,14 +70,14 @@ class Callback:
     preference: the first one the loop runs (None: not placeable there)."""
 
     def __loop_callback__(self, loop_state: LoopState[Any], /) -> Any:
-        """Runs at each step the callback's schedule fires; returns its logs and state, or None."""
+        """Runs at each step its schedule fires; returns `(logs, state)`, `logs`, `state` or None."""
         return None
 
     def on_start(self, loop_state: LoopState[Any], /) -> None:
-        """Runs once before the first step."""
+        """Runs once before the first step (after a resumed run handed back the callbacks' states)."""
 
     def on_step_end(self, loop_state: LoopState[Any], /) -> None:
-        """Runs after each committed step."""
+        """Runs after each committed step (backups, signals), seeing the counts after it."""
 
     def on_end(self, loop_state: LoopState[Any], error: BaseException | None, /) -> bool | None:
         """Runs once when the loop ends; `error` is what ended it, None when it ended by itself.

@@ -22,11 +22,6 @@ class LoopState(Generic[S]):
         state: the current state.
         batch: the current batch.
         history: the `History` the loop commits to.
-        elapsed: the `Elapsed` of the current step (the counts *before* it); in a
-            task scheduled with `ciclo.at_step_end`, the counts after it.
-        logs: the logs of the current step so far.
-        accumulated_logs: the latest value of every entry logged so far, this
-            step's included (early stopping reads test metrics here).
         metadata: whatever was passed as `metadata` to the loop.
         stop_iteration: set to True (or call `stop()`) to end the loop after the current callback.
 
@@ -87,7 +82,7 @@ class LoopState(Generic[S]):
 
     @property
     def elapsed(self) -> Elapsed:
-        """The `Elapsed` of the current step."""
+        """The counts before the current step (after it in a task scheduled with `ciclo.at_step_end`)."""
         elapsed = self._elapsed
         if elapsed is None:
             if self._clock is None:
