@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic
 
 from ciclo._src.base.elapsed import Elapsed
 from ciclo._src.base.reprs import short
+from ciclo._src.base.types import S
 from ciclo._src.logs.logs import History, Logs, LogsLike
-
-S = TypeVar("S")
 
 _log = logging.getLogger("ciclo")
 
@@ -95,7 +94,7 @@ class LoopState(Generic[S]):
         """The logs of the current step so far; changes to it are committed with the step."""
         logs = self._logs
         if not self._owns_logs or type(logs) is not Logs:  # a reader may change it: the loop's own copy
-            logs = self._logs = Logs(logs) if logs else Logs()
+            logs = self._logs = Logs(logs)
             self._owns_logs = True
         return logs
 

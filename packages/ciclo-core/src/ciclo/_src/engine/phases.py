@@ -57,22 +57,6 @@ class _Task:
     due: int = 0
 
 
-def _compile_tasks(phases: Sequence[Phase]) -> list[_Task]:
-    if not isinstance(phases, Sequence) or not all(isinstance(phase, Phase) for phase in phases):
-        raise TypeError(f"phases must be a list of ciclo.types.Phase, got {short(phases)}")
-    tasks = []
-    for phase in phases:
-        for schedule, compiled in as_tasks(phase.tasks, f"phase {short(phase.name)}"):
-            after = type(schedule) is AtStepEnd
-            inner = schedule.schedule if after else schedule
-            boundary = inner.step_boundary() if type(inner) is Every else None
-            if boundary == (1, 0) and not after and inner.offset is None:
-                boundary, inner = None, None  # every step: no schedule to check
-            if compiled:
-                tasks.append(_Task(inner if boundary is None else None, after, compiled, boundary))
-    return tasks
-
-
 def _run_callbacks(loop_state: LoopState[Any], callbacks: list[Callback]) -> None:
     for callback in callbacks:
         try:
@@ -132,7 +116,7 @@ def run_phases(
     metadata: Any = None,
     batch_size_fn: BatchSizeFn | None = None,
 ) -> tuple[S, History, Elapsed]:
-    """The loop engine: at each step of `dataset`, runs the `ciclo.types.Phase`s in order.
+    """The loop engine: runs the `Phase`s in order at each step; returns `(state, history, elapsed)`.
 
     `ciclo.loop` and the predefined loops are this engine with their own phases.
     The lifecycle of `callbacks` wraps the tasks': their `on_start` run first, their `on_end` last.
@@ -148,9 +132,6 @@ def run_phases(
         metadata: any value, available to callbacks as `loop_state.metadata`.
         batch_size_fn: counts a batch's samples (default: its leading dimension).
 
-    Returns:
-        `(state, history, elapsed)` after the last step.
-
     Example:
         >>> import ciclo
         >>> phases = [ciclo.types.Phase("add", [(ciclo.every(1), lambda state: state + 1)]),
@@ -164,7 +145,18 @@ def run_phases(
             "stop=0 would run no step: pass the number of steps to run (>= 1), a period such as "
             "ciclo.at(samples=...), or stop=None to run until the dataset ends"
         )
-    tasks = _compile_tasks(phases)
+    if not isinstance(phases, Sequence) or not all(isinstance(phase, Phase) for phase in phases):
+        raise TypeError(f"phases must be a list of ciclo.types.Phase, got {short(phases)}")
+    tasks = []
+    for phase in phases:
+        for schedule, compiled in as_tasks(phase.tasks, f"phase {short(phase.name)}"):
+            after = type(schedule) is AtStepEnd
+            inner = schedule.schedule if after else schedule
+            boundary = inner.step_boundary() if type(inner) is Every else None
+            if boundary == (1, 0) and not after and inner.offset is None:
+                boundary, inner = None, None  # every step: no schedule to check
+            if compiled:
+                tasks.append(_Task(inner if boundary is None else None, after, compiled, boundary))
     # The run's own callbacks wrap the tasks': they start before them and end after them.
     outer = owners(as_callback_list(callbacks, "callbacks"))
     lifecycle = owners([*outer, *(c for t in tasks for c in t.callbacks)])
@@ -219,9 +211,7 @@ def _run_steps(tasks: list[_Task], loop_state: LoopState[Any]) -> None:
         except Exception as error:
             dataset_raised(error, steps, first)
             raise
-        loop_state.batch = batch
-        loop_state._elapsed = None
-        loop_state._logs = None
+        loop_state.batch, loop_state._elapsed, loop_state._logs = batch, None, None
         if steps < quiet_until and type(batch) is not Stacked:
             _run_callbacks(loop_state, every_step)
         else:  # every task; `quiet_until`: the step count before which none scheduled is due
