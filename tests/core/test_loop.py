@@ -513,7 +513,9 @@ def test_an_on_end_returning_true_takes_the_error():
 @pytest.mark.parametrize("subclass", [True, False], ids=["Callback", "user's object"])
 def test_a_callback_in_callbacks_and_in_a_task_lives_once(subclass):
     recorder = Recorder() if subclass else RecorderObject()
-    ciclo.run_phases(0, range(2), [ciclo.types.Phase("p", [(ciclo.every(1), recorder)])], callbacks=[recorder])
+    ciclo.run_phases(
+        0, range(2), [ciclo.types.Phase("p", [(ciclo.every(1), recorder)])], callbacks=[recorder]
+    )
     assert [event[0] for event in recorder.events] == ["start", "call", "step_end", "call", "step_end", "end"]
 
 
