@@ -459,6 +459,12 @@ class Recorder(ciclo.Callback):
         self.events.append(("end", loop_state.elapsed.steps, error))
 
 
+class RecorderObject:  # the same lifecycle, without subclassing ciclo.Callback
+    __init__ = Recorder.__init__
+    __loop_callback__ = Recorder.__loop_callback__
+    on_start, on_step_end, on_end = Recorder.on_start, Recorder.on_step_end, Recorder.on_end
+
+
 def test_a_callback_lives_start_steps_end():
     recorder = Recorder()
     ciclo.loop(0, range(5), {ciclo.every(2): recorder}, stop=3)
@@ -502,6 +508,15 @@ def test_an_on_end_returning_true_takes_the_error():
     assert state == 2 and elapsed.steps == 2
     with pytest.raises(ValueError, match="boom"):
         ciclo.run_phases(0, range(5), [ciclo.types.Phase("p", [(ciclo.every(1), fail)])])
+
+
+@pytest.mark.parametrize("subclass", [True, False], ids=["Callback", "user's object"])
+def test_a_callback_in_callbacks_and_in_a_task_lives_once(subclass):
+    recorder = Recorder() if subclass else RecorderObject()
+    ciclo.run_phases(
+        0, range(2), [ciclo.types.Phase("p", [(ciclo.every(1), recorder)])], callbacks=[recorder]
+    )
+    assert [event[0] for event in recorder.events] == ["start", "call", "step_end", "call", "step_end", "end"]
 
 
 def test_a_callback_whose_on_start_fails_leaves_the_started_ones_ended():

@@ -19,15 +19,10 @@ if TYPE_CHECKING:
 class LoopCallback(Protocol[S]):
     """A callback object: the loop hands it the whole `LoopState`.
 
-    Plain functions are callbacks too: a function whose parameters are named
-    after what it wants (any of `state`, `batch`, `elapsed`, `loop_state`,
-    `logs`), or any callable taking 0 to 4 of `(state, batch, elapsed,
-    loop_state)` in that order; each returns `(logs, state)`, `logs` (a dict),
-    `state`, or `None`. `ciclo.Callback` implements this protocol with the
-    moments of a run's life (`on_start`, `on_step_end`, `on_end`) and
-    `state_dict` / `load_state_dict`; an object that satisfies it without
+    `ciclo.Callback` implements it; an object that satisfies it without
     subclassing `ciclo.Callback` is adapted when the loop is built, with the
-    lifecycle methods and `state_dict` it has (see `StatefulCallback`).
+    lifecycle methods and `state_dict` it has. Plain functions are callbacks
+    too (see the guide's "Callbacks").
     """
 
     def __loop_callback__(self, loop_state: LoopState[S], /) -> CallbackOutput[S]:
@@ -46,25 +41,10 @@ Tasks = Mapping[Any, "CallbackLike | list[CallbackLike] | tuple[CallbackLike, ..
 class Callback:
     """The one callback type: a scheduled call and the moments of a run's life, all no-ops by default.
 
-    Subclass it and override what you need. The engine calls
-
-    - `__loop_callback__(loop_state)` at each step its schedule fires; it
-      returns `(logs, state)`, `logs`, `state` or `None`;
-    - `on_start(loop_state)` once before the first step (after a resumed run
-      handed back the callbacks' states);
-    - `on_step_end(loop_state)` after each committed step (backups, signals);
-    - `on_end(loop_state, error)` once when the loop ends, also on an error:
-      `error` is what ended it, None when it ended by itself (True returned
-      takes the error: the loop returns normally);
-    - `state_dict()` / `load_state_dict(state)` when a backup saves or
-      restores the run, under `state_key`, for a callback that overrides
-      `state_dict`.
-
-    A lifecycle method that a class does not override is never called: it
-    costs nothing per step. `hook` is the hook of a predefined loop that
-    `train_loop(callbacks=[...])` places the callback under; a tuple of hooks
-    (a progress bar's `on_train_batch_end`, `on_test_batch_end`,
-    `on_predict_batch_end`) places it under the first one the loop runs.
+    Subclass it and override what you need: a method that a class does not
+    override is never called, so it costs nothing per step. A backup saves and
+    restores `state_dict()` under `state_key`. `hook` places the callback in a
+    predefined loop's `callbacks=[...]`.
 
     Example:
         >>> import ciclo
@@ -90,14 +70,14 @@ class Callback:
     preference: the first one the loop runs (None: not placeable there)."""
 
     def __loop_callback__(self, loop_state: LoopState[Any], /) -> Any:
-        """Runs at each step the callback's schedule fires; returns its logs and state, or None."""
+        """Runs at each step its schedule fires; returns `(logs, state)`, `logs`, `state` or None."""
         return None
 
     def on_start(self, loop_state: LoopState[Any], /) -> None:
-        """Runs once before the first step."""
+        """Runs once before the first step (after a resumed run handed back the callbacks' states)."""
 
     def on_step_end(self, loop_state: LoopState[Any], /) -> None:
-        """Runs after each committed step."""
+        """Runs after each committed step (backups, signals), seeing the counts after it."""
 
     def on_end(self, loop_state: LoopState[Any], error: BaseException | None, /) -> bool | None:
         """Runs once when the loop ends; `error` is what ended it, None when it ended by itself.

@@ -1,11 +1,7 @@
 """The one door: every form of callback a user may give becomes a `ciclo.Callback` here, once.
 
-A function taking its arguments by parameter name or, as in ciclo 0.1, by
-position; an object with `__loop_callback__` that does not subclass
-`ciclo.Callback`; an object whose methods are named after the hooks of a
-predefined loop; a clu periodic action. This is also where a method named like
-a hook that no loop calls is refused or warned about, and the only place ciclo
-looks at a user's object by the names of its methods.
+The only place ciclo reads a user's object by the names of its methods, and
+refuses or warns of a method named like a hook that no loop calls.
 """
 
 from __future__ import annotations
@@ -28,8 +24,6 @@ if TYPE_CHECKING:
 
 
 class _Adapted(Callback):
-    """A user's function or object as a `Callback`: `__loop_callback__` is set per instance."""
-
     def __init__(self, call: Callable[[LoopState[Any]], Any], source: Any) -> None:
         self.__loop_callback__ = call  # type: ignore[method-assign]  # one call less per step
         self.source = source
@@ -44,7 +38,6 @@ class _Object(_Adapted):
 
     def __init__(self, obj: Any, call: Callable[[LoopState[Any]], Any]) -> None:
         super().__init__(call, obj)
-        # The 0.1 contract: a user's object is read by the names of its methods, here only.
         cls = type(obj)
         for name in LIFECYCLE:
             if callable(vars_lookup(cls, name)):
@@ -60,12 +53,7 @@ class _Object(_Adapted):
 
 
 def lifecycle_of(callback: Callback, name: str) -> bool:
-    """Whether the engine calls `callback`'s lifecycle or state method `name`: whether its class overrides it.
-
-    Found nominally, as Keras' `CallbackList` does: a method left as `Callback`
-    has it is never called. A user's object adapted by the door has the
-    methods it brought.
-    """
+    """Whether `callback` overrides the lifecycle or state method `name` (else the engine never calls it)."""
     if type(callback) is _Object:
         return name in vars(callback)
     return getattr(type(callback), name) is not getattr(Callback, name)
@@ -80,8 +68,8 @@ _BY_NAME: Final[dict[str, Callable[[LoopState[Any]], Any]]] = {
     "loop_state": lambda loop_state: loop_state,
     "logs": lambda loop_state: loop_state.logs,
 }
-"""What a plain function's parameter gets, by its name."""
 
+# A 0.1 function taking the first N of `(state, batch, elapsed, loop_state)`.
 _BY_POSITION: Final[tuple[Callable[[Callable[..., Any]], Callable[[LoopState[Any]], Any]], ...]] = (
     lambda fn: lambda loop_state: fn(),
     lambda fn: lambda loop_state: fn(loop_state.state),
@@ -89,18 +77,10 @@ _BY_POSITION: Final[tuple[Callable[[Callable[..., Any]], Callable[[LoopState[Any
     lambda fn: lambda loop_state: fn(loop_state.state, loop_state.batch, loop_state.elapsed),
     lambda fn: lambda loop_state: fn(loop_state.state, loop_state.batch, loop_state.elapsed, loop_state),
 )
-"""A 0.1 function taking the first N of `(state, batch, elapsed, loop_state)`, called by the loop state."""
 
 
 def _plain_function(fn: Callable[..., Any]) -> Callback:
-    """`fn` as a `Callback`: its arguments chosen by parameter name, else by position.
-
-    A function whose positional parameters all have names of `_BY_NAME`
-    (`def log(elapsed, logs)`) gets those values. Any other gets the first of
-    `(state, batch, elapsed, loop_state)` positionally, as in ciclo 0.1
-    (`def step(params, batch)`), unless one of its names would then get
-    another value: that is refused.
-    """
+    """`fn` as a `Callback`: by parameter name if all are names of `_BY_NAME`, else by position (0.1)."""
     signature = signature_of(fn, "by position or by name", "lambda state, batch: ...")
     names: list[str] = []
     required = 0
@@ -139,17 +119,33 @@ def _plain_function(fn: Callable[..., Any]) -> Callback:
 
 
 def as_callback_list(value: Any, where: str) -> list[Callback]:
-    """A callback, a list/tuple of callbacks, or None, as a list of `Callback`s: the one door in.
-
-    An object whose methods are named like a hook that no loop calls is
-    warned about (`on_ends`), or refused for a `__loop_*__` other than
-    `__loop_callback__` (`__loop_end__`).
-    """
+    """A callback, a list/tuple of callbacks, or None, as a list of `Callback`s: the one door in."""
     items = [] if value is None else list(value) if isinstance(value, (list, tuple)) else [value]
     try:
         return [_as_callback(item) for item in items]
     except TypeError as error:
         raise TypeError(f"in {where}: {error}") from None
+
+
+def as_tasks(tasks: Any, where: str) -> list[tuple[Any, list[Callback]]]:
+    """A phase's tasks (`(schedule, callbacks)` pairs or a dict) with each callback made a `Callback`."""
+    pairs = []
+    for item in tasks.items() if isinstance(tasks, Mapping) else tasks:
+        if not (isinstance(item, tuple) and len(item) == 2):
+            raise TypeError(f"{where}: a task is a (schedule, callbacks) pair, got {short(item)}")
+        schedule, callbacks = item
+        if isinstance(schedule, str):
+            raise ValueError(
+                f"named schedule {short(schedule)} is only understood by ciclo.train_loop, "
+                "test_loop and predict_loop; ciclo.loop takes schedules such as ciclo.every(1)"
+            )
+        if not callable(schedule):
+            raise TypeError(
+                f"task key {short(schedule)} is not a schedule: use a callable elapsed -> bool "
+                "such as ciclo.every(1)"
+            )
+        pairs.append((schedule, as_callback_list(callbacks, f"{where}, task {short(schedule)}")))
+    return pairs
 
 
 def _as_callback(obj: Any) -> Callback:
@@ -179,27 +175,35 @@ def _as_callback(obj: Any) -> Callback:
 
 
 def owners(callbacks: Iterable[Callback]) -> list[Callback]:
-    """The callbacks whose lifecycle the engine runs, each once, in order.
-
-    A user's object placed twice, or by its bound methods (`bar.on_epoch_end`),
-    has its `on_start` / `on_end` run once: a bound method stands for its owner.
-    """
+    """The callbacks whose lifecycle the engine runs, each once, in order; a method stands for its owner."""
     found: dict[int, Callback] = {}
     for callback in callbacks:
-        owner: Any = callback
-        if isinstance(callback, _Adapted):
-            source = callback.source
-            owner = source.__self__ if inspect.ismethod(source) else source
-            if owner is not source and not isinstance(owner, Callback):
-                callback = _Object(owner, Callback().__loop_callback__)
-            if not isinstance(owner, Callback):
-                found.setdefault(id(owner), callback)
-                continue
-        found.setdefault(id(owner), owner)
+        source = callback.source if isinstance(callback, _Adapted) else callback
+        owner = source.__self__ if inspect.ismethod(source) else source
+        if isinstance(owner, Callback):
+            callback = owner
+        elif owner is not source:  # a method of a user's object: the object's lifecycle
+            callback = _Object(owner, Callback().__loop_callback__)
+        found.setdefault(id(owner), callback)
     return list(found.values())
 
 
-# --- placement by name: the hooks of the predefined loops on users' objects and states ---------------
+def by_state_key(owners: list[Callback]) -> dict[str, Callback]:
+    """The stateful callbacks of `owners` by `state_key`, which must be a str that no other one has."""
+    keyed: dict[str, Callback] = {}
+    for owner in (o for o in owners if lifecycle_of(o, "state_dict")):
+        key = owner.state_key
+        if not isinstance(key, str) or not key:
+            raise TypeError(f"the state_key of {short(owner)} must be a non-empty str, got {short(key)}")
+        if key in keyed:
+            raise ValueError(
+                f"two stateful callbacks of this loop save their state under the key {short(key)}: "
+                f"{short(keyed[key])} and {short(owner)}; give one of them "
+                "another name= (or, for your own callback, a state_key attribute)"
+            )
+        keyed[key] = owner
+    return keyed
+
 
 Named = dict[str, list[Any]]
 
@@ -212,25 +216,12 @@ def collect(
     callbacks: Iterable[Any] | None = None,
     loop_name: str = "this loop",
 ) -> tuple[Named, dict[Any, Any]]:
-    """The callbacks of each hook name in `names`, and the rest of `tasks`.
+    """The callbacks of each hook name in `names`, and the rest of `tasks`: `(named, scheduled)`.
 
-    For each name, in this order: the method of that name of `state`'s class
-    (unbound, so the loop passes the current state as `self`), the tasks given
-    under that name in `tasks`, then the callbacks in `callbacks`: a
-    `ciclo.Callback` under the `hook` it declares, a user's object by the
-    methods it has of those names. A string key of `tasks` not in `names`, or
-    a callback object with none of the names, is refused.
-
-    Args:
-        names: the hook names the loop runs.
-        tasks: `{hook name or schedule: callbacks}`, as a loop receives it.
-        state: the loop's initial state, whose methods named in `names` are hooks.
-        callbacks: callbacks placed by their hook.
-        loop_name: the loop's name, for error messages.
-
-    Returns:
-        `(named, scheduled)`: `{name: [callbacks]}` with every name of `names`
-        present, and the entries of `tasks` keyed by a schedule.
+    For each name, in order: the method of that name of `state`'s class
+    (called with the current state as `self`), the tasks under that name, then
+    the `callbacks` that declare that `hook` or have a method of that name.
+    `named` has every name; `scheduled` holds the tasks keyed by a schedule.
 
     Example:
         >>> import ciclo
@@ -253,7 +244,6 @@ def collect(
 def split_tasks(
     tasks: Mapping[Any, Any] | None, names: tuple[str, ...], loop_name: str
 ) -> tuple[Named, dict[Any, Any]]:
-    """`tasks` as its named tasks (refused unless in `names`) and its scheduled tasks."""
     if tasks is None:
         return {}, {}
     if not isinstance(tasks, Mapping):
@@ -312,15 +302,9 @@ def add_callbacks(named: Named, callbacks: Iterable[Any] | None, names: tuple[st
             named.setdefault(name, []).append(hook)
 
 
-# --- names that look like a hook and are none ---------------------------------------------------------
-
+# difflib's ratio above which a name is a hook's misspelling: `on_epoch_ends` (0.96) and
+# `on_trian_end` (0.92) are; `latest_step` (0.90 to `test_step`) and `reset` (0.67) are not.
 _CLOSE: Final = 0.905
-"""How alike (difflib's ratio) a method's name must be to a hook's to be taken for its misspelling.
-
-`on_epoch_ends` (0.96), `on_epoch_edn` and `on_trian_end` (0.92) are;
-`latest_step` (0.90 to `test_step`), `reset` (0.67 to `reset_step`), `update`
-and `state_dict` (under 0.5) are not.
-"""
 
 OBJECT_CALLBACK: Final = "__loop_callback__"
 
@@ -330,22 +314,9 @@ _MISNAMED: weakref.WeakKeyDictionary[type, dict[tuple[str, ...], tuple[tuple[str
 
 
 def misnamed_methods(cls: type, names: tuple[str, ...] = ()) -> tuple[tuple[str, str], ...]:
-    """The methods of `cls` named like a hook that no loop calls, each with the name it may have meant.
+    """The methods of `cls` named like a hook (of `names` or the lifecycle) or a `__loop_*__` that none is.
 
-    A method is misnamed when its name is a close match of one of `names`
-    (the hooks a loop runs) or of a lifecycle method without being one
-    (`on_epoch_ends`), or when it is a `__loop_*__` other than
-    `__loop_callback__` (`__loop_end__`). The name meant is `""` when none is
-    close.
-
-    Example:
-        >>> from ciclo._src.engine.door import misnamed_methods
-        >>> class Bar:
-        ...     def on_epoch_ends(self, state): ...
-        ...     def __loop_end__(self, loop_state): ...
-        ...     def update(self): ...
-        >>> misnamed_methods(Bar, ("on_epoch_end",))
-        (('__loop_end__', 'on_end'), ('on_epoch_ends', 'on_epoch_end'))
+    Each comes with the name it may have meant, `""` if none is close.
     """
     by_names = _MISNAMED.setdefault(cls, {})
     if names in by_names:
@@ -392,6 +363,5 @@ def check_method_names(callback: Any, names: tuple[str, ...] = ()) -> tuple[tupl
 
 
 def warn_misnamed(callback: Any, misnamed: tuple[tuple[str, str], ...]) -> None:
-    """Warns that the methods `misnamed` of `callback` are never called, naming the hook each may mean."""
     for name, meant in misnamed:
         warn(f"callback {short(callback)} has a method {name}, which no loop calls: {_fix(meant)}")

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic
 
 from ciclo._src.base.elapsed import Elapsed
 from ciclo._src.base.reprs import short
+from ciclo._src.base.types import S
 from ciclo._src.logs.logs import History, Logs, LogsLike
-
-S = TypeVar("S")
 
 _log = logging.getLogger("ciclo")
 
@@ -22,11 +21,6 @@ class LoopState(Generic[S]):
         state: the current state.
         batch: the current batch.
         history: the `History` the loop commits to.
-        elapsed: the `Elapsed` of the current step (the counts *before* it); in a
-            task scheduled with `ciclo.at_step_end`, the counts after it.
-        logs: the logs of the current step so far.
-        accumulated_logs: the latest value of every entry logged so far, this
-            step's included (early stopping reads test metrics here).
         metadata: whatever was passed as `metadata` to the loop.
         stop_iteration: set to True (or call `stop()`) to end the loop after the current callback.
 
@@ -79,16 +73,15 @@ class LoopState(Generic[S]):
         self._owns_logs = False  # whether `_logs` is the loop's own copy, safe to merge into
         self._accumulated = accumulated_logs
         self._callback_objects: dict[str, Any] = {}  # by state_key
-        # What a backup restores and saves through (the `Clock`: None before the loop and after it).
+        # What a backup restores and saves through (the `Clock`: None outside the loop).
         self._clock: Any = None
         self._iterator: Any = None
         self._stop: Any = None
-        # Run after each step; one a signal handler adds runs from the step in flight on.
         self._step_end: list[Callable[[LoopState[Any]], None]] = []
 
     @property
     def elapsed(self) -> Elapsed:
-        """The `Elapsed` of the current step, built on first use in each step."""
+        """The counts before the current step (after it in a task scheduled with `ciclo.at_step_end`)."""
         elapsed = self._elapsed
         if elapsed is None:
             if self._clock is None:
@@ -101,7 +94,7 @@ class LoopState(Generic[S]):
         """The logs of the current step so far; changes to it are committed with the step."""
         logs = self._logs
         if not self._owns_logs or type(logs) is not Logs:  # a reader may change it: the loop's own copy
-            logs = self._logs = Logs(logs) if logs else Logs()
+            logs = self._logs = Logs(logs)
             self._owns_logs = True
         return logs
 
@@ -121,8 +114,6 @@ class LoopState(Generic[S]):
 
     def state_dicts(self) -> dict[str, Any]:
         """The `state_dict()` of every stateful callback of this loop, by its `state_key`.
-
-        See `ciclo.types.StatefulCallback`: a snapshot outlives callbacks added or swapped.
 
         Example:
             >>> import ciclo

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from time import perf_counter
 from typing import Any, cast, final
 
@@ -16,7 +16,7 @@ from ciclo._src.base.schedules import AtStepEnd, Every, next_boundary
 from ciclo._src.base.types import S
 from ciclo._src.data.position import dataset_ended, dataset_raised, iterate_dataset
 from ciclo._src.engine.callback import Callback, Tasks
-from ciclo._src.engine.door import as_callback_list, lifecycle_of, owners
+from ciclo._src.engine.door import as_callback_list, as_tasks, by_state_key, lifecycle_of, owners
 from ciclo._src.engine.loop_state import LoopState as LoopState
 from ciclo._src.logs.logs import History, Logs, StackedLogs
 from ciclo._src.logs.step_output import describe, step_output
@@ -27,9 +27,9 @@ from ciclo._src.logs.step_output import describe, step_output
 class Phase:
     """A named group of tasks that runs at each step, after the phases before it.
 
-    Each task is `(schedule, callbacks)`: at each step, for each task in order,
-    when the schedule fires, its callbacks run in order. A schedule wrapped in
-    `ciclo.at_step_end` is checked on the counts that include the step.
+    At each step, each task `(schedule, callbacks)` in order runs its callbacks
+    when its schedule fires (a schedule wrapped in `ciclo.at_step_end`: on the
+    counts that include the step).
 
     Attributes:
         name: names the phase in errors.
@@ -48,50 +48,13 @@ class Phase:
 
 @dataclasses.dataclass(eq=False)
 class _Task:
-    """A schedule and its callbacks: `boundary` (an `Every` in steps, due at `due`), `check`, or neither.
-
-    `after`: the schedule is checked on the counts after the step (`at_step_end`).
-    """
+    """`boundary`: an `Every` in steps, due at `due`; `after`: checked on the counts after the step."""
 
     check: Callable[[Elapsed], bool] | None
     after: bool
     callbacks: list[Callback]
     boundary: tuple[int, int] | None = None
     due: int = 0
-
-
-def _compile_tasks(phases: Sequence[Phase]) -> list[_Task]:
-    if isinstance(phases, Phase) or not isinstance(phases, Sequence):
-        raise TypeError(f"phases must be a list of ciclo.types.Phase, got {short(phases)}")
-    tasks = []
-    for phase in phases:
-        if not isinstance(phase, Phase):
-            raise TypeError(f"phases must be ciclo.types.Phase objects, got {short(phase)}")
-        for item in phase.tasks.items() if isinstance(phase.tasks, Mapping) else phase.tasks:
-            if not (isinstance(item, tuple) and len(item) == 2):
-                raise TypeError(
-                    f"phase {short(phase.name)}: a task is a (schedule, callbacks) pair, got {short(item)}"
-                )
-            schedule, callbacks = item
-            if isinstance(schedule, str):
-                raise ValueError(
-                    f"named schedule {short(schedule)} is only understood by ciclo.train_loop, "
-                    "test_loop and predict_loop; ciclo.loop takes schedules such as ciclo.every(1)"
-                )
-            if not callable(schedule):
-                raise TypeError(
-                    f"task key {short(schedule)} is not a schedule: use a callable elapsed -> bool "
-                    "such as ciclo.every(1)"
-                )
-            compiled = as_callback_list(callbacks, f"phase {short(phase.name)}, task {short(schedule)}")
-            after = type(schedule) is AtStepEnd
-            inner = schedule.schedule if after else schedule
-            boundary = inner.step_boundary() if type(inner) is Every else None
-            if boundary == (1, 0) and not after and inner.offset is None:
-                boundary, inner = None, None  # every step: no schedule to check
-            if compiled:
-                tasks.append(_Task(inner if boundary is None else None, after, compiled, boundary))
-    return tasks
 
 
 def _run_callbacks(loop_state: LoopState[Any], callbacks: list[Callback]) -> None:
@@ -114,10 +77,7 @@ def _run_callbacks(loop_state: LoopState[Any], callbacks: list[Callback]) -> Non
             raise
         if new_logs:
             if type(new_logs) is StackedLogs and type(loop_state.batch) is Stacked:
-                held = loop_state._per_step
-                loop_state._per_step = (
-                    new_logs.per_step if held is None else Logs(held).merge(new_logs.per_step)
-                )
+                loop_state._per_step = Logs(loop_state._per_step).merge(new_logs.per_step)
             logs = loop_state._logs
             if not logs:  # held as it came, a callback's own object: copied before a merge into it
                 loop_state._logs, loop_state._owns_logs = new_logs, False
@@ -129,15 +89,12 @@ def _run_callbacks(loop_state: LoopState[Any], callbacks: list[Callback]) -> Non
             return
 
 
-def _run_end_hooks(
-    callbacks: list[Callback], loop_state: LoopState[Any], error: BaseException | None
-) -> bool:
+def _run_end_hooks(ends: list[Callback], loop_state: LoopState[Any], error: BaseException | None) -> bool:
     """Calls each `on_end`; returns whether one took the error. The first error one raises goes on."""
-    # A finished loop has no clock: its elapsed is final.
     loop_state._elapsed, loop_state._logs, loop_state._clock = loop_state._clock.now(), None, None
     failed: BaseException | None = None
     taken = False
-    for callback in callbacks:
+    for callback in ends:
         try:
             taken = bool(callback.on_end(loop_state, error or failed)) or taken
         except BaseException as raised:  # noqa: BLE001 - re-raised once the other callbacks ran
@@ -159,39 +116,28 @@ def run_phases(
     metadata: Any = None,
     batch_size_fn: BatchSizeFn | None = None,
 ) -> tuple[S, History, Elapsed]:
-    """The loop engine: at each step of `dataset`, runs the `ciclo.types.Phase`s in order.
+    """The loop engine: runs the `Phase`s in order at each step; returns `(state, history, elapsed)`.
 
-    `ciclo.loop`, the predefined loops and a loop of your own (a GAN alternating
-    two phases, say) are this engine with their own phases. A run calls every
-    `on_start` (those of `callbacks` first), then runs the steps, each followed by
-    every `on_step_end`, then every `on_end` (those of `callbacks` last).
+    `ciclo.loop` and the predefined loops are this engine with their own phases.
+    The lifecycle of `callbacks` wraps the tasks': their `on_start` run first, their `on_end` last.
 
     Args:
         state: the initial state (any pytree).
         dataset: an iterable of batches.
         phases: the `ciclo.types.Phase`s of a step, in the order they run.
-        callbacks: the run's own callbacks, whose lifecycle wraps the tasks':
-            `ciclo.backup(...).callback(...)`, say.
+        callbacks: the run's own callbacks (`ciclo.backup(...).callback(...)`, say).
         stop: stop at this `Period` or number of steps (else at the dataset's end).
         history: commit to this `History` instead of a new one.
         elapsed: resume counting from this `Elapsed`.
         metadata: any value, available to callbacks as `loop_state.metadata`.
         batch_size_fn: counts a batch's samples (default: its leading dimension).
 
-    Returns:
-        `(state, history, elapsed)` after the last step.
-
     Example:
         >>> import ciclo
-        >>> def discriminator_step(state, batch):
-        ...     return ciclo.logs().add_metric("d", batch), state
-        >>> def generator_step(state, batch):
-        ...     return ciclo.logs().add_metric("g", batch), state + 1
-        >>> phases = [ciclo.types.Phase("discriminator", [(ciclo.every(1), discriminator_step)]),
-        ...           ciclo.types.Phase("generator", [(ciclo.every(2), generator_step)])]
-        >>> state, history, elapsed = ciclo.run_phases(0, range(4), phases)
-        >>> state, history.collect("d"), history.collect("g")
-        (2, [0, 1, 2, 3], [0, 2])
+        >>> phases = [ciclo.types.Phase("add", [(ciclo.every(1), lambda state: state + 1)]),
+        ...           ciclo.types.Phase("double", [(ciclo.every(2), lambda state: state * 2)])]
+        >>> ciclo.run_phases(0, range(4), phases)[0]
+        9
     """
     stop_period = Period.of(stop, name="stop")
     if stop_period == Period(steps=0):
@@ -199,30 +145,29 @@ def run_phases(
             "stop=0 would run no step: pass the number of steps to run (>= 1), a period such as "
             "ciclo.at(samples=...), or stop=None to run until the dataset ends"
         )
-    tasks = _compile_tasks(phases)
+    if not isinstance(phases, Sequence) or not all(isinstance(phase, Phase) for phase in phases):
+        raise TypeError(f"phases must be a list of ciclo.types.Phase, got {short(phases)}")
+    tasks = []
+    for phase in phases:
+        for schedule, compiled in as_tasks(phase.tasks, f"phase {short(phase.name)}"):
+            after = type(schedule) is AtStepEnd
+            inner = schedule.schedule if after else schedule
+            boundary = inner.step_boundary() if type(inner) is Every else None
+            if boundary == (1, 0) and not after and inner.offset is None:
+                boundary, inner = None, None  # every step: no schedule to check
+            if compiled:
+                tasks.append(_Task(inner if boundary is None else None, after, compiled, boundary))
     # The run's own callbacks wrap the tasks': they start before them and end after them.
     outer = owners(as_callback_list(callbacks, "callbacks"))
-    inner = [o for o in owners(c for t in tasks for c in t.callbacks) if all(o is not x for x in outer)]
-    lifecycle = [*outer, *inner]
+    lifecycle = owners([*outer, *(c for t in tasks for c in t.callbacks)])
     starts = [o for o in lifecycle if lifecycle_of(o, "on_start")]
-    ends = [o for o in [*inner, *outer] if lifecycle_of(o, "on_end")]
+    ends = [o for o in [*lifecycle[len(outer) :], *outer] if lifecycle_of(o, "on_end")]
     if history is not None and not isinstance(history, History):
         raise TypeError(f"history must be a ciclo.types.History, got {short(history)}")
     loop_state: LoopState[S] = LoopState(state, history=history, metadata=metadata)
     loop_state._clock, loop_state._stop = Clock(elapsed, batch_size_fn), stop_period
     loop_state._iterator = iterate_dataset(dataset)
-    keyed = loop_state._callback_objects
-    for owner in (o for o in lifecycle if lifecycle_of(o, "state_dict")):
-        key = owner.state_key
-        if not isinstance(key, str) or not key:
-            raise TypeError(f"the state_key of {short(owner)} must be a non-empty str, got {short(key)}")
-        if key in keyed:
-            raise ValueError(
-                f"two stateful callbacks of this loop save their state under the key {short(key)}: "
-                f"{short(keyed[key])} and {short(owner)}; give one of them "
-                "another name= (or, for your own callback, a state_key attribute)"
-            )
-        keyed[key] = owner
+    loop_state._callback_objects = by_state_key(lifecycle)
     loop_state._step_end = [o.on_step_end for o in lifecycle if lifecycle_of(o, "on_step_end")]
     for index, callback in enumerate(starts):
         try:
@@ -242,7 +187,7 @@ def run_phases(
 
 
 def _run_steps(tasks: list[_Task], loop_state: LoopState[Any]) -> None:
-    """The steps; one before `quiet_until` has no scheduled task due: it runs `every_step` alone."""
+    """The steps; one before `quiet_until` (no scheduled task due) runs `every_step` alone."""
     stop = loop_state._stop
     by_steps = stop is not None and (stop.samples, stop.time, stop.date) == (None, None, None)
     stop_count, stop_at = (stop.steps, None) if by_steps else (math.inf, stop)
@@ -266,9 +211,7 @@ def _run_steps(tasks: list[_Task], loop_state: LoopState[Any]) -> None:
         except Exception as error:
             dataset_raised(error, steps, first)
             raise
-        loop_state.batch = batch
-        loop_state._elapsed = None
-        loop_state._logs = None
+        loop_state.batch, loop_state._elapsed, loop_state._logs = batch, None, None
         if steps < quiet_until and type(batch) is not Stacked:
             _run_callbacks(loop_state, every_step)
         else:  # every task; `quiet_until`: the step count before which none scheduled is due
@@ -288,10 +231,8 @@ def _run_steps(tasks: list[_Task], loop_state: LoopState[Any]) -> None:
                 if task.after:
                     if after is None:
                         before = loop_state.elapsed
-                        added, added_samples = count_batch(batch, clock.batch_size_fn)
-                        after = make_elapsed(
-                            steps + added, before.samples + added_samples, before.time, before.date_start
-                        )
+                        after_samples = before.samples + count_batch(batch, clock.batch_size_fn)[1]
+                        after = make_elapsed(after_steps, after_samples, before.time, before.date_start)
                     if task.check is not None and not task.check(after):
                         continue
                     loop_state._elapsed = after
