@@ -52,12 +52,15 @@ def dispatch_cost(timings: Mapping[int, Timing]) -> Timing | None:
     """`fixed + K * step`, the time of a dispatch of K steps, fitted between the smallest and largest K.
 
     Returned as a `Timing` of K = 1 (`host` the fixed cost, `device` the step);
-    None with fewer than two K measured.
+    from one K measured, that K's (a dispatch's host time does not grow with
+    its steps); None with nothing measured.
     """
     measured = sorted(timings)
-    if len(measured) < 2:
+    if not measured:
         return None
     small, large = measured[0], measured[-1]
+    if small == large:
+        return Timing(host=timings[small].host * small, device=timings[small].device)
     small_total, large_total = timings[small].device * small, timings[large].device * large
     step = (large_total - small_total) / (large - small)
     if step <= 0:  # noise larger than the steps' own time: the dispatch is all there is
@@ -66,28 +69,16 @@ def dispatch_cost(timings: Mapping[int, Timing]) -> Timing | None:
 
 
 def loop_share_at(steps: int, timings: Mapping[int, Timing]) -> float:
-    """The loop's share of a step at `steps` per dispatch: fitted from two K, else as measured."""
+    """The loop's share of a step at `steps` per dispatch, from the `dispatch_cost` of `timings`."""
     cost = dispatch_cost(timings)
-    if cost is not None:
-        return loop_share(steps, cost)
-    return loop_share(steps, timings[steps]) if steps in timings else math.inf
+    return math.inf if cost is None else loop_share(steps, cost)
 
 
 def choose(timings: Mapping[int, Timing], cap: int) -> int:
-    """The smallest power of two (at most `cap`) at which the loop's share of a step is under `TARGET_SHARE`.
-
-    The share is fitted from two K or more (`dispatch_cost`), else taken from
-    the one K measured (a dispatch's host time does not grow with its steps).
-    """
-    measured = {steps: timing for steps, timing in timings.items() if steps <= cap}
-    if not measured:
-        return 1
-    cost = dispatch_cost(measured)
-    if cost is None:
-        ((one, timing),) = measured.items()
-        cost = Timing(host=timing.host * one, device=timing.device)  # per dispatch, per step
+    """The smallest power of two (at most `cap`) at which the loop's share of a step is under `TARGET_SHARE`."""
+    cost = dispatch_cost({steps: timing for steps, timing in timings.items() if steps <= cap})
     steps = 1
-    while steps < cap and loop_share(steps, cost) >= TARGET_SHARE:
+    while cost is not None and steps < cap and loop_share(steps, cost) >= TARGET_SHARE:
         steps *= 2
     return steps
 
