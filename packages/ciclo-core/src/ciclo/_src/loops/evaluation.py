@@ -39,16 +39,9 @@ PER_BATCH_COLLECTIONS: Final = ("metrics", "losses")
 _KNOWN_COLLECTIONS: Final = frozenset((*PER_BATCH_COLLECTIONS, "stateful_metrics", "outputs"))
 
 
-def _reduce(fn: Callable[..., Any], values: Sequence[Any]) -> Any:
-    result = fn(np.stack([np.asarray(v) for v in values]), axis=0)
-    return result.item() if np.ndim(result) == 0 else result
-
-
-def _weighted_mean(values: Sequence[Any], samples: np.ndarray) -> Any:
+def _reduce(fn: Callable[..., Any], values: Sequence[Any], **kwargs: Any) -> Any:
     stacked = np.stack([np.asarray(v) for v in values])
-    # Batches that count no samples (plain Python values count one each) weigh the same.
-    weights = samples if samples.sum() > 0 else None
-    result = np.average(stacked, axis=0, weights=weights)
+    result = fn(stacked, axis=0, **kwargs)
     if np.issubdtype(stacked.dtype, np.floating):
         result = result.astype(stacked.dtype)
     return result.item() if np.ndim(result) == 0 else result
@@ -57,7 +50,10 @@ def _weighted_mean(values: Sequence[Any], samples: np.ndarray) -> Any:
 _REDUCERS: dict[str, Reducer] = {
     "last": lambda values, _: values[-1],
     "first": lambda values, _: values[0],
-    "mean": _weighted_mean,
+    # Batches that count no samples (plain Python values count one each) weigh the same.
+    "mean": lambda values, samples: _reduce(
+        np.average, values, weights=samples if samples.sum() > 0 else None
+    ),
     "sum": lambda values, _: _reduce(np.sum, values),
     "min": lambda values, _: _reduce(np.min, values),
     "max": lambda values, _: _reduce(np.max, values),
