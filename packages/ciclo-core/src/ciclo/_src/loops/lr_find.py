@@ -12,7 +12,6 @@ import os
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, Final, final
 
-import jax
 import numpy as np
 
 from ciclo._src.base.checks import check_int
@@ -20,7 +19,7 @@ from ciclo._src.base.reprs import short
 from ciclo._src.base.types import Trainable
 from ciclo._src.data.fused import as_logs_and_state
 from ciclo._src.logs.plot import new_figure
-from ciclo._src.state.learning_rate import injected_learning_rates, with_learning_rate
+from ciclo._src.state.learning_rate import injected_learning_rates, on_host, with_learning_rate
 from ciclo._src.state.managed import AbstractManagedState
 from ciclo._src.strategies._placement import copied
 
@@ -233,10 +232,7 @@ def lr_find(
                 raise ValueError(f"ciclo.lr_find: the dataset {short(dataset)} gave no batch to train on")
             break
         (used,) = injected_learning_rates(current.opt_state)
-        # This process's first copy: a replicated or pmapped rate has several.
-        used = float(
-            np.asarray(used.addressable_shards[0].data if isinstance(used, jax.Array) else used).flat[0]
-        )
+        used = float(on_host(used).flat[0])
         if not math.isclose(used, rate, rel_tol=1e-5):
             raise ValueError(
                 f"ciclo.lr_find set the learning rate to {rate:.6g} and the optimizer used {used:.6g}: "

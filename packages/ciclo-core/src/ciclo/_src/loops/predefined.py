@@ -111,15 +111,6 @@ class LoopSettings(TypedDict, total=False):
 _SETTINGS: Final = frozenset(LoopSettings.__optional_keys__)
 
 
-def _check_settings(loop_name: str, settings: LoopSettings) -> None:
-    unknown = sorted(set(settings) - _SETTINGS)
-    if unknown:
-        raise TypeError(
-            f"{loop_name} got the unknown keyword(s) {short(unknown)}: besides those of its signature, "
-            f"a loop takes {sorted(_SETTINGS)} (ciclo.types.LoopSettings)"
-        )
-
-
 def _run(
     kind: str,
     state: S,
@@ -130,6 +121,12 @@ def _run(
     settings: LoopSettings,
     backup_every: Any = None,
 ) -> tuple[S, History, Elapsed]:
+    unknown = sorted(set(settings) - _SETTINGS)
+    if unknown:
+        raise TypeError(
+            f"{kind} got the unknown keyword(s) {short(unknown)}: besides those of its signature, "
+            f"a loop takes {sorted(_SETTINGS)} (ciclo.types.LoopSettings)"
+        )
     # Begin callbacks run at the first step (not again in a run resumed past it), end ones after the last.
     catch_keyboard_interrupt = settings.get("catch_keyboard_interrupt", True)
     check_bool(catch_keyboard_interrupt, "catch_keyboard_interrupt")
@@ -167,7 +164,6 @@ def _step_loop(
 ) -> tuple[S, History, Elapsed]:
     """`test_loop` or `predict_loop`; `train_loop`'s evaluation keeps losses per batch (`running=False`)."""
     loop_name = f"{prefix}_loop"
-    _check_settings(loop_name, settings)
     names, protocol = (TEST, Evaluable) if prefix == "test" else (PREDICT, Predictable)
     named, scheduled = collect(names, tasks, state=state, callbacks=callbacks, loop_name=loop_name)
     _check_runs_something(prefix, state, named, scheduled, protocol)
@@ -265,7 +261,6 @@ def loop(
         >>> state, elapsed.steps, history.collect("total")
         (6, 4, [0, 1, 3, 6])
     """
-    _check_settings("loop", settings)
     if not isinstance(tasks, Mapping):
         raise TypeError(f"tasks must be a dict of schedule -> callbacks, got {short(tasks)}")
     for callbacks in tasks.values():
@@ -352,7 +347,6 @@ def train_loop(
         >>> state, history.collect("steps", "batch_test")
         (10, ([4, 9], [2.0, 2.0]))
     """
-    _check_settings("train_loop", settings)
     stop, batch_size_fn = Period.of(settings.get("stop"), name="stop"), settings.get("batch_size_fn")
     names = tuple(dict.fromkeys(TRAIN + TEST))
     named, scheduled = split_tasks(tasks, names, "train_loop")

@@ -67,18 +67,16 @@ def changed_hyperparameters(resumed: Any, given: Any) -> list[str]:
     changes = []
     for index, (old, new) in enumerate(injected):
         for name in old.hyperparams:
-            before, after = _on_host(old.hyperparams[name]), _on_host(new.hyperparams.get(name))
-            if before is None or after is None or np.array_equal(before, after):
+            before, after = old.hyperparams[name], new.hyperparams.get(name)
+            if before is None or after is None or np.array_equal(on_host(before), on_host(after)):
                 continue
             where = f"{name} (optimizer {index})" if len(injected) > 1 else name
-            changes.append(f"{where}: {_shown(before)} -> {_shown(after)}")
+            changes.append(f"{where}: {_shown(on_host(before))} -> {_shown(on_host(after))}")
     return changes
 
 
-def _on_host(value: Any) -> np.ndarray[Any, Any] | None:
+def on_host(value: Any) -> np.ndarray[Any, Any]:
     # This process's first copy: a replicated or pmapped array has several.
-    if value is None:
-        return None
     if isinstance(value, jax.Array):
         value = value.addressable_shards[0].data
     return np.asarray(value)
