@@ -75,7 +75,7 @@ def loop_share_at(steps: int, timings: Mapping[int, Timing]) -> float:
 
 
 def choose(timings: Mapping[int, Timing], cap: int) -> int:
-    """The smallest power of two (at most `cap`) at which the loop's share of a step is under `TARGET_SHARE`."""
+    """The smallest power of two (at most `cap`) where the loop's share of a step is under `TARGET_SHARE`."""
     cost = dispatch_cost({steps: timing for steps, timing in timings.items() if steps <= cap})
     steps = 1
     while cost is not None and steps < cap and loop_share(steps, cost) >= TARGET_SHARE:
