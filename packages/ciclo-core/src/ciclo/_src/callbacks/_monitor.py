@@ -29,12 +29,6 @@ def auto_mode(monitor: str) -> Mode:
     return "min"
 
 
-def check_mode(mode: str) -> Mode:
-    if mode not in ("min", "max"):
-        raise ValueError(f"mode must be 'min' or 'max', got {short(mode)}")
-    return mode  # type: ignore[return-value]
-
-
 def resolve_mode(mode: str, monitor: str | None) -> Mode:
     """`mode`, checked, with `"auto"` resolved by `auto_mode(monitor)`."""
     if mode == "auto":
