@@ -26,7 +26,6 @@ from ciclo._src.callbacks._monitor import (
     Mode,
     ModeLike,
     monitored_value,
-    optional_int,
     present_keys,
     resolve_mode,
     snapshot_fields,
@@ -490,9 +489,9 @@ class Checkpoint(Callback):
         """Takes back a `state_dict()`; checkpoints newer than it are kept and their steps skipped."""
         fields = snapshot_fields(state, _STATE_KEYS, "checkpoint")
         # self._newest is at least the newest step in the directory when this object opened it.
-        newest = [n for n in (optional_int(fields["newest_step"]), self._newest) if n is not None]
+        newest = [int(n) for n in (fields["newest_step"], self._newest) if n is not None]
         self._newest = max(newest, default=None)
-        self._found_newest = optional_int(fields["newest_at_start"])
+        self._found_newest = None if fields["newest_at_start"] is None else int(fields["newest_at_start"])
         self._warned = bool(fields["warned"])
         self._resumed = True
 

@@ -74,11 +74,6 @@ def snapshot_float(value: Any) -> float:
     return float(value)
 
 
-def optional_int(value: Any) -> int | None:
-    """A snapshot's integer as an int (it may come back from storage as a 0-d array), None kept."""
-    return None if value is None else int(value)
-
-
 def present_keys(logs: Mapping[str, Mapping[str, Any]]) -> list[str]:
     """The full paths of the entries in `logs`, for error messages."""
     return sorted(f"{c}.{n}" for c, entries in logs.items() for n in entries)
