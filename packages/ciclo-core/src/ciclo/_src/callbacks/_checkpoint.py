@@ -25,9 +25,7 @@ from ciclo._src.base.types import CallbackOutput
 from ciclo._src.callbacks._monitor import (
     Mode,
     ModeLike,
-    check_mode,
     monitored_value,
-    optional_int,
     present_keys,
     resolve_mode,
     snapshot_fields,
@@ -138,7 +136,7 @@ def _read_settings(directory: str) -> dict[str, Any] | None:
         monitor, mode = settings["monitor"], settings["mode"]
         if monitor is not None and not isinstance(monitor, str):
             raise TypeError(f"monitor is {short(monitor)}")
-        return _settings(monitor, "min" if monitor is None else check_mode(mode))
+        return _settings(monitor, "min" if monitor is None else resolve_mode(mode, monitor))
     except (ValueError, TypeError, KeyError) as error:
         raise ValueError(f"cannot read the checkpoint settings in {path}: {error}") from error
 
@@ -196,7 +194,6 @@ def _restore_in(
     target: T,
     monitor: str | None,
     mode: Mode,
-    manager: Any | None,
     options: RestoreOptions,
     report: bool,
 ) -> T | tuple[T, RestoreReport]:
@@ -216,18 +213,10 @@ def _restore_in(
             "checkpoint, and the checkpoint's own parameters are then left unused: pass partial=True too, "
             "e.g. restore_checkpoint(directory, target, partial=True, params_from='ema_params')"
         )
-    with contextlib.ExitStack() as stack:
-        if manager is None or partial:  # orbax's PyTreeCheckpointHandler reads subsets
-            manager = _open_manager(
-                directory,
-                keep=None,
-                monitor=monitor,
-                mode=mode,
-                async_save=False,
-                create=False,
-                partial=partial,
-            )
-            stack.callback(manager.close)
+    reader = _open_manager(
+        directory, keep=None, monitor=monitor, mode=mode, async_save=False, create=False, partial=partial
+    )
+    with contextlib.closing(reader) as manager:
         resolved = _resolve_step(manager, directory, step, monitor)
         # orbax's StandardSave takes only containers, so a single-leaf state is saved as {"state": leaf}.
         wrapped = is_single_leaf(target)
@@ -500,9 +489,9 @@ class Checkpoint(Callback):
         """Takes back a `state_dict()`; checkpoints newer than it are kept and their steps skipped."""
         fields = snapshot_fields(state, _STATE_KEYS, "checkpoint")
         # self._newest is at least the newest step in the directory when this object opened it.
-        newest = [n for n in (optional_int(fields["newest_step"]), self._newest) if n is not None]
+        newest = [int(n) for n in (fields["newest_step"], self._newest) if n is not None]
         self._newest = max(newest, default=None)
-        self._found_newest = optional_int(fields["newest_at_start"])
+        self._found_newest = None if fields["newest_at_start"] is None else int(fields["newest_at_start"])
         self._warned = bool(fields["warned"])
         self._resumed = True
 
@@ -564,9 +553,8 @@ class Checkpoint(Callback):
 
         Restoring makes the directory's checkpoints this run's: later saves go after them.
         """
-        manager = self._get_manager()
         self.wait()
-        restored = _restore_in(self.directory, target, self.monitor, self.mode, manager, options, report)
+        restored = _restore_in(self.directory, target, self.monitor, self.mode, options, report)
         self._resumed = True
         return restored
 
@@ -699,4 +687,4 @@ def restore_checkpoint(
     check_closed(path, "the checkpoint directory")
     settings = _read_settings(path) or _settings(None, "min")
     monitor, mode = settings["monitor"], typing.cast(Mode, settings["mode"] or "min")
-    return _restore_in(path, target, monitor, mode, None, options, report)
+    return _restore_in(path, target, monitor, mode, options, report)

@@ -10,7 +10,6 @@ from ciclo._src.base.elapsed import Elapsed, Period
 from ciclo._src.base.reprs import short
 from ciclo._src.base.types import CallbackOutput, S
 from ciclo._src.callbacks._monitor import (
-    Mode,
     ModeLike,
     monitored_value,
     present_keys,
@@ -59,7 +58,7 @@ class EarlyStopping(Callback, Generic[S]):
         self.monitor = monitor
         self.patience = patience
         self.min_delta = float(min_delta)
-        self.mode: Mode = resolve_mode(mode, monitor)
+        self.mode = resolve_mode(mode, monitor)
         self.baseline = None if baseline is None else float(baseline)
         self.restore_best_weights = restore_best_weights
         self.best: float | None = self.baseline

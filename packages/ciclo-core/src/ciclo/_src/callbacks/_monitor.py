@@ -29,12 +29,6 @@ def auto_mode(monitor: str) -> Mode:
     return "min"
 
 
-def check_mode(mode: str) -> Mode:
-    if mode not in ("min", "max"):
-        raise ValueError(f"mode must be 'min' or 'max', got {short(mode)}")
-    return mode  # type: ignore[return-value]
-
-
 def resolve_mode(mode: str, monitor: str | None) -> Mode:
     """`mode`, checked, with `"auto"` resolved by `auto_mode(monitor)`."""
     if mode == "auto":
@@ -78,11 +72,6 @@ def snapshot_float(value: Any) -> float:
     if isinstance(value, (str, bytes)):
         raise ValueError(f"a callback state holds {short(value)} where a number belongs")
     return float(value)
-
-
-def optional_int(value: Any) -> int | None:
-    """A snapshot's integer as an int (it may come back from storage as a 0-d array), None kept."""
-    return None if value is None else int(value)
 
 
 def present_keys(logs: Mapping[str, Mapping[str, Any]]) -> list[str]:
