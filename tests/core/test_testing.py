@@ -140,6 +140,11 @@ class HostRoundingWhenEager(Good):
         return super().normalise(h, model_state, training)
 
 
+class ToModelInTraining(Good):
+    def to_model(self, params: Any, model_state: Any) -> Any:
+        return lambda inputs: self.apply(params, model_state, inputs, key=jax.random.key(0), training=True)[0]
+
+
 @pytest.mark.parametrize(
     ("adapter", "options", "clause", "seen"),
     [
@@ -158,6 +163,7 @@ class HostRoundingWhenEager(Good):
         (FixedDropoutKey(), {"uses_key": True}, "key_use", "same outputs for two keys"),
         (StatisticsNeverUpdated(), {}, "model_state_updates", "unchanged"),
         (StatisticsChangeDtype(), {}, "model_state_updates", "structure, shape or dtype"),
+        (ToModelInTraining(), {}, "to_model", "away from predict_step's, of shape (16, 3)"),
         (
             HostRoundingWhenEager(),
             {"strategies": ("jit", "eager")},

@@ -7,8 +7,8 @@ import functools
 import importlib.util
 import inspect
 import tempfile
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any, Final, NoReturn, TypedDict, Unpack
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Final, TypedDict, Unpack
 
 import jax
 import jax.extend.core
@@ -64,8 +64,8 @@ class Skipped(Exception):
     """A clause that does not apply to this adapter: the message says why."""
 
 
-def fail(clause: str, seen: str, fix: str) -> NoReturn:
-    raise AssertionError(f"ciclo.testing clause {clause!r} failed: {seen}. Fix: {fix}")
+class Failed(Exception):
+    """A clause that does not hold: `Failed(seen, fix)`, what was seen and the fix."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,22 +105,25 @@ def _float_leaves(tree: Any) -> list[np.ndarray]:
     return [leaf for leaf in _leaves(tree) if np.issubdtype(leaf.dtype, np.floating)]
 
 
-def _same(a: Any, b: Any) -> bool:
+def _close(a: Any, b: Any, rtol: float = RTOL, atol: float = ATOL) -> bool:
     left, right = _leaves(a), _leaves(b)
     return len(left) == len(right) and all(
-        x.shape == y.shape and np.array_equal(x, y, equal_nan=True) for x, y in zip(left, right, strict=True)
+        x.shape == y.shape and np.allclose(x, y, rtol=rtol, atol=atol, equal_nan=True)
+        for x, y in zip(left, right, strict=True)
     )
 
 
-def _close(a: list[np.ndarray], b: list[np.ndarray], atol: float = ATOL) -> bool:
-    return len(a) == len(b) and all(
-        np.allclose(x, y, rtol=RTOL, atol=atol) for x, y in zip(a, b, strict=True)
-    )
+def _same(a: Any, b: Any) -> bool:
+    return _close(a, b, rtol=0, atol=0)
 
 
 def _farthest(a: Any, b: Any) -> float:
-    pairs = zip(_float_leaves(a), _float_leaves(b), strict=True)
-    return max((float(np.max(np.abs(x - y), initial=0.0)) for x, y in pairs), default=0.0)
+    left, right = _float_leaves(a), _float_leaves(b)
+    if [x.shape for x in left] != [y.shape for y in right]:
+        return float("inf")
+    return max(
+        (float(np.max(np.abs(x - y), initial=0.0)) for x, y in zip(left, right, strict=True)), default=0.0
+    )
 
 
 def _signature(tree: Any) -> str:
@@ -166,9 +169,6 @@ def _accuracy(preds: jax.Array, target: jax.Array) -> jax.Array:
 
 class _Crash(Exception):
     pass
-
-
-Failures = Iterator[tuple[str, str]]  # per failed check: what was seen, and the fix (`run` raises the first)
 
 
 class Kit:
@@ -219,8 +219,7 @@ class Kit:
             return self.variables
         result = self.adapter.init(jax.random.key(0), self.inputs)
         if not (isinstance(result, tuple) and len(result) == 2):
-            fail(
-                "init_kinds",
+            raise Failed(
                 f"init returned {short(result)}, not a pair",
                 "return (params, model_state) from init, with model_state None when the model has none",
             )
@@ -235,8 +234,7 @@ class Kit:
         outputs, _ = self.apply(self.inputs, seed=0, training=False)
         shape = np.shape(outputs)
         if len(shape) < 2 or shape[0] != np.shape(self.inputs)[0] or shape[-1] < 2:
-            fail(
-                "deterministic_evaluation",
+            raise Failed(
                 f"apply gave outputs of shape {shape} for inputs of shape {np.shape(self.inputs)}",
                 "return one row of at least 2 outputs (the task's class scores) per input, "
                 "(batch, ..., outputs)",
@@ -276,24 +274,28 @@ class Kit:
         return state, [float(loss) for loss in history.collect("loss")]
 
     @functools.cached_property
+    def training_uses_key(self) -> bool:
+        inputs = self.batches[0][0]
+        return not _same(*(self.apply(inputs, seed=s, training=True)[0] for s in (1, 2)))
+
+    @functools.cached_property
     def model_state_leaves(self) -> int:
         return len(jax.tree.leaves(self.initial[1]))
 
-    def protocol(self) -> Failures:
+    def protocol(self) -> None:
         try:
             hash(self.adapter)
         except TypeError as error:
-            yield (
+            raise Failed(
                 f"{type(self.adapter).__name__} is not hashable ({error})",
                 "an adapter is a static field of the state: make it a frozen dataclass with eq=False, "
                 "or a plain class",
-            )
+            ) from error
         for name in ("init", "apply"):
             # Whether the methods exist is what this clause checks (ModelAdapter is not runtime_checkable).
             method = getattr(self.adapter, name, None)
             if not callable(method):
-                yield f"{type(self.adapter).__name__} has no method {name}", f"define {name}"
-                continue
+                raise Failed(f"{type(self.adapter).__name__} has no method {name}", f"define {name}")
             expected = inspect.signature(getattr(ModelAdapter, name))
             parameters = list(expected.parameters.values())[1:]
             args = [p.name for p in parameters if p.kind is inspect.Parameter.POSITIONAL_ONLY]
@@ -301,16 +303,16 @@ class Kit:
             try:
                 inspect.signature(method).bind(*args, **kwargs)
             except TypeError as error:
-                yield (
+                raise Failed(
                     f"{name}{inspect.signature(method)} cannot be called as ciclo calls it ({error})",
                     f"take the arguments of ciclo.types.ModelAdapter.{name}{expected}",
-                )
+                ) from error
 
-    def init_kinds(self) -> Failures:
+    def init_kinds(self) -> None:
         params, model_state = self.initial
         source = "the variables given" if self.variables is not None else "init"
         if not jax.tree.leaves(params):
-            yield f"{source} gave params with no leaves: {short(params)}", "return the trained arrays"
+            raise Failed(f"{source} gave params with no leaves: {short(params)}", "return the trained arrays")
         for name, tree in (("params", params), ("model_state", model_state)):
             odd = [
                 (jax.tree_util.keystr(path), short(leaf))
@@ -318,7 +320,7 @@ class Kit:
                 if not isinstance(leaf, (jax.Array, np.ndarray))
             ]
             if odd:
-                yield (
+                raise Failed(
                     f"{source} gave {name} with leaves that are not arrays: {short(odd)}",
                     f"make every leaf of {name} a jax array (jnp.asarray); keep settings in the adapter",
                 )
@@ -328,22 +330,21 @@ class Kit:
             if not jnp.issubdtype(leaf.dtype, jnp.floating)
         ]
         if integral:
-            yield (
+            raise Failed(
                 f"{source} gave params whose leaves {short(integral)} are not floating point",
                 "params are what the optimizer trains: move counters, keys and integer tables to model_state",
             )
         if self.has_model_state is not None and self.has_model_state != bool(self.model_state_leaves):
-            yield (
+            raise Failed(
                 f"{source} gave model_state {short(model_state)}, but has_model_state={self.has_model_state}",
                 "return the model's own state (batch statistics) as model_state, and None when it has none",
             )
 
-    def deterministic_evaluation(self) -> Failures:
-        self.classes  # noqa: B018 - checks the outputs' shape
+    def deterministic_evaluation(self) -> None:
         inputs = self.batches[0][0]
         (first, state_first), (second, _) = (self.apply(inputs, seed=s, training=False) for s in (1, 2))
         if not _same(first, second):
-            yield (
+            raise Failed(
                 f"apply(training=False) gave outputs that differ by up to {_farthest(first, second):.3g} "
                 "for two keys",
                 "draw no randomness from `key` when training is False (dropout off in evaluation)",
@@ -351,27 +352,27 @@ class Kit:
         # Floating-point leaves only: an adapter may reseed its random keys from `key` in every call
         # (ciclo-flax's nnx adapter does), which changes no output.
         if not _same(_float_leaves(state_first), _float_leaves(self.initial[1])):
-            yield (
+            raise Failed(
                 "apply(training=False) returned a model_state whose statistics differ from those given",
                 "return the model_state unchanged when training is False (statistics read, not updated)",
             )
         state = self.state()
         _, tested = state.test_step(self.batches[0])
         if not _same(_float_leaves(tested.model_state), _float_leaves(state.model_state)):
-            yield "test_step changed the model state", "see apply(training=False)"
+            raise Failed("test_step changed the model state", "see apply(training=False)")
 
-    def key_use(self) -> Failures:
+    def key_use(self) -> None:
         inputs = self.batches[0][0]
         if not _same(self.apply(inputs, seed=1, training=True), self.apply(inputs, seed=1, training=True)):
-            yield (
+            raise Failed(
                 "apply(training=True) gave different results for the same key",
                 "draw every random number from `key` (no global or Python randomness)",
             )
         if self.uses_key is False:
             raise Skipped("uses_key=False: key use not checked")
-        if _same(*(self.apply(inputs, seed=s, training=True)[0] for s in (1, 2))):
+        if not self.training_uses_key:
             if self.uses_key:
-                yield (
+                raise Failed(
                     "apply(training=True) gave the same outputs for two keys, but uses_key=True",
                     "draw dropout masks (and any noise) from the `key` apply is given, not from a fixed key",
                 )
@@ -379,7 +380,7 @@ class Kit:
                 "training gives the same outputs whatever the key (no dropout): key use not checked"
             )
 
-    def model_state_updates(self) -> Failures:
+    def model_state_updates(self) -> None:
         if not self.model_state_leaves:
             raise Skipped("no model state: updates not checked")
         before = self.initial[1]
@@ -388,13 +389,13 @@ class Kit:
         if str(jax.tree.structure(after)) != str(jax.tree.structure(before)) or kinds != [
             (np.shape(x), jnp.result_type(x)) for x in jax.tree.leaves(after)
         ]:
-            yield (
+            raise Failed(
                 f"apply(training=True) returned a model_state of another structure, shape or dtype: "
                 f"{_signature(after)} for {_signature(before)}",
                 "return the updated model_state with the structure, shapes and dtypes init gave",
             )
         if _same(before, after):
-            yield (
+            raise Failed(
                 "apply(training=True) returned the model_state it was given, unchanged",
                 "return the updated state (new batch statistics) when training is True, or return None "
                 "from init when the model has no state of its own",
@@ -402,9 +403,9 @@ class Kit:
         state = self.state()
         _, trained = state.train_step(self.batches[0])
         if _same(trained.model_state, state.model_state):
-            yield "train_step left the model state unchanged", "see apply(training=True)"
+            raise Failed("train_step left the model state unchanged", "see apply(training=True)")
 
-    def compiles_once(self) -> Failures:
+    def compiles_once(self) -> None:
         state = self.state()
         loss = state.losses["loss"]
         assert isinstance(loss, _CountingLoss)
@@ -413,24 +414,24 @@ class Kit:
         for batch in self.batches[1:3]:
             _, state = state.train_step(batch)
         if loss.traces != traced:
-            yield (
+            raise Failed(
                 f"the training step was traced {loss.traces - traced} more time(s) after the first step",
                 "return a model_state with the structure, dtypes and weak types init gave (e.g. jnp.asarray("
                 "x, jnp.float32), not Python numbers), so each step runs the same compiled program",
             )
 
-    def learns(self) -> Failures:
+    def learns(self) -> None:
         _, losses = self.trained
         first, last = np.mean(losses[:5]), np.mean(losses[-5:])
         if not (np.isfinite(last) and last < 0.8 * first):
-            yield (
+            raise Failed(
                 f"{len(losses)} steps of sgd on a separable {self.classes}-class task took the loss from "
                 f"{first:.4g} to {last:.4g}",
                 "check that apply's outputs depend on the params it is given (not on copies captured at "
                 "init) and that gradients flow through them",
             )
 
-    def to_model(self) -> Failures:
+    def to_model(self) -> None:
         if not isinstance(self.adapter, SupportsToModel):
             raise Skipped("the adapter has no to_model")
         state, _ = self.trained
@@ -444,39 +445,33 @@ class Kit:
                 f"to_model gives a {type(model).__name__}, not a callable: pass call_model= to check it"
             )
         logs, _ = state.predict_step(inputs)
-        expected = np.asarray(logs.outputs.preds)
-        if np.shape(preds) != expected.shape:
-            seen = f"predicted shape {np.shape(preds)} where predict_step gave {expected.shape}"
-        elif not np.allclose(preds, expected, rtol=RTOL, atol=1e-5):
-            seen = f"predicted up to {_farthest(np.asarray(preds), expected):.3g} away from predict_step"
-        else:
-            return
-        yield (
-            f"the model to_model gives {seen}",
-            "build the model from the params and model_state to_model is given, in evaluation mode",
-        )
+        expected = logs.outputs.preds
+        if not _close(preds, expected, atol=1e-5):
+            raise Failed(
+                f"the model to_model gives predictions of shape {np.shape(preds)} up to "
+                f"{_farthest(preds, expected):.3g} away from predict_step's, of shape {np.shape(expected)}",
+                "build the model from the params and model_state to_model is given, in evaluation mode",
+            )
 
-    def strategies(self) -> Failures:
+    def strategies(self) -> None:
         others = [name for name in dict.fromkeys(self.requested) if name != "jit"]
         if not others:
             raise Skipped("only jit requested")
         checked = []
+        reference, _, _ = train_loop(self.state(), self.batches[:3])
         for name in others:
             if name in MESH_STRATEGIES and jax.device_count() < 2:
                 self.skipped[f"strategies: {name}"] = (
                     f"{name} needs several devices; found {jax.device_count()}"
                 )
                 continue
-            reference, state = self.state("jit"), self.state(name)
-            for batch in self.batches[:3]:
-                _, reference = reference.train_step(batch)
-                _, state = state.train_step(batch)
+            state, _, _ = train_loop(self.state(name), self.batches[:3])
             for what in ("params", "model_state"):
                 a, b = self.host(state, what), self.host(reference, what)
                 if not _close(a, b):
-                    yield (
+                    raise Failed(
                         f"after 3 steps under {name!r} the {what} differ from jit's by up to "
-                        f"{_farthest(a, b) if len(a) == len(b) else float('inf'):.3g}",
+                        f"{_farthest(a, b):.3g}",
                         "compute with the arrays apply is given (no host round trips, no per-device "
                         "statistics: reduce batch statistics over the whole batch)",
                     )
@@ -484,31 +479,31 @@ class Kit:
         if not checked:
             raise Skipped("; ".join(self.skipped[f"strategies: {name}"] for name in others))
 
-    def precision(self) -> Failures:
+    def precision(self) -> None:
         # Batch norms reduce half-precision activations in float32 on purpose, which strict dtype
         # promotion refuses: users' default, standard promotion, is the one to check.
         with jax.numpy_dtype_promotion("standard"):
             state = self.state(precision="bf16-mixed")
             dtypes = matmul_dtypes(state, self.batches[0][0])
             if dtypes and "bfloat16" not in dtypes:
-                yield (
+                raise Failed(
                     f"under precision='bf16-mixed' the model's matrix products ran in {sorted(dtypes)}",
                     "compute with the (cast) params and inputs apply is given; cast nothing back to float32",
                 )
-            for batch in self.batches[:2]:
-                logs, state = state.train_step(batch)
+            state, history, _ = train_loop(state, self.batches[:2])
             preds, _ = state.predict_step(self.batches[0][0])
+        loss = float(history.collect("loss")[-1])
         kinds = {leaf.dtype for leaf in self.host(state) + self.host(state, "opt_state")}
-        if not np.isfinite(float(logs.losses.loss)) or kinds != {np.dtype("float32")}:
-            yield (
-                f"under precision='bf16-mixed' two steps gave loss {float(logs.losses.loss)} and params "
+        if not np.isfinite(loss) or kinds != {np.dtype("float32")}:
+            raise Failed(
+                f"under precision='bf16-mixed' two steps gave loss {loss} and params "
                 f"of dtypes {sorted(map(str, kinds))}",
                 "return params in the dtype apply is given them in; ciclo keeps the float32 copy",
             )
         if preds.outputs.preds.dtype != jnp.float32:
-            yield f"predictions are {preds.outputs.preds.dtype}", "return float outputs"
+            raise Failed(f"predictions are {preds.outputs.preds.dtype}", "return float outputs")
 
-    def accumulation(self) -> Failures:
+    def accumulation(self) -> None:
         state = self.state(accumulate_steps=4)
         inputs, target = self.batches[0]
         quarter = BATCH // 4
@@ -517,28 +512,27 @@ class Kit:
             part = slice(index * quarter, (index + 1) * quarter)
             _, state = state.train_step((inputs[part], target[part]))
             if (index < 3) != _same(self.host(state), initial):
-                yield (
+                raise Failed(
                     f"with accumulate_steps=4 the params {'changed' if index < 3 else 'stayed'} at "
                     f"micro-batch {index + 1}",
                     "keep the params out of model_state, and return outputs per example",
                 )
         # Training that depends on the key, or batch statistics: micro-batches cannot match their join.
-        random = not _same(*(self.apply(inputs, seed=s, training=True) for s in (1, 2)))
-        if random or self.model_state_leaves:
+        if self.training_uses_key or self.model_state_leaves:
             self.skipped["accumulation: the joined batch"] = (
                 "training is random or has batch statistics: micro-batches differ from their join"
             )
             return
         _, joined = self.state().train_step(self.batches[0])
         if not _close(self.host(state), self.host(joined)):
-            yield (
+            raise Failed(
                 f"4 accumulated micro-batches gave params up to "
                 f"{_farthest(self.host(state), self.host(joined)):.3g} from one step on their join",
                 "compute each example's outputs from that example alone (no batch-wide statistics in "
                 "apply without model_state)",
             )
 
-    def ema(self) -> Failures:
+    def ema(self) -> None:
         decay = 0.75
         state = self.state(ema_decay=decay)
         ema = self.host(state)
@@ -549,14 +543,14 @@ class Kit:
                 for e, p in zip(ema, self.host(state), strict=True)
             ]
             if not _close(self.host(state, "ema_params"), ema, atol=1e-7):
-                yield (
+                raise Failed(
                     "the EMA of the params does not follow ema = decay * ema + (1 - decay) * params",
                     "keep every trained array in params (nothing trained in model_state)",
                 )
         if not _same(self.host(state.with_ema_params()), self.host(state, "ema_params")):
-            yield "with_ema_params() does not evaluate with the EMA", "see the params' structure"
+            raise Failed("with_ema_params() does not evaluate with the EMA", "see the params' structure")
 
-    def resume(self) -> Failures:
+    def resume(self) -> None:
         if importlib.util.find_spec("orbax") is None:
             raise Skipped('backups need orbax-checkpoint: pip install "ciclo-core[testing]"')
         state, batches = self.state(), self.batches[:6]
@@ -574,7 +568,7 @@ class Kit:
                 pass
             resumed, _, elapsed = train_loop(state, batches, backup=resumable)
         if elapsed.steps != 6 or not _same(resumed.with_strategy("eager"), expected.with_strategy("eager")):
-            yield (
+            raise Failed(
                 "a run resumed from its backup at step 4 ended with other arrays than the run not stopped",
                 "keep every array the model needs in params or model_state (random keys as jax.random.key "
                 "arrays or their key data), none in the adapter",
@@ -586,11 +580,13 @@ class Kit:
             self.skipped[clause] = f"skipped by the caller: {self.skip[clause]}"
             return self.skipped[clause]
         try:
-            for seen, fix in getattr(self, clause)():
-                fail(clause, seen, fix)
+            getattr(self, clause)()
         except Skipped as skipped:
             self.skipped[clause] = str(skipped)
             return str(skipped)
+        except Failed as failed:
+            seen, fix = failed.args
+            raise AssertionError(f"ciclo.testing clause {clause!r} failed: {seen}. Fix: {fix}") from None
         return None
 
 
