@@ -99,6 +99,11 @@ class Period:
         return at(steps, samples=samples, time=time, date=date)
 
 
+def only_steps(period: Period) -> int | None:
+    """The steps of a period that counts steps alone (`ciclo.at(steps=10)`), else None."""
+    return period.steps if (period.samples, period.time, period.date) == (None, None, None) else None
+
+
 PeriodLike = Period | int
 """A `Period`, or an int meaning that many steps."""
 

@@ -9,7 +9,7 @@ import math
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, final
 
-from ciclo._src.base.elapsed import Elapsed, Period, PeriodLike, _seconds
+from ciclo._src.base.elapsed import Elapsed, Period, PeriodLike, _seconds, only_steps
 from ciclo._src.base.reprs import short
 
 if TYPE_CHECKING:
@@ -136,14 +136,8 @@ class Every(ScheduleBase):
 
     def step_boundary(self) -> tuple[int, int] | None:
         """`(interval, offset)` in steps when this schedule counts steps alone (a fast path), else None."""
-        period, offset = self.period, self.offset
-        if not _steps_only(period) or (offset is not None and not _steps_only(offset)):
-            return None
-        return period.steps, 0 if offset is None else offset.steps  # type: ignore[return-value]
-
-
-def _steps_only(period: Period) -> bool:
-    return period.steps is not None and period == Period(steps=period.steps)
+        interval, offset = only_steps(self.period), 0 if self.offset is None else only_steps(self.offset)
+        return None if interval is None or offset is None else (interval, offset)
 
 
 def every(

@@ -10,7 +10,7 @@ from typing import Any, cast, final
 
 from ciclo._src.base.batches import BatchSizeFn, Stacked, steps_of
 from ciclo._src.base.batches import count as count_batch
-from ciclo._src.base.elapsed import Clock, Elapsed, Period, PeriodLike, make_elapsed
+from ciclo._src.base.elapsed import Clock, Elapsed, Period, PeriodLike, make_elapsed, only_steps
 from ciclo._src.base.reprs import short
 from ciclo._src.base.schedules import AtStepEnd, Every, next_boundary
 from ciclo._src.base.types import S
@@ -189,7 +189,7 @@ def run_phases(
 def _run_steps(tasks: list[_Task], loop_state: LoopState[Any]) -> None:
     """The steps; one before `quiet_until` (no scheduled task due) runs `every_step` alone."""
     stop = loop_state._stop
-    by_steps = stop is not None and (stop.samples, stop.time, stop.date) == (None, None, None)
+    by_steps = stop is not None and only_steps(stop) is not None
     stop_count, stop_at = (stop.steps, None) if by_steps else (math.inf, stop)
     append, history = loop_state.history.append, loop_state.history
     clock, iterator, step_end = loop_state._clock, loop_state._iterator, loop_state._step_end

@@ -11,7 +11,7 @@ from typing_extensions import Unpack
 
 from ciclo._src.base.batches import BatchSizeFn, stacked
 from ciclo._src.base.checks import DataWarning, TestData, check_bool, check_int, check_positive
-from ciclo._src.base.elapsed import Elapsed, Period, PeriodLike
+from ciclo._src.base.elapsed import Elapsed, Period, PeriodLike, only_steps
 from ciclo._src.base.reprs import short
 from ciclo._src.base.schedules import Every, at_step_end, every
 from ciclo._src.base.types import Evaluable, Predictable, S, Trainable
@@ -207,7 +207,7 @@ def _watch_training_options(named: Named, state: Any, max_skipped_steps: Any, st
         loss_scaling=scaling,
         accumulate_steps=state.options.accumulate_steps,
         max_skipped_steps=max_skipped_steps,
-        stop_steps=stop.steps if stop is not None and stop == Period(steps=stop.steps) else None,
+        stop_steps=None if stop is None else only_steps(stop),
     )
     named.setdefault(on_train_batch_end, []).append(watch)
 
@@ -383,7 +383,7 @@ def train_loop(
     auto = None
     if steps != 1:
         for name, period in (("epoch_duration", epoch), ("stop", stop)):
-            if period is not None and (period.steps is None or period != Period(steps=period.steps)):
+            if period is not None and only_steps(period) is None:
                 raise ValueError(
                     f"steps_per_execution cuts its groups at the epoch ends and at stop, so {name} must "
                     f"be a number of steps, got {short(period)}"

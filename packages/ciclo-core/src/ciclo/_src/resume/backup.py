@@ -27,7 +27,7 @@ import numpy as np
 
 from ciclo._src.base.batches import BatchSizeFn, count
 from ciclo._src.base.checks import check_bool, check_directory, check_int
-from ciclo._src.base.elapsed import Clock, Elapsed, Period, make_elapsed
+from ciclo._src.base.elapsed import Clock, Elapsed, Period, make_elapsed, only_steps
 from ciclo._src.base.files import check_closed, open_own, remove_own, write_atomically
 from ciclo._src.base.finite import all_finite
 from ciclo._src.base.reprs import short
@@ -164,8 +164,8 @@ def backup(
 
 def _schedule(every: Any) -> Any:
     """`every` as `(steps_interval, None)` for steps alone, or `(None, schedule)`."""
-    if isinstance(every, Period) and every.steps is not None and every == Period(steps=every.steps):
-        every = every.steps
+    if isinstance(every, Period) and only_steps(every) is not None:
+        every = only_steps(every)
     if every is None:
         return None, None
     if isinstance(every, int) and not isinstance(every, bool):
