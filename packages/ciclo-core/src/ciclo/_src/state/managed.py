@@ -405,21 +405,17 @@ class ManagedStep(Generic[S]):
             if self._watching == _ARMED:
                 self._first_inputs(strategy, state, lifted)
             compiles = self._compiles
-            if is_stacked(batch):
-                compiled = self._fused.get(strategy)
+            stacked = is_stacked(batch)
+            last, compiled = self._cache
+            if stacked or strategy is not last or compiled is None:
+                programs = self._fused if stacked else self._compiled
+                compiled = programs.get(strategy)
                 if compiled is None:
                     _check_batch(batch)
-                    compiled = self._fused[strategy] = self._compile(strategy, state, fused=True)
-                logs, state = compiled(state, lifted)
-            else:
-                last, compiled = self._cache
-                if strategy is not last or compiled is None:
-                    compiled = self._compiled.get(strategy)
-                    if compiled is None:
-                        _check_batch(batch)
-                        compiled = self._compiled[strategy] = self._compile(strategy, state, fused=False)
+                    compiled = programs[strategy] = self._compile(strategy, state, fused=stacked)
+                if not stacked:
                     self._cache = (strategy, compiled)
-                logs, state = compiled(state, lifted)
+            logs, state = compiled(state, lifted)
         except Exception:
             # Only on the failure path: a batch of Python lists or strings fails somewhere in the
             # model, with an error about the model; this one names the batch's leaf and the fix.
@@ -493,7 +489,7 @@ class ManagedStep(Generic[S]):
 
         def run(state: Any, batch: Any) -> tuple[Logs, Any]:
             steps = batch.batches if fused else batch
-            self._traced(strategy, _inputs(state, steps, stacked=fused))
+            self._traced(strategy, _inputs(state, steps, fused))
             return step(state, batch)
 
         compiled = strategy.compile(run, donate=donate)
@@ -509,10 +505,9 @@ class ManagedStep(Generic[S]):
         # The first step a watch sees may run a program an earlier loop compiled: its inputs are the
         # reference later compiles are compared with.
         self._watching = _ON
-        if isinstance(strategy, DeviceReductions):  # traced per device: the device axis goes
-            state, batch = jax.tree.map(_one_device, (state, batch))
         stacked = is_stacked(batch)
-        self._first[strategy] = _inputs(state, batch.batches if stacked else batch, stacked=stacked)
+        devices = isinstance(strategy, DeviceReductions)  # traced per device: the device axis goes
+        self._first[strategy] = _inputs(state, batch.batches if stacked else batch, stacked, devices)
 
     def _traced(self, strategy: Strategy, inputs: _Inputs) -> None:
         # jax traces the step only to compile it.
@@ -698,28 +693,28 @@ class _Inputs(NamedTuple):
     static: dict[str, Any]
 
 
-def _leaf_types(tree: Any, *, stacked: bool) -> tuple[Any, tuple[tuple[str, Any], ...]]:
+def _leaf_types(tree: Any, cut: int) -> tuple[Any, tuple[tuple[str, Any], ...]]:
+    # `cut`: the leading axes the step's program does not see (a Stacked group's, pmap's devices').
     leaves, treedef = jax.tree_util.tree_flatten_with_path(tree)
     types = []
     for path, leaf in leaves:
-        if not isinstance(leaf, (*_ARRAY_LEAVES, jax.ShapeDtypeStruct)):  # what jax cannot trace: its type
+        if not isinstance(leaf, _ARRAY_LEAVES):  # what jax cannot trace: its type
             types.append((jax.tree_util.keystr(path), ((), type(leaf).__name__, False)))
             continue
         aval = jax.typeof(leaf)
-        shape = tuple(aval.shape)
         types.append(
-            (jax.tree_util.keystr(path), (shape[1:] if stacked else shape, aval.dtype, bool(aval.weak_type)))
+            (jax.tree_util.keystr(path), (tuple(aval.shape)[cut:], aval.dtype, bool(aval.weak_type)))
         )
     return treedef, tuple(types)
 
 
-def _inputs(state: Any, batch: Any, *, stacked: bool) -> _Inputs:
+def _inputs(state: Any, batch: Any, stacked: bool, devices: bool = False) -> _Inputs:
     static = {}
     if dataclasses.is_dataclass(state) and not isinstance(state, type):
         static = {
             f.name: getattr(state, f.name) for f in dataclasses.fields(state) if f.metadata.get("static")
         }
-    return _Inputs(_leaf_types(batch, stacked=stacked), _leaf_types(state, stacked=False), static)
+    return _Inputs(_leaf_types(batch, stacked + devices), _leaf_types(state, devices), static)
 
 
 def _describe(leaf_type: tuple[tuple[int, ...], Any, bool]) -> str:
@@ -764,11 +759,3 @@ def _check_batch(batch: Any) -> None:
     # At a step's first call under a strategy: a batch holding a Python list of numbers.
     if number_list(batch) is not None:
         raise cast(TypeError, batch_refusal(batch))
-
-
-def _one_device(leaf: Any) -> Any:
-    # An array leaf with a leading device axis (`pmap`), as one device's program sees it.
-    if isinstance(leaf, (jax.Array, np.ndarray)) and np.ndim(leaf) > 0:
-        weak = isinstance(leaf, jax.Array) and leaf.weak_type
-        return jax.ShapeDtypeStruct(np.shape(leaf)[1:], leaf.dtype, weak_type=weak)  # type: ignore[no-untyped-call]
-    return leaf
