@@ -688,23 +688,26 @@ _STATIC_FIX = (
 class _Inputs(NamedTuple):
     """What a compile was for: the trees of the batch (one step's) and of the state, their leaves' types."""
 
-    batch: tuple[Any, tuple[tuple[str, tuple[tuple[int, ...], Any, bool]], ...]]
-    state: tuple[Any, tuple[tuple[str, tuple[tuple[int, ...], Any, bool]], ...]]
+    batch: tuple[Any, tuple[tuple[str, str], ...]]
+    state: tuple[Any, tuple[tuple[str, str], ...]]
     static: dict[str, Any]
 
 
-def _leaf_types(tree: Any, cut: int) -> tuple[Any, tuple[tuple[str, Any], ...]]:
-    # `cut`: the leading axes the step's program does not see (a Stacked group's, pmap's devices').
+_WEAK = " (weak: a Python scalar)"
+
+
+def _leaf_types(tree: Any, cut: int) -> tuple[Any, tuple[tuple[str, str], ...]]:
+    # Each leaf's shape and dtype in words, without the `cut` leading axes its program does not see
+    # (a Stacked group's, pmap's devices').
     leaves, treedef = jax.tree_util.tree_flatten_with_path(tree)
     types = []
     for path, leaf in leaves:
-        if not isinstance(leaf, _ARRAY_LEAVES):  # what jax cannot trace: its type
-            types.append((jax.tree_util.keystr(path), ((), type(leaf).__name__, False)))
-            continue
-        aval = jax.typeof(leaf)
-        types.append(
-            (jax.tree_util.keystr(path), (tuple(aval.shape)[cut:], aval.dtype, bool(aval.weak_type)))
-        )
+        if isinstance(leaf, _ARRAY_LEAVES):
+            aval = jax.typeof(leaf)
+            described = f"{tuple(aval.shape)[cut:]} {aval.dtype}{_WEAK if aval.weak_type else ''}"
+        else:  # what jax cannot trace: its type
+            described = f"() {type(leaf).__name__}"
+        types.append((jax.tree_util.keystr(path), described))
     return treedef, tuple(types)
 
 
@@ -717,11 +720,6 @@ def _inputs(state: Any, batch: Any, stacked: bool, devices: bool = False) -> _In
     return _Inputs(_leaf_types(batch, stacked + devices), _leaf_types(state, devices), static)
 
 
-def _describe(leaf_type: tuple[tuple[int, ...], Any, bool]) -> str:
-    shape, dtype, weak = leaf_type
-    return f"{shape} {dtype}{' (weak: a Python scalar)' if weak else ''}"
-
-
 def _changes(first: _Inputs, now: _Inputs) -> tuple[str, str] | None:
     """What differs between two compiles' inputs, and the fixes; None when jax sees what ciclo does not."""
     changes: list[str] = []
@@ -730,26 +728,21 @@ def _changes(first: _Inputs, now: _Inputs) -> tuple[str, str] | None:
         ("batch", first.batch, now.batch, _BATCH_FIX),
         ("state", first.state, now.state, _STATE_FIX),
     ):
-        if tree != tree0:
-            if name == "state" and now.static.keys() == first.static.keys():
-                moved = [key for key in now.static if now.static[key] != first.static[key]]
-                for key in moved:
-                    changes.append(
-                        f"static field state.{key} {short(now.static[key])}, first compiled for "
-                        f"{short(first.static[key])}"
-                    )
-                if moved:
-                    fixes.append(_STATIC_FIX)
-                    continue
-            changes.append(f"the {name}'s structure {short(tree)}, first compiled for {short(tree0)}")
-            fixes.append(fix)
+        if tree == tree0:
+            for (path, leaf), (_, leaf0) in zip(types, types0, strict=True):
+                if leaf != leaf0:
+                    changes.append(f"inputs {name}{path} {leaf}, first compiled for {leaf0}")
+                    fixes.append(_SCALAR_FIX if leaf0 == leaf + _WEAK else fix)  # only the weak type went
             continue
-        for (path, leaf), (_, leaf0) in zip(types, types0, strict=True):
-            if leaf == leaf0:
-                continue
-            changes.append(f"inputs {name}{path} {_describe(leaf)}, first compiled for {_describe(leaf0)}")
-            scalar = leaf[:2] == leaf0[:2] and leaf0[2]  # only the weak type went
-            fixes.append(_SCALAR_FIX if scalar else fix)
+        moved = []
+        if name == "state" and now.static.keys() == first.static.keys():
+            moved = [key for key in now.static if now.static[key] != first.static[key]]
+        changes += [
+            f"static field state.{key} {short(now.static[key])}, first compiled for "
+            f"{short(first.static[key])}"
+            for key in moved
+        ] or [f"the {name}'s structure {short(tree)}, first compiled for {short(tree0)}"]
+        fixes.append(_STATIC_FIX if moved else fix)
     if not changes:
         return None  # a new group size of a Stacked batch, a sharding, or jax's cache evicting the program
     return "; ".join(changes), ". ".join(dict.fromkeys(fixes))
