@@ -462,6 +462,32 @@ def test_a_python_scalar_in_the_state_is_named() -> None:
     assert "Keep Python scalars out of the state" in message
 
 
+def test_a_changed_static_field_and_batch_structure_are_named() -> None:
+    import warnings
+
+    class State(managed.ManagedState):
+        scale: float = managed.field(static=True, default=1.0)
+
+    @managed.train_step
+    def train_step(state: State, batch: Any) -> Any:
+        loss = jnp.mean((batch["x"] * state.params * state.scale) ** 2)
+        return ciclo.logs().add_loss("loss", loss), state.replace(scale=2.0)
+
+    state = State.create(params=jnp.ones(2), tx=optax.sgd(0.1))
+    batches = [{"x": jnp.ones(2)}, {"x": jnp.ones(2)}, {"x": jnp.ones(2), "y": jnp.ones(2)}]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ciclo.train_loop(state, batches, {ciclo.on_train_step: [train_step]})
+    static, structure = [str(w.message) for w in caught if w.category is ciclo.types.RecompileWarning]
+    assert "for static field state.scale 2.0, first compiled for 1.0" in static
+    assert "hold a value that changes during training in an array field" in static
+    assert (
+        "the batch's structure PyTreeDef({'x': *, 'y': *}), first compiled for PyTreeDef({'x': *})"
+        in structure
+    )
+    assert "drop_remainder=True" in structure
+
+
 def test_recompile_warnings_are_silenced_by_their_category() -> None:
     import warnings
 

@@ -405,21 +405,17 @@ class ManagedStep(Generic[S]):
             if self._watching == _ARMED:
                 self._first_inputs(strategy, state, lifted)
             compiles = self._compiles
-            if is_stacked(batch):
-                compiled = self._fused.get(strategy)
+            stacked = is_stacked(batch)
+            last, compiled = self._cache
+            if stacked or strategy is not last or compiled is None:
+                programs = self._fused if stacked else self._compiled
+                compiled = programs.get(strategy)
                 if compiled is None:
                     _check_batch(batch)
-                    compiled = self._fused[strategy] = self._compile(strategy, state, fused=True)
-                logs, state = compiled(state, lifted)
-            else:
-                last, compiled = self._cache
-                if strategy is not last or compiled is None:
-                    compiled = self._compiled.get(strategy)
-                    if compiled is None:
-                        _check_batch(batch)
-                        compiled = self._compiled[strategy] = self._compile(strategy, state, fused=False)
+                    compiled = programs[strategy] = self._compile(strategy, state, fused=stacked)
+                if not stacked:
                     self._cache = (strategy, compiled)
-                logs, state = compiled(state, lifted)
+            logs, state = compiled(state, lifted)
         except Exception:
             # Only on the failure path: a batch of Python lists or strings fails somewhere in the
             # model, with an error about the model; this one names the batch's leaf and the fix.
@@ -493,7 +489,7 @@ class ManagedStep(Generic[S]):
 
         def run(state: Any, batch: Any) -> tuple[Logs, Any]:
             steps = batch.batches if fused else batch
-            self._traced(strategy, _inputs(state, steps, stacked=fused))
+            self._traced(strategy, _inputs(state, steps, fused))
             return step(state, batch)
 
         compiled = strategy.compile(run, donate=donate)
@@ -509,10 +505,9 @@ class ManagedStep(Generic[S]):
         # The first step a watch sees may run a program an earlier loop compiled: its inputs are the
         # reference later compiles are compared with.
         self._watching = _ON
-        if isinstance(strategy, DeviceReductions):  # traced per device: the device axis goes
-            state, batch = jax.tree.map(_one_device, (state, batch))
         stacked = is_stacked(batch)
-        self._first[strategy] = _inputs(state, batch.batches if stacked else batch, stacked=stacked)
+        devices = isinstance(strategy, DeviceReductions)  # traced per device: the device axis goes
+        self._first[strategy] = _inputs(state, batch.batches if stacked else batch, stacked, devices)
 
     def _traced(self, strategy: Strategy, inputs: _Inputs) -> None:
         # jax traces the step only to compile it.
@@ -693,38 +688,36 @@ _STATIC_FIX = (
 class _Inputs(NamedTuple):
     """What a compile was for: the trees of the batch (one step's) and of the state, their leaves' types."""
 
-    batch: tuple[Any, tuple[tuple[str, tuple[tuple[int, ...], Any, bool]], ...]]
-    state: tuple[Any, tuple[tuple[str, tuple[tuple[int, ...], Any, bool]], ...]]
+    batch: tuple[Any, tuple[tuple[str, str], ...]]
+    state: tuple[Any, tuple[tuple[str, str], ...]]
     static: dict[str, Any]
 
 
-def _leaf_types(tree: Any, *, stacked: bool) -> tuple[Any, tuple[tuple[str, Any], ...]]:
+_WEAK = " (weak: a Python scalar)"
+
+
+def _leaf_types(tree: Any, cut: int) -> tuple[Any, tuple[tuple[str, str], ...]]:
+    # Each leaf's shape and dtype in words, without the `cut` leading axes its program does not see
+    # (a Stacked group's, pmap's devices').
     leaves, treedef = jax.tree_util.tree_flatten_with_path(tree)
     types = []
     for path, leaf in leaves:
-        if not isinstance(leaf, (*_ARRAY_LEAVES, jax.ShapeDtypeStruct)):  # what jax cannot trace: its type
-            types.append((jax.tree_util.keystr(path), ((), type(leaf).__name__, False)))
-            continue
-        aval = jax.typeof(leaf)
-        shape = tuple(aval.shape)
-        types.append(
-            (jax.tree_util.keystr(path), (shape[1:] if stacked else shape, aval.dtype, bool(aval.weak_type)))
-        )
+        if isinstance(leaf, _ARRAY_LEAVES):
+            aval = jax.typeof(leaf)
+            described = f"{tuple(aval.shape)[cut:]} {aval.dtype}{_WEAK if aval.weak_type else ''}"
+        else:  # what jax cannot trace: its type
+            described = f"() {type(leaf).__name__}"
+        types.append((jax.tree_util.keystr(path), described))
     return treedef, tuple(types)
 
 
-def _inputs(state: Any, batch: Any, *, stacked: bool) -> _Inputs:
+def _inputs(state: Any, batch: Any, stacked: bool, devices: bool = False) -> _Inputs:
     static = {}
     if dataclasses.is_dataclass(state) and not isinstance(state, type):
         static = {
             f.name: getattr(state, f.name) for f in dataclasses.fields(state) if f.metadata.get("static")
         }
-    return _Inputs(_leaf_types(batch, stacked=stacked), _leaf_types(state, stacked=False), static)
-
-
-def _describe(leaf_type: tuple[tuple[int, ...], Any, bool]) -> str:
-    shape, dtype, weak = leaf_type
-    return f"{shape} {dtype}{' (weak: a Python scalar)' if weak else ''}"
+    return _Inputs(_leaf_types(batch, stacked + devices), _leaf_types(state, devices), static)
 
 
 def _changes(first: _Inputs, now: _Inputs) -> tuple[str, str] | None:
@@ -735,26 +728,21 @@ def _changes(first: _Inputs, now: _Inputs) -> tuple[str, str] | None:
         ("batch", first.batch, now.batch, _BATCH_FIX),
         ("state", first.state, now.state, _STATE_FIX),
     ):
-        if tree != tree0:
-            if name == "state" and now.static.keys() == first.static.keys():
-                moved = [key for key in now.static if now.static[key] != first.static[key]]
-                for key in moved:
-                    changes.append(
-                        f"static field state.{key} {short(now.static[key])}, first compiled for "
-                        f"{short(first.static[key])}"
-                    )
-                if moved:
-                    fixes.append(_STATIC_FIX)
-                    continue
-            changes.append(f"the {name}'s structure {short(tree)}, first compiled for {short(tree0)}")
-            fixes.append(fix)
+        if tree == tree0:
+            for (path, leaf), (_, leaf0) in zip(types, types0, strict=True):
+                if leaf != leaf0:
+                    changes.append(f"inputs {name}{path} {leaf}, first compiled for {leaf0}")
+                    fixes.append(_SCALAR_FIX if leaf0 == leaf + _WEAK else fix)  # only the weak type went
             continue
-        for (path, leaf), (_, leaf0) in zip(types, types0, strict=True):
-            if leaf == leaf0:
-                continue
-            changes.append(f"inputs {name}{path} {_describe(leaf)}, first compiled for {_describe(leaf0)}")
-            scalar = leaf[:2] == leaf0[:2] and leaf0[2]  # only the weak type went
-            fixes.append(_SCALAR_FIX if scalar else fix)
+        moved = []
+        if name == "state" and now.static.keys() == first.static.keys():
+            moved = [key for key in now.static if now.static[key] != first.static[key]]
+        changes += [
+            f"static field state.{key} {short(now.static[key])}, first compiled for "
+            f"{short(first.static[key])}"
+            for key in moved
+        ] or [f"the {name}'s structure {short(tree)}, first compiled for {short(tree0)}"]
+        fixes.append(_STATIC_FIX if moved else fix)
     if not changes:
         return None  # a new group size of a Stacked batch, a sharding, or jax's cache evicting the program
     return "; ".join(changes), ". ".join(dict.fromkeys(fixes))
@@ -764,11 +752,3 @@ def _check_batch(batch: Any) -> None:
     # At a step's first call under a strategy: a batch holding a Python list of numbers.
     if number_list(batch) is not None:
         raise cast(TypeError, batch_refusal(batch))
-
-
-def _one_device(leaf: Any) -> Any:
-    # An array leaf with a leading device axis (`pmap`), as one device's program sees it.
-    if isinstance(leaf, (jax.Array, np.ndarray)) and np.ndim(leaf) > 0:
-        weak = isinstance(leaf, jax.Array) and leaf.weak_type
-        return jax.ShapeDtypeStruct(np.shape(leaf)[1:], leaf.dtype, weak_type=weak)  # type: ignore[no-untyped-call]
-    return leaf

@@ -181,7 +181,7 @@ class Mean:
 
 
 @final
-@jax.tree_util.register_dataclass
+@register_frozen
 @dataclasses.dataclass(frozen=True, eq=False)
 class CluMetric:
     """Gives a clu metric (`clu.metrics.Metric` or `Collection`) the `Metric` interface: `as_metric(cls)`.

@@ -131,7 +131,7 @@ class ModelState(AbstractManagedState):
     key: jax.Array = field(role=Role.KEY)  # raw data: a typed key costs microseconds to rebuild each step
     adapter: ModelAdapter = field(static=True)
     losses: NamedLosses = field(static=True)
-    key_impl: Any = field(static=True, default=None)
+    key_impl: Any = field(static=True)
 
     @property
     def model(self) -> Any:
@@ -147,10 +147,7 @@ class ModelState(AbstractManagedState):
 
     def resume_options(self) -> dict[str, Any]:
         """The training options and `key_impl`, as a backup records them (docs/resume.md)."""
-        return {
-            **self.options.resume_options(),
-            "key_impl": None if self.key_impl is None else str(self.key_impl),
-        }
+        return {**self.options.resume_options(), "key_impl": str(self.key_impl)}
 
     def resume_refusal(self, name: str, old: Any) -> str | None:
         """Why a backup whose option `name` was `old` cannot be resumed into this state; None where it can."""

@@ -151,13 +151,11 @@ class TrainingOptions:
                 "micro-batches (optax.MultiSteps)"
             )
         if name == "precision":
-            # Whether the backup's precision (`Precision.to_data`) scales the loss; None: unknown.
-            scaled = None
+            # The backup's precision (`Precision.to_data`): a built-in one's name, or its fields.
             if isinstance(old, str) and old in PRECISIONS:
-                scaled = PRECISIONS[old].loss_scaling
-            elif isinstance(old, dict) and isinstance(old.get("loss_scaling"), bool):
-                scaled = old["loss_scaling"]
-            if scaled is None:
+                old = {"loss_scaling": PRECISIONS[old].loss_scaling}
+            scaled = old.get("loss_scaling") if isinstance(old, dict) else None
+            if not isinstance(scaled, bool):
                 return "this ciclo does not know the backup's precision"
             if scaled == self.precision.loss_scaling:
                 return None  # another compute dtype or scale growth: the arrays mean what they meant
