@@ -218,6 +218,7 @@ def apply_gradients(state: Any, grads: Any, value: Any, changes: dict[str, Any])
     with jax.numpy_dtype_promotion("standard") if k > 1 else contextlib.nullcontext():
         updates, opt_state = tx.update(grads, state.opt_state, params, **extra)
     new = {name: optax.apply_updates(params, updates), "opt_state": opt_state}
+    updated = None if k == 1 else _has_updated(opt_state, k)  # whether this micro-step updated params
     if options.log_norms:
         received = grads
         if k > 1:
@@ -229,13 +230,11 @@ def apply_gradients(state: Any, grads: Any, value: Any, changes: dict[str, Any])
                     lambda grad, acc: (acc + (grad - acc) / (n + 1)).astype(grad.dtype), grads, acc_grads
                 )
         norms = options.norms(received, updates, new[name])
-        new["norms"] = norms if k == 1 else _where(_has_updated(opt_state, k), norms, state.norms)
+        new["norms"] = norms if updated is None else _where(updated, norms, state.norms)
     if options.ema_decay is not None:
         decay = options.ema_decay
         average = jax.tree.map(lambda old, new: decay * old + (1 - decay) * new, state.ema_params, new[name])
-        new["ema_params"] = (
-            average if k == 1 else _where(_has_updated(opt_state, k), average, state.ema_params)
-        )
+        new["ema_params"] = average if updated is None else _where(updated, average, state.ema_params)
     if scale is not None:
         # optax.apply_if_finite's idea: a step whose gradients are not finite changes nothing.
         finite = finite_flag(grads)
