@@ -7,7 +7,7 @@ from typing import Any
 
 import jax
 
-from ciclo._src.strategies._in_flight import MAX_STEPS_IN_FLIGHT, bounded, needs_bound
+from ciclo._src.strategies._in_flight import MAX_STEPS_IN_FLIGHT, compile_bounded, needs_bound
 
 
 class Token:
@@ -26,16 +26,23 @@ def test_each_call_waits_for_the_step_limit_calls_back_oldest_first() -> None:
     waited: list[int] = []
     calls = iter(range(100))
 
-    def compiled(state: Any, batch: Any) -> tuple[Any, Any, Any]:
-        return {"step": batch}, state + 1, Token(next(calls), waited)
+    def compile(tokened: Any) -> Any:
+        def compiled(state: Any, batch: Any) -> tuple[Any, Any, Any]:
+            logs, state, _ = tokened(state, batch)
+            return logs, state, Token(next(calls), waited)
 
-    step = bounded(compiled, limit=3)
-    for index in range(3):
+        return compiled
+
+    here = jax.process_index()
+    cpus = [FakeDevice("cpu", here), FakeDevice("cpu", here)]
+    step = compile_bounded(compile, lambda state, batch: ({"step": batch}, state + 1), cpus)  # type: ignore[arg-type]
+    limit = MAX_STEPS_IN_FLIGHT
+    for index in range(limit):
         assert step(index, index) == ({"step": index}, index + 1)
-    assert waited == []  # three steps may be in flight
-    for index in range(3, 8):
+    assert waited == []  # `limit` steps may be in flight
+    for index in range(limit, limit + 5):
         step(index, index)
-        assert waited == list(range(index - 3 + 1))
+        assert waited == list(range(index - limit + 1))
 
 
 def test_the_default_limit_is_well_under_where_xla_cpu_deadlocks() -> None:

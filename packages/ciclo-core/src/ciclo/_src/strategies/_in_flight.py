@@ -38,16 +38,13 @@ def compile_bounded(compile: Callable[[Any], Any], step: Step, devices: list[jax
         logs, state = step(state, batch)
         return logs, state, jnp.zeros((), jnp.bool_)  # ready once every device has run the program
 
-    return bounded(compile(tokened))
-
-
-def bounded(compiled: TokenedStep, limit: int = MAX_STEPS_IN_FLIGHT) -> Step:
+    compiled: TokenedStep = compile(tokened)
     pending: collections.deque[jax.Array] = collections.deque()
 
     def run(state: Any, batch: Any) -> tuple[Logs, Any]:
         logs, state, token = compiled(state, batch)
         pending.append(token)
-        if len(pending) > limit:
+        if len(pending) > MAX_STEPS_IN_FLIGHT:
             pending.popleft().block_until_ready()
         return logs, state
 
