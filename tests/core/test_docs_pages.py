@@ -61,7 +61,7 @@ def sessions(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[Path, Se
     os.chdir(tmp_path_factory.mktemp("docs"))
     try:
         with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(_registry, "_registered", {})
+            patch.setattr(_registry, "_strategies", dict(_registry._strategies))
             yield {}
     finally:
         os.chdir(cwd)

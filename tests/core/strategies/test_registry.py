@@ -24,7 +24,7 @@ REDUCTION_METHODS = _methods(DeviceReductions)
 
 @pytest.fixture
 def clean_registry(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.setattr(_registry, "_registered", {})
+    monkeypatch.setattr(_registry, "_strategies", dict(_registry._strategies))
     yield
 
 

@@ -13,7 +13,7 @@ from ciclo._src.strategies._sharding import FSDP, DataParallel
 
 StrategyFactory = Callable[[], Strategy]
 
-_BUILT_IN: dict[str, StrategyFactory] = {
+_strategies: dict[str, StrategyFactory] = {
     "eager": Eager,
     "jit": JIT,
     "jit_donate": lambda: JIT(donate=True),
@@ -21,7 +21,6 @@ _BUILT_IN: dict[str, StrategyFactory] = {
     "fsdp": FSDP,
     "pmap": PMap,
 }
-_registered: dict[str, StrategyFactory] = {}
 _METHODS = ("create", "place", "unplace", "lift_batch", "compile")
 
 
@@ -34,7 +33,7 @@ def strategy_names() -> list[str]:
         >>> names <= set(ciclo.strategies.strategy_names())
         True
     """
-    return sorted({*_BUILT_IN, *_registered})
+    return sorted(_strategies)
 
 
 @overload
@@ -62,9 +61,9 @@ def register_strategy(
     key = _key(name)
 
     def register(factory: StrategyFactory) -> StrategyFactory:
-        if key in _BUILT_IN or key in _registered:
+        if key in _strategies:
             raise ValueError(f"a strategy named {short(name)} is already registered")
-        _registered[key] = factory
+        _strategies[key] = factory
         return factory
 
     return register if factory is None else register(factory)
@@ -87,7 +86,7 @@ def get_strategy(strategy: str | Strategy) -> Strategy:
             )
         return strategy
     key = _key(strategy)
-    factory = _BUILT_IN.get(key) or _registered.get(key)
+    factory = _strategies.get(key)
     if factory is None:
         raise ValueError(
             f"unknown strategy {short(strategy)}; known strategies: {', '.join(strategy_names())}"
