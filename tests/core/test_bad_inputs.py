@@ -214,7 +214,13 @@ CASES: list[tuple[str, Callable[[Any], Any], type, str, int | None]] = [
     ),
     ("every()", lambda p: ciclo.every(), ValueError, r"every\(\) needs one of steps=, samples= or time=", 0),
     ("every(time=0)", lambda p: ciclo.every(time=0), ValueError, r"positive, such as every\(time=60\)", 0),
-    ("at_step_end(5)", lambda p: ciclo.at_step_end(5), TypeError, r"at_step_end needs a schedule", 0),
+    (
+        "at_step_end(5)",
+        lambda p: ciclo.at_step_end(5),
+        TypeError,
+        r"a schedule must be callable as schedule\(elapsed\) -> bool, got 5",
+        0,
+    ),
     ("schedule & 5", lambda p: ciclo.every(2) & 5, TypeError, r"a schedule must be callable", 0),
     # callbacks
     (

@@ -292,6 +292,4 @@ def at_step_end(schedule: Schedule) -> AtStepEnd:
         >>> [s for s in range(1, 8) if schedule(ciclo.types.Elapsed.create(steps=s))]
         [3, 6]
     """
-    if not callable(schedule):
-        raise TypeError(f"at_step_end needs a schedule (elapsed -> bool), got {short(schedule)}")
-    return AtStepEnd(schedule)
+    return AtStepEnd(_check_schedule(schedule))
