@@ -13,7 +13,7 @@ def _is_float(leaf: Any) -> bool:
     dtype = getattr(leaf, "dtype", None)
     if dtype is None:
         dtype = np.asarray(leaf).dtype
-    return bool(jnp.issubdtype(dtype, jnp.floating) or jnp.issubdtype(dtype, jnp.complexfloating))
+    return bool(jnp.issubdtype(dtype, jnp.inexact))
 
 
 @jax.jit
