@@ -11,7 +11,7 @@ from support import training
 
 import ciclo
 from ciclo import managed
-from ciclo._src.strategies._placement import check_divisible, gather, place
+from ciclo._src.strategies._placement import check_divisible, gather, number_list, place
 
 PLACING = ["data_parallel", "fsdp", "pmap"]
 
@@ -29,6 +29,12 @@ def test_a_state_leaf_that_is_not_an_array_is_named(strategy: str) -> None:
         TypeError, match=r"cannot place state leaf (\.name|\['name'\]) on devices: it is a str"
     ):
         Named.create(params=jnp.ones(2), tx=optax.sgd(0.1), strategy=strategy, name="model")
+
+
+def test_a_batch_that_is_itself_a_list_of_numbers_is_found_at_the_root() -> None:
+    assert number_list([[1.0, 2.0], [3.0, 4.0]]) == ("(the root)", [[1.0, 2.0], [3.0, 4.0]])
+    assert number_list({"x": [np.float32(1)], "y": np.ones(2)}) == ("['x']", [np.float32(1)])
+    assert number_list([np.ones(2), np.ones(2)]) is None
 
 
 def test_check_divisible_names_the_leaf_and_the_fix() -> None:

@@ -74,8 +74,6 @@ def number_list(batch: Any) -> tuple[str, Any] | None:
         >>> number_list([np.ones(2), np.ones(2)]) is None  # a list of arrays is a batch's structure
         True
     """
-    if _is_number_list(batch):
-        return _name(()), batch
     for path, leaf in jax.tree_util.tree_leaves_with_path(batch, is_leaf=_is_number_list):
         if isinstance(leaf, list):
             return _name(path), leaf
