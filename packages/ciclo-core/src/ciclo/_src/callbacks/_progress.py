@@ -154,8 +154,6 @@ class ProgressCallback(Callback, abc.ABC):
         if self.finished:
             return
         if elapsed is None:  # nothing to draw
-            self.finished = True
-            self._next_time = self._next_count = math.inf
             self._release()
         else:
             self._advance(
@@ -176,8 +174,6 @@ class ProgressCallback(Callback, abc.ABC):
             self._start = (now, steps)
         total = self.unit.total
         if final or (total is not None and count >= total):
-            self.finished = True
-            self._next_time = self._next_count = math.inf
             self._draw(now, count, steps, final=True)
             self._release()
         elif self._schedule(now, count, first):
@@ -203,6 +199,8 @@ class ProgressCallback(Callback, abc.ABC):
     def _draw(self, now: float, count: float, steps: float, *, final: bool) -> None: ...
 
     def _release(self) -> None:
+        self.finished = True
+        self._next_time = self._next_count = math.inf
         self._logs = NO_LOGS
         self._own_logs = Logs()
         self._elapsed = None
