@@ -57,7 +57,7 @@ if TYPE_CHECKING:
 S = TypeVar("S")
 T = TypeVar("T")
 
-SETTINGS_FILE = "ciclo_checkpoint.json"  # the monitor and mode the checkpoints were ranked with
+SETTINGS_FILE = "ciclo_checkpoint.json"  # the monitor and mode that rank the checkpoints, for "best"
 _STATE_KEYS = ("newest_step", "newest_at_start", "warned")
 _LOSS = "loss"  # without `monitor`, the entry whose non-finite value keeps a state from being saved
 _BARRIERS = "ciclo_checkpoint"  # the checkpoints' kind in orbax's barrier names
@@ -101,7 +101,6 @@ def _open_manager(
     create: bool,
     partial: bool = False,
 ) -> Any:
-    """The directory's manager; `partial`: one reading with orbax's `PyTreeCheckpointHandler` (subsets)."""
     ocp = orbax()
     policies = ocp.checkpoint_managers
     best_fn = None if monitor is None else _rank_fn(monitor, mode)
@@ -123,7 +122,6 @@ def _open_manager(
 
 
 def _settings(monitor: str | None, mode: Mode) -> dict[str, Any]:
-    """What ranks a directory's checkpoints, recorded so that "best" is found without restating it."""
     return {"monitor": monitor, "mode": mode if monitor is not None else None}
 
 
