@@ -42,7 +42,7 @@ class EarlyStopping(Callback, Generic[S]):
         mode: ModeLike,
         baseline: float | None,
         restore_best_weights: bool,
-        name: str | None = None,
+        name: str | None,
     ) -> None:
         if name is not None and (not isinstance(name, str) or not name):
             raise TypeError(f"name must be a non-empty str or None, got {type(name).__name__}")
