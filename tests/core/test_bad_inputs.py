@@ -446,7 +446,7 @@ CASES: list[tuple[str, Callable[[Any], Any], type, str, int | None]] = [
         "early_stopping(patience=-1)",
         lambda p: ciclo.early_stopping("loss", patience=-1),
         ValueError,
-        r"patience must be >= 0",
+        r"patience must be an int >= 0",
         0,
     ),
     # checkpoints and backups
@@ -475,7 +475,7 @@ CASES: list[tuple[str, Callable[[Any], Any], type, str, int | None]] = [
         "checkpoint(keep=0)",
         lambda p: ciclo.checkpoint(p / "ck", keep=0),
         ValueError,
-        r"keep must be >= 1 \(or None",
+        r"keep must be an int >= 1 \(or None",
         0,
     ),
     ("backup(keep=1)", lambda p: ciclo.backup(p / "bk", keep=1), ValueError, r"keep must be an int >= 2", 0),

@@ -378,8 +378,8 @@ def test_orbax_info_logs_are_filtered(tmp_path, caplog):
     [
         ({"keep": 0}, ValueError, "0"),
         ({"keep": -2}, ValueError, "-2"),
-        ({"keep": 1.5}, TypeError, "1.5"),
-        ({"keep": True}, TypeError, "True"),
+        ({"keep": 1.5}, ValueError, "1.5"),
+        ({"keep": True}, ValueError, "True"),
         ({"mode": "mean"}, ValueError, "'mean'"),
         ({"monitor": 3}, TypeError, "3"),
         ({"monitor": ""}, ValueError, "''"),

@@ -53,7 +53,7 @@ def test_nan_is_never_an_improvement():
     [
         ({"monitor": ""}, TypeError, "monitor"),
         ({"monitor": "a", "patience": -1}, ValueError, "-1"),
-        ({"monitor": "a", "patience": 1.5}, TypeError, "1.5"),
+        ({"monitor": "a", "patience": 1.5}, ValueError, "1.5"),
         ({"monitor": "a", "mode": "minimize"}, ValueError, "'auto', 'min' or 'max', got 'minimize'"),
         ({"monitor": "a", "min_delta": -0.1}, ValueError, "-0.1"),
     ],

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Final, Literal, TypedDict, Type
 import jax
 
 from ciclo._src.base.batches import steps_of
-from ciclo._src.base.checks import check_bool, check_directory
+from ciclo._src.base.checks import check_bool, check_directory, check_int
 from ciclo._src.base.elapsed import Elapsed
 from ciclo._src.base.files import check_closed, write_atomically
 from ciclo._src.base.finite import all_finite
@@ -57,7 +57,7 @@ if TYPE_CHECKING:
 S = TypeVar("S")
 T = TypeVar("T")
 
-SETTINGS_FILE = "ciclo_checkpoint.json"  # the monitor and mode the checkpoints were ranked with
+SETTINGS_FILE = "ciclo_checkpoint.json"  # the monitor and mode that rank the checkpoints, for "best"
 _STATE_KEYS = ("newest_step", "newest_at_start", "warned")
 _LOSS = "loss"  # without `monitor`, the entry whose non-finite value keeps a state from being saved
 _BARRIERS = "ciclo_checkpoint"  # the checkpoints' kind in orbax's barrier names
@@ -101,7 +101,6 @@ def _open_manager(
     create: bool,
     partial: bool = False,
 ) -> Any:
-    """The directory's manager; `partial`: one reading with orbax's `PyTreeCheckpointHandler` (subsets)."""
     ocp = orbax()
     policies = ocp.checkpoint_managers
     best_fn = None if monitor is None else _rank_fn(monitor, mode)
@@ -123,7 +122,6 @@ def _open_manager(
 
 
 def _settings(monitor: str | None, mode: Mode) -> dict[str, Any]:
-    """What ranks a directory's checkpoints, recorded so that "best" is found without restating it."""
     return {"monitor": monitor, "mode": mode if monitor is not None else None}
 
 
@@ -307,10 +305,8 @@ class Checkpoint(Callback):
             raise ValueError("pass resume=True (save after the checkpoints) or overwrite=True, not both")
         if name is not None and (not isinstance(name, str) or not name):
             raise TypeError(f"name must be a non-empty str or None, got {type(name).__name__}")
-        if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int)):
-            raise TypeError(f"keep must be an int >= 1 or None, got {short(keep)}")
-        if keep is not None and keep < 1:
-            raise ValueError(f"keep must be >= 1 (or None to keep every checkpoint), got {short(keep)}")
+        if keep is not None:
+            check_int(keep, "keep", 1, " (or None to keep every checkpoint)")
         if monitor is not None and (not isinstance(monitor, str) or not monitor):
             raise (ValueError if isinstance(monitor, str) else TypeError)(
                 f"monitor must be an entry name such as 'loss' or 'metrics.loss', got {short(monitor)}"
@@ -415,16 +411,14 @@ class Checkpoint(Callback):
             return
         source: LogsLike = {} if logs is None else logs
         guarded, value = self.monitor or _LOSS, None
-        if self.monitor is not None:
-            value = monitored_value(source, self.monitor)
-            if value is None:
-                raise KeyError(
-                    f"checkpoint monitor {short(self.monitor)} not found in the logs at step {step}; "
-                    f"present: {present_keys(source)}"
-                )
-        elif source:
+        if self.monitor is None:
             with contextlib.suppress(ValueError):  # a loss of several values (per example) is not checked
                 value = monitored_value(source, _LOSS)
+        elif (value := monitored_value(source, self.monitor)) is None:
+            raise KeyError(
+                f"checkpoint monitor {short(self.monitor)} not found in the logs at step {step}; "
+                f"present: {present_keys(source)}"
+            )
         # A finite loss can come with a NaN update (the gradient of sqrt at 0): the state decides too.
         why = f"{short(guarded)} is {value}" if value is not None and not math.isfinite(value) else None
         if why is None and not all_finite(state):
@@ -685,6 +679,5 @@ def restore_checkpoint(
     if not epath(path).is_dir():
         raise FileNotFoundError(f"checkpoint directory {path} does not exist")
     check_closed(path, "the checkpoint directory")
-    settings = _read_settings(path) or _settings(None, "min")
-    monitor, mode = settings["monitor"], typing.cast(Mode, settings["mode"] or "min")
-    return _restore_in(path, target, monitor, mode, options, report)
+    recorded = _read_settings(path) or _settings(None, "min")
+    return _restore_in(path, target, recorded["monitor"], recorded["mode"] or "min", options, report)

@@ -6,6 +6,7 @@ import dataclasses
 import math
 from typing import Any, ClassVar, Generic, final
 
+from ciclo._src.base.checks import check_int
 from ciclo._src.base.elapsed import Elapsed, Period
 from ciclo._src.base.reprs import short
 from ciclo._src.base.types import CallbackOutput, S
@@ -41,18 +42,14 @@ class EarlyStopping(Callback, Generic[S]):
         mode: ModeLike,
         baseline: float | None,
         restore_best_weights: bool,
-        name: str | None = None,
+        name: str | None,
     ) -> None:
         if name is not None and (not isinstance(name, str) or not name):
             raise TypeError(f"name must be a non-empty str or None, got {type(name).__name__}")
         if not isinstance(monitor, str) or not monitor:
             raise TypeError(f"monitor must be the name of a logged entry, got {short(monitor)}")
-        if isinstance(patience, bool) or not isinstance(patience, (int, Period)):
-            raise TypeError(
-                f"patience must be an int (checks) or a ciclo.types.Period, got {short(patience)}"
-            )
-        if isinstance(patience, int) and patience < 0:
-            raise ValueError(f"patience must be >= 0, got {short(patience)}")
+        if not isinstance(patience, Period):
+            check_int(patience, "patience", 0, " (checks) or a ciclo.types.Period")
         if min_delta < 0:
             raise ValueError(f"min_delta must be >= 0, got {short(min_delta)}")
         self.monitor = monitor

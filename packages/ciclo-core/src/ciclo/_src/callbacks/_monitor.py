@@ -21,18 +21,11 @@ _HIGHER_IS_BETTER = frozenset(
 _TOP_K = re.compile(r"top\d*k?")
 
 
-def auto_mode(monitor: str) -> Mode:
-    """The mode `"auto"` stands for: `"max"` if a word of the entry's name is accuracy-like, else `"min"`."""
-    words = re.split(r"[^a-z0-9]+", monitor.rsplit(".", 1)[-1].lower())
-    if any(word in _HIGHER_IS_BETTER or _TOP_K.fullmatch(word) for word in words):
-        return "max"
-    return "min"
-
-
 def resolve_mode(mode: str, monitor: str | None) -> Mode:
-    """`mode`, checked, with `"auto"` resolved by `auto_mode(monitor)`."""
+    """`mode`, checked; `"auto"`: `"max"` if a word of the entry's name is accuracy-like, else `"min"`."""
     if mode == "auto":
-        return "min" if monitor is None else auto_mode(monitor)
+        words = re.split(r"[^a-z0-9]+", (monitor or "").rsplit(".", 1)[-1].lower())
+        return "max" if any(w in _HIGHER_IS_BETTER or _TOP_K.fullmatch(w) for w in words) else "min"
     if mode not in ("min", "max"):
         raise ValueError(f"mode must be 'auto', 'min' or 'max', got {short(mode)}")
     return mode  # type: ignore[return-value]
@@ -44,8 +37,7 @@ def monitored_value(logs: LogsLike, key: str) -> float | None:
     path = source.entry_path(key)
     if path is None:
         return None
-    value: Any = source[path[0]][path[1]]
-    array = np.asarray(value)
+    array = np.asarray(source[path[0]][path[1]])
     if array.size != 1:
         raise ValueError(f"monitored entry {short(key)} must be a scalar, got shape {array.shape}")
     return float(array.reshape(()))

@@ -77,7 +77,6 @@ class TrainingOptionsWatch(Callback):
 
     def on_start(self, loop_state: LoopState[Any], /) -> None:
         """Before the first step (after a resume): the micro-batches the run's `stop` will leave unapplied."""
-        self._pending, self._countdown, self._warned, self._announced = None, CHECK_EVERY, False, None
         if self.accumulate_steps == 1 or self.stop_steps is None:
             return
         remaining = self.stop_steps - loop_state.elapsed.steps
