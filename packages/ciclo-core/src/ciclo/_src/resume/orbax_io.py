@@ -53,6 +53,10 @@ _ORBAX_PATH_PART = f"{os.sep}orbax{os.sep}checkpoint{os.sep}"
 _open_managers: weakref.WeakKeyDictionary[Any, tuple[str, str]] = weakref.WeakKeyDictionary()
 
 
+def _not_orbax_chatter(record: logging.LogRecord) -> bool:
+    return record.levelno >= logging.WARNING or _ORBAX_PATH_PART not in record.pathname
+
+
 def orbax() -> Any:
     """`orbax.checkpoint`, imported on first use; without it, an ImportError naming the `checkpoint` extra."""
     try:
@@ -60,9 +64,7 @@ def orbax() -> Any:
         # every record's origin), before orbax logs its fifty records a save: those below WARNING go.
         from absl import logging as absl_logging
 
-        absl_logging.get_absl_logger().addFilter(
-            lambda record: record.levelno >= logging.WARNING or _ORBAX_PATH_PART not in record.pathname
-        )
+        absl_logging.get_absl_logger().addFilter(_not_orbax_chatter)  # added once, however many calls
         import orbax.checkpoint as ocp  # type: ignore[import-untyped]
     except ImportError as error:
         raise ImportError(
@@ -366,11 +368,11 @@ def check_structure(
     raise ValueError(f"{head}\n  {shown}\n{fix}.")
 
 
-def check_device_axis(stored: Any, target: Any, kind: str, where: str, *prefix: str) -> None:
+def check_device_axis(stored: Any, target: Any, kind: str, where: str) -> None:
     """Refuses a `pmap` state's save (a leading device axis) onto another device count or strategy."""
     if stored is None or not isinstance(target, AbstractManagedState):
         return
-    found = _leaf_table(stored).get((*prefix, "step"))
+    found = _leaf_table(stored).get(("step",))
     if found is None:
         return
     saved_shape, target_shape = found[1], np.shape(target.step)

@@ -83,18 +83,13 @@ class CatchInterrupt(Callback):
     A second Ctrl-C is never caught; a backup with `sigint=True` takes Ctrl-C first.
     """
 
-    def __init__(self) -> None:
-        self._guard: SignalGuard | None = None
-
     def on_start(self, loop_state: LoopState[Any], /) -> None:
         # No hook at every step's end: the first Ctrl-C adds one, which ends the step in flight.
         self._guard = SignalGuard((signal.SIGINT,), on_signal=lambda: loop_state._step_end.append(_interrupt))
 
     def on_end(self, loop_state: LoopState[Any], error: BaseException | None, /) -> bool:
         """Gives Ctrl-C back; returns True (the loop returns normally) after a Ctrl-C not insisted on."""
-        guard, self._guard = self._guard, None
-        assert guard is not None
-        guard.release()
+        self._guard.release()  # on_end follows a successful on_start only
         if isinstance(error, KeyboardInterrupt) and not isinstance(error, ForcedInterrupt):
             _log.warning("KeyboardInterrupt: loop stopped at step %d", loop_state.elapsed.steps)
             return True
