@@ -96,6 +96,12 @@ def open_manager(
 ) -> Any:
     """An orbax `CheckpointManager` on `directory`; `create`: also remove a killed run's unfinished steps."""
     ocp = orbax()
+    barrier = ocp.multihost.get_barrier_sync_fn()
+
+    def noting_barrier(*, key: str, timeout_ms: int) -> None:  # orbax's, of a save's end
+        with _noting():
+            barrier(key=key, timeout_ms=timeout_ms)
+
     for child in epath(directory).iterdir() if create and os.path.isdir(directory) else []:
         if TMP_MARK in child.name:  # orbax's cleanup_tmp_directories removes it
             _log.warning("removing the unfinished save %s", os.path.join(directory, child.name))
@@ -108,7 +114,7 @@ def open_manager(
         ),
         # orbax's own barriers and timeout (1200 s for a whole save); a lost process fails them
         # sooner, when JAX's heartbeat timeout declares it dead. They only say so now.
-        async_options=ocp.AsyncOptions(barrier_sync_fn=_noting_barrier(ocp.multihost.get_barrier_sync_fn())),
+        async_options=ocp.AsyncOptions(barrier_sync_fn=noting_barrier),
         **options,
     )
     manager = ocp.CheckpointManager(directory, options=manager_options, item_handlers=item_handlers)
@@ -234,16 +240,6 @@ def _noting() -> Iterator[None]:
     except Exception as error:
         note_lost_peer(error)
         raise
-
-
-def _noting_barrier(barrier: Callable[..., None]) -> Callable[..., None]:
-    """Wraps orbax's barrier of a save's end: a lost process it fails on is noted."""
-
-    def wait(*, key: str, timeout_ms: int) -> None:
-        with _noting():
-            barrier(key=key, timeout_ms=timeout_ms)
-
-    return wait
 
 
 def _finish_saves_at_exit() -> None:
