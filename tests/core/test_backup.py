@@ -1226,3 +1226,14 @@ def test_a_loop_of_your_own_backs_up_through_the_backup_callback(tmp_path):
     assert_same_run(reference, own_loop(30))
     with pytest.raises(ValueError, match="written by 'own_loop', and this loop is 'other_loop'"):
         own_loop(30, "other_loop")
+
+
+def test_orbax_s_chatter_filter_is_added_to_absl_s_logger_once_however_many_uses():
+    from absl import logging as absl_logging
+
+    from ciclo._src.resume import orbax_io
+
+    orbax_io.orbax()
+    filters = list(absl_logging.get_absl_logger().filters)
+    orbax_io.orbax(), orbax_io.orbax()
+    assert absl_logging.get_absl_logger().filters == filters

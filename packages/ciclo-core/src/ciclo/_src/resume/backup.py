@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, final
 import jax
 import numpy as np
 
-from ciclo._src.base.batches import BatchSizeFn, count
+from ciclo._src.base.batches import count
 from ciclo._src.base.checks import check_bool, check_directory, check_int
 from ciclo._src.base.elapsed import Clock, Elapsed, Period, make_elapsed, only_steps
 from ciclo._src.base.files import check_closed, open_own, remove_own, write_atomically
@@ -75,7 +75,7 @@ class Preempted(SystemExit):
     the same script again to resume from the backup.
     """
 
-    def __init__(self, signum: int, steps: int, directory: str | None = None) -> None:
+    def __init__(self, signum: int, steps: int, directory: str) -> None:
         super().__init__(128 + signum)
         self.signum = signum
         self.steps = steps
@@ -83,10 +83,9 @@ class Preempted(SystemExit):
 
     def __str__(self) -> str:
         name = signal.Signals(self.signum).name
-        where = "" if self.directory is None else f" in {self.directory}"
         return (
-            f"preempted by {name} after step {self.steps}: the backup is saved{where}; run the same "
-            "command again to resume from it"
+            f"preempted by {name} after step {self.steps}: the backup is saved in {self.directory}; run "
+            "the same command again to resume from it"
         )
 
 
@@ -324,11 +323,6 @@ class BackupCallback(Callback):
         self.spec = spec if isinstance(spec, Backup) else backup(spec)
         self.kind = kind
         self.default_every = default_every
-        self._guard: SignalGuard | None = None
-        self._done = False
-        self._iterator: Any = None
-        self._position = 0  # the batches drawn from the dataset: restored, then one a step
-        self._samples_before = 0  # samples counted before this run drew its first batch
 
     def on_start(self, loop_state: LoopState[Any], /) -> None:
         spec = self.spec
@@ -358,22 +352,25 @@ class BackupCallback(Callback):
         self._last_saved: int | None = None
         self._recent: list[list[tuple[int, int]]] = []  # the History chunks of the kept backups, newest last
         self._done = False
+        self._guard: SignalGuard | None = None
         try:
             restored = self._restore_newest(loop_state.state)
-            self._iterator, self._position = loop_state._iterator, 0
+            self._iterator: Any = loop_state._iterator
+            self._position = 0  # the batches drawn from the dataset: restored, then one a step
+            self._samples_before = loop_state._clock.samples  # counted before this run drew a batch
             if restored is None:
-                self._samples_before = loop_state._clock.samples
                 # The backup of the start, once every on_start accepted the run: a run killed before its
                 # first periodic backup resumes as a resumed run (its checkpoints then are its own).
                 loop_state._iterator = itertools.chain(self._start_backup(loop_state), self._iterator)
             else:
                 self._resume(loop_state, restored)
         except BaseException as error:
-            note_lost_peer(error)
-            self._close()
+            self._close(error)
             raise
-        if not self._done:
-            self._guard = SignalGuard.for_loop(sigterm=True, sigint=spec.sigint)
+        if not self._done:  # under several processes, JAX's preemption sync point takes SIGTERM
+            sync_point = jax.process_count() > 1
+            signals = (() if sync_point else (signal.SIGTERM,)) + ((signal.SIGINT,) if spec.sigint else ())
+            self._guard = SignalGuard(signals, sync_point=sync_point)
 
     def _resume(self, loop_state: LoopState[Any], restored: Restored) -> None:
         directory = self.spec.directory
@@ -421,8 +418,35 @@ class BackupCallback(Callback):
                 jax.device_count(),
             )
         loop_state.load_state_dicts(restored.callbacks)
-        position_dataset(self._iterator, restored, clock.batch_size_fn)
-        self._position = restored.position
+        self._position = position = restored.position
+        if restored.iterator_state is not None:
+            self._iterator.set_state(restored.iterator_state)
+        elif position:  # the batches the backed-up run drew, drawn again
+            # A generator given as the dataset is its own iterator.
+            iterator = self._iterator
+            if inspect.isgenerator(iterator) and inspect.getgeneratorstate(iterator) != inspect.GEN_CREATED:
+                raise ValueError(
+                    "cannot resume from the backup: the dataset is a generator that was already partly "
+                    f"consumed, and the run must skip the {position} batches it used. Pass a fresh "
+                    "generator, or an iterator with get_state()/set_state()"
+                )
+            samples = 0
+            for index in range(position):
+                try:
+                    samples += count(next(iterator), clock.batch_size_fn)[1]
+                except StopIteration:
+                    raise ValueError(
+                        f"cannot resume from the backup: the dataset ended after {index} batches, but the "
+                        f"backed-up run had used {position}. Resuming needs the same batches in the same "
+                        "order"
+                    ) from None
+            if samples != restored.samples:
+                raise ValueError(
+                    f"cannot resume from the backup: the backed-up run had drawn {position} batches holding "
+                    f"{restored.samples} samples, but the first {position} batches of this dataset hold "
+                    f"{samples}: another batch size would resume at another sample. Resume with the batch "
+                    "size of the backed-up run, or give backup= another directory to start afresh"
+                )
         self._samples_before = restored.elapsed.samples - restored.samples
 
     def _start_backup(self, loop_state: LoopState[Any]) -> Iterator[Any]:
@@ -454,14 +478,7 @@ class BackupCallback(Callback):
             if error is None and not self._done:
                 self._save(loop_state, finished=True, wait=True)
         finally:
-            try:
-                if error is not None:
-                    note_lost_peer(error)  # before the wait for the save in flight, which JAX may end
-                self._close()
-            finally:
-                if self._guard is not None:
-                    self._guard.release()
-                    self._guard = None
+            self._close(error)
 
     def _check_marker(self) -> None:
         path = os.path.join(self.spec.directory, _MARKER)
@@ -673,47 +690,20 @@ class BackupCallback(Callback):
         if wait:
             self._manager.wait_until_finished()
 
-    def _close(self) -> None:
+    def _close(self, error: BaseException | None) -> None:
         try:
+            if error is not None:
+                note_lost_peer(error)  # before the wait for the save in flight, which JAX may end
             self._manager.wait_until_finished()
             self._manager.close()
         finally:
+            if self._guard is not None:
+                self._guard.release()
+                self._guard = None
             if self._lock is not None:  # removed, then released: a process waiting on the old file retries
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(os.path.join(self.spec.directory, _LOCK))
                 os.close(self._lock)
-
-
-def position_dataset(iterator: Iterator[Any], restored: Restored, batch_size_fn: BatchSizeFn) -> None:
-    """Moves `iterator` to where the backed-up run stopped drawing batches."""
-    if restored.iterator_state is not None:
-        iterator.set_state(restored.iterator_state)  # type: ignore[attr-defined]
-        return
-    if restored.position == 0:
-        return
-    # A generator given as the dataset is its own iterator.
-    if inspect.isgenerator(iterator) and inspect.getgeneratorstate(iterator) != inspect.GEN_CREATED:
-        raise ValueError(
-            "cannot resume from the backup: the dataset is a generator that was already partly consumed, "
-            f"and the run must skip the {restored.position} batches it used. Pass a fresh generator, or an "
-            "iterator with get_state()/set_state()"
-        )
-    samples = 0
-    for index in range(restored.position):
-        try:
-            samples += count(next(iterator), batch_size_fn)[1]
-        except StopIteration:
-            raise ValueError(
-                f"cannot resume from the backup: the dataset ended after {index} batches, but the backed-up "
-                f"run had used {restored.position}. Resuming needs the same batches in the same order"
-            ) from None
-    if samples != restored.samples:
-        raise ValueError(
-            f"cannot resume from the backup: the backed-up run had drawn {restored.position} batches holding "
-            f"{restored.samples} samples, but the first {restored.position} batches of this dataset hold "
-            f"{samples}: another batch size would resume at another sample. Resume with the batch size of "
-            "the backed-up run, or give backup= another directory to start afresh"
-        )
 
 
 def _identity(pid: int) -> str | None:

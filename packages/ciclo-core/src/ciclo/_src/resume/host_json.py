@@ -93,31 +93,30 @@ def to_json(
 
 def from_json(data: Any, where: str, *, states: Mapping[str, Any] | None = None) -> Any:
     """The value `to_json` encoded; raises ValueError naming `where` for data it did not write."""
+
+    def inner(v: Any, at: str) -> Any:
+        return from_json(v, at, states=states)
+
     if data is None or isinstance(data, (bool, str, int, float)):
         return data
     if isinstance(data, list):
-        return [from_json(v, f"{where}[{i}]", states=states) for i, v in enumerate(data)]
+        return [inner(v, f"{where}[{i}]") for i, v in enumerate(data)]
     if not isinstance(data, dict):
         raise ValueError(f"{cut(where)} holds a {type(data).__name__}, which no backup writes")
     tags = [key for key in data if key.startswith("$")]
     if not tags:
-        return {key: from_json(v, f"{where}[{short(key)}]", states=states) for key, v in data.items()}
+        return {key: inner(v, f"{where}[{short(key)}]") for key, v in data.items()}
     if len(data) != 1 or tags[0] not in _TAGS:
         raise ValueError(f"{cut(where)} holds unknown fields {short(sorted(data)[:5])}")
     tag, body = tags[0], data[tags[0]]
     if tag == "$tuple":
-        return tuple(from_json(_list(body, where), where, states=states))
+        return tuple(inner(_list(body, where), where))
     if tag == "$dict":
         pairs = _list(body, where)
         if not all(isinstance(pair, list) and len(pair) == 2 for pair in pairs):
             raise ValueError(f"{cut(where)} holds a $dict whose items are not [key, value] pairs")
         try:
-            return {
-                from_json(k, f"{where} key", states=states): from_json(
-                    v, f"{where}[{short(k)}]", states=states
-                )
-                for k, v in pairs
-            }
+            return {inner(k, f"{where} key"): inner(v, f"{where}[{short(k)}]") for k, v in pairs}
         except TypeError:  # from_json raises only ValueError: a key that is a list, a dict or an array
             raise ValueError(f"{cut(where)} holds a dict key that is not hashable") from None
     if tag == "$float":

@@ -53,6 +53,10 @@ _ORBAX_PATH_PART = f"{os.sep}orbax{os.sep}checkpoint{os.sep}"
 _open_managers: weakref.WeakKeyDictionary[Any, tuple[str, str]] = weakref.WeakKeyDictionary()
 
 
+def _not_orbax_chatter(record: logging.LogRecord) -> bool:
+    return record.levelno >= logging.WARNING or _ORBAX_PATH_PART not in record.pathname
+
+
 def orbax() -> Any:
     """`orbax.checkpoint`, imported on first use; without it, an ImportError naming the `checkpoint` extra."""
     try:
@@ -60,9 +64,7 @@ def orbax() -> Any:
         # every record's origin), before orbax logs its fifty records a save: those below WARNING go.
         from absl import logging as absl_logging
 
-        absl_logging.get_absl_logger().addFilter(
-            lambda record: record.levelno >= logging.WARNING or _ORBAX_PATH_PART not in record.pathname
-        )
+        absl_logging.get_absl_logger().addFilter(_not_orbax_chatter)  # added once, however many calls
         import orbax.checkpoint as ocp  # type: ignore[import-untyped]
     except ImportError as error:
         raise ImportError(
@@ -94,6 +96,12 @@ def open_manager(
 ) -> Any:
     """An orbax `CheckpointManager` on `directory`; `create`: also remove a killed run's unfinished steps."""
     ocp = orbax()
+    barrier = ocp.multihost.get_barrier_sync_fn()
+
+    def noting_barrier(*, key: str, timeout_ms: int) -> None:  # orbax's, of a save's end
+        with _noting():
+            barrier(key=key, timeout_ms=timeout_ms)
+
     for child in epath(directory).iterdir() if create and os.path.isdir(directory) else []:
         if TMP_MARK in child.name:  # orbax's cleanup_tmp_directories removes it
             _log.warning("removing the unfinished save %s", os.path.join(directory, child.name))
@@ -106,7 +114,7 @@ def open_manager(
         ),
         # orbax's own barriers and timeout (1200 s for a whole save); a lost process fails them
         # sooner, when JAX's heartbeat timeout declares it dead. They only say so now.
-        async_options=ocp.AsyncOptions(barrier_sync_fn=_noting_barrier(ocp.multihost.get_barrier_sync_fn())),
+        async_options=ocp.AsyncOptions(barrier_sync_fn=noting_barrier),
         **options,
     )
     manager = ocp.CheckpointManager(directory, options=manager_options, item_handlers=item_handlers)
@@ -234,16 +242,6 @@ def _noting() -> Iterator[None]:
         raise
 
 
-def _noting_barrier(barrier: Callable[..., None]) -> Callable[..., None]:
-    """Wraps orbax's barrier of a save's end: a lost process it fails on is noted."""
-
-    def wait(*, key: str, timeout_ms: int) -> None:
-        with _noting():
-            barrier(key=key, timeout_ms=timeout_ms)
-
-    return wait
-
-
 def _finish_saves_at_exit() -> None:
     for manager in list(_open_managers.keys()):
         with contextlib.suppress(Exception):
@@ -366,11 +364,11 @@ def check_structure(
     raise ValueError(f"{head}\n  {shown}\n{fix}.")
 
 
-def check_device_axis(stored: Any, target: Any, kind: str, where: str, *prefix: str) -> None:
+def check_device_axis(stored: Any, target: Any, kind: str, where: str) -> None:
     """Refuses a `pmap` state's save (a leading device axis) onto another device count or strategy."""
     if stored is None or not isinstance(target, AbstractManagedState):
         return
-    found = _leaf_table(stored).get((*prefix, "step"))
+    found = _leaf_table(stored).get(("step",))
     if found is None:
         return
     saved_shape, target_shape = found[1], np.shape(target.step)

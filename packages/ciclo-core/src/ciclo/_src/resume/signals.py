@@ -9,8 +9,6 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, final
 
-import jax
-
 from ciclo._src.engine.callback import Callback
 
 if TYPE_CHECKING:
@@ -53,15 +51,6 @@ class SignalGuard:
             if take_over or current is default:
                 self._previous[signum] = signal.signal(signum, self._handle)
 
-    @classmethod
-    def for_loop(
-        cls, *, sigterm: bool, sigint: bool, on_signal: Callable[[], None] | None = None
-    ) -> SignalGuard:
-        """A loop's guard: SIGTERM if it backs up (a sync point under several processes), SIGINT if asked."""
-        sync_point = sigterm and jax.process_count() > 1
-        signals = (signal.SIGTERM,) if sigterm and not sync_point else ()
-        return cls(signals + ((signal.SIGINT,) if sigint else ()), sync_point=sync_point, on_signal=on_signal)
-
     def _handle(self, signum: int, frame: Any) -> None:
         if self.signum is not None and signum == signal.SIGINT:
             self.forced = True
@@ -94,20 +83,13 @@ class CatchInterrupt(Callback):
     A second Ctrl-C is never caught; a backup with `sigint=True` takes Ctrl-C first.
     """
 
-    def __init__(self) -> None:
-        self._guard: SignalGuard | None = None
-
     def on_start(self, loop_state: LoopState[Any], /) -> None:
         # No hook at every step's end: the first Ctrl-C adds one, which ends the step in flight.
-        self._guard = SignalGuard.for_loop(
-            sigterm=False, sigint=True, on_signal=lambda: loop_state._step_end.append(_interrupt)
-        )
+        self._guard = SignalGuard((signal.SIGINT,), on_signal=lambda: loop_state._step_end.append(_interrupt))
 
     def on_end(self, loop_state: LoopState[Any], error: BaseException | None, /) -> bool:
         """Gives Ctrl-C back; returns True (the loop returns normally) after a Ctrl-C not insisted on."""
-        guard, self._guard = self._guard, None
-        assert guard is not None
-        guard.release()
+        self._guard.release()  # on_end follows a successful on_start only
         if isinstance(error, KeyboardInterrupt) and not isinstance(error, ForcedInterrupt):
             _log.warning("KeyboardInterrupt: loop stopped at step %d", loop_state.elapsed.steps)
             return True
