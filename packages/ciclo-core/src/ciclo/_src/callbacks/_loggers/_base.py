@@ -19,7 +19,10 @@ _SKIPPED_COLLECTIONS = frozenset({"elapsed", "outputs"})
 
 
 class Row(NamedTuple):
-    """One logged step, as a sink writes it: the History's `steps`, unix time, `scalars(logs)`."""
+    """One logged step, as a sink writes it: the History's `steps`, unix time, its numbers by entry name.
+
+    Not `elapsed` or `outputs`; a name in several collections with different values is `collection.name`.
+    """
 
     step: int
     wall_time: float
@@ -54,16 +57,6 @@ def import_extra(module: str, extra: str, what: str) -> Any:
         return importlib.import_module(module)
     except ImportError as error:
         raise ImportError(f'{what} needs {module}: pip install "ciclo-core[{extra}]"') from error
-
-
-def scalars(logs: LogsLike) -> dict[str, float | int]:
-    """The entries of `logs` that are numbers (not `elapsed`, `outputs`), by entry name.
-
-    A name in several collections with different values is written as `collection.name`.
-    """
-    paths = tuple((collection, name) for collection, entries in logs.items() for name in entries)
-    values = tuple(value for entries in logs.values() for value in entries.values())
-    return _row_scalars(paths, values, _scalar_columns(paths))
 
 
 HParams = dict[str, "bool | int | float | str"]
