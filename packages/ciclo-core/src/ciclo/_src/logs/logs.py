@@ -443,10 +443,10 @@ class History(Sequence[Logs]):
             strict=True,
         )
 
-    def to_host(self, first: int = 0) -> dict[str, Any]:
+    def to_host(self, first: int | None = None) -> dict[str, Any]:
         """The rows kept (from row `first` on, dropped rows counted) as host values: what a backup saves."""
         self._fetch(len(self))
-        start = max(first - self.dropped, 0)
+        start = 0 if first is None else max(first - self.dropped, 0)
         return {
             "paths": self._paths[start:],
             "values": self._values[start:],

@@ -124,8 +124,7 @@ def _number(value: Any) -> float | int | None:
         return value
     # Host rows hold Python numbers; a numpy scalar or 0-d array can come from a hand-written loop.
     if getattr(value, "ndim", None) == 0:
-        item = value.item()
-        return _number(item) if isinstance(item, (bool, int, float)) else None
+        return _number(value.item())  # a numpy or JAX scalar: its Python value
     return None
 
 
