@@ -89,6 +89,4 @@ def to_host(value: Any) -> Any:
         return value.item() if value.ndim == 0 else np.asarray(value)
     if isinstance(value, np.generic):
         return value.item()
-    if value is None or isinstance(value, (bool, int, float, complex, str)):
-        return value
     return jax.device_get(value)

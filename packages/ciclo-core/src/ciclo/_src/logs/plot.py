@@ -10,8 +10,6 @@ import os
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from ciclo._src.base.entry_paths import entry_path as _entry_path
 from ciclo._src.base.reprs import short
 
@@ -21,12 +19,6 @@ if TYPE_CHECKING:
 
 TEST_SUFFIX = "_test"
 """The suffix `train_loop` gives test entries: `loss_test` is drawn with `loss`."""
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float, np.integer, np.floating)) or (
-        isinstance(value, np.ndarray) and value.ndim == 0
-    )
 
 
 def _curves(ordered: Sequence[tuple[str, str]], entries: Sequence[str]) -> list[tuple[str, list[str]]]:
@@ -87,7 +79,7 @@ def plot_history(
         curves = []
         for key in keys:
             steps, values = collect("steps", key)
-            if not all(_is_number(value) for value in values):
+            if not all(isinstance(value, (int, float)) for value in values):  # host values: no numpy scalars
                 if entries:
                     raise ValueError(f"History.plot draws scalar entries; {short(key)} holds arrays")
                 break  # outputs and other arrays: not curves

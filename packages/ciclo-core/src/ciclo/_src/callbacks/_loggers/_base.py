@@ -19,7 +19,10 @@ _SKIPPED_COLLECTIONS = frozenset({"elapsed", "outputs"})
 
 
 class Row(NamedTuple):
-    """One logged step, as a sink writes it: the History's `steps`, unix time, `scalars(logs)`."""
+    """One logged step, as a sink writes it: the History's `steps`, unix time, its numbers by entry name.
+
+    Not `elapsed` or `outputs`; a name in several collections with different values is `collection.name`.
+    """
 
     step: int
     wall_time: float
@@ -56,16 +59,6 @@ def import_extra(module: str, extra: str, what: str) -> Any:
         raise ImportError(f'{what} needs {module}: pip install "ciclo-core[{extra}]"') from error
 
 
-def scalars(logs: LogsLike) -> dict[str, float | int]:
-    """The entries of `logs` that are numbers (not `elapsed`, `outputs`), by entry name.
-
-    A name in several collections with different values is written as `collection.name`.
-    """
-    paths = tuple((collection, name) for collection, entries in logs.items() for name in entries)
-    values = tuple(value for entries in logs.values() for value in entries.values())
-    return _row_scalars(paths, values, _scalar_columns(paths))
-
-
 HParams = dict[str, "bool | int | float | str"]
 """A run's hyperparameters, as a logger records them: name -> number, string or bool."""
 
@@ -80,12 +73,12 @@ def checked_hparams(hparams: Mapping[str, Any] | None) -> HParams:
     for name, value in hparams.items():
         if not isinstance(name, str) or not name:
             raise TypeError(f"hparams names must be non-empty strings, got {short(name)}")
-        plain = value if isinstance(value, str) else _number(value)
+        plain = value if isinstance(value, (str, bool)) else _number(value)
         if plain is None:
             raise TypeError(
                 f"hparams[{short(name)}] must be a number, a string or a bool, got {short(value)}"
             )
-        checked[name] = bool(value) if isinstance(value, bool) else plain
+        checked[name] = plain
     return checked
 
 
@@ -131,8 +124,7 @@ def _number(value: Any) -> float | int | None:
         return value
     # Host rows hold Python numbers; a numpy scalar or 0-d array can come from a hand-written loop.
     if getattr(value, "ndim", None) == 0:
-        item = value.item()
-        return _number(item) if isinstance(item, (bool, int, float)) else None
+        return _number(value.item())  # a numpy or JAX scalar: its Python value
     return None
 
 
@@ -170,10 +162,7 @@ class Logger(Callback):
         self._date_start = 0.0  # unix time of the loop's start: row times are relative to it
         self._last_step: int | None = None
         self._resume_after: int | None = None  # restored: steps up to this one were written before
-        self._own: History | None = None  # rows given to `write` by a hand-written loop
-        self._own_next = 0
-        # a row's entry paths -> their scalar columns: see `_scalar_columns`
-        self._plans: dict[Paths, list[tuple[int, str]] | None] = {}
+        self._own, self._own_next = History(), 0  # rows given to `write` by a hand-written loop
 
     def __loop_callback__(self, loop_state: LoopState[S]) -> CallbackOutput[S]:
         self._drain_loop(loop_state, ended=False)
@@ -208,17 +197,14 @@ class Logger(Callback):
         if last <= first:
             return upto
         rows = []
-        resume_after, plans = self._resume_after, self._plans
+        resume_after = self._resume_after
         paths_before: Paths | None = None
         columns: list[tuple[int, str]] | None = None
         for paths, values, step, _, seconds in history.host_rows(first, last):
             if resume_after is not None and step <= resume_after:
                 continue
             if paths is not paths_before:  # rows that log the same entries share one `paths`
-                paths_before = paths
-                if paths not in plans:
-                    plans[paths] = _scalar_columns(paths)
-                columns = plans[paths]
+                paths_before, columns = paths, _scalar_columns(paths)
             found = _row_scalars(paths, values, columns)
             if found:
                 rows.append(Row(step, date_start + seconds, found))
@@ -229,20 +215,13 @@ class Logger(Callback):
 
     def write(self, step: int, logs: LogsLike) -> None:
         """Logs `logs` at `step` from a hand-written loop, copied in batches as History does; never waits."""
-        own = self._own
-        if own is None:
-            own = self._own = History()
-            self._own_next = 0
-        own.append(int(step), 0, time.time(), logs)
-        if own.on_host > self._own_next:
-            self._own_next = self._drain(own, self._own_next, own.on_host, 0.0)
+        self._own.append(int(step), 0, time.time(), logs)
+        self._own_next = self._drain(self._own, self._own_next, self._own.on_host, 0.0)
 
     def flush(self) -> None:
         """Writes every row given to `write` (copying what is still on the device) and flushes the backend."""
-        own = self._own
-        if own is not None:
-            self._drain(own, self._own_next, len(own), 0.0)
-            self._own = None  # every row written: the next `write` starts a new buffer
+        self._drain(self._own, self._own_next, len(self._own), 0.0)
+        self._own, self._own_next = History(), 0  # every row written: the next `write` starts a new buffer
         self._sink.flush()
 
     def close(self) -> None:
@@ -273,7 +252,7 @@ class Logger(Callback):
         """Appends after `state["step"]`: earlier steps are skipped, the backend's later rows dropped."""
         # The same keys as this logger's own snapshot: a snapshot of another callback is refused.
         state = snapshot_fields(state, ("step", *self._sink.state()), "logger")
-        step = state.get("step")
+        step = state["step"]
         self._last_step = self._resume_after = None if step is None else int(step)
         held = self._sink.restore(
             {key: value for key, value in state.items() if key != "step"}, self._last_step
