@@ -26,11 +26,7 @@ from ciclo._src.state._pytree import register_frozen
 from ciclo._src.state.learning_rate import learning_rate_logs
 from ciclo._src.state.metrics import Metric
 from ciclo._src.state.precision import LossScale
-from ciclo._src.state.training_options import (
-    OPTION_NAMES,
-    TrainingOptions,
-    training_options,
-)
+from ciclo._src.state.training_options import OPTION_NAMES, TrainingOptions
 from ciclo._src.state.training_options import apply_gradients as apply_options
 from ciclo._src.strategies._local import Eager
 from ciclo._src.strategies._placement import batch_refusal, number_list
@@ -197,7 +193,7 @@ class ManagedState(AbstractManagedState):
                 options (`managed.TrainingOptionsKwargs`).
         """
         check_params(params)
-        options = training_options(**{name: fields.pop(name) for name in OPTION_NAMES & fields.keys()})
+        options = TrainingOptions(**{name: fields.pop(name) for name in OPTION_NAMES & fields.keys()})
         # Static fields are configuration: they go around the strategy's placement and jax.jit.
         static = {f.name for f in dataclasses.fields(cast(Any, cls)) if f.metadata.get("static")}
         return create_state(

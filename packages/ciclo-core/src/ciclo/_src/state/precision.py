@@ -92,15 +92,13 @@ class Precision:
 
     def loss_scale(self) -> LossScale | None:
         """The loss scale a new state starts with, or None without loss scaling."""
-        return (
-            None
-            if not self.loss_scaling
-            else LossScale(
-                scale=jnp.asarray(self.initial_scale, jnp.float32),
-                good_steps=jnp.zeros((), jnp.int32),
-                skipped_steps=jnp.zeros((), jnp.int32),
-                skipped_in_a_row=jnp.zeros((), jnp.int32),
-            )
+        if not self.loss_scaling:
+            return None
+        return LossScale(
+            scale=jnp.asarray(self.initial_scale, jnp.float32),
+            good_steps=jnp.zeros((), jnp.int32),
+            skipped_steps=jnp.zeros((), jnp.int32),
+            skipped_in_a_row=jnp.zeros((), jnp.int32),
         )
 
 

@@ -12,6 +12,7 @@ import numpy as np
 
 from ciclo._src.base.roles import Role, fields_with_role
 from ciclo._src.state.managed import AbstractManagedState
+from ciclo._src.state.training_options import modules
 
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
 
@@ -34,11 +35,7 @@ def _sizes(tree: Any) -> tuple[int, int]:
 
 
 def _by_top_level_key(params: Any) -> list[tuple[str, int, int]]:
-    groups: dict[str, list[Any]] = {}
-    for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
-        name = jax.tree_util.keystr(path[:1], simple=True) if path else "(params)"
-        groups.setdefault(name, []).append(leaf)
-    return [(name, *_sizes(leaves)) for name, leaves in groups.items()]
+    return [(name or "(params)", *_sizes(leaves)) for name, leaves in modules(params).items()]
 
 
 def _table(rows: Iterable[tuple[str, int | None, int | None]]) -> str:
