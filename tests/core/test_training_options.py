@@ -279,6 +279,12 @@ def test_a_precision_policy_needs_a_floating_dtype() -> None:
         ciclo.types.Precision(jnp.int8)
 
 
+@pytest.mark.parametrize("growth_interval", [0, True, 2.0])
+def test_a_precision_policy_needs_an_int_growth_interval(growth_interval: Any) -> None:
+    with pytest.raises(ValueError, match=f"growth_interval must be an int >= 1, got {growth_interval}"):
+        ciclo.types.Precision(jnp.float16, loss_scaling=True, growth_interval=growth_interval)
+
+
 def test_with_ema_params_needs_an_ema() -> None:
     with pytest.raises(ValueError, match="create it with ema_decay="):
         make().with_ema_params()
