@@ -185,6 +185,14 @@ def test_with_ema_params_evaluates_and_predicts_with_the_averaged_weights() -> N
 def test_bad_options_are_refused_when_the_state_is_created(options: dict[str, Any], match: str) -> None:
     with pytest.raises(ValueError, match=match):
         make(**options)
+    with pytest.raises(ValueError, match=match):  # built by hand too
+        managed.TrainingOptions(**options)
+
+
+def test_training_options_built_by_hand_take_a_precision_s_name() -> None:
+    options = managed.TrainingOptions(precision="16-mixed", ema_decay=0)
+    assert options.precision == ciclo.types.Precision.of("16-mixed") and options.ema_decay == 0.0
+    assert options == managed.TrainingOptions(precision=ciclo.types.Precision.of("16-mixed"), ema_decay=0.0)
 
 
 def test_log_norms_under_accumulation_are_the_accumulated_gradient_s_carried_between_updates() -> None:
