@@ -8,7 +8,6 @@ from collections.abc import Iterable
 from typing import IO, Any
 
 import jax
-import numpy as np
 
 from ciclo._src.base.roles import Role, fields_with_role
 from ciclo._src.state.managed import AbstractManagedState
@@ -25,12 +24,12 @@ def _human(size: int) -> str:
 
 
 def _sizes(tree: Any) -> tuple[int, int]:
+    # Leaves of `summary`'s `jax.eval_shape`: `jax.ShapeDtypeStruct`s (a typed key's dtype has an itemsize).
     elements = nbytes = 0
     for leaf in jax.tree.leaves(tree):
-        count = math.prod(np.shape(leaf))
+        count = math.prod(leaf.shape)
         elements += count
-        # Typed rng keys have an extended dtype, which knows its own itemsize.
-        nbytes += count * int(getattr(getattr(leaf, "dtype", None), "itemsize", 0))
+        nbytes += count * leaf.dtype.itemsize
     return elements, nbytes
 
 
