@@ -591,3 +591,13 @@ def test_a_batch_the_step_cannot_take_is_named_after_the_first_batch(
     with pytest.raises(TypeError, match=found) as info:
         test_step(state, batch(x, y))
     assert type(info.value) is TypeError and len(_message(info.value)) <= 2000
+
+
+@pytest.mark.parametrize("recorded", [[], {"": 1}, {"": {"precision": "32"}, "['b']": None}])
+def test_a_backup_s_options_record_that_is_no_dict_of_options_by_state_is_refused(recorded: Any) -> None:
+    from ciclo._src.state.managed import check_static_options
+
+    state = managed.ManagedState.create(params=jnp.zeros(2), tx=optax.sgd(0.1))
+    with pytest.raises(ValueError, match=r"at step 1 in DIR: options is .*, not a dict of options"):
+        check_static_options(recorded, state, "at step 1 in DIR")
+    assert check_static_options({"": {"precision": "32"}}, state, "at step 1 in DIR") == []

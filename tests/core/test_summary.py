@@ -88,3 +88,5 @@ def test_any_pytree_is_summarised_as_parameters() -> None:
     assert out.getvalue() == text + "\n"
     assert summary.parse(text) == {"a": (1_100_000, 4_400_000), "b": (3, 3), "total": (1_100_003, 4_400_003)}
     assert "1,100,003" in text and "4.2 MiB" in text
+    one_array = summary.parse(ciclo.summary(jnp.zeros(3), file=io.StringIO()))
+    assert one_array == {"(params)": (3, 12), "total": (3, 12)}

@@ -185,6 +185,14 @@ def test_with_ema_params_evaluates_and_predicts_with_the_averaged_weights() -> N
 def test_bad_options_are_refused_when_the_state_is_created(options: dict[str, Any], match: str) -> None:
     with pytest.raises(ValueError, match=match):
         make(**options)
+    with pytest.raises(ValueError, match=match):  # built by hand too
+        managed.TrainingOptions(**options)
+
+
+def test_training_options_built_by_hand_take_a_precision_s_name() -> None:
+    options = managed.TrainingOptions(precision="16-mixed", ema_decay=0)
+    assert options.precision == ciclo.types.Precision.of("16-mixed") and options.ema_decay == 0.0
+    assert options == managed.TrainingOptions(precision=ciclo.types.Precision.of("16-mixed"), ema_decay=0.0)
 
 
 def test_log_norms_under_accumulation_are_the_accumulated_gradient_s_carried_between_updates() -> None:
@@ -277,6 +285,12 @@ def test_log_norms_add_no_dispatch_and_no_host_transfer(monkeypatch: pytest.Monk
 def test_a_precision_policy_needs_a_floating_dtype() -> None:
     with pytest.raises(TypeError, match="compute_dtype must be a floating dtype"):
         ciclo.types.Precision(jnp.int8)
+
+
+@pytest.mark.parametrize("growth_interval", [0, True, 2.0])
+def test_a_precision_policy_needs_an_int_growth_interval(growth_interval: Any) -> None:
+    with pytest.raises(ValueError, match=f"growth_interval must be an int >= 1, got {growth_interval}"):
+        ciclo.types.Precision(jnp.float16, loss_scaling=True, growth_interval=growth_interval)
 
 
 def test_with_ema_params_needs_an_ema() -> None:

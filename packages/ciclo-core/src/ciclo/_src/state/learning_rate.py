@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping
-from typing import Any, cast
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from optax.contrib import ReduceLROnPlateauState
 
 from ciclo._src.base.reprs import short
 
@@ -17,13 +18,6 @@ LEARNING_RATE = "learning_rate"
 
 LEARNING_RATE_SCALE = "learning_rate_scale"
 """The entry logged for `reduce_on_plateau`'s scale when no learning rate is injected."""
-
-
-@functools.cache
-def _plateau_state() -> type[Any]:
-    from optax.contrib import ReduceLROnPlateauState
-
-    return cast(type[Any], ReduceLROnPlateauState)
 
 
 def _is_injected(node: Any) -> bool:
@@ -37,12 +31,11 @@ def learning_rate_logs(opt_state: Any) -> dict[str, jax.Array]:
     `learning_rate`: the injected rate times the `reduce_on_plateau` scales (several rates:
     `learning_rate_0`, ...); else `learning_rate_scale`, the product of the scales; else nothing.
     """
-    plateau = _plateau_state()
     nodes = jax.tree_util.tree_leaves(
-        opt_state, is_leaf=lambda node: isinstance(node, plateau) or _is_injected(node)
+        opt_state, is_leaf=lambda node: isinstance(node, ReduceLROnPlateauState) or _is_injected(node)
     )
     rates = [jnp.asarray(node.hyperparams[LEARNING_RATE]) for node in nodes if _is_injected(node)]
-    scales: list[jax.Array] = [jnp.asarray(node.scale) for node in nodes if isinstance(node, plateau)]
+    scales = [jnp.asarray(node.scale) for node in nodes if isinstance(node, ReduceLROnPlateauState)]
     scale = functools.reduce(lambda a, b: a * b.astype(a.dtype), scales) if scales else None
     if not rates:
         return {} if scale is None else {LEARNING_RATE_SCALE: scale}

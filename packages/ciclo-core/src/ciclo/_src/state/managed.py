@@ -26,11 +26,7 @@ from ciclo._src.state._pytree import register_frozen
 from ciclo._src.state.learning_rate import learning_rate_logs
 from ciclo._src.state.metrics import Metric
 from ciclo._src.state.precision import LossScale
-from ciclo._src.state.training_options import (
-    OPTION_NAMES,
-    TrainingOptions,
-    training_options,
-)
+from ciclo._src.state.training_options import OPTION_NAMES, TrainingOptions
 from ciclo._src.state.training_options import apply_gradients as apply_options
 from ciclo._src.strategies._local import Eager
 from ciclo._src.strategies._placement import batch_refusal, number_list
@@ -197,7 +193,7 @@ class ManagedState(AbstractManagedState):
                 options (`managed.TrainingOptionsKwargs`).
         """
         check_params(params)
-        options = training_options(**{name: fields.pop(name) for name in OPTION_NAMES & fields.keys()})
+        options = TrainingOptions(**{name: fields.pop(name) for name in OPTION_NAMES & fields.keys()})
         # Static fields are configuration: they go around the strategy's placement and jax.jit.
         static = {f.name for f in dataclasses.fields(cast(Any, cls)) if f.metadata.get("static")}
         return create_state(
@@ -291,10 +287,8 @@ def check_static_options(recorded: Any, state: Any, where: str) -> list[str]:
 
     Only states and options on both sides are compared (the structure check names the rest).
     """
-    if not isinstance(recorded, dict) or not all(
-        isinstance(path, str) and isinstance(options, dict) and all(isinstance(name, str) for name in options)
-        for path, options in recorded.items()
-    ):
+    # `recorded` is read from JSON, whose keys are strings.
+    if not isinstance(recorded, dict) or not all(isinstance(options, dict) for options in recorded.values()):
         raise ValueError(f"the backup {where}: options is {short(recorded)}, not a dict of options by state")
     nodes = _managed_states(state)
     current = static_options(state)

@@ -22,8 +22,8 @@ from ciclo._src.state.metrics import Metric, as_metric, call_for_array, call_wit
 from ciclo._src.state.precision import cast_like, to_float32
 from ciclo._src.state.training_options import (
     OPTION_NAMES,
+    TrainingOptions,
     TrainingOptionsKwargs,
-    training_options,
     without_tx,
 )
 from ciclo._src.strategies._protocols import Strategy
@@ -207,8 +207,7 @@ class ModelState(AbstractManagedState):
             except (TypeError, ValueError) as error:
                 error.add_note(f"raised by metric {short(name)}")
                 raise
-        for name, metric in metrics.items():
-            logs.add_metric(name, metric)
+            logs.add_metric(name, metrics[name])
         return logs, self.replace(model_state=model_state, metrics=metrics)
 
     def _train(self, batch: Any) -> tuple[Logs, ModelState]:
@@ -381,7 +380,7 @@ def create_model_state(
         except TypeError as error:
             raise TypeError(f"metric {short(name)}: {error}") from None
     chosen: dict[str, Any] = {name: value for name, value in settings.items() if name in OPTION_NAMES}
-    options = training_options(**chosen)
+    options = TrainingOptions(**chosen)
     key = settings.get("key", 0)
     if isinstance(key, int) and not isinstance(key, bool):
         key = jax.random.key(key)

@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ciclo._src.base.checks import check_int
 from ciclo._src.base.reprs import short
 from ciclo._src.state._pytree import register_frozen
 
@@ -46,8 +47,7 @@ class Precision:
             if not jnp.issubdtype(dtype, jnp.floating):
                 raise TypeError(f"compute_dtype must be a floating dtype, got {short(self.compute_dtype)}")
             object.__setattr__(self, "compute_dtype", dtype)
-        if not (isinstance(self.growth_interval, int) and self.growth_interval >= 1):
-            raise ValueError(f"growth_interval must be an int >= 1, got {short(self.growth_interval)}")
+        check_int(self.growth_interval, "growth_interval", 1)
         if not (isinstance(self.initial_scale, (int, float)) and 1 <= self.initial_scale < np.inf):
             raise ValueError(f"initial_scale must be a finite number >= 1, got {short(self.initial_scale)}")
 
@@ -92,15 +92,13 @@ class Precision:
 
     def loss_scale(self) -> LossScale | None:
         """The loss scale a new state starts with, or None without loss scaling."""
-        return (
-            None
-            if not self.loss_scaling
-            else LossScale(
-                scale=jnp.asarray(self.initial_scale, jnp.float32),
-                good_steps=jnp.zeros((), jnp.int32),
-                skipped_steps=jnp.zeros((), jnp.int32),
-                skipped_in_a_row=jnp.zeros((), jnp.int32),
-            )
+        if not self.loss_scaling:
+            return None
+        return LossScale(
+            scale=jnp.asarray(self.initial_scale, jnp.float32),
+            good_steps=jnp.zeros((), jnp.int32),
+            skipped_steps=jnp.zeros((), jnp.int32),
+            skipped_in_a_row=jnp.zeros((), jnp.int32),
         )
 
 

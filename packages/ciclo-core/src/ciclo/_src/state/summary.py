@@ -8,10 +8,10 @@ from collections.abc import Iterable
 from typing import IO, Any
 
 import jax
-import numpy as np
 
 from ciclo._src.base.roles import Role, fields_with_role
 from ciclo._src.state.managed import AbstractManagedState
+from ciclo._src.state.training_options import modules
 
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
 
@@ -24,21 +24,17 @@ def _human(size: int) -> str:
 
 
 def _sizes(tree: Any) -> tuple[int, int]:
+    # Leaves of `summary`'s `jax.eval_shape`: `jax.ShapeDtypeStruct`s (a typed key's dtype has an itemsize).
     elements = nbytes = 0
     for leaf in jax.tree.leaves(tree):
-        count = math.prod(np.shape(leaf))
+        count = math.prod(leaf.shape)
         elements += count
-        # Typed rng keys have an extended dtype, which knows its own itemsize.
-        nbytes += count * int(getattr(getattr(leaf, "dtype", None), "itemsize", 0))
+        nbytes += count * leaf.dtype.itemsize
     return elements, nbytes
 
 
 def _by_top_level_key(params: Any) -> list[tuple[str, int, int]]:
-    groups: dict[str, list[Any]] = {}
-    for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
-        name = jax.tree_util.keystr(path[:1], simple=True) if path else "(params)"
-        groups.setdefault(name, []).append(leaf)
-    return [(name, *_sizes(leaves)) for name, leaves in groups.items()]
+    return [(name or "(params)", *_sizes(leaves)) for name, leaves in modules(params).items()]
 
 
 def _table(rows: Iterable[tuple[str, int | None, int | None]]) -> str:

@@ -50,18 +50,40 @@ OPTION_NAMES: Final = frozenset(TrainingOptionsKwargs.__annotations__)
 @final
 @dataclasses.dataclass(frozen=True)
 class TrainingOptions:
-    """The training options of a managed state (static), as `training_options(...)` checks them.
+    """The training options of a managed state (static): `TrainingOptionsKwargs`, checked.
+
+    `precision` may be a built-in policy's name; it is kept as its `Precision`.
+
+    Raises:
+        ValueError: for an unknown `precision`, `accumulate_steps` below 1, an
+            `ema_decay` outside [0, 1) or a `log_norms` other than a bool or `"modules"`.
 
     Example:
-        >>> options = training_options(precision="bf16-mixed", accumulate_steps=4)
-        >>> options.accumulate_steps, options.resume_options()["precision"]
-        (4, 'bf16-mixed')
+        >>> options = TrainingOptions(precision="bf16-mixed", accumulate_steps=4, ema_decay=0.999)
+        >>> options.accumulate_steps, options.ema_decay, options.resume_options()["precision"]
+        (4, 0.999, 'bf16-mixed')
     """
 
     precision: Precision = PRECISIONS["32"]
     accumulate_steps: int = 1
     ema_decay: float | None = None
     log_norms: bool | Literal["modules"] = False
+
+    def __post_init__(self) -> None:
+        policy = Precision.of(self.precision)
+        check_int(self.accumulate_steps, "accumulate_steps", 1)
+        decay = self.ema_decay
+        if decay is not None and not (
+            isinstance(decay, (int, float)) and not isinstance(decay, bool) and 0 <= decay < 1
+        ):
+            raise ValueError(f"ema_decay must be a number in [0, 1), e.g. 0.999, or None; got {short(decay)}")
+        if not (isinstance(self.log_norms, bool) or self.log_norms == "modules"):
+            raise ValueError(
+                "log_norms must be True, False or 'modules' (a norm per top-level module too), "
+                f"got {short(self.log_norms)}"
+            )
+        object.__setattr__(self, "precision", policy)
+        object.__setattr__(self, "ema_decay", None if decay is None else float(decay))
 
     def accumulate(self, tx: optax.GradientTransformation) -> optax.GradientTransformation:
         """The accumulation part: `tx` in an `optax.MultiSteps` of `accumulate_steps`, or `tx` itself."""
@@ -84,7 +106,7 @@ class TrainingOptions:
 
         Example:
             >>> import jax.numpy as jnp
-            >>> options = training_options(log_norms="modules")
+            >>> options = TrainingOptions(log_norms="modules")
             >>> grads = {"a": jnp.array([3.0]), "b": {"w": jnp.array([4.0])}}
             >>> {name: float(norm) for name, norm in options.norms(grads, grads, grads).items()}
             {'grad_norm': 5.0, 'update_norm': 5.0, 'param_norm': 5.0, 'grad_norm/a': 3.0, 'grad_norm/b': 4.0}
@@ -95,7 +117,13 @@ class TrainingOptions:
             "param_norm": _norm(params),
         }
         if self.log_norms == "modules":
-            norms.update({f"grad_norm/{name}": _norm(part) for name, part in _modules(grads).items()})
+            groups = modules(grads)
+            if "" in groups:
+                raise ValueError(
+                    f"log_norms='modules' names a norm by the first key of each parameter's path, but the "
+                    f"parameters are one array {short(groups[''][0])}; use log_norms=True"
+                )
+            norms.update({f"grad_norm/{name}": _norm(part) for name, part in groups.items()})
         return norms
 
     def check_without_optimizer(self) -> None:
@@ -169,38 +197,6 @@ class TrainingOptions:
         return None  # the EMA goes on with the new decay
 
 
-def training_options(
-    *,
-    precision: str | Precision = "32",
-    accumulate_steps: int = 1,
-    ema_decay: float | None = None,
-    log_norms: bool | Literal["modules"] = False,
-) -> TrainingOptions:
-    """Checks the training options (`TrainingOptionsKwargs`) and returns them as `TrainingOptions`.
-
-    Raises:
-        ValueError: for an unknown `precision`, `accumulate_steps` below 1, an
-            `ema_decay` outside [0, 1) or a `log_norms` other than a bool or `"modules"`.
-
-    Example:
-        >>> training_options(ema_decay=0.999).ema_decay
-        0.999
-    """
-    policy = Precision.of(precision)
-    check_int(accumulate_steps, "accumulate_steps", 1)
-    if ema_decay is not None and not (
-        isinstance(ema_decay, (int, float)) and not isinstance(ema_decay, bool) and 0 <= ema_decay < 1
-    ):
-        raise ValueError(f"ema_decay must be a number in [0, 1), e.g. 0.999, or None; got {short(ema_decay)}")
-    if not (isinstance(log_norms, bool) or log_norms == "modules"):
-        raise ValueError(
-            "log_norms must be True, False or 'modules' (a norm per top-level module too), "
-            f"got {short(log_norms)}"
-        )
-    decay = None if ema_decay is None else float(ema_decay)
-    return TrainingOptions(policy, accumulate_steps, decay, log_norms)
-
-
 def apply_gradients(state: Any, grads: Any, value: Any, changes: dict[str, Any]) -> Any:
     """`AbstractManagedState.apply_gradients`: the one place the training options' parts meet."""
     options: TrainingOptions = state.options
@@ -218,7 +214,8 @@ def apply_gradients(state: Any, grads: Any, value: Any, changes: dict[str, Any])
     with jax.numpy_dtype_promotion("standard") if k > 1 else contextlib.nullcontext():
         updates, opt_state = tx.update(grads, state.opt_state, params, **extra)
     new = {name: optax.apply_updates(params, updates), "opt_state": opt_state}
-    updated = None if k == 1 else _has_updated(opt_state, k)  # whether this micro-step updated params
+    # Whether this micro-step updated the parameters.
+    updated = None if k == 1 else jnp.asarray(optax.MultiSteps(optax.identity(), k).has_updated(opt_state))
     if options.log_norms:
         received = grads
         if k > 1:
@@ -251,27 +248,17 @@ def without_tx(creator: str) -> str:
     )
 
 
-def _has_updated(opt_state: Any, accumulate_steps: int) -> jax.Array:
-    """Whether the `optax.MultiSteps` whose state is `opt_state` updated the parameters this micro-step."""
-    return jnp.asarray(optax.MultiSteps(optax.identity(), accumulate_steps).has_updated(opt_state))
-
-
 def _norm(tree: Any) -> jax.Array:
     """The global L2 norm of a pytree's arrays in float32: `optax.tree.norm`, whose name varies by version."""
     squares = [jnp.sum(jnp.square(leaf.astype(jnp.float32))) for leaf in jax.tree.leaves(tree)]
     return jnp.sqrt(sum(squares, jnp.zeros((), jnp.float32)))
 
 
-def _modules(tree: Any) -> dict[str, list[Any]]:
-    """A pytree's leaves grouped by the first key of their paths, named as `jax.tree_util.keystr` names it."""
+def modules(tree: Any) -> dict[str, list[Any]]:
+    """A pytree's leaves grouped by the first key of their paths (`""`: the tree is one leaf)."""
     groups: dict[str, list[Any]] = {}
     for path, leaf in jax.tree_util.tree_leaves_with_path(tree):
-        if not path:
-            raise ValueError(
-                f"log_norms='modules' names a norm by the first key of each parameter's path, but the "
-                f"parameters are one array {short(leaf)}; use log_norms=True"
-            )
-        groups.setdefault(jax.tree_util.keystr(path[:1], simple=True, separator="/"), []).append(leaf)
+        groups.setdefault(jax.tree_util.keystr(path[:1], simple=True), []).append(leaf)
     return groups
 
 
