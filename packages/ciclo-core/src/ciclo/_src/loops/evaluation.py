@@ -72,21 +72,20 @@ def _check_aggregation(aggregation: Any, where: str) -> Reducer:
     )
 
 
-def _samples_per_step(counts: list[tuple[int, int]], elapsed: Elapsed | None) -> np.ndarray:
+def _samples_per_step(counts: list[tuple[int, int]], elapsed: Elapsed) -> np.ndarray:
     """The samples of each history entry's step, from the entries' `(steps, samples)` counts.
 
     An entry is committed with the counts before its step, so its step counted
     the samples up to the next entry (or to `elapsed`, the loop's final counts,
     for the last one); a gap of several steps is shared evenly among them.
     """
-    if elapsed is not None:
-        counts = [*counts, (elapsed.steps, elapsed.samples)]
-    samples = np.ones(len(counts) - (elapsed is not None))
-    for i, ((steps, seen), (next_steps, next_seen)) in enumerate(zip(counts, counts[1:], strict=False)):
-        samples[i] = (next_seen - seen) / max(next_steps - steps, 1)
-    if elapsed is None and len(samples) > 1:
-        samples[-1] = samples[-2]  # the last step's batch is unknown: taken as the one before
-    return samples
+    ends = [*counts[1:], (elapsed.steps, elapsed.samples)]
+    return np.array(
+        [
+            (seen_next - seen) / max(steps_next - steps, 1)
+            for (steps, seen), (steps_next, seen_next) in zip(counts, ends, strict=True)
+        ]
+    )
 
 
 @dataclasses.dataclass
@@ -105,9 +104,6 @@ class RunningSums:
         self.total = self.total + value
         self.steps += 1
         return self.weighted / self.samples if self.samples > 0 else self.total / self.steps
-
-
-_SUMS_KEYS: Final = tuple(field.name for field in dataclasses.fields(RunningSums))
 
 
 @final
@@ -151,9 +147,9 @@ class RunningLosses(Callback):
             raise TypeError(
                 f"test_loop's running losses take the dict state_dict() returned, got {short(state)}"
             )
-        sums = {}
+        sums, names = {}, tuple(field.name for field in dataclasses.fields(RunningSums))
         for name, fields in state.items():
-            checked = snapshot_fields(fields, _SUMS_KEYS, f"test_loop's running loss {short(name)}")
+            checked = snapshot_fields(fields, names, f"test_loop's running loss {short(name)}")
             sums[str(name)] = RunningSums(
                 checked["weighted"], int(checked["samples"]), checked["total"], int(checked["steps"])
             )
@@ -199,7 +195,7 @@ class InnerLoop(Callback, Generic[S]):
         logs = self.aggregate(inner_history, elapsed=elapsed, state=state)
         return logs, (inner_state if self.output_state else state)
 
-    def aggregate(self, history: History, *, elapsed: Elapsed | None = None, state: Any = None) -> Logs:
+    def aggregate(self, history: History, *, elapsed: Elapsed, state: Any = None) -> Logs:
         """Reduces a history to one `Logs` as `ciclo.inner_loop` says, entries renamed `<entry>_<name>`.
 
         `elapsed`, the inner loop's final counts, tells the samples of its last
