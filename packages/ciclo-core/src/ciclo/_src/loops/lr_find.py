@@ -103,8 +103,7 @@ def _step_of(state: Any, train_step: Callable[[Any, Any], Any] | None) -> Callab
             "ciclo.lr_find(state, dataset, train_step=my_step), with my_step a managed.train_step"
         )
     # Unbound, so that the step takes the state it is given: `step(state, batch)`.
-    step: Callable[[Any, Any], Any] = type(state).train_step
-    return step
+    return type(state).train_step
 
 
 def _batches(dataset: Iterable[Any]) -> Iterator[Any]:
@@ -214,7 +213,6 @@ def lr_find(
     micro_batches = state.options.accumulate_steps
     batches = _batches(dataset)
     current = copied(state)  # the steps may donate their input: the caller's state stays whole
-    tried: list[float] = []
     losses: list[float] = []
     smoothed: list[float] = []
     average, diverged = 0.0, False
@@ -228,7 +226,7 @@ def lr_find(
             if taken == micro_batches:
                 break
         if taken < micro_batches:
-            if not tried:
+            if not losses:
                 raise ValueError(f"ciclo.lr_find: the dataset {short(dataset)} gave no batch to train on")
             break
         (used,) = injected_learning_rates(current.opt_state)
@@ -242,13 +240,12 @@ def lr_find(
             )
         loss = total / micro_batches
         average = SMOOTHING * average + (1 - SMOOTHING) * loss
-        tried.append(float(rate))
         losses.append(loss)
-        smoothed.append(average / (1 - SMOOTHING ** len(tried)))
+        smoothed.append(average / (1 - SMOOTHING ** len(losses)))
         best = min(smoothed)
-        if not math.isfinite(loss) or (len(tried) > 1 and best > 0 and smoothed[-1] > DIVERGENCE * best):
+        if not math.isfinite(loss) or (len(losses) > 1 and best > 0 and smoothed[-1] > DIVERGENCE * best):
             diverged = True
             break
-    rates_tried, smoothed_losses = np.array(tried), np.array(smoothed)
+    rates_tried, smoothed_losses = rates[: len(losses)], np.array(smoothed)
     suggestion = suggest(rates_tried, smoothed_losses, skip_begin=steps // 10)
     return LRFindResult(rates_tried, np.array(losses), smoothed_losses, suggestion, diverged)
