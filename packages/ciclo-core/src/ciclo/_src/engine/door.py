@@ -288,8 +288,7 @@ def add_callbacks(named: Named, callbacks: Iterable[Any] | None, names: tuple[st
             named.setdefault(hook, []).append(callback)
             continue
         misnamed = check_method_names(callback, names)
-        hooks = {name: vars_lookup(type(callback), name) for name in names}
-        hooks = {name: getattr(callback, name) for name, hook in hooks.items() if callable(hook)}
+        hooks = {name: getattr(callback, name) for name in names if callable(vars_lookup(type(callback), name))}
         if not hooks:
             fix = "; ".join(f"{name} is not a hook: {_fix(meant)}" for name, meant in misnamed)
             raise ValueError(
