@@ -158,7 +158,6 @@ class AutoSteps(Callback):
         )
         self._signature = signature
         self._key: Hashable | None = None  # the signature with the first batch's shapes
-        self._position = start  # the step count of the next group's first batch
         self.chosen: int | None = None  # None while measuring
         self._candidate = 1  # the K being measured
         self._timed: dict[int, list[Timing]] = {}
@@ -186,7 +185,6 @@ class AutoSteps(Callback):
             if self._recording:  # before the group is yielded: a backup after its step must know it
                 self._sizes.append(self._wanted)
                 self._calibrated += len(group)
-            self._position += len(group)
             yield group[0] if self._wanted == 1 else stack(group, self._count)
 
     def _reuse(self, key: Hashable) -> None:
@@ -216,7 +214,7 @@ class AutoSteps(Callback):
             _describe(earlier.timings) if earlier is not None else "by process 0",
         )
 
-    def _next_size(self) -> int:
+    def _next_size(self, room: int) -> int:
         recording = False
         if self._replay:
             wanted = self._replay.popleft()
@@ -227,12 +225,7 @@ class AutoSteps(Callback):
                 wanted, recording = self._candidate, True
             else:
                 wanted = self.chosen
-            # Cut as `cut` would cut it here, then to a power of two: a size compiled already.
-            if self._total is not None:
-                wanted = min(wanted, self._total - (self._position - self._start))
-            if self._align is not None:
-                wanted = min(wanted, self._align - self._position % self._align)
-            wanted = largest_power_of_two(wanted)
+            wanted = largest_power_of_two(min(wanted, room))  # a size compiled already
         self._wanted, self._recording = wanted, recording
         return wanted
 
