@@ -20,14 +20,7 @@ from ciclo._src.callbacks._throughput import Throughput
 from ciclo._src.callbacks._training_options import TrainingOptionsWatch
 from ciclo._src.data.prefetch import prefetch_to_device
 from ciclo._src.engine.callback import Callback, Tasks
-from ciclo._src.engine.door import (
-    Named,
-    add_callbacks,
-    add_state_methods,
-    as_callback_list,
-    collect,
-    split_tasks,
-)
+from ciclo._src.engine.door import Named, add_state_methods, as_callback_list, collect
 from ciclo._src.engine.loop_state import LoopState
 from ciclo._src.engine.phases import Phase, run_phases
 from ciclo._src.logs.logs import History
@@ -209,7 +202,7 @@ def _watch_training_options(named: Named, state: Any, max_skipped_steps: Any, st
         max_skipped_steps=max_skipped_steps,
         stop_steps=None if stop is None else only_steps(stop),
     )
-    named.setdefault(on_train_batch_end, []).append(watch)
+    named[on_train_batch_end].append(watch)
 
 
 def _watch_steps(callbacks: Any) -> None:
@@ -349,12 +342,10 @@ def train_loop(
     """
     stop, batch_size_fn = Period.of(settings.get("stop"), name="stop"), settings.get("batch_size_fn")
     names = tuple(dict.fromkeys(TRAIN + TEST))
-    named, scheduled = split_tasks(tasks, names, "train_loop")
-    add_callbacks(
-        named, [*(callbacks or []), SwapEMAWeights()] if test_with_ema is True else callbacks, names
-    )
+    ema = [*(callbacks or []), SwapEMAWeights()] if test_with_ema is True else callbacks
+    named, scheduled = collect(names, tasks, callbacks=ema, loop_name="train_loop")
     # The test loop registers the state's own test methods itself: hand it only the user's.
-    test_tasks = {name: named[name] for name in TEST if name in named and name not in TRAIN}
+    test_tasks = {name: named[name] for name in TEST if name not in TRAIN}
     # Asked for explicitly; a state's own `reset_step` method only runs when there are epochs.
     epoch_tasks = _get(named, reset_step, on_reset_step, on_epoch_end)
     add_state_methods(named, state, TRAIN)
