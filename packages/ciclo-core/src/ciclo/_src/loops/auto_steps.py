@@ -99,7 +99,7 @@ def _abstract(tree: Any) -> tuple[Any, ...]:
 
 
 def signature(state: Any, steps: Sequence[Callable[..., Any]]) -> Hashable:
-    """The step functions and the state's shapes (a run whose signature cannot be hashed is not remembered)."""
+    """The step functions and the state's shapes (a run whose key cannot be hashed is not remembered)."""
     return (tuple(steps), _abstract(state))
 
 
