@@ -72,22 +72,6 @@ def _check_aggregation(aggregation: Any, where: str) -> Reducer:
     )
 
 
-def _samples_per_step(counts: list[tuple[int, int]], elapsed: Elapsed) -> np.ndarray:
-    """The samples of each history entry's step, from the entries' `(steps, samples)` counts.
-
-    An entry is committed with the counts before its step, so its step counted
-    the samples up to the next entry (or to `elapsed`, the loop's final counts,
-    for the last one); a gap of several steps is shared evenly among them.
-    """
-    ends = [*counts[1:], (elapsed.steps, elapsed.samples)]
-    return np.array(
-        [
-            (seen_next - seen) / max(steps_next - steps, 1)
-            for (steps, seen), (steps_next, seen_next) in zip(counts, ends, strict=True)
-        ]
-    )
-
-
 @dataclasses.dataclass
 class RunningSums:
     """One loss's sums so far: `add` gives the mean `"mean"` gives, by samples (else by steps)."""
@@ -223,7 +207,15 @@ class InnerLoop(Callback, Generic[S]):
                 f"loop's logs; present: {sorted(f'{c}.{n}' for c, n in values)}"
             )
         running = {*running_entries(state), *history.running}  # paths of running values: the last
-        samples = _samples_per_step(counts, elapsed)
+        # An entry is committed with the counts before its step, so its step counted the samples up to
+        # the next entry (or to `elapsed`, for the last one); a gap of several steps shares them evenly.
+        ends = [*counts[1:], (elapsed.steps, elapsed.samples)]
+        samples = np.array(
+            [
+                (seen_next - seen) / max(at_next - at, 1)
+                for (at, seen), (at_next, seen_next) in zip(counts, ends, strict=True)
+            ]
+        )
         logs = Logs()
         suffix = f"_{self.name}" if self.name else ""
         for (collection, key), series in values.items():

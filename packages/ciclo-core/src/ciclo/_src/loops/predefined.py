@@ -185,26 +185,6 @@ def _check_runs_something(prefix: str, state: Any, named: Named, scheduled: Any,
     )
 
 
-def _watch_training_options(named: Named, state: Any, max_skipped_steps: Any, stop: Period | None) -> None:
-    scaling = isinstance(state, AbstractManagedState) and state.loss_scale is not None
-    if max_skipped_steps is not None:
-        check_int(max_skipped_steps, "max_skipped_steps", 1, " or None")
-        if not scaling:
-            raise ValueError(
-                f"max_skipped_steps={short(max_skipped_steps)} counts the steps a loss scale skips, and "
-                "this state has none: it applies to a managed state created with precision='16-mixed'"
-            )
-    if not isinstance(state, AbstractManagedState) or not (scaling or state.options.accumulate_steps > 1):
-        return
-    watch = TrainingOptionsWatch(
-        loss_scaling=scaling,
-        accumulate_steps=state.options.accumulate_steps,
-        max_skipped_steps=max_skipped_steps,
-        stop_steps=None if stop is None else only_steps(stop),
-    )
-    named[on_train_batch_end].append(watch)
-
-
 def _watch_steps(callbacks: Any) -> None:
     """Tells each `ciclo.throughput` in a task's `callbacks` the steps before it, whose FLOPs it reads."""
     if not isinstance(callbacks, (list, tuple)):
@@ -367,7 +347,22 @@ def train_loop(
         raise TypeError(f"test_name must be a string, got {short(test_name)}")
     check_bool(test_with_ema, "test_with_ema")
     _check_runs_something("train", state, named, scheduled, Trainable)
-    _watch_training_options(named, state, max_skipped_steps, stop)
+    scaling = isinstance(state, AbstractManagedState) and state.loss_scale is not None
+    if max_skipped_steps is not None:
+        check_int(max_skipped_steps, "max_skipped_steps", 1, " or None")
+        if not scaling:
+            raise ValueError(
+                f"max_skipped_steps={short(max_skipped_steps)} counts the steps a loss scale skips, and "
+                "this state has none: it applies to a managed state created with precision='16-mixed'"
+            )
+    if isinstance(state, AbstractManagedState) and (scaling or state.options.accumulate_steps > 1):
+        watch = TrainingOptionsWatch(
+            loss_scaling=scaling,
+            accumulate_steps=state.options.accumulate_steps,
+            max_skipped_steps=max_skipped_steps,
+            stop_steps=None if stop is None else only_steps(stop),
+        )
+        named[on_train_batch_end].append(watch)
     steps = steps_per_execution
     if not (isinstance(steps, str) and steps == AUTO):
         check_int(steps, "steps_per_execution", 1, ' or "auto" (measured)')
