@@ -363,6 +363,7 @@ def train_loop(
             stop_steps=None if stop is None else only_steps(stop),
         )
         named[on_train_batch_end].append(watch)
+    step_callbacks = _get(named, train_step, on_train_step)
     steps = steps_per_execution
     if not (isinstance(steps, str) and steps == AUTO):
         check_int(steps, "steps_per_execution", 1, ' or "auto" (measured)')
@@ -383,7 +384,7 @@ def train_loop(
             "batch_size_fn": batch_size_fn,
         }
         if isinstance(steps, str):
-            auto = AutoSteps(**cuts, signature=signature(state, _get(named, train_step, on_train_step)))
+            auto = AutoSteps(**cuts, signature=signature(state, step_callbacks))
             dataset = auto.groups(dataset)
         else:
             dataset = stacked(dataset, steps, **cuts)
@@ -395,7 +396,6 @@ def train_loop(
 
     # Auto times each dispatch from before the step's first callback to after its last one.
     timed = ([auto.before_step], [auto.after_dispatch]) if auto is not None else ([], [])
-    step_callbacks = _get(named, train_step, on_train_step)
     _watch_steps(step_callbacks)
     phases = [
         Phase("train_batch_begin", [(every(1), timed[0] + _get(named, on_train_batch_begin))]),
