@@ -251,23 +251,19 @@ class AutoSteps(Callback):
             steps = steps_of(batch)
             self._timed.setdefault(steps, []).append(Timing(dispatched - started, (done - started) / steps))
             if self.chosen is None and steps == self._candidate and len(self._timed[steps]) >= REPEATS:
-                self._next_candidate()
+                done = (  # measuring this K is enough, or the next is past the cap or the budget
+                    loop_share(steps, dispatch_cost(self._measured())) < TARGET_SHARE
+                    or 2 * steps > self._cap
+                    or self._calibrated + (REPEATS + 1) * 2 * steps > self._budget
+                )
+                if _agreed(int(done)):
+                    self._decide()
+                else:
+                    self._candidate = 2 * steps
         if self._announce:
             self._announce = False
             return Logs().add_entry(PERFORMANCE, ENTRY, self.chosen)
         return None
-
-    def _next_candidate(self) -> None:
-        steps = self._candidate
-        done = (
-            loop_share(steps, dispatch_cost(self._measured())) < TARGET_SHARE
-            or 2 * steps > self._cap
-            or self._calibrated + (REPEATS + 1) * 2 * steps > self._budget
-        )
-        if _agreed(int(done)):
-            self._decide()
-        else:
-            self._candidate = 2 * steps
 
     def _measured(self) -> dict[int, Timing]:
         """The median timing of each K timed `REPEATS` times (a K cut short by the budget does not count)."""
