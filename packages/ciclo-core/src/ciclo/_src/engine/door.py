@@ -169,8 +169,7 @@ def _as_callback(obj: Any) -> Callback:
         callback = _plain_function(obj)
     else:
         callback = _Object(obj, _plain_function(obj).__loop_callback__)
-    if misnamed:
-        warn_misnamed(obj, misnamed)
+    warn_misnamed(obj, misnamed)
     return callback
 
 
@@ -271,8 +270,7 @@ def collect(
                 f"callback {short(callback)} has none of the hooks this loop runs: {', '.join(names)}; "
                 + (fix or "put it in the tasks dict under a schedule instead")
             )
-        if misnamed:
-            warn_misnamed(callback, misnamed)
+        warn_misnamed(callback, misnamed)
         for name, method in hooks.items():
             named[name].append(method)
     add_state_methods(named, state, names)
