@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import sys
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Generic, TypeVar, final
 
@@ -68,22 +69,24 @@ def stacked(
         if value is not None:
             check_int(value, name, least)
     size = leading_dim if batch_size_fn is None else batch_size_fn
-    for group in cut(dataset, lambda: steps, align=align, start=start, total=total):
+    for group in cut(dataset, lambda room: steps, align=align, start=start, total=total):
         yield stack(group, size)
 
 
 def cut(
-    dataset: Iterable[B], steps: Callable[[], int], *, align: int | None, start: int, total: int | None
+    dataset: Iterable[B], steps: Callable[[int], int], *, align: int | None, start: int, total: int | None
 ) -> Iterator[list[B]]:
-    """Consecutive batches of `dataset` in lists of `steps()` (asked before each), as `stacked` cuts them."""
+    """Consecutive batches of `dataset` in lists of `steps(room)`, asked before each, as `stacked` cuts them.
+
+    `room` is the most the list may hold: up to the next multiple of `align`, and within `total`.
+    """
     iterator = iter(dataset)
     position, left = start, total
     while left is None or left > 0:
-        wanted = steps()
-        if left is not None:
-            wanted = min(wanted, left)
+        room = sys.maxsize if left is None else left
         if align is not None:
-            wanted = min(wanted, align - position % align)
+            room = min(room, align - position % align)
+        wanted = min(steps(room), room)
         group = list(itertools.islice(iterator, wanted))
         if not group:
             return

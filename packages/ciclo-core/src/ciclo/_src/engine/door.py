@@ -169,8 +169,7 @@ def _as_callback(obj: Any) -> Callback:
         callback = _plain_function(obj)
     else:
         callback = _Object(obj, _plain_function(obj).__loop_callback__)
-    if misnamed:
-        warn_misnamed(obj, misnamed)
+    warn_misnamed(obj, misnamed)
     return callback
 
 
@@ -235,48 +234,22 @@ def collect(
         ([0, 1], 1)
     """
     names = tuple(names)
-    named, scheduled = split_tasks(tasks, names, loop_name)
-    add_callbacks(named, callbacks, names)
-    add_state_methods(named, state, names)
-    return {name: named.get(name, []) for name in names}, scheduled
-
-
-def split_tasks(
-    tasks: Mapping[Any, Any] | None, names: tuple[str, ...], loop_name: str
-) -> tuple[Named, dict[Any, Any]]:
-    if tasks is None:
-        return {}, {}
-    if not isinstance(tasks, Mapping):
+    if tasks is not None and not isinstance(tasks, Mapping):
         raise TypeError(f"tasks must be a dict of schedule -> callbacks, got {short(tasks)}")
-    named: Named = {}
-    scheduled: dict[Any, Any] = {}
-    for key, callbacks in tasks.items():
-        if isinstance(key, str):
-            if key not in names:
-                raise ValueError(
-                    f"{loop_name} does not know the named schedule {short(key)}; valid names: "
-                    f"{', '.join(names)}"
-                )
-            named[key] = list(callbacks) if isinstance(callbacks, (list, tuple)) else [callbacks]
-        else:
-            scheduled[key] = callbacks
-    return named, scheduled
-
-
-def add_state_methods(named: Named, state: Any, names: tuple[str, ...]) -> None:
-    """Puts the methods of `state`'s class named in `names` first under their names."""
-    for name in names:  # unbound: the loop passes the current state as `self`
-        if callable(vars_lookup(type(state), name)):
-            named.setdefault(name, []).insert(0, getattr(type(state), name))
-
-
-def add_callbacks(named: Named, callbacks: Iterable[Any] | None, names: tuple[str, ...]) -> None:
-    """Appends each of `callbacks` under its hook: a `Callback`'s declared one, a user's object's methods."""
-    if callbacks is None:
-        return
-    if not isinstance(callbacks, (list, tuple)):
+    if callbacks is not None and not isinstance(callbacks, (list, tuple)):
         raise TypeError(f"callbacks must be a list of callback objects, got {short(callbacks)}")
-    for callback in callbacks:
+    named: Named = {name: [] for name in names}
+    scheduled: dict[Any, Any] = {}
+    for key, value in (tasks or {}).items():
+        if not isinstance(key, str):
+            scheduled[key] = value
+        elif key not in names:
+            raise ValueError(
+                f"{loop_name} does not know the named schedule {short(key)}; valid names: {', '.join(names)}"
+            )
+        else:
+            named[key] = list(value) if isinstance(value, (list, tuple)) else [value]
+    for callback in callbacks or ():  # each under its hook: a `Callback`'s declared one, an object's methods
         if isinstance(callback, Callback) and callback.hook is not None:
             declared = (callback.hook,) if isinstance(callback.hook, str) else callback.hook
             hook = next((name for name in declared if name in names), None)
@@ -285,21 +258,30 @@ def add_callbacks(named: Named, callbacks: Iterable[Any] | None, names: tuple[st
                     f"callback {short(callback)} runs under {' or '.join(declared)}, which this loop does "
                     f"not run: {', '.join(names)}; put it in the tasks dict under a schedule instead"
                 )
-            named.setdefault(hook, []).append(callback)
+            named[hook].append(callback)
             continue
         misnamed = check_method_names(callback, names)
-        hooks = {name: vars_lookup(type(callback), name) for name in names}
-        hooks = {name: getattr(callback, name) for name, hook in hooks.items() if callable(hook)}
+        hooks = {
+            name: getattr(callback, name) for name in names if callable(vars_lookup(type(callback), name))
+        }
         if not hooks:
             fix = "; ".join(f"{name} is not a hook: {_fix(meant)}" for name, meant in misnamed)
             raise ValueError(
                 f"callback {short(callback)} has none of the hooks this loop runs: {', '.join(names)}; "
                 + (fix or "put it in the tasks dict under a schedule instead")
             )
-        if misnamed:
-            warn_misnamed(callback, misnamed)
-        for name, hook in hooks.items():
-            named.setdefault(name, []).append(hook)
+        warn_misnamed(callback, misnamed)
+        for name, method in hooks.items():
+            named[name].append(method)
+    add_state_methods(named, state, names)
+    return named, scheduled
+
+
+def add_state_methods(named: Named, state: Any, names: tuple[str, ...]) -> None:
+    """Puts the methods of `state`'s class named in `names` first under their names."""
+    for name in names:  # unbound: the loop passes the current state as `self`
+        if callable(vars_lookup(type(state), name)):
+            named[name].insert(0, getattr(type(state), name))
 
 
 # difflib's ratio above which a name is a hook's misspelling: `on_epoch_ends` (0.96) and

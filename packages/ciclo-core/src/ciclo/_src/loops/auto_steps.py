@@ -48,17 +48,14 @@ def loop_share(steps: int, timing: Timing) -> float:
     return timing.host / steps / timing.device
 
 
-def dispatch_cost(timings: Mapping[int, Timing]) -> Timing | None:
+def dispatch_cost(timings: Mapping[int, Timing]) -> Timing:
     """`fixed + K * step`, the time of a dispatch of K steps, fitted between the smallest and largest K.
 
     Returned as a `Timing` of K = 1 (`host` the fixed cost, `device` the step);
     from one K measured, that K's (a dispatch's host time does not grow with
-    its steps); None with nothing measured.
+    its steps).
     """
-    measured = sorted(timings)
-    if not measured:
-        return None
-    small, large = measured[0], measured[-1]
+    small, large = min(timings), max(timings)
     if small == large:
         return Timing(host=timings[small].host * small, device=timings[small].device)
     small_total, large_total = timings[small].device * small, timings[large].device * large
@@ -68,17 +65,11 @@ def dispatch_cost(timings: Mapping[int, Timing]) -> Timing | None:
     return Timing(host=max(small_total - small * step, 0.0), device=step)
 
 
-def loop_share_at(steps: int, timings: Mapping[int, Timing]) -> float:
-    """The loop's share of a step at `steps` per dispatch, from the `dispatch_cost` of `timings`."""
-    cost = dispatch_cost(timings)
-    return math.inf if cost is None else loop_share(steps, cost)
-
-
 def choose(timings: Mapping[int, Timing], cap: int) -> int:
     """The smallest power of two (at most `cap`) where the loop's share of a step is under `TARGET_SHARE`."""
-    cost = dispatch_cost({steps: timing for steps, timing in timings.items() if steps <= cap})
+    fitted = {steps: timing for steps, timing in timings.items() if steps <= cap}
     steps = 1
-    while cost is not None and steps < cap and loop_share(steps, cost) >= TARGET_SHARE:
+    while fitted and steps < cap and loop_share(steps, dispatch_cost(fitted)) >= TARGET_SHARE:
         steps *= 2
     return steps
 
@@ -107,14 +98,9 @@ def _abstract(tree: Any) -> tuple[Any, ...]:
     )
 
 
-def signature(state: Any, steps: Sequence[Callable[..., Any]]) -> Hashable | None:
-    """The step functions and the state's shapes: None when a part cannot be hashed (not remembered)."""
-    key = (tuple(steps), _abstract(state))
-    try:
-        hash(key)
-    except TypeError:
-        return None
-    return key
+def signature(state: Any, steps: Sequence[Callable[..., Any]]) -> Hashable:
+    """The step functions and the state's shapes (a run whose key cannot be hashed is not remembered)."""
+    return (tuple(steps), _abstract(state))
 
 
 def largest_power_of_two(limit: int) -> int:
@@ -162,7 +148,7 @@ class AutoSteps(Callback):
         start: int,
         total: int | None,
         batch_size_fn: BatchSizeFn | None,
-        signature: Hashable | None = None,
+        signature: Hashable,
     ) -> None:
         self._align, self._start, self._total = align, start, total
         self._count = leading_dim if batch_size_fn is None else batch_size_fn
@@ -172,7 +158,6 @@ class AutoSteps(Callback):
         )
         self._signature = signature
         self._key: Hashable | None = None  # the signature with the first batch's shapes
-        self._position = start  # the step count of the next group's first batch
         self.chosen: int | None = None  # None while measuring
         self._candidate = 1  # the K being measured
         self._timed: dict[int, list[Timing]] = {}
@@ -190,7 +175,7 @@ class AutoSteps(Callback):
     def groups(self, dataset: Iterable[Any]) -> Iterator[Any]:
         """The batches of `dataset` as the loop runs them: plain at K = 1, else `Stacked` groups."""
         batches = iter(dataset)
-        if self._signature is not None and self._total != 0:
+        if self._total != 0:
             first = next(batches, _END)
             if first is _END:
                 return
@@ -200,7 +185,6 @@ class AutoSteps(Callback):
             if self._recording:  # before the group is yielded: a backup after its step must know it
                 self._sizes.append(self._wanted)
                 self._calibrated += len(group)
-            self._position += len(group)
             yield group[0] if self._wanted == 1 else stack(group, self._count)
 
     def _reuse(self, key: Hashable) -> None:
@@ -230,7 +214,7 @@ class AutoSteps(Callback):
             _describe(earlier.timings) if earlier is not None else "by process 0",
         )
 
-    def _next_size(self) -> int:
+    def _next_size(self, room: int) -> int:
         recording = False
         if self._replay:
             wanted = self._replay.popleft()
@@ -241,12 +225,7 @@ class AutoSteps(Callback):
                 wanted, recording = self._candidate, True
             else:
                 wanted = self.chosen
-            # Cut as `cut` would cut it here, then to a power of two: a size compiled already.
-            if self._total is not None:
-                wanted = min(wanted, self._total - (self._position - self._start))
-            if self._align is not None:
-                wanted = min(wanted, self._align - self._position % self._align)
-            wanted = largest_power_of_two(wanted)
+            wanted = largest_power_of_two(min(wanted, room))  # a size compiled already
         self._wanted, self._recording = wanted, recording
         return wanted
 
@@ -272,23 +251,19 @@ class AutoSteps(Callback):
             steps = steps_of(batch)
             self._timed.setdefault(steps, []).append(Timing(dispatched - started, (done - started) / steps))
             if self.chosen is None and steps == self._candidate and len(self._timed[steps]) >= REPEATS:
-                self._next_candidate()
+                done = (  # measuring this K is enough, or the next is past the cap or the budget
+                    loop_share(steps, dispatch_cost(self._measured())) < TARGET_SHARE
+                    or 2 * steps > self._cap
+                    or self._calibrated + (REPEATS + 1) * 2 * steps > self._budget
+                )
+                if _agreed(int(done)):
+                    self._decide()
+                else:
+                    self._candidate = 2 * steps
         if self._announce:
             self._announce = False
             return Logs().add_entry(PERFORMANCE, ENTRY, self.chosen)
         return None
-
-    def _next_candidate(self) -> None:
-        steps = self._candidate
-        done = (
-            loop_share_at(steps, self._measured()) < TARGET_SHARE
-            or 2 * steps > self._cap
-            or self._calibrated + (REPEATS + 1) * 2 * steps > self._budget
-        )
-        if _agreed(int(done)):
-            self._decide()
-        else:
-            self._candidate = 2 * steps
 
     def _measured(self) -> dict[int, Timing]:
         """The median timing of each K timed `REPEATS` times (a K cut short by the budget does not count)."""
@@ -318,7 +293,11 @@ class AutoSteps(Callback):
                 REPEATS + 1,
             )
             return
-        share = loop_share_at(self.chosen, timings) if self.chosen in timings or len(timings) > 1 else None
+        share = (
+            loop_share(self.chosen, dispatch_cost(timings))
+            if self.chosen in timings or len(timings) > 1
+            else None
+        )
         _log.info(
             "steps_per_execution='auto' runs %d steps per dispatch after %d steps of measuring (%s); "
             "measured host time per dispatch, device time per step and the loop's share: %s",

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final, Generic, Literal, final
 
@@ -72,42 +71,8 @@ def _check_aggregation(aggregation: Any, where: str) -> Reducer:
     )
 
 
-def _samples_per_step(counts: list[tuple[int, int]], elapsed: Elapsed | None) -> np.ndarray:
-    """The samples of each history entry's step, from the entries' `(steps, samples)` counts.
-
-    An entry is committed with the counts before its step, so its step counted
-    the samples up to the next entry (or to `elapsed`, the loop's final counts,
-    for the last one); a gap of several steps is shared evenly among them.
-    """
-    if elapsed is not None:
-        counts = [*counts, (elapsed.steps, elapsed.samples)]
-    samples = np.ones(len(counts) - (elapsed is not None))
-    for i, ((steps, seen), (next_steps, next_seen)) in enumerate(zip(counts, counts[1:], strict=False)):
-        samples[i] = (next_seen - seen) / max(next_steps - steps, 1)
-    if elapsed is None and len(samples) > 1:
-        samples[-1] = samples[-2]  # the last step's batch is unknown: taken as the one before
-    return samples
-
-
-@dataclasses.dataclass
-class RunningSums:
-    """One loss's sums so far: `add` gives the mean `"mean"` gives, by samples (else by steps)."""
-
-    weighted: Any = 0.0  # the sum of each step's value times its samples
-    samples: int = 0
-    total: Any = 0.0  # the sum of the values, each step weighing one
-    steps: int = 0
-
-    def add(self, value: Any, samples: int) -> Any:
-        """Adds one step's `value` of `samples` samples; returns the mean so far."""
-        self.weighted = self.weighted + value * samples
-        self.samples += samples
-        self.total = self.total + value
-        self.steps += 1
-        return self.weighted / self.samples if self.samples > 0 else self.total / self.steps
-
-
-_SUMS_KEYS: Final = tuple(field.name for field in dataclasses.fields(RunningSums))
+# A loss's sums so far: of each step's value times its samples, and of the values, each step weighing one.
+_SUMS: Final = ("weighted", "samples", "total", "steps")
 
 
 @final
@@ -122,7 +87,7 @@ class RunningLosses(Callback):
 
     def __init__(self, batch_size_fn: Callable[[Any], int] | None) -> None:
         self._batch_size_fn = leading_dim if batch_size_fn is None else batch_size_fn
-        self._sums: dict[str, RunningSums] = {}
+        self._sums: dict[str, dict[str, Any]] = {}
 
     def on_start(self, loop_state: LoopState[Any], /) -> None:
         # A resumed run's losses, whose sums `load_state_dict` handed back, are running values too.
@@ -137,14 +102,22 @@ class RunningLosses(Callback):
         for name, value in losses.items():
             sums = self._sums.get(name)
             if sums is None:
-                sums = self._sums[name] = RunningSums()
+                sums = self._sums[name] = dict.fromkeys(_SUMS, 0)
                 loop_state.history.running.add(f"losses.{name}")
-            running.add_loss(name, sums.add(value, samples))
+            sums["weighted"] = sums["weighted"] + value * samples  # new values: a backup may hold the old
+            sums["total"] = sums["total"] + value
+            sums["samples"] += samples
+            sums["steps"] += 1
+            # The mean `"mean"` gives: by samples, else (batches that count none) by steps.
+            by_samples = sums["samples"] > 0
+            running.add_loss(
+                name, sums["weighted"] / sums["samples"] if by_samples else sums["total"] / sums["steps"]
+            )
         return running, loop_state.state
 
     def state_dict(self) -> dict[str, dict[str, Any]]:
-        """The sums of each loss so far, by the loss's name (the fields of `RunningSums`)."""
-        return {name: dataclasses.asdict(sums) for name, sums in self._sums.items()}
+        """The sums of each loss so far, by the loss's name."""
+        return {name: dict(sums) for name, sums in self._sums.items()}
 
     def load_state_dict(self, state: Any, /) -> None:
         if not isinstance(state, Mapping):
@@ -153,10 +126,8 @@ class RunningLosses(Callback):
             )
         sums = {}
         for name, fields in state.items():
-            checked = snapshot_fields(fields, _SUMS_KEYS, f"test_loop's running loss {short(name)}")
-            sums[str(name)] = RunningSums(
-                checked["weighted"], int(checked["samples"]), checked["total"], int(checked["steps"])
-            )
+            checked = snapshot_fields(fields, _SUMS, f"test_loop's running loss {short(name)}")
+            sums[str(name)] = {**checked, "samples": int(checked["samples"]), "steps": int(checked["steps"])}
         self._sums = sums
 
 
@@ -199,7 +170,7 @@ class InnerLoop(Callback, Generic[S]):
         logs = self.aggregate(inner_history, elapsed=elapsed, state=state)
         return logs, (inner_state if self.output_state else state)
 
-    def aggregate(self, history: History, *, elapsed: Elapsed | None = None, state: Any = None) -> Logs:
+    def aggregate(self, history: History, *, elapsed: Elapsed, state: Any = None) -> Logs:
         """Reduces a history to one `Logs` as `ciclo.inner_loop` says, entries renamed `<entry>_<name>`.
 
         `elapsed`, the inner loop's final counts, tells the samples of its last
@@ -227,7 +198,15 @@ class InnerLoop(Callback, Generic[S]):
                 f"loop's logs; present: {sorted(f'{c}.{n}' for c, n in values)}"
             )
         running = {*running_entries(state), *history.running}  # paths of running values: the last
-        samples = _samples_per_step(counts, elapsed)
+        # An entry is committed with the counts before its step, so its step counted the samples up to
+        # the next entry (or to `elapsed`, for the last one); a gap of several steps shares them evenly.
+        ends = [*counts[1:], (elapsed.steps, elapsed.samples)]
+        samples = np.array(
+            [
+                (seen_next - seen) / max(at_next - at, 1)
+                for (at, seen), (at_next, seen_next) in zip(counts, ends, strict=True)
+            ]
+        )
         logs = Logs()
         suffix = f"_{self.name}" if self.name else ""
         for (collection, key), series in values.items():

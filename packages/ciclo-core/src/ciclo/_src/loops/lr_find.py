@@ -88,25 +88,6 @@ class LRFindResult:
         return figure
 
 
-def _step_of(state: Any, train_step: Callable[[Any, Any], Any] | None) -> Callable[[Any, Any], Any]:
-    if not isinstance(state, AbstractManagedState):
-        raise TypeError(
-            "ciclo.lr_find sets the learning rate in the state's optimizer state: it needs a "
-            "ciclo.types.ModelState (ciclo.create_model_state, the adapters' create_*_state) or a "
-            f"managed.ManagedState, got {short(state)}"
-        )
-    if train_step is not None:
-        return train_step
-    if not isinstance(state, Trainable):
-        raise TypeError(
-            f"{type(state).__name__} has no train_step method: pass the step, "
-            "ciclo.lr_find(state, dataset, train_step=my_step), with my_step a managed.train_step"
-        )
-    # Unbound, so that the step takes the state it is given: `step(state, batch)`.
-    step: Callable[[Any, Any], Any] = type(state).train_step
-    return step
-
-
 def _batches(dataset: Iterable[Any]) -> Iterator[Any]:
     """The dataset's batches, from its start again when it ends (a one-shot iterator ends the sweep)."""
     while True:
@@ -117,16 +98,6 @@ def _batches(dataset: Iterable[Any]) -> Iterator[Any]:
             yield batch
         if empty or iterator is dataset:
             return
-
-
-def _total_loss(logs: Any, step: Any) -> float:
-    losses = logs.get("losses")
-    if not losses:
-        raise ValueError(
-            f"ciclo.lr_find reads the loss from the step's logs, and {short(step)} logged no losses "
-            f"(collections: {sorted(logs)}); log it with logs.add_loss('loss', value)"
-        )
-    return float(sum(float(np.asarray(value).reshape(-1)[0]) for value in losses.values()))
 
 
 def suggest(rates: np.ndarray[Any, Any], smoothed: np.ndarray[Any, Any], skip_begin: int) -> float | None:
@@ -196,7 +167,20 @@ def lr_find(
             "the other, e.g. min_lr=1e-7, max_lr=10.0"
         )
     check_int(steps, "steps", 2, " (the rates tried)")
-    step = _step_of(state, train_step)
+    if not isinstance(state, AbstractManagedState):
+        raise TypeError(
+            "ciclo.lr_find sets the learning rate in the state's optimizer state: it needs a "
+            "ciclo.types.ModelState (ciclo.create_model_state, the adapters' create_*_state) or a "
+            f"managed.ManagedState, got {short(state)}"
+        )
+    step = train_step
+    if step is None:
+        if not isinstance(state, Trainable):
+            raise TypeError(
+                f"{type(state).__name__} has no train_step method: pass the step, "
+                "ciclo.lr_find(state, dataset, train_step=my_step), with my_step a managed.train_step"
+            )
+        step = type(state).train_step  # unbound, so that the step takes the state it is given
     injected = injected_learning_rates(state.opt_state)
     if not injected:
         raise ValueError(
@@ -214,7 +198,6 @@ def lr_find(
     micro_batches = state.options.accumulate_steps
     batches = _batches(dataset)
     current = copied(state)  # the steps may donate their input: the caller's state stays whole
-    tried: list[float] = []
     losses: list[float] = []
     smoothed: list[float] = []
     average, diverged = 0.0, False
@@ -223,12 +206,18 @@ def lr_find(
         total, taken = 0.0, 0
         for batch in batches:
             logs, current = as_logs_and_state(step, current, batch)
-            total += _total_loss(logs, step)
+            step_losses = logs.get("losses")
+            if not step_losses:
+                raise ValueError(
+                    f"ciclo.lr_find reads the loss from the step's logs, and {short(step)} logged no losses "
+                    f"(collections: {sorted(logs)}); log it with logs.add_loss('loss', value)"
+                )
+            total += sum(float(np.asarray(value).reshape(-1)[0]) for value in step_losses.values())
             taken += 1
             if taken == micro_batches:
                 break
         if taken < micro_batches:
-            if not tried:
+            if not losses:
                 raise ValueError(f"ciclo.lr_find: the dataset {short(dataset)} gave no batch to train on")
             break
         (used,) = injected_learning_rates(current.opt_state)
@@ -242,13 +231,12 @@ def lr_find(
             )
         loss = total / micro_batches
         average = SMOOTHING * average + (1 - SMOOTHING) * loss
-        tried.append(float(rate))
         losses.append(loss)
-        smoothed.append(average / (1 - SMOOTHING ** len(tried)))
+        smoothed.append(average / (1 - SMOOTHING ** len(losses)))
         best = min(smoothed)
-        if not math.isfinite(loss) or (len(tried) > 1 and best > 0 and smoothed[-1] > DIVERGENCE * best):
+        if not math.isfinite(loss) or (len(losses) > 1 and best > 0 and smoothed[-1] > DIVERGENCE * best):
             diverged = True
             break
-    rates_tried, smoothed_losses = np.array(tried), np.array(smoothed)
+    rates_tried, smoothed_losses = rates[: len(losses)], np.array(smoothed)
     suggestion = suggest(rates_tried, smoothed_losses, skip_begin=steps // 10)
     return LRFindResult(rates_tried, np.array(losses), smoothed_losses, suggestion, diverged)

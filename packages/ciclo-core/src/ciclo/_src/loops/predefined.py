@@ -20,14 +20,7 @@ from ciclo._src.callbacks._throughput import Throughput
 from ciclo._src.callbacks._training_options import TrainingOptionsWatch
 from ciclo._src.data.prefetch import prefetch_to_device
 from ciclo._src.engine.callback import Callback, Tasks
-from ciclo._src.engine.door import (
-    Named,
-    add_callbacks,
-    add_state_methods,
-    as_callback_list,
-    collect,
-    split_tasks,
-)
+from ciclo._src.engine.door import Named, add_state_methods, as_callback_list, collect
 from ciclo._src.engine.loop_state import LoopState
 from ciclo._src.engine.phases import Phase, run_phases
 from ciclo._src.logs.logs import History
@@ -192,26 +185,6 @@ def _check_runs_something(prefix: str, state: Any, named: Named, scheduled: Any,
     )
 
 
-def _watch_training_options(named: Named, state: Any, max_skipped_steps: Any, stop: Period | None) -> None:
-    scaling = isinstance(state, AbstractManagedState) and state.loss_scale is not None
-    if max_skipped_steps is not None:
-        check_int(max_skipped_steps, "max_skipped_steps", 1, " or None")
-        if not scaling:
-            raise ValueError(
-                f"max_skipped_steps={short(max_skipped_steps)} counts the steps a loss scale skips, and "
-                "this state has none: it applies to a managed state created with precision='16-mixed'"
-            )
-    if not isinstance(state, AbstractManagedState) or not (scaling or state.options.accumulate_steps > 1):
-        return
-    watch = TrainingOptionsWatch(
-        loss_scaling=scaling,
-        accumulate_steps=state.options.accumulate_steps,
-        max_skipped_steps=max_skipped_steps,
-        stop_steps=None if stop is None else only_steps(stop),
-    )
-    named.setdefault(on_train_batch_end, []).append(watch)
-
-
 def _watch_steps(callbacks: Any) -> None:
     """Tells each `ciclo.throughput` in a task's `callbacks` the steps before it, whose FLOPs it reads."""
     if not isinstance(callbacks, (list, tuple)):
@@ -349,12 +322,10 @@ def train_loop(
     """
     stop, batch_size_fn = Period.of(settings.get("stop"), name="stop"), settings.get("batch_size_fn")
     names = tuple(dict.fromkeys(TRAIN + TEST))
-    named, scheduled = split_tasks(tasks, names, "train_loop")
-    add_callbacks(
-        named, [*(callbacks or []), SwapEMAWeights()] if test_with_ema is True else callbacks, names
-    )
+    ema = [*(callbacks or []), SwapEMAWeights()] if test_with_ema is True else callbacks
+    named, scheduled = collect(names, tasks, callbacks=ema, loop_name="train_loop")
     # The test loop registers the state's own test methods itself: hand it only the user's.
-    test_tasks = {name: named[name] for name in TEST if name in named and name not in TRAIN}
+    test_tasks = {name: named[name] for name in TEST if name not in TRAIN}
     # Asked for explicitly; a state's own `reset_step` method only runs when there are epochs.
     epoch_tasks = _get(named, reset_step, on_reset_step, on_epoch_end)
     add_state_methods(named, state, TRAIN)
@@ -376,7 +347,23 @@ def train_loop(
         raise TypeError(f"test_name must be a string, got {short(test_name)}")
     check_bool(test_with_ema, "test_with_ema")
     _check_runs_something("train", state, named, scheduled, Trainable)
-    _watch_training_options(named, state, max_skipped_steps, stop)
+    scaling = isinstance(state, AbstractManagedState) and state.loss_scale is not None
+    if max_skipped_steps is not None:
+        check_int(max_skipped_steps, "max_skipped_steps", 1, " or None")
+        if not scaling:
+            raise ValueError(
+                f"max_skipped_steps={short(max_skipped_steps)} counts the steps a loss scale skips, and "
+                "this state has none: it applies to a managed state created with precision='16-mixed'"
+            )
+    if isinstance(state, AbstractManagedState) and (scaling or state.options.accumulate_steps > 1):
+        watch = TrainingOptionsWatch(
+            loss_scaling=scaling,
+            accumulate_steps=state.options.accumulate_steps,
+            max_skipped_steps=max_skipped_steps,
+            stop_steps=None if stop is None else only_steps(stop),
+        )
+        named[on_train_batch_end].append(watch)
+    step_callbacks = _get(named, train_step, on_train_step)
     steps = steps_per_execution
     if not (isinstance(steps, str) and steps == AUTO):
         check_int(steps, "steps_per_execution", 1, ' or "auto" (measured)')
@@ -397,7 +384,7 @@ def train_loop(
             "batch_size_fn": batch_size_fn,
         }
         if isinstance(steps, str):
-            auto = AutoSteps(**cuts, signature=signature(state, _get(named, train_step, on_train_step)))
+            auto = AutoSteps(**cuts, signature=signature(state, step_callbacks))
             dataset = auto.groups(dataset)
         else:
             dataset = stacked(dataset, steps, **cuts)
@@ -409,7 +396,6 @@ def train_loop(
 
     # Auto times each dispatch from before the step's first callback to after its last one.
     timed = ([auto.before_step], [auto.after_dispatch]) if auto is not None else ([], [])
-    step_callbacks = _get(named, train_step, on_train_step)
     _watch_steps(step_callbacks)
     phases = [
         Phase("train_batch_begin", [(every(1), timed[0] + _get(named, on_train_batch_begin))]),
