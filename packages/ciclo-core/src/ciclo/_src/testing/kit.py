@@ -524,8 +524,6 @@ class Kit:
                     "the EMA of the params does not follow ema = decay * ema + (1 - decay) * params",
                     "keep every trained array in params (nothing trained in model_state)",
                 )
-        if not _same(self.host(state.with_ema_params()), self.host(state, "ema_params")):
-            raise Failed("with_ema_params() does not evaluate with the EMA", "see the params' structure")
 
     def resume(self) -> None:
         if importlib.util.find_spec("orbax") is None:
