@@ -131,6 +131,12 @@ class StatisticsChangeDtype(Good):
         return h, {"mean": new["mean"].astype(jnp.bfloat16)} if training else new
 
 
+class WeaklyTypedStatistics(Good):
+    def normalise(self, h: jax.Array, model_state: Any, training: bool) -> tuple[jax.Array, Any]:
+        h, new = super().normalise(h, model_state, training)
+        return h, {"mean": jnp.full((1, self.hidden), 0.5)} if training else new
+
+
 class HostRoundingWhenEager(Good):
     """Takes a numpy shortcut on concrete statistics, a path jit never runs: eager trains otherwise."""
 
@@ -163,6 +169,7 @@ class ToModelInTraining(Good):
         (FixedDropoutKey(), {"uses_key": True}, "key_use", "same outputs for two keys"),
         (StatisticsNeverUpdated(), {}, "model_state_updates", "unchanged"),
         (StatisticsChangeDtype(), {}, "model_state_updates", "structure, shape or dtype"),
+        (WeaklyTypedStatistics(), {}, "compiles_once", "traced 1 more time(s) after the first step"),
         (ToModelInTraining(), {}, "to_model", "away from predict_step's, of shape (16, 3)"),
         (
             HostRoundingWhenEager(),

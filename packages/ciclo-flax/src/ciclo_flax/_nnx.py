@@ -58,9 +58,8 @@ class NnxAdapter:
         module = nnx.view(
             module, deterministic=not training, use_running_average=not training, raise_if_not_found=False
         )
-        if self.streams:
-            keys: dict[str, Any] = {name: jax.random.fold_in(key, i) for i, name in enumerate(self.streams)}
-            nnx.reseed(module, **keys)
+        keys: dict[str, Any] = {name: jax.random.fold_in(key, i) for i, name in enumerate(self.streams)}
+        nnx.reseed(module, **keys)
         outputs = module(inputs)
         _, _, *rest = nnx.split(module, nnx.Param, ...)
         return outputs, rest[0]
