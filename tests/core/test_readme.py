@@ -67,6 +67,9 @@ def namespace(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, An
         os.chdir(cwd)
 
 
+DONE = "__blocks_done__"
+"""The namespace's count of the README blocks run in it."""
+
 # Set up before the block that contains the key: the loop-language snippet's own state and dataset
 # (not the state an earlier block trained), the fused snippet's 64 batches of the managed model.
 SETUP = {
@@ -83,14 +86,26 @@ def test_the_readme_has_python_blocks_and_each_setup_meets_one() -> None:
         assert sum(key in code for code, _ in BLOCKS) == 1, key
 
 
-@pytest.mark.parametrize("index", range(len(BLOCKS)))
-def test_block_runs(namespace: dict[str, Any], index: int) -> None:
+def run_block(namespace: dict[str, Any], index: int) -> None:
     code, requirement = BLOCKS[index]
     if requirement is not None and not available(requirement):
-        pytest.skip(f"README block {index} needs {requirement}, which is not installed")
+        return  # the blocks after it do not use its names
     for key, setup in SETUP.items():
         if key in code:
             setup(namespace)
     exec(compile(code, f"README.md[block {index}]", "exec", dont_inherit=True), namespace)
     if "update(state, batch)" in code:
         assert namespace["steps"] == list(range(namespace["total_steps"]))
+
+
+@pytest.mark.parametrize("index", range(len(BLOCKS)))
+def test_block_runs(namespace: dict[str, Any], index: int) -> None:
+    _, requirement = BLOCKS[index]
+    if requirement is not None and not available(requirement):
+        pytest.skip(f"README block {index} needs {requirement}, which is not installed")
+    # In page order, in this worker's namespace: a pytest-xdist worker given a later block alone
+    # runs the blocks before it first.
+    done = namespace.setdefault(DONE, 0)
+    for earlier in range(done, index + 1):
+        namespace[DONE] = earlier + 1
+        run_block(namespace, earlier)
