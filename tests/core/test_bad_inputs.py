@@ -222,6 +222,13 @@ CASES: list[tuple[str, Callable[[Any], Any], type, str, int | None]] = [
         0,
     ),
     ("schedule & 5", lambda p: ciclo.every(2) & 5, TypeError, r"a schedule must be callable", 0),
+    (
+        "piecewise key None",
+        lambda p: ciclo.piecewise(ciclo.every(1), {None: ciclo.every(2)}),
+        TypeError,
+        r"a piecewise key must be an int \(steps\) or a ciclo.types.Period, got None",
+        0,
+    ),
     # callbacks
     (
         "callback with 5 required arguments",

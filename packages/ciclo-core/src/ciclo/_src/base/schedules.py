@@ -264,7 +264,8 @@ def piecewise(initial: Schedule, pieces: Mapping[PeriodLike, Schedule]) -> Piece
     converted: list[tuple[Period, Schedule]] = []
     for key, schedule in pieces.items():
         period = Period.of(key, name="piecewise key")
-        assert period is not None
+        if period is None:
+            raise TypeError("a piecewise key must be an int (steps) or a ciclo.types.Period, got None")
         converted.append((period, _check_schedule(schedule)))
     return Piecewise(initial, tuple(converted))
 
