@@ -185,3 +185,27 @@ def test_model_state_logs_the_rate() -> None:
     assert float(logs.metrics.learning_rate) == 0.25
     logs, _ = state.test_step((jnp.eye(2), jnp.ones(2)))
     assert "learning_rate" not in logs.get("metrics", {})
+
+
+@pytest.mark.usefixtures("standard_dtype_promotion")  # reduce_on_plateau, as above
+def test_reduce_on_plateau_gets_the_loss_under_accumulation() -> None:
+    data = training.batches()
+    state = managed.ManagedState.create(
+        params=training.init_linear(jax.random.key(0)),
+        tx=plateau_tx(),
+        apply_fn=training.apply_linear,
+        accumulate_steps=2,
+    )
+    for batch in data:
+        _, state = training.train_step(state, batch)
+
+    # By hand: optax.MultiSteps passes each micro-batch's loss on to the optimizer it wraps.
+    tx = optax.MultiSteps(plateau_tx(), every_k_schedule=2)
+    params = training.init_linear(jax.random.key(0))
+    opt_state = tx.init(params)
+    for batch in data:
+        loss, grads = jax.value_and_grad(lambda p: training.mse(training.apply_linear, p, batch))(params)
+        updates, opt_state = tx.update(grads, opt_state, params, value=loss)
+        params = optax.apply_updates(params, updates)
+    assert float(opt_state.inner_opt_state[1].scale) < 1  # the plateau lowered the rate
+    training.assert_trees_close(state.params, params)

@@ -89,7 +89,9 @@ class TrainingOptions:
         """The accumulation part: `tx` in an `optax.MultiSteps` of `accumulate_steps`, or `tx` itself."""
         if self.accumulate_steps == 1:
             return tx
-        return optax.MultiSteps(tx, every_k_schedule=self.accumulate_steps).gradient_transformation()
+        multi = optax.MultiSteps(tx, every_k_schedule=self.accumulate_steps)
+        # With extra args: the loss (`value=`) reaches a `tx` that takes it, as without accumulation.
+        return optax.GradientTransformationExtraArgs(multi.init, multi.update)
 
     def init(self, params: Any) -> dict[str, Any]:
         """The options' own state at step 0: `ema_params`, `loss_scale`, `norms`."""
