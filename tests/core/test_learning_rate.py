@@ -203,9 +203,11 @@ def test_reduce_on_plateau_gets_the_loss_under_accumulation() -> None:
     tx = optax.MultiSteps(plateau_tx(), every_k_schedule=2)
     params = training.init_linear(jax.random.key(0))
     opt_state = tx.init(params)
+    loss_and_grad = jax.jit(jax.value_and_grad(lambda p, b: training.mse(training.apply_linear, p, b)))
+    update = jax.jit(tx.update)
     for batch in data:
-        loss, grads = jax.value_and_grad(lambda p: training.mse(training.apply_linear, p, batch))(params)
-        updates, opt_state = tx.update(grads, opt_state, params, value=loss)
+        loss, grads = loss_and_grad(params, batch)
+        updates, opt_state = update(grads, opt_state, params, value=loss)
         params = optax.apply_updates(params, updates)
     assert float(opt_state.inner_opt_state[1].scale) < 1  # the plateau lowered the rate
     training.assert_trees_close(state.params, params)
