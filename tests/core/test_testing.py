@@ -205,6 +205,11 @@ def test_bad_arguments_are_refused_before_any_clause() -> None:
         ciclo.testing.check_adapter(Good(), inputs=INPUTS, strategies=("jitt",))
     with pytest.raises(TypeError, match="one floating-point array"):
         ciclo.testing.check_adapter(Good(), inputs=[[0.0, 0.0]])
+    # A name is spelt as get_strategy takes it.
+    assert Kit(Good(), inputs=INPUTS, strategies=("jit", "data-parallel")).requested == (
+        "jit",
+        "data_parallel",
+    )
     with pytest.raises(TypeError, match="unknown option\\(s\\) \\['use_key'\\]; check_adapter takes"):
         ciclo.testing.check_adapter(Good(), inputs=INPUTS, use_key=True)
 

@@ -58,7 +58,7 @@ def register_strategy(
         >>> ciclo.strategies.get_strategy("dp_donate")
         DataParallel(axis_name='data', donate=True)
     """
-    key = _key(name)
+    key = canonical_name(name)
 
     def register(factory: StrategyFactory) -> StrategyFactory:
         if key in _strategies:
@@ -85,7 +85,7 @@ def get_strategy(strategy: str | Strategy) -> Strategy:
                 f"(see ciclo.strategies.Strategy: {', '.join(_METHODS)})"
             )
         return strategy
-    key = _key(strategy)
+    key = canonical_name(strategy)
     factory = _strategies.get(key)
     if factory is None:
         raise ValueError(
@@ -94,5 +94,6 @@ def get_strategy(strategy: str | Strategy) -> Strategy:
     return factory()
 
 
-def _key(name: str) -> str:
+def canonical_name(name: str) -> str:
+    """A strategy's name as the registry keys it: a `-` is read as `_`."""
     return name.replace("-", "_")

@@ -23,7 +23,7 @@ from ciclo._src.base.types import ModelAdapter, SupportsToModel
 from ciclo._src.loops.predefined import train_loop
 from ciclo._src.resume.backup import backup
 from ciclo._src.state.model_state import ModelState, create_model_state
-from ciclo._src.strategies._registry import strategy_names
+from ciclo._src.strategies._registry import canonical_name, strategy_names
 
 CLAUSES: Final = (
     "protocol",
@@ -173,6 +173,8 @@ class Kit:
             raise TypeError(
                 f"strategies must be a sequence of names, e.g. ('jit', 'fsdp'); got {short(strategies)}"
             )
+        # Spelt as get_strategy takes them: "data-parallel" is "data_parallel".
+        strategies = [canonical_name(name) if isinstance(name, str) else name for name in strategies]
         unknown = [name for name in strategies if name not in strategy_names()]
         if unknown:
             raise ValueError(f"unknown strategies {short(unknown)}; ciclo has {short(strategy_names())}")
