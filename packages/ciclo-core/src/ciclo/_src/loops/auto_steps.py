@@ -251,12 +251,12 @@ class AutoSteps(Callback):
             steps = steps_of(batch)
             self._timed.setdefault(steps, []).append(Timing(dispatched - started, (done - started) / steps))
             if self.chosen is None and steps == self._candidate and len(self._timed[steps]) >= REPEATS:
-                done = (  # measuring this K is enough, or the next is past the cap or the budget
+                enough = (  # measuring this K is enough, or the next is past the cap or the budget
                     loop_share(steps, dispatch_cost(self._measured())) < TARGET_SHARE
                     or 2 * steps > self._cap
                     or self._calibrated + (REPEATS + 1) * 2 * steps > self._budget
                 )
-                if _agreed(int(done)):
+                if _agreed(int(enough)):
                     self._decide()
                 else:
                     self._candidate = 2 * steps
