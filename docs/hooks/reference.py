@@ -176,7 +176,7 @@ class Name:
 
     @property
     def identity(self) -> tuple[str, str]:
-        """The object this name reaches: `ciclo.on_epoch_end` and `ciclo.hooks.on_epoch_end` are one."""
+        """The object this name reaches: its defining module and name, whichever path reaches it."""
         return (self.source, self.original) if not self.is_module else (self.source, "")
 
 

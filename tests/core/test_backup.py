@@ -726,7 +726,7 @@ def test_test_loop_resumed_keeps_the_metrics_accumulated_before_the_backup(tmp_p
         return None, {"seen": jnp.float32(0), "total": jnp.float32(0)}
 
     def tasks(*extra):
-        return {ciclo.on_test_step: [count, *extra], ciclo.hooks.reset_step: [reset]}
+        return {ciclo.on_test_step: [count, *extra], "reset_step": [reset]}
 
     start = {"seen": jnp.float32(99), "total": jnp.float32(99)}  # reset_step must clear this once
     data = [float(i) for i in range(10)]

@@ -60,7 +60,8 @@ def test_no_object_is_documented_twice() -> None:
 def test_names_land_on_the_page_of_their_module() -> None:
     assert DOCUMENTED["ciclo.every"] == "time.md"
     assert DOCUMENTED["ciclo.train_loop"] == "loops.md"
-    assert DOCUMENTED["ciclo.hooks.on_train_step"] == "loops.md"
+    assert DOCUMENTED["ciclo.on_train_step"] == "loops.md"
+    assert DOCUMENTED["ciclo.hooks.on_predict_step"] == "loops.md"
     assert DOCUMENTED["ciclo.keras_bar"] == "callbacks.md"
     assert DOCUMENTED["ciclo.strategies.DataParallel"] == "strategies.md"
     assert DOCUMENTED["ciclo.prefetch_to_device"] == "data.md"
@@ -76,7 +77,7 @@ def test_each_page_opens_with_its_main_functions() -> None:
     assert (
         loops.index("ciclo.types.LoopSettings")
         < loops.index("ciclo.hooks")
-        < loops.index("ciclo.hooks.on_epoch_end")
+        < loops.index("ciclo.hooks.on_predict_step")
     )
     assert DIRECTIVES["loop.md"][0] == "ciclo.loop"
     assert DIRECTIVES["states.md"][0] == "ciclo.create_model_state"

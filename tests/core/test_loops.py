@@ -69,7 +69,7 @@ def test_named_schedules_in_tasks_and_order():
         range(10),
         {
             ciclo.on_train_batch_begin: named("batch_begin"),
-            ciclo.hooks.train_step: named("train_step"),
+            "train_step": named("train_step"),
             ciclo.on_train_step: [named("on_train_step")],
             ciclo.every(2): [named("every2")],
             ciclo.on_epoch_end: [named("epoch_end")],

@@ -110,7 +110,7 @@ def test_directory_is_made_absolute_and_created(tmp_path, monkeypatch):
 def test_is_a_callback_placed_at_the_epoch_end(tmp_path):
     ckpt = ciclo.checkpoint(tmp_path)
     assert isinstance(ckpt, ciclo.Callback) and isinstance(ckpt, ciclo.types.LoopCallback)
-    assert ckpt.hook == ciclo.hooks.on_epoch_end
+    assert ckpt.hook == ciclo.on_epoch_end
 
 
 def test_same_step_twice_saves_once(tmp_path):

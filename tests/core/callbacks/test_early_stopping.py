@@ -115,7 +115,7 @@ def test_restore_best_weights_when_the_dataset_runs_out_in_train_loop():
     state, _, elapsed = ciclo.train_loop(
         0,
         range(15),
-        {ciclo.hooks.train_step: [train_step], ciclo.on_test_step: [test_step]},
+        {"train_step": [train_step], ciclo.on_test_step: [test_step]},
         callbacks=[stopper],
         test_dataset=lambda: [None],
         epoch_duration=5,

@@ -370,8 +370,8 @@ def test_runs_under_on_train_batch_end(clock: Clock) -> None:
     )
     # train_loop places it under its first hook only: it must not also run inside the inner test loop.
     assert bar.hook == (
-        ciclo.hooks.on_train_batch_end,
-        ciclo.hooks.on_test_batch_end,
+        ciclo.on_train_batch_end,
+        ciclo.on_test_batch_end,
         ciclo.hooks.on_predict_batch_end,
     )
 
@@ -391,7 +391,7 @@ def _evaluate(state: Any, batch: Any) -> ciclo.types.Logs:
 
 @pytest.mark.parametrize(
     ("loop", "hook"),
-    [(ciclo.test_loop, ciclo.hooks.on_test_step), (ciclo.predict_loop, ciclo.hooks.on_predict_step)],
+    [(ciclo.test_loop, ciclo.on_test_step), (ciclo.predict_loop, ciclo.hooks.on_predict_step)],
     ids=["test_loop", "predict_loop"],
 )
 def test_shows_the_progress_of_a_test_or_predict_loop(clock: Clock, loop: Any, hook: str) -> None:

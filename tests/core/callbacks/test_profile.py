@@ -245,7 +245,7 @@ def test_is_a_loop_callback_with_train_loop_hooks(tmp_path: pathlib.Path) -> Non
     profiler: ciclo.types.LoopCallback[Any] = ciclo.profile(tmp_path, steps=(1, 2))
     assert isinstance(profiler, ciclo.types.LoopCallback) and isinstance(profiler, ciclo.types.Profile)
     assert profiler.steps == (1, 2) and profiler.logdir == str(tmp_path)
-    assert profiler.hook == ciclo.hooks.on_train_batch_begin  # and its step ends in on_step_end
+    assert profiler.hook == ciclo.on_train_batch_begin  # and its step ends in on_step_end
 
 
 @pytest.mark.parametrize(

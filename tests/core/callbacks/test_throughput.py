@@ -145,7 +145,7 @@ def test_in_train_loop_callbacks_runs_after_the_step_and_before_the_bar(host_clo
     assert (
         buffer.getvalue().splitlines()[-1].endswith("steps_per_second: 4.0000 - samples_per_second: 32.0000")
     )
-    assert meter.hook == ciclo.hooks.on_train_step
+    assert meter.hook == ciclo.on_train_step
 
 
 def test_not_run_by_the_evaluation_inside_train_loop(host_clock: Clock) -> None:

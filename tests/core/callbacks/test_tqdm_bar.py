@@ -143,13 +143,13 @@ def test_in_a_loop(clock: Clock) -> None:
     ciclo.loop(0, range(4), {ciclo.every(1): [lambda: {"metrics": {"x": 2.0}}, bar]})
     assert bar.finished and bar.tqdm.n == 4 and bar.tqdm.postfix == "x=2.0000"
     assert (
-        bar.hook[0] == ciclo.hooks.on_train_batch_end
+        bar.hook[0] == ciclo.on_train_batch_end
     )  # train_loop's; test_loop's and predict_loop's follow
 
 
 @pytest.mark.parametrize(
     ("loop", "hook"),
-    [(ciclo.test_loop, ciclo.hooks.on_test_step), (ciclo.predict_loop, ciclo.hooks.on_predict_step)],
+    [(ciclo.test_loop, ciclo.on_test_step), (ciclo.predict_loop, ciclo.hooks.on_predict_step)],
     ids=["test_loop", "predict_loop"],
 )
 def test_shows_the_progress_of_a_test_or_predict_loop(clock: Clock, loop: Any, hook: str) -> None:

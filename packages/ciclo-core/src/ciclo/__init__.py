@@ -9,9 +9,9 @@ Example:
     (45, 10)
 """
 
+import typing as _typing
 import warnings as _warnings
 from importlib.metadata import version as _version
-from typing import TYPE_CHECKING, Any
 
 from ciclo import hooks as hooks
 from ciclo import managed as managed
@@ -82,7 +82,7 @@ __version__ = _version("ciclo-core")
 # ciclo 0.1 (the distribution `ciclo`) installs this same package: warn if it is there too.
 _installation.warn_if_old_ciclo_installed()
 
-if TYPE_CHECKING:
+if _typing.TYPE_CHECKING:
     from collections.abc import Callable
 
     from ciclo._src.state.model_state import ModelState
@@ -101,7 +101,7 @@ _MOVED: dict[str, str] = dict.fromkeys(
 )
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> _typing.Any:
     """Resolves the adapters' `create_*_state` on first use, and 0.1's moved names (deprecated)."""
     if name in _MOVED:
         namespace = _MOVED[name]
@@ -119,7 +119,6 @@ def __getattr__(name: str) -> Any:
     return value
 
 
-# The on_* hook names imported above are ciclo 0.1.9's, kept out of `__all__` (their home is `ciclo.hooks`).
 __all__ = [
     "Callback",
     "__version__",
@@ -151,6 +150,18 @@ __all__ = [
     "mlflow_logger",
     "never",
     "noop",
+    "on_epoch_end",
+    "on_reset_step",
+    "on_test_batch_begin",
+    "on_test_batch_end",
+    "on_test_begin",
+    "on_test_end",
+    "on_test_step",
+    "on_train_batch_begin",
+    "on_train_batch_end",
+    "on_train_begin",
+    "on_train_end",
+    "on_train_step",
     "piecewise",
     "predict_loop",
     "prefetch_to_device",

@@ -19,11 +19,11 @@ from ciclo._src.strategies._sharding import FSDP as FSDP
 from ciclo._src.strategies._sharding import DataParallel as DataParallel
 
 __all__ = [
-    "FSDP",
-    "JIT",
     "DataParallel",
     "DeviceReductions",
     "Eager",
+    "FSDP",
+    "JIT",
     "PMap",
     "Strategy",
     "StrategyFactory",

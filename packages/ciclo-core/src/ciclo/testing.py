@@ -9,21 +9,19 @@ Example:
     ('protocol', 'init_kinds', 'deterministic_evaluation')
 """
 
-from __future__ import annotations
-
-from typing import TYPE_CHECKING, Any
+import typing as _typing
 
 from ciclo._src.testing.kit import CLAUSES as CLAUSES
 from ciclo._src.testing.kit import AdapterReport as AdapterReport
 from ciclo._src.testing.kit import check_adapter as check_adapter
 
-if TYPE_CHECKING:
+if _typing.TYPE_CHECKING:
     from ciclo._src.testing.pytest_class import AdapterTests as AdapterTests
 
-__all__ = ["CLAUSES", "AdapterReport", "AdapterTests", "check_adapter"]
+__all__ = ["AdapterReport", "AdapterTests", "CLAUSES", "check_adapter"]
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> _typing.Any:
     # AdapterTests imports pytest, which check_adapter does not need: it loads on first use.
     if name == "AdapterTests":
         from ciclo._src.testing.pytest_class import AdapterTests
