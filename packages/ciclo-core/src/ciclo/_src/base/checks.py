@@ -98,16 +98,23 @@ def check_bool(value: Any, name: str) -> None:
         raise TypeError(f"{name} must be True or False, got {short(value)}")
 
 
-def check_int(value: Any, name: str, least: int, why: str = "") -> None:
-    """Refuses (ValueError) anything but an int >= `least`, a bool included.
+class NotAnInt(TypeError, ValueError):
+    """What `check_int` raises for a value that is not an int: a TypeError, and a ValueError as before."""
+
+
+def check_int(value: Any, name: str, least: int | None = None, why: str = "") -> None:
+    """Refuses anything but an int (a bool is not one) >= `least`: NotAnInt, or ValueError below `least`.
 
     Example:
         >>> check_int(1, "keep", 2, " (a kill during a save must leave one)")
         Traceback (most recent call last):
         ValueError: keep must be an int >= 2 (a kill during a save must leave one), got 1
     """
-    if isinstance(value, bool) or not isinstance(value, int) or value < least:
-        raise ValueError(f"{name} must be an int >= {least}{why}, got {short(value)}")
+    message = f"{name} must be an int{'' if least is None else f' >= {least}'}{why}, got {short(value)}"
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise NotAnInt(message)
+    if least is not None and value < least:
+        raise ValueError(message)
 
 
 def check_positive(period: Any, name: str, remedy: str) -> None:

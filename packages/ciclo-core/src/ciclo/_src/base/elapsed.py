@@ -12,16 +12,10 @@ from typing import Any, TypeVar
 import jax
 
 from ciclo._src.base.batches import BatchSizeFn, count, leading_dim
+from ciclo._src.base.checks import check_int
 from ciclo._src.base.reprs import short
 
 B = TypeVar("B")
-
-
-def _check_count(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {short(value)} of type {type(value).__name__}")
-    if value < 0:
-        raise ValueError(f"{name} must be >= 0, got {short(value)}")
 
 
 def _seconds(name: str, value: object) -> float:
@@ -54,9 +48,9 @@ class Period:
         if self.steps is None and self.samples is None and self.time is None and self.date is None:
             raise ValueError("a Period needs at least one of steps, samples, time or date")
         if self.steps is not None:
-            _check_count("steps", self.steps)
+            check_int(self.steps, "steps", 0)
         if self.samples is not None:
-            _check_count("samples", self.samples)
+            check_int(self.samples, "samples", 0)
         if self.time is not None:
             object.__setattr__(self, "time", _seconds("time", self.time))
         if self.date is not None:
@@ -151,8 +145,8 @@ class Elapsed:
     @classmethod
     def create(cls, steps: int = 0, samples: int = 0) -> Elapsed:
         """An `Elapsed` starting now, at the given step and sample counts."""
-        _check_count("steps", steps)
-        _check_count("samples", samples)
+        check_int(steps, "steps", 0)
+        check_int(samples, "samples", 0)
         return cls(steps, samples, 0.0, _time.time())
 
     @property

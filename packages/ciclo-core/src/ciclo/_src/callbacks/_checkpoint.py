@@ -143,8 +143,8 @@ def _resolve_step(manager: Any, directory: str, step: object, monitor: str | Non
     if isinstance(step, str):
         if step not in ("latest", "best"):
             raise ValueError(f"step must be an int, 'latest' or 'best', got {short(step)}")
-    elif isinstance(step, bool) or not isinstance(step, int):
-        raise TypeError(f"step must be an int, 'latest' or 'best', got {short(step)}")
+    else:
+        check_int(step, "step", why=", 'latest' or 'best'")
     steps = sorted(int(s) for s in manager.all_steps())
     if not steps:
         raise FileNotFoundError(f"no checkpoint in {directory}")
@@ -395,8 +395,7 @@ class Checkpoint(Callback):
         Raises KeyError if `monitor` is not in `logs`, and FileExistsError for
         another run's directory (see `ciclo.checkpoint`).
         """
-        if isinstance(step, bool) or not isinstance(step, int):
-            raise TypeError(f"step must be an int, got {short(step)}")
+        check_int(step, "step")
         self._refuse_another_run()
         if self._newest is not None and step <= self._newest:
             if self._found_newest is not None and step < self._found_newest and not self._warned:

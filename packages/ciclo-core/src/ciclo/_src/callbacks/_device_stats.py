@@ -8,6 +8,7 @@ from typing import Any, ClassVar, Protocol, final
 
 import jax
 
+from ciclo._src.base.checks import check_int
 from ciclo._src.base.reprs import short
 from ciclo._src.base.types import CallbackOutput, S
 from ciclo._src.engine.callback import Callback
@@ -56,8 +57,7 @@ class DeviceStats(Callback):
                     raise TypeError(
                         f"devices must be jax devices (jax.local_devices()), got {short(device)}"
                     ) from None
-                if isinstance(ident, bool) or not isinstance(ident, int):
-                    raise TypeError(f"a device's id must be an int, got {short(ident)} for {short(device)}")
+                check_int(ident, f"{short(device)}: a device's id")
                 ids.append(ident)
             if len(set(ids)) < len(ids):
                 raise ValueError(

@@ -7,6 +7,7 @@ import sys
 import typing
 from typing import TextIO
 
+from ciclo._src.base.checks import check_int
 from ciclo._src.base.elapsed import PeriodLike
 from ciclo._src.base.reprs import short
 from ciclo._src.callbacks._progress import ProgressCallback, format_value
@@ -67,10 +68,7 @@ class KerasBar(ProgressCallback):
         width: int = 30,
         file: TextIO | None = None,
     ) -> None:
-        if isinstance(width, bool) or not isinstance(width, int):
-            raise TypeError(f"width must be an int, got {short(width)}")
-        if width < 1:
-            raise ValueError(f"width must be >= 1, got {short(width)}")
+        check_int(width, "width", 1)
         file = sys.stdout if file is None else file
         if not callable(getattr(file, "write", None)):
             raise TypeError(f"file must be a text stream with a write method, got {short(file)}")

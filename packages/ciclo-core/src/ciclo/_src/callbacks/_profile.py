@@ -8,6 +8,7 @@ from typing import Any, ClassVar, Literal, final
 import jax
 
 from ciclo._src.base.batches import steps_of
+from ciclo._src.base.checks import check_int
 from ciclo._src.base.reprs import short
 from ciclo._src.base.types import CallbackOutput, S
 from ciclo._src.engine.callback import Callback
@@ -33,12 +34,9 @@ class Profile(Callback):
             raise TypeError(f"logdir must be a path (a str or os.PathLike), got {short(logdir)}")
         first, last = steps if isinstance(steps, tuple) and len(steps) == 2 else (steps, steps)
         for value in (first, last):
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise TypeError(
-                    f"steps must be a step number or a (first, last) pair of step numbers, got {short(steps)}"
-                )
-            if value < 0:
-                raise ValueError(f"the steps to profile must be >= 0, got {short(steps)}")
+            check_int(
+                value, "a step to profile", 0, f" (steps= is a step or a (first, last) pair: {short(steps)})"
+            )
         if last < first:
             raise ValueError(f"steps must be (first, last) with first <= last, got {short(steps)}")
         self.logdir = os.fspath(logdir)

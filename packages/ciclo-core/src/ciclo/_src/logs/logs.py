@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, cast, final, overload
 
 import jax
 
+from ciclo._src.base.checks import check_int
 from ciclo._src.base.elapsed import Elapsed
 from ciclo._src.base.entry_paths import EntryPath
 from ciclo._src.base.entry_paths import entry_path as _entry_path
@@ -248,10 +249,8 @@ class History(Sequence[Logs]):
     """
 
     def __init__(self, max_rows: int | None = None) -> None:
-        if max_rows is not None and (
-            isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 0
-        ):
-            raise ValueError(f"max_rows must be None (keep every row) or an int >= 0, got {short(max_rows)}")
+        if max_rows is not None:
+            check_int(max_rows, "max_rows", 0, " or None (keep every row)")
         self.max_rows = max_rows
         self.dropped = 0  # rows dropped from the front by `max_rows`
         # Row `i` kept: counts `_steps[i]`, `_samples[i]`, `_times[i]`; entries `_paths[i]`, `_values[i]`
