@@ -142,9 +142,7 @@ def test_in_a_loop(clock: Clock) -> None:
     bar = quiet_bar(100, interval=0)
     ciclo.loop(0, range(4), {ciclo.every(1): [lambda: {"metrics": {"x": 2.0}}, bar]})
     assert bar.finished and bar.tqdm.n == 4 and bar.tqdm.postfix == "x=2.0000"
-    assert (
-        bar.hook[0] == ciclo.on_train_batch_end
-    )  # train_loop's; test_loop's and predict_loop's follow
+    assert bar.hook[0] == ciclo.on_train_batch_end  # train_loop's; test_loop's and predict_loop's follow
 
 
 @pytest.mark.parametrize(
