@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, final
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar, final
 
 from ciclo._src.base.reprs import short
 from ciclo._src.base.roles import params_field
@@ -61,6 +62,13 @@ class SwapEMAWeights(Callback):
             return state
         self._swapped = False
         return _swapped(state)
+
+    hook: ClassVar[Mapping[str, Callable[..., Any]]] = {
+        "on_train_begin": on_train_begin,
+        "on_test_begin": on_test_begin,
+        "on_test_end": on_test_end,
+    }
+    """Its hooks, each with its method (Keras' names)."""
 
 
 def swap_ema_weights() -> SwapEMAWeights:

@@ -65,9 +65,10 @@ class Callback:
 
     __slots__ = ()
 
-    hook: ClassVar[str | tuple[str, ...] | None] = None
-    """The hook a predefined loop's `callbacks=[...]` places this callback under, or several in order of
-    preference: the first one the loop runs (None: not placeable there)."""
+    hook: ClassVar[str | tuple[str, ...] | Mapping[str, Callable[..., Any]] | None] = None
+    """Where a predefined loop's `callbacks=[...]` places this callback: under a hook, or the first of
+    several the loop runs; or, as a dict, a method of its own under each hook it names (None: under
+    the hooks its methods are named after, as a user's object)."""
 
     def __loop_callback__(self, loop_state: LoopState[Any], /) -> Any:
         """Runs at each step its schedule fires; returns `(logs, state)`, `logs`, `state` or None."""
