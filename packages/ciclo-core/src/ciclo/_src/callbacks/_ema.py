@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from typing import Any, ClassVar, final
+from typing import Any, final
 
 from ciclo._src.base.reprs import short
 from ciclo._src.base.roles import params_field
@@ -63,11 +62,7 @@ class SwapEMAWeights(Callback):
         self._swapped = False
         return _swapped(state)
 
-    hook: ClassVar[Mapping[str, Callable[..., Any]]] = {
-        "on_train_begin": on_train_begin,
-        "on_test_begin": on_test_begin,
-        "on_test_end": on_test_end,
-    }
+    hook = {"on_train_begin": on_train_begin, "on_test_begin": on_test_begin, "on_test_end": on_test_end}
     """Its hooks, each with its method (Keras' names)."""
 
 
