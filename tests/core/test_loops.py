@@ -438,6 +438,10 @@ def test_a_built_in_with_several_hooks_declares_them():
     assert all(
         callback.owner is swap for name in ("on_test_begin", "on_test_end") for callback in named[name]
     )
+    with pytest.raises(
+        ValueError, match=r"has none of the hooks.*it runs under on_train_begin or on_test_begin"
+    ):
+        ciclo.predict_loop(None, [1], {ciclo.hooks.on_predict_step: lambda: None}, callbacks=[swap])
 
 
 @pytest.mark.parametrize(("dunder", "right"), [("__loop_end__", "on_end"), ("__loop_start__", "on_start")])
