@@ -62,8 +62,8 @@ class SwapEMAWeights(Callback):
         self._swapped = False
         return _swapped(state)
 
+    # Declared: Keras' hooks of that name, each with its method.
     hook = {"on_train_begin": on_train_begin, "on_test_begin": on_test_begin, "on_test_end": on_test_end}
-    """Its hooks, each with its method (Keras' names)."""
 
 
 def swap_ema_weights() -> SwapEMAWeights:

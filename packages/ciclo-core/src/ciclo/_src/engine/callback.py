@@ -66,9 +66,8 @@ class Callback:
     __slots__ = ()
 
     hook: ClassVar[str | tuple[str, ...] | Mapping[str, Callable[..., Any]] | None] = None
-    """Where a predefined loop's `callbacks=[...]` places this callback: under a hook, or the first of
-    several the loop runs; or, as a dict, a method of its own under each hook it names (None: under
-    the hooks its methods are named after, as a user's object)."""
+    """Where a predefined loop's `callbacks=[...]` places it: a hook, the first of several the loop runs,
+    or a dict hook -> its method run there (None: the hooks its methods are named after)."""
 
     def __loop_callback__(self, loop_state: LoopState[Any], /) -> Any:
         """Runs at each step its schedule fires; returns `(logs, state)`, `logs`, `state` or None."""
