@@ -386,6 +386,64 @@ def test_a_near_miss_beside_a_valid_hook_is_warned_naming_the_hook_before_the_fi
     assert [kind for kind, _ in state.log] == ["train"] * 3
 
 
+@pytest.mark.parametrize(
+    ("keras", "right"), [("on_batch_end", "on_train_batch_end"), ("on_batch_begin", "on_train_batch_begin")]
+)
+def test_a_keras_hook_name_says_the_name_ciclo_calls_it(keras, right):
+    Keras = type("Keras", (), {keras: lambda self, state: None})
+    with pytest.raises(ValueError, match=rf"has none of the hooks.*{keras} is not a hook: rename it {right}"):
+        ciclo.train_loop(CounterState(), range(3), callbacks=[Keras()])
+    Both = type("Both", (_Bar,), {keras: lambda self, state: None})
+    with pytest.warns(UserWarning, match=rf"{keras}, which no loop calls.*rename it {right}"):
+        ciclo.train_loop(CounterState(), range(3), callbacks=[Both()])
+    with pytest.raises(
+        ValueError, match=rf"named schedule '{keras}'; valid names: .*; did you mean {right}\?"
+    ):
+        ciclo.train_loop(CounterState(), range(3), {keras: [lambda: None]})
+
+
+def test_an_object_with_several_hooks_is_one_callback_with_one_lifecycle():
+    class Hooks:
+        def __init__(self):
+            self.events = []
+
+        def on_train_begin(self, state):
+            self.events.append("begin")
+
+        def on_train_batch_end(self, state, batch):
+            self.events.append("batch")
+
+        def on_end(self, loop_state, error):
+            self.events.append("end")
+
+        def state_dict(self):
+            return {"events": len(self.events)}
+
+        def load_state_dict(self, state): ...
+
+    hooks = Hooks()
+    named, _ = ciclo.hooks.collect(ciclo.hooks.TRAIN, callbacks=[hooks])
+    begin, batch_end = named["on_train_begin"], named["on_train_batch_end"]
+    assert len(begin) == len(batch_end) == 1 and isinstance(begin[0], ciclo.Callback)
+    assert begin[0].owner is batch_end[0].owner  # wrapped once: both hooks live one lifecycle
+    ciclo.train_loop(CounterState(), range(2), callbacks=[hooks])
+    assert hooks.events == ["begin", "batch", "batch", "end"]
+
+
+def test_a_built_in_with_several_hooks_declares_them():
+    swap = ciclo.swap_ema_weights()
+    assert set(swap.hook) == {"on_train_begin", "on_test_begin", "on_test_end"}
+    named, _ = ciclo.hooks.collect(ciclo.hooks.TEST, callbacks=[swap])
+    assert [len(named[name]) for name in ("on_test_begin", "on_test_end")] == [1, 1]
+    assert all(
+        callback.owner is swap for name in ("on_test_begin", "on_test_end") for callback in named[name]
+    )
+    with pytest.raises(
+        ValueError, match=r"has none of the hooks.*it runs under on_train_begin or on_test_begin"
+    ):
+        ciclo.predict_loop(None, [1], {ciclo.hooks.on_predict_step: lambda: None}, callbacks=[swap])
+
+
 @pytest.mark.parametrize(("dunder", "right"), [("__loop_end__", "on_end"), ("__loop_start__", "on_start")])
 def test_a_loop_dunder_other_than_loop_callback_is_refused_before_the_first_step(dunder, right):
     Old = type("Old", (_Bar,), {dunder: lambda self, loop_state: None})

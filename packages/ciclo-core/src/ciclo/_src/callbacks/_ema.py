@@ -62,6 +62,9 @@ class SwapEMAWeights(Callback):
         self._swapped = False
         return _swapped(state)
 
+    # Declared: Keras' hooks of that name, each with its method.
+    hook = {"on_train_begin": on_train_begin, "on_test_begin": on_test_begin, "on_test_end": on_test_end}
+
 
 def swap_ema_weights() -> SwapEMAWeights:
     """A `SwapEMAWeights` callback: `train_loop(callbacks=[...])` tests with the EMA of the weights."""

@@ -65,9 +65,9 @@ class Callback:
 
     __slots__ = ()
 
-    hook: ClassVar[str | tuple[str, ...] | None] = None
-    """The hook a predefined loop's `callbacks=[...]` places this callback under, or several in order of
-    preference: the first one the loop runs (None: not placeable there)."""
+    hook: ClassVar[str | tuple[str, ...] | Mapping[str, Callable[..., Any]] | None] = None
+    """Where a predefined loop's `callbacks=[...]` places it: a hook, the first of several the loop runs,
+    or a dict hook -> its method run there (None: the hooks its methods are named after)."""
 
     def __loop_callback__(self, loop_state: LoopState[Any], /) -> Any:
         """Runs at each step its schedule fires; returns `(logs, state)`, `logs`, `state` or None."""

@@ -11,6 +11,7 @@ import inspect
 import sys
 import weakref
 from collections.abc import Callable, Iterable, Mapping
+from types import MethodType
 from typing import TYPE_CHECKING, Any, Final, final
 
 from ciclo._src.base.checks import signature_of, warn
@@ -24,9 +25,12 @@ if TYPE_CHECKING:
 
 
 class _Adapted(Callback):
-    def __init__(self, call: Callable[[LoopState[Any]], Any], source: Any) -> None:
+    """What the user gave (`source`) as a `Callback`; the lifecycle it lives is `owner`'s, if it has one."""
+
+    def __init__(self, call: Callable[..., Any], source: Any, owner: Callback | None = None) -> None:
         self.__loop_callback__ = call  # type: ignore[method-assign]  # one call less per step
         self.source = source
+        self.owner = owner
 
     def __repr__(self) -> str:
         return describe(self.source)
@@ -36,7 +40,7 @@ class _Adapted(Callback):
 class _Object(_Adapted):
     """A user's object that satisfies the protocols without subclassing `Callback`."""
 
-    def __init__(self, obj: Any, call: Callable[[LoopState[Any]], Any]) -> None:
+    def __init__(self, obj: Any, call: Callable[[LoopState[Any]], Any] = lambda loop_state: None) -> None:
         super().__init__(call, obj)
         cls = type(obj)
         for name in LIFECYCLE:
@@ -50,6 +54,11 @@ class _Object(_Adapted):
     def state_key(self) -> str:
         has_key = vars_lookup(type(self.source), "state_key") is not None
         return self.source.state_key if has_key else type(self.source).__qualname__
+
+
+def _lifecycle(obj: Any) -> Callback:
+    """The `Callback` that lives `obj`'s lifecycle: `obj` itself if it is one."""
+    return obj if isinstance(obj, Callback) else _Object(obj)
 
 
 def lifecycle_of(callback: Callback, name: str) -> bool:
@@ -79,7 +88,7 @@ _BY_POSITION: Final[tuple[Callable[[Callable[..., Any]], Callable[[LoopState[Any
 )
 
 
-def _plain_function(fn: Callable[..., Any]) -> Callback:
+def _plain_function(fn: Callable[..., Any], owner: Callback | None = None) -> Callback:
     """`fn` as a `Callback`: by parameter name if all are names of `_BY_NAME`, else by position (0.1)."""
     signature = signature_of(fn, "by position or by name", "lambda state, batch: ...")
     names: list[str] = []
@@ -98,10 +107,10 @@ def _plain_function(fn: Callable[..., Any]) -> Callback:
                 f"{_ARGUMENT_NAMES}"
             )
     if variadic:
-        return _Adapted(_BY_POSITION[len(_ARGUMENT_NAMES)](fn), fn)
+        return _Adapted(_BY_POSITION[len(_ARGUMENT_NAMES)](fn), fn, owner)
     if names and all(name in _BY_NAME for name in names) and names != list(_ARGUMENT_NAMES[: len(names)]):
         getters = tuple(_BY_NAME[name] for name in names)
-        return _Adapted(lambda loop_state: fn(*(get(loop_state) for get in getters)), fn)
+        return _Adapted(lambda loop_state: fn(*(get(loop_state) for get in getters)), fn, owner)
     if required > len(_ARGUMENT_NAMES):
         raise TypeError(
             f"callback {describe(fn)} requires {required} positional arguments, but the "
@@ -115,7 +124,7 @@ def _plain_function(fn: Callable[..., Any]) -> Callback:
                 f"passes {short(_ARGUMENT_NAMES[index])}: name every parameter after what it gets "
                 f"({', '.join(_BY_NAME)}) to have them passed by name, or none of them"
             )
-    return _Adapted(_BY_POSITION[arity](fn), fn)
+    return _Adapted(_BY_POSITION[arity](fn), fn, owner)
 
 
 def as_callback_list(value: Any, where: str) -> list[Callback]:
@@ -165,8 +174,8 @@ def _as_callback(obj: Any) -> Callback:
             f"0 to 4 of {_ARGUMENT_NAMES} (or any of {tuple(_BY_NAME)} by name), or an object "
             "with __loop_callback__(loop_state)"
         )
-    elif inspect.isroutine(obj):
-        callback = _plain_function(obj)
+    elif inspect.isroutine(obj):  # a method given alone lives its object's lifecycle
+        callback = _plain_function(obj, _lifecycle(obj.__self__) if inspect.ismethod(obj) else None)
     else:
         callback = _Object(obj, _plain_function(obj).__loop_callback__)
     warn_misnamed(obj, misnamed)
@@ -174,16 +183,11 @@ def _as_callback(obj: Any) -> Callback:
 
 
 def owners(callbacks: Iterable[Callback]) -> list[Callback]:
-    """The callbacks whose lifecycle the engine runs, each once, in order; a method stands for its owner."""
+    """The callbacks whose lifecycle the engine runs, each once, in order; a hook's is its object's."""
     found: dict[int, Callback] = {}
     for callback in callbacks:
-        source = callback.source if isinstance(callback, _Adapted) else callback
-        owner = source.__self__ if inspect.ismethod(source) else source
-        if isinstance(owner, Callback):
-            callback = owner
-        elif owner is not source:  # a method of a user's object: the object's lifecycle
-            callback = _Object(owner, Callback().__loop_callback__)
-        found.setdefault(id(owner), callback)
+        owner = callback.owner if isinstance(callback, _Adapted) and callback.owner is not None else callback
+        found.setdefault(id(owner.source if isinstance(owner, _Adapted) else owner), owner)
     return list(found.values())
 
 
@@ -219,7 +223,9 @@ def collect(
 
     For each name, in order: the method of that name of `state`'s class
     (called with the current state as `self`), the tasks under that name, then
-    the `callbacks` that declare that `hook` or have a method of that name.
+    the `callbacks` placed under it: by the `hook` a `ciclo.Callback`
+    declares, or by an object's method of that name (the object is wrapped
+    once, as one callback with one lifecycle, whatever its number of hooks).
     `named` has every name; `scheduled` holds the tasks keyed by a schedule.
 
     Example:
@@ -244,35 +250,34 @@ def collect(
         if not isinstance(key, str):
             scheduled[key] = value
         elif key not in names:
+            meant = _meant(key, names)
             raise ValueError(
                 f"{loop_name} does not know the named schedule {short(key)}; valid names: {', '.join(names)}"
+                + (f"; did you mean {meant}?" if meant else "")
             )
         else:
             named[key] = list(value) if isinstance(value, (list, tuple)) else [value]
-    for callback in callbacks or ():  # each under its hook: a `Callback`'s declared one, an object's methods
-        if isinstance(callback, Callback) and callback.hook is not None:
-            declared = (callback.hook,) if isinstance(callback.hook, str) else callback.hook
-            hook = next((name for name in declared if name in names), None)
-            if hook is None:
-                raise ValueError(
-                    f"callback {short(callback)} runs under {' or '.join(declared)}, which this loop does "
-                    f"not run: {', '.join(names)}; put it in the tasks dict under a schedule instead"
-                )
-            named[hook].append(callback)
-            continue
-        misnamed = check_method_names(callback, names)
-        hooks = {
-            name: getattr(callback, name) for name in names if callable(vars_lookup(type(callback), name))
-        }
+    for callback in callbacks or ():  # under the hooks a `Callback` declares, or an object's named hooks
+        hook = callback.hook if isinstance(callback, Callback) else None
+        declared = (hook,) if isinstance(hook, str) else tuple(hook or ())
+        misnamed = check_method_names(callback, names) if hook is None else ()
+        if hook is None:  # an object's methods named after hooks
+            hooks = {n: getattr(callback, n) for n in names if callable(vars_lookup(type(callback), n))}
+        elif isinstance(hook, Mapping):  # a method of its own under each hook it declares
+            hooks = {n: MethodType(fn, callback) for n, fn in hook.items() if n in names}
+        else:  # itself, under the first of its hooks the loop runs
+            hooks = dict([(n, callback) for n in declared if n in names][:1])
         if not hooks:
             fix = "; ".join(f"{name} is not a hook: {_fix(meant)}" for name, meant in misnamed)
+            runs = f"it runs under {' or '.join(declared)}: " if declared else ""
             raise ValueError(
                 f"callback {short(callback)} has none of the hooks this loop runs: {', '.join(names)}; "
-                + (fix or "put it in the tasks dict under a schedule instead")
+                + (fix or f"{runs}put it in the tasks dict under a schedule instead")
             )
         warn_misnamed(callback, misnamed)
+        owner = _lifecycle(callback)  # wrapped once, whatever its number of hooks
         for name, method in hooks.items():
-            named[name].append(method)
+            named[name].append(method if method is callback else _plain_function(method, owner))
     add_state_methods(named, state, names)
     return named, scheduled
 
@@ -287,6 +292,9 @@ def add_state_methods(named: Named, state: Any, names: tuple[str, ...]) -> None:
 # difflib's ratio above which a name is a hook's misspelling: `on_epoch_ends` (0.96) and
 # `on_trian_end` (0.92) are; `latest_step` (0.90 to `test_step`) and `reset` (0.67) are not.
 _CLOSE: Final = 0.905
+
+# Keras' names of hooks that ciclo names otherwise, too far from ciclo's for difflib to match.
+_KERAS: Final = {"on_batch_begin": "on_train_batch_begin", "on_batch_end": "on_train_batch_end"}
 
 OBJECT_CALLBACK: Final = "__loop_callback__"
 
@@ -309,19 +317,23 @@ def misnamed_methods(cls: type, names: tuple[str, ...] = ()) -> tuple[tuple[str,
         if name in vocabulary or name == OBJECT_CALLBACK:
             continue
         if name.startswith("__loop_") and name.endswith("__"):
-            meant = difflib.get_close_matches(name, [OBJECT_CALLBACK], 1, 0.8) or difflib.get_close_matches(
+            close = difflib.get_close_matches(name, [OBJECT_CALLBACK], 1, 0.8) or difflib.get_close_matches(
                 "on_" + name[len("__loop_") : -2], LIFECYCLE, 1, 0.8
             )
-        elif name.startswith("_"):
+            meant = close[0] if close else ""
+        elif name.startswith("_") or not (meant := _meant(name, vocabulary)):
             continue
-        else:
-            meant = difflib.get_close_matches(name, vocabulary, 1, _CLOSE)
-            if not meant:
-                continue
         if callable(vars_lookup(cls, name)):
-            found.append((name, meant[0] if meant else ""))
+            found.append((name, meant))
     by_names[names] = tuple(found)
     return by_names[names]
+
+
+def _meant(name: str, vocabulary: tuple[str, ...]) -> str:
+    """The hook of `vocabulary` that `name` may mean: ciclo's name for Keras' one, or a close spelling."""
+    if _KERAS.get(name) in vocabulary:
+        return _KERAS[name]
+    return next(iter(difflib.get_close_matches(name, vocabulary, 1, _CLOSE)), "")
 
 
 def _fix(meant: str) -> str:
