@@ -341,7 +341,7 @@ def _fix(meant: str) -> str:
         return f"rename it {meant}"
     return (
         f"a loop calls {OBJECT_CALLBACK}(loop_state), on_start(loop_state), on_end(loop_state, error) "
-        "and the methods named in ciclo.hooks"
+        "and the hook names (ciclo.on_*, ciclo.hooks.on_predict_*)"
     )
 
 

@@ -1,4 +1,4 @@
-"""`ciclo.loop`, `train_loop`, `test_loop` and `predict_loop`: `run_phases` with `ciclo.hooks` phases."""
+"""`ciclo.loop`, `train_loop`, `test_loop` and `predict_loop`: `run_phases` with phases named by the hook vocabulary."""
 
 from __future__ import annotations
 
@@ -181,7 +181,7 @@ def _check_runs_something(prefix: str, state: Any, named: Named, scheduled: Any,
     raise TypeError(
         f"{prefix}_loop has no step to run: the state ({type(state).__name__}) has no "
         f"{methods} method (see ciclo.types.{protocol.__name__}), and no callback was given "
-        f"under ciclo.hooks.{prefix}_step or ciclo.hooks.on_{prefix}_step"
+        f'under "{prefix}_step" or {"ciclo.hooks" if prefix == "predict" else "ciclo"}.on_{prefix}_step'
     )
 
 
