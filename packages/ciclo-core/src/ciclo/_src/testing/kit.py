@@ -29,9 +29,9 @@ from ciclo._src.strategies._registry import canonical_name, strategy_names
 CLAUSES: Final = (
     "protocol",
     "init_kinds",
-    "init_key",
     "deterministic_evaluation",
     "key_use",
+    "init_key",
     "model_state_updates",
     "compiles_once",
     "learns",
