@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import pickle
+import re
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -122,6 +126,10 @@ def test_what_cannot_be_exported_is_refused_with_the_fix(tmp_path: Path) -> None
     state = _trained()
     with pytest.raises(ValueError, match=r"hold a scalar \(.*\): give inputs with a batch axis"):
         ciclo.export(state, {"x": jnp.ones(())}, tmp_path / "m.jax")
+    with pytest.raises(TypeError, match="batch_polymorphic must be True or False, got 'yes'"):
+        ciclo.export(state, jnp.ones((1, 3)), tmp_path / "m.jax", batch_polymorphic="yes")
+    with pytest.raises(TypeError, match="use_ema must be True or False, got 1"):
+        ciclo.export(state, jnp.ones((1, 3)), tmp_path / "m.jax", use_ema=1)
     untraceable = ciclo.create_model_state(Untraceable(), inputs=jnp.ones((1, 3)), tx=optax.sgd(0.1))
     with pytest.raises(
         ValueError, match=r"could not export .*Concretization.*batch_polymorphic=False.*traceable"
@@ -136,3 +144,55 @@ def test_without_flatbuffers_the_extra_is_named(monkeypatch: pytest.MonkeyPatch,
         ciclo.export(_trained(), jnp.ones((1, 3)), tmp_path / "m.jax")
     with pytest.raises(ImportError, match=r'pip install "ciclo-core\[export\]"'):
         ciclo.load_exported(tmp_path / "m.jax")
+
+
+@needs_flatbuffers
+def test_a_file_that_is_not_a_ciclo_export_or_is_damaged_is_refused_with_its_path(tmp_path: Path) -> None:
+    path = tmp_path / "m.jax"
+    ciclo.export(_trained(), np.zeros((2, 3), np.float32), path)
+    data = path.read_bytes()
+    flipped = bytearray(data)
+    flipped[len(data) // 2] ^= 0xFF
+    files = {
+        "empty": b"",
+        "truncated": data[: len(data) // 2],
+        "json": b'{"params": [1, 2, 3]}',
+        "pickle": pickle.dumps({"params": [1.0, 2.0]}),
+        "flipped": bytes(flipped),
+    }
+    for name, content in files.items():
+        (tmp_path / name).write_bytes(content)
+        with pytest.raises(ValueError, match=rf"^{re.escape(str(tmp_path / name))} is not a ciclo export"):
+            ciclo.load_exported(tmp_path / name)
+    # jax alone still reads what ciclo.export wrote.
+    x = np.ones((4, 3), np.float32)
+    np.testing.assert_array_equal(
+        jax.export.deserialize(bytearray(data)).call(x), ciclo.load_exported(path)(x)
+    )
+
+
+@needs_flatbuffers
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="FIFOs are a POSIX feature")
+def test_a_fifo_is_refused_without_being_opened(tmp_path: Path) -> None:
+    fifo = tmp_path / "pipe.jax"
+    os.mkfifo(fifo)
+    outcome: list[BaseException] = []
+    worker = threading.Thread(target=lambda: outcome.extend(_raised(ciclo.load_exported, fifo)), daemon=True)
+    worker.start()
+    worker.join(30)
+    if worker.is_alive():  # release the reader that blocks in open()
+        with open(fifo, "wb"):
+            pass
+        pytest.fail("load_exported blocked on a FIFO")
+    assert isinstance(outcome[0], ValueError)
+    assert str(outcome[0]).startswith(f"{fifo} is not a ciclo export: it is not a regular file")
+    with pytest.raises(ValueError, match="is not a ciclo export: it is not a regular file"):
+        ciclo.load_exported(tmp_path)
+
+
+def _raised(fn: Any, *args: Any) -> list[BaseException]:
+    try:
+        fn(*args)
+    except BaseException as error:  # noqa: BLE001 - handed to the test's thread
+        return [error]
+    return []

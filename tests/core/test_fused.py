@@ -147,6 +147,13 @@ def test_stacked_needs_a_positive_step_count(steps: Any) -> None:
         list(ciclo.stacked([1, 2], steps))
 
 
+def test_fuse_refuses_what_is_not_a_step() -> None:
+    with pytest.raises(TypeError, match=r"fuse takes a step function \(state, batch\) -> .*, got 42"):
+        ciclo.fuse(42)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="donate must be True or False, got 'yes'"):
+        ciclo.fuse(lambda state, batch: state, donate="yes")  # type: ignore[arg-type]
+
+
 def test_stacked_keeps_jax_arrays_on_device_and_counts_custom_sizes() -> None:
     (group,) = ciclo.stacked([{"x": jnp.ones((2, 3))}] * 2, 2, batch_size_fn=lambda batch: 5)
     assert isinstance(group.batches["x"], jax.Array) and group.batches["x"].shape == (2, 2, 3)

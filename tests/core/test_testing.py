@@ -146,6 +146,33 @@ class HostRoundingWhenEager(Good):
         return super().normalise(h, model_state, training)
 
 
+class PredictionsOnly(Good):
+    def apply(self, params: Any, model_state: Any, inputs: Any, *, key: Any, training: bool) -> Any:  # type: ignore[override]
+        return super().apply(params, model_state, inputs, key=key, training=training)[0]
+
+
+_calls = iter(range(10**6))
+
+
+class CountingInit(Good):
+    """Ignores its key for a global counter: each call draws other params."""
+
+    def init(self, key: jax.Array, inputs: jax.Array) -> tuple[Any, Any]:
+        return super().init(jax.random.key(next(_calls)), inputs)
+
+
+class UnseededNumpyInit(Good):
+    def init(self, key: jax.Array, inputs: jax.Array) -> tuple[Any, Any]:
+        params, model_state = super().init(key, inputs)
+        w1 = np.random.normal(size=params["w1"].shape)  # noqa: NPY002 - unseeded on purpose
+        return {**params, "w1": jnp.asarray(w1, jnp.float32)}, model_state
+
+
+class FixedKeyInit(Good):
+    def init(self, key: jax.Array, inputs: jax.Array) -> tuple[Any, Any]:
+        return super().init(jax.random.key(0), inputs)
+
+
 class ToModelInTraining(Good):
     def to_model(self, params: Any, model_state: Any) -> Any:
         return lambda inputs: self.apply(params, model_state, inputs, key=jax.random.key(0), training=True)[0]
@@ -156,7 +183,11 @@ class ToModelInTraining(Good):
     [
         (KeyAsRng(), {}, "protocol", "cannot be called as ciclo calls it"),
         (Unhashable(), {}, "protocol", "Unhashable is not hashable"),
+        (PredictionsOnly(), {}, "protocol", "apply returned Array("),
         (NotAPair(), {}, "init_kinds", "not a pair"),
+        (CountingInit(), {}, "init_key", "init gave other params for the same key"),
+        (UnseededNumpyInit(), {}, "init_key", "init gave other params for the same key"),
+        (FixedKeyInit(), {}, "init_key", "init gave the same params for two keys"),
         (PythonScalarParam(), {}, "init_kinds", "['temperature']"),
         (IntegerParam(), {}, "init_kinds", "not floating point"),
         (DropoutInEvaluation(), {}, "deterministic_evaluation", "for two keys"),
@@ -187,6 +218,28 @@ def test_a_broken_adapter_fails_naming_the_clause(
         ciclo.testing.check_adapter(adapter, inputs=INPUTS, **options)
     assert seen in str(caught.value)
     assert len(str(caught.value)) < 600
+
+
+def test_an_init_that_ignores_its_key_is_named_by_the_strategies_clause() -> None:
+    # On several devices the sharded state draws its own params: the fix names init, not apply.
+    kit = Kit(CountingInit(), inputs=INPUTS, strategies=("jit", "eager"))
+    with pytest.raises(AssertionError, match=r"clause 'strategies' failed: .*before any step.* Fix: .*init"):
+        kit.run("strategies")
+
+
+def test_init_key_is_skipped_for_a_model_with_no_random_leaves() -> None:
+    class ZerosInit(Good):
+        def init(self, key: jax.Array, inputs: jax.Array) -> tuple[Any, Any]:
+            params, model_state = super().init(key, inputs)
+            return jax.tree.map(jnp.zeros_like, params), model_state
+
+    assert "no random leaves" in (Kit(ZerosInit(), inputs=INPUTS).run("init_key") or "")
+
+
+def test_the_resume_clause_is_quiet(capfd: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("orbax.checkpoint")
+    assert Kit(Good(), inputs=INPUTS).run("resume") is None
+    assert "resumed" not in capfd.readouterr().err
 
 
 def test_key_use_is_skipped_unless_the_author_says_the_model_has_dropout() -> None:

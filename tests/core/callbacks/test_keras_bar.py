@@ -444,6 +444,8 @@ def test_close_without_any_update_writes_nothing() -> None:
         ({"width": 2.5}, TypeError, "2.5"),
         ({"width": True}, TypeError, "True"),
         ({"total": -5}, ValueError, "-5"),
+        ({"total": 0}, ValueError, r"total must be > 0 \(a bar full at once\), got 0"),
+        ({"total": ciclo.at(samples=0)}, ValueError, r"total must be > 0 .*samples=0"),
         ({"total": "100"}, TypeError, "'100'"),
         ({"total": 1.5}, TypeError, "1.5"),
         ({"total": ciclo.at(date=1e10)}, ValueError, "date"),

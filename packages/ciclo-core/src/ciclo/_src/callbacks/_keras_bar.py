@@ -73,6 +73,8 @@ class KerasBar(ProgressCallback):
         if not callable(getattr(file, "write", None)):
             raise TypeError(f"file must be a text stream with a write method, got {short(file)}")
         super().__init__(total, interval)
+        if self.unit.total is not None and not self.unit.total > 0:
+            raise ValueError(f"total must be > 0 (a bar full at once), got {short(total)}")
         self._width = width
         self._file = file
         try:  # redrawn in place? A stream without isatty, closed or detached is no terminal.
@@ -141,7 +143,7 @@ def keras_bar(
     the total (every 30 seconds if unknown). See docs/logging.md, "Notebooks".
 
     Args:
-        total: where the bar is full: an int (steps), a `ciclo.types.Period`
+        total: where the bar is full (> 0): an int (steps), a `ciclo.types.Period`
             of steps, samples or time (the unit counted), or None if unknown.
         interval: on a terminal or in a notebook, the least seconds between redraws.
         width: the number of characters of the bar itself.

@@ -8,6 +8,8 @@ from typing import Any, Generic, TypeVar, final
 import jax
 
 from ciclo._src.base.batches import is_stacked
+from ciclo._src.base.checks import check_bool
+from ciclo._src.base.reprs import short
 from ciclo._src.logs.logs import Logs, StackedLogs
 from ciclo._src.logs.step_output import step_output
 
@@ -63,6 +65,9 @@ def fuse(step: StepFn, *, donate: bool = False) -> Fused[Any]:
         step: `(state, batch) -> (logs, state)`.
         donate: donate the input state's buffers to the output state.
 
+    Raises:
+        TypeError: for a `step` that is not callable, or a `donate` that is not a bool.
+
     Example:
         >>> import ciclo, jax.numpy as jnp, numpy as np
         >>> def train_step(state, batch):
@@ -74,4 +79,7 @@ def fuse(step: StepFn, *, donate: bool = False) -> Fused[Any]:
         >>> float(state), elapsed.steps, history.collect("total")
         (16.0, 8, [2.0, 4.0, 6.0, 8.0, 10.0, 12.0, 14.0, 16.0])
     """
+    if not callable(step):
+        raise TypeError(f"fuse takes a step function (state, batch) -> (logs, state), got {short(step)}")
+    check_bool(donate, "donate")
     return Fused(step, donate)

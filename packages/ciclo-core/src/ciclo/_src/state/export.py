@@ -2,19 +2,26 @@
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import os
+import stat
 from collections.abc import Callable
 from typing import Any
 
 import jax
 import numpy as np
 
+from ciclo._src.base.checks import check_bool
 from ciclo._src.base.files import write_atomically
 from ciclo._src.base.reprs import short
 from ciclo._src.state.model_state import ModelState
 
 _BATCH = "batch"  # the symbolic batch dimension's name, as `Exported.in_avals` show it
+# After jax's bytes, which flatbuffers reads from their start (jax alone still reads the file): the
+# mark and the sha256 of those bytes, so that a file cut, damaged or of another kind never reaches MLIR.
+_MARK = b"ciclo.export sha256 "
+_TRAILER = len(_MARK) + hashlib.sha256().digest_size
 
 
 def _check_serialization() -> None:
@@ -64,6 +71,7 @@ def export(
 
     Raises:
         ImportError: without flatbuffers (the `export` extra).
+        TypeError: for a flag that is not True or False.
 
     Example:
         >>> import os, tempfile
@@ -85,6 +93,8 @@ def export(
             "steps of its own has no prediction function ciclo knows: export yours with "
             "jax.export.export(jax.jit(fn))"
         )
+    check_bool(batch_polymorphic, "batch_polymorphic")
+    check_bool(use_ema, "use_ema")
     _check_serialization()
     if use_ema:
         try:
@@ -122,12 +132,16 @@ def export(
             f"{short(str(error), 300)}): its outputs {exported.out_tree} must be arrays in tuples, lists, "
             "dicts or None, or of types registered with jax.export.register_pytree_node_serialization"
         ) from error
-    write_atomically(os.fspath(path), bytes(data))
+    write_atomically(os.fspath(path), bytes(data) + _MARK + hashlib.sha256(data).digest())
     return exported
 
 
 def load_exported(path: str | os.PathLike[str]) -> Callable[..., Any]:
     """The prediction function that `ciclo.export` wrote to `path`, as a callable that needs jax alone.
+
+    Raises:
+        ValueError: for a file `ciclo.export` did not write, or one damaged since (its checksum
+            differs), and for what is not a regular file (a FIFO is not opened).
 
     Example:
         >>> import os, tempfile
@@ -144,7 +158,21 @@ def load_exported(path: str | os.PathLike[str]) -> Callable[..., Any]:
         Array([1., 2., 3.], dtype=float32)
     """
     _check_serialization()
+    if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO would block the read
+        raise ValueError(
+            f"{path} is not a ciclo export: it is not a regular file (a FIFO, a directory or a device); "
+            "pass the file ciclo.export wrote"
+        )
     with open(path, "rb") as file:
-        exported = jax.export.deserialize(bytearray(file.read()))
+        data = file.read()
+    payload, trailer = data[:-_TRAILER], data[-_TRAILER:]
+    if trailer != _MARK + hashlib.sha256(payload).digest():
+        raise ValueError(
+            f"{path} is not a ciclo export, or it is damaged: it does not end with the checksum of its "
+            f"contents that ciclo.export writes ({len(data)} bytes). Pass the file ciclo.export wrote, or "
+            "export the state again; a file of jax.export alone loads with "
+            "jax.export.deserialize(bytearray(data)).call"
+        )
+    exported = jax.export.deserialize(bytearray(payload))
     call: Callable[..., Any] = exported.call
     return call

@@ -6,6 +6,7 @@ import dataclasses
 import functools
 import importlib.util
 import inspect
+import logging
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final, TypedDict, Unpack
@@ -30,6 +31,7 @@ CLAUSES: Final = (
     "init_kinds",
     "deterministic_evaluation",
     "key_use",
+    "init_key",
     "model_state_updates",
     "compiles_once",
     "learns",
@@ -289,6 +291,17 @@ class Kit:
                     f"{name}{inspect.signature(method)} cannot be called as ciclo calls it ({error})",
                     f"take the arguments of ciclo.types.ModelAdapter.{name}{expected}",
                 ) from error
+        try:
+            params, model_state = self.initial
+        except Failed:
+            return  # init_kinds names it
+        result = self.adapter.apply(params, model_state, self.inputs, key=jax.random.key(0), training=False)
+        if not (isinstance(result, tuple) and len(result) == 2):
+            raise Failed(
+                f"apply returned {short(result)}, not a pair",
+                "return (outputs, model_state) from apply: the predictions, and the model state (the one "
+                "given when training is False, None when the model has none)",
+            )
 
     def init_kinds(self) -> None:
         params, model_state = self.initial
@@ -320,6 +333,24 @@ class Kit:
             raise Failed(
                 f"{source} gave model_state {short(model_state)}, but has_model_state={self.has_model_state}",
                 "return the model's own state (batch statistics) as model_state, and None when it has none",
+            )
+
+    def init_key(self) -> None:
+        if self.variables is not None:
+            raise Skipped("the variables given: init not called")
+        first, again, other = (self.adapter.init(jax.random.key(seed), self.inputs)[0] for seed in (0, 0, 1))
+        fix = "draw every random number of init from the key it is given (no global counter, no numpy "
+        if not _same(first, again):
+            raise Failed(
+                f"init gave other params for the same key (up to {_farthest(first, again):.3g} apart)",
+                fix + "or Python randomness): two states of one seed must start alike",
+            )
+        if _same(first, other):
+            if all(np.all(leaf == leaf.flat[0]) for leaf in _float_leaves(first) if leaf.size):
+                raise Skipped("init gives the same params whatever the key (no random leaves)")
+            raise Failed(
+                "init gave the same params for two keys, and they are not constant",
+                fix + "key of its own): two seeds must start apart",
             )
 
     def deterministic_evaluation(self) -> None:
@@ -447,6 +478,14 @@ class Kit:
                     f"{name} needs several devices; found {jax.device_count()}"
                 )
                 continue
+            a, b = self.host(self.state(name)), self.host(self.state())
+            if not _close(a, b):
+                raise Failed(
+                    f"under {name!r} the params differ from jit's by up to {_farthest(a, b):.3g} before any "
+                    "step",
+                    "compute init's params from the key it is given alone (no global counter, no numpy or "
+                    "Python randomness): every strategy calls init again",
+                )
             state, _, _ = train_loop(self.state(name), self.batches[:3])
             for what in ("params", "model_state"):
                 a, b = self.host(state, what), self.host(reference(), what)
@@ -537,13 +576,19 @@ class Kit:
             if elapsed.steps == 4:
                 raise _Crash
 
-        with tempfile.TemporaryDirectory() as directory:
-            resumable = backup(directory, every=2)
-            try:
-                train_loop(state, batches, tasks={every(1): crash}, backup=resumable)
-            except _Crash:
-                pass
-            resumed, _, elapsed = train_loop(state, batches, backup=resumable)
+        announcer = logging.getLogger("ciclo.resume")  # the kit's own resume is no news to its user
+        level = announcer.level
+        announcer.setLevel(logging.ERROR)
+        try:
+            with tempfile.TemporaryDirectory() as directory:
+                resumable = backup(directory, every=2)
+                try:
+                    train_loop(state, batches, tasks={every(1): crash}, backup=resumable)
+                except _Crash:
+                    pass
+                resumed, _, elapsed = train_loop(state, batches, backup=resumable)
+        finally:
+            announcer.setLevel(level)
         if elapsed.steps != 6 or not _same(resumed.with_strategy("eager"), expected.with_strategy("eager")):
             raise Failed(
                 "a run resumed from its backup at step 4 ended with other arrays than the run not stopped",
