@@ -360,6 +360,7 @@ class ManagedStep(Generic[S]):
         "_default",
         "_fused",
         "_listener",
+        "_owner",
         "_update",
     )
 
@@ -374,10 +375,14 @@ class ManagedStep(Generic[S]):
         self._compiles = 0
         self._listener: Listener | None = None
         self._armed = False  # whether the listener is told the next call's inputs
+        self._owner: str | None = None  # `Class.name` where a class body holds it
 
     def __repr__(self) -> str:
         kind = "train_step" if self._update else "step"
-        return f"managed.{kind}({self.__name__})"
+        return self._owner or f"managed.{kind}({self.__name__})"
+
+    def __set_name__(self, owner: type[Any], name: str) -> None:
+        self._owner = f"{owner.__name__}.{name}"
 
     @overload
     def __get__(self, instance: None, owner: type[Any]) -> Self: ...
