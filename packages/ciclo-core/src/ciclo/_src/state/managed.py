@@ -16,7 +16,7 @@ import numpy as np
 import optax
 from typing_extensions import dataclass_transform
 
-from ciclo._src.base.batches import is_stacked
+from ciclo._src.base.batches import Stacked, is_stacked
 from ciclo._src.base.reprs import short
 from ciclo._src.base.roles import Role, field, fields_with_role, params_field
 from ciclo._src.data.fused import as_logs_and_state, scan_steps
@@ -371,7 +371,7 @@ class ManagedStep(Generic[S]):
         self._update = update
         self._compiled: dict[Strategy, Callable[[Any, Any], tuple[Logs, Any]]] = {}
         self._fused: dict[Strategy, Callable[[Any, Any], tuple[Logs, Any]]] = {}
-        self._cache: tuple[Strategy | None, Callable[[Any, Any], tuple[Logs, Any]] | None] = (None, None)
+        self._cache: tuple[Strategy | None, Any] = (None, None)  # (strategy, program) of the last single step
         self._compiles = 0
         self._listener: Listener | None = None
         self._armed = False  # whether the listener is told the next call's inputs
@@ -396,21 +396,14 @@ class ManagedStep(Generic[S]):
     def __call__(self, state: S, batch: Any) -> tuple[Logs, S]:
         """Runs one step, or all steps of a `ciclo.types.Stacked` batch in one dispatch."""
         strategy = state.strategy if isinstance(state, AbstractManagedState) else self._default
+        compiles = self._compiles
         try:
             lifted = strategy.lift_batch(batch)
             if self._armed:
                 self._tell_first(strategy, state, lifted)
-            compiles = self._compiles
-            stacked = is_stacked(batch)
             last, compiled = self._cache
-            if stacked or strategy is not last or compiled is None:
-                programs = self._fused if stacked else self._compiled
-                compiled = programs.get(strategy)
-                if compiled is None:
-                    _check_batch(batch)
-                    compiled = programs[strategy] = self._compile(strategy, state, fused=stacked)
-                if not stacked:
-                    self._cache = (strategy, compiled)
+            if strategy is not last or type(batch) is Stacked:
+                compiled = self._program(strategy, state, batch)
             logs, state = compiled(state, lifted)
         except Exception:
             # Only on the failure path: a batch of Python lists or strings fails somewhere in the
@@ -455,6 +448,17 @@ class ManagedStep(Generic[S]):
         else:
             batch = strategy.lift_batch(batch)
         return jax.jit(self._body(strategy, state)).lower(state, batch)
+
+    def _program(self, strategy: Strategy, state: Any, batch: Any) -> Callable[[Any, Any], tuple[Logs, Any]]:
+        stacked = is_stacked(batch)
+        programs = self._fused if stacked else self._compiled
+        compiled = programs.get(strategy)
+        if compiled is None:
+            _check_batch(batch)
+            compiled = programs[strategy] = self._compile(strategy, state, fused=stacked)
+        if not stacked:
+            self._cache = (strategy, compiled)
+        return compiled
 
     def _body(self, strategy: Strategy, state: Any) -> Callable[[Any, Any], tuple[Logs, Any]]:
         # Asked once per compiled step: only strategies that run one program per device reduce in it.
