@@ -97,11 +97,11 @@ class RecompileWatch(Callback):
     """Listens to the managed steps of a loop while it runs; see `watch_recompiles`."""
 
     hook: ClassVar[str | None] = "on_train_begin"
+    _first: dict[tuple[ManagedStep[Any], Strategy], _Inputs]  # each step's first inputs, by strategy
+    _warned: set[tuple[ManagedStep[Any], str]]  # the changes warned about
 
     def __init__(self, steps: Iterable[Any]) -> None:
         self._steps = [step for step in steps if isinstance(step, ManagedStep)]
-        self._first: dict[tuple[ManagedStep[Any], Strategy], _Inputs] = {}
-        self._warned: set[str] = set()  # the changes warned about
 
     def on_start(self, loop_state: LoopState[Any], /) -> None:
         self._first, self._warned = {}, set()
@@ -119,10 +119,10 @@ class RecompileWatch(Callback):
         inputs = _Inputs(_leaf_types(batch, cuts[0]), _leaf_types(state, cuts[1]), _static(state))
         first = self._first.setdefault((step, strategy), inputs)
         changed = None if first is inputs else _changes(first, inputs)
-        if changed is None or changed[0] in self._warned:
+        if changed is None or (step, changed[0]) in self._warned:
             return
         change, fix = changed
-        self._warned.add(change)
+        self._warned.add((step, change))
         warn(
             f"{step!r} compiled again (compile {step.compiles}) under {strategy!r}, for {change}. Each "
             f"new program takes a compile (seconds to minutes on an accelerator). {fix}.",
