@@ -984,6 +984,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         metavar="PATH",
         help=f"a Python whose environment has ciclo {LEGACY_VERSION}: its engine cost is measured too",
     )
+    parser.add_argument(
+        "--bytecodes",
+        action="store_true",
+        help="count the Python bytecodes a step of each row runs (sys.settrace; deterministic, for a busy "
+        "machine where timings are noise) instead of timing it",
+    )
     parser.add_argument("--output", help="also write the markdown table to this file")
     args = parser.parse_args(argv)
     if args.smoke:
@@ -1029,16 +1035,56 @@ def engine_section(args: argparse.Namespace) -> str:
     return engine_table(costs, legacy, steps, args.rounds, judge_target=not args.smoke)
 
 
+def bytecodes(run: Callable[[Workload, int], Timing], workload: Workload, steps: int) -> float:
+    """The Python bytecodes a step of `run` adds: those of a run of `2 * steps` less one of `steps`."""
+    run(workload, steps)  # compiles, untraced
+    counts = []
+    for n in (steps, 2 * steps):
+        count = 0
+
+        def tracer(frame: Any, event: str, arg: Any) -> Any:
+            nonlocal count
+            frame.f_trace_opcodes = True
+            count += event == "opcode"
+            return tracer
+
+        sys.settrace(tracer)
+        try:
+            run(workload, n)
+        finally:
+            sys.settrace(None)
+        counts.append(count)
+    return (counts[1] - counts[0]) / steps
+
+
+def bytecodes_table(workload: Workload, names: list[str], steps: int) -> str:
+    lines = [
+        f"### {workload.name}: Python bytecodes a step (sys.settrace opcode events, {steps} steps)",
+        "",
+        "| implementation | bytecodes/step |",
+        "|---|---:|",
+    ]
+    return "\n".join(
+        [
+            *lines,
+            *(f"| {name} | {bytecodes(IMPLEMENTATIONS[name], workload, steps):,.1f} |" for name in names),
+        ]
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     warm_up_history()
     sections = [header(PINNING if args.pin_core else f"not pinned: {PIN_FLAG} not given")]
-    if ENGINE in args.only:
+    if ENGINE in args.only and not args.bytecodes:
         sections.append(engine_section(args))
     names = [name for name in args.only if name in IMPLEMENTATIONS]
     for workload_name in args.workloads if names else []:
         workload = WORKLOADS[workload_name]
         steps = args.steps or workload.default_steps
+        if args.bytecodes:
+            sections.append(bytecodes_table(workload, names, min(steps, 1024)))
+            continue
         rows = measure(workload, names, steps, args.rounds)
         sections.append(table(workload, rows, steps, args.rounds, judge_targets=not args.smoke))
     report = "\n\n".join(sections) + "\n"

@@ -125,6 +125,12 @@ def test_decorator_strategy_applies_to_states_without_one() -> None:
     assert len(traces) == 2 and repr(count) == "managed.step(count)"
 
 
+def test_a_step_in_a_class_body_is_named_by_its_class() -> None:
+    # What a recompile warning names: the state's own step, not the function behind it.
+    assert repr(ciclo.types.ModelState.train_step) == "ModelState.train_step"
+    assert repr(ciclo.types.ModelState.test_step) == "ModelState.test_step"
+
+
 def test_a_state_field_overrides_the_decorator_strategy() -> None:
     step = managed.train_step(lambda state, batch: ciclo.logs().add_loss("l", state.params**2), "eager")
     state = managed.ManagedState.create(params=jnp.ones(()), tx=optax.sgd(0.25), strategy="jit")

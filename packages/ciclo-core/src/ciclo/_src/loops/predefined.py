@@ -16,7 +16,8 @@ from ciclo._src.base.reprs import short
 from ciclo._src.base.schedules import Every, at_step_end, every
 from ciclo._src.base.types import Evaluable, Predictable, S, Trainable
 from ciclo._src.callbacks._ema import SwapEMAWeights
-from ciclo._src.callbacks._throughput import Throughput
+from ciclo._src.callbacks._recompiles import watch_recompiles
+from ciclo._src.callbacks._throughput import watch_steps
 from ciclo._src.callbacks._training_options import TrainingOptionsWatch
 from ciclo._src.data.prefetch import prefetch_to_device
 from ciclo._src.engine.callback import Callback, Tasks
@@ -43,7 +44,7 @@ from ciclo._src.loops.hooks import (
 )
 from ciclo._src.resume.backup import Backup, BackupCallback
 from ciclo._src.resume.signals import CatchInterrupt
-from ciclo._src.state.managed import AbstractManagedState, ManagedStep
+from ciclo._src.state.managed import AbstractManagedState
 
 
 def _get(named: Named, *names: str) -> list[Any]:
@@ -185,15 +186,6 @@ def _check_runs_something(prefix: str, state: Any, named: Named, scheduled: Any,
     )
 
 
-def _watch_steps(callbacks: Any) -> None:
-    """Tells each `ciclo.throughput` in a task's `callbacks` the steps before it, whose FLOPs it reads."""
-    if not isinstance(callbacks, (list, tuple)):
-        return
-    for index, callback in enumerate(callbacks):
-        if isinstance(callback, Throughput):
-            callback.watch(callbacks[:index])
-
-
 def loop(
     state: S,
     dataset: Iterable[Any],
@@ -237,7 +229,7 @@ def loop(
     if not isinstance(tasks, Mapping):
         raise TypeError(f"tasks must be a dict of schedule -> callbacks, got {short(tasks)}")
     for callbacks in tasks.values():
-        _watch_steps(callbacks)
+        watch_steps(callbacks)
     return _run(
         "loop",
         state,
@@ -396,7 +388,7 @@ def train_loop(
 
     # Auto times each dispatch from before the step's first callback to after its last one.
     timed = ([auto.before_step], [auto.after_dispatch]) if auto is not None else ([], [])
-    _watch_steps(step_callbacks)
+    watch_steps(step_callbacks)
     phases = [
         Phase("train_batch_begin", [(every(1), timed[0] + _get(named, on_train_batch_begin))]),
         Phase("train_step", [(every(1), step_callbacks + timed[1])]),
@@ -439,25 +431,20 @@ def train_loop(
         # The epoch ends after the step that completes it: checked on the counts after the step.
         phases.append(Phase("epoch_end", [(at_step_end(Every(epoch, offset=epoch)), at_epoch_end)]))
     phases.append(Phase("train_batch_end", [(every(1), _get(named, on_train_batch_end))]))
-    # The managed training steps count their compiles in the logs and warn of a recompile while
-    # the loop runs, at no cost to a step that does not compile.
-    watched = [callback for callback in step_callbacks if isinstance(callback, ManagedStep)]
-    for step in watched:
-        step.watch_recompiles(True)
+    # The managed training steps count their compiles and warn of a recompile while the loop runs.
+    begin = [*_get(named, on_train_begin), watch_recompiles(step_callbacks)]
     try:
         return _run(
             "train_loop",
             state,
             dataset,
             phases,
-            _get(named, on_train_begin),
+            begin,
             _get(named, on_train_end),
             settings,
             backup_every=epoch,  # by default, a backup at each epoch's end
         )
     finally:
-        for step in watched:
-            step.watch_recompiles(False)
         if prefetched is not None:
             prefetched.close()  # the batches read ahead go back to a source that can take them
 

@@ -8,7 +8,7 @@ import functools
 import inspect
 import json
 from collections.abc import Callable, Mapping
-from typing import Any, Final, Generic, NamedTuple, Self, TypeVar, cast, final, overload
+from typing import Any, Final, Generic, Self, TypeVar, cast, final, overload
 
 import jax
 import jax.numpy as jnp
@@ -16,8 +16,7 @@ import numpy as np
 import optax
 from typing_extensions import dataclass_transform
 
-from ciclo._src.base.batches import is_stacked
-from ciclo._src.base.checks import RecompileWarning, warn
+from ciclo._src.base.batches import Stacked, is_stacked
 from ciclo._src.base.reprs import short
 from ciclo._src.base.roles import Role, field, fields_with_role, params_field
 from ciclo._src.data.fused import as_logs_and_state, scan_steps
@@ -40,8 +39,6 @@ StepBody = Callable[[Any, Any], Any]
 
 COMPILES: Final = (PERFORMANCE, "compiles")
 """Where a watched step logs its count of compiles: `(collection, entry)`."""
-
-_OFF, _ARMED, _ON = 0, 1, 2  # a step's watch for recompiles: none, to start at the next call, running
 
 
 @dataclass_transform(kw_only_default=True, frozen_default=True, field_specifiers=(dataclasses.field, field))
@@ -341,6 +338,10 @@ def check_params(params: Any) -> None:
     )
 
 
+Listener = Callable[[Strategy, Any, Any, tuple[int, int]], None]
+"""Told the inputs of a step's program: `(strategy, state, batch, cuts)` (`ManagedStep.listen`)."""
+
+
 @final
 class ManagedStep(Generic[S]):
     """A step function run under a strategy: what `train_step` and `step` return.
@@ -352,16 +353,15 @@ class ManagedStep(Generic[S]):
     __slots__ = (
         "__name__",
         "__wrapped__",
+        "_armed",
         "_cache",
         "_compiled",
         "_compiles",
         "_default",
-        "_first",
         "_fused",
-        "_analysing",
+        "_listener",
+        "_owner",
         "_update",
-        "_warned",
-        "_watching",
     )
 
     def __init__(self, fn: StepBody, strategy: str | Strategy | None, *, update: bool) -> None:
@@ -371,16 +371,18 @@ class ManagedStep(Generic[S]):
         self._update = update
         self._compiled: dict[Strategy, Callable[[Any, Any], tuple[Logs, Any]]] = {}
         self._fused: dict[Strategy, Callable[[Any, Any], tuple[Logs, Any]]] = {}
-        self._cache: tuple[Strategy | None, Callable[[Any, Any], tuple[Logs, Any]] | None] = (None, None)
+        self._cache: tuple[Strategy | None, Any] = (None, None)  # (strategy, program) of the last single step
         self._compiles = 0
-        self._first: dict[Strategy, _Inputs] = {}  # what each strategy's first compile was for
-        self._warned: set[str] = set()  # the changes warned about
-        self._watching = _OFF  # whether a loop watches for recompiles (`watch_recompiles`)
-        self._analysing = False  # whether `flops` is lowering the step
+        self._listener: Listener | None = None
+        self._armed = False  # whether the listener is told the next call's inputs
+        self._owner: str | None = None  # `Class.name` where a class body holds it
 
     def __repr__(self) -> str:
         kind = "train_step" if self._update else "step"
-        return f"managed.{kind}({self.__name__})"
+        return self._owner or f"managed.{kind}({self.__name__})"
+
+    def __set_name__(self, owner: type[Any], name: str) -> None:
+        self._owner = f"{owner.__name__}.{name}"
 
     @overload
     def __get__(self, instance: None, owner: type[Any]) -> Self: ...
@@ -394,21 +396,14 @@ class ManagedStep(Generic[S]):
     def __call__(self, state: S, batch: Any) -> tuple[Logs, S]:
         """Runs one step, or all steps of a `ciclo.types.Stacked` batch in one dispatch."""
         strategy = state.strategy if isinstance(state, AbstractManagedState) else self._default
+        compiles = self._compiles
         try:
             lifted = strategy.lift_batch(batch)
-            if self._watching == _ARMED:
-                self._first_inputs(strategy, state, lifted)
-            compiles = self._compiles
-            stacked = is_stacked(batch)
+            if self._armed:
+                self._tell_first(strategy, state, lifted)
             last, compiled = self._cache
-            if stacked or strategy is not last or compiled is None:
-                programs = self._fused if stacked else self._compiled
-                compiled = programs.get(strategy)
-                if compiled is None:
-                    _check_batch(batch)
-                    compiled = programs[strategy] = self._compile(strategy, state, fused=stacked)
-                if not stacked:
-                    self._cache = (strategy, compiled)
+            if strategy is not last or type(batch) is Stacked:
+                compiled = self._program(strategy, state, batch)
             logs, state = compiled(state, lifted)
         except Exception:
             # Only on the failure path: a batch of Python lists or strings fails somewhere in the
@@ -417,7 +412,7 @@ class ManagedStep(Generic[S]):
             if refusal is None:
                 raise
             raise refusal from None
-        if self._compiles != compiles and self._watching:
+        if self._compiles != compiles and self._listener is not None:
             logs.add_entry(*COMPILES, self._compiles)  # the step that compiled says so
         return logs, state
 
@@ -426,43 +421,44 @@ class ManagedStep(Generic[S]):
         """How many times this step was compiled (traced), under every strategy; 0 before its first call."""
         return self._compiles
 
-    def flops(self, state: Any, batch: Any) -> float | None:
-        """The floating-point operations of one step on `state` and `batch`, from XLA's cost analysis.
+    def listen(self, listener: Listener | None) -> None:
+        """Tells `listener` the inputs of the next call and of each compile, until `listen(None)`.
 
-        The step is lowered, not compiled, and counted over all devices; None under `pmap`, or when XLA
-        gives no count.
+        It gets `(strategy, state, batch, cuts)`: `batch` is one step's (a `Stacked` group's batches),
+        `cuts` the leading axes of the batch's and the state's leaves that the program does not see (the
+        group's, pmap's devices'). While
+        one listens, a step that compiled logs its count as `performance.compiles`
+        (`ciclo.watch_recompiles`, which `train_loop` adds, listens).
+        """
+        self._listener, self._armed = listener, listener is not None
 
-        Example:
-            >>> import ciclo, jax.numpy as jnp, optax
-            >>> from ciclo import managed
-            >>> @managed.step
-            ... def test_step(state, batch):
-            ...     return ciclo.logs().add_metric("y", (batch @ state.params).sum()), state
-            >>> state = managed.ManagedState.create(params=jnp.ones((8, 4)), tx=optax.sgd(0.1))
-            >>> test_step.flops(state, jnp.ones((32, 8))) > 2 * 32 * 8 * 4 - 1  # the matmul's multiply-adds
-            True
+    def lower(self, state: Any, batch: Any) -> jax.stages.Lowered | None:
+        """One step's program on `state` and `batch` (of a `Stacked` group, one step), traced, not compiled.
+
+        None under a strategy that runs one program per device (pmap): there is no one program.
         """
         strategy = state.strategy if isinstance(state, AbstractManagedState) else self._default
         if isinstance(strategy, DeviceReductions):
             return None
         if is_stacked(batch):
-            # One step's batch of the group: the leading axis goes.
             batch = jax.tree.map(
                 lambda leaf: jax.ShapeDtypeStruct(np.shape(leaf)[1:], leaf.dtype),  # type: ignore[no-untyped-call]
                 batch.batches,
             )
         else:
-            batch = strategy.lift_batch(batch)  # as the step was called: jax finds the program it compiled
-        program = self._compiled.get(strategy)
-        if not isinstance(program, jax.stages.Wrapped):  # eager, or a program behind a wrapper
-            program = jax.jit(self._body(strategy, state))
-        self._analysing = True  # a trace here compiles nothing the loop runs
-        try:
-            cost = program.lower(state, batch).cost_analysis()
-        finally:
-            self._analysing = False
-        flops = None if cost is None else cost.get("flops")
-        return None if flops is None or flops <= 0 else float(flops)
+            batch = strategy.lift_batch(batch)
+        return jax.jit(self._body(strategy, state)).lower(state, batch)
+
+    def _program(self, strategy: Strategy, state: Any, batch: Any) -> Callable[[Any, Any], tuple[Logs, Any]]:
+        stacked = is_stacked(batch)
+        programs = self._fused if stacked else self._compiled
+        compiled = programs.get(strategy)
+        if compiled is None:
+            _check_batch(batch)
+            compiled = programs[strategy] = self._compile(strategy, state, fused=stacked)
+        if not stacked:
+            self._cache = (strategy, compiled)
+        return compiled
 
     def _body(self, strategy: Strategy, state: Any) -> Callable[[Any, Any], tuple[Logs, Any]]:
         # Asked once per compiled step: only strategies that run one program per device reduce in it.
@@ -476,52 +472,26 @@ class ManagedStep(Generic[S]):
         self, strategy: Strategy, state: Any, *, fused: bool
     ) -> Callable[[Any, Any], tuple[Logs, Any]]:
         body = self._body(strategy, state)
-        # Only training consumes the state: the state an evaluation reads stays valid, since a train
-        # loop trains on from it after a test pass.
-        donate = self._update
         step = (lambda state, stacked: scan_steps(body, state, stacked.batches)) if fused else body
 
         def run(state: Any, batch: Any) -> tuple[Logs, Any]:
-            steps = batch.batches if fused else batch
-            self._traced(strategy, _inputs(state, steps, fused))
+            self._compiles += 1  # jax traces the step only to compile it
+            if self._listener is not None:
+                self._listener(strategy, state, batch.batches if fused else batch, (fused, 0))
             return step(state, batch)
 
-        compiled = strategy.compile(run, donate=donate)
+        # Only training consumes the state: the state an evaluation reads stays valid, since a train
+        # loop trains on from it after a test pass.
+        compiled = strategy.compile(run, donate=self._update)
         # A strategy that runs the step as it is (eager) compiles nothing: no compile to count.
         return step if compiled is run else compiled
 
-    def watch_recompiles(self, on: bool) -> None:
-        """Starts or stops watching for recompiles against the next step run (as `train_loop` does)."""
-        self._watching = _ARMED if on else _OFF
-        self._first, self._warned = {}, set()
-
-    def _first_inputs(self, strategy: Strategy, state: Any, batch: Any) -> None:
-        # The first step a watch sees may run a program an earlier loop compiled: its inputs are the
-        # reference later compiles are compared with.
-        self._watching = _ON
-        stacked = is_stacked(batch)
-        devices = isinstance(strategy, DeviceReductions)  # traced per device: the device axis goes
-        self._first[strategy] = _inputs(state, batch.batches if stacked else batch, stacked, devices)
-
-    def _traced(self, strategy: Strategy, inputs: _Inputs) -> None:
-        # jax traces the step only to compile it.
-        if self._analysing:
-            return
-        self._compiles += 1
-        if self._watching == _OFF:
-            return
-        first = self._first.setdefault(strategy, inputs)
-        if first is inputs:
-            return
-        changed = _changes(first, inputs)
-        if changed is None or changed[0] in self._warned:
-            return
-        change, fix = changed
-        self._warned.add(change)
-        warn(
-            f"{self!r} compiled again (compile {self._compiles}) under {strategy!r}, for {change}. Each "
-            f"new program takes a compile (seconds to minutes on an accelerator). {fix}.",
-            RecompileWarning,
+    def _tell_first(self, strategy: Strategy, state: Any, batch: Any) -> None:
+        # The first call a listener sees may run a program an earlier loop compiled: it is told its inputs.
+        self._armed = False
+        stacked, devices = is_stacked(batch), isinstance(strategy, DeviceReductions)
+        cast(Listener, self._listener)(
+            strategy, state, batch.batches if stacked else batch, (stacked + devices, devices)
         )
 
 
@@ -662,84 +632,6 @@ def _finish(logs: Logs, state: Any, reductions: DeviceReductions | None) -> tupl
             else:
                 values[name] = computed
     return (lowered if reductions is None else reductions.reduce_logs(lowered)), state
-
-
-_BATCH_FIX = (
-    "If the last batch of an epoch is smaller, drop it (drop_remainder=True where the batches are made) "
-    "or pad it to the full size and mask the padding"
-)
-_SCALAR_FIX = (
-    "Keep Python scalars out of the state: jax compiles a Python number as a weakly typed value and the "
-    "step's result as a strongly typed one, so the next step compiles again; store it as an array, "
-    "e.g. jnp.asarray(value, jnp.float32)"
-)
-_STATE_FIX = "Return the state with the shapes and dtypes it came in with"
-_STATIC_FIX = (
-    "A static field is compiled into the program: hold a value that changes during training in an array field"
-)
-
-
-class _Inputs(NamedTuple):
-    """What a compile was for: the trees of the batch (one step's) and of the state, their leaves' types."""
-
-    batch: tuple[Any, tuple[tuple[str, str], ...]]
-    state: tuple[Any, tuple[tuple[str, str], ...]]
-    static: dict[str, Any]
-
-
-_WEAK = " (weak: a Python scalar)"
-
-
-def _leaf_types(tree: Any, cut: int) -> tuple[Any, tuple[tuple[str, str], ...]]:
-    # Each leaf's shape and dtype in words, without the `cut` leading axes its program does not see
-    # (a Stacked group's, pmap's devices').
-    leaves, treedef = jax.tree_util.tree_flatten_with_path(tree)
-    types = []
-    for path, leaf in leaves:
-        if isinstance(leaf, _ARRAY_LEAVES):
-            aval = jax.typeof(leaf)
-            described = f"{tuple(aval.shape)[cut:]} {aval.dtype}{_WEAK if aval.weak_type else ''}"
-        else:  # what jax cannot trace: its type
-            described = f"() {type(leaf).__name__}"
-        types.append((jax.tree_util.keystr(path), described))
-    return treedef, tuple(types)
-
-
-def _inputs(state: Any, batch: Any, stacked: bool, devices: bool = False) -> _Inputs:
-    static = {}
-    if dataclasses.is_dataclass(state) and not isinstance(state, type):
-        static = {
-            f.name: getattr(state, f.name) for f in dataclasses.fields(state) if f.metadata.get("static")
-        }
-    return _Inputs(_leaf_types(batch, stacked + devices), _leaf_types(state, devices), static)
-
-
-def _changes(first: _Inputs, now: _Inputs) -> tuple[str, str] | None:
-    """What differs between two compiles' inputs, and the fixes; None when jax sees what ciclo does not."""
-    changes: list[str] = []
-    fixes: list[str] = []
-    for name, (tree0, types0), (tree, types), fix in (
-        ("batch", first.batch, now.batch, _BATCH_FIX),
-        ("state", first.state, now.state, _STATE_FIX),
-    ):
-        if tree == tree0:
-            for (path, leaf), (_, leaf0) in zip(types, types0, strict=True):
-                if leaf != leaf0:
-                    changes.append(f"inputs {name}{path} {leaf}, first compiled for {leaf0}")
-                    fixes.append(_SCALAR_FIX if leaf0 == leaf + _WEAK else fix)  # only the weak type went
-            continue
-        moved = []
-        if name == "state" and now.static.keys() == first.static.keys():
-            moved = [key for key in now.static if now.static[key] != first.static[key]]
-        changes += [
-            f"static field state.{key} {short(now.static[key])}, first compiled for "
-            f"{short(first.static[key])}"
-            for key in moved
-        ] or [f"the {name}'s structure {short(tree)}, first compiled for {short(tree0)}"]
-        fixes.append(_STATIC_FIX if moved else fix)
-    if not changes:
-        return None  # a new group size of a Stacked batch, a sharding, or jax's cache evicting the program
-    return "; ".join(changes), ". ".join(dict.fromkeys(fixes))
 
 
 def _check_batch(batch: Any) -> None:
