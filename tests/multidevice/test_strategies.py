@@ -15,7 +15,6 @@ from support import training
 
 import ciclo
 from ciclo import managed
-from ciclo._src.callbacks._throughput import step_flops
 from ciclo._src.strategies import _local, _pmap
 from ciclo._src.strategies._in_flight import MAX_STEPS_IN_FLIGHT
 
@@ -238,7 +237,7 @@ def test_flops_count_the_whole_model_under_every_mesh_strategy() -> None:
     for name in ("jit", "data_parallel", "fsdp", "pmap"):
         state = training.managed_state("mlp", name)
         _, state = training.train_step(state, batch)
-        counts[name] = step_flops(training.train_step, state, batch)
+        counts[name] = ciclo.step_flops(training.train_step, state, batch)
     # Counted before the program is split over the devices: one device's share would be a quarter.
     assert counts["jit"] and counts["jit"] > 0
     assert counts["data_parallel"] == counts["fsdp"] == counts["jit"]

@@ -45,6 +45,8 @@ from ciclo._src.callbacks._loggers._wandb import wandb_logger as wandb_logger
 from ciclo._src.callbacks._nan_guard import terminate_on_nan as terminate_on_nan
 from ciclo._src.callbacks._noop import noop as noop
 from ciclo._src.callbacks._profile import profile as profile
+from ciclo._src.callbacks._recompiles import watch_recompiles as watch_recompiles
+from ciclo._src.callbacks._throughput import step_flops as step_flops
 from ciclo._src.callbacks._throughput import throughput as throughput
 from ciclo._src.callbacks._tqdm_bar import tqdm_bar as tqdm_bar
 from ciclo._src.data.fused import fuse as fuse
@@ -169,6 +171,7 @@ __all__ = [
     "restore_checkpoint",
     "run_phases",
     "stacked",
+    "step_flops",
     "strategies",
     "summary",
     "swap_ema_weights",
@@ -181,4 +184,5 @@ __all__ = [
     "train_loop",
     "types",
     "wandb_logger",
+    "watch_recompiles",
 ]

@@ -146,7 +146,7 @@ def watch_recompiles(steps: Iterable[Any]) -> RecompileWatch:
         ... def train_step(state, batch):
         ...     return ciclo.logs().add_loss("loss", jnp.mean((batch * state.params) ** 2))
         >>> state = managed.ManagedState.create(params=jnp.ones(2), tx=optax.sgd(0.1))
-        >>> watch = watch_recompiles([train_step])
+        >>> watch = ciclo.watch_recompiles([train_step])
         >>> tasks = {ciclo.every(1): [train_step]}
         >>> _, history, _ = ciclo.loop(state, [jnp.ones(2)] * 3, tasks, on_start=watch)
         >>> history.collect("steps", "compiles")

@@ -1,4 +1,4 @@
-"""The hook vocabulary: the names predefined loops run callbacks under (`ciclo.on_*`, `ciclo.hooks.on_predict_*`)."""
+"""The hook vocabulary: the names predefined loops run callbacks under (`ciclo.on_*`, `ciclo.hooks`)."""
 
 from __future__ import annotations
 

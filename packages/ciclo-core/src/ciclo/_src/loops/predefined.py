@@ -1,4 +1,4 @@
-"""`ciclo.loop`, `train_loop`, `test_loop` and `predict_loop`: `run_phases` with phases named by the hook vocabulary."""
+"""`ciclo.loop`, `train_loop`, `test_loop` and `predict_loop`: `run_phases` with hook-named phases."""
 
 from __future__ import annotations
 
