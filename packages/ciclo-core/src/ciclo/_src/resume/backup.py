@@ -214,8 +214,9 @@ def _is_period(x: Any) -> bool:
         return False
 
 
-# A field: (the type it holds, what else must hold of it or None, what it is in words); `?`: optional.
-Schema = dict[str, tuple[Any, Any, str]]
+# A field: None (anything), or (the type it holds, what else must hold of it or None, what it is in
+# words); a name ending in `?`: the field may be absent or null.
+Schema = dict[str, tuple[type, Any, str] | None]
 
 
 def _loop_schema(step: int) -> Schema:
@@ -233,7 +234,7 @@ def _loop_schema(step: int) -> Schema:
             ),
             elapsed,
         ),
-        "history": (object, None, ""),  # read by from_json and _HISTORY_SCHEMA
+        "history": None,  # read by from_json and _HISTORY_SCHEMA
         "callbacks": (dict, None, "a dict"),
         "position": (
             int,
@@ -241,9 +242,9 @@ def _loop_schema(step: int) -> Schema:
             f"a number of batches from 0 to the {step} steps completed",
         ),
         "samples": (int, _is_count, "a count"),
-        "iterator_state": (object, None, ""),  # read by from_json
+        "iterator_state": None,  # read by from_json
         "kept": (list, lambda x: all(isinstance(name, str) for name in x), "a list of names"),
-        "options": (object, None, ""),  # read by check_static_options
+        "options": None,  # read by check_static_options
         "devices?": (int, lambda x: x > 0, "a device count"),  # earlier ciclo versions did not record it
     }
 
@@ -254,7 +255,7 @@ _HISTORY_SCHEMA: Schema = {
         lambda x: all(isinstance(c, list) and len(c) == 2 and all(map(_is_count, c)) for c in x),
         "a list of [first, end] rows",
     ),
-    "max_rows": (object, None, ""),
+    "max_rows": None,
     "dropped": (int, _is_count, "a count"),
     "evicted_latest": (dict, None, "a dict"),
 }
@@ -267,18 +268,13 @@ def check_document(item: Any, schema: Schema, where: str) -> dict[str, Any]:
         raise ValueError(
             f"{where} holds a {type(item).__name__}, not a JSON object with the fields {list(fields)}"
         )
-    for (name, optional), (kind, check, what) in zip(fields.items(), schema.values(), strict=True):
-        if name not in item or (optional and item[name] is None):
-            continue
+    for name, spec in zip(fields, schema.values(), strict=True):
+        if spec is None or item.get(name) is None and (fields[name] or name not in item):
+            continue  # anything, read by its own reader; or an optional field (or one missing: below)
+        kind, check, what = spec
         value = item[name]
-        if not (isinstance(value, kind) and (type(value) is not bool or kind in (bool, object))) or (
-            check is not None and not check(value)
-        ):
-            shown = (
-                short(value)
-                if isinstance(value, kind) or not isinstance(value, (list, dict))
-                else f"a {type(value).__name__}"
-            )
+        if not isinstance(value, kind) or type(value) is bool is not kind or (check and not check(value)):
+            shown = short(value) if isinstance(value, kind) else f"a {type(value).__name__}"
             raise ValueError(f"{where}: {name} is {shown}, not {what}")
     unknown = sorted(set(item) - set(fields))
     missing = sorted(name for name, optional in fields.items() if not optional and name not in item)
