@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
@@ -64,3 +65,27 @@ def test_no_module_imports_itself_through_others():
         if graph.find_shortest_chain(importer=imported, imported=importer) is not None
     )
     assert cycles == []
+
+
+def loop_state_privates_outside_engine(packages: pathlib.Path) -> list[str]:
+    """`loop_state._x` read or written outside `engine/`: the engine's slots are its own."""
+    pattern = re.compile(r"loop_state\._[a-z]")
+    return [
+        f"{path.relative_to(packages)}:{number}: {line.strip()}"
+        for path in sorted(packages.rglob("*.py"))
+        if "engine" not in path.relative_to(packages).parts
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if pattern.search(line)
+    ]
+
+
+def test_no_underscore_slot_of_a_loop_state_is_used_outside_the_engine(tmp_path):
+    assert loop_state_privates_outside_engine(ROOT / "packages") == []
+    # It can fail: a callback reading the engine's clock is found.
+    (tmp_path / "callbacks").mkdir()
+    (tmp_path / "callbacks" / "peek.py").write_text("steps = loop_state._clock.steps\n")
+    (tmp_path / "engine").mkdir()
+    (tmp_path / "engine" / "own.py").write_text("loop_state._clock = None\n")
+    assert loop_state_privates_outside_engine(tmp_path) == [
+        "callbacks/peek.py:1: steps = loop_state._clock.steps"
+    ]

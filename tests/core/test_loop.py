@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import ciclo
+from ciclo._src.resume.signals import ForcedInterrupt
 
 
 def run(tasks, data=range(5), **kwargs):
@@ -254,21 +255,34 @@ def test_end_hooks_run_for_bound_method_owners_even_on_error():
 
 
 def test_keyboard_interrupt_is_caught_and_state_returned(caplog):
+    # Ctrl-C is a stop request: the step in flight finishes, and the loop returns.
+    def step(state, batch):
+        if batch == 3:
+            os.kill(os.getpid(), signal.SIGINT)
+        return state + 1
+
+    with caplog.at_level(logging.WARNING, logger="ciclo"):
+        state, _, elapsed = ciclo.loop(0, range(10), {ciclo.every(1): step})
+    assert state == 4 and elapsed.steps == 4
+    assert "KeyboardInterrupt: loop stopped at step 4" in caplog.text
+    with pytest.raises(KeyboardInterrupt):
+        ciclo.loop(0, range(10), {ciclo.every(1): step}, catch_keyboard_interrupt=False)
+
+
+def test_a_keyboard_interrupt_raised_by_code_is_not_taken_for_ctrl_c():
+    # Changed in Core v5: no on_end takes an error; only a Ctrl-C (the signal) is a stop request.
     def step(state, batch):
         if batch == 3:
             raise KeyboardInterrupt
         return state + 1
 
-    with caplog.at_level(logging.WARNING, logger="ciclo"):
-        state, _, elapsed = ciclo.loop(0, range(10), {ciclo.every(1): step})
-    assert state == 3 and elapsed.steps == 3
-    assert "KeyboardInterrupt" in caplog.text
     with pytest.raises(KeyboardInterrupt):
-        ciclo.loop(0, range(10), {ciclo.every(1): step}, catch_keyboard_interrupt=False)
+        ciclo.loop(0, range(10), {ciclo.every(1): step})
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
 def test_catching_ctrl_c_adds_a_step_end_hook_only_once_ctrl_c_arrives():
-    # The guard costs no call per step: the first Ctrl-C adds the hook that ends the step in flight.
+    # The guard costs no call per step: the first Ctrl-C (a stop request) adds the hook that ends the loop.
     hooks, steps = [], []
 
     def probe(state, elapsed, loop_state):
@@ -282,6 +296,23 @@ def test_catching_ctrl_c_adds_a_step_end_hook_only_once_ctrl_c_arrives():
     state, _, elapsed = ciclo.loop(0, range(10), {ciclo.every(1): probe})
     assert hooks == [0, 0, 0, 1] and steps == [0, 1, 2]
     assert state == elapsed.steps == 3
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_a_second_ctrl_c_raises_forced_interrupt_at_once():
+    seen = []
+
+    def step(state, elapsed):
+        seen.append(elapsed.steps)
+        if elapsed.steps == 2:
+            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), signal.SIGINT)
+            seen.append("not reached")
+        return state + 1
+
+    with pytest.raises(ForcedInterrupt):
+        ciclo.loop(0, range(10), {ciclo.every(1): step})
+    assert seen == [0, 1, 2]
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
@@ -492,22 +523,25 @@ def test_lifecycle_methods_are_found_nominally():
     ciclo.loop(0, range(3), {ciclo.every(1): Anything()})
 
 
-def test_an_on_end_returning_true_takes_the_error():
+def test_an_on_end_sees_the_error_which_goes_on_whatever_it_returns():
+    # Changed in Core v5: `on_end` returns None; returning True no longer takes the error.
+    seen = []
+
     class Forgive(ciclo.Callback):
         def on_end(self, loop_state, error):
-            return isinstance(error, ValueError)
+            seen.append((error, loop_state.elapsed.steps))
+            return True
 
     def fail(state, batch):
         if batch == 2:
             raise ValueError("boom")
         return state + 1
 
-    state, _, elapsed = ciclo.run_phases(
-        0, range(5), [ciclo.types.Phase("p", [(ciclo.every(1), fail)])], callbacks=[Forgive()]
-    )
-    assert state == 2 and elapsed.steps == 2
-    with pytest.raises(ValueError, match="boom"):
-        ciclo.run_phases(0, range(5), [ciclo.types.Phase("p", [(ciclo.every(1), fail)])])
+    with pytest.raises(ValueError, match="boom") as raised:
+        ciclo.run_phases(
+            0, range(5), [ciclo.types.Phase("p", [(ciclo.every(1), fail)])], callbacks=[Forgive()]
+        )
+    assert seen == [(raised.value, 2)]
 
 
 @pytest.mark.parametrize("subclass", [True, False], ids=["Callback", "user's object"])

@@ -448,12 +448,8 @@ class Checkpoint(Callback):
 
     def __loop_callback__(self, loop_state: LoopState[S], /) -> CallbackOutput[S]:
         """Saves the loop's state under the steps done with this step (monitor: accumulated logs)."""
-        # A task's `elapsed` counts the steps before it (the clock has not counted it yet), at_step_end's
-        # after; on_end's (no clock: the loop ended) all of them.
-        elapsed, clock = loop_state.elapsed, loop_state._clock
-        steps = int(elapsed.steps)
-        if clock is not None and elapsed.steps == clock.steps:
-            steps += steps_of(loop_state.batch)
+        # In a step (at_step_end's too), the loop has not counted it yet; in on_end it has.
+        steps = loop_state.steps + (steps_of(loop_state.batch) if loop_state.in_step else 0)
         self.save(steps, loop_state.state, loop_state.accumulated_logs)
         return {}, loop_state.state
 

@@ -74,7 +74,7 @@ class TerminateOnNaN(Callback, Generic[S]):
         self._pending = {}
 
     def __loop_callback__(self, loop_state: LoopState[S], /) -> CallbackOutput[S]:
-        logs = loop_state._logs or {}  # read only: the loop's own logs need no copy
+        logs = loop_state.step_logs  # read only: the loop's own logs need no copy
         step = int(loop_state.elapsed.steps)
         for name in self.monitor if logs else ():
             value = self._value(logs, name)

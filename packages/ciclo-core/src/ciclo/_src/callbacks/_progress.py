@@ -133,12 +133,11 @@ class ProgressCallback(Callback, abc.ABC):
 
     def __loop_callback__(self, loop_state: LoopState[Any]) -> None:
         # Between redraws of a bar counting steps, no `Elapsed` is built (the loop builds none on a
-        # step where no scheduled callback is due).
+        # step where no scheduled callback is due). `+ 2`: an at_step_end task's elapsed counts its step.
         if (
-            loop_state._elapsed is not None
-            or self.unit.field != "steps"
+            self.unit.field != "steps"
             or perf_counter() >= self._next_time
-            or loop_state._clock.steps + 1 >= self._next_count
+            or loop_state.steps + 2 >= self._next_count
         ):
             self._update(loop_state.elapsed, loop_state)
 

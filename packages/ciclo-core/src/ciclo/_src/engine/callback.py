@@ -79,13 +79,8 @@ class Callback:
     def on_step_end(self, loop_state: LoopState[Any], /) -> None:
         """Runs after each committed step (backups, signals), seeing the counts after it."""
 
-    def on_end(self, loop_state: LoopState[Any], error: BaseException | None, /) -> bool | None:
-        """Runs once when the loop ends; `error` is what ended it, None when it ended by itself.
-
-        Returning True takes `error`: the loop returns normally (as a context
-        manager's `__exit__` does); Ctrl-C's guard does so.
-        """
-        return None
+    def on_end(self, loop_state: LoopState[Any], error: BaseException | None, /) -> None:
+        """Runs once when the loop ends; `error` is what ended it (raised on after), else None."""
 
     def state_dict(self) -> Any:
         """A snapshot of the state kept across steps (see `ciclo.types.StatefulCallback`)."""

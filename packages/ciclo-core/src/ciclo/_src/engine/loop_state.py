@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Generic
 
-from ciclo._src.base.elapsed import Elapsed
+from ciclo._src.base.batches import count
+from ciclo._src.base.elapsed import Clock, Elapsed, Period
 from ciclo._src.base.reprs import short
 from ciclo._src.base.types import S
 from ciclo._src.logs.logs import History, Logs, LogsLike
@@ -24,6 +25,9 @@ class LoopState(Generic[S]):
         metadata: whatever was passed as `metadata` to the loop.
         stop_iteration: set to True (or call `stop()`) to end the loop after the current callback.
 
+    A callback that steers the run (a backup, Ctrl-C's guard) does so through
+    the public methods below; the slots are the engine's.
+
     Example:
         >>> import ciclo
         >>> def peek(state, batch, elapsed, loop_state):
@@ -40,6 +44,7 @@ class LoopState(Generic[S]):
         "_elapsed",
         "_logs",
         "_owns_logs",
+        "_in_step",
         "_iterator",
         "_per_step",
         "_step_end",
@@ -73,11 +78,11 @@ class LoopState(Generic[S]):
         self._owns_logs = False  # whether `_logs` is the loop's own copy, safe to merge into
         self._accumulated = accumulated_logs
         self._callback_objects: dict[str, Any] = {}  # by state_key
-        # What a backup restores and saves through (the `Clock`: None outside the loop).
-        self._clock: Any = None
+        self._clock: Any = None  # the engine's counters (None before the loop)
         self._iterator: Any = None
-        self._stop: Any = None
+        self._stop: Period | None = None
         self._step_end: list[Callable[[LoopState[Any]], None]] = []
+        self._in_step = False  # tasks of a step run; the clock has not counted it yet
 
     @property
     def elapsed(self) -> Elapsed:
@@ -111,6 +116,59 @@ class LoopState(Generic[S]):
     def stop(self) -> None:
         """Ends the loop once the current callback returns."""
         self.stop_iteration = True
+
+    def request_stop(self) -> None:
+        """Ends the loop after the step in flight, once its hooks ran (safe in a signal handler).
+
+        Example:
+            >>> import ciclo
+            >>> def halt_at_2(state, elapsed, loop_state):
+            ...     if elapsed.steps == 2:
+            ...         loop_state.request_stop()
+            ...     return state + 1
+            >>> ciclo.loop(0, range(10), {ciclo.every(1): halt_at_2})[0]
+            3
+        """
+        self._step_end.append(LoopState.stop)  # a hook only once asked: no cost per step before
+
+    @property
+    def steps(self) -> int:
+        """The steps the loop has counted, without building an `Elapsed`: in a step, those before it."""
+        clock = self._clock
+        return self.elapsed.steps if clock is None else clock.steps
+
+    @property
+    def in_step(self) -> bool:
+        """Whether a step's tasks run (`steps` does not count it yet); False in `on_*` lifecycle methods."""
+        return self._in_step
+
+    @property
+    def stop_at(self) -> Period | None:
+        """The `Period` the loop stops at; None: at the dataset's end."""
+        return self._stop
+
+    @property
+    def step_logs(self) -> Mapping[str, Any]:
+        """The logs of the current step so far, to read only: no copy is made (see `logs`)."""
+        return self._logs or {}
+
+    @property
+    def iterator(self) -> Iterator[Any]:
+        """The iterator the loop draws its batches from; an `on_start` may replace it (to wrap it)."""
+        return self._iterator  # type: ignore[no-any-return]
+
+    @iterator.setter
+    def iterator(self, iterator: Iterator[Any]) -> None:
+        self._iterator = iterator
+
+    def restore(self, state: Any, elapsed: Elapsed) -> None:
+        """Goes on from `state` and the counts `elapsed` (in `on_start`: a backup resumes so)."""
+        self.state = state
+        self._clock, self._elapsed = Clock(elapsed, self._clock.batch_size_fn), None
+
+    def count_samples(self, batch: Any) -> int:
+        """The samples `batch` counts for (the loop's `batch_size_fn`)."""
+        return count(batch, self._clock.batch_size_fn)[1]
 
     def state_dicts(self) -> dict[str, Any]:
         """The `state_dict()` of every stateful callback of this loop, by its `state_key`.

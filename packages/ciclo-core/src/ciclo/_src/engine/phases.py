@@ -89,19 +89,17 @@ def _run_callbacks(loop_state: LoopState[Any], callbacks: list[Callback]) -> Non
             return
 
 
-def _run_end_hooks(ends: list[Callback], loop_state: LoopState[Any], error: BaseException | None) -> bool:
-    """Calls each `on_end`; returns whether one took the error. The first error one raises goes on."""
-    loop_state._elapsed, loop_state._logs, loop_state._clock = loop_state._clock.now(), None, None
+def _run_end_hooks(ends: list[Callback], loop_state: LoopState[Any], error: BaseException | None) -> None:
+    """Calls each `on_end`; the first error one raises goes on once all ran."""
+    loop_state._elapsed, loop_state._logs, loop_state._in_step = loop_state._clock.now(), None, False
     failed: BaseException | None = None
-    taken = False
     for callback in ends:
         try:
-            taken = bool(callback.on_end(loop_state, error or failed)) or taken
+            callback.on_end(loop_state, error or failed)
         except BaseException as raised:  # noqa: BLE001 - re-raised once the other callbacks ran
             failed = failed or raised
     if failed is not None:
         raise failed
-    return taken
 
 
 def run_phases(
@@ -179,8 +177,8 @@ def run_phases(
         if not loop_state.stop_iteration:
             _run_steps(tasks, loop_state)
     except BaseException as error:
-        if not _run_end_hooks(ends, loop_state, error):
-            raise
+        _run_end_hooks(ends, loop_state, error)
+        raise
     else:
         _run_end_hooks(ends, loop_state, None)
     return loop_state.state, loop_state.history, loop_state.elapsed
@@ -189,8 +187,9 @@ def run_phases(
 def _run_steps(tasks: list[_Task], loop_state: LoopState[Any]) -> None:
     """The steps; one before `quiet_until` (no scheduled task due) runs `every_step` alone."""
     stop = loop_state._stop
-    by_steps = stop is not None and only_steps(stop) is not None
-    stop_count, stop_at = (stop.steps, None) if by_steps else (math.inf, stop)
+    steps_only = None if stop is None else only_steps(stop)
+    by_steps = steps_only is not None
+    stop_count, stop_at = (steps_only, None) if by_steps else (math.inf, stop)
     append, history = loop_state.history.append, loop_state.history
     clock, iterator, step_end = loop_state._clock, loop_state._iterator, loop_state._step_end
     first, origin = clock.steps, clock.origin
@@ -199,6 +198,7 @@ def _run_steps(tasks: list[_Task], loop_state: LoopState[Any]) -> None:
         if task.boundary is not None:  # before the step, a boundary at `steps` fires; after it, past it
             task.due = next_boundary(clock.steps - 1 + task.after, *task.boundary)
     quiet_until: float = 0
+    loop_state._in_step = True  # but in the step-end hooks
     while True:
         steps = clock.steps
         if steps >= stop_count or (stop_at is not None and clock.now() >= stop_at):
@@ -253,9 +253,10 @@ def _run_steps(tasks: list[_Task], loop_state: LoopState[Any]) -> None:
                 steps, samples, loop_state._per_step = steps + rows, samples + rows * size, None
             append(steps, samples, time, step_logs)
         clock.advance(batch)
-        if step_end:
-            loop_state._elapsed = None  # the hooks see the counts after it
+        if step_end:  # the hooks see the counts after it; `request_stop` adds one
+            loop_state._elapsed, loop_state._in_step = None, False
             for hook in step_end:
                 hook(loop_state)
+            loop_state._in_step = True
         if loop_state.stop_iteration:
             return

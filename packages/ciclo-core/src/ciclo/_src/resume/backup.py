@@ -25,12 +25,11 @@ from typing import TYPE_CHECKING, Any, final
 import jax
 import numpy as np
 
-from ciclo._src.base.batches import count
 from ciclo._src.base.checks import check_bool, check_directory, check_int
-from ciclo._src.base.elapsed import Clock, Elapsed, Period, make_elapsed, only_steps
+from ciclo._src.base.elapsed import Elapsed, Period, make_elapsed, only_steps
 from ciclo._src.base.files import check_closed, open_own, remove_own, write_atomically
 from ciclo._src.base.finite import all_finite
-from ciclo._src.base.reprs import short
+from ciclo._src.base.reprs import cut, short
 from ciclo._src.base.schedules import Every, crossed
 from ciclo._src.data.position import iterator_state
 from ciclo._src.engine.callback import Callback
@@ -65,6 +64,7 @@ _MARKER = "ciclo_backup.json"  # says the directory holds ciclo backups
 _HISTORY_DIR = "history"  # the History's rows, in files rows-<first>-<end>.json
 _CHUNK = re.compile(r"rows-(\d+)-(\d+)\.json")
 _BARRIERS = "ciclo_backup"  # the backups' kind in orbax's barrier names
+_HEADING = re.compile(r":\s")  # ends the heading of an error: its file, its step
 _LOCK = "ciclo_backup.lock"  # held while a loop uses the directory: the owner's pid and host
 
 
@@ -197,69 +197,102 @@ class Restored:
     skipped: tuple[int, ...] = ()  # the newer backups that could not be read
 
 
-_LOOP_FIELDS = {"format", "kind", "stop", "finished", "elapsed", "history", "callbacks", "position"}
-_LOOP_FIELDS |= {"samples", "iterator_state", "kept", "options"}
-_OPTIONAL_LOOP_FIELDS = {"devices"}  # fields of format 4 that earlier ciclo versions did not record
-
-
-def _checked_loop_item(item: Any, step: int, where: str) -> dict[str, Any]:
-    if not isinstance(item, dict):
-        raise ValueError(f"{where} holds a {type(item).__name__}, not the loop's JSON document")
-    if item.get("format") == 1:
-        raise ValueError(
-            f"{where} was written by an earlier ciclo, whose backups held a pickle: it is not read, as "
-            "loading a backup never runs code from the directory. Give backup= another directory to "
-            "start afresh"
-        )
-    if item.get("format") != _FORMAT:
-        raise ValueError(f"{where} has format {short(item.get('format'))}; this ciclo reads format {_FORMAT}")
-    unknown = sorted(set(item) - _LOOP_FIELDS - _OPTIONAL_LOOP_FIELDS)
-    missing = sorted(_LOOP_FIELDS - set(item))
-    if unknown or missing:
-        raise ValueError(f"{where}: unknown fields {unknown}, missing fields {missing}")
-    elapsed, kept = item["elapsed"], item["kept"]
-    times = isinstance(elapsed, list) and len(elapsed) == 4 and all(map(_is_time, elapsed[2:]))
-    checks = {
-        "finished": (isinstance(item["finished"], bool), "true or false"),
-        "elapsed": (
-            times and all(map(_is_count, elapsed[:2])) and elapsed[2] >= 0,
-            "[steps, samples, time, date_start]",
-        ),
-        "position": (
-            _is_count(item["position"]) and item["position"] <= step,
-            f"a number of batches from 0 to the {step} steps completed",
-        ),
-        "samples": (_is_count(item["samples"]), "a count"),
-        "kind": (isinstance(item["kind"], str), "the name of a loop"),
-        "kept": (isinstance(kept, list) and all(isinstance(name, str) for name in kept), "a list of names"),
-        "devices": (
-            item.get("devices") is None or (_is_count(item["devices"]) and item["devices"] > 0),
-            "a device count",
-        ),
-    }
-    for name, (ok, what) in checks.items():
-        if not ok:
-            raise ValueError(f"{where}: {name} is {short(item.get(name))}, not {what}")
-    if elapsed[0] != step:
-        raise ValueError(f"{where}: elapsed counts {elapsed[0]} steps, but the backup is numbered {step}")
-    if not isinstance(item["callbacks"], dict):
-        raise ValueError(f"{where}: callbacks is a {type(item['callbacks']).__name__}, not a dict")
-    stop = item["stop"]
-    try:
-        if stop is not None and (not isinstance(stop, list) or len(stop) != 4):
-            raise TypeError("not null or [steps, samples, time, date]")
-        item["stop"] = None if stop is None else Period(*stop)
-    except (TypeError, ValueError) as error:
-        raise ValueError(f"{where}: stop is {short(stop)}: {error}") from None
-    return item
-
-
 def _is_count(x: Any) -> bool:
     return type(x) is int and x >= 0
 
 
 def _is_time(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _is_period(x: Any) -> bool:
+    if x is None:
+        return True
+    try:
+        return isinstance(x, list) and len(x) == 4 and isinstance(Period(*x), Period)
+    except (TypeError, ValueError):
+        return False
+
+
+# A field: None (anything), or (the type it holds, what else must hold of it or None, what it is in
+# words); a name ending in `?`: the field may be absent or null.
+Schema = dict[str, tuple[type, Any, str] | None]
+
+
+def _loop_schema(step: int) -> Schema:
+    """The structure of the loop document of the backup numbered `step` (its format, `_FORMAT`)."""
+    elapsed = "[steps, samples, time, date_start], steps the backup's number"
+    return {
+        "format": (int, lambda x: x == _FORMAT, f"{_FORMAT}, the format this ciclo reads"),
+        "kind": (str, None, "the name of a loop"),
+        "stop": (object, _is_period, "null or a period [steps, samples, time, date]"),
+        "finished": (bool, None, "true or false"),
+        "elapsed": (
+            list,
+            lambda x: (
+                len(x) == 4 and x[0] == step and _is_count(x[1]) and all(map(_is_time, x[2:])) and x[2] >= 0
+            ),
+            elapsed,
+        ),
+        "history": None,  # read by from_json and _HISTORY_SCHEMA
+        "callbacks": (dict, None, "a dict"),
+        "position": (
+            int,
+            lambda x: 0 <= x <= step,
+            f"a number of batches from 0 to the {step} steps completed",
+        ),
+        "samples": (int, _is_count, "a count"),
+        "iterator_state": None,  # read by from_json
+        "kept": (list, lambda x: all(isinstance(name, str) for name in x), "a list of names"),
+        "options": None,  # read by check_static_options
+        "devices?": (int, lambda x: x > 0, "a device count"),  # earlier ciclo versions did not record it
+    }
+
+
+_HISTORY_SCHEMA: Schema = {
+    "chunks": (
+        list,
+        lambda x: all(isinstance(c, list) and len(c) == 2 and all(map(_is_count, c)) for c in x),
+        "a list of [first, end] rows",
+    ),
+    "max_rows": None,
+    "dropped": (int, _is_count, "a count"),
+    "evicted_latest": (dict, None, "a dict"),
+}
+
+
+def check_document(item: Any, schema: Schema, where: str) -> dict[str, Any]:
+    """`item`, refused unless it is a JSON object with the fields of `schema`, each as it describes."""
+    fields = {name.rstrip("?"): name.endswith("?") for name in schema}
+    if not isinstance(item, dict):
+        raise ValueError(
+            f"{where} holds a {type(item).__name__}, not a JSON object with the fields {list(fields)}"
+        )
+    for name, spec in zip(fields, schema.values(), strict=True):
+        if spec is None or item.get(name) is None and (fields[name] or name not in item):
+            continue  # anything, read by its own reader; or an optional field (or one missing: below)
+        kind, check, what = spec
+        value = item[name]
+        if not isinstance(value, kind) or type(value) is bool is not kind or (check and not check(value)):
+            shown = short(value) if isinstance(value, kind) else f"a {type(value).__name__}"
+            raise ValueError(f"{where}: {name} is {shown}, not {what}")
+    unknown = sorted(set(item) - set(fields))
+    missing = sorted(name for name, optional in fields.items() if not optional and name not in item)
+    if unknown or missing:
+        raise ValueError(f"{where}: unknown fields {unknown}, missing fields {missing}")
+    return item
+
+
+def _checked_loop_item(item: Any, step: int, where: str) -> dict[str, Any]:
+    if isinstance(item, dict) and item.get("format") == 1:
+        raise ValueError(
+            f"{where} was written by an earlier ciclo, whose backups held a pickle: it is not read, as "
+            "loading a backup never runs code from the directory. Give backup= another directory to "
+            "start afresh"
+        )
+    fields = check_document(item, _loop_schema(step), where)
+    fields["stop"] = None if fields["stop"] is None else Period(*fields["stop"])
+    return fields
 
 
 def _check_rows(part: dict[str, Any], where: str, first: int) -> None:
@@ -284,23 +317,12 @@ def _check_rows(part: dict[str, Any], where: str, first: int) -> None:
             raise ValueError(f"{row}: elapsed is {short(elapsed)}, not (steps, samples, time)")
 
 
-_HISTORY_ITEM_FIELDS = {"chunks", "max_rows", "dropped", "evicted_latest"}
 _COLUMNS = ("paths", "values", "elapsed")
 
 
 def _checked_chunks(item: Any, where: str) -> list[tuple[int, int]]:
     """The document's history chunks, `[[first, end], ...]`, checked to follow each other."""
-    if not isinstance(item, dict) or set(item) != _HISTORY_ITEM_FIELDS:
-        raise ValueError(f"{where} does not have the fields {sorted(_HISTORY_ITEM_FIELDS)}")
-    chunks, dropped = item["chunks"], item["dropped"]
-    if not _is_count(dropped):
-        raise ValueError(f"{where}: dropped is {short(dropped)}, not a count")
-    if not isinstance(item["evicted_latest"], dict):
-        raise ValueError(f"{where}: evicted_latest is not a dict")
-    if not isinstance(chunks, list) or not all(
-        isinstance(c, list) and len(c) == 2 and all(map(_is_count, c)) for c in chunks
-    ):
-        raise ValueError(f"{where}: chunks is {short(chunks)}, not a list of [first, end] rows")
+    chunks, dropped = check_document(item, _HISTORY_SCHEMA, where)["chunks"], item["dropped"]
     ranges = [(first, end) for first, end in chunks]
     follows = all(a[1] == b[0] for a, b in zip(ranges, ranges[1:], strict=False))
     if not all(first < end for first, end in ranges) or not follows or (ranges and ranges[0][0] > dropped):
@@ -355,13 +377,13 @@ class BackupCallback(Callback):
         self._guard: SignalGuard | None = None
         try:
             restored = self._restore_newest(loop_state.state)
-            self._iterator: Any = loop_state._iterator
+            self._iterator: Any = loop_state.iterator
             self._position = 0  # the batches drawn from the dataset: restored, then one a step
-            self._samples_before = loop_state._clock.samples  # counted before this run drew a batch
+            self._samples_before = loop_state.elapsed.samples  # counted before this run drew a batch
             if restored is None:
                 # The backup of the start, once every on_start accepted the run: a run killed before its
                 # first periodic backup resumes as a resumed run (its checkpoints then are its own).
-                loop_state._iterator = itertools.chain(self._start_backup(loop_state), self._iterator)
+                loop_state.iterator = itertools.chain(self._start_backup(loop_state), self._iterator)
             else:
                 self._resume(loop_state, restored)
         except BaseException as error:
@@ -401,9 +423,8 @@ class BackupCallback(Callback):
             finished,
             skipped or "",
         )
-        clock = loop_state._clock = Clock(restored.elapsed, loop_state._clock.batch_size_fn)
-        loop_state.state = restored.state
-        stop = loop_state._stop
+        loop_state.restore(restored.state, restored.elapsed)
+        stop = loop_state.stop_at
         # A finished run is done, unless another stop that it has not reached asks for more.
         if restored.finished and (stop == restored.stop or (stop is not None and restored.elapsed >= stop)):
             self._done = True
@@ -433,7 +454,7 @@ class BackupCallback(Callback):
             samples = 0
             for index in range(position):
                 try:
-                    samples += count(next(iterator), clock.batch_size_fn)[1]
+                    samples += loop_state.count_samples(next(iterator))
                 except StopIteration:
                     raise ValueError(
                         f"cannot resume from the backup: the dataset ended after {index} batches, but the "
@@ -456,19 +477,19 @@ class BackupCallback(Callback):
     def on_step_end(self, loop_state: LoopState[Any], /) -> None:
         """Backs up when due; on a signal, saves and raises `ciclo.types.Preempted`."""
         self._position += 1
-        guard, clock = self._guard, loop_state._clock
+        guard, steps = self._guard, loop_state.steps
         if guard is None or loop_state.stop_iteration:
             return
-        if guard.requested(clock.steps):
+        if guard.requested(steps):
             assert guard.signum is not None
             self._save(loop_state, finished=False, wait=True)
-            preempted = Preempted(guard.signum, clock.steps, self.spec.directory)
+            preempted = Preempted(guard.signum, steps, self.spec.directory)
             announce("ciclo: %s", preempted)
             raise preempted
         if self._interval is not None:
-            due = crossed(self._last_saved or 0, clock.steps, self._interval)
+            due = crossed(self._last_saved or 0, steps, self._interval)
         else:
-            due = bool(self._timed(clock.now()))
+            due = bool(self._timed(loop_state.elapsed))
         if due:
             self._save(loop_state, finished=False, wait=False)
 
@@ -522,11 +543,7 @@ class BackupCallback(Callback):
             return dataclasses.replace(restored, skipped=tuple(step for step, _ in failures))
         if not failures:
             return None
-        errors = "\n".join(f"- step {step}: {error}" for step, error in failures)
-        raise ValueError(
-            f"no backup in {self.spec.directory} can be resumed from:\n{errors}\nIf the loop's state "
-            "changed (another model), give backup= another directory to start afresh."
-        )
+        raise ValueError(_refusal(self.spec.directory, failures))
 
     def _restore_step(self, step: int, target: Any) -> Restored:
         ocp, manager = self._ocp, self._manager
@@ -590,11 +607,8 @@ class BackupCallback(Callback):
                     part = from_json(json.load(file), path)
             except (OSError, ValueError) as error:
                 raise ValueError(f"{where}: the rows {first} to {end} cannot be read: {error}") from None
-            if not isinstance(part, dict) or set(part) != set(_COLUMNS):
-                raise ValueError(f"{path} does not have the fields {list(_COLUMNS)}")
-            if not all(isinstance(part[name], list) and len(part[name]) == end - first for name in _COLUMNS):
-                raise ValueError(f"{path}: paths, values and elapsed are not lists of {end - first} rows")
-            _check_rows(part, path, first)
+            rows_of = (list, lambda x, n=end - first: len(x) == n, f"a list of {end - first} rows")
+            _check_rows(check_document(part, dict.fromkeys(_COLUMNS, rows_of), path), path, first)
             for name in _COLUMNS:
                 rows[name] += part[name]
         skip = item["dropped"] - chunks[0][0] if chunks else 0  # rows a bounded History dropped since
@@ -658,7 +672,7 @@ class BackupCallback(Callback):
         loop_item = {
             "format": _FORMAT,
             "kind": self.kind,
-            "stop": None if loop_state._stop is None else list(dataclasses.astuple(loop_state._stop)),
+            "stop": None if loop_state.stop_at is None else list(dataclasses.astuple(loop_state.stop_at)),
             "finished": finished,
             "elapsed": [step, int(elapsed.samples), float(elapsed.time), float(elapsed.date_start)],
             "history": to_json(self._history_item(loop_state.history), "the history"),
@@ -704,6 +718,27 @@ class BackupCallback(Callback):
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(os.path.join(self.spec.directory, _LOCK))
                 os.close(self._lock)
+
+
+def _refusal(directory: str, failures: list[tuple[int, Exception]]) -> str:
+    """Why no backup resumes: each kind of failure said once, with the backups that share it."""
+    kinds: dict[str, list[tuple[int, str]]] = {}
+    for step, error in failures:  # the same failure of another backup differs only in its step
+        text = str(error)
+        mine = (f"at step {step} in {directory}", os.path.join(directory, str(step)) + os.sep)
+        key = text.replace(mine[0], "at step N").replace(mine[1], "N/")
+        kinds.setdefault(key, []).append((step, text))
+    head = f"no backup in {directory} can be resumed from:"
+    fix = "If the loop's state changed (another model), give backup= another directory to start afresh."
+    lines = []
+    for shared in kinds.values():
+        (first, text), others = shared[0], shared[1:]
+        lines.append(f"- step {first}: {cut(text, (1800 - len(head) - len(fix)) // len(kinds))}")
+        for step, same in others:  # its heading only, which names its own file
+            lines.append(f"- step {step}: {_HEADING.split(same, maxsplit=1)[0]}: as step {first}")
+        if others:
+            lines[-1] += f" ({len(shared)} backups share this)"
+    return cut("\n".join([head, *lines, fix]), 1990)
 
 
 def _identity(pid: int) -> str | None:

@@ -84,21 +84,13 @@ class CatchInterrupt(Callback):
     """
 
     def on_start(self, loop_state: LoopState[Any], /) -> None:
-        # No hook at every step's end: the first Ctrl-C adds one, which ends the step in flight.
-        self._guard = SignalGuard((signal.SIGINT,), on_signal=lambda: loop_state._step_end.append(_interrupt))
+        self._guard = SignalGuard((signal.SIGINT,), on_signal=loop_state.request_stop)
 
-    def on_end(self, loop_state: LoopState[Any], error: BaseException | None, /) -> bool:
-        """Gives Ctrl-C back; returns True (the loop returns normally) after a Ctrl-C not insisted on."""
+    def on_end(self, loop_state: LoopState[Any], error: BaseException | None, /) -> None:
+        """Gives Ctrl-C back; says where a Ctrl-C stopped the loop."""
         self._guard.release()  # on_end follows a successful on_start only
-        if isinstance(error, KeyboardInterrupt) and not isinstance(error, ForcedInterrupt):
+        if self._guard.signum is not None and error is None:
             _log.warning("KeyboardInterrupt: loop stopped at step %d", loop_state.elapsed.steps)
-            return True
-        return False
-
-
-def _interrupt(loop_state: LoopState[Any]) -> None:
-    if not loop_state.stop_iteration:
-        raise KeyboardInterrupt
 
 
 @contextlib.contextmanager
