@@ -134,14 +134,6 @@ def _describe(timings: Mapping[int, Timing]) -> str:
     )
 
 
-class Grouped(NamedTuple):
-    """The loop's batches, and the callbacks to place first before its step and right after it."""
-
-    batches: Iterable[Any]
-    before_step: list[Any]
-    after_step: list[Any]
-
-
 def group_steps(
     dataset: Iterable[Any],
     steps_per_execution: int | Literal["auto"],
@@ -150,34 +142,35 @@ def group_steps(
     stop: Period | None,
     start: int,
     batch_size_fn: BatchSizeFn | None,
-    key: Callable[[], Hashable],
-) -> Grouped:
+    state: Any,
+    steps: Sequence[Callable[..., Any]],
+) -> tuple[Iterable[Any], list[Any], list[Any]]:
     """`dataset` in groups of `steps_per_execution` batches that cross no epoch end and not `stop`.
 
-    `start` is the step count of the first batch (a resumed run's); `key()`, asked only under
-    `"auto"`, names the steps and state whose measurement a later run of this process reuses.
+    `start` is the step count of the first batch (a resumed run's); under `"auto"`, the `steps`
+    and the `state` name the measurement a later run of this process reuses. Returns the batches,
+    and the callbacks the loop places first before its step and right after it.
     """
-    steps = steps_per_execution
-    if steps != AUTO:
-        check_int(steps, "steps_per_execution", 1, ' or "auto" (measured)')
-    if steps == 1:
-        return Grouped(dataset, [], [])
+    if steps_per_execution != AUTO:
+        check_int(steps_per_execution, "steps_per_execution", 1, ' or "auto" (measured)')
+    if steps_per_execution == 1:
+        return dataset, [], []
     for name, period in (("epoch_duration", epoch), ("stop", stop)):
         if period is not None and only_steps(period) is None:
             raise ValueError(
                 f"steps_per_execution cuts its groups at the epoch ends and at stop, so {name} must "
                 f"be a number of steps, got {short(period)}"
             )
-    align = None if epoch is None else epoch.steps
-    total = None if stop is None or stop.steps is None else max(stop.steps - start, 0)
-    if isinstance(steps, int):
-        return Grouped(
-            stacked(dataset, steps, batch_size_fn=batch_size_fn, align=align, start=start, total=total),
-            [],
-            [],
-        )
-    auto = AutoSteps(align=align, start=start, total=total, batch_size_fn=batch_size_fn, signature=key())
-    return Grouped(auto.groups(dataset), [_BeforeStep(auto)], [auto])
+    cuts: dict[str, Any] = {
+        "align": None if epoch is None else epoch.steps,
+        "start": start,
+        "total": None if stop is None or stop.steps is None else max(stop.steps - start, 0),
+        "batch_size_fn": batch_size_fn,
+    }
+    if isinstance(steps_per_execution, int):
+        return stacked(dataset, steps_per_execution, **cuts), [], []
+    auto = AutoSteps(**cuts, signature=signature(state, steps))
+    return auto.groups(dataset), [_BeforeStep(auto)], [auto]
 
 
 @final

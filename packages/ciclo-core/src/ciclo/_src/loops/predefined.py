@@ -19,7 +19,7 @@ from ciclo._src.callbacks._recompiles import watch_recompiles
 from ciclo._src.callbacks._throughput import watch_steps
 from ciclo._src.callbacks._training_options import watch_training_options
 from ciclo._src.data.prefetch import prefetch_to_device
-from ciclo._src.data.steps_per_execution import group_steps, signature
+from ciclo._src.data.steps_per_execution import group_steps
 from ciclo._src.engine.callback import Callback, Tasks
 from ciclo._src.engine.door import as_callback_list
 from ciclo._src.engine.loop_state import LoopState
@@ -367,7 +367,8 @@ def train_loop(
         stop=stop,
         start=0 if elapsed is None else elapsed.steps,
         batch_size_fn=settings.get("batch_size_fn"),
-        key=lambda: signature(state, step_callbacks),
+        state=state,
+        steps=step_callbacks,
     )
     prefetched = None
     if prefetch is not None and prefetch != 0:
