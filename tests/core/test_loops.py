@@ -453,8 +453,8 @@ def test_a_loop_dunder_other_than_loop_callback_is_refused_before_the_first_step
     assert state.log == []
 
 
-@pytest.mark.parametrize(("options", "calls"), [({}, 0), ({"accumulate_steps": 2}, 4)])
-def test_train_loop_adds_the_options_watch_only_to_a_state_that_needs_it(monkeypatch, options, calls):
+@pytest.mark.parametrize(("options", "watched"), [({}, False), ({"accumulate_steps": 2}, True)])
+def test_train_loop_adds_the_options_watch_only_to_a_state_that_needs_it(monkeypatch, options, watched):
     import optax
 
     from ciclo import managed
@@ -469,7 +469,7 @@ def test_train_loop_adds_the_options_watch_only_to_a_state_that_needs_it(monkeyp
 
     state = managed.ManagedState.create(params=jnp.ones(2), tx=optax.sgd(0.1), **options)
     ciclo.train_loop(state, [jnp.ones(2)] * 4, {ciclo.on_train_step: [train_step]})
-    assert len(heard) == calls  # a state without options: nothing runs for the watch at each step
+    assert bool(heard) == watched  # a state without options: nothing runs for the watch at each step
 
 
 def test_loops_check_no_ciclo_class_with_isinstance_only_protocols():
