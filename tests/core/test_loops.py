@@ -451,3 +451,48 @@ def test_a_loop_dunder_other_than_loop_callback_is_refused_before_the_first_step
     with pytest.raises(TypeError, match=rf"{dunder}, which no loop calls.*rename it {right}"):
         ciclo.train_loop(state, range(3), callbacks=[Old()])
     assert state.log == []
+
+
+@pytest.mark.parametrize(("options", "watched"), [({}, False), ({"accumulate_steps": 2}, True)])
+def test_train_loop_adds_the_options_watch_only_to_a_state_that_needs_it(monkeypatch, options, watched):
+    import optax
+
+    from ciclo import managed
+    from ciclo._src.callbacks._training_options import TrainingOptionsWatch
+
+    heard = []
+    monkeypatch.setattr(TrainingOptionsWatch, "__loop_callback__", lambda self, loop_state: heard.append(1))
+
+    @managed.train_step
+    def train_step(state, batch):
+        return ciclo.logs().add_loss("loss", jnp.mean((batch * state.params) ** 2))
+
+    state = managed.ManagedState.create(params=jnp.ones(2), tx=optax.sgd(0.1), **options)
+    ciclo.train_loop(state, [jnp.ones(2)] * 4, {ciclo.on_train_step: [train_step]})
+    assert bool(heard) == watched  # a state without options: nothing runs for the watch at each step
+
+
+def test_loops_check_no_ciclo_class_with_isinstance_only_protocols():
+    # The loops wire features through callbacks the state or the callback declares, never by testing
+    # for a built-in class: an isinstance in loops/ names a builtin type or a protocol of base/types.
+    import ast
+    from pathlib import Path
+
+    loops = Path(ciclo.__file__).parent / "_src" / "loops"
+    found = []
+    for path in sorted(loops.glob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        origin = {
+            alias.asname or alias.name: node.module
+            for node in ast.walk(tree)
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("ciclo")
+            for alias in node.names
+        }
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "isinstance":
+                classes = node.args[1].elts if isinstance(node.args[1], ast.Tuple) else [node.args[1]]
+                for cls in classes:
+                    module = origin.get(getattr(cls, "id", ""))
+                    if module is not None and module != "ciclo._src.base.types":
+                        found.append(f"{path.name}:{node.lineno} {ast.unparse(cls)}")
+    assert found == []

@@ -21,8 +21,8 @@ import pytest
 from support import training
 
 import ciclo
-from ciclo._src.loops import auto_steps
-from ciclo._src.loops.auto_steps import Timing, choose, dispatch_cost
+from ciclo._src.data import steps_per_execution as auto_steps
+from ciclo._src.data.steps_per_execution import Timing, choose, dispatch_cost
 
 FEATURES, CLASSES = 4, 3
 

@@ -12,10 +12,10 @@ Example:
     True
 """
 
-from ciclo._src.engine.door import collect as collect
 from ciclo._src.loops.hooks import PREDICT as PREDICT
 from ciclo._src.loops.hooks import TEST as TEST
 from ciclo._src.loops.hooks import TRAIN as TRAIN
+from ciclo._src.loops.hooks import collect as collect
 from ciclo._src.loops.hooks import on_predict_batch_begin as on_predict_batch_begin
 from ciclo._src.loops.hooks import on_predict_batch_end as on_predict_batch_end
 from ciclo._src.loops.hooks import on_predict_begin as on_predict_begin

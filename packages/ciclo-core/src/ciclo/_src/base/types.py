@@ -85,6 +85,30 @@ class Predictable(Protocol):
     def predict_step(self, batch: Any, /) -> Any: ...
 
 
+@runtime_checkable
+class Placed(Protocol):
+    """A state that says where it lives: `train_loop(prefetch=...)` places its batches by its `strategy`."""
+
+    @property
+    def strategy(self) -> Any: ...
+
+
+@runtime_checkable
+class CarriesOptimizer(Protocol):
+    """A state that carries its optimizer and training options (a managed state), as `ciclo.lr_find` needs."""
+
+    @property
+    def tx(self) -> Any: ...
+
+    @property
+    def opt_state(self) -> Any: ...
+
+    @property
+    def options(self) -> Any: ...
+
+    def replace(self, **changes: Any) -> Any: ...
+
+
 class ModelAdapter(Protocol):
     """How a framework's model is initialised and applied: what an adapter implements (docs/adapter.md).
 

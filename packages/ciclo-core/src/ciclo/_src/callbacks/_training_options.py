@@ -7,13 +7,16 @@ steps skipped in a row that it started at the check before, so the loop seldom w
 from __future__ import annotations
 
 import logging
-from typing import Any, Final, final
+from typing import Any, ClassVar, Final, final
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from ciclo._src.base.batches import steps_of
+from ciclo._src.base.checks import check_int
+from ciclo._src.base.elapsed import Period, only_steps
+from ciclo._src.base.reprs import short
 from ciclo._src.engine.callback import Callback
 from ciclo._src.engine.loop_state import LoopState
 from ciclo._src.state.managed import AbstractManagedState
@@ -51,12 +54,36 @@ def _mini_step(state: AbstractManagedState) -> int:
     return int(np.asarray(_first_copy(state.opt_state.mini_step)).reshape(-1)[0])
 
 
+def watch_training_options(state: Any, max_skipped_steps: int | None, stop: Period | None) -> list[Callback]:
+    """The watch a managed state under loss scaling or accumulation needs in `train_loop` (else none)."""
+    scaling = isinstance(state, AbstractManagedState) and state.loss_scale is not None
+    if max_skipped_steps is not None:
+        check_int(max_skipped_steps, "max_skipped_steps", 1, " or None")
+        if not scaling:
+            raise ValueError(
+                f"max_skipped_steps={short(max_skipped_steps)} counts the steps a loss scale skips, and "
+                "this state has none: it applies to a managed state created with precision='16-mixed'"
+            )
+    if not isinstance(state, AbstractManagedState) or not (scaling or state.options.accumulate_steps > 1):
+        return []
+    return [
+        TrainingOptionsWatch(
+            loss_scaling=scaling,
+            accumulate_steps=state.options.accumulate_steps,
+            max_skipped_steps=max_skipped_steps,
+            stop_steps=None if stop is None else only_steps(stop),
+        )
+    ]
+
+
 @final
 class TrainingOptionsWatch(Callback):
-    """Warns of a stuck float16 run and of micro-batches left unapplied; `train_loop` adds it.
+    """Warns of a stuck float16 run and of micro-batches left unapplied; see `watch_training_options`.
 
     `stop_steps` is the loop's `stop` when it is a number of steps, else None.
     """
+
+    hook: ClassVar[str | None] = "on_train_batch_end"
 
     def __init__(
         self,

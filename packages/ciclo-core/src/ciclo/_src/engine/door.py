@@ -208,85 +208,34 @@ def by_state_key(owners: list[Callback]) -> dict[str, Callback]:
     return keyed
 
 
-Named = dict[str, list[Any]]
+def hooks_of(callback: Any, names: tuple[str, ...]) -> dict[str, Callback]:
+    """The `Callback` `callback` runs under each of `names` it has a hook for: one lifecycle for all.
 
-
-def collect(
-    names: Iterable[str],
-    tasks: Mapping[Any, Any] | None = None,
-    *,
-    state: Any = None,
-    callbacks: Iterable[Any] | None = None,
-    loop_name: str = "this loop",
-) -> tuple[Named, dict[Any, Any]]:
-    """The callbacks of each hook name in `names`, and the rest of `tasks`: `(named, scheduled)`.
-
-    For each name, in order: the method of that name of `state`'s class
-    (called with the current state as `self`), the tasks under that name, then
-    the `callbacks` placed under it: by the `hook` a `ciclo.Callback`
-    declares, or by an object's method of that name (the object is wrapped
-    once, as one callback with one lifecycle, whatever its number of hooks).
-    `named` has every name; `scheduled` holds the tasks keyed by a schedule.
-
-    Example:
-        >>> import ciclo
-        >>> class Printer:
-        ...     def on_validate_step(self, state, batch):
-        ...         print("validated", batch)
-        >>> named, scheduled = ciclo.hooks.collect(
-        ...     ["validate_step", "on_validate_step"], {ciclo.every(2): []}, callbacks=[Printer()]
-        ... )
-        >>> [len(named[name]) for name in ("validate_step", "on_validate_step")], len(scheduled)
-        ([0, 1], 1)
+    Under the hooks a `Callback` declares (`hook`), else its methods named after `names`; refuses an
+    object with none of them.
     """
-    names = tuple(names)
-    if tasks is not None and not isinstance(tasks, Mapping):
-        raise TypeError(f"tasks must be a dict of schedule -> callbacks, got {short(tasks)}")
-    if callbacks is not None and not isinstance(callbacks, (list, tuple)):
-        raise TypeError(f"callbacks must be a list of callback objects, got {short(callbacks)}")
-    named: Named = {name: [] for name in names}
-    scheduled: dict[Any, Any] = {}
-    for key, value in (tasks or {}).items():
-        if not isinstance(key, str):
-            scheduled[key] = value
-        elif key not in names:
-            meant = _meant(key, names)
-            raise ValueError(
-                f"{loop_name} does not know the named schedule {short(key)}; valid names: {', '.join(names)}"
-                + (f"; did you mean {meant}?" if meant else "")
-            )
-        else:
-            named[key] = list(value) if isinstance(value, (list, tuple)) else [value]
-    for callback in callbacks or ():  # under the hooks a `Callback` declares, or an object's named hooks
-        hook = callback.hook if isinstance(callback, Callback) else None
-        declared = (hook,) if isinstance(hook, str) else tuple(hook or ())
-        misnamed = check_method_names(callback, names) if hook is None else ()
-        if hook is None:  # an object's methods named after hooks
-            hooks = {n: getattr(callback, n) for n in names if callable(vars_lookup(type(callback), n))}
-        elif isinstance(hook, Mapping):  # a method of its own under each hook it declares
-            hooks = {n: MethodType(fn, callback) for n, fn in hook.items() if n in names}
-        else:  # itself, under the first of its hooks the loop runs
-            hooks = dict([(n, callback) for n in declared if n in names][:1])
-        if not hooks:
-            fix = "; ".join(f"{name} is not a hook: {_fix(meant)}" for name, meant in misnamed)
-            runs = f"it runs under {' or '.join(declared)}: " if declared else ""
-            raise ValueError(
-                f"callback {short(callback)} has none of the hooks this loop runs: {', '.join(names)}; "
-                + (fix or f"{runs}put it in the tasks dict under a schedule instead")
-            )
-        warn_misnamed(callback, misnamed)
-        owner = _lifecycle(callback)  # wrapped once, whatever its number of hooks
-        for name, method in hooks.items():
-            named[name].append(method if method is callback else _plain_function(method, owner))
-    add_state_methods(named, state, names)
-    return named, scheduled
-
-
-def add_state_methods(named: Named, state: Any, names: tuple[str, ...]) -> None:
-    """Puts the methods of `state`'s class named in `names` first under their names."""
-    for name in names:  # unbound: the loop passes the current state as `self`
-        if callable(vars_lookup(type(state), name)):
-            named[name].insert(0, getattr(type(state), name))
+    hook = callback.hook if isinstance(callback, Callback) else None
+    declared = (hook,) if isinstance(hook, str) else tuple(hook or ())
+    misnamed = check_method_names(callback, names) if hook is None else ()
+    if hook is None:  # an object's methods named after hooks
+        hooks = {n: getattr(callback, n) for n in names if callable(vars_lookup(type(callback), n))}
+    elif isinstance(hook, Mapping):  # a method of its own under each hook it declares
+        hooks = {n: MethodType(fn, callback) for n, fn in hook.items() if n in names}
+    else:  # itself, under the first of its hooks the loop runs
+        hooks = dict([(n, callback) for n in declared if n in names][:1])
+    if not hooks:
+        fix = "; ".join(f"{name} is not a hook: {_fix(meant)}" for name, meant in misnamed)
+        runs = f"it runs under {' or '.join(declared)}: " if declared else ""
+        raise ValueError(
+            f"callback {short(callback)} has none of the hooks this loop runs: {', '.join(names)}; "
+            + (fix or f"{runs}put it in the tasks dict under a schedule instead")
+        )
+    warn_misnamed(callback, misnamed)
+    owner = _lifecycle(callback)  # wrapped once, whatever its number of hooks
+    return {
+        name: method if method is callback else _plain_function(method, owner)
+        for name, method in hooks.items()
+    }
 
 
 # difflib's ratio above which a name is a hook's misspelling: `on_epoch_ends` (0.96) and
@@ -321,7 +270,7 @@ def misnamed_methods(cls: type, names: tuple[str, ...] = ()) -> tuple[tuple[str,
                 "on_" + name[len("__loop_") : -2], LIFECYCLE, 1, 0.8
             )
             meant = close[0] if close else ""
-        elif name.startswith("_") or not (meant := _meant(name, vocabulary)):
+        elif name.startswith("_") or not (meant := closest_hook(name, vocabulary)):
             continue
         if callable(vars_lookup(cls, name)):
             found.append((name, meant))
@@ -329,7 +278,7 @@ def misnamed_methods(cls: type, names: tuple[str, ...] = ()) -> tuple[tuple[str,
     return by_names[names]
 
 
-def _meant(name: str, vocabulary: tuple[str, ...]) -> str:
+def closest_hook(name: str, vocabulary: tuple[str, ...]) -> str:
     """The hook of `vocabulary` that `name` may mean: ciclo's name for Keras' one, or a close spelling."""
     if _KERAS.get(name) in vocabulary:
         return _KERAS[name]

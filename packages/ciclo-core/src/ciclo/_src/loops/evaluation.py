@@ -1,14 +1,15 @@
-"""Runs a whole loop inside a callback (an evaluation loop inside training, say)."""
+"""Runs a whole loop inside a callback: `ciclo.inner_loop`, and `train_loop`'s test pass at epoch ends."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import warnings
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Final, Generic, Literal, final
 
 import numpy as np
 
 from ciclo._src.base.batches import count, leading_dim
-from ciclo._src.base.checks import check_bool
+from ciclo._src.base.checks import DataWarning, TestData, check_bool
 from ciclo._src.base.elapsed import Elapsed
 from ciclo._src.base.reprs import short
 from ciclo._src.base.types import CallbackOutput, S
@@ -273,3 +274,51 @@ def inner_loop(
     if maybe_loop_fn is not None:
         raise TypeError("inner_loop takes (name, loop_fn) or (loop_fn), not two loop functions")
     return InnerLoop(None, name_or_loop_fn, output_state, aggregation)
+
+
+def epoch_test(
+    test_dataset: Callable[[], Iterable[Any]] | None,
+    test_loop: Callable[[Any, Iterable[Any]], tuple[Any, History, Elapsed]],
+    *,
+    name: str,
+    bounded: bool,
+    inner_loop_kwargs: Mapping[str, Any] | None,
+    aggregation: AggregationLike | None,
+) -> InnerLoop[Any] | None:
+    """`train_loop`'s test pass: `test_loop(state, test_dataset())` as an `inner_loop` named `name`.
+
+    `bounded`: each pass stops at a `test_duration` (an endless test set is then allowed). None
+    without a `test_dataset`.
+    """
+    if not isinstance(name, str):
+        raise TypeError(f"test_name must be a string, got {short(name)}")
+    if test_dataset is None:
+        return None
+    if not callable(test_dataset):
+        raise TypeError(
+            f"test_dataset must be a zero-argument function returning the test batches, "
+            f"e.g. `test_dataset=lambda: get_test_batches()`; got {short(test_dataset)}"
+        )
+    kwargs: dict[str, Any] = dict(inner_loop_kwargs or {})
+    if aggregation is not None:
+        if "aggregation" in kwargs:
+            raise TypeError("pass test_aggregation or inner_loop_kwargs['aggregation'], not both")
+        kwargs["aggregation"] = aggregation
+    make_test_dataset = TestData(test_dataset, bounded=bounded)
+
+    def run_test(state: Any) -> tuple[Any, History, Elapsed]:
+        data = make_test_dataset()
+        with warnings.catch_warnings():
+            # A test set shorter than test_duration is no news; an empty one is warned below.
+            warnings.simplefilter("ignore", DataWarning)
+            result = test_loop(state, data)
+        if result[2].steps == 0:
+            warnings.warn(
+                f"a test pass yielded no batch: test_dataset() returned {type(data).__name__} "
+                f"{data!r:.60} with nothing in it; return the test batches (fresh on each call)",
+                DataWarning,
+                stacklevel=2,
+            )
+        return result
+
+    return inner_loop(name, run_test, **kwargs)

@@ -16,11 +16,10 @@ import numpy as np
 
 from ciclo._src.base.checks import check_int
 from ciclo._src.base.reprs import short
-from ciclo._src.base.types import Trainable
+from ciclo._src.base.types import CarriesOptimizer, Trainable
 from ciclo._src.data.fused import as_logs_and_state
 from ciclo._src.logs.plot import new_figure
 from ciclo._src.state.learning_rate import injected_learning_rates, on_host, with_learning_rate
-from ciclo._src.state.managed import AbstractManagedState
 from ciclo._src.strategies._placement import copied
 
 if TYPE_CHECKING:
@@ -167,7 +166,7 @@ def lr_find(
             "the other, e.g. min_lr=1e-7, max_lr=10.0"
         )
     check_int(steps, "steps", 2, " (the rates tried)")
-    if not isinstance(state, AbstractManagedState):
+    if not isinstance(state, CarriesOptimizer):
         raise TypeError(
             "ciclo.lr_find sets the learning rate in the state's optimizer state: it needs a "
             "ciclo.types.ModelState (ciclo.create_model_state, the adapters' create_*_state) or a "

@@ -1,37 +1,39 @@
-"""`ciclo.loop`, `train_loop`, `test_loop` and `predict_loop`: `run_phases` with hook-named phases."""
+"""`ciclo.loop`, `train_loop`, `test_loop` and `predict_loop`: `run_phases` with phases named by hooks."""
 
 from __future__ import annotations
 
 import os
-import warnings
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final, Literal, TypedDict, final
 
 from typing_extensions import Unpack
 
-from ciclo._src.base.batches import BatchSizeFn, stacked
-from ciclo._src.base.checks import DataWarning, TestData, check_bool, check_int, check_positive
-from ciclo._src.base.elapsed import Elapsed, Period, PeriodLike, only_steps
+from ciclo._src.base.batches import BatchSizeFn
+from ciclo._src.base.checks import check_bool, check_positive
+from ciclo._src.base.elapsed import Elapsed, Period, PeriodLike
 from ciclo._src.base.reprs import short
 from ciclo._src.base.schedules import Every, at_step_end, every
-from ciclo._src.base.types import Evaluable, Predictable, S, Trainable
+from ciclo._src.base.types import Evaluable, Placed, Predictable, S, Trainable
 from ciclo._src.callbacks._ema import SwapEMAWeights
 from ciclo._src.callbacks._recompiles import watch_recompiles
 from ciclo._src.callbacks._throughput import watch_steps
-from ciclo._src.callbacks._training_options import TrainingOptionsWatch
+from ciclo._src.callbacks._training_options import watch_training_options
 from ciclo._src.data.prefetch import prefetch_to_device
+from ciclo._src.data.steps_per_execution import group_steps
 from ciclo._src.engine.callback import Callback, Tasks
-from ciclo._src.engine.door import Named, add_state_methods, as_callback_list, collect
+from ciclo._src.engine.door import as_callback_list
 from ciclo._src.engine.loop_state import LoopState
 from ciclo._src.engine.phases import Phase, run_phases
 from ciclo._src.logs.logs import History
 from ciclo._src.logs.step_output import step_output
-from ciclo._src.loops.auto_steps import AUTO, AutoSteps, signature
-from ciclo._src.loops.evaluation import AggregationLike, RunningLosses, inner_loop
+from ciclo._src.loops.evaluation import AggregationLike, RunningLosses, epoch_test
 from ciclo._src.loops.hooks import (
     PREDICT,
     TEST,
     TRAIN,
+    Named,
+    add_state_methods,
+    collect,
     on_epoch_end,
     on_reset_step,
     on_train_batch_begin,
@@ -44,7 +46,6 @@ from ciclo._src.loops.hooks import (
 )
 from ciclo._src.resume.backup import Backup, BackupCallback
 from ciclo._src.resume.signals import CatchInterrupt
-from ciclo._src.state.managed import AbstractManagedState
 
 
 def _get(named: Named, *names: str) -> list[Any]:
@@ -312,138 +313,83 @@ def train_loop(
         >>> state, history.collect("steps", "batch_test")
         (10, ([4, 9], [2.0, 2.0]))
     """
-    stop, batch_size_fn = Period.of(settings.get("stop"), name="stop"), settings.get("batch_size_fn")
-    names = tuple(dict.fromkeys(TRAIN + TEST))
-    ema = [*(callbacks or []), SwapEMAWeights()] if test_with_ema is True else callbacks
-    named, scheduled = collect(names, tasks, callbacks=ema, loop_name="train_loop")
-    # The test loop registers the state's own test methods itself: hand it only the user's.
-    test_tasks = {name: named[name] for name in TEST if name not in TRAIN}
-    # Asked for explicitly; a state's own `reset_step` method only runs when there are epochs.
-    epoch_tasks = _get(named, reset_step, on_reset_step, on_epoch_end)
-    add_state_methods(named, state, TRAIN)
+    stop = Period.of(settings.get("stop"), name="stop")
     epoch = Period.of(epoch_duration, name="epoch_duration")
     test_period = Period.of(test_duration, name="test_duration")
     check_positive(epoch, "epoch_duration", "pass the number of steps per epoch, e.g. epoch_duration=100")
     check_positive(test_period, "test_duration", "pass test_duration=None to test on every test batch")
-    if test_dataset is not None and not callable(test_dataset):
-        raise TypeError(
-            f"test_dataset must be a zero-argument function returning the test batches, "
-            f"e.g. `test_dataset=lambda: get_test_batches()`; got {short(test_dataset)}"
-        )
-    if epoch is None and (test_dataset is not None or epoch_tasks):
+    check_bool(test_with_ema, "test_with_ema")
+    # The EMA swap and the watch of the state's training options are callbacks as the user's are.
+    ours = [
+        *([SwapEMAWeights()] if test_with_ema else []),
+        *watch_training_options(state, max_skipped_steps, stop),
+    ]
+    given = [] if callbacks is None else callbacks
+    every_callback = [*given, *ours] if isinstance(given, (list, tuple)) else given  # else refused by collect
+    named, scheduled = collect(
+        tuple(dict.fromkeys(TRAIN + TEST)), tasks, callbacks=every_callback, loop_name="train_loop"
+    )
+    # The test loop registers the state's own test methods itself: hand it only the user's.
+    test_tasks = {name: named[name] for name in TEST if name not in TRAIN}
+    test_settings: LoopSettings = {
+        "stop": test_period,
+        "catch_keyboard_interrupt": False,
+        "metadata": settings.get("metadata"),
+        "batch_size_fn": settings.get("batch_size_fn"),
+    }
+    evaluate = epoch_test(
+        test_dataset,
+        # The test losses per batch: the inner loop reduces them as its aggregation says.
+        lambda current, data: _step_loop(
+            "test", current, data, test_tasks, None, test_settings, running=False
+        ),
+        name=test_name,
+        bounded=test_period is not None,
+        inner_loop_kwargs=inner_loop_kwargs,
+        aggregation=test_aggregation,
+    )
+    # Asked for explicitly; a state's own `reset_step` method only runs when there are epochs.
+    if epoch is None and (evaluate is not None or _get(named, reset_step, on_reset_step, on_epoch_end)):
         raise ValueError(
             "test_dataset, reset_step and on_epoch_end callbacks run at the end of each epoch: "
             "pass epoch_duration (steps or a ciclo.types.Period)"
         )
-    if not isinstance(test_name, str):
-        raise TypeError(f"test_name must be a string, got {short(test_name)}")
-    check_bool(test_with_ema, "test_with_ema")
+    add_state_methods(named, state, TRAIN)
+    at_epoch_end = [*_get(named, reset_step, on_reset_step), *([evaluate] if evaluate else [])]
+    at_epoch_end += _get(named, on_epoch_end)
     _check_runs_something("train", state, named, scheduled, Trainable)
-    scaling = isinstance(state, AbstractManagedState) and state.loss_scale is not None
-    if max_skipped_steps is not None:
-        check_int(max_skipped_steps, "max_skipped_steps", 1, " or None")
-        if not scaling:
-            raise ValueError(
-                f"max_skipped_steps={short(max_skipped_steps)} counts the steps a loss scale skips, and "
-                "this state has none: it applies to a managed state created with precision='16-mixed'"
-            )
-    if isinstance(state, AbstractManagedState) and (scaling or state.options.accumulate_steps > 1):
-        watch = TrainingOptionsWatch(
-            loss_scaling=scaling,
-            accumulate_steps=state.options.accumulate_steps,
-            max_skipped_steps=max_skipped_steps,
-            stop_steps=None if stop is None else only_steps(stop),
-        )
-        named[on_train_batch_end].append(watch)
     step_callbacks = _get(named, train_step, on_train_step)
-    steps = steps_per_execution
-    if not (isinstance(steps, str) and steps == AUTO):
-        check_int(steps, "steps_per_execution", 1, ' or "auto" (measured)')
-    auto = None
-    if steps != 1:
-        for name, period in (("epoch_duration", epoch), ("stop", stop)):
-            if period is not None and only_steps(period) is None:
-                raise ValueError(
-                    f"steps_per_execution cuts its groups at the epoch ends and at stop, so {name} must "
-                    f"be a number of steps, got {short(period)}"
-                )
-        # The groups are cut at every epoch end and at `stop`, from the resumed step.
-        start = 0 if (elapsed := settings.get("elapsed")) is None else elapsed.steps
-        cuts: dict[str, Any] = {
-            "align": None if epoch is None else epoch.steps,
-            "start": start,
-            "total": None if stop is None or stop.steps is None else max(stop.steps - start, 0),
-            "batch_size_fn": batch_size_fn,
-        }
-        if isinstance(steps, str):
-            auto = AutoSteps(**cuts, signature=signature(state, step_callbacks))
-            dataset = auto.groups(dataset)
-        else:
-            dataset = stacked(dataset, steps, **cuts)
+    elapsed = settings.get("elapsed")
+    batches, before_step, after_step = group_steps(
+        dataset,
+        steps_per_execution,
+        epoch=epoch,
+        stop=stop,
+        start=0 if elapsed is None else elapsed.steps,
+        batch_size_fn=settings.get("batch_size_fn"),
+        state=state,
+        steps=step_callbacks,
+    )
     prefetched = None
     if prefetch is not None and prefetch != 0:
         # After the grouping: each group is placed whole, as the fused step takes it.
-        strategy = state.strategy if isinstance(state, AbstractManagedState) else None
-        dataset = prefetched = prefetch_to_device(dataset, prefetch, strategy)
-
-    # Auto times each dispatch from before the step's first callback to after its last one.
-    timed = ([auto.before_step], [auto.after_dispatch]) if auto is not None else ([], [])
+        strategy = state.strategy if isinstance(state, Placed) else None
+        batches = prefetched = prefetch_to_device(batches, prefetch, strategy)
     watch_steps(step_callbacks)
     phases = [
-        Phase("train_batch_begin", [(every(1), timed[0] + _get(named, on_train_batch_begin))]),
-        Phase("train_step", [(every(1), step_callbacks + timed[1])]),
+        Phase("train_batch_begin", [(every(1), before_step + _get(named, on_train_batch_begin))]),
+        Phase("train_step", [(every(1), step_callbacks + after_step)]),
         Phase("tasks", scheduled),
     ]
     if epoch is not None:
-        at_epoch_end = _get(named, reset_step, on_reset_step)
-        if test_dataset is not None:
-            make_test_dataset = TestData(test_dataset, bounded=test_period is not None)
-            kwargs: dict[str, Any] = dict(inner_loop_kwargs or {})
-            if test_aggregation is not None:
-                if "aggregation" in kwargs:
-                    raise TypeError("pass test_aggregation or inner_loop_kwargs['aggregation'], not both")
-                kwargs["aggregation"] = test_aggregation
-
-            def run_test(current: Any) -> tuple[Any, History, Elapsed]:
-                data = make_test_dataset()
-                with warnings.catch_warnings():
-                    # A test set shorter than test_duration is no news; an empty one is warned below.
-                    warnings.simplefilter("ignore", DataWarning)
-                    # The test losses per batch: the inner loop reduces them as its aggregation says.
-                    test_settings: LoopSettings = {
-                        "stop": test_period,
-                        "catch_keyboard_interrupt": False,
-                        "metadata": settings.get("metadata"),
-                        "batch_size_fn": batch_size_fn,
-                    }
-                    result = _step_loop("test", current, data, test_tasks, None, test_settings, running=False)
-                if result[2].steps == 0:
-                    warnings.warn(
-                        f"a test pass yielded no batch: test_dataset() returned {type(data).__name__} "
-                        f"{data!r:.60} with nothing in it; return the test batches (fresh on each call)",
-                        DataWarning,
-                        stacklevel=2,
-                    )
-                return result
-
-            at_epoch_end.append(inner_loop(test_name, run_test, **kwargs))
-        at_epoch_end += _get(named, on_epoch_end)
         # The epoch ends after the step that completes it: checked on the counts after the step.
         phases.append(Phase("epoch_end", [(at_step_end(Every(epoch, offset=epoch)), at_epoch_end)]))
     phases.append(Phase("train_batch_end", [(every(1), _get(named, on_train_batch_end))]))
     # The managed training steps count their compiles and warn of a recompile while the loop runs.
     begin = [*_get(named, on_train_begin), watch_recompiles(step_callbacks)]
     try:
-        return _run(
-            "train_loop",
-            state,
-            dataset,
-            phases,
-            begin,
-            _get(named, on_train_end),
-            settings,
-            backup_every=epoch,  # by default, a backup at each epoch's end
-        )
+        # By default, a backup at each epoch's end.
+        return _run("train_loop", state, batches, phases, begin, _get(named, on_train_end), settings, epoch)
     finally:
         if prefetched is not None:
             prefetched.close()  # the batches read ahead go back to a source that can take them

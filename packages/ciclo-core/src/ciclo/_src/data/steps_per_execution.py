@@ -1,4 +1,8 @@
-"""`steps_per_execution="auto"`, measured on the first steps (docs/performance.md)."""
+"""`train_loop(steps_per_execution=)`: the batches grouped into `Stacked` groups, K fixed or `"auto"`.
+
+`"auto"` measures K on the first steps (docs/performance.md); its timers are plain callback
+objects (`ciclo.types.LoopCallback`) the loop places around its step.
+"""
 
 from __future__ import annotations
 
@@ -9,13 +13,15 @@ import math
 import statistics
 import time
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
-from typing import Any, Final, NamedTuple, final
+from typing import Any, Final, Literal, NamedTuple, final
 
 import jax
 import numpy as np
 
-from ciclo._src.base.batches import BatchSizeFn, cut, is_stacked, leading_dim, stack, steps_of
-from ciclo._src.engine.callback import Callback
+from ciclo._src.base.batches import BatchSizeFn, cut, is_stacked, leading_dim, stack, stacked, steps_of
+from ciclo._src.base.checks import check_int
+from ciclo._src.base.elapsed import Period, only_steps
+from ciclo._src.base.reprs import short
 from ciclo._src.logs.logs import PERFORMANCE, Logs
 
 _log = logging.getLogger("ciclo")
@@ -128,15 +134,54 @@ def _describe(timings: Mapping[int, Timing]) -> str:
     )
 
 
+def group_steps(
+    dataset: Iterable[Any],
+    steps_per_execution: int | Literal["auto"],
+    *,
+    epoch: Period | None,
+    stop: Period | None,
+    start: int,
+    batch_size_fn: BatchSizeFn | None,
+    state: Any,
+    steps: Sequence[Callable[..., Any]],
+) -> tuple[Iterable[Any], list[Any], list[Any]]:
+    """`dataset` in groups of `steps_per_execution` batches that cross no epoch end and not `stop`.
+
+    `start` is the step count of the first batch (a resumed run's); under `"auto"`, the `steps`
+    and the `state` name the measurement a later run of this process reuses. Returns the batches,
+    and the callbacks the loop places first before its step and right after it.
+    """
+    if steps_per_execution != AUTO:
+        check_int(steps_per_execution, "steps_per_execution", 1, ' or "auto" (measured)')
+    if steps_per_execution == 1:
+        return dataset, [], []
+    for name, period in (("epoch_duration", epoch), ("stop", stop)):
+        if period is not None and only_steps(period) is None:
+            raise ValueError(
+                f"steps_per_execution cuts its groups at the epoch ends and at stop, so {name} must "
+                f"be a number of steps, got {short(period)}"
+            )
+    cuts: dict[str, Any] = {
+        "align": None if epoch is None else epoch.steps,
+        "start": start,
+        "total": None if stop is None or stop.steps is None else max(stop.steps - start, 0),
+        "batch_size_fn": batch_size_fn,
+    }
+    if isinstance(steps_per_execution, int):
+        return stacked(dataset, steps_per_execution, **cuts), [], []
+    auto = AutoSteps(**cuts, signature=signature(state, steps))
+    return auto.groups(dataset), [_BeforeStep(auto)], [auto]
+
+
 @final
-class AutoSteps(Callback):
+class AutoSteps:
     """`steps_per_execution="auto"` for one `train_loop`: groups the batches, times them, chooses K.
 
-    `groups(dataset)` is the loop's dataset; `before_step` and `after_dispatch`
-    time the dispatches while it measures. A backup keeps the sizes it drew,
-    its timings and its choice: a resumed run draws the same groups. `align`,
-    `start` and `total` cut the groups as `ciclo.stacked` does; `signature`
-    reuses an earlier measurement.
+    `groups(dataset)` is the loop's dataset; a `_BeforeStep` before the step
+    and this callback after it time the dispatches while it measures. A backup
+    keeps the sizes it drew, its timings and its choice: a resumed run draws the
+    same groups. `align`, `start` and `total` cut the groups as `ciclo.stacked`
+    does; `signature` reuses an earlier measurement.
     """
 
     state_key = "steps_per_execution='auto'"
@@ -241,7 +286,9 @@ class AutoSteps(Callback):
         _block(state)  # the steps before are done: the device starts this dispatch idle
         self._started = _clock()
 
-    def after_dispatch(self, state: Any, batch: Any) -> Logs | None:
+    def __loop_callback__(self, loop_state: Any, /) -> Logs | None:
+        """After the step's callbacks: the dispatch's times, and the choice once made."""
+        state, batch = loop_state.state, loop_state.batch
         started = self._started
         if started is not None:
             self._started = None
@@ -344,3 +391,17 @@ class AutoSteps(Callback):
         self._timed = {}
         for steps, host, device in state["timings"]:
             self._timed.setdefault(int(steps), []).append(Timing(float(host), float(device)))
+
+
+@final
+class _BeforeStep:
+    """Starts `AutoSteps`' clock before the step's first callback (its lifecycle is the `AutoSteps`')."""
+
+    def __init__(self, auto: AutoSteps) -> None:
+        self._auto = auto
+
+    def __repr__(self) -> str:
+        return repr(self._auto)
+
+    def __loop_callback__(self, loop_state: Any, /) -> None:
+        self._auto.before_step(loop_state.state, loop_state.batch)
