@@ -246,9 +246,11 @@ def _source_of(
         return lambda path: path
     name = params_field(type(target)) if isinstance(target, AbstractManagedState) else "params"
     node = stored
-    for key in (*prefix, params_from):
+    for key in prefix:
         node = node.get(key) if isinstance(node, Mapping) else None
-    if not jax.tree.leaves(node):
+    # A training option's part keeps its arrays in opt_state, under a field of its own (`ema_params`).
+    source = _path_to(node, params_from)
+    if source is None:
         ema = params_from == "ema_params"
         raise ValueError(
             f"params_from={short(params_from)}: the checkpoint {where} holds no {params_from}"
@@ -257,7 +259,17 @@ def _source_of(
         )
     own = (*prefix, name)
     size = len(own)
-    return lambda path: (*prefix, params_from, *path[size:]) if path[:size] == own else path
+    return lambda path: (*prefix, *source, *path[size:]) if path[:size] == own else path
+
+
+def _path_to(node: Any, key: str) -> tuple[str, ...] | None:
+    """The path to the first non-empty entry `key` in nested mappings, or None."""
+    if not isinstance(node, Mapping):
+        return None
+    if jax.tree.leaves(node.get(key)):
+        return (key,)
+    found = ((name, _path_to(child, key)) for name, child in node.items())
+    return next(((name, *path) for name, path in found if path is not None), None)
 
 
 @typing.final

@@ -281,7 +281,8 @@ _MULTI_STEPS_FIELDS: Final = frozenset(optax.MultiStepsState._fields)
 
 def setting_behind(path: tuple[str, ...]) -> tuple[str, str] | None:
     """The `create_*_state` setting behind the leaf at `path` and what it holds, for a checkpoint's errors."""
-    field = path[0] if path else ""
+    # The options' parts keep their state in opt_state, each under a field name of its own.
+    field = next((name for name in path[1:] if name in _SETTING_OF_FIELD), path[0] if path else "")
     if field == "opt_state" and _MULTI_STEPS_FIELDS & set(path):
         return "accumulate_steps=", "the micro-batches optax.MultiSteps accumulates (opt_state)"
     return _SETTING_OF_FIELD.get(field)
