@@ -264,6 +264,8 @@ def _source_of(
 
 def _path_to(node: Any, key: str) -> tuple[str, ...] | None:
     """The path to the first non-empty entry `key` in nested mappings, or None."""
+    if isinstance(node, (list, tuple)):
+        node = {str(index): child for index, child in enumerate(node)}
     if not isinstance(node, Mapping):
         return None
     if jax.tree.leaves(node.get(key)):
