@@ -93,15 +93,16 @@ class TrainingOptions:
         Example:
             >>> import optax
             >>> tx = TrainingOptions(accumulate_steps=2, ema_decay=0.9).wrap(optax.sgd(0.1))
-            >>> type(tx.init({"w": 0.0})).__name__
-            'MultiStepsState'
+            >>> state = tx.init({"w": 0.0})
+            >>> type(state).__name__, type(state.inner).__name__
+            ('EmaState', 'MultiStepsState')
         """
+        if self.accumulate_steps > 1:
+            tx = accumulate(tx, self.accumulate_steps)
         if self.log_norms:
             tx = keep_norms(tx, modules=self.log_norms == "modules")
         if self.ema_decay is not None:
-            tx = optax.chain(tx, ema(self.ema_decay))
-        if self.accumulate_steps > 1:
-            tx = accumulate(tx, self.accumulate_steps)
+            tx = ema(tx, self.ema_decay)
         if self.precision.loss_scaling:
             policy = self.precision
             tx = loss_scaling(tx, initial_scale=policy.initial_scale, growth_interval=policy.growth_interval)
@@ -216,9 +217,10 @@ class ScaledState(NamedTuple):
 
 
 class EmaState(NamedTuple):
-    """The state of `ema`: the EMA of the parameters."""
+    """The state of `ema`: the EMA of the parameters, and the wrapped state."""
 
     ema_params: Any
+    inner: Any
 
 
 class NormsState(NamedTuple):
@@ -285,29 +287,34 @@ def accumulate(inner: optax.GradientTransformation, every: int) -> optax.Gradien
     return optax.GradientTransformationExtraArgs(multi.init, update)
 
 
-def ema(decay: float) -> optax.GradientTransformation:
-    """Keeps `ema_params`, an EMA of the parameters after each update; passes the updates on. Chain it last.
+def ema(inner: optax.GradientTransformation, decay: float) -> optax.GradientTransformationExtraArgs:
+    """Keeps `ema_params`, an EMA of the parameters after each update of `inner`: `state.ema_params`.
+
+    Around an `accumulate` part, the EMA moves only at the micro-steps that update the parameters.
 
     Example:
         >>> import jax.numpy as jnp, optax
-        >>> tx = optax.chain(optax.sgd(1.0), ema(0.5))
-        >>> state = tx.init(jnp.zeros(()))
-        >>> _, state = tx.update(jnp.array(-2.0), state, jnp.zeros(()))
-        >>> float(state[1].ema_params)
+        >>> tx = ema(optax.sgd(1.0), 0.5)
+        >>> _, state = tx.update(jnp.array(-2.0), tx.init(jnp.zeros(())), jnp.zeros(()))
+        >>> float(state.ema_params)
         1.0
     """
+    inner = optax.with_extra_args_support(inner)
 
     def init(params: Any) -> EmaState:
         # A copy: a donating strategy must not see one buffer twice.
-        return EmaState(jax.tree.map(jnp.copy, params))
+        return EmaState(jax.tree.map(jnp.copy, params), inner.init(params))
 
-    def update(updates: Any, state: EmaState, params: Any = None) -> tuple[Any, EmaState]:
-        new = optax.apply_updates(params, updates)
-        return updates, EmaState(
-            jax.tree.map(lambda old, new: decay * old + (1 - decay) * new, state.ema_params, new)
+    def update(grads: Any, state: EmaState, params: Any = None, **extra: Any) -> tuple[Any, EmaState]:
+        updates, new = inner.update(grads, state.inner, params, **extra)
+        average = jax.tree.map(
+            lambda old, new: decay * old + (1 - decay) * new,
+            state.ema_params,
+            optax.apply_updates(params, updates),
         )
+        return updates, EmaState(_if_updated(new, average, state.ema_params), new)
 
-    return optax.GradientTransformation(init, update)
+    return optax.GradientTransformationExtraArgs(init, update)
 
 
 def keep_norms(
@@ -316,7 +323,8 @@ def keep_norms(
     """Keeps the norms of `inner`'s gradients, updates and new parameters (float32): `state.norms`.
 
     `grad_norm`, `update_norm`, `param_norm`, and with `modules` a `grad_norm/<module>` per first key
-    of the parameters' paths. A managed training step logs them in the `norms` collection.
+    of the parameters' paths. A managed training step logs them in the `norms` collection. Around an
+    `accumulate` part, the gradients are the accumulated mean, and a micro-step keeps the last norms.
 
     Example:
         >>> import jax.numpy as jnp, optax
@@ -346,9 +354,29 @@ def keep_norms(
 
     def update(grads: Any, state: NormsState, params: Any = None, **extra: Any) -> tuple[Any, NormsState]:
         updates, new = inner.update(grads, state.inner, params, **extra)
-        return updates, NormsState(norms(grads, updates, optax.apply_updates(params, updates)), new)
+        received, multi = grads, part_state(state.inner, optax.MultiStepsState)
+        if multi is not None:
+            # What optax.MultiSteps passes its optimizer: optax's own running mean, which XLA computes
+            # once for both.
+            n = multi.mini_step
+            with jax.numpy_dtype_promotion("standard"):
+                received = jax.tree.map(
+                    lambda grad, acc: (acc + (grad - acc) / (n + 1)).astype(grad.dtype),
+                    grads,
+                    multi.acc_grads,
+                )
+        found = norms(received, updates, optax.apply_updates(params, updates))
+        return updates, NormsState(_if_updated(new, found, state.norms), new)
 
     return optax.GradientTransformationExtraArgs(init, update)
+
+
+def _if_updated(inner_state: Any, new: Any, old: Any) -> Any:
+    """`new`, or `old` where `inner_state` is an accumulation's that did not update at this micro-step."""
+    multi = part_state(inner_state, optax.MultiStepsState)
+    if multi is None:
+        return new
+    return _where(jnp.asarray(optax.MultiSteps(optax.identity(), 1).has_updated(multi)), new, old)
 
 
 def part_state(opt_state: Any, kind: type[P]) -> P | None:
