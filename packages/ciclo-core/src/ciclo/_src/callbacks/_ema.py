@@ -2,20 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Any, cast, final
+from typing import Any, final
+
+import optax
 
 from ciclo._src.base.reprs import short
 from ciclo._src.base.roles import params_field
 from ciclo._src.engine.callback import Callback
 from ciclo._src.state.managed import AbstractManagedState
-from ciclo._src.state.training_options import EmaState, part_state, with_part_state
 
 
 def _swapped(state: AbstractManagedState) -> Any:
     """The state with its parameters and `ema_params` exchanged (the same arrays: nothing is copied)."""
     name = params_field(type(state))
-    part = cast(EmaState, part_state(state.opt_state, EmaState))
-    opt_state = with_part_state(state.opt_state, part._replace(ema_params=getattr(state, name)))
+    opt_state = optax.tree_utils.tree_set(state.opt_state, ema_params=getattr(state, name))
     return state.replace(**{name: state.ema_params, "opt_state": opt_state})
 
 

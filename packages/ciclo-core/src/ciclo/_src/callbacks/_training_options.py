@@ -7,7 +7,7 @@ steps skipped in a row that it started at the check before, so the loop seldom w
 from __future__ import annotations
 
 import logging
-from typing import Any, Final, cast, final
+from typing import Any, Final, final
 
 import jax
 import jax.numpy as jnp
@@ -19,7 +19,6 @@ from ciclo._src.engine.callback import Callback
 from ciclo._src.engine.loop_state import LoopState
 from ciclo._src.state.managed import AbstractManagedState
 from ciclo._src.state.precision import MIN_SCALE
-from ciclo._src.state.training_options import part_state
 
 _log = logging.getLogger("ciclo")
 
@@ -50,13 +49,8 @@ def _first_copy(array: Any) -> jax.Array:
 
 def _mini_step(state: AbstractManagedState) -> int:
     """The micro-batches `optax.MultiSteps` has accumulated towards its next update (a host read)."""
-    return int(
-        np.asarray(
-            _first_copy(
-                cast(optax.MultiStepsState, part_state(state.opt_state, optax.MultiStepsState)).mini_step
-            )
-        ).reshape(-1)[0]
-    )
+    mini_step = _first_copy(optax.tree_utils.tree_get(state.opt_state, "mini_step"))
+    return int(np.asarray(mini_step).reshape(-1)[0])
 
 
 @final

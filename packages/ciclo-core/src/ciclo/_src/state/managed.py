@@ -31,7 +31,6 @@ from ciclo._src.state.training_options import (
     NormsState,
     ScaledState,
     TrainingOptions,
-    part_state,
     without_tx,
 )
 from ciclo._src.strategies._local import Eager
@@ -118,19 +117,19 @@ class AbstractManagedState:
     @property
     def ema_params(self) -> Any:
         """The EMA of the parameters (`ema_decay`, `managed.ema` in `tx`), else None."""
-        found = part_state(self.opt_state, EmaState)
+        found = optax.tree_utils.tree_get(self.opt_state, EmaState.__name__)
         return None if found is None else found.ema_params
 
     @property
     def loss_scale(self) -> LossScale | None:
         """The `ciclo.types.LossScale` (`precision="16-mixed"`, `managed.loss_scaling`), else None."""
-        found = part_state(self.opt_state, ScaledState)
+        found = optax.tree_utils.tree_get(self.opt_state, ScaledState.__name__)
         return None if found is None else found.loss_scale
 
     @property
     def norms(self) -> dict[str, jax.Array] | None:
         """The last optimizer step's norms by name (`log_norms`, `managed.keep_norms`), else None."""
-        found = part_state(self.opt_state, NormsState)
+        found = optax.tree_utils.tree_get(self.opt_state, NormsState.__name__)
         return None if found is None else found.norms
 
     def scale_loss(self, loss: jax.Array) -> jax.Array:

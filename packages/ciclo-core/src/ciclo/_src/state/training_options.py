@@ -9,7 +9,7 @@ user may chain them by hand (docs/recipes.md, "The options as optax parts").
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Final, Literal, NamedTuple, TypeVar, cast, final
+from typing import Any, Final, Literal, NamedTuple, cast, final
 
 import jax
 import jax.numpy as jnp
@@ -20,8 +20,6 @@ from ciclo._src.base.checks import check_int
 from ciclo._src.base.finite import finite_flag
 from ciclo._src.base.reprs import short
 from ciclo._src.state.precision import PRECISIONS, LossScale, Precision
-
-P = TypeVar("P")
 
 
 class TrainingOptionsKwargs(TypedDict, total=False):
@@ -47,6 +45,16 @@ class TrainingOptionsKwargs(TypedDict, total=False):
 
 
 OPTION_NAMES: Final = frozenset(TrainingOptionsKwargs.__annotations__)
+
+_KEPT_NORMS: Final[dict[Any, str]] = {
+    False: "none",
+    True: "the global norms",
+    "modules": "the global and per-module norms",
+}
+"""What a state with each `log_norms` keeps in its norms, in words."""
+
+_MULTI: Final = optax.MultiStepsState.__name__
+"""How `optax.tree_utils.tree_get` finds the accumulation's state (a part state is found by its name)."""
 
 
 @final
@@ -125,8 +133,7 @@ class TrainingOptions:
 
     def check(self, opt_state: Any) -> None:
         """Refuses a `tx` that accumulates itself (an `optax.MultiSteps`) under `accumulate_steps` > 1."""
-        ours = part_state(opt_state, optax.MultiStepsState)
-        if ours is not None and part_state(ours.inner_opt_state, optax.MultiStepsState) is not None:
+        if self.accumulate_steps > 1 and len(optax.tree_utils.tree_get_all_with_path(opt_state, _MULTI)) > 1:
             k = self.accumulate_steps
             raise ValueError(
                 f"tx is already an optax.MultiSteps, which accumulates micro-batches itself: "
@@ -148,8 +155,8 @@ class TrainingOptions:
         """Why a backup whose option `name` was `old` cannot go on under these options; None where it can."""
         if name == "log_norms":
             return (
-                f"a state keeps the norms it logs in its optimizer state ({_kept_norms(old)} in the backup, "
-                f"{_kept_norms(self.log_norms)} in this state), so the two hold different arrays"
+                f"a state keeps the norms it logs in its optimizer state ({_KEPT_NORMS.get(old, old)} in the "
+                f"backup, {_KEPT_NORMS[self.log_norms]} in this state), so the two hold different arrays"
             )
         if name == "accumulate_steps":
             return (
@@ -195,13 +202,6 @@ def by_module(tree: Any) -> dict[str, list[Any]]:
     for path, leaf in jax.tree_util.tree_leaves_with_path(tree):
         groups.setdefault(jax.tree_util.keystr(path[:1], simple=True), []).append(leaf)
     return groups
-
-
-def _kept_norms(log_norms: Any) -> str:
-    """What a state with this `log_norms` keeps in `norms`, in words."""
-    if log_norms == "modules":
-        return "the global and per-module norms"
-    return "the global norms" if log_norms else "none"
 
 
 def _where(condition: jax.Array, new: Any, old: Any) -> Any:
@@ -354,7 +354,7 @@ def keep_norms(
 
     def update(grads: Any, state: NormsState, params: Any = None, **extra: Any) -> tuple[Any, NormsState]:
         updates, new = inner.update(grads, state.inner, params, **extra)
-        received, multi = grads, part_state(state.inner, optax.MultiStepsState)
+        received, multi = grads, optax.tree_utils.tree_get(state.inner, _MULTI)
         if multi is not None:
             # What optax.MultiSteps passes its optimizer: optax's own running mean, which XLA computes
             # once for both.
@@ -373,21 +373,7 @@ def keep_norms(
 
 def _if_updated(inner_state: Any, new: Any, old: Any) -> Any:
     """`new`, or `old` where `inner_state` is an accumulation's that did not update at this micro-step."""
-    multi = part_state(inner_state, optax.MultiStepsState)
+    multi = optax.tree_utils.tree_get(inner_state, _MULTI)
     if multi is None:
         return new
     return _where(jnp.asarray(optax.MultiSteps(optax.identity(), 1).has_updated(multi)), new, old)
-
-
-def part_state(opt_state: Any, kind: type[P]) -> P | None:
-    """The first state of type `kind` (a part's, or `optax.MultiStepsState`) in `opt_state`, or None."""
-    nodes = jax.tree.leaves(opt_state, is_leaf=lambda node: isinstance(node, kind))
-    return next((node for node in nodes if isinstance(node, kind)), None)
-
-
-def with_part_state(opt_state: Any, new: Any) -> Any:
-    """`opt_state` with the part state of `new`'s type replaced by `new` (the other leaves unchanged)."""
-    kind = type(new)
-    return jax.tree.map(
-        lambda node: new if isinstance(node, kind) else node, opt_state, is_leaf=lambda n: isinstance(n, kind)
-    )
