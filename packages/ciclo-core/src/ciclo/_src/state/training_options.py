@@ -46,12 +46,12 @@ class TrainingOptionsKwargs(TypedDict, total=False):
 
 OPTION_NAMES: Final = frozenset(TrainingOptionsKwargs.__annotations__)
 
-_KEPT_NORMS: Final[dict[Any, str]] = {
-    False: "none",
-    True: "the global norms",
+_KEPT_NORMS: Final = {
+    "False": "none",
+    "True": "the global norms",
     "modules": "the global and per-module norms",
 }
-"""What a state with each `log_norms` keeps in its norms, in words."""
+"""What a state keeps in its norms by `str(log_norms)`, in words."""
 
 _MULTI: Final = optax.MultiStepsState.__name__
 """How `optax.tree_utils.tree_get` finds the accumulation's state (a part state is found by its name)."""
@@ -154,9 +154,10 @@ class TrainingOptions:
     def resume_refusal(self, name: str, old: Any) -> str | None:
         """Why a backup whose option `name` was `old` cannot go on under these options; None where it can."""
         if name == "log_norms":
+            kept = [_KEPT_NORMS.get(str(value), short(value)) for value in (old, self.log_norms)]
             return (
-                f"a state keeps the norms it logs in its optimizer state ({_KEPT_NORMS.get(old, old)} in the "
-                f"backup, {_KEPT_NORMS[self.log_norms]} in this state), so the two hold different arrays"
+                f"a state keeps the norms it logs in its optimizer state ({kept[0]} in the backup, {kept[1]} "
+                "in this state), so the two hold different arrays"
             )
         if name == "accumulate_steps":
             return (
