@@ -142,12 +142,17 @@ def test_optimizers_without_a_rate_log_none() -> None:
     assert set(logs) == {"losses", "metrics"} and set(logs.metrics) == {"mse"}
 
 
-def test_an_apply_gradients_that_cannot_take_the_loss_is_refused_when_the_class_is_defined() -> None:
-    with pytest.raises(TypeError, match=r"OwnApply.apply_gradients must take the step's loss as `value=`"):
+def test_an_apply_gradients_that_cannot_take_the_loss_is_refused_at_the_first_step() -> None:
+    class OwnApply(managed.ManagedState):
+        def apply_gradients(self, *, grads: Any) -> OwnApply:  # type: ignore[override]
+            return self
 
-        class OwnApply(managed.ManagedState):
-            def apply_gradients(self, *, grads: Any, **changes: Any) -> OwnApply:  # type: ignore[override]
-                return self
+    state = OwnApply.create(params=jnp.ones(()), tx=optax.sgd(0.1))
+    # managed.train_step passes the loss as `value=`: Python's own error names the method.
+    with pytest.raises(
+        TypeError, match=r"OwnApply.apply_gradients\(\) got an unexpected keyword argument 'value'"
+    ):
+        logs_its_own_rate(state, None)
 
 
 class IgnoresTheLoss(managed.ManagedState):

@@ -25,6 +25,10 @@ from ciclo._src.state.model_state import NamedLosses as NamedLosses
 from ciclo._src.state.model_state import split_batch as split_batch
 from ciclo._src.state.training_options import TrainingOptions as TrainingOptions
 from ciclo._src.state.training_options import TrainingOptionsKwargs as TrainingOptionsKwargs
+from ciclo._src.state.training_options import accumulate as accumulate
+from ciclo._src.state.training_options import ema as ema
+from ciclo._src.state.training_options import keep_norms as keep_norms
+from ciclo._src.state.training_options import loss_scaling as loss_scaling
 
 __all__ = [
     "AbstractManagedState",
@@ -35,8 +39,12 @@ __all__ = [
     "Role",
     "TrainingOptions",
     "TrainingOptionsKwargs",
+    "accumulate",
+    "ema",
     "field",
     "fields_with_role",
+    "keep_norms",
+    "loss_scaling",
     "split_batch",
     "step",
     "train_step",

@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, Final, Literal, TypedDict, TypeVar, Unpack, overload
 
 import jax
+import optax
 
 from ciclo._src.base.batches import steps_of
 from ciclo._src.base.checks import check_bool, check_directory, check_int
@@ -246,18 +247,25 @@ def _source_of(
         return lambda path: path
     name = params_field(type(target)) if isinstance(target, AbstractManagedState) else "params"
     node = stored
-    for key in (*prefix, params_from):
+    for key in prefix:
         node = node.get(key) if isinstance(node, Mapping) else None
-    if not jax.tree.leaves(node):
+    # A training option's part keeps its arrays in opt_state, under a field of its own (`ema_params`).
+    found = [
+        path
+        for path, value in optax.tree_utils.tree_get_all_with_path(node, params_from)
+        if jax.tree.leaves(value)
+    ]
+    if not found:
         ema = params_from == "ema_params"
         raise ValueError(
             f"params_from={short(params_from)}: the checkpoint {where} holds no {params_from}"
             f"{' (the EMA of the weights: train with ema_decay=, e.g. 0.999)' if ema else ''}; restore "
             f"without params_from to read its {name}"
         )
+    source = jax.tree_util.keystr(found[0], simple=True, separator="/").split("/")
     own = (*prefix, name)
     size = len(own)
-    return lambda path: (*prefix, params_from, *path[size:]) if path[:size] == own else path
+    return lambda path: (*prefix, *source, *path[size:]) if path[:size] == own else path
 
 
 @typing.final

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any, final
 
+import optax
+
 from ciclo._src.base.reprs import short
 from ciclo._src.base.roles import params_field
 from ciclo._src.engine.callback import Callback
@@ -13,7 +15,8 @@ from ciclo._src.state.managed import AbstractManagedState
 def _swapped(state: AbstractManagedState) -> Any:
     """The state with its parameters and `ema_params` exchanged (the same arrays: nothing is copied)."""
     name = params_field(type(state))
-    return state.replace(**{name: state.ema_params, "ema_params": getattr(state, name)})
+    opt_state = optax.tree_utils.tree_set(state.opt_state, ema_params=getattr(state, name))
+    return state.replace(**{name: state.ema_params, "opt_state": opt_state})
 
 
 def _check(state: Any) -> AbstractManagedState:

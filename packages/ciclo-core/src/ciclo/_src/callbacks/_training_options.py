@@ -12,6 +12,7 @@ from typing import Any, ClassVar, Final, final
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 
 from ciclo._src.base.batches import steps_of
 from ciclo._src.base.checks import check_int
@@ -51,7 +52,8 @@ def _first_copy(array: Any) -> jax.Array:
 
 def _mini_step(state: AbstractManagedState) -> int:
     """The micro-batches `optax.MultiSteps` has accumulated towards its next update (a host read)."""
-    return int(np.asarray(_first_copy(state.opt_state.mini_step)).reshape(-1)[0])
+    mini_step = _first_copy(optax.tree_utils.tree_get(state.opt_state, "mini_step"))
+    return int(np.asarray(mini_step).reshape(-1)[0])
 
 
 def watch_training_options(state: Any, max_skipped_steps: int | None, stop: Period | None) -> list[Callback]:

@@ -5,10 +5,9 @@ from __future__ import annotations
 import abc
 import dataclasses
 import functools
-import inspect
 import json
 from collections.abc import Callable, Mapping
-from typing import Any, Final, Generic, Self, TypeVar, cast, final, overload
+from typing import Any, ClassVar, Final, Generic, Self, TypeVar, cast, final, overload
 
 import jax
 import jax.numpy as jnp
@@ -25,8 +24,14 @@ from ciclo._src.state._pytree import register_frozen
 from ciclo._src.state.learning_rate import learning_rate_logs
 from ciclo._src.state.metrics import Metric
 from ciclo._src.state.precision import LossScale
-from ciclo._src.state.training_options import OPTION_NAMES, TrainingOptions
-from ciclo._src.state.training_options import apply_gradients as apply_options
+from ciclo._src.state.training_options import (
+    OPTION_NAMES,
+    EmaState,
+    NormsState,
+    ScaledState,
+    TrainingOptions,
+    without_tx,
+)
 from ciclo._src.strategies._local import Eager
 from ciclo._src.strategies._placement import batch_refusal, number_list
 from ciclo._src.strategies._protocols import DeviceReductions, Strategy
@@ -47,17 +52,15 @@ class AbstractManagedState:
     """What every managed state is: a pytree that knows its optimizer, strategy and training options.
 
     Subclass `ManagedState` (or use `ciclo.types.ModelState`): every subclass becomes a frozen,
-    keyword-only dataclass registered as a pytree (docs/strategies.md, "Field roles").
+    keyword-only dataclass registered as a pytree (docs/strategies.md, "Field roles"). It is abstract:
+    a subclass without `resume_options` and `resume_refusal` is refused when instantiated (abc's TypeError).
 
     Attributes:
         step: the number of `apply_gradients` calls (an int32 array).
         params: the trained parameters, any pytree (role `PARAMS`).
         opt_state: the optimizer's state.
-        ema_params: the EMA of `params` under `ema_decay`, else None.
-        loss_scale: the `ciclo.types.LossScale` under `precision="16-mixed"`, else None.
-        norms: the last optimizer step's norms by name under `log_norms`, else None.
-        tx: the optax optimizer, in an `optax.MultiSteps` under
-            `accumulate_steps` (static); None for a state made for inference.
+        tx: the optax optimizer with the training options' parts around it
+            (`TrainingOptions.wrap`; static); None for a state made for inference.
         strategy: where the state lives and how steps compile (static).
         options: the `managed.TrainingOptions` (static).
     """
@@ -65,33 +68,20 @@ class AbstractManagedState:
     step: jax.Array
     params: Any = field(role=Role.PARAMS)
     opt_state: Any
-    ema_params: Any = None
-    loss_scale: LossScale | None = None
-    norms: dict[str, jax.Array] | None = None
     tx: optax.GradientTransformation | None = field(static=True)
     strategy: Strategy = field(static=True, default_factory=Eager)
     options: TrainingOptions = field(static=True, default=TrainingOptions())
 
+    # abc's refusal at instantiation, without abc.ABCMeta (whose isinstance costs ~0.3 µs once a step):
+    # `dataclasses.dataclass` runs `abc.update_abstractmethods` on a class that has this attribute.
+    __abstractmethods__: ClassVar[frozenset[str]] = frozenset()
+
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
+        cls.__abstractmethods__ = frozenset()
         dataclasses.dataclass(frozen=True, kw_only=True)(cls)
         register_frozen(cls)
         params_field(cls)  # a subclass that loses or doubles the params role fails here, not at a step
-        if "value" not in inspect.signature(cls.apply_gradients).parameters:
-            raise TypeError(
-                f"{cls.__name__}.apply_gradients must take the step's loss as `value=` (managed.train_step "
-                "passes it, for optimizers such as optax.contrib.reduce_on_plateau): define it as "
-                "apply_gradients(self, *, grads, value=None, **changes) and pass value on to tx.update, "
-                "or ignore it"
-            )
-        # Checked here rather than by abc.ABC's metaclass, whose isinstance costs ~0.4 µs once a step.
-        abstract = ("resume_options", "resume_refusal")
-        missing = [name for name in abstract if getattr(cls, name) is getattr(AbstractManagedState, name)]
-        if missing:
-            raise TypeError(
-                f"{cls.__name__} does not implement {', '.join(missing)} of managed.AbstractManagedState: "
-                "subclass managed.ManagedState, which does"
-            )
 
     @abc.abstractmethod
     def resume_options(self) -> dict[str, Any]:
@@ -109,30 +99,59 @@ class AbstractManagedState:
         """Applies one optimizer update under the state's training options (docs/recipes.md): `step + 1`.
 
         `value`, the loss, goes to an optimizer that takes it (`optax.contrib.reduce_on_plateau`);
-        `changes` are other fields to replace.
+        `changes` are other fields to replace. `managed.train_step` always passes `value=`: a subclass
+        that overrides this method takes it too (and may ignore it).
         """
-        return cast(Self, apply_options(self, grads, value, changes))
+        if self.tx is None:
+            raise ValueError(without_tx(type(self).__name__))
+        name = params_field(type(self))
+        extra = {} if value is None else {"value": value}
+        tx = optax.with_extra_args_support(self.tx)
+        updates, opt_state = tx.update(grads, self.opt_state, getattr(self, name), **extra)
+        params = optax.apply_updates(getattr(self, name), updates)
+        return self.replace(step=self.step + 1, opt_state=opt_state, **{name: params}, **changes)
+
+    @property
+    def ema_params(self) -> Any:
+        """The EMA of the parameters (`ema_decay`, `managed.ema` in `tx`), else None."""
+        found = optax.tree_utils.tree_get(self.opt_state, EmaState.__name__)
+        return None if found is None else found.ema_params
+
+    @property
+    def loss_scale(self) -> LossScale | None:
+        """The `ciclo.types.LossScale` (`precision="16-mixed"`, `managed.loss_scaling`), else None."""
+        found = optax.tree_utils.tree_get(self.opt_state, ScaledState.__name__)
+        return None if found is None else found.loss_scale
+
+    @property
+    def norms(self) -> dict[str, jax.Array] | None:
+        """The last optimizer step's norms by name (`log_norms`, `managed.keep_norms`), else None."""
+        found = optax.tree_utils.tree_get(self.opt_state, NormsState.__name__)
+        return None if found is None else found.norms
 
     def scale_loss(self, loss: jax.Array) -> jax.Array:
         """What `managed.train_step` differentiates: `loss` times the loss scale under loss scaling."""
-        return loss if self.loss_scale is None else loss * self.loss_scale.scale
+        scale = self.loss_scale
+        return loss if scale is None else loss * scale.scale
 
     def step_metrics(self) -> dict[str, jax.Array]:
         """What a training step logs in `metrics` after the update: learning rate, loss scale, skips."""
         metrics = learning_rate_logs(self.opt_state)
-        if self.loss_scale is not None:
-            metrics["loss_scale"] = self.loss_scale.scale
-            metrics["skipped_steps"] = self.loss_scale.skipped_steps
+        scale = self.loss_scale
+        if scale is not None:
+            metrics["loss_scale"] = scale.scale
+            metrics["skipped_steps"] = scale.skipped_steps
         return metrics
 
     def with_ema_params(self) -> Self:
         """The state with its EMA weights as its parameters (a state created with `ema_decay`)."""
-        if self.ema_params is None:
+        ema = self.ema_params
+        if ema is None:
             raise ValueError(
                 "this state keeps no EMA of its weights: create it with ema_decay=, e.g. "
                 "ciclo.create_model_state(..., ema_decay=0.999)"
             )
-        return self.replace(**{params_field(type(self)): self.ema_params})
+        return self.replace(**{params_field(type(self)): ema})
 
     def with_strategy(self, strategy: str | Strategy) -> Self:
         """Moves the state to another strategy (docs/strategies.md, "Creating and moving a state")."""
@@ -232,7 +251,7 @@ def create_state(
     if tx is None:
         options.check_without_optimizer()
     else:
-        tx = options.accumulate(tx)
+        tx = options.wrap(tx)
 
     def init(*args: Any) -> S:
         values = dict(fields(*args))
@@ -245,7 +264,6 @@ def create_state(
             strategy=placed,
             options=options,
             **{params_field(cls): params},
-            **options.init(params),
             **values,
             **static,
         )

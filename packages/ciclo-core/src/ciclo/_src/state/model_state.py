@@ -276,15 +276,10 @@ class ModelStateSettings(TrainingOptionsKwargs, total=False):
     key: jax.Array | int
 
 
-_MULTI_STEPS_FIELDS: Final = frozenset(optax.MultiStepsState._fields)
-
-
 def setting_behind(path: tuple[str, ...]) -> tuple[str, str] | None:
     """The `create_*_state` setting behind the leaf at `path` and what it holds, for a checkpoint's errors."""
-    field = path[0] if path else ""
-    if field == "opt_state" and _MULTI_STEPS_FIELDS & set(path):
-        return "accumulate_steps=", "the micro-batches optax.MultiSteps accumulates (opt_state)"
-    return _SETTING_OF_FIELD.get(field)
+    # The options' parts keep their state in opt_state, each under a field name of its own.
+    return next((_SETTING_OF_FIELD[key] for key in (*path[1:], *path[:1]) if key in _SETTING_OF_FIELD), None)
 
 
 _SETTING_OF_FIELD: Final = {
@@ -292,6 +287,10 @@ _SETTING_OF_FIELD: Final = {
     "loss_scale": ("precision=", "the loss scale of precision='16-mixed' (loss_scale)"),
     "ema_params": ("ema_decay=", "the EMA of the weights (ema_params)"),
     "norms": ("log_norms=", "the norms log_norms keeps (norms)"),
+    **dict.fromkeys(
+        optax.MultiStepsState._fields,
+        ("accumulate_steps=", "the micro-batches optax.MultiSteps accumulates (opt_state)"),
+    ),
     "opt_state": ("tx=", "the optimizer state: another optimizer, or none (opt_state)"),
 }
 

@@ -11,7 +11,7 @@ import jax
 
 from ciclo._src.base.roles import Role, fields_with_role
 from ciclo._src.state.managed import AbstractManagedState
-from ciclo._src.state.training_options import modules
+from ciclo._src.state.training_options import by_module
 
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
 
@@ -34,7 +34,7 @@ def _sizes(tree: Any) -> tuple[int, int]:
 
 
 def _by_top_level_key(params: Any) -> list[tuple[str, int, int]]:
-    return [(name or "(params)", *_sizes(leaves)) for name, leaves in modules(params).items()]
+    return [(name or "(params)", *_sizes(leaves)) for name, leaves in by_module(params).items()]
 
 
 def _table(rows: Iterable[tuple[str, int | None, int | None]]) -> str:

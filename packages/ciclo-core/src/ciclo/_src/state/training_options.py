@@ -1,14 +1,15 @@
 """Training options: mixed precision, gradient accumulation, skipping non-finite steps, the weight EMA, norms.
 
-Built on optax's own pieces (`optax.MultiSteps`, `optax.apply_if_finite`'s skipping) and combined in
-`apply_gradients`, the one place every managed state's update goes through (docs/recipes.md).
+Each option that acts on optimizer steps is an optax transformation whose state lives in `opt_state`
+(`loss_scaling`, `accumulate`, `ema`, `keep_norms`), built on optax's own pieces (`optax.MultiSteps`,
+`optax.apply_if_finite`'s skipping); `TrainingOptions.wrap` puts them around the user's `tx`, and a
+user may chain them by hand (docs/recipes.md, "The options as optax parts").
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-from typing import Any, Final, Literal, final
+from typing import Any, Final, Literal, NamedTuple, cast, final
 
 import jax
 import jax.numpy as jnp
@@ -18,8 +19,7 @@ from typing_extensions import TypedDict
 from ciclo._src.base.checks import check_int
 from ciclo._src.base.finite import finite_flag
 from ciclo._src.base.reprs import short
-from ciclo._src.base.roles import params_field
-from ciclo._src.state.precision import PRECISIONS, Precision
+from ciclo._src.state.precision import PRECISIONS, LossScale, Precision
 
 
 class TrainingOptionsKwargs(TypedDict, total=False):
@@ -45,6 +45,16 @@ class TrainingOptionsKwargs(TypedDict, total=False):
 
 
 OPTION_NAMES: Final = frozenset(TrainingOptionsKwargs.__annotations__)
+
+_KEPT_NORMS: Final = {
+    "False": "none",
+    "True": "the global norms",
+    "modules": "the global and per-module norms",
+}
+"""What a state keeps in its norms by `str(log_norms)`, in words."""
+
+_MULTI: Final = optax.MultiStepsState.__name__
+"""How `optax.tree_utils.tree_get` finds the accumulation's state (a part state is found by its name)."""
 
 
 @final
@@ -85,48 +95,26 @@ class TrainingOptions:
         object.__setattr__(self, "precision", policy)
         object.__setattr__(self, "ema_decay", None if decay is None else float(decay))
 
-    def accumulate(self, tx: optax.GradientTransformation) -> optax.GradientTransformation:
-        """The accumulation part: `tx` in an `optax.MultiSteps` of `accumulate_steps`, or `tx` itself."""
-        if self.accumulate_steps == 1:
-            return tx
-        multi = optax.MultiSteps(tx, every_k_schedule=self.accumulate_steps)
-        # With extra args: the loss (`value=`) reaches a `tx` that takes it, as without accumulation.
-        return optax.GradientTransformationExtraArgs(multi.init, multi.update)
-
-    def init(self, params: Any) -> dict[str, Any]:
-        """The options' own state at step 0: `ema_params`, `loss_scale`, `norms`."""
-        # A copy: a donating strategy must not see one buffer twice.
-        ema = None if self.ema_decay is None else jax.tree.map(jnp.copy, params)
-        norms = None
-        if self.log_norms:
-            names = jax.eval_shape(self.norms, params, params, params)
-            norms = {name: jnp.zeros((), jnp.float32) for name in names}
-        return {"ema_params": ema, "loss_scale": self.precision.loss_scale(), "norms": norms}
-
-    def norms(self, grads: Any, updates: Any, params: Any) -> dict[str, jax.Array]:
-        """The norms part: `grad_norm`, `update_norm`, `param_norm` (and `grad_norm/<module>`), float32.
+    def wrap(self, tx: optax.GradientTransformation) -> optax.GradientTransformation:
+        """`tx` with the options' parts around it; `tx` itself without options (docs/recipes.md).
 
         Example:
-            >>> import jax.numpy as jnp
-            >>> options = TrainingOptions(log_norms="modules")
-            >>> grads = {"a": jnp.array([3.0]), "b": {"w": jnp.array([4.0])}}
-            >>> {name: float(norm) for name, norm in options.norms(grads, grads, grads).items()}
-            {'grad_norm': 5.0, 'update_norm': 5.0, 'param_norm': 5.0, 'grad_norm/a': 3.0, 'grad_norm/b': 4.0}
+            >>> import optax
+            >>> tx = TrainingOptions(accumulate_steps=2, ema_decay=0.9).wrap(optax.sgd(0.1))
+            >>> state = tx.init({"w": 0.0})
+            >>> type(state).__name__, type(state.inner).__name__
+            ('EmaState', 'MultiStepsState')
         """
-        norms = {
-            "grad_norm": _norm(grads),
-            "update_norm": _norm(updates),
-            "param_norm": _norm(params),
-        }
-        if self.log_norms == "modules":
-            groups = modules(grads)
-            if "" in groups:
-                raise ValueError(
-                    f"log_norms='modules' names a norm by the first key of each parameter's path, but the "
-                    f"parameters are one array {short(groups[''][0])}; use log_norms=True"
-                )
-            norms.update({f"grad_norm/{name}": _norm(part) for name, part in groups.items()})
-        return norms
+        if self.accumulate_steps > 1:
+            tx = accumulate(tx, self.accumulate_steps)
+        if self.log_norms:
+            tx = keep_norms(tx, modules=self.log_norms == "modules")
+        if self.ema_decay is not None:
+            tx = ema(tx, self.ema_decay)
+        if self.precision.loss_scaling:
+            policy = self.precision
+            tx = loss_scaling(tx, initial_scale=policy.initial_scale, growth_interval=policy.growth_interval)
+        return tx
 
     def check_without_optimizer(self) -> None:
         """Refuses the options that act on optimizer steps, for a state created without `tx`."""
@@ -145,12 +133,7 @@ class TrainingOptions:
 
     def check(self, opt_state: Any) -> None:
         """Refuses a `tx` that accumulates itself (an `optax.MultiSteps`) under `accumulate_steps` > 1."""
-        if self.accumulate_steps == 1:
-            return
-        nodes = jax.tree.leaves(
-            opt_state.inner_opt_state, is_leaf=lambda node: isinstance(node, optax.MultiStepsState)
-        )
-        if any(isinstance(node, optax.MultiStepsState) for node in nodes):
+        if self.accumulate_steps > 1 and len(optax.tree_utils.tree_get_all_with_path(opt_state, _MULTI)) > 1:
             k = self.accumulate_steps
             raise ValueError(
                 f"tx is already an optax.MultiSteps, which accumulates micro-batches itself: "
@@ -171,9 +154,10 @@ class TrainingOptions:
     def resume_refusal(self, name: str, old: Any) -> str | None:
         """Why a backup whose option `name` was `old` cannot go on under these options; None where it can."""
         if name == "log_norms":
+            kept = [_KEPT_NORMS.get(str(value), short(value)) for value in (old, self.log_norms)]
             return (
-                f"a state keeps the norms it logs in its field `norms` ({_kept_norms(old)} in the backup, "
-                f"{_kept_norms(self.log_norms)} in this state), so the two hold different arrays"
+                f"a state keeps the norms it logs in its optimizer state ({kept[0]} in the backup, {kept[1]} "
+                "in this state), so the two hold different arrays"
             )
         if name == "accumulate_steps":
             return (
@@ -199,49 +183,6 @@ class TrainingOptions:
         return None  # the EMA goes on with the new decay
 
 
-def apply_gradients(state: Any, grads: Any, value: Any, changes: dict[str, Any]) -> Any:
-    """`AbstractManagedState.apply_gradients`: the one place the training options' parts meet."""
-    options: TrainingOptions = state.options
-    if state.tx is None:
-        raise ValueError(without_tx(type(state).__name__))
-    name = params_field(type(state))
-    params, scale, k = getattr(state, name), state.loss_scale, options.accumulate_steps
-    if scale is not None:
-        grads = jax.tree.map(lambda grad: grad / scale.scale.astype(grad.dtype), grads)
-    # optax passes `value` on to the transformations that take it and drops it for the rest.
-    tx, extra = (
-        (state.tx, {}) if value is None else (optax.with_extra_args_support(state.tx), {"value": value})
-    )
-    # optax.MultiSteps multiplies its float updates by an int flag, which strict promotion refuses.
-    with jax.numpy_dtype_promotion("standard") if k > 1 else contextlib.nullcontext():
-        updates, opt_state = tx.update(grads, state.opt_state, params, **extra)
-    new = {name: optax.apply_updates(params, updates), "opt_state": opt_state}
-    # Whether this micro-step updated the parameters.
-    updated = None if k == 1 else jnp.asarray(optax.MultiSteps(optax.identity(), k).has_updated(opt_state))
-    if options.log_norms:
-        received = grads
-        if k > 1:
-            # What optax.MultiSteps passes its optimizer: optax's own running mean, which XLA computes
-            # once for both. A micro-step carries the last optimizer step's norms.
-            n, acc_grads = state.opt_state.mini_step, state.opt_state.acc_grads
-            with jax.numpy_dtype_promotion("standard"):
-                received = jax.tree.map(
-                    lambda grad, acc: (acc + (grad - acc) / (n + 1)).astype(grad.dtype), grads, acc_grads
-                )
-        norms = options.norms(received, updates, new[name])
-        new["norms"] = norms if updated is None else _where(updated, norms, state.norms)
-    if options.ema_decay is not None:
-        decay = options.ema_decay
-        average = jax.tree.map(lambda old, new: decay * old + (1 - decay) * new, state.ema_params, new[name])
-        new["ema_params"] = average if updated is None else _where(updated, average, state.ema_params)
-    if scale is not None:
-        # optax.apply_if_finite's idea: a step whose gradients are not finite changes nothing.
-        finite = finite_flag(grads)
-        new = {key: _where(finite, value, getattr(state, key)) for key, value in new.items()}
-        new["loss_scale"] = scale.update(finite=finite, growth_interval=options.precision.growth_interval)
-    return state.replace(step=state.step + 1, **new, **changes)
-
-
 def without_tx(creator: str) -> str:
     """The refusal of a training step on a state made for inference; `creator` made the state."""
     return (
@@ -256,7 +197,7 @@ def _norm(tree: Any) -> jax.Array:
     return jnp.sqrt(sum(squares, jnp.zeros((), jnp.float32)))
 
 
-def modules(tree: Any) -> dict[str, list[Any]]:
+def by_module(tree: Any) -> dict[str, list[Any]]:
     """A pytree's leaves grouped by the first key of their paths (`""`: the tree is one leaf)."""
     groups: dict[str, list[Any]] = {}
     for path, leaf in jax.tree_util.tree_leaves_with_path(tree):
@@ -264,13 +205,176 @@ def modules(tree: Any) -> dict[str, list[Any]]:
     return groups
 
 
-def _kept_norms(log_norms: Any) -> str:
-    """What a state with this `log_norms` keeps in `norms`, in words."""
-    if log_norms == "modules":
-        return "the global and per-module norms"
-    return "the global norms" if log_norms else "none"
-
-
 def _where(condition: jax.Array, new: Any, old: Any) -> Any:
     """`new` where `condition` holds, else `old`, leaf by leaf (two trees of one structure)."""
     return jax.tree.map(lambda a, b: jnp.where(condition, a, b), new, old)
+
+
+class ScaledState(NamedTuple):
+    """The state of `loss_scaling`: the loss scale and the wrapped transformation's state."""
+
+    loss_scale: LossScale
+    inner: Any
+
+
+class EmaState(NamedTuple):
+    """The state of `ema`: the EMA of the parameters, and the wrapped state."""
+
+    ema_params: Any
+    inner: Any
+
+
+class NormsState(NamedTuple):
+    """The state of `keep_norms`: the last optimizer step's norms by name, and the wrapped state."""
+
+    norms: dict[str, jax.Array]
+    inner: Any
+
+
+def loss_scaling(
+    inner: optax.GradientTransformation, *, initial_scale: float = 2.0**16, growth_interval: int = 2000
+) -> optax.GradientTransformationExtraArgs:
+    """Dynamic loss scaling around `inner`: gradients divided by the scale, non-finite steps skipped.
+
+    The step multiplies its loss by the scale (`state.scale_loss`); a step whose gradients are not
+    finite changes nothing and halves the scale (`optax.apply_if_finite`'s idea), and the scale doubles
+    after `growth_interval` finite steps. The `ciclo.types.LossScale` is `state.loss_scale`.
+
+    Example:
+        >>> import jax.numpy as jnp, optax
+        >>> tx = loss_scaling(optax.sgd(1.0), initial_scale=4.0)
+        >>> state = tx.init(jnp.zeros(()))
+        >>> updates, state = tx.update(jnp.array(jnp.inf), state, jnp.zeros(()))
+        >>> float(updates), float(state.loss_scale.scale), int(state.loss_scale.skipped_steps)
+        (0.0, 2.0, 1)
+    """
+    inner = optax.with_extra_args_support(inner)
+    start = Precision(loss_scaling=True, initial_scale=initial_scale, growth_interval=growth_interval)
+
+    def init(params: Any) -> ScaledState:
+        return ScaledState(cast(LossScale, start.loss_scale()), inner.init(params))
+
+    def update(grads: Any, state: ScaledState, params: Any = None, **extra: Any) -> tuple[Any, ScaledState]:
+        scale = state.loss_scale
+        grads = jax.tree.map(lambda grad: grad / scale.scale.astype(grad.dtype), grads)
+        updates, new = inner.update(grads, state.inner, params, **extra)
+        finite = finite_flag(grads)
+        updates = jax.tree.map(lambda update: jnp.where(finite, update, jnp.zeros_like(update)), updates)
+        scale = scale.update(finite=finite, growth_interval=growth_interval)
+        return updates, ScaledState(scale, _where(finite, new, state.inner))
+
+    return optax.GradientTransformationExtraArgs(init, update)
+
+
+def accumulate(inner: optax.GradientTransformation, every: int) -> optax.GradientTransformationExtraArgs:
+    """`optax.MultiSteps(inner, every)`: one optimizer step per `every` micro-batches, their mean.
+
+    Example:
+        >>> import jax.numpy as jnp, optax
+        >>> tx = accumulate(optax.sgd(1.0), 2)
+        >>> state = tx.init(jnp.zeros(()))
+        >>> updates, state = tx.update(jnp.array(1.0), state, jnp.zeros(()))
+        >>> float(updates), int(state.mini_step)
+        (0.0, 1)
+    """
+    multi = optax.MultiSteps(inner, every_k_schedule=every)
+
+    def update(grads: Any, state: Any, params: Any = None, **extra: Any) -> tuple[Any, Any]:
+        # optax.MultiSteps multiplies its float updates by an int flag, which strict promotion refuses.
+        with jax.numpy_dtype_promotion("standard"):
+            updates, new = multi.update(grads, state, params, **extra)
+        return updates, new
+
+    return optax.GradientTransformationExtraArgs(multi.init, update)
+
+
+def ema(inner: optax.GradientTransformation, decay: float) -> optax.GradientTransformationExtraArgs:
+    """Keeps `ema_params`, an EMA of the parameters after each update of `inner`: `state.ema_params`.
+
+    Around an `accumulate` part, the EMA moves only at the micro-steps that update the parameters.
+
+    Example:
+        >>> import jax.numpy as jnp, optax
+        >>> tx = ema(optax.sgd(1.0), 0.5)
+        >>> _, state = tx.update(jnp.array(-2.0), tx.init(jnp.zeros(())), jnp.zeros(()))
+        >>> float(state.ema_params)
+        1.0
+    """
+    inner = optax.with_extra_args_support(inner)
+
+    def init(params: Any) -> EmaState:
+        # A copy: a donating strategy must not see one buffer twice.
+        return EmaState(jax.tree.map(jnp.copy, params), inner.init(params))
+
+    def update(grads: Any, state: EmaState, params: Any = None, **extra: Any) -> tuple[Any, EmaState]:
+        updates, new = inner.update(grads, state.inner, params, **extra)
+        average = jax.tree.map(
+            lambda old, new: decay * old + (1 - decay) * new,
+            state.ema_params,
+            optax.apply_updates(params, updates),
+        )
+        return updates, EmaState(_if_updated(new, average, state.ema_params), new)
+
+    return optax.GradientTransformationExtraArgs(init, update)
+
+
+def keep_norms(
+    inner: optax.GradientTransformation, *, modules: bool = False
+) -> optax.GradientTransformationExtraArgs:
+    """Keeps the norms of `inner`'s gradients, updates and new parameters (float32): `state.norms`.
+
+    `grad_norm`, `update_norm`, `param_norm`, and with `modules` a `grad_norm/<module>` per first key
+    of the parameters' paths. A managed training step logs them in the `norms` collection. Around an
+    `accumulate` part, the gradients are the accumulated mean, and a micro-step keeps the last norms.
+
+    Example:
+        >>> import jax.numpy as jnp, optax
+        >>> tx = keep_norms(optax.sgd(1.0), modules=True)
+        >>> params = {"a": jnp.array([0.0]), "b": jnp.array([0.0])}
+        >>> _, state = tx.update({"a": jnp.array([3.0]), "b": jnp.array([4.0])}, tx.init(params), params)
+        >>> {name: float(norm) for name, norm in state.norms.items()}
+        {'grad_norm': 5.0, 'update_norm': 5.0, 'param_norm': 5.0, 'grad_norm/a': 3.0, 'grad_norm/b': 4.0}
+    """
+    inner = optax.with_extra_args_support(inner)
+
+    def norms(grads: Any, updates: Any, params: Any) -> dict[str, jax.Array]:
+        found = {"grad_norm": _norm(grads), "update_norm": _norm(updates), "param_norm": _norm(params)}
+        if modules:
+            groups = by_module(grads)
+            if "" in groups:
+                raise ValueError(
+                    f"log_norms='modules' names a norm by the first key of each parameter's path, but the "
+                    f"parameters are one array {short(groups[''][0])}; use log_norms=True"
+                )
+            found.update({f"grad_norm/{name}": _norm(part) for name, part in groups.items()})
+        return found
+
+    def init(params: Any) -> NormsState:
+        names = jax.eval_shape(norms, params, params, params)
+        return NormsState({name: jnp.zeros((), jnp.float32) for name in names}, inner.init(params))
+
+    def update(grads: Any, state: NormsState, params: Any = None, **extra: Any) -> tuple[Any, NormsState]:
+        updates, new = inner.update(grads, state.inner, params, **extra)
+        received, multi = grads, optax.tree_utils.tree_get(state.inner, _MULTI)
+        if multi is not None:
+            # What optax.MultiSteps passes its optimizer: optax's own running mean, which XLA computes
+            # once for both.
+            n = multi.mini_step
+            with jax.numpy_dtype_promotion("standard"):
+                received = jax.tree.map(
+                    lambda grad, acc: (acc + (grad - acc) / (n + 1)).astype(grad.dtype),
+                    grads,
+                    multi.acc_grads,
+                )
+        found = norms(received, updates, optax.apply_updates(params, updates))
+        return updates, NormsState(_if_updated(new, found, state.norms), new)
+
+    return optax.GradientTransformationExtraArgs(init, update)
+
+
+def _if_updated(inner_state: Any, new: Any, old: Any) -> Any:
+    """`new`, or `old` where `inner_state` is an accumulation's that did not update at this micro-step."""
+    multi = optax.tree_utils.tree_get(inner_state, _MULTI)
+    if multi is None:
+        return new
+    return _where(jnp.asarray(optax.MultiSteps(optax.identity(), 1).has_updated(multi)), new, old)
