@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import operator
 import os
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -298,8 +299,9 @@ class History(Sequence[Logs]):
             self._advance()
 
     def _read(self, logs: LogsLike) -> tuple[Paths, tuple[Any, ...]]:
-        paths = tuple([(collection, name) for collection, entries in logs.items() for name in entries])
-        values = tuple([value for entries in logs.values() for value in entries.values()])
+        # C-level passes: `zip(repeat(collection), entries)` pairs the collection with each entry name.
+        paths = tuple(_chain(map(zip, map(itertools.repeat, logs), logs.values())))
+        values = tuple(_chain(map(_values, logs.values())))
         return self._interned.setdefault(paths, paths), values
 
     def _advance(self) -> None:
@@ -390,12 +392,17 @@ class History(Sequence[Logs]):
         """
         pending = self._pending
         first = self.dropped + len(self) - len(pending)  # the first pending row's index
-        for index in range(max(self._scanned, first), first + len(pending)):  # rows not noted yet
-            row = pending[index - first]
-            if type(row) is _FusedRow:
-                self._note(index, row.paths, tuple([_StepValue(array, row.step) for array in row.arrays]))
-            else:
-                self._note(index, *self._read(row))
+        start = max(self._scanned, first)
+        rows = pending[start - first :]  # rows not noted yet
+        if rows and _alike_columns(rows) is not None:  # all log the same entries: the newest has them
+            self._note(first + len(pending) - 1, *self._read(rows[-1]))
+        else:
+            for index, row in enumerate(rows, start):
+                if type(row) is _FusedRow:
+                    values = tuple([_StepValue(array, row.step) for array in row.arrays])
+                    self._note(index, row.paths, values)
+                else:
+                    self._note(index, *self._read(row))
         self._scanned = first + len(pending)
         newest: dict[EntryPath, Any] = {}  # each entry's value in the newest row that logs it
         on_host = self.dropped + len(self._values)  # rows before this one give their host values
@@ -681,6 +688,7 @@ def _alike_columns(
 
 
 _chain = itertools.chain.from_iterable
+_values = operator.methodcaller("values")
 _dict_values: Callable[[Mapping[str, Any]], Iterable[Any]] = dict.values  # type: ignore[assignment]
 
 
