@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import operator
 import os
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -299,9 +298,8 @@ class History(Sequence[Logs]):
             self._advance()
 
     def _read(self, logs: LogsLike) -> tuple[Paths, tuple[Any, ...]]:
-        # C-level passes: `zip(repeat(collection), entries)` pairs the collection with each entry name.
-        paths = tuple(_chain(map(zip, map(itertools.repeat, logs), logs.values())))
-        values = tuple(_chain(map(_values, logs.values())))
+        paths = tuple([(collection, name) for collection, entries in logs.items() for name in entries])
+        values = tuple([value for entries in logs.values() for value in entries.values()])
         return self._interned.setdefault(paths, paths), values
 
     def _advance(self) -> None:
@@ -688,7 +686,6 @@ def _alike_columns(
 
 
 _chain = itertools.chain.from_iterable
-_values = operator.methodcaller("values")
 _dict_values: Callable[[Mapping[str, Any]], Iterable[Any]] = dict.values  # type: ignore[assignment]
 
 
@@ -703,12 +700,14 @@ def _flatten_logs_tree(tree: Logs) -> tuple[list[Any], _LogsNames]:
 
 
 def _unflatten_logs_tree(names: _LogsNames, children: Iterable[Any]) -> Logs:
-    new = dict.__new__(Logs)
-    # Each collection's zip takes its entries' values from the one iterator, in order.
-    dict.update(
-        new, zip(names[0], map(Entries, map(zip, names[1], itertools.repeat(iter(children)))), strict=True)
-    )
+    new = _new_dict(Logs)
+    # Each collection's zip takes its entries' values from the one iterator, in order. No `strict=`:
+    # both sides come from one flatten, and a keyword argument makes `zip` ~0.2 µs slower.
+    _update(new, zip(names[0], map(Entries, map(zip, names[1], _repeat(iter(children))))))  # noqa: B905
     return new
+
+
+_new_dict, _update, _repeat = dict.__new__, dict.update, itertools.repeat  # no attribute read a step
 
 
 def _flatten_entries_tree(tree: Entries) -> tuple[tuple[Any, ...], tuple[str, ...]]:
