@@ -393,7 +393,7 @@ class History(Sequence[Logs]):
         start = max(self._scanned, first)
         rows = pending[start - first :]  # rows not noted yet
         if rows and _alike_columns(rows) is not None:  # all log the same entries: the newest has them
-            self._note(first + len(pending) - 1, *self._read(rows[-1]))
+            self._note(first + len(pending) - 1, *self._read(cast("LogsLike", rows[-1])))
         else:
             for index, row in enumerate(rows, start):
                 if type(row) is _FusedRow:
