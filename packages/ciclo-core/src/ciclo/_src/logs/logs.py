@@ -392,15 +392,13 @@ class History(Sequence[Logs]):
         first = self.dropped + len(self) - len(pending)  # the first pending row's index
         start = max(self._scanned, first)
         rows = pending[start - first :]  # rows not noted yet
-        if rows and _alike_columns(rows) is not None:  # all log the same entries: the newest has them
-            self._note(first + len(pending) - 1, *self._read(cast("LogsLike", rows[-1])))
-        else:
-            for index, row in enumerate(rows, start):
-                if type(row) is _FusedRow:
-                    values = tuple([_StepValue(array, row.step) for array in row.arrays])
-                    self._note(index, row.paths, values)
-                else:
-                    self._note(index, *self._read(row))
+        if len(rows) > 1 and _alike_columns(rows) is not None:  # all log the same entries: the newest
+            start, rows = start + len(rows) - 1, rows[-1:]
+        for index, row in enumerate(rows, start):
+            if type(row) is _FusedRow:
+                self._note(index, row.paths, tuple([_StepValue(array, row.step) for array in row.arrays]))
+            else:
+                self._note(index, *self._read(row))
         self._scanned = first + len(pending)
         newest: dict[EntryPath, Any] = {}  # each entry's value in the newest row that logs it
         on_host = self.dropped + len(self._values)  # rows before this one give their host values
