@@ -688,8 +688,8 @@ _dict_values: Callable[[Mapping[str, Any]], Iterable[Any]] = dict.values  # type
 
 
 # A `Logs` is one pytree node whose children are its entries' values: unflattening a compiled
-# step's output (after every step) is one call, not one per collection, and builds its `Entries`
-# with no Python loop. Its aux data is `(collections, their entries' names)`.
+# step's output (after every step) is one call, not one per collection. Its aux data is
+# `(collections, their entries' names)`.
 _LogsNames = tuple[tuple[str, ...], tuple[tuple[str, ...], ...]]
 
 
@@ -699,13 +699,15 @@ def _flatten_logs_tree(tree: Logs) -> tuple[list[Any], _LogsNames]:
 
 def _unflatten_logs_tree(names: _LogsNames, children: Iterable[Any]) -> Logs:
     new = _new_dict(Logs)
-    # Each collection's zip takes its entries' values from the one iterator, in order. No `strict=`:
-    # both sides come from one flatten, and a keyword argument makes `zip` ~0.2 µs slower.
-    _update(new, zip(names[0], map(Entries, map(zip, names[1], _repeat(iter(children))))))  # noqa: B905
+    values = iter(children)  # each collection's zip takes its entries' values from it, in order
+    # No `strict=`: both sides come from one flatten, and a keyword makes `zip` ~0.2 µs slower. A
+    # loop over the few collections is faster than nested `map`s (0.85 µs to 1.07 for two).
+    for collection, keys in zip(*names):  # noqa: B905
+        new[collection] = Entries(zip(keys, values))  # noqa: B905
     return new
 
 
-_new_dict, _update, _repeat = dict.__new__, dict.update, itertools.repeat  # no attribute read a step
+_new_dict = dict.__new__
 
 
 def _flatten_entries_tree(tree: Entries) -> tuple[tuple[Any, ...], tuple[str, ...]]:
