@@ -277,6 +277,19 @@ def test_history_latest_stays_newest_when_older_rows_are_read(mixed):
     assert history.collect("a")[-1] == expected["a"]
 
 
+def test_history_latest_keeps_entries_of_older_rows_when_the_newer_log_fewer():
+    # latest() notes only the newest of pending rows that log the same entries.
+    history = ciclo.history()
+    for step in range(10):
+        logs = ciclo.logs().add_metric("a", jnp.float32(step))
+        history.append(step, 0, 0.0, logs.add_metric("b", step) if step < 5 else logs)
+        if step in (4, 9):
+            assert history.latest().metrics == {"a": float(step), "b": 4}
+    history.append(10, 0, 0.0, ciclo.logs().add_loss("c", 1.0))
+    history.append(11, 0, 0.0, ciclo.logs().add_metric("a", 11.0))
+    assert history.latest() == {"metrics": {"a": 11.0, "b": 4}, "losses": {"c": 1.0}}
+
+
 def test_history_rows_with_as_many_entries_under_other_names_keep_their_own(monkeypatch):
     # One window holds rows with one entry each, under other names or collections: counting keys
     # alone would take them for one schema.

@@ -122,6 +122,7 @@ def is_stacked(batch: Any) -> bool:
 
 # Array types seen as batch leaves: `type(x) in` is much cheaper than `isinstance(x, jax.Array)`.
 _ARRAY_TYPES: set[type] = {np.ndarray}
+_SEQUENCES = frozenset({tuple, list})
 
 
 def leading_dim(batch: Any) -> int:
@@ -132,16 +133,10 @@ def leading_dim(batch: Any) -> int:
         >>> leading_dim({"x": np.zeros((32, 4)), "y": np.zeros(32)})
         32
     """
-    kind = type(batch)
-    if kind is tuple or kind is list:
-        # The usual `(inputs, targets)`: its first leaf is its first item when that is an array.
-        first: Any = batch[0] if batch else None
-        if type(first) in _ARRAY_TYPES:
-            shape = first.shape  # one property read: `ndim` is another on JAX arrays
-            if shape:
-                return shape[0]  # type: ignore[no-any-return]
-    elif kind in _ARRAY_TYPES:
-        shape = batch.shape
+    # The usual `(inputs, targets)`: its first leaf is its first item when that is an array.
+    first = batch[0] if type(batch) in _SEQUENCES and batch else batch
+    if type(first) in _ARRAY_TYPES:
+        shape = first.shape  # one property read: `ndim` is another on JAX arrays
         if shape:
             return shape[0]  # type: ignore[no-any-return]
     for leaf in jax.tree.leaves(batch):

@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 
 import jax
 
-from ciclo._src.base.batches import BatchSizeFn, count, leading_dim
+from ciclo._src.base.batches import BatchSizeFn, Stacked, leading_dim
 from ciclo._src.base.checks import check_int
 from ciclo._src.base.reprs import short
 
@@ -224,9 +224,13 @@ class Clock:
         return make_elapsed(self.steps, self.samples, _time.perf_counter() - self.origin, self.date_start)
 
     def advance(self, batch: Any) -> None:
-        steps, samples = count(batch, self.batch_size_fn)
-        self.steps += steps
-        self.samples += samples
+        # `batches.count` without its call and tuple: this runs at every step of every loop.
+        if type(batch) is Stacked:
+            self.steps += batch.steps
+            self.samples += batch.samples
+        else:
+            self.steps += 1
+            self.samples += self.batch_size_fn(batch)
 
 
 def elapse(

@@ -390,8 +390,11 @@ class History(Sequence[Logs]):
         """
         pending = self._pending
         first = self.dropped + len(self) - len(pending)  # the first pending row's index
-        for index in range(max(self._scanned, first), first + len(pending)):  # rows not noted yet
-            row = pending[index - first]
+        start = max(self._scanned, first)
+        rows = pending[start - first :]  # rows not noted yet
+        if len(rows) > 1 and _alike_columns(rows) is not None:  # all log the same entries: the newest
+            start, rows = start + len(rows) - 1, rows[-1:]
+        for index, row in enumerate(rows, start):
             if type(row) is _FusedRow:
                 self._note(index, row.paths, tuple([_StepValue(array, row.step) for array in row.arrays]))
             else:
@@ -685,8 +688,8 @@ _dict_values: Callable[[Mapping[str, Any]], Iterable[Any]] = dict.values  # type
 
 
 # A `Logs` is one pytree node whose children are its entries' values: unflattening a compiled
-# step's output (after every step) is one call, not one per collection, and builds its `Entries`
-# with no Python loop. Its aux data is `(collections, their entries' names)`.
+# step's output (after every step) is one call, not one per collection. Its aux data is
+# `(collections, their entries' names)`.
 _LogsNames = tuple[tuple[str, ...], tuple[tuple[str, ...], ...]]
 
 
@@ -696,10 +699,11 @@ def _flatten_logs_tree(tree: Logs) -> tuple[list[Any], _LogsNames]:
 
 def _unflatten_logs_tree(names: _LogsNames, children: Iterable[Any]) -> Logs:
     new = dict.__new__(Logs)
-    # Each collection's zip takes its entries' values from the one iterator, in order.
-    dict.update(
-        new, zip(names[0], map(Entries, map(zip, names[1], itertools.repeat(iter(children)))), strict=True)
-    )
+    values = iter(children)  # each collection's zip takes its entries' values from it, in order
+    # No `strict=`: both sides come from one flatten, and a keyword makes `zip` ~0.2 µs slower. A
+    # loop over the few collections is faster than nested `map`s (0.85 µs to 1.07 for two).
+    for collection, keys in zip(*names):  # noqa: B905
+        new[collection] = Entries(zip(keys, values))  # noqa: B905
     return new
 
 
