@@ -718,7 +718,7 @@ def measure_legacy_engine(python: str, steps: int, rounds: int) -> tuple[str, li
 # ----------------------------------------------------------------------------- targets
 
 
-MAX_STEP_TIME_OVER_HAND_STEP = 1.15  # the managed step's time at most 1.15× the same math by hand's
+MAX_STEP_TIME_OVER_HAND_STEP = 1.05  # the managed step's time at most 1.05× the same math by hand's (Core v5)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -755,11 +755,12 @@ class Target:
 
 FIXED_SPE_ROWS = tuple(spe_row(k) for k in SPE_GROUPS)
 TARGETS: dict[str, list[Target]] = {
-    "ciclo.loop": [Target("tiny", 0.95)],
-    "ciclo.loop + keras_bar": [Target("tiny", 0.93)],
+    # Core v5's targets (the issue "Core v5"): the loop at 0.85 of bare, with a Keras bar 0.80.
+    "ciclo.loop": [Target("tiny", 0.85)],
+    "ciclo.loop + keras_bar": [Target("tiny", 0.80)],
     "ciclo.loop + tensorboard logger": [Target("tiny", 0.95)],
-    "train_loop + flax state": [Target("tiny", 0.90, relative_to=HAND_LOOP)],
-    # The managed step alone: at most 1.15× the time of the same math written by hand.
+    "train_loop + flax state": [Target("tiny", 0.92, relative_to=HAND_LOOP)],
+    # The managed step alone: at most 1.05× the time of the same math written by hand.
     HAND_LOOP: [Target("tiny", 1 / MAX_STEP_TIME_OVER_HAND_STEP, relative_to=HAND_STEP, per_step_time=True)],
     spe_row(GROUP): [
         Target("tiny", 3.0),
