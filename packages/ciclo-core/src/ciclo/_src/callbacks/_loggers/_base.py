@@ -8,12 +8,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, NamedTuple, Protocol, final
 
 from ciclo._src.base.reprs import short
-from ciclo._src.base.types import CallbackOutput, S
 from ciclo._src.callbacks._monitor import snapshot_fields
 from ciclo._src.engine.callback import Callback
 from ciclo._src.engine.loop_state import LoopState
 from ciclo._src.logs.logs import History, LogsLike, Paths
-from ciclo._src.logs.step_output import NO_LOGS
 
 _SKIPPED_COLLECTIONS = frozenset({"elapsed", "outputs"})
 
@@ -146,9 +144,8 @@ class Logger(Callback):
         self._resume_after: int | None = None  # restored: steps up to this one were written before
         self._own, self._own_next = History(), 0  # rows given to `write` by a hand-written loop
 
-    def __loop_callback__(self, loop_state: LoopState[S]) -> CallbackOutput[S]:
+    def __loop_callback__(self, loop_state: LoopState[Any]) -> None:
         self._drain_loop(loop_state, ended=False)
-        return NO_LOGS, loop_state.state
 
     def on_start(self, loop_state: LoopState[Any]) -> None:
         """Refuses a loop starting at or before the last step written, unless it resumed this logger's run."""
