@@ -12,12 +12,11 @@ import numpy as np
 
 from ciclo._src.base.checks import check_int
 from ciclo._src.base.reprs import short
-from ciclo._src.base.types import CallbackOutput, S
+from ciclo._src.base.types import S
 from ciclo._src.callbacks._monitor import present_keys
 from ciclo._src.engine.callback import Callback
 from ciclo._src.engine.loop_state import LoopState
 from ciclo._src.logs.logs import Logs
-from ciclo._src.logs.step_output import NO_LOGS
 
 _log = logging.getLogger("ciclo")
 
@@ -73,7 +72,7 @@ class TerminateOnNaN(Callback, Generic[S]):
                 self._found(step, name)
         self._pending = {}
 
-    def __loop_callback__(self, loop_state: LoopState[S], /) -> CallbackOutput[S]:
+    def __loop_callback__(self, loop_state: LoopState[S], /) -> None:
         logs = loop_state.step_logs  # read only: the loop's own logs need no copy
         step = int(loop_state.elapsed.steps)
         for name in self.monitor if logs else ():
@@ -104,7 +103,6 @@ class TerminateOnNaN(Callback, Generic[S]):
                 step,
             )
             loop_state.stop()
-        return NO_LOGS, loop_state.state
 
     def on_end(self, loop_state: LoopState[S], error: BaseException | None, /) -> None:
         """Reports a NaN the last steps left on the device."""

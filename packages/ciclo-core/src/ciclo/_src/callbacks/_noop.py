@@ -4,10 +4,8 @@ from __future__ import annotations
 
 from typing import Any, final
 
-from ciclo._src.base.types import CallbackOutput
 from ciclo._src.engine.callback import Callback
 from ciclo._src.engine.phases import LoopState
-from ciclo._src.logs.step_output import NO_LOGS
 
 
 @final
@@ -21,9 +19,8 @@ class NoOp(Callback):
         (1, 0, 3)
     """
 
-    def __loop_callback__(self, loop_state: LoopState[Any]) -> CallbackOutput[Any]:
-        """Returns no logs and the state unchanged."""
-        return NO_LOGS, loop_state.state
+    def __loop_callback__(self, loop_state: LoopState[Any]) -> None:
+        """Returns None: no logs, the state unchanged."""
 
     def __repr__(self) -> str:
         return "ciclo.noop"

@@ -10,10 +10,8 @@ import jax
 from ciclo._src.base.batches import steps_of
 from ciclo._src.base.checks import check_int
 from ciclo._src.base.reprs import short
-from ciclo._src.base.types import CallbackOutput, S
 from ciclo._src.engine.callback import Callback
 from ciclo._src.engine.loop_state import LoopState
-from ciclo._src.logs.step_output import NO_LOGS
 
 STEP_ANNOTATION = "step"
 """The name of the step markers in the trace (`jax.profiler.StepTraceAnnotation`)."""
@@ -48,7 +46,7 @@ class Profile(Callback):
         """`"waiting"` for the first step, `"tracing"`, or `"done"` (the trace is written)."""
         self._annotation: Any = None  # the open marker of the step being traced
 
-    def __loop_callback__(self, loop_state: LoopState[S]) -> CallbackOutput[S]:
+    def __loop_callback__(self, loop_state: LoopState[Any]) -> None:
         steps, (first, last) = loop_state.elapsed.steps, self.steps
         # A `ciclo.stacked` group of steps is traced whole if it reaches into the window.
         if self.status == "waiting" and first < steps + steps_of(loop_state.batch) and steps <= last:
@@ -57,7 +55,6 @@ class Profile(Callback):
         if self.status == "tracing":
             self._annotation = jax.profiler.StepTraceAnnotation(STEP_ANNOTATION, step_num=steps)
             self._annotation.__enter__()
-        return NO_LOGS, loop_state.state
 
     def on_step_end(self, loop_state: LoopState[Any], /) -> None:
         self._end_step(loop_state, stop=loop_state.elapsed.steps > self.steps[1])

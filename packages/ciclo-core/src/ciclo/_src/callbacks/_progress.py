@@ -72,8 +72,6 @@ def _is_scalar(value: Any) -> bool:
 
 def host_floats(entries: list[tuple[str, Any]]) -> list[tuple[str, float]]:
     """Copies the values of `entries` to the host, in one transfer, as floats; the bars' only read."""
-    if not entries:
-        return []
     shown: list[tuple[str, float]] = []
     for (name, _), value in zip(entries, jax.device_get([value for _, value in entries]), strict=True):
         try:

@@ -8,12 +8,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, NamedTuple, Protocol, final
 
 from ciclo._src.base.reprs import short
-from ciclo._src.base.types import CallbackOutput, S
 from ciclo._src.callbacks._monitor import snapshot_fields
 from ciclo._src.engine.callback import Callback
 from ciclo._src.engine.loop_state import LoopState
 from ciclo._src.logs.logs import History, LogsLike, Paths
-from ciclo._src.logs.step_output import NO_LOGS
 
 _SKIPPED_COLLECTIONS = frozenset({"elapsed", "outputs"})
 
@@ -82,32 +80,14 @@ def checked_hparams(hparams: Mapping[str, Any] | None) -> HParams:
     return checked
 
 
-def _scalar_columns(paths: Paths) -> list[tuple[int, str]] | None:
-    """`(column, name)` of each entry `scalars` may write; None when a name is in several collections."""
-    columns = [
-        (column, name)
-        for column, (collection, name) in enumerate(paths)
-        if collection not in _SKIPPED_COLLECTIONS
-    ]
-    names = [name for _, name in columns]
-    return columns if len(set(names)) == len(names) else None
-
-
-def _row_scalars(
-    paths: Paths, values: tuple[Any, ...], columns: list[tuple[int, str]] | None
-) -> dict[str, float | int]:
-    out: dict[str, float | int] = {}
-    if columns is not None:
-        for column, name in columns:
-            number = _number(values[column])
-            if number is not None:
-                out[name] = number
-        return out
+def _row_scalars(paths: Paths, values: tuple[Any, ...]) -> dict[str, float | int]:
+    """The row's numbers by name; a name in several collections with different values as `collection.name`."""
     found: dict[str, list[tuple[str, float | int]]] = {}
     for (collection, name), value in zip(paths, values, strict=True):
         number = None if collection in _SKIPPED_COLLECTIONS else _number(value)
         if number is not None:
             found.setdefault(name, []).append((collection, number))
+    out: dict[str, float | int] = {}
     for name, found_values in found.items():
         if all(number == found_values[0][1] for _, number in found_values):
             out[name] = found_values[0][1]
@@ -164,9 +144,8 @@ class Logger(Callback):
         self._resume_after: int | None = None  # restored: steps up to this one were written before
         self._own, self._own_next = History(), 0  # rows given to `write` by a hand-written loop
 
-    def __loop_callback__(self, loop_state: LoopState[S]) -> CallbackOutput[S]:
+    def __loop_callback__(self, loop_state: LoopState[Any]) -> None:
         self._drain_loop(loop_state, ended=False)
-        return NO_LOGS, loop_state.state
 
     def on_start(self, loop_state: LoopState[Any]) -> None:
         """Refuses a loop starting at or before the last step written, unless it resumed this logger's run."""
@@ -198,14 +177,10 @@ class Logger(Callback):
             return upto
         rows = []
         resume_after = self._resume_after
-        paths_before: Paths | None = None
-        columns: list[tuple[int, str]] | None = None
         for paths, values, step, _, seconds in history.host_rows(first, last):
             if resume_after is not None and step <= resume_after:
                 continue
-            if paths is not paths_before:  # rows that log the same entries share one `paths`
-                paths_before, columns = paths, _scalar_columns(paths)
-            found = _row_scalars(paths, values, columns)
+            found = _row_scalars(paths, values)
             if found:
                 rows.append(Row(step, date_start + seconds, found))
         if rows:
