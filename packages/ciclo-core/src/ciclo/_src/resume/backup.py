@@ -33,7 +33,7 @@ from ciclo._src.base.reprs import cut, short
 from ciclo._src.base.schedules import Every, crossed
 from ciclo._src.data.position import iterator_state
 from ciclo._src.engine.callback import Callback
-from ciclo._src.resume.host_json import from_json, to_json
+from ciclo._src.resume.host_json import Schema, check_document, from_json, to_json
 from ciclo._src.resume.orbax_io import (
     abstract,
     announce,
@@ -214,11 +214,6 @@ def _is_period(x: Any) -> bool:
         return False
 
 
-# A field: None (anything), or (the type it holds, what else must hold of it or None, what it is in
-# words); a name ending in `?`: the field may be absent or null.
-Schema = dict[str, tuple[type, Any, str] | None]
-
-
 def _loop_schema(step: int) -> Schema:
     """The structure of the loop document of the backup numbered `step` (its format, `_FORMAT`)."""
     elapsed = "[steps, samples, time, date_start], steps the backup's number"
@@ -259,28 +254,6 @@ _HISTORY_SCHEMA: Schema = {
     "dropped": (int, _is_count, "a count"),
     "evicted_latest": (dict, None, "a dict"),
 }
-
-
-def check_document(item: Any, schema: Schema, where: str) -> dict[str, Any]:
-    """`item`, refused unless it is a JSON object with the fields of `schema`, each as it describes."""
-    fields = {name.rstrip("?"): name.endswith("?") for name in schema}
-    if not isinstance(item, dict):
-        raise ValueError(
-            f"{where} holds a {type(item).__name__}, not a JSON object with the fields {list(fields)}"
-        )
-    for name, spec in zip(fields, schema.values(), strict=True):
-        if spec is None or item.get(name) is None and (fields[name] or name not in item):
-            continue  # anything, read by its own reader; or an optional field (or one missing: below)
-        kind, check, what = spec
-        value = item[name]
-        if not isinstance(value, kind) or type(value) is bool is not kind or (check and not check(value)):
-            shown = short(value) if isinstance(value, kind) else f"a {type(value).__name__}"
-            raise ValueError(f"{where}: {name} is {shown}, not {what}")
-    unknown = sorted(set(item) - set(fields))
-    missing = sorted(name for name, optional in fields.items() if not optional and name not in item)
-    if unknown or missing:
-        raise ValueError(f"{where}: unknown fields {unknown}, missing fields {missing}")
-    return item
 
 
 def _checked_loop_item(item: Any, step: int, where: str) -> dict[str, Any]:
