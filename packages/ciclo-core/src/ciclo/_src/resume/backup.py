@@ -30,7 +30,7 @@ from ciclo._src.base.elapsed import Elapsed, Period, make_elapsed, only_steps
 from ciclo._src.base.files import check_closed, open_own, remove_own, write_atomically
 from ciclo._src.base.finite import all_finite
 from ciclo._src.base.reprs import cut, short
-from ciclo._src.base.schedules import Every, crossed
+from ciclo._src.base.schedules import Every
 from ciclo._src.data.position import iterator_state
 from ciclo._src.engine.callback import Callback
 from ciclo._src.resume.host_json import Schema, check_document, from_json, to_json
@@ -162,17 +162,14 @@ def backup(
 
 
 def _schedule(every: Any) -> Any:
-    """`every` as `(steps_interval, None)` for steps alone, or `(None, schedule)`."""
-    if isinstance(every, Period) and only_steps(every) is not None:
-        every = only_steps(every)
-    if every is None:
-        return None, None
-    if isinstance(every, int) and not isinstance(every, bool):
-        if every < 1:
+    """`every` as a schedule of the `Elapsed` (an `Every` for a number of steps or a period), or None."""
+    steps = only_steps(every) if isinstance(every, Period) else every
+    if isinstance(steps, int) and not isinstance(steps, bool):
+        if steps < 1:
             raise ValueError(f"every must be >= 1 step, got {short(every)}")
-        return every, None
-    if isinstance(every, Period) or callable(every):
-        return None, Every(every) if isinstance(every, Period) else every
+        return Every(Period(steps=steps))
+    if every is None or isinstance(every, Period) or callable(every):
+        return Every(every) if isinstance(every, Period) else every
     raise TypeError(
         f"every must be a number of steps, a ciclo.types.Period or a schedule, got {short(every)}"
     )
@@ -322,9 +319,8 @@ class BackupCallback(Callback):
     def on_start(self, loop_state: LoopState[Any], /) -> None:
         spec = self.spec
         every = next(every for every in (spec.every, self.default_every, 1000) if every is not None)
-        self._interval: int | None
-        self._interval, self._timed = _schedule(every)
-        if self._timed is not None and jax.process_count() > 1:
+        self._due = _schedule(every)
+        if jax.process_count() > 1 and (type(self._due) is not Every or self._due.step_boundary() is None):
             raise ValueError(
                 "under several processes, backup(every=...) must be a number of steps: all processes "
                 f"must save at the same step, and a schedule in time would not agree; got {short(spec.every)}"
@@ -459,11 +455,7 @@ class BackupCallback(Callback):
             preempted = Preempted(guard.signum, steps, self.spec.directory)
             announce("ciclo: %s", preempted)
             raise preempted
-        if self._interval is not None:
-            due = crossed(self._last_saved or 0, steps, self._interval)
-        else:
-            due = bool(self._timed(loop_state.elapsed))
-        if due:
+        if self._due(loop_state.elapsed):
             self._save(loop_state, finished=False, wait=False)
 
     def on_end(self, loop_state: LoopState[Any], error: BaseException | None, /) -> None:
