@@ -103,9 +103,9 @@ class Backup:
             f"ciclo.backup({self.directory!r}, every={self.every!r}, keep={self.keep}, sigint={self.sigint})"
         )
 
-    def callback(self, kind: str, *, default_every: Any = None) -> BackupCallback:
+    def callback(self, kind: str) -> BackupCallback:
         """This backup as a callback for `run_phases(callbacks=[...])`, first; `kind` names the loop."""
-        return BackupCallback(self, kind=kind, default_every=default_every)
+        return BackupCallback(self, kind=kind)
 
 
 def backup(
