@@ -342,7 +342,6 @@ class BackupCallback(Callback):
         )
         self._last_saved: int | None = None
         self._recent: list[list[tuple[int, int]]] = []  # the History chunks of the kept backups, newest last
-        self._done = False
         self._guard: SignalGuard | None = None
         try:
             restored = self._restore_newest(loop_state.state)
@@ -353,17 +352,17 @@ class BackupCallback(Callback):
                 # The backup of the start, once every on_start accepted the run: a run killed before its
                 # first periodic backup resumes as a resumed run (its checkpoints then are its own).
                 loop_state.iterator = itertools.chain(self._start_backup(loop_state), self._iterator)
-            else:
-                self._resume(loop_state, restored)
+            elif self._resume(loop_state, restored):
+                return  # a finished run: no save, no signal taken (on_end sees no guard)
         except BaseException as error:
             self._close(error)
             raise
-        if not self._done:  # under several processes, JAX's preemption sync point takes SIGTERM
-            sync_point = jax.process_count() > 1
-            signals = (() if sync_point else (signal.SIGTERM,)) + ((signal.SIGINT,) if spec.sigint else ())
-            self._guard = SignalGuard(signals, sync_point=sync_point)
+        sync_point = jax.process_count() > 1  # then JAX's preemption sync point takes SIGTERM
+        signals = (() if sync_point else (signal.SIGTERM,)) + ((signal.SIGINT,) if spec.sigint else ())
+        self._guard = SignalGuard(signals, sync_point=sync_point)
 
-    def _resume(self, loop_state: LoopState[Any], restored: Restored) -> None:
+    def _resume(self, loop_state: LoopState[Any], restored: Restored) -> bool:
+        """Loads `restored` into the loop; True if it is a finished run that stops at once."""
         directory = self.spec.directory
         if restored.kind != self.kind:
             raise ValueError(
@@ -396,9 +395,8 @@ class BackupCallback(Callback):
         stop = loop_state.stop_at
         # A finished run is done, unless another stop that it has not reached asks for more.
         if restored.finished and (stop == restored.stop or (stop is not None and restored.elapsed >= stop)):
-            self._done = True
             loop_state.stop()
-            return
+            return True
         if restored.devices is not None and restored.devices != jax.device_count():
             announce(
                 "ciclo: resuming a backup written on %d device%s onto %d: the run goes on; its results "
@@ -438,6 +436,7 @@ class BackupCallback(Callback):
                     "size of the backed-up run, or give backup= another directory to start afresh"
                 )
         self._samples_before = restored.elapsed.samples - restored.samples
+        return False
 
     def _start_backup(self, loop_state: LoopState[Any]) -> Iterator[Any]:
         self._save(loop_state, finished=False, wait=False)
@@ -461,7 +460,7 @@ class BackupCallback(Callback):
     def on_end(self, loop_state: LoopState[Any], error: BaseException | None, /) -> None:
         """Saves a run that ended by itself as finished, waits for the save in flight, frees the signals."""
         try:
-            if error is None and not self._done:
+            if error is None and self._guard is not None:  # none: a finished run, resumed
                 self._save(loop_state, finished=True, wait=True)
         finally:
             self._close(error)
