@@ -30,10 +30,10 @@ from ciclo._src.base.elapsed import Elapsed, Period, make_elapsed, only_steps
 from ciclo._src.base.files import check_closed, open_own, remove_own, write_atomically
 from ciclo._src.base.finite import all_finite
 from ciclo._src.base.reprs import cut, short
-from ciclo._src.base.schedules import Every, crossed
+from ciclo._src.base.schedules import Every
 from ciclo._src.data.position import iterator_state
 from ciclo._src.engine.callback import Callback
-from ciclo._src.resume.host_json import from_json, to_json
+from ciclo._src.resume.host_json import Schema, check_document, from_json, to_json
 from ciclo._src.resume.orbax_io import (
     abstract,
     announce,
@@ -103,9 +103,9 @@ class Backup:
             f"ciclo.backup({self.directory!r}, every={self.every!r}, keep={self.keep}, sigint={self.sigint})"
         )
 
-    def callback(self, kind: str, *, default_every: Any = None) -> BackupCallback:
+    def callback(self, kind: str) -> BackupCallback:
         """This backup as a callback for `run_phases(callbacks=[...])`, first; `kind` names the loop."""
-        return BackupCallback(self, kind=kind, default_every=default_every)
+        return BackupCallback(self, kind=kind)
 
 
 def backup(
@@ -162,17 +162,14 @@ def backup(
 
 
 def _schedule(every: Any) -> Any:
-    """`every` as `(steps_interval, None)` for steps alone, or `(None, schedule)`."""
-    if isinstance(every, Period) and only_steps(every) is not None:
-        every = only_steps(every)
-    if every is None:
-        return None, None
-    if isinstance(every, int) and not isinstance(every, bool):
-        if every < 1:
+    """`every` as a schedule of the `Elapsed` (an `Every` for a number of steps or a period), or None."""
+    steps = only_steps(every) if isinstance(every, Period) else every
+    if isinstance(steps, int) and not isinstance(steps, bool):
+        if steps < 1:
             raise ValueError(f"every must be >= 1 step, got {short(every)}")
-        return every, None
-    if isinstance(every, Period) or callable(every):
-        return None, Every(every) if isinstance(every, Period) else every
+        return Every(Period(steps=steps))
+    if every is None or isinstance(every, Period) or callable(every):
+        return Every(every) if isinstance(every, Period) else every
     raise TypeError(
         f"every must be a number of steps, a ciclo.types.Period or a schedule, got {short(every)}"
     )
@@ -212,11 +209,6 @@ def _is_period(x: Any) -> bool:
         return isinstance(x, list) and len(x) == 4 and isinstance(Period(*x), Period)
     except (TypeError, ValueError):
         return False
-
-
-# A field: None (anything), or (the type it holds, what else must hold of it or None, what it is in
-# words); a name ending in `?`: the field may be absent or null.
-Schema = dict[str, tuple[type, Any, str] | None]
 
 
 def _loop_schema(step: int) -> Schema:
@@ -259,28 +251,6 @@ _HISTORY_SCHEMA: Schema = {
     "dropped": (int, _is_count, "a count"),
     "evicted_latest": (dict, None, "a dict"),
 }
-
-
-def check_document(item: Any, schema: Schema, where: str) -> dict[str, Any]:
-    """`item`, refused unless it is a JSON object with the fields of `schema`, each as it describes."""
-    fields = {name.rstrip("?"): name.endswith("?") for name in schema}
-    if not isinstance(item, dict):
-        raise ValueError(
-            f"{where} holds a {type(item).__name__}, not a JSON object with the fields {list(fields)}"
-        )
-    for name, spec in zip(fields, schema.values(), strict=True):
-        if spec is None or item.get(name) is None and (fields[name] or name not in item):
-            continue  # anything, read by its own reader; or an optional field (or one missing: below)
-        kind, check, what = spec
-        value = item[name]
-        if not isinstance(value, kind) or type(value) is bool is not kind or (check and not check(value)):
-            shown = short(value) if isinstance(value, kind) else f"a {type(value).__name__}"
-            raise ValueError(f"{where}: {name} is {shown}, not {what}")
-    unknown = sorted(set(item) - set(fields))
-    missing = sorted(name for name, optional in fields.items() if not optional and name not in item)
-    if unknown or missing:
-        raise ValueError(f"{where}: unknown fields {unknown}, missing fields {missing}")
-    return item
 
 
 def _checked_loop_item(item: Any, step: int, where: str) -> dict[str, Any]:
@@ -349,9 +319,8 @@ class BackupCallback(Callback):
     def on_start(self, loop_state: LoopState[Any], /) -> None:
         spec = self.spec
         every = next(every for every in (spec.every, self.default_every, 1000) if every is not None)
-        self._interval: int | None
-        self._interval, self._timed = _schedule(every)
-        if self._timed is not None and jax.process_count() > 1:
+        self._due = _schedule(every)
+        if jax.process_count() > 1 and (type(self._due) is not Every or self._due.step_boundary() is None):
             raise ValueError(
                 "under several processes, backup(every=...) must be a number of steps: all processes "
                 f"must save at the same step, and a schedule in time would not agree; got {short(spec.every)}"
@@ -373,7 +342,6 @@ class BackupCallback(Callback):
         )
         self._last_saved: int | None = None
         self._recent: list[list[tuple[int, int]]] = []  # the History chunks of the kept backups, newest last
-        self._done = False
         self._guard: SignalGuard | None = None
         try:
             restored = self._restore_newest(loop_state.state)
@@ -384,17 +352,17 @@ class BackupCallback(Callback):
                 # The backup of the start, once every on_start accepted the run: a run killed before its
                 # first periodic backup resumes as a resumed run (its checkpoints then are its own).
                 loop_state.iterator = itertools.chain(self._start_backup(loop_state), self._iterator)
-            else:
-                self._resume(loop_state, restored)
+            elif self._resume(loop_state, restored):
+                return  # a finished run: no save, no signal taken (on_end sees no guard)
         except BaseException as error:
             self._close(error)
             raise
-        if not self._done:  # under several processes, JAX's preemption sync point takes SIGTERM
-            sync_point = jax.process_count() > 1
-            signals = (() if sync_point else (signal.SIGTERM,)) + ((signal.SIGINT,) if spec.sigint else ())
-            self._guard = SignalGuard(signals, sync_point=sync_point)
+        sync_point = jax.process_count() > 1  # then JAX's preemption sync point takes SIGTERM
+        signals = (() if sync_point else (signal.SIGTERM,)) + ((signal.SIGINT,) if spec.sigint else ())
+        self._guard = SignalGuard(signals, sync_point=sync_point)
 
-    def _resume(self, loop_state: LoopState[Any], restored: Restored) -> None:
+    def _resume(self, loop_state: LoopState[Any], restored: Restored) -> bool:
+        """Loads `restored` into the loop; True if it is a finished run that stops at once."""
         directory = self.spec.directory
         if restored.kind != self.kind:
             raise ValueError(
@@ -427,9 +395,8 @@ class BackupCallback(Callback):
         stop = loop_state.stop_at
         # A finished run is done, unless another stop that it has not reached asks for more.
         if restored.finished and (stop == restored.stop or (stop is not None and restored.elapsed >= stop)):
-            self._done = True
             loop_state.stop()
-            return
+            return True
         if restored.devices is not None and restored.devices != jax.device_count():
             announce(
                 "ciclo: resuming a backup written on %d device%s onto %d: the run goes on; its results "
@@ -469,6 +436,7 @@ class BackupCallback(Callback):
                     "size of the backed-up run, or give backup= another directory to start afresh"
                 )
         self._samples_before = restored.elapsed.samples - restored.samples
+        return False
 
     def _start_backup(self, loop_state: LoopState[Any]) -> Iterator[Any]:
         self._save(loop_state, finished=False, wait=False)
@@ -486,17 +454,13 @@ class BackupCallback(Callback):
             preempted = Preempted(guard.signum, steps, self.spec.directory)
             announce("ciclo: %s", preempted)
             raise preempted
-        if self._interval is not None:
-            due = crossed(self._last_saved or 0, steps, self._interval)
-        else:
-            due = bool(self._timed(loop_state.elapsed))
-        if due:
+        if self._due(loop_state.elapsed):
             self._save(loop_state, finished=False, wait=False)
 
     def on_end(self, loop_state: LoopState[Any], error: BaseException | None, /) -> None:
         """Saves a run that ended by itself as finished, waits for the save in flight, frees the signals."""
         try:
-            if error is None and not self._done:
+            if error is None and self._guard is not None:  # none: a finished run, resumed
                 self._save(loop_state, finished=True, wait=True)
         finally:
             self._close(error)

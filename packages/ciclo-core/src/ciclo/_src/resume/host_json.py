@@ -132,8 +132,7 @@ def from_json(data: Any, where: str, *, states: Mapping[str, Any] | None = None)
             )
         return states[body]
     if tag == "$key":
-        if not isinstance(body, dict) or set(body) != {"impl", "data"} or not isinstance(body["impl"], str):
-            raise ValueError(f"{cut(where)} holds a $key without its impl and data")
+        check_document(body, _KEY, f"{cut(where)} $key")
         key_data = from_json(body["data"], f"{where} key data")
         try:
             return jax.random.wrap_key_data(jnp.asarray(key_data), impl=body["impl"])
@@ -145,6 +144,42 @@ def from_json(data: Any, where: str, *, states: Mapping[str, Any] | None = None)
     return _array(body, where)
 
 
+# A field: None (anything), or (the type it holds, what else must hold of it or None, what it is in
+# words); a name ending in `?`: the field may be absent or null.
+Schema = dict[str, tuple[type, Any, str] | None]
+
+
+def check_document(item: Any, schema: Schema, where: str) -> dict[str, Any]:
+    """`item`, refused unless it is a JSON object with the fields of `schema`, each as it describes."""
+    fields = {name.rstrip("?"): name.endswith("?") for name in schema}
+    if not isinstance(item, dict):
+        raise ValueError(
+            f"{where} holds a {type(item).__name__}, not a JSON object with the fields {list(fields)}"
+        )
+    for name, spec in zip(fields, schema.values(), strict=True):
+        if spec is None or item.get(name) is None and (fields[name] or name not in item):
+            continue  # anything, read by its own reader; or an optional field (or one missing: below)
+        kind, check, what = spec
+        value = item[name]
+        if not isinstance(value, kind) or type(value) is bool is not kind or (check and not check(value)):
+            shown = short(value) if isinstance(value, kind) else f"a {type(value).__name__}"
+            raise ValueError(f"{where}: {name} is {shown}, not {what}")
+    unknown = sorted(set(item) - set(fields))
+    missing = sorted(name for name, optional in fields.items() if not optional and name not in item)
+    if unknown or missing:
+        raise ValueError(f"{where}: unknown fields {unknown}, missing fields {missing}")
+    return item
+
+
+_KEY: Schema = {"impl": (str, None, "the name of a PRNG implementation"), "data": None}
+_ARRAY: Schema = {
+    "dtype": (str, None, "the name of a dtype"),  # a dict or list would describe a structured dtype
+    "shape": (list, lambda x: all(type(n) is int and n >= 0 for n in x), "a list of sizes"),
+    "scalar": (bool, None, "true or false"),
+    "data": (str, None, "base64 text"),
+}
+
+
 def _host_array(value: Any) -> np.ndarray:
     if isinstance(value, jax.Array) and not value.is_fully_addressable:
         from jax.experimental import multihost_utils
@@ -154,14 +189,8 @@ def _host_array(value: Any) -> np.ndarray:
 
 
 def _array(body: Any, where: str) -> np.ndarray | np.generic:
-    if not isinstance(body, dict) or set(body) != {"dtype", "shape", "scalar", "data"}:
-        raise ValueError(f"{cut(where)} holds an $array without exactly dtype, shape, scalar and data")
-    shape = body["shape"]
-    if not isinstance(shape, list) or not all(isinstance(n, int) and n >= 0 for n in shape):
-        raise ValueError(f"{cut(where)} holds an $array of shape {short(shape)}, not a list of sizes")
+    shape = check_document(body, _ARRAY, f"{cut(where)} $array")["shape"]
     try:
-        if not isinstance(body["dtype"], str):  # a dict or list would describe a structured dtype
-            raise TypeError
         dtype = np.dtype(jnp.dtype(body["dtype"]))
     except (TypeError, ValueError):
         raise ValueError(f"{cut(where)} holds an $array of unknown dtype {short(body['dtype'])}") from None
@@ -174,7 +203,7 @@ def _array(body: Any, where: str) -> np.ndarray | np.generic:
             f"{short(tuple(shape))}"
         )
     array: np.ndarray = np.frombuffer(raw, dtype=dtype).reshape(shape).copy()
-    if body["scalar"] is True and not shape:
+    if body["scalar"] and not shape:
         return typing.cast(np.generic, array[()])
     return array
 
