@@ -53,6 +53,9 @@ _KEPT_NORMS: Final = {
 }
 """What a state keeps in its norms by `str(log_norms)`, in words."""
 
+_PARTS: Final = {"precision": "a loss scale (loss_scale)", "ema_decay": "an EMA of the weights (ema_params)"}
+"""What the part an option adds keeps in the optimizer state, in words (a resume refusal's)."""
+
 _MULTI: Final = optax.MultiStepsState.__name__
 """How `optax.tree_utils.tree_get` finds the accumulation's state (a part state is found by its name)."""
 
@@ -166,21 +169,19 @@ class TrainingOptions:
             )
         if name == "precision":
             # The backup's precision (`Precision.to_data`): a built-in one's name, or its fields.
-            if isinstance(old, str) and old in PRECISIONS:
-                old = {"loss_scaling": PRECISIONS[old].loss_scaling}
-            scaled = old.get("loss_scaling") if isinstance(old, dict) else None
-            if not isinstance(scaled, bool):
+            named = PRECISIONS[old].loss_scaling if isinstance(old, str) and old in PRECISIONS else None
+            had = old.get("loss_scaling") if isinstance(old, dict) else named
+            if not isinstance(had, bool):
                 return "this ciclo does not know the backup's precision"
-            if scaled == self.precision.loss_scaling:
-                return None  # another compute dtype or scale growth: the arrays mean what they meant
-            if scaled:
-                return "the backup holds a loss scale (loss_scale) that a precision without one drops"
-            return "this state's precision scales the loss, and the backup holds no loss scale to go on from"
-        if old is None:  # ema_decay
-            return "the backup holds no EMA of the weights (ema_params) to go on from"
-        if self.ema_decay is None:
-            return "the backup holds an EMA of the weights (ema_params) that this state does not keep"
-        return None  # the EMA goes on with the new decay
+            has = self.precision.loss_scaling  # another compute dtype or scale growth is noted
+        else:  # ema_decay: another decay is noted, the EMA goes on with it
+            had, has = old is not None, self.ema_decay is not None
+        if had == has:
+            return None
+        part = _PARTS[name]
+        if had:
+            return f"the backup holds {part} that this state does not keep"
+        return f"this state keeps {part}, and the backup holds none to go on from"
 
 
 def without_tx(creator: str) -> str:
