@@ -9,7 +9,7 @@ user may chain them by hand (docs/recipes.md, "The options as optax parts").
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Final, Literal, NamedTuple, cast, final
+from typing import Any, Final, Literal, NamedTuple, final
 
 import jax
 import jax.numpy as jnp
@@ -250,10 +250,11 @@ def loss_scaling(
         (0.0, 2.0, 1)
     """
     inner = optax.with_extra_args_support(inner)
-    start = Precision(loss_scaling=True, initial_scale=initial_scale, growth_interval=growth_interval)
+    Precision(loss_scaling=True, initial_scale=initial_scale, growth_interval=growth_interval)  # checks both
 
     def init(params: Any) -> ScaledState:
-        return ScaledState(cast(LossScale, start.loss_scale()), inner.init(params))
+        counts = [jnp.zeros((), jnp.int32) for _ in range(3)]  # three buffers: a strategy may donate each
+        return ScaledState(LossScale(jnp.asarray(initial_scale, jnp.float32), *counts), inner.init(params))
 
     def update(grads: Any, state: ScaledState, params: Any = None, **extra: Any) -> tuple[Any, ScaledState]:
         scale = state.loss_scale
