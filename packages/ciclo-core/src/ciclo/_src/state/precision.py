@@ -90,17 +90,6 @@ class Precision:
             return tree
         return jax.tree.map(lambda leaf: _cast_floating(leaf, self.compute_dtype), tree)
 
-    def loss_scale(self) -> LossScale | None:
-        """The loss scale a new state starts with, or None without loss scaling."""
-        if not self.loss_scaling:
-            return None
-        return LossScale(
-            scale=jnp.asarray(self.initial_scale, jnp.float32),
-            good_steps=jnp.zeros((), jnp.int32),
-            skipped_steps=jnp.zeros((), jnp.int32),
-            skipped_in_a_row=jnp.zeros((), jnp.int32),
-        )
-
 
 PRECISIONS: Final[dict[str, Precision]] = {
     "32": Precision(),
@@ -150,8 +139,8 @@ class LossScale:
         skipped_in_a_row: the steps skipped since the last step that was not (int32).
 
     Example:
-        >>> import ciclo
-        >>> scale = ciclo.types.Precision.of("16-mixed").loss_scale()
+        >>> import ciclo, jax.numpy as jnp
+        >>> scale = ciclo.types.LossScale(jnp.float32(2.0**16), *[jnp.int32(0)] * 3)
         >>> after = scale.update(finite=False, growth_interval=2000)
         >>> float(after.scale), int(after.skipped_steps), int(after.skipped_in_a_row)
         (32768.0, 1, 1)

@@ -9,7 +9,7 @@ user may chain them by hand (docs/recipes.md, "The options as optax parts").
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Final, Literal, NamedTuple, cast, final
+from typing import Any, Final, Literal, NamedTuple, final
 
 import jax
 import jax.numpy as jnp
@@ -52,6 +52,9 @@ _KEPT_NORMS: Final = {
     "modules": "the global and per-module norms",
 }
 """What a state keeps in its norms by `str(log_norms)`, in words."""
+
+_PARTS: Final = {"precision": "a loss scale (loss_scale)", "ema_decay": "an EMA of the weights (ema_params)"}
+"""What the part an option adds keeps in the optimizer state, in words (a resume refusal's)."""
 
 _MULTI: Final = optax.MultiStepsState.__name__
 """How `optax.tree_utils.tree_get` finds the accumulation's state (a part state is found by its name)."""
@@ -102,15 +105,15 @@ class TrainingOptions:
             >>> import optax
             >>> tx = TrainingOptions(accumulate_steps=2, ema_decay=0.9).wrap(optax.sgd(0.1))
             >>> state = tx.init({"w": 0.0})
-            >>> type(state).__name__, type(state.inner).__name__
-            ('EmaState', 'MultiStepsState')
+            >>> type(state).__name__, type(state.inner_opt_state).__name__
+            ('MultiStepsState', 'EmaState')
         """
-        if self.accumulate_steps > 1:
-            tx = accumulate(tx, self.accumulate_steps)
         if self.log_norms:
             tx = keep_norms(tx, modules=self.log_norms == "modules")
         if self.ema_decay is not None:
             tx = ema(tx, self.ema_decay)
+        if self.accumulate_steps > 1:  # optax.MultiSteps keeps the EMA and norms between its updates
+            tx = accumulate(tx, self.accumulate_steps)
         if self.precision.loss_scaling:
             policy = self.precision
             tx = loss_scaling(tx, initial_scale=policy.initial_scale, growth_interval=policy.growth_interval)
@@ -166,21 +169,19 @@ class TrainingOptions:
             )
         if name == "precision":
             # The backup's precision (`Precision.to_data`): a built-in one's name, or its fields.
-            if isinstance(old, str) and old in PRECISIONS:
-                old = {"loss_scaling": PRECISIONS[old].loss_scaling}
-            scaled = old.get("loss_scaling") if isinstance(old, dict) else None
-            if not isinstance(scaled, bool):
+            named = PRECISIONS[old].loss_scaling if isinstance(old, str) and old in PRECISIONS else None
+            had = old.get("loss_scaling") if isinstance(old, dict) else named
+            if not isinstance(had, bool):
                 return "this ciclo does not know the backup's precision"
-            if scaled == self.precision.loss_scaling:
-                return None  # another compute dtype or scale growth: the arrays mean what they meant
-            if scaled:
-                return "the backup holds a loss scale (loss_scale) that a precision without one drops"
-            return "this state's precision scales the loss, and the backup holds no loss scale to go on from"
-        if old is None:  # ema_decay
-            return "the backup holds no EMA of the weights (ema_params) to go on from"
-        if self.ema_decay is None:
-            return "the backup holds an EMA of the weights (ema_params) that this state does not keep"
-        return None  # the EMA goes on with the new decay
+            has = self.precision.loss_scaling  # another compute dtype or scale growth is noted
+        else:  # ema_decay: another decay is noted, the EMA goes on with it
+            had, has = old is not None, self.ema_decay is not None
+        if had == has:
+            return None
+        part = _PARTS[name]
+        if had:
+            return f"the backup holds {part} that this state does not keep"
+        return f"this state keeps {part}, and the backup holds none to go on from"
 
 
 def without_tx(creator: str) -> str:
@@ -249,10 +250,11 @@ def loss_scaling(
         (0.0, 2.0, 1)
     """
     inner = optax.with_extra_args_support(inner)
-    start = Precision(loss_scaling=True, initial_scale=initial_scale, growth_interval=growth_interval)
+    Precision(loss_scaling=True, initial_scale=initial_scale, growth_interval=growth_interval)  # checks both
 
     def init(params: Any) -> ScaledState:
-        return ScaledState(cast(LossScale, start.loss_scale()), inner.init(params))
+        counts = [jnp.zeros((), jnp.int32) for _ in range(3)]  # three buffers: a strategy may donate each
+        return ScaledState(LossScale(jnp.asarray(initial_scale, jnp.float32), *counts), inner.init(params))
 
     def update(grads: Any, state: ScaledState, params: Any = None, **extra: Any) -> tuple[Any, ScaledState]:
         scale = state.loss_scale
@@ -291,7 +293,7 @@ def accumulate(inner: optax.GradientTransformation, every: int) -> optax.Gradien
 def ema(inner: optax.GradientTransformation, decay: float) -> optax.GradientTransformationExtraArgs:
     """Keeps `ema_params`, an EMA of the parameters after each update of `inner`: `state.ema_params`.
 
-    Around an `accumulate` part, the EMA moves only at the micro-steps that update the parameters.
+    Inside an `accumulate` part, the EMA moves only at the micro-steps that update the parameters.
 
     Example:
         >>> import jax.numpy as jnp, optax
@@ -313,7 +315,7 @@ def ema(inner: optax.GradientTransformation, decay: float) -> optax.GradientTran
             state.ema_params,
             optax.apply_updates(params, updates),
         )
-        return updates, EmaState(_if_updated(new, average, state.ema_params), new)
+        return updates, EmaState(average, new)
 
     return optax.GradientTransformationExtraArgs(init, update)
 
@@ -324,7 +326,7 @@ def keep_norms(
     """Keeps the norms of `inner`'s gradients, updates and new parameters (float32): `state.norms`.
 
     `grad_norm`, `update_norm`, `param_norm`, and with `modules` a `grad_norm/<module>` per first key
-    of the parameters' paths. A managed training step logs them in the `norms` collection. Around an
+    of the parameters' paths. A managed training step logs them in the `norms` collection. Inside an
     `accumulate` part, the gradients are the accumulated mean, and a micro-step keeps the last norms.
 
     Example:
@@ -355,26 +357,6 @@ def keep_norms(
 
     def update(grads: Any, state: NormsState, params: Any = None, **extra: Any) -> tuple[Any, NormsState]:
         updates, new = inner.update(grads, state.inner, params, **extra)
-        received, multi = grads, optax.tree_utils.tree_get(state.inner, _MULTI)
-        if multi is not None:
-            # What optax.MultiSteps passes its optimizer: optax's own running mean, which XLA computes
-            # once for both.
-            n = multi.mini_step
-            with jax.numpy_dtype_promotion("standard"):
-                received = jax.tree.map(
-                    lambda grad, acc: (acc + (grad - acc) / (n + 1)).astype(grad.dtype),
-                    grads,
-                    multi.acc_grads,
-                )
-        found = norms(received, updates, optax.apply_updates(params, updates))
-        return updates, NormsState(_if_updated(new, found, state.norms), new)
+        return updates, NormsState(norms(grads, updates, optax.apply_updates(params, updates)), new)
 
     return optax.GradientTransformationExtraArgs(init, update)
-
-
-def _if_updated(inner_state: Any, new: Any, old: Any) -> Any:
-    """`new`, or `old` where `inner_state` is an accumulation's that did not update at this micro-step."""
-    multi = optax.tree_utils.tree_get(inner_state, _MULTI)
-    if multi is None:
-        return new
-    return _where(jnp.asarray(optax.MultiSteps(optax.identity(), 1).has_updated(multi)), new, old)
