@@ -278,10 +278,8 @@ class ModelStateSettings(TrainingOptionsKwargs, total=False):
 
 def setting_behind(path: tuple[str, ...]) -> tuple[str, str] | None:
     """The `create_*_state` setting behind the leaf at `path` and what it holds, for a checkpoint's errors."""
-    # The options' parts keep their state in opt_state, each under a field name of its own: the innermost
-    # part's name is the one that says (optax.MultiSteps' state holds the EMA's and the norms').
-    keys = (*reversed(path[1:]), *path[:1])
-    return next((_SETTING_OF_FIELD[key] for key in keys if key in _SETTING_OF_FIELD), None)
+    # The options' parts keep their state in opt_state, each under a field name of its own.
+    return next((_SETTING_OF_FIELD[key] for key in (*path[1:], *path[:1]) if key in _SETTING_OF_FIELD), None)
 
 
 _SETTING_OF_FIELD: Final = {

@@ -105,15 +105,15 @@ class TrainingOptions:
             >>> import optax
             >>> tx = TrainingOptions(accumulate_steps=2, ema_decay=0.9).wrap(optax.sgd(0.1))
             >>> state = tx.init({"w": 0.0})
-            >>> type(state).__name__, type(state.inner_opt_state).__name__
-            ('MultiStepsState', 'EmaState')
+            >>> type(state).__name__, type(state.inner).__name__
+            ('EmaState', 'MultiStepsState')
         """
+        if self.accumulate_steps > 1:
+            tx = accumulate(tx, self.accumulate_steps)
         if self.log_norms:
             tx = keep_norms(tx, modules=self.log_norms == "modules")
         if self.ema_decay is not None:
             tx = ema(tx, self.ema_decay)
-        if self.accumulate_steps > 1:  # optax.MultiSteps keeps the EMA and norms between its updates
-            tx = accumulate(tx, self.accumulate_steps)
         if self.precision.loss_scaling:
             policy = self.precision
             tx = loss_scaling(tx, initial_scale=policy.initial_scale, growth_interval=policy.growth_interval)
@@ -293,7 +293,7 @@ def accumulate(inner: optax.GradientTransformation, every: int) -> optax.Gradien
 def ema(inner: optax.GradientTransformation, decay: float) -> optax.GradientTransformationExtraArgs:
     """Keeps `ema_params`, an EMA of the parameters after each update of `inner`: `state.ema_params`.
 
-    Inside an `accumulate` part, the EMA moves only at the micro-steps that update the parameters.
+    Around an `accumulate` part, the EMA moves only at the micro-steps that update the parameters.
 
     Example:
         >>> import jax.numpy as jnp, optax
@@ -315,7 +315,7 @@ def ema(inner: optax.GradientTransformation, decay: float) -> optax.GradientTran
             state.ema_params,
             optax.apply_updates(params, updates),
         )
-        return updates, EmaState(average, new)
+        return updates, EmaState(_if_updated(new, average, state.ema_params), new)
 
     return optax.GradientTransformationExtraArgs(init, update)
 
@@ -326,7 +326,7 @@ def keep_norms(
     """Keeps the norms of `inner`'s gradients, updates and new parameters (float32): `state.norms`.
 
     `grad_norm`, `update_norm`, `param_norm`, and with `modules` a `grad_norm/<module>` per first key
-    of the parameters' paths. A managed training step logs them in the `norms` collection. Inside an
+    of the parameters' paths. A managed training step logs them in the `norms` collection. Around an
     `accumulate` part, the gradients are the accumulated mean, and a micro-step keeps the last norms.
 
     Example:
@@ -357,6 +357,26 @@ def keep_norms(
 
     def update(grads: Any, state: NormsState, params: Any = None, **extra: Any) -> tuple[Any, NormsState]:
         updates, new = inner.update(grads, state.inner, params, **extra)
-        return updates, NormsState(norms(grads, updates, optax.apply_updates(params, updates)), new)
+        received, multi = grads, optax.tree_utils.tree_get(state.inner, _MULTI)
+        if multi is not None:
+            # What optax.MultiSteps passes its optimizer: optax's own running mean, which XLA computes
+            # once for both.
+            n = multi.mini_step
+            with jax.numpy_dtype_promotion("standard"):
+                received = jax.tree.map(
+                    lambda grad, acc: (acc + (grad - acc) / (n + 1)).astype(grad.dtype),
+                    grads,
+                    multi.acc_grads,
+                )
+        found = norms(received, updates, optax.apply_updates(params, updates))
+        return updates, NormsState(_if_updated(new, found, state.norms), new)
 
     return optax.GradientTransformationExtraArgs(init, update)
+
+
+def _if_updated(inner_state: Any, new: Any, old: Any) -> Any:
+    """`new`, or `old` where `inner_state` is an accumulation's that did not update at this micro-step."""
+    multi = optax.tree_utils.tree_get(inner_state, _MULTI)
+    if multi is None:
+        return new
+    return _where(jnp.asarray(optax.MultiSteps(optax.identity(), 1).has_updated(multi)), new, old)
