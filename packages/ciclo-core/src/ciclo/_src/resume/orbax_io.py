@@ -210,15 +210,22 @@ def note_lost_peer(error: BaseException) -> None:
     what = "backup" if any(kind == "ciclo_backup" for kind, _ in saves) else "checkpoint"
     places = []
     for directory in sorted({directory for kind, directory in saves if kind == f"ciclo_{what}"}):
-        try:  # complete steps only: a step being written has a temporary name
-            steps = sorted(int(child.name) for child in epath(directory).iterdir() if child.name.isdigit())
+        try:  # a step being written has a temporary name (`10.orbax-checkpoint-tmp-...`)
+            names = [child.name for child in epath(directory).iterdir()]
         except OSError:
-            steps = []
-        places.append(
+            names = []
+        steps = sorted(int(name) for name in names if name.isdigit())
+        # Another thread may be finishing a save as the peer is found gone: say that step too.
+        prefixes = (name.split(".")[0] for name in names if not name.isdigit())
+        writing = [int(prefix) for prefix in prefixes if prefix.isdigit()]
+        place = (
             f"the last complete {what} is step {steps[-1]} in {directory}"
             if steps
             else f"{directory} holds no complete {what} yet"
         )
+        if writing and max(writing) > (steps[-1] if steps else -1):
+            place += f" (step {max(writing)} was being written: if it completed, a rerun goes on from it)"
+        places.append(place)
     cause = str(error).strip().split("\n")[0]
     cause = re.sub(r"^(?:\w+: )?(?:Error dispatching computation: )+", "", cause)
     resume = f"; {'; '.join(places)}: start every process again to resume" if places else ""
