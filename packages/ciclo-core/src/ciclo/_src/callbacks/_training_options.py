@@ -16,7 +16,7 @@ import optax
 
 from ciclo._src.base.batches import steps_of
 from ciclo._src.base.checks import check_int
-from ciclo._src.base.elapsed import Period, only_steps
+from ciclo._src.base.elapsed import only_steps
 from ciclo._src.base.reprs import short
 from ciclo._src.engine.callback import Callback
 from ciclo._src.engine.loop_state import LoopState
@@ -56,7 +56,7 @@ def _mini_step(state: AbstractManagedState) -> int:
     return int(np.asarray(mini_step).reshape(-1)[0])
 
 
-def watch_training_options(state: Any, max_skipped_steps: int | None, stop: Period | None) -> list[Callback]:
+def watch_training_options(state: Any, max_skipped_steps: int | None) -> list[Callback]:
     """The watch a managed state under loss scaling or accumulation needs in `train_loop` (else none)."""
     scaling = isinstance(state, AbstractManagedState) and state.loss_scale is not None
     if max_skipped_steps is not None:
@@ -73,17 +73,13 @@ def watch_training_options(state: Any, max_skipped_steps: int | None, stop: Peri
             loss_scaling=scaling,
             accumulate_steps=state.options.accumulate_steps,
             max_skipped_steps=max_skipped_steps,
-            stop_steps=None if stop is None else only_steps(stop),
         )
     ]
 
 
 @final
 class TrainingOptionsWatch(Callback):
-    """Warns of a stuck float16 run and of micro-batches left unapplied; see `watch_training_options`.
-
-    `stop_steps` is the loop's `stop` when it is a number of steps, else None.
-    """
+    """Warns of a stuck float16 run and of micro-batches left unapplied; see `watch_training_options`."""
 
     hook: ClassVar[str | None] = "on_train_batch_end"
 
@@ -93,12 +89,10 @@ class TrainingOptionsWatch(Callback):
         loss_scaling: bool,
         accumulate_steps: int,
         max_skipped_steps: int | None,
-        stop_steps: int | None,
     ) -> None:
         self.loss_scaling = loss_scaling
         self.accumulate_steps = accumulate_steps
         self.max_skipped_steps = max_skipped_steps
-        self.stop_steps = stop_steps
         self._countdown = CHECK_EVERY
         self._pending: tuple[int, jax.Array] | None = None  # (steps, [scale, in a row]) on its way
         self._warned = False  # about the stall in progress
@@ -106,13 +100,15 @@ class TrainingOptionsWatch(Callback):
 
     def on_start(self, loop_state: LoopState[Any], /) -> None:
         """Before the first step (after a resume): the micro-batches the run's `stop` will leave unapplied."""
-        if self.accumulate_steps == 1 or self.stop_steps is None:
+        stop = loop_state.stop_at
+        stop_steps = None if stop is None else only_steps(stop)  # the loop's stop, if a number of steps
+        if self.accumulate_steps == 1 or stop_steps is None:
             return
-        remaining = self.stop_steps - loop_state.elapsed.steps
+        remaining = stop_steps - loop_state.elapsed.steps
         left = (_mini_step(loop_state.state) + remaining) % self.accumulate_steps
         if remaining > 0 and left:
             self._announced = left
-            self._warn_unapplied(left, f"will end at stop={self.stop_steps} steps", "will not be")
+            self._warn_unapplied(left, f"will end at stop={stop_steps} steps", "will not be")
 
     def __loop_callback__(self, loop_state: LoopState[Any], /) -> None:
         """Every `CHECK_EVERY` steps: judges the copy started before, starts the next."""

@@ -322,7 +322,7 @@ def train_loop(
     # The EMA swap and the watch of the state's training options are callbacks as the user's are.
     ours = [
         *([SwapEMAWeights()] if test_with_ema else []),
-        *watch_training_options(state, max_skipped_steps, stop),
+        *watch_training_options(state, max_skipped_steps),
     ]
     given = [] if callbacks is None else callbacks
     every_callback = [*given, *ours] if isinstance(given, (list, tuple)) else given  # else refused by collect
