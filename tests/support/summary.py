@@ -10,17 +10,29 @@ import jax
 import numpy as np
 
 
-def parse(text: str) -> dict[str, tuple[int | None, int | None]]:
-    """Each row's name -> (parameters; bytes), each None where the table shows "-"."""
-    rows: dict[str, tuple[int | None, int | None]] = {}
-    for line in text.splitlines()[1:]:  # the first line is the header
+def parse(text: str, *, per_device: bool = False) -> dict[str, tuple[int | None, ...]]:
+    """Each row's name -> (parameters; bytes), each None where the table shows "-".
+
+    `per_device`: (parameters; bytes; bytes per device), the column a state spread over devices gets.
+    """
+    rows: dict[str, tuple[int | None, ...]] = {}
+    table = text.split("\n\n")[0]  # a state spread over devices has a second table: `layout` reads it
+    for line in table.splitlines()[1:]:  # the first line is the header
         if set(line) == {"-"}:
             continue  # a rule
-        name, parameters, nbytes, _size = re.split(r"\s{2,}", line.strip())
-        rows[name] = (
-            None if parameters == "-" else int(parameters.replace(",", "")),
-            None if nbytes == "-" else int(nbytes.replace(",", "")),
-        )
+        name, parameters, nbytes, _size, *device = re.split(r"\s{2,}", line.strip())
+        numbers = [parameters, nbytes, *(device if per_device else [])]
+        rows[name] = tuple(None if n == "-" else int(n.replace(",", "")) for n in numbers)
+    return rows
+
+
+def layout(text: str) -> dict[str, tuple[str, str, int]]:
+    """The second table of a state spread over devices: each parameter's (shape, spec, bytes per device)."""
+    _, table = text.split("\n\n")
+    rows = {}
+    for line in table.splitlines()[2:]:  # the header and its rule
+        name, shape, spec, per_device = re.split(r"\s{2,}", line.strip())
+        rows[name] = (shape, spec, int(per_device.replace(",", "")))
     return rows
 
 

@@ -77,6 +77,7 @@ from ciclo._src.resume.backup import backup as backup
 from ciclo._src.state.export import export as export
 from ciclo._src.state.export import load_exported as load_exported
 from ciclo._src.state.model_state import create_model_state as create_model_state
+from ciclo._src.state.preflight import preflight as preflight
 from ciclo._src.state.summary import summary as summary
 
 __version__ = _version("ciclo-core")
@@ -167,6 +168,7 @@ __all__ = [
     "piecewise",
     "predict_loop",
     "prefetch_to_device",
+    "preflight",
     "profile",
     "restore_checkpoint",
     "run_phases",

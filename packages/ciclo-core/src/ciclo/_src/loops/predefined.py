@@ -46,6 +46,7 @@ from ciclo._src.loops.hooks import (
 )
 from ciclo._src.resume.backup import Backup, BackupCallback
 from ciclo._src.resume.signals import CatchInterrupt
+from ciclo._src.state.preflight import preflight_check
 
 
 def _get(named: Named, *names: str) -> list[Any]:
@@ -258,6 +259,8 @@ def train_loop(
     steps_per_execution: int | Literal["auto"] = 1,
     prefetch: int | None = None,
     max_skipped_steps: int | None = None,
+    preflight: bool = False,
+    device_memory: int | None = None,
     **settings: Unpack[LoopSettings],
 ) -> tuple[S, History, Elapsed]:
     """A training loop with epochs and an evaluation loop at the end of each epoch.
@@ -289,12 +292,17 @@ def train_loop(
             (`ciclo.prefetch_to_device`); 0 or None: none.
         max_skipped_steps: under loss scaling, stop once this many steps in a
             row were skipped (docs/recipes.md, "Mixed precision").
+        preflight: print `ciclo.preflight`'s report of the managed train step
+            before step 0 (docs/strategies.md, "Will it fit? Preflight").
+        device_memory: bytes per device: stop before step 0, with an error,
+            if the train step's estimate (`ciclo.preflight`) is larger.
         **settings: the loop settings (`ciclo.types.LoopSettings`; a backup is
             made at each epoch's end by default).
 
     Raises:
         TypeError: if the state is not a `ciclo.types.Trainable` and `tasks` hold no step.
-        ValueError: for a `prefetch`, `steps_per_execution` or `max_skipped_steps` out of range.
+        ValueError: for a `prefetch`, `steps_per_execution` or `max_skipped_steps` out of range, or a
+            train step that would need more than `device_memory`.
 
     Example:
         >>> import ciclo
@@ -386,7 +394,11 @@ def train_loop(
         phases.append(Phase("epoch_end", [(at_step_end(Every(epoch, offset=epoch)), at_epoch_end)]))
     phases.append(Phase("train_batch_end", [(every(1), _get(named, on_train_batch_end))]))
     # The managed training steps count their compiles and warn of a recompile while the loop runs.
-    begin = [*_get(named, on_train_begin), watch_recompiles(step_callbacks)]
+    begin = [
+        *preflight_check(step_callbacks, report=preflight, device_memory=device_memory),
+        *_get(named, on_train_begin),
+        watch_recompiles(step_callbacks),
+    ]
     try:
         # By default, a backup at each epoch's end.
         return _run("train_loop", state, batches, phases, begin, _get(named, on_train_end), settings, epoch)
