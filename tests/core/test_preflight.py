@@ -63,7 +63,7 @@ def test_a_backend_without_memory_analysis_is_said_so(monkeypatch: pytest.Monkey
     state, data = training.mlp_state("jit"), training.batches(2)
     report = ciclo.preflight(state, data[0])
     assert report.memory is None and report.total_bytes is None
-    assert "memory: not known, the cpu backend reports no memory analysis" in str(report)
+    assert "memory: not known, the cpu backend reports no analysis" in str(report)
     with pytest.warns(UserWarning, match="device_memory= is not checked: cpu reports no memory analysis"):
         state, history, _ = ciclo.train_loop(state, data, device_memory=1)
     assert int(state.step) == 2

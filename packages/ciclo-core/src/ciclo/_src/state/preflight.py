@@ -10,19 +10,10 @@ from typing import Any, final
 import jax
 
 from ciclo._src.base.checks import check_bool, check_int, warn
-from ciclo._src.base.reprs import short
+from ciclo._src.base.reprs import cut, short
 from ciclo._src.base.types import Trainable
 from ciclo._src.state.managed import ManagedStep
 from ciclo._src.state.summary import human, layout
-
-# `CompiledMemoryStats`' `{name}_size_in_bytes`, by the names a report shows.
-_MEMORY = {
-    "arguments": "argument",
-    "outputs": "output",
-    "temporaries": "temp",
-    "generated code": "generated_code",
-    "aliased": "alias",
-}
 
 
 @final
@@ -38,7 +29,6 @@ class Preflight:
         flops: the step's floating-point operations per device, from `compiled.cost_analysis()`; None
             where XLA gives no count.
         largest: the state's largest arrays: `(path, partition spec, bytes per device)`, at most five.
-        platform: the backend that compiled the step (`jax.default_backend()`).
 
     Example:
         >>> import ciclo, jax.numpy as jnp, optax
@@ -59,23 +49,19 @@ class Preflight:
     memory: dict[str, int] | None
     flops: float | None
     largest: tuple[tuple[str, str, int], ...]
-    platform: str
 
     @property
     def total_bytes(self) -> int | None:
         """The estimate per device: arguments, outputs, temporaries and code, less what is aliased."""
-        if self.memory is None:
-            return None
-        return sum(n for name, n in self.memory.items() if name != "aliased") - self.memory.get("aliased", 0)
+        return None if self.memory is None else sum(self.memory.values()) - 2 * self.memory["aliased"]
 
     def __str__(self) -> str:
         lines = [f"preflight of {self.step}, per device:"]
         total = self.total_bytes
         if self.memory is None or total is None:
-            lines.append(f"  memory: not known, the {self.platform} backend reports no memory analysis")
+            lines.append(f"  memory: not known, the {jax.default_backend()} backend reports no analysis")
         else:
-            lines += [f"  {name:<15}{human(n):>10}" for name, n in self.memory.items()]
-            lines.append(f"  {'total':<15}{human(total):>10}")
+            lines += [f"  {name:<15}{human(n):>10}" for name, n in {**self.memory, "total": total}.items()]
         lines.append(f"  {'flops':<15}{'not known' if self.flops is None else f'{self.flops:,.0f}':>10}")
         lines.append("the state's largest arrays, per device:")
         width = max((len(path) for path, _, _ in self.largest), default=0)
@@ -129,7 +115,13 @@ def preflight(state: Any, batch: Any, *, step: ManagedStep[Any] | None = None) -
     stats, cost = compiled.memory_analysis(), compiled.cost_analysis()
     memory = None
     if stats is not None:
-        memory = {name: int(getattr(stats, f"{field}_size_in_bytes")) for name, field in _MEMORY.items()}
+        memory = {
+            "arguments": stats.argument_size_in_bytes,
+            "outputs": stats.output_size_in_bytes,
+            "temporaries": stats.temp_size_in_bytes,
+            "generated code": stats.generated_code_size_in_bytes,
+            "aliased": stats.alias_size_in_bytes,  # outputs written over an argument's buffer
+        }
     flops = None if cost is None else cost.get("flops")
     largest = sorted(layout(state), key=lambda leaf: -leaf.per_device)[:5]
     return Preflight(
@@ -137,7 +129,6 @@ def preflight(state: Any, batch: Any, *, step: ManagedStep[Any] | None = None) -
         memory,
         None if flops is None or flops <= 0 else float(flops),
         tuple((leaf.key(0), leaf.spec, leaf.per_device) for leaf in largest),
-        jax.default_backend(),
     )
 
 
@@ -158,18 +149,18 @@ def preflight_check(
             "leave preflight and device_memory out"
         )
 
-    def check(state: Any, batch: Any) -> None:
+    def preflight_step_0(state: Any, batch: Any) -> None:
         for step in managed:
             found = preflight(state, batch, step=step)
             if report:
                 sys.stdout.write(f"{found}\n")
             total = found.total_bytes
-            if device_memory is None:
-                continue
-            if total is None:
-                warn(f"device_memory= is not checked: {found.platform} reports no memory analysis")
-            elif total > device_memory:
-                arrays = ", ".join(f"{path} {human(n)} ({spec})" for path, spec, n in found.largest)
+            if device_memory is not None and total is None:
+                warn(f"device_memory= is not checked: {jax.default_backend()} reports no memory analysis")
+            elif device_memory is not None and total is not None and total > device_memory:
+                arrays = cut(
+                    ", ".join(f"{path} {human(n)} ({spec})" for path, spec, n in found.largest), 1000
+                )
                 raise ValueError(
                     f"{step!r} needs an estimated {human(total)} per device ({total:,} bytes), more than "
                     f"device_memory={device_memory:,}: the run stops before step 0. The state's largest "
@@ -177,4 +168,4 @@ def preflight_check(
                     '(strategy="fsdp"), use smaller batches, or pass the device\'s real memory'
                 )
 
-    return [check]
+    return [preflight_step_0]
