@@ -57,6 +57,7 @@ from ciclo._src.state.model_state import ModelState as ModelState
 from ciclo._src.state.model_state import ModelStateSettings as ModelStateSettings
 from ciclo._src.state.precision import LossScale as LossScale
 from ciclo._src.state.precision import Precision as Precision
+from ciclo._src.state.preflight import Preflight as Preflight
 
 __all__ = [
     "After",
@@ -94,6 +95,7 @@ __all__ = [
     "Precision",
     "Predictable",
     "Preempted",
+    "Preflight",
     "Profile",
     "RecompileWarning",
     "RestoreOptions",

@@ -3,7 +3,7 @@
 `ManagedState` (losses, metrics, the train/test/predict steps, strategy
 handling), `ModelState` built on the model-adapter protocol, the training
 options that compose (precision, accumulation, non-finite skipping, EMA), the
-metrics, learning-rate readout and `ciclo.summary`.
+metrics, learning-rate readout, `ciclo.summary` and `ciclo.preflight`.
 
 May import: data, strategies, logs, base.
 """
