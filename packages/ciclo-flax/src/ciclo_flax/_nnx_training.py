@@ -26,9 +26,9 @@ _WRAPPED = (
 class NnxMetric:
     """An `nnx.Metric` (`Average`, `Accuracy`, `MultiMetric`) as an immutable `ciclo.metrics.Metric`.
 
-    `create_flax_state` wraps the nnx metrics of `metrics=` in it. Each method merges a copy of the
-    metric, runs the nnx method on it and splits it again. `merge` and `reduce` add the metric's
-    variables, which suits the metrics that keep sums (`Average`, `Accuracy`).
+    `create_flax_state` wraps each nnx metric of `metrics=` as `NnxMetric(*nnx.split(metric))`. Each
+    method merges a copy of the metric, runs the nnx method on it and splits it again. `merge` and
+    `reduce` add the metric's variables, which suits the metrics that keep sums (`Average`, `Accuracy`).
 
     Attributes:
         graphdef: the metric's graph definition (static).
@@ -37,7 +37,7 @@ class NnxMetric:
     Example:
         >>> import jax.numpy as jnp
         >>> from flax import nnx
-        >>> metric = NnxMetric.split(nnx.MultiMetric(loss=nnx.metrics.Average("loss")))
+        >>> metric = NnxMetric(*nnx.split(nnx.MultiMetric(loss=nnx.metrics.Average("loss"))))
         >>> metric = metric.update(loss=jnp.array(1.0)).update(loss=jnp.array(2.0), preds=None)
         >>> metric.compute()
         {'loss': Array(1.5, dtype=float32)}
@@ -45,11 +45,6 @@ class NnxMetric:
 
     graphdef: Any = dataclasses.field(metadata={"static": True})
     variables: Any
-
-    @classmethod
-    def split(cls, metric: nnx.Metric) -> NnxMetric:
-        """Wraps `metric` (which is left unchanged)."""
-        return cls(*nnx.split(metric))
 
     def to_nnx(self) -> nnx.Metric:
         """A new nnx metric holding what this one has accumulated."""
@@ -91,12 +86,10 @@ def _layout(tree: Any) -> tuple[Any, list[tuple[int, ...]]]:
 
 def with_optimizer(state: ModelState, optimizer: nnx.Optimizer) -> ModelState:  # type: ignore[type-arg]
     """`state` holding `optimizer`'s state and step (created with `tx=optimizer.tx`)."""
-    if state.tx is not optimizer.tx:  # wrapped by the options: its state is another structure
-        if int(optimizer.step[...]) == 0:  # nothing learnt yet: the state's own is the same
-            return state
+    if state.tx is not optimizer.tx:  # wrapped by the options: a state of another structure
         raise ValueError(
-            f"{_WRAPPED}, which cannot take the state of an nnx.Optimizer that has taken "
-            f"{int(optimizer.step[...])} steps: leave these options out, or pass a fresh optimizer"
+            f"{_WRAPPED}, whose state an nnx.Optimizer does not hold: leave these options out, or pass "
+            "tx=optimizer.tx to start a new optimizer state"
         )
     unplaced = state.strategy.unplace(state)
     if _layout(optimizer.opt_state) != _layout(unplaced.opt_state):

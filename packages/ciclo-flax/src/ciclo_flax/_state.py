@@ -53,7 +53,7 @@ def create_flax_state(
     metrics = {"metrics": metrics} if isinstance(metrics, nnx.MultiMetric) else metrics
     if isinstance(metrics, Mapping):
         settings["metrics"] = {
-            k: NnxMetric.split(m) if isinstance(m, nnx.Metric) else m for k, m in metrics.items()
+            k: NnxMetric(*nnx.split(m)) if isinstance(m, nnx.Metric) else m for k, m in metrics.items()
         }
     if isinstance(model, nn.Module):
         return create_model_state(LinenAdapter(model), inputs=inputs, **settings)
