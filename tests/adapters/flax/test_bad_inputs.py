@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from flax import nnx
 
 import ciclo
 
@@ -38,6 +39,13 @@ CASES: list[tuple[str, Callable[[], Any], type[BaseException], str]] = [
         lambda: linen(inputs=None),
         TypeError,
         r"needs sample `inputs`.*jnp.empty",
+    ),
+    (
+        "an nnx module given inputs=",
+        lambda: ciclo.create_flax_state(nnx.Linear(8, 3, rngs=nnx.Rngs(0)), inputs=jnp.zeros((1, 8))),
+        TypeError,
+        r"an nnx module is built initialised, so it takes no inputs= \(which is for linen modules\): "
+        r"leave inputs= out",
     ),
     (
         "a model that is not a flax module",

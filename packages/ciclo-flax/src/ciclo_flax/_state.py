@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import flax.linen as nn
@@ -12,10 +13,14 @@ from ciclo import create_model_state
 from ciclo.types import ModelState, ModelStateSettings
 from ciclo_flax._linen import LinenAdapter
 from ciclo_flax._nnx import NnxAdapter
+from ciclo_flax._nnx_training import NnxMetric, with_optimizer
 
 
 def create_flax_state(
-    model: nn.Module | nnx.Module, *, inputs: Any = None, **settings: Unpack[ModelStateSettings]
+    model: nn.Module | nnx.Module | nnx.ModelAndOptimizer,  # type: ignore[type-arg]
+    *,
+    inputs: Any = None,
+    **settings: Unpack[ModelStateSettings],
 ) -> ModelState:
     """A training state for a flax model: `train_step`, `test_step`, `predict_step`, `reset_step`.
 
@@ -23,12 +28,14 @@ def create_flax_state(
     initialised. See docs/frameworks/flax_linen.md and flax_nnx.md.
 
     Args:
-        model: a `flax.linen.Module` or a `flax.nnx.Module`.
+        model: a `flax.linen.Module`, a `flax.nnx.Module`, or an `nnx.ModelAndOptimizer` (no `tx`).
         inputs: sample inputs for a linen module, e.g. `jnp.empty((1, 28, 28, 1))`.
-        **settings: `ciclo.create_model_state`'s (`ciclo.types.ModelStateSettings`).
+        **settings: `ciclo.create_model_state`'s (`ciclo.types.ModelStateSettings`). For an nnx
+            module `tx` may be an `nnx.Optimizer` of it (its tx, optimizer state and step are carried
+            over), and `metrics` an `nnx.MultiMetric` or a dict holding `nnx.Metric`s.
 
     Raises:
-        TypeError: for another model, or a linen module without `inputs`.
+        TypeError: for another model, a linen module without `inputs`, an nnx module with `inputs`.
 
     Example:
         >>> import ciclo, jax.numpy as jnp, optax
@@ -42,11 +49,30 @@ def create_flax_state(
         >>> sorted(logs.losses)
         ['loss']
     """
+    metrics: Any = settings.get("metrics")
+    metrics = {"metrics": metrics} if isinstance(metrics, nnx.MultiMetric) else metrics
+    if isinstance(metrics, Mapping):
+        settings["metrics"] = {
+            k: NnxMetric(*nnx.split(m)) if isinstance(m, nnx.Metric) else m for k, m in metrics.items()
+        }
     if isinstance(model, nn.Module):
         return create_model_state(LinenAdapter(model), inputs=inputs, **settings)
+    optimizer: Any = settings.get("tx")
+    if isinstance(model, nnx.ModelAndOptimizer):
+        if optimizer is not None:
+            raise TypeError("an nnx.ModelAndOptimizer brings its optimizer: leave tx= out")
+        model, optimizer = model.model, model
     if isinstance(model, nnx.Module):
+        if inputs is not None:
+            raise TypeError(
+                "an nnx module is built initialised, so it takes no inputs= (which is for linen "
+                "modules): leave inputs= out"
+            )
         adapter, variables = NnxAdapter.split(model)
-        return create_model_state(adapter, variables=variables, **settings)
+        if not isinstance(optimizer, nnx.Optimizer):
+            return create_model_state(adapter, variables=variables, **settings)
+        state = create_model_state(adapter, variables=variables, **{**settings, "tx": optimizer.tx})
+        return with_optimizer(state, optimizer)
     raise TypeError(
         f"create_flax_state takes a flax.linen.Module or a flax.nnx.Module, got {type(model).__name__}; "
         "for other models implement ciclo.types.ModelAdapter and call ciclo.create_model_state"
