@@ -19,9 +19,7 @@ class TqdmBar(ProgressCallback):
         tqdm = import_extra("tqdm.auto", "tqdm", "ciclo.tqdm_bar")
         super().__init__(total, interval)
         bar_total = self.unit.total
-        if (
-            bar_total is not None and float(bar_total).is_integer()
-        ):  # a whole time as an int, as tqdm shows it
+        if bar_total is not None and float(bar_total).is_integer():  # a whole time: shown as an int
             bar_total = int(bar_total)
         tqdm_kwargs.setdefault("unit", self.unit.label)
         self.tqdm: Any = tqdm.tqdm(total=bar_total, **tqdm_kwargs)
