@@ -62,6 +62,19 @@ def signature_of(fn: Callable[..., Any], passing: str, wrapper: str) -> inspect.
         ) from error
 
 
+def check_path(value: Any, what: str) -> str:
+    """`value`, a path (a str or `os.PathLike`), as a str; a TypeError for anything else.
+
+    Example:
+        >>> check_path(3, "logdir")
+        Traceback (most recent call last):
+        TypeError: logdir must be a path (a str or os.PathLike), got 3
+    """
+    if not isinstance(value, (str, os.PathLike)):
+        raise TypeError(f"{what} must be a path (a str or os.PathLike), got {short(value)}")
+    return os.fspath(value)
+
+
 def check_directory(directory: str, what: str) -> None:
     """Raises now (NotADirectoryError, PermissionError) if local `directory` cannot be created or written to.
 

@@ -18,12 +18,19 @@ from ciclo._src.base.reprs import short
 B = TypeVar("B")
 
 
-def _seconds(name: str, value: object) -> float:
+def check_seconds(value: object, name: str) -> float:
+    """`value`, a number of seconds >= 0 or a `timedelta`, as a float; a TypeError or ValueError (NaN too).
+
+    Example:
+        >>> check_seconds(float("nan"), "interval")
+        Traceback (most recent call last):
+        ValueError: interval must be >= 0, got nan
+    """
     if isinstance(value, datetime.timedelta):
         value = value.total_seconds()
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{name} must be a number of seconds or a timedelta, got {short(value)}")
-    if value < 0:
+    if not value >= 0:  # also refuses NaN
         raise ValueError(f"{name} must be >= 0, got {short(value)}")
     return float(value)
 
@@ -52,10 +59,10 @@ class Period:
         if self.samples is not None:
             check_int(self.samples, "samples", 0)
         if self.time is not None:
-            object.__setattr__(self, "time", _seconds("time", self.time))
+            object.__setattr__(self, "time", check_seconds(self.time, "time"))
         if self.date is not None:
             date = self.date.timestamp() if isinstance(self.date, datetime.datetime) else self.date
-            object.__setattr__(self, "date", _seconds("date", date))
+            object.__setattr__(self, "date", check_seconds(date, "date"))
 
     @classmethod
     def of(cls, value: PeriodLike | None, *, name: str = "period") -> Period | None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import weakref
-from collections.abc import Callable, Mapping
+import functools
+from collections.abc import Callable
 from typing import Any
 
 from ciclo._src.base.reprs import short
@@ -69,9 +69,6 @@ def field(
     return dataclasses.field(default=default, default_factory=default_factory, metadata=metadata)
 
 
-_roles: weakref.WeakKeyDictionary[type, Mapping[Role, tuple[str, ...]]] = weakref.WeakKeyDictionary()
-
-
 def fields_with_role(cls: type, role: Role) -> tuple[str, ...]:
     """The names of the fields of `cls` declared with `role`, in field order.
 
@@ -81,15 +78,14 @@ def fields_with_role(cls: type, role: Role) -> tuple[str, ...]:
         >>> managed.fields_with_role(ciclo.types.ModelState, managed.Role.MODEL_STATE)
         ('model_state',)
     """
-    found = _roles.get(cls)
-    if found is None:  # read once per class
-        by_role: dict[Role, list[str]] = {}
-        if dataclasses.is_dataclass(cls):
-            for spec in dataclasses.fields(cls):
-                if ROLE_KEY in spec.metadata:
-                    by_role.setdefault(spec.metadata[ROLE_KEY], []).append(spec.name)
-        found = _roles[cls] = {key: tuple(names) for key, names in by_role.items()}
-    return found.get(role, ())
+    return _fields_with_role(cls, role)
+
+
+@functools.lru_cache(maxsize=1024)  # read once per class and role
+def _fields_with_role(cls: type, role: Role) -> tuple[str, ...]:
+    if not dataclasses.is_dataclass(cls):
+        return ()
+    return tuple(spec.name for spec in dataclasses.fields(cls) if spec.metadata.get(ROLE_KEY) is role)
 
 
 def params_field(cls: type) -> str:

@@ -9,7 +9,7 @@ import math
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, final
 
-from ciclo._src.base.elapsed import Elapsed, Period, PeriodLike, _seconds, only_steps
+from ciclo._src.base.elapsed import Elapsed, Period, PeriodLike, check_seconds, only_steps
 from ciclo._src.base.reprs import short
 
 if TYPE_CHECKING:
@@ -169,7 +169,7 @@ def every(
                 f"every({label}={short(value)}): the interval must be a positive int, such as "
                 f"every({label}=1) to fire at every one"
             )
-    if time is not None and _seconds("time", time) <= 0:
+    if time is not None and check_seconds(time, "time") <= 0:
         raise ValueError(f"every(time={short(time)}): the interval must be positive, such as every(time=60)")
     return Every(Period(steps=steps, samples=samples, time=time))  # type: ignore[arg-type]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar, Protocol, final
+from typing import Any, ClassVar, Protocol, final, runtime_checkable
 
 import jax
 
@@ -23,6 +23,7 @@ STATS = ("bytes_in_use", "peak_bytes_in_use")
 """The keys of `memory_stats()` that are logged, each as the entry `device<id>/<key>`."""
 
 
+@runtime_checkable
 class Device(Protocol):
     """What `ciclo.device_stats` reads of a device: a `jax.Device` has it (so can a stand-in)."""
 
@@ -49,16 +50,11 @@ class DeviceStats(Callback):
                 )
             if not devices:
                 raise ValueError("devices must hold at least one device, got an empty list")
-            ids = []
             for device in devices:
-                try:
-                    ident = device.id
-                except AttributeError:
-                    raise TypeError(
-                        f"devices must be jax devices (jax.local_devices()), got {short(device)}"
-                    ) from None
-                check_int(ident, f"{short(device)}: a device's id")
-                ids.append(ident)
+                if not isinstance(device, Device):
+                    raise TypeError(f"devices must be jax devices (jax.local_devices()), got {short(device)}")
+                check_int(device.id, f"{short(device)}: a device's id")
+            ids = [device.id for device in devices]
             if len(set(ids)) < len(ids):
                 raise ValueError(
                     f"devices must be distinct: their entries are named by id, and the ids are {ids}"

@@ -128,12 +128,8 @@ class EarlyStopping(Callback, Generic[S]):
         best_elapsed = fields["best_elapsed"]
         if best_elapsed is not None:
             counts = snapshot_fields(best_elapsed, _ELAPSED_KEYS, "early_stopping best_elapsed")
-            best_elapsed = Elapsed(
-                int(counts["steps"]),
-                int(counts["samples"]),
-                snapshot_float(counts["time"]),
-                snapshot_float(counts["date_start"]),
-            )
+            steps, samples, time, date_start = (snapshot_float(counts[key]) for key in _ELAPSED_KEYS)
+            best_elapsed = Elapsed(int(steps), int(samples), time, date_start)
         self.best = None if fields["best"] is None else snapshot_float(fields["best"])
         self.wait = int(fields["wait"])
         self._best_elapsed = best_elapsed

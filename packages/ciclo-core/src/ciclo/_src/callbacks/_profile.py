@@ -8,7 +8,7 @@ from typing import Any, ClassVar, Literal, final
 import jax
 
 from ciclo._src.base.batches import steps_of
-from ciclo._src.base.checks import check_int
+from ciclo._src.base.checks import check_int, check_path
 from ciclo._src.base.reprs import short
 from ciclo._src.engine.callback import Callback
 from ciclo._src.engine.loop_state import LoopState
@@ -28,8 +28,8 @@ class Profile(Callback):
     def __init__(
         self, logdir: str | os.PathLike[str], steps: int | tuple[int, int], *, perfetto: bool = False
     ) -> None:
-        if not isinstance(logdir, (str, os.PathLike)):
-            raise TypeError(f"logdir must be a path (a str or os.PathLike), got {short(logdir)}")
+        self.logdir = check_path(logdir, "logdir")
+        """The directory the trace is written under (in `plugins/profile/<run>/`)."""
         first, last = steps if isinstance(steps, tuple) and len(steps) == 2 else (steps, steps)
         for value in (first, last):
             check_int(
@@ -37,8 +37,6 @@ class Profile(Callback):
             )
         if last < first:
             raise ValueError(f"steps must be (first, last) with first <= last, got {short(steps)}")
-        self.logdir = os.fspath(logdir)
-        """The directory the trace is written under (in `plugins/profile/<run>/`)."""
         self.steps = (first, last)
         """The first and last step profiled (both included)."""
         self._perfetto = bool(perfetto)

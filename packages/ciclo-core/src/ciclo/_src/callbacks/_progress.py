@@ -15,7 +15,7 @@ from typing import Any, ClassVar, Literal
 import jax
 import numpy as np
 
-from ciclo._src.base.elapsed import Elapsed, Period, PeriodLike
+from ciclo._src.base.elapsed import Elapsed, Period, PeriodLike, check_seconds
 from ciclo._src.base.reprs import short
 from ciclo._src.engine.callback import Callback
 from ciclo._src.engine.loop_state import LoopState
@@ -106,11 +106,7 @@ class ProgressCallback(Callback, abc.ABC):
     )
 
     def __init__(self, total: PeriodLike | None, interval: float) -> None:
-        if isinstance(interval, bool) or not isinstance(interval, (int, float)):
-            raise TypeError(f"interval must be a number of seconds, got {short(interval)}")
-        if not interval >= 0:  # also refuses NaN
-            raise ValueError(f"interval must be >= 0 seconds, got {short(interval)}")
-        self._interval = float(interval)
+        self._interval = check_seconds(interval, "interval")
         self.unit = resolve_total(total)
         """What the bar counts (`steps`, `samples` or `time`) and its total."""
         self._next_time = -math.inf  # the first call starts the bar's clock

@@ -18,11 +18,10 @@ class TqdmBar(ProgressCallback):
     def __init__(self, total: PeriodLike | None = None, *, interval: float = 0.1, **tqdm_kwargs: Any) -> None:
         tqdm = import_extra("tqdm.auto", "tqdm", "ciclo.tqdm_bar")
         super().__init__(total, interval)
-        unit = self.unit
-        bar_total = unit.total
-        if bar_total is not None and unit.field == "time" and float(bar_total).is_integer():
+        bar_total = self.unit.total
+        if bar_total is not None and float(bar_total).is_integer():  # a whole time: shown as an int
             bar_total = int(bar_total)
-        tqdm_kwargs.setdefault("unit", unit.label)
+        tqdm_kwargs.setdefault("unit", self.unit.label)
         self.tqdm: Any = tqdm.tqdm(total=bar_total, **tqdm_kwargs)
         """The underlying `tqdm.auto.tqdm` bar (to set its description, for instance)."""
         self._passed: float = 0  # the count tqdm was given so far

@@ -6,6 +6,7 @@ Every other form of callback becomes a `Callback` in the one door
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, Final, Protocol, runtime_checkable
 
@@ -99,8 +100,5 @@ LIFECYCLE: Final = ("on_start", "on_step_end", "on_end")
 
 
 def vars_lookup(cls: type, name: str) -> Any:
-    """`name` in the namespace of `cls` or of a class it inherits from, else None."""
-    for klass in cls.__mro__:
-        if name in klass.__dict__:
-            return klass.__dict__[name]
-    return None
+    """`name` as `cls` or a class it inherits from defines it (no descriptor run), else None."""
+    return inspect.getattr_static(cls, name, None)

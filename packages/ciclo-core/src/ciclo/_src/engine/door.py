@@ -7,9 +7,9 @@ refuses or warns of a method named like a hook that no loop calls.
 from __future__ import annotations
 
 import difflib
+import functools
 import inspect
 import sys
-import weakref
 from collections.abc import Callable, Iterable, Mapping
 from types import MethodType
 from typing import TYPE_CHECKING, Any, Final, final
@@ -247,19 +247,13 @@ _KERAS: Final = {"on_batch_begin": "on_train_batch_begin", "on_batch_end": "on_t
 
 OBJECT_CALLBACK: Final = "__loop_callback__"
 
-_MISNAMED: weakref.WeakKeyDictionary[type, dict[tuple[str, ...], tuple[tuple[str, str], ...]]] = (
-    weakref.WeakKeyDictionary()
-)  # per class met: a loop is built once per call, and a test loop at each epoch
 
-
+@functools.lru_cache(maxsize=512)  # a loop is built once per call, and a test loop at each epoch
 def misnamed_methods(cls: type, names: tuple[str, ...] = ()) -> tuple[tuple[str, str], ...]:
     """The methods of `cls` named like a hook (of `names` or the lifecycle) or a `__loop_*__` that none is.
 
     Each comes with the name it may have meant, `""` if none is close.
     """
-    by_names = _MISNAMED.setdefault(cls, {})
-    if names in by_names:
-        return by_names[names]
     vocabulary = (*names, *LIFECYCLE)
     found = []
     for name in dir(cls):
@@ -274,8 +268,7 @@ def misnamed_methods(cls: type, names: tuple[str, ...] = ()) -> tuple[tuple[str,
             continue
         if callable(vars_lookup(cls, name)):
             found.append((name, meant))
-    by_names[names] = tuple(found)
-    return by_names[names]
+    return tuple(found)
 
 
 def closest_hook(name: str, vocabulary: tuple[str, ...]) -> str:
@@ -296,7 +289,7 @@ def _fix(meant: str) -> str:
 
 def check_method_names(callback: Any, names: tuple[str, ...] = ()) -> tuple[tuple[str, str], ...]:
     """Refuses an object with a `__loop_*__` method no loop calls; returns its other misnamed methods."""
-    misnamed = misnamed_methods(type(callback), names)
+    misnamed = misnamed_methods(type(callback), names)  # type: ignore[arg-type]  # a class is hashable
     for name, meant in misnamed:
         if name.startswith("__"):
             raise TypeError(

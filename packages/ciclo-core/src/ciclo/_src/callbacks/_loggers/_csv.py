@@ -9,7 +9,7 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any, final
 
-from ciclo._src.base.checks import warn
+from ciclo._src.base.checks import check_path, warn
 from ciclo._src.base.files import open_own, write_atomically
 from ciclo._src.base.reprs import short
 from ciclo._src.callbacks._loggers._base import HParams, Logger, Row, Sink, checked_hparams
@@ -22,9 +22,7 @@ class CsvSink(Sink):
     """Writes rows to a CSV file whose header is every entry seen so far; see `ciclo.csv_logger`."""
 
     def __init__(self, path: str | os.PathLike[str], hparams: HParams) -> None:
-        if not isinstance(path, (str, os.PathLike)):
-            raise TypeError(f"path must be a file path, got {short(path)}")
-        self.path = os.fspath(path)
+        self.path = check_path(path, "path")
         self.hparams_path = os.path.splitext(self.path)[0] + ".hparams.json"  # log.csv -> log.hparams.json
         self._hparams = hparams
         self._columns: list[str] | None = None  # the header; None: the file is not opened yet

@@ -11,8 +11,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, final
 
+from ciclo._src.base.checks import check_path
 from ciclo._src.base.files import open_own
-from ciclo._src.base.reprs import short
 from ciclo._src.callbacks._loggers._base import HParams, Logger, Row, Sink, checked_hparams, import_extra
 
 _DOUBLE = struct.Struct("<d").pack
@@ -90,13 +90,11 @@ class TensorBoardSink(Sink):
     """Writes rows as TensorBoard scalar events to a new event file in `logdir`; see `ciclo.tensorboard`."""
 
     def __init__(self, logdir: str | os.PathLike[str], hparams: HParams) -> None:
-        if not isinstance(logdir, (str, os.PathLike)):
-            raise TypeError(f"logdir must be a path, got {short(logdir)}")
+        self.logdir = check_path(logdir, "logdir")
         self._hparams = hparams  # written to the first event file, then emptied
         # Imported when a logger is created: tensorboardX is an optional extra (with no type information).
         self._crc32c = import_extra("tensorboardX.crc32c", "tensorboard", "ciclo.tensorboard").crc32c
         self._events = import_extra("tensorboardX.proto.event_pb2", "tensorboard", "ciclo.tensorboard")
-        self.logdir = os.fspath(logdir)
         self._writer: Any = None
         self._resume_step: int | None = None  # a resumed run's first step: marked in its new file
 
