@@ -205,10 +205,8 @@ def _is_time(x: Any) -> bool:
 
 
 def _is_period(x: Any) -> bool:
-    if x is None:
-        return True
     try:
-        return isinstance(x, list) and len(x) == 4 and isinstance(Period(*x), Period)
+        return x is None or isinstance(x, list) and len(x) == 4 and isinstance(Period(*x), Period)
     except (TypeError, ValueError):
         return False
 
@@ -330,6 +328,10 @@ class BackupCallback(Callback):
         self._ocp = ocp = orbax()
         os.makedirs(spec.directory, exist_ok=True)
         check_closed(spec.directory, "the backup directory")
+        self._last_saved: int | None = None
+        self._recent: list[list[tuple[int, int]]] = []  # the History chunks of the kept backups, newest last
+        self._guard: SignalGuard | None = None
+        self._manager: Any = None
         # Locked first: a run started at the same instant is refused before it writes anything here.
         self._lock = _lock(spec.directory)
         try:
@@ -344,13 +346,6 @@ class BackupCallback(Callback):
                 },
                 max_to_keep=spec.keep,
             )
-        except BaseException:
-            _unlock(spec.directory, self._lock)
-            raise
-        self._last_saved: int | None = None
-        self._recent: list[list[tuple[int, int]]] = []  # the History chunks of the kept backups, newest last
-        self._guard: SignalGuard | None = None
-        try:
             restored = self._restore_newest(loop_state.state)
             self._iterator: Any = loop_state.iterator
             self._position = 0  # the batches drawn from the dataset: restored, then one a step
@@ -679,13 +674,17 @@ class BackupCallback(Callback):
         try:
             if error is not None:
                 note_lost_peer(error)  # before the wait for the save in flight, which JAX may end
-            self._manager.wait_until_finished()
-            self._manager.close()
+            if self._manager is not None:  # none: refused before it was opened
+                self._manager.wait_until_finished()
+                self._manager.close()
         finally:
             if self._guard is not None:
                 self._guard.release()
                 self._guard = None
-            _unlock(self.spec.directory, self._lock)
+            if self._lock is not None:  # removed, then released: a process waiting on the old file retries
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(os.path.join(self.spec.directory, _LOCK))
+                os.close(self._lock)
 
 
 def _refusal(directory: str, failures: list[tuple[int, Exception]]) -> str:
@@ -731,14 +730,6 @@ def _owner(raw: bytes) -> dict[str, Any] | None:
     return owner if ciclo else None
 
 
-def _unlock(directory: str, fd: int | None) -> None:
-    """Gives back the lock `_lock` took: removed, then released (one waiting on the old file retries)."""
-    if fd is not None:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(os.path.join(directory, _LOCK))
-        os.close(fd)
-
-
 def _lock(directory: str) -> int | None:
     """Takes the directory's lock (docs/resume.md, "The lock") in process 0: its open descriptor, else None.
 
@@ -772,13 +763,11 @@ def _lock(directory: str) -> int | None:
                     held = False
                 except OSError:
                     pass  # no flock on this filesystem
-            raw = os.pread(fd, 4096, 0)
-            for _ in range(50 if held is False else 0):  # a ciclo holder writes its owner once it locked
-                if _owner(raw) is not None:
+            for _ in range(50):  # a ciclo holder writes its name once it has the lock: it is given a moment
+                holder = _owner(raw := os.pread(fd, 4096, 0))
+                if holder is not None or held is not False:
                     break
                 time.sleep(0.02)
-                raw = os.pread(fd, 4096, 0)
-            holder = _owner(raw)
             if held is None:  # the holder's identity decides; another machine's, nothing here can tell
                 here = socket.gethostname()
                 pid, host, started = (
