@@ -940,6 +940,74 @@ def test_a_second_process_on_one_backup_directory_is_refused_with_the_owners_nam
     assert _small_run(directory)[2].steps == 3  # then usable: it goes on from the 2 steps of the other run
 
 
+RACER = """
+import os, sys, time
+import ciclo
+from ciclo._src.resume import backup as backup_module
+
+gates, write = {gates!r}, backup_module.write_atomically
+
+
+def wait_for(name):
+    while not os.path.exists(os.path.join(gates, name)):
+        time.sleep(0.01)
+
+
+def gated_write(path, text):  # the marker's write waits until the other process got here too, or ended
+    if os.path.basename(path) == "ciclo_backup.json":
+        open(os.path.join(gates, f"marker-{{os.getpid()}}"), "w").close()
+        wait_for("release")
+    write(path, text)
+
+
+backup_module.write_atomically = gated_write
+open(os.path.join(gates, f"ready-{{os.getpid()}}"), "w").close()
+wait_for("go")  # both processes start their loops at the same instant
+ciclo.loop(0, range(3), {{ciclo.every(1): lambda state, batch: state + batch}}, backup={directory!r})
+"""
+
+
+def test_two_runs_started_at_once_on_one_directory_one_runs_and_the_other_names_it(tmp_path):
+    """The lock is taken before anything is written: the loser writes nothing and names the winner.
+
+    Both processes are held where they write the directory's marker until the
+    other reaches it too or ends. Had the marker come before the lock, both would
+    write it together (`FileNotFoundError: ciclo_backup.json.tmp` in about half the tries).
+    """
+    import subprocess
+    import sys
+    import time
+
+    gates, directory = tmp_path / "gates", tmp_path / "backup"
+    gates.mkdir()
+    script = RACER.format(gates=str(gates), directory=str(directory))
+    children = [
+        subprocess.Popen([sys.executable, "-c", script], stderr=subprocess.PIPE, text=True) for _ in range(2)
+    ]
+
+    def arrived(prefix):
+        return sorted(int(path.name.split("-")[1]) for path in gates.glob(f"{prefix}-*"))
+
+    try:
+        while len(arrived("ready")) < 2:
+            assert all(child.poll() is None for child in children), "a racer ended before it started"
+            time.sleep(0.05)
+        (gates / "go").touch()
+        while len(arrived("marker")) < 2 and all(child.poll() is None for child in children):
+            time.sleep(0.05)
+        (gates / "release").touch()
+        errors = [child.communicate(timeout=120)[1] for child in children]
+    finally:
+        for child in children:
+            child.kill()
+    codes = [child.returncode for child in children]
+    assert sorted(codes) == [0, 1], errors
+    winner, loser = (children[0], children[1]) if codes[0] == 0 else (children[1], children[0])
+    assert arrived("marker") == [winner.pid], "the loser wrote in the directory before it held the lock"
+    last_line = errors[children.index(loser)].strip().splitlines()[-1]
+    assert f"is in use by process {winner.pid} on host '{socket.gethostname()}'" in last_line, last_line
+
+
 @pytest.mark.parametrize(
     "content",
     [
@@ -958,6 +1026,36 @@ def test_a_lock_no_live_process_holds_is_taken_over_with_a_warning(tmp_path, con
         assert _small_run(tmp_path / "backup")[0] == 3
     assert "taking over the lock of" in caplog.text
     assert not (tmp_path / "backup" / "ciclo_backup.lock").exists()
+
+
+def test_a_lock_held_by_another_program_says_so(tmp_path):
+    import fcntl
+
+    directory = tmp_path / "backup"
+    _small_run(directory)
+    with open(directory / "ciclo_backup.lock", "w") as lock:  # another program's lock, of its own format
+        lock.write("locked by rsync\n")
+        lock.flush()
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        with pytest.raises(FileExistsError) as refused:
+            _small_run(directory)
+    assert str(refused.value).startswith(
+        f"the backup directory {directory} is in use by another program, not a ciclo run "
+        f"({directory / 'ciclo_backup.lock'} holds b'locked by rsync\\n'): "
+    )
+    assert "None" not in str(refused.value)
+    assert _small_run(directory)[2].steps == 3  # released: the backup is untouched
+
+
+@pytest.mark.parametrize("kind", ["fifo", "directory"])
+def test_a_lock_path_that_is_not_a_regular_file_is_refused_with_its_path(tmp_path, kind):
+    directory = tmp_path / "backup"
+    directory.mkdir()
+    lock = directory / "ciclo_backup.lock"
+    os.mkfifo(lock) if kind == "fifo" else lock.mkdir()  # a FIFO opened for reading would block
+    with pytest.raises(FileExistsError, match=rf"lock file {re.escape(str(lock))} is not a regular file"):
+        _small_run(directory)
+    assert sorted(os.listdir(directory)) == ["ciclo_backup.lock"]  # refused before writing anything
 
 
 NAMESPACED_RUN = """

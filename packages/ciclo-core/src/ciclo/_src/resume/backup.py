@@ -18,7 +18,9 @@ import os
 import re
 import signal
 import socket
+import stat
 import sys
+import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, final
 
@@ -203,10 +205,8 @@ def _is_time(x: Any) -> bool:
 
 
 def _is_period(x: Any) -> bool:
-    if x is None:
-        return True
     try:
-        return isinstance(x, list) and len(x) == 4 and isinstance(Period(*x), Period)
+        return x is None or isinstance(x, list) and len(x) == 4 and isinstance(Period(*x), Period)
     except (TypeError, ValueError):
         return False
 
@@ -328,22 +328,24 @@ class BackupCallback(Callback):
         self._ocp = ocp = orbax()
         os.makedirs(spec.directory, exist_ok=True)
         check_closed(spec.directory, "the backup directory")
-        self._check_marker()
-        self._lock = _lock(spec.directory)
-        self._manager = open_manager(
-            spec.directory,
-            _BARRIERS,
-            item_handlers={
-                "state": ocp.StandardCheckpointHandler(),
-                "kept": ocp.StandardCheckpointHandler(),
-                "loop": ocp.JsonCheckpointHandler(),
-            },
-            max_to_keep=spec.keep,
-        )
         self._last_saved: int | None = None
         self._recent: list[list[tuple[int, int]]] = []  # the History chunks of the kept backups, newest last
         self._guard: SignalGuard | None = None
+        self._manager: Any = None
+        # Locked first: a run started at the same instant is refused before it writes anything here.
+        self._lock = _lock(spec.directory)
         try:
+            self._check_marker()
+            self._manager = open_manager(
+                spec.directory,
+                _BARRIERS,
+                item_handlers={
+                    "state": ocp.StandardCheckpointHandler(),
+                    "kept": ocp.StandardCheckpointHandler(),
+                    "loop": ocp.JsonCheckpointHandler(),
+                },
+                max_to_keep=spec.keep,
+            )
             restored = self._restore_newest(loop_state.state)
             self._iterator: Any = loop_state.iterator
             self._position = 0  # the batches drawn from the dataset: restored, then one a step
@@ -672,8 +674,9 @@ class BackupCallback(Callback):
         try:
             if error is not None:
                 note_lost_peer(error)  # before the wait for the save in flight, which JAX may end
-            self._manager.wait_until_finished()
-            self._manager.close()
+            if self._manager is not None:  # none: refused before it was opened
+                self._manager.wait_until_finished()
+                self._manager.close()
         finally:
             if self._guard is not None:
                 self._guard.release()
@@ -717,6 +720,16 @@ def _identity(pid: int) -> str | None:
     return f"{boot}/{fields[19]}"  # field 22 of stat: the start time in clock ticks since boot
 
 
+def _owner(raw: bytes) -> dict[str, Any] | None:
+    """The holder a lock file names, as `_lock` writes it (pid, host, start), or None."""
+    try:
+        owner = json.loads(raw)
+    except ValueError:
+        return None
+    ciclo = isinstance(owner, dict) and type(owner.get("pid")) is int and isinstance(owner.get("host"), str)
+    return owner if ciclo else None
+
+
 def _lock(directory: str) -> int | None:
     """Takes the directory's lock (docs/resume.md, "The lock") in process 0: its open descriptor, else None.
 
@@ -731,6 +744,12 @@ def _lock(directory: str) -> int | None:
             fd, left = os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o644), False
         except FileExistsError:
             try:
+                if not stat.S_ISREG(os.lstat(path).st_mode):  # not opened: a FIFO's open could block
+                    raise FileExistsError(
+                        f"the backup directory's lock file {path} is not a regular file (a FIFO, a "
+                        "directory, a socket or a device): ciclo cannot lock the directory with it. Remove "
+                        "it, or give this run another directory"
+                    ) from None
                 fd, left = os.open(path, flags), True  # a holder's, live or gone
             except FileNotFoundError:
                 continue  # released meanwhile
@@ -744,20 +763,25 @@ def _lock(directory: str) -> int | None:
                     held = False
                 except OSError:
                     pass  # no flock on this filesystem
-            try:
-                holder = json.loads(os.pread(fd, 4096, 0))
-            except (OSError, ValueError):
-                holder = {}
-            holder = holder if isinstance(holder, dict) else {}
+            for _ in range(50):  # a ciclo holder writes its name once it has the lock: it is given a moment
+                holder = _owner(raw := os.pread(fd, 4096, 0))
+                if holder is not None or held is not False:
+                    break
+                time.sleep(0.02)
             if held is None:  # the holder's identity decides; another machine's, nothing here can tell
-                pid, started = holder.get("pid"), holder.get("started")
-                elsewhere = bool(holder) and holder.get("host") != socket.gethostname()
-                alive = type(pid) is int and pid > 0 and started is not None and _identity(pid) == started
-                held = not (elsewhere or alive)
+                here = socket.gethostname()
+                pid, host, started = (
+                    (holder["pid"], holder["host"], holder.get("started")) if holder else (0, here, None)
+                )
+                held = host == here and not (started is not None and _identity(pid) == started)
             if not held:
+                who = (
+                    f"another program, not a ciclo run ({path} holds {short(raw)})"
+                    if holder is None
+                    else f"process {short(holder['pid'])} on host {short(holder['host'])} ({path})"
+                )
                 raise FileExistsError(
-                    f"the backup directory {directory} is in use by process {short(holder.get('pid'))} "
-                    f"on host {short(holder.get('host'))} ({path}): two runs on one backup would "
+                    f"the backup directory {directory} is in use by {who}: two runs on one backup would "
                     "overwrite each other's steps. Give this run another directory"
                 )
             if os.path.exists(path) and os.path.samestat(os.fstat(fd), os.stat(path)):
