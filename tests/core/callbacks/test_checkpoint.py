@@ -556,6 +556,35 @@ def test_another_runs_directory_is_refused_before_the_first_step(tmp_path):
         ciclo.checkpoint(tmp_path, resume=True, overwrite=True)
 
 
+def test_a_finished_run_with_a_checkpoint_run_again_returns_at_once(tmp_path):
+    """docs/resume.md: a finished script run again returns at once, its checkpoint callback included."""
+    calls = []
+
+    def step(state, batch):
+        calls.append(batch)
+        return add_batch(state, batch)
+
+    def run():
+        ckpt = ciclo.checkpoint(tmp_path / "ckpt", keep=None)
+        try:
+            return ciclo.train_loop(
+                zero(),
+                range(100),
+                {ciclo.on_train_step: step},
+                callbacks=[ckpt],
+                epoch_duration=4,
+                stop=8,
+                backup=tmp_path / "backup",
+            )
+        finally:
+            ckpt.close()
+
+    first = run()
+    second = run()
+    assert len(calls) == 8 and float(second[0]["w"]) == float(first[0]["w"]) == 28.0
+    assert committed_steps(tmp_path / "ckpt") == [4, 8]
+
+
 def test_restoring_into_another_structure_names_the_leaves(tmp_path):
     ckpt = ciclo.checkpoint(tmp_path)
     ckpt.save(1, {"params": {"w": jnp.zeros((4, 3)), "b": jnp.zeros(3)}, "step": jnp.int32(1)})
