@@ -960,7 +960,7 @@ def test_an_empty_step_directory_is_skipped_with_a_warning(tmp_path, caplog):
         restored = ciclo.restore_checkpoint(tmp_path, TARGET)
     assert float(restored["w"][1]) == 3.0
     assert f"skipping the empty checkpoint directories of steps [4] in {tmp_path}" in caplog.text
-    with pytest.raises(ValueError, match=r"step 4 .* is damaged: .*the files of steps \[1, 2, 3\] open"):
+    with pytest.raises(FileNotFoundError, match=r"no checkpoint for step 4 .*steps present: \[1, 2, 3\]"):
         ciclo.restore_checkpoint(tmp_path, TARGET, step=4)
 
 

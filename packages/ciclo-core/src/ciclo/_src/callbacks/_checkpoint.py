@@ -149,12 +149,6 @@ def _resolve_step(manager: Any, directory: str, step: object, monitor: str | Non
     else:
         check_int(step, "step", why=", 'latest' or 'best'")
     steps = sorted(int(s) for s in manager.all_steps())
-    if isinstance(step, int):
-        if step not in steps:
-            raise FileNotFoundError(
-                f"no checkpoint for step {step} in {directory}; steps present: {short(steps)}"
-            )
-        return step
     empty = [s for s in steps if not any((epath(directory) / str(s)).iterdir())]
     if empty:  # a save cut before it wrote anything (orbax renames a step's directory once complete)
         _log.warning("skipping the empty checkpoint directories of steps %s in %s", short(empty), directory)
@@ -163,24 +157,26 @@ def _resolve_step(manager: Any, directory: str, step: object, monitor: str | Non
         raise FileNotFoundError(f"no checkpoint in {directory}")
     if step == "latest":
         return steps[-1]
-    if monitor is None:
-        raise ValueError(
-            f"step='best' needs a monitored entry, but the checkpoints in {directory} were saved "
-            "without `monitor`; restore step='latest' or a step number instead"
+    if step == "best":
+        if monitor is None:
+            raise ValueError(
+                f"step='best' needs a monitored entry, but the checkpoints in {directory} were saved "
+                "without `monitor`; restore step='latest' or a step number instead"
+            )
+        # Every save records the monitored value: a step without one was damaged, or saved without it.
+        have = [s for s in steps if isinstance(got := manager.metrics(s), Mapping) and monitor in got]
+        if have != steps:
+            raise ValueError(
+                f"step='best' ranks the checkpoints in {directory} by {short(monitor)}, but steps "
+                f"{short(sorted(set(steps) - set(have)))} hold no readable value of it (steps that do: "
+                f"{short(have)}); restore one of those with step=N, or step='latest'"
+            )
+        return int(manager.best_step())
+    if step not in steps:
+        raise FileNotFoundError(
+            f"no checkpoint for step {step} in {directory}; steps present: {short(steps)}"
         )
-    records = {s: manager.metrics(s) for s in steps}
-    have = [
-        s
-        for s, got in records.items()
-        if isinstance(got, Mapping) and isinstance(got.get(monitor), int | float)
-    ]
-    if have != steps:  # every save records its value: a step without one was damaged or saved without it
-        raise ValueError(
-            f"step='best' ranks the checkpoints in {directory} by {short(monitor)}, but steps "
-            f"{short(sorted(set(steps) - set(have)))} hold no readable value of it (steps that do: "
-            f"{short(have)}); restore one of those with step=N, or step='latest'"
-        )
-    return int(manager.best_step())
+    return int(step)
 
 
 def _damaged(manager: Any, directory: str, step: int, why: str | BaseException) -> ValueError:
@@ -259,10 +255,8 @@ def _restore_in(
         if stored is None and partial:
             raise _damaged(manager, directory, resolved, "holds no readable metadata of its tree")
         check_device_axis(stored, target, "the checkpoint", where)  # a pmap state's device axis
-        if partial:
-            source = _source_of(target, stored, ("state",) if wrapped else (), params_from, where)
-        else:
-            # dtypes=False: restoring a checkpoint casts to the target's dtype (docs/guide.md).
+        source = _source_of(target, stored, ("state",) if wrapped else (), params_from, where)
+        if not partial:  # dtypes=False: restoring a checkpoint casts to the target's dtype (docs/guide.md)
             check_structure(
                 stored, abstract(item), "the checkpoint", where, dtypes=False, explain=setting_behind
             )

@@ -496,17 +496,16 @@ def partial_restore(
         name, found = "/".join(path), stored_table.get(source(path))  # one spelling, ciclo.summary's
         if found is None:
             kept.append((name, "missing in the checkpoint"))
-            continue
-        if found[1] != shape:
+        elif found[1] != shape:
             kept.append((name, f"other shape: the checkpoint's {found[1]}, the target's {shape}"))
-            continue
-        if None not in (found[2], dtype) and found[2] != dtype:
-            if not all(jax.numpy.issubdtype(kind, jax.numpy.floating) for kind in (found[2], dtype)):
-                kept.append((name, f"other dtype: the checkpoint's {found[2]}, the target's {dtype}"))
-                continue
-            cast.append((name, f"{found[2]} to {dtype}"))
-        take[source(path)] = leaf
-        restored.append(name)
+        elif found[2] != dtype and not all(
+            jax.numpy.issubdtype(k, jax.numpy.floating) for k in (found[2], dtype)
+        ):
+            kept.append((name, f"other dtype: the checkpoint's {found[2]}, the target's {dtype}"))
+        else:
+            take[source(path)] = leaf
+            restored.append(name)
+            cast += [(name, f"{found[2]} to {dtype}")] if found[2] != dtype else []
     unused = tuple("/".join(path) for path in stored_table if path not in take)
     if take:
         ocp = orbax()
