@@ -929,6 +929,13 @@ def cut_the_arrays(step_directory):
             file.truncate(10)
 
 
+def flip_the_manifest(step_directory):
+    """Flips the first bytes of the manifest of orbax's database of one step's arrays."""
+    path = step_directory / "default" / "manifest.ocdbt"
+    data = path.read_bytes()
+    path.write_bytes(bytes(byte ^ 0xFF for byte in data[:16]) + data[16:])
+
+
 TARGET = {"w": jnp.zeros(1000), "b": jnp.zeros(3)}
 
 
@@ -937,8 +944,8 @@ TARGET = {"w": jnp.zeros(1000), "b": jnp.zeros(3)}
 @pytest.mark.parametrize("partial", [False, True])
 @pytest.mark.parametrize(
     "damage",
-    [cut_the_arrays, lambda step: (step / "default" / "manifest.ocdbt").unlink()],
-    ids=["array data cut", "manifest deleted"],
+    [cut_the_arrays, flip_the_manifest, lambda step: (step / "default" / "manifest.ocdbt").unlink()],
+    ids=["array data cut", "manifest flipped", "manifest deleted"],
 )
 def test_a_damaged_checkpoint_names_the_step_its_files_and_the_steps_that_open(tmp_path, damage, partial):
     three_steps(tmp_path)

@@ -184,7 +184,7 @@ def _damaged(manager: Any, directory: str, step: int, why: str | BaseException) 
     if isinstance(why, BaseException):
         while why.__cause__ is not None:  # tensorstore's own error, under orbax's
             why = why.__cause__
-        text = str(why).split(" [tensorstore_spec=")[0].strip().split("\n")[0]  # not its 1,500-char spec
+        text = str(why).split("[tensorstore_spec")[0].strip().split("\n")[0]  # not its 1,500-char spec
         why = f"cannot be read: {type(why).__name__}: {cut(text, 400)}"
     others = [
         int(s) for s in manager.all_steps() if int(s) != step and stored_tree(manager, int(s)) is not None
