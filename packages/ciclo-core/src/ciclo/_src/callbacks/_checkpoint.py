@@ -20,7 +20,7 @@ from ciclo._src.base.checks import check_bool, check_directory, check_int
 from ciclo._src.base.elapsed import Elapsed
 from ciclo._src.base.files import check_closed, write_atomically
 from ciclo._src.base.finite import all_finite
-from ciclo._src.base.reprs import short
+from ciclo._src.base.reprs import cut, short
 from ciclo._src.base.roles import params_field
 from ciclo._src.base.types import CallbackOutput
 from ciclo._src.callbacks._monitor import (
@@ -33,6 +33,7 @@ from ciclo._src.callbacks._monitor import (
 )
 from ciclo._src.engine.callback import Callback
 from ciclo._src.logs.logs import LogsLike
+from ciclo._src.resume.backup import _MARKER as BACKUP_MARKER
 from ciclo._src.resume.orbax_io import (
     TMP_MARK,
     RestoreReport,
@@ -42,6 +43,7 @@ from ciclo._src.resume.orbax_io import (
     check_structure,
     epath,
     is_single_leaf,
+    lost_peer,
     open_manager,
     orbax,
     partial_restore,
@@ -147,6 +149,10 @@ def _resolve_step(manager: Any, directory: str, step: object, monitor: str | Non
     else:
         check_int(step, "step", why=", 'latest' or 'best'")
     steps = sorted(int(s) for s in manager.all_steps())
+    empty = [s for s in steps if not any((epath(directory) / str(s)).iterdir())]
+    if empty:  # a save cut before it wrote anything (orbax renames a step's directory once complete)
+        _log.warning("skipping the empty checkpoint directories of steps %s in %s", short(empty), directory)
+        steps = [s for s in steps if s not in empty]
     if not steps:
         raise FileNotFoundError(f"no checkpoint in {directory}")
     if step == "latest":
@@ -157,15 +163,39 @@ def _resolve_step(manager: Any, directory: str, step: object, monitor: str | Non
                 f"step='best' needs a monitored entry, but the checkpoints in {directory} were saved "
                 "without `monitor`; restore step='latest' or a step number instead"
             )
-        best = manager.best_step()
-        if best is None:
-            raise FileNotFoundError(f"no checkpoint in {directory} has a value for {short(monitor)}")
-        return int(best)
+        # Every save records the monitored value: a step without one was damaged, or saved without it.
+        have = [s for s in steps if isinstance(got := manager.metrics(s), Mapping) and monitor in got]
+        if have != steps:
+            raise ValueError(
+                f"step='best' ranks the checkpoints in {directory} by {short(monitor)}, but steps "
+                f"{short(sorted(set(steps) - set(have)))} hold no readable value of it (steps that do: "
+                f"{short(have)}); restore one of those with step=N, or step='latest'"
+            )
+        return int(manager.best_step())
     if step not in steps:
         raise FileNotFoundError(
             f"no checkpoint for step {step} in {directory}; steps present: {short(steps)}"
         )
     return int(step)
+
+
+def _damaged(manager: Any, directory: str, step: int, why: str | BaseException) -> ValueError:
+    """The error for a checkpoint whose files cannot be read: which step, its files, the steps that open."""
+    if isinstance(why, BaseException):
+        while why.__cause__ is not None:  # tensorstore's own error, under orbax's
+            why = why.__cause__
+        text = str(why).split("[tensorstore_spec")[0].strip().split("\n")[0]  # not its 1,500-char spec
+        why = f"cannot be read: {type(why).__name__}: {cut(text, 400)}"
+    others = [
+        int(s) for s in manager.all_steps() if int(s) != step and stored_tree(manager, int(s)) is not None
+    ]
+    fix = (
+        f"restore another step with step=N: the files of steps {short(sorted(others))} open"
+        if others
+        else "no other step in it opens: train again, or resume the run's backup"
+    )
+    where = epath(directory) / str(step)
+    return ValueError(f"the checkpoint of step {step} in {directory} is damaged: {where} {why}; {fix}")
 
 
 class RestoreOptions(TypedDict, total=False):
@@ -222,20 +252,30 @@ def _restore_in(
         item = {"state": target} if wrapped else target
         where = f"of step {resolved} in {directory}"
         stored = stored_tree(manager, resolved)
+        if stored is None and partial:
+            raise _damaged(manager, directory, resolved, "holds no readable metadata of its tree")
         check_device_axis(stored, target, "the checkpoint", where)  # a pmap state's device axis
-        if partial:
-            source = _source_of(target, stored, ("state",) if wrapped else (), params_from, where)
-            result, found = partial_restore(manager, resolved, stored, item, source=source, where=where)
-            found = dataclasses.replace(found, params_from=params_from)
-            announce("ciclo: restored the checkpoint %s partially: %s", where, found.summary())
-        else:
-            # dtypes=False: restoring a checkpoint casts to the target's dtype (docs/guide.md).
+        source = _source_of(target, stored, ("state",) if wrapped else (), params_from, where)
+        if not partial:  # dtypes=False: restoring a checkpoint casts to the target's dtype (docs/guide.md)
             check_structure(
                 stored, abstract(item), "the checkpoint", where, dtypes=False, explain=setting_behind
             )
-            result = restore_everywhere(manager, resolved, orbax().args.StandardRestore(abstract(item)))
-            leaves = jax.tree_util.tree_leaves_with_path(target)
-            found = RestoreReport(resolved, tuple(jax.tree_util.keystr(path) for path, _ in leaves), (), ())
+        try:  # the tree matches the target (checked above): what fails is reading the step's files
+            if partial:
+                result, found = partial_restore(manager, resolved, stored, item, source=source)
+            else:
+                result = restore_everywhere(manager, resolved, orbax().args.StandardRestore(abstract(item)))
+        except Exception as error:  # noqa: BLE001 - orbax and tensorstore raise plain Exceptions
+            if lost_peer(error) is not None:
+                raise
+            raise _damaged(manager, directory, resolved, error) from error
+        if partial:
+            found = dataclasses.replace(found, params_from=params_from)
+            announce("ciclo: restored the checkpoint %s partially: %s", where, found.summary())
+        else:
+            leaves = jax.tree_util.tree_leaves_with_path(item)
+            names = tuple(jax.tree_util.keystr(path, simple=True, separator="/") for path, _ in leaves)
+            found = RestoreReport(resolved, names, (), ())
     result = typing.cast(T, result["state"] if wrapped else result)
     return (result, found) if report else result
 
@@ -655,8 +695,9 @@ def restore_checkpoint(
 
     Raises:
         FileNotFoundError: if `directory` holds no checkpoint, or none for `step`.
-        ValueError: for an invalid `step` or `params_from`, or a `target` unlike
-            the checkpoint without `partial`.
+        ValueError: for an invalid `step` or `params_from`, a `target` unlike
+            the checkpoint without `partial`, a damaged step, `"best"` where a
+            step has no value of the monitor, or a `ciclo.backup` directory.
 
     Example:
         >>> import tempfile
@@ -676,11 +717,16 @@ def restore_checkpoint(
         {'accuracy': Array(0.7, dtype=float32), 'loss': Array(-1., dtype=float32)}
         >>> print(report)
         step 3: restored 1 leaf, kept 1 from the target, 0 of the checkpoint unused
-          kept ['loss']: missing in the checkpoint
+          kept loss: missing in the checkpoint
     """
     path = _absolute_directory(directory)
     if not epath(path).is_dir():
         raise FileNotFoundError(f"checkpoint directory {path} does not exist")
+    if (epath(path) / BACKUP_MARKER).exists():
+        raise ValueError(
+            f"{path} is a ciclo.backup directory, not a ciclo.checkpoint one: to go on from it, run the same "
+            f"loop again with backup={path!r} (a finished run returns its final state at once, with no step)"
+        )
     check_closed(path, "the checkpoint directory")
     recorded = _read_settings(path) or _settings(None, "min")
     return _restore_in(path, target, recorded["monitor"], recorded["mode"] or "min", options, report)

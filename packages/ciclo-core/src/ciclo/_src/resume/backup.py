@@ -394,6 +394,7 @@ class BackupCallback(Callback):
             skipped or "",
         )
         loop_state.restore(restored.state, restored.elapsed)
+        loop_state.load_state_dicts(restored.callbacks)  # a finished run's too: its checkpoints are its own
         stop = loop_state.stop_at
         # A finished run is done, unless another stop that it has not reached asks for more.
         if restored.finished and (stop == restored.stop or (stop is not None and restored.elapsed >= stop)):
@@ -407,7 +408,6 @@ class BackupCallback(Callback):
                 "" if restored.devices == 1 else "s",
                 jax.device_count(),
             )
-        loop_state.load_state_dicts(restored.callbacks)
         self._position = position = restored.position
         if restored.iterator_state is not None:
             self._iterator.set_state(restored.iterator_state)

@@ -426,17 +426,19 @@ class RestoreReport:
 
     Attributes:
         step: the checkpoint's step.
-        restored: the target's leaves read from the checkpoint (paths as
-            `jax.tree_util.keystr` writes them).
+        restored: the target's leaves read from the checkpoint (paths "/"-joined,
+            as `ciclo.summary` names modules: `params/head/w`).
         kept: `(leaf, reason)` for each leaf of the target left as it was.
         unused: the checkpoint's leaves that no leaf of the target took.
         params_from: the checkpoint's field the parameters were read from, or None.
+        cast: `(leaf, "float32 to bfloat16")` for each restored leaf cast to the target's
+            floating dtype (a float32 checkpoint into bfloat16 parameters).
 
     Example:
-        >>> report = RestoreReport(3, (".params['w']",), ((".params['b']", "missing in the checkpoint"),), ())
+        >>> report = RestoreReport(3, ("params/w",), (("params/b", "missing in the checkpoint"),), ())
         >>> print(report)
         step 3: restored 1 leaf, kept 1 from the target, 0 of the checkpoint unused
-          kept .params['b']: missing in the checkpoint
+          kept params/b: missing in the checkpoint
     """
 
     step: int
@@ -444,11 +446,13 @@ class RestoreReport:
     kept: tuple[tuple[str, str], ...]
     unused: tuple[str, ...]
     params_from: str | None = None
+    cast: tuple[tuple[str, str], ...] = ()
 
     def summary(self) -> str:
         """The first line of `str(report)`: the counts."""
         source = "" if self.params_from is None else f" (params from {self.params_from})"
         restored = f"{len(self.restored)} " + ("leaf" if len(self.restored) == 1 else "leaves")
+        restored += f" ({len(self.cast)} cast to the target's dtype)" if self.cast else ""
         return (
             f"step {self.step}{source}: restored {restored}, kept {len(self.kept)} from the target, "
             f"{len(self.unused)} of the checkpoint unused"
@@ -458,6 +462,7 @@ class RestoreReport:
         lines = [self.summary()]
         for word, leaves in (
             ("kept", [f"{leaf}: {why}" for leaf, why in self.kept]),
+            ("cast", [f"{leaf}: {dtypes}" for leaf, dtypes in self.cast]),
             ("unused", self.unused),
         ):
             lines += [f"  {word} {leaf}" for leaf in leaves[:20]]
@@ -472,36 +477,36 @@ def partial_restore(
     target: Any,
     *,
     source: Callable[[tuple[str, ...]], tuple[str, ...]],
-    where: str,
 ) -> tuple[Any, RestoreReport]:
-    """Restores the leaves of `target` found in the checkpoint with their shape and dtype; keeps the others.
+    """Restores the leaves of `target` found in the checkpoint with their shape; keeps the others.
 
-    `manager` has orbax's `PyTreeCheckpointHandler`: only the leaves taken are
-    read. `source(path)`: where the leaf at `path` is in the checkpoint.
+    A leaf of another floating dtype is cast to the target's; of another dtype
+    otherwise, kept. `manager` has orbax's `PyTreeCheckpointHandler`: only the
+    leaves taken are read. `source(path)`: where the leaf at `path` is in the
+    checkpoint (whose tree's metadata is `stored`).
     """
-    if stored is None:
-        raise ValueError(
-            f"the checkpoint {where} holds no metadata of its tree, so partial=True cannot match it"
-        )
     stored_table = _leaf_table(stored)
     values, treedef = jax.tree.flatten(target)
     targets = _leaf_table(target)
     take: dict[tuple[str, ...], Any] = {}
-    restored, kept = [], []
-    for (path, (name, shape, dtype)), leaf in zip(
+    restored, kept, cast = [], [], []
+    for (path, (_, shape, dtype)), leaf in zip(
         targets.items(), jax.tree.leaves(abstract(target)), strict=True
     ):
-        found = stored_table.get(source(path))
+        name, found = "/".join(path), stored_table.get(source(path))  # one spelling, ciclo.summary's
         if found is None:
             kept.append((name, "missing in the checkpoint"))
         elif found[1] != shape:
             kept.append((name, f"other shape: the checkpoint's {found[1]}, the target's {shape}"))
-        elif found[2] is not None and dtype is not None and found[2] != dtype:
+        elif found[2] != dtype and not all(
+            jax.numpy.issubdtype(k, jax.numpy.floating) for k in (found[2], dtype)
+        ):
             kept.append((name, f"other dtype: the checkpoint's {found[2]}, the target's {dtype}"))
         else:
             take[source(path)] = leaf
             restored.append(name)
-    unused = tuple(name for path, (name, _, _) in stored_table.items() if path not in take)
+            cast += [(name, f"{found[2]} to {dtype}")] if found[2] != dtype else []
+    unused = tuple("/".join(path) for path in stored_table if path not in take)
     if take:
         ocp = orbax()
         item = jax.tree_util.tree_map_with_path(lambda p, _: take.get(_names(p), ocp.PLACEHOLDER), stored)
@@ -512,5 +517,5 @@ def partial_restore(
             read_leaves[source(path)] if source(path) in take else leaf
             for path, leaf in zip(targets, values, strict=True)
         ]
-    report = RestoreReport(step, tuple(restored), tuple(kept), unused)
+    report = RestoreReport(step, tuple(restored), tuple(kept), unused, cast=tuple(cast))
     return jax.tree_util.tree_unflatten(treedef, values), report
