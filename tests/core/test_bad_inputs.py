@@ -320,6 +320,21 @@ CASES: list[tuple[str, Callable[[Any], Any], type, str, int | None]] = [
         0,
     ),
     (
+        "dict logs holding a dict",
+        lambda p: loop({ciclo.every(1): lambda state, batch: ({"metrics": {"per": {"a": 1.0}}}, state)}),
+        TypeError,
+        r"logged the dict \{'a': 1.0\} as metrics.per; metrics and losses must be numbers or arrays "
+        r"\(log each of the dict's values as an entry of its own, e.g. add_metric\('per/key', value\)\)",
+        0,
+    ),
+    (
+        "a dict as a metric",
+        lambda p: ciclo.logs().add_metric("per", {"a": 1.0}),
+        TypeError,
+        r"metrics.per is the dict \{'a': 1.0\}: metrics and losses must be numbers or arrays",
+        0,
+    ),
+    (
         "unknown named schedule",
         lambda p: train(tasks={"on_train_stp": step}),
         ValueError,

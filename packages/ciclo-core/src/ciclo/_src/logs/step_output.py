@@ -10,7 +10,7 @@ import jax
 import numpy as np
 
 from ciclo._src.base.reprs import short
-from ciclo._src.logs.logs import NUMERIC_COLLECTIONS, Logs, LogsLike, StackedLogs
+from ciclo._src.logs.logs import NOT_NUMERIC, NUMERIC_COLLECTIONS, Logs, LogsLike, StackedLogs, numeric_remedy
 
 S = TypeVar("S")
 
@@ -29,7 +29,7 @@ def _is_value(x: Any) -> bool:
 
 
 def check_logs(logs: Any, source: Any) -> None:
-    """Raises if `logs` (a plain mapping) is not `{collection: {entry: value}}`, or logs text as a metric."""
+    """Raises if `logs` (a plain mapping) is not `{collection: {entry: value}}`, or a text or dict metric."""
     for collection, entries in logs.items():
         if not isinstance(entries, Mapping):
             raise TypeError(
@@ -40,11 +40,11 @@ def check_logs(logs: Any, source: Any) -> None:
             )
         if collection in NUMERIC_COLLECTIONS:
             for name, value in entries.items():
-                if isinstance(value, (str, bytes)):
+                if isinstance(value, NOT_NUMERIC):
                     raise TypeError(
                         f"{describe(source)} logged the {type(value).__name__} {short(value)} as "
                         f"{collection}.{name}; metrics and losses must be numbers or arrays "
-                        "(log text as an output: logs.add_output(name, text))"
+                        f"({numeric_remedy(name, value)})"
                     )
 
 
