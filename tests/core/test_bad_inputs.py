@@ -554,14 +554,26 @@ CASES: list[tuple[str, Callable[[Any], Any], type, str, int | None]] = [
             epoch_duration=2,
         ),
         TypeError,
-        r"the model failed on inputs float32\[4, 5\]: give every step .* batches shaped like",
+        r"the model failed on inputs float32\[4, 5\]: give every step .* batches shaped like"
+        r"[\s\S]*raised by callback ModelState.test_step at step 0",
         2,
     ),
     (
         "labels of the wrong dtype",
         lambda p: ciclo.train_loop(model_state(), [(X, Y.astype(np.float32))] * 4),
         TypeError,
-        r"loss 'loss' failed on preds float32\[4, 3\] and target float32\[4\].*need int labels",
+        r"loss 'loss' failed on preds float32\[4, 3\] and target float32\[4\].*need int labels"
+        r"[\s\S]*raised by callback ModelState.train_step at step 0",
+        1,
+    ),
+    (
+        "a bound step in ciclo.loop failing",
+        lambda p: (
+            (s := model_state())
+            and ciclo.loop(s, [(X, Y.astype(np.float32))], {ciclo.every(1): s.train_step})
+        ),
+        TypeError,
+        r"need int labels[\s\S]*raised by callback ModelState.train_step at step 0",
         1,
     ),
     (

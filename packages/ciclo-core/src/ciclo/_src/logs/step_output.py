@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any, TypeVar
@@ -19,8 +20,14 @@ NO_LOGS: LogsLike = MappingProxyType({})
 
 
 def describe(obj: Any) -> str:
-    """A short name for a callback or step in error messages: its qualified name, else its repr."""
-    name = getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None)
+    """A short name for a callback or step in error messages: its qualified name, else its repr.
+
+    A step bound to its state (`functools.partial`) is named as the step: a managed step by its repr,
+    `ModelState.train_step`, as the recompile warning names it.
+    """
+    if type(obj) is functools.partial:
+        obj = obj.func
+    name = getattr(obj, "__qualname__", None)
     return name if isinstance(name, str) else short(obj)
 
 
