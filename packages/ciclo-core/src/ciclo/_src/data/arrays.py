@@ -46,9 +46,6 @@ class Batches(Iterator[Any]):
         self._epoch, self._batch = 0, 0  # the position: the next batch's epoch and index in it
         self._order: tuple[int, Any] = (-1, None)  # (epoch, its permutation of the samples)
 
-    def __iter__(self) -> Batches:
-        return self
-
     def __next__(self) -> Any:
         if self._batch == self.steps_per_epoch:
             self._epoch, self._batch = self._epoch + 1, 0
