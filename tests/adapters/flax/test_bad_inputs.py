@@ -13,6 +13,7 @@ import numpy as np
 import optax
 import pytest
 from flax import nnx
+from support import bad_inputs_page as page
 
 import ciclo
 
@@ -77,11 +78,16 @@ CASES: list[tuple[str, Callable[[], Any], type[BaseException], str]] = [
 
 
 @pytest.mark.parametrize(
-    ("usage", "expected", "pattern"),
-    [pytest.param(fn, expected, pattern, id=name) for name, fn, expected, pattern in CASES],
+    ("name", "usage", "expected", "pattern"), [pytest.param(*case, id=case[0]) for case in CASES]
 )
-def test_bad_input(usage: Callable[[], Any], expected: type[BaseException], pattern: str) -> None:
+def test_bad_input(name: str, usage: Callable[[], Any], expected: type[BaseException], pattern: str) -> None:
     with pytest.raises(expected) as info:
         usage()
     message = "\n".join([str(info.value), *getattr(info.value, "__notes__", [])])
     assert re.search(pattern, message), message
+    if name in page.rows():  # docs/bad_inputs.md quotes this case: each quote must be the code's words
+        page.check(name, message)
+
+
+def test_the_page_s_flax_rows_are_cases_here() -> None:
+    assert page.FRAMEWORK_ROWS <= {case[0] for case in CASES}

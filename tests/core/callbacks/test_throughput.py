@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import io
+import math
 from typing import Any
 
 import jax
@@ -339,7 +340,7 @@ def test_a_plain_step_logs_no_flops_and_says_so_once(
     assert len(said) == 1 and "no step of the loop is a managed step" in said[0]
 
 
-@pytest.mark.parametrize("peak", [0, -1.0, "1e12", True])
+@pytest.mark.parametrize("peak", [0, -1.0, "1e12", True, math.inf, math.nan])
 def test_bad_peak_raises_naming_the_value(peak: Any) -> None:
     with pytest.raises(ValueError, match=f"peak_flops must be a positive number.*got {peak!r}"):
         ciclo.throughput(peak_flops=peak)

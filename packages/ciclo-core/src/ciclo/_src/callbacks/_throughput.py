@@ -49,11 +49,13 @@ class Throughput(Callback):
 
     def __init__(self, window: PeriodLike = 100, *, peak_flops: float | None = None) -> None:
         if peak_flops is not None and (
-            isinstance(peak_flops, bool) or not isinstance(peak_flops, (int, float)) or not peak_flops > 0
+            isinstance(peak_flops, bool)
+            or not isinstance(peak_flops, (int, float))
+            or not 0 < peak_flops < math.inf
         ):
             raise ValueError(
-                f"peak_flops must be a positive number (a chip's peak FLOP/s, e.g. 989e12 for an H100's "
-                f"bf16), or None for ciclo's table; got {short(peak_flops)}"
+                f"peak_flops must be a positive number, finite (a chip's peak FLOP/s, e.g. 989e12 for an "
+                f"H100's bf16), or None for ciclo's table; got {short(peak_flops)}"
             )
         period = Period.of(window, name="window")
         if period is None:
@@ -202,7 +204,7 @@ def throughput(window: PeriodLike = 100, *, peak_flops: float | None = None) -> 
     Args:
         window: how long each measurement lasts: an int (steps) or a
             `ciclo.types.Period` in steps, samples or time.
-        peak_flops: one device's peak FLOP/s, for `mfu`; None: ciclo's table
+        peak_flops: one device's peak FLOP/s (positive, finite), for `mfu`; None: ciclo's table
             (no `mfu` for a device kind it lacks, as CPUs).
 
     Example:

@@ -22,6 +22,7 @@ from ciclo._src.base.batches import BatchSizeFn, cut, is_stacked, leading_dim, s
 from ciclo._src.base.checks import check_int
 from ciclo._src.base.elapsed import Period, only_steps
 from ciclo._src.base.reprs import short
+from ciclo._src.data.position import iterate_dataset
 from ciclo._src.logs.logs import PERFORMANCE, Logs
 
 _log = logging.getLogger("ciclo")
@@ -155,6 +156,7 @@ def group_steps(
         check_int(steps_per_execution, "steps_per_execution", 1, ' or "auto" (measured)')
     if steps_per_execution == 1:
         return dataset, [], []
+    dataset = iterate_dataset(dataset)
     for name, period in (("epoch_duration", epoch), ("stop", stop)):
         if period is not None and only_steps(period) is None:
             raise ValueError(

@@ -33,6 +33,17 @@ ELAPSED_KEYS = ("steps", "samples", "time")
 NUMERIC_COLLECTIONS = frozenset({"metrics", "losses", "stateful_metrics", "norms"})
 """Collections whose entries bars, loggers and aggregation treat as numbers."""
 
+NOT_NUMERIC = (str, bytes, dict)
+"""What a numeric collection refuses: text, and a dict (kept, but shown by no bar or logger)."""
+
+
+def numeric_remedy(name: str, value: Any) -> str:
+    """What to log instead of `value`, one of `NOT_NUMERIC`, as entry `name` of a numeric collection."""
+    if isinstance(value, dict):
+        return f"log each of the dict's values as an entry of its own, e.g. add_metric('{name}/key', value)"
+    return "log text as an output: logs.add_output(name, text)"
+
+
 PERFORMANCE = "performance"
 """The collection of what the loop says of its own running (steps per dispatch, compiles)."""
 
@@ -93,17 +104,18 @@ class Logs(dict[str, Entries]):
         """Sets `self[collection][name] = value`, creating the collection; returns self.
 
         Raises:
-            TypeError: for a name that is not a non-empty string, or a string as a metric or a loss.
+            TypeError: for a name that is not a non-empty string, or a string or a dict as a metric or
+                a loss (a dict's entries are logged one by one, `"name/key"`).
         """
         if not isinstance(name, str) or not name:
             raise TypeError(
                 f"a log entry's name must be a non-empty string, got {short(name)} for {collection} "
                 f"(e.g. logs.add_metric('accuracy', value))"
             )
-        if isinstance(value, (str, bytes)) and collection in NUMERIC_COLLECTIONS:
+        if isinstance(value, NOT_NUMERIC) and collection in NUMERIC_COLLECTIONS:
             raise TypeError(
                 f"{collection}.{name} is the {type(value).__name__} {short(value)}: metrics and losses "
-                "must be numbers or arrays (log text as an output: logs.add_output(name, text))"
+                f"must be numbers or arrays ({numeric_remedy(name, value)})"
             )
         entries = self.get(collection)
         if entries is None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any, TypeVar
@@ -10,7 +11,7 @@ import jax
 import numpy as np
 
 from ciclo._src.base.reprs import short
-from ciclo._src.logs.logs import NUMERIC_COLLECTIONS, Logs, LogsLike, StackedLogs
+from ciclo._src.logs.logs import NOT_NUMERIC, NUMERIC_COLLECTIONS, Logs, LogsLike, StackedLogs, numeric_remedy
 
 S = TypeVar("S")
 
@@ -19,8 +20,14 @@ NO_LOGS: LogsLike = MappingProxyType({})
 
 
 def describe(obj: Any) -> str:
-    """A short name for a callback or step in error messages: its qualified name, else its repr."""
-    name = getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None)
+    """A short name for a callback or step in error messages: its qualified name, else its repr.
+
+    A step bound to its state (`functools.partial`) is named as the step: a managed step by its repr,
+    `ModelState.train_step`, as the recompile warning names it.
+    """
+    if type(obj) is functools.partial:
+        obj = obj.func
+    name = getattr(obj, "__qualname__", None)
     return name if isinstance(name, str) else short(obj)
 
 
@@ -29,7 +36,7 @@ def _is_value(x: Any) -> bool:
 
 
 def check_logs(logs: Any, source: Any) -> None:
-    """Raises if `logs` (a plain mapping) is not `{collection: {entry: value}}`, or logs text as a metric."""
+    """Raises if `logs` (a plain mapping) is not `{collection: {entry: value}}`, or a text or dict metric."""
     for collection, entries in logs.items():
         if not isinstance(entries, Mapping):
             raise TypeError(
@@ -40,11 +47,11 @@ def check_logs(logs: Any, source: Any) -> None:
             )
         if collection in NUMERIC_COLLECTIONS:
             for name, value in entries.items():
-                if isinstance(value, (str, bytes)):
+                if isinstance(value, NOT_NUMERIC):
                     raise TypeError(
                         f"{describe(source)} logged the {type(value).__name__} {short(value)} as "
                         f"{collection}.{name}; metrics and losses must be numbers or arrays "
-                        "(log text as an output: logs.add_output(name, text))"
+                        f"({numeric_remedy(name, value)})"
                     )
 
 
