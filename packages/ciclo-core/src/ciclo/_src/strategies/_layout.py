@@ -167,7 +167,7 @@ def _check_leaf(name: str, shape: tuple[int, ...], spec: PartitionSpec, origin: 
         if shape[dim] % parts:
             raise ValueError(
                 f"parameter {name} {shape}: dimension {dim} ({shape[dim]}) does not split over mesh axes "
-                f"{_axes(entry)} ({parts} devices), as {origin} asks ({spec}). Lay it out over axes "
+                f"{_axes(entry)} ({parts} devices) as {origin} lays it out ({spec}). Lay it out over axes "
                 "whose sizes divide it, or None to keep it whole"
             )
 
