@@ -14,8 +14,10 @@ def _boxed(node: Any) -> bool:
 
 
 def logical_axes(params: Any) -> dict[str, tuple[str | None, ...]]:
-    """Each parameter's logical axis names by `"/"`-joined path: linen's `nn.with_logical_partitioning`
-    boxes and nnx variables' `sharding=` (`out_sharding`) metadata; the entry point `ciclo.logical_axes`.
+    """Each parameter's logical axis names by `"/"`-joined path; the entry point `ciclo.logical_axes`.
+
+    Read from linen's `nn.with_logical_partitioning` boxes and nnx variables' `sharding=`
+    (`out_sharding`) metadata.
 
     Example:
         >>> import flax.linen as nn, jax, jax.numpy as jnp
@@ -26,6 +28,7 @@ def logical_axes(params: Any) -> dict[str, tuple[str | None, ...]]:
     """
     found = {}
     for path, node in jax.tree_util.tree_leaves_with_path(params, is_leaf=_boxed):
+        names: Any
         if isinstance(node, nn.LogicallyPartitioned):
             names = node.names
         elif isinstance(node, nnx.Variable):
