@@ -11,6 +11,8 @@ the comparison with `jit` allows rtol 1e-5, atol 1e-6 (what the other strategy t
 from __future__ import annotations
 
 import functools
+import shutil
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -173,3 +175,31 @@ def test_a_batch_splits_over_the_data_like_axes_only() -> None:
     state = training.managed_state("mlp", strategy)
     with pytest.raises(ValueError, match=r"has 3 rows .* not a multiple of 2"):
         training.train_step(state, training.batches(1, batch=3)[0])
+
+
+def test_a_backup_and_a_checkpoint_move_between_meshes_and_onto_one_device(tmp_path: Path) -> None:
+    # Restores read into the target's own shardings (orbax restore args from the target's arrays).
+    written = mesh((2, 2, 1), rules=RULES)
+    state = training.mlp_state(written)
+    for batch in training.batches(3):
+        _, state = state.train_step(batch)
+    saver = ciclo.checkpoint(tmp_path / "checkpoint")
+    saver.save(3, state)
+    saver.close()
+    ciclo.train_loop(training.mlp_state(written), training.batches(6), stop=2, backup=tmp_path / "backup")
+    for target in [mesh((1, 1, 4), rules=RULES), mesh((4, 1, 1)), "jit"]:
+        restored = ciclo.restore_checkpoint(tmp_path / "checkpoint", training.mlp_state(target, key=1))
+        wanted = training.mlp_state(target, key=1)
+        for leaf, want, value in zip(
+            jax.tree.leaves(restored), jax.tree.leaves(wanted), jax.tree.leaves(state), strict=True
+        ):
+            assert leaf.sharding == want.sharding
+            np.testing.assert_array_equal(np.asarray(leaf), np.asarray(value))
+        backup = tmp_path / f"backup_{target}"
+        shutil.copytree(tmp_path / "backup", backup)
+        resumed, _, _ = ciclo.train_loop(
+            training.mlp_state(target), training.batches(6), stop=6, backup=backup
+        )
+        uninterrupted, _, _ = ciclo.train_loop(training.mlp_state(target), training.batches(6), stop=6)
+        assert int(resumed.step) == 6
+        training.assert_trees_close(jax.device_get(resumed.params), jax.device_get(uninterrupted.params))

@@ -48,31 +48,20 @@ class _MeshStrategy(abc.ABC):
     logical_rules: Any = ()
     replicated_limit: int | None = None
 
-    @property
     @abc.abstractmethod
-    def _shape(self) -> dict[str, int]:
-        """The mesh's axes and their sizes (-1: the rest of the devices)."""
-
-    @property
-    @abc.abstractmethod
-    def _batch_axes(self) -> tuple[str, ...]:
-        """The mesh axes a batch's rows are split over."""
-
-    @property
-    @abc.abstractmethod
-    def _split_axis(self) -> str | None:
-        """The axis the fallback splits a large leaf over; None: it replicates."""
+    def _axes(self) -> tuple[dict[str, int], tuple[str, ...], str | None]:
+        """The mesh's axes and sizes (-1: the rest), the axes batches split over, the fallback's axis."""
 
     @functools.cached_property
     def mesh(self) -> Mesh:
-        shape = dict(self._shape)
+        shape = self._axes()[0]
         count, rest = jax.device_count(), [name for name, size in shape.items() if size == -1]
         known = math.prod(size for size in shape.values() if size != -1)
         if rest and count % known == 0:
             shape[rest[0]] = count // known
         if math.prod(shape.values()) != count:
             raise ValueError(
-                f"strategy {short(self.name)}: mesh axes {short(self._shape)} hold "
+                f"strategy {short(self.name)}: mesh axes {short(self._axes()[0])} hold "
                 f"{math.prod(shape.values())} devices, but there are {count}; make the sizes multiply to "
                 f"{count} (one may be -1: the rest)"
             )
@@ -84,7 +73,7 @@ class _MeshStrategy(abc.ABC):
         Split along its largest dimension divisible by the split axis's size when it has at least
         `min_size` elements, else replicated.
         """
-        axis = self._split_axis
+        axis = self._axes()[2]
         if axis is None or axis not in self.mesh.shape:
             return PartitionSpec()
         divisible = [dim for dim, size in enumerate(shape) if size % self.mesh.shape[axis] == 0]
@@ -110,7 +99,7 @@ class _MeshStrategy(abc.ABC):
 
     @functools.cached_property
     def _rows_spec(self) -> Any:
-        axes = tuple(axis for axis in self._batch_axes if axis in self.mesh.shape)
+        axes = tuple(axis for axis in self._axes()[1] if axis in self.mesh.shape)
         return axes[0] if len(axes) == 1 else (axes or None)
 
     @functools.cached_property
@@ -159,7 +148,7 @@ class _MeshStrategy(abc.ABC):
                     return place(batch, lambda shape: rows if len(shape) > axis else self._replicated)
             return jax.tree.map(lambda leaf: self._lift_local(leaf, rows, axis), batch)
         except ValueError:
-            split = math.prod(self.mesh.shape[a] for a in self._batch_axes if a in self.mesh.shape)
+            split = math.prod(self.mesh.shape[a] for a in self._axes()[1] if a in self.mesh.shape)
             check_divisible(batch, max(1, split // jax.process_count()), self.name, axis)
             raise
 
@@ -223,15 +212,8 @@ class DataParallel(_MeshStrategy):
     donate: bool = False
     name = "data_parallel"
 
-    @property
-    def _shape(self) -> dict[str, int]:
-        return {self.axis_name: -1}
-
-    @property
-    def _batch_axes(self) -> tuple[str, ...]:
-        return (self.axis_name,)
-
-    _split_axis = None
+    def _axes(self) -> tuple[dict[str, int], tuple[str, ...], None]:
+        return {self.axis_name: -1}, (self.axis_name,), None
 
 
 @final
@@ -256,17 +238,8 @@ class FSDP(_MeshStrategy):
     donate: bool = False
     name = "fsdp"
 
-    @property
-    def _shape(self) -> dict[str, int]:
-        return {self.axis_name: -1}
-
-    @property
-    def _batch_axes(self) -> tuple[str, ...]:
-        return (self.axis_name,)
-
-    @property
-    def _split_axis(self) -> str:
-        return self.axis_name
+    def _axes(self) -> tuple[dict[str, int], tuple[str, ...], str]:
+        return {self.axis_name: -1}, (self.axis_name,), self.axis_name
 
 
 @final
@@ -328,14 +301,5 @@ class MeshParallel(_MeshStrategy):
         set_("logical_rules", logical)
         set_("batch_axes", tuple(self.batch_axes))
 
-    @property
-    def _shape(self) -> dict[str, int]:
-        return dict(self.axes)
-
-    @property
-    def _batch_axes(self) -> tuple[str, ...]:
-        return tuple(self.batch_axes)
-
-    @property
-    def _split_axis(self) -> str | None:
-        return "fsdp" if self.fallback == "fsdp" else None
+    def _axes(self) -> tuple[dict[str, int], tuple[str, ...], str | None]:
+        return dict(self.axes), self.batch_axes, "fsdp" if self.fallback == "fsdp" else None
