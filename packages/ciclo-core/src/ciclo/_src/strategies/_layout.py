@@ -100,7 +100,7 @@ def layout(
         if found is not None:
             taken[found] = True
             spec, origin = rules[found][1], f"rule {short(rules[found][0])}"
-        elif name in table and logical:
+        elif name in table:
             missing = [n for n in table[name] if n is not None and n not in logical_rules]
             if missing:
                 raise ValueError(
