@@ -156,8 +156,10 @@ def test_a_bad_rule_is_refused_when_the_state_is_created(case: str) -> None:
 
 
 def test_a_bad_mesh_or_rule_table_is_refused_when_it_is_made() -> None:
-    with pytest.raises(ValueError, match="hold 8 devices, but there are 4"):
+    with pytest.raises(ValueError, match="need 8 devices, but there are 4"):
         training.managed_state("mlp", mesh((2, 2, 2)))
+    with pytest.raises(ValueError, match="need a multiple of 3 devices, but there are 4"):
+        training.managed_state("mlp", mesh((3, -1, 1)))
     assert mesh((1, -1, 2)).mesh.shape == {"data": 1, "fsdp": 2, "tensor": 2}
     with pytest.raises(ValueError, match="names the mesh axis 'model', which the mesh has not"):
         MeshParallel(axes={"data": 4}, rules=[("w", P("model"))])

@@ -133,8 +133,9 @@ def layout(
     if unused_names:
         raise ValueError(
             f"logical rule {short(unused_names[0])} matches no parameter's logical axis names "
-            f"(found: {sorted({n for v in table.values() for n in v if n is not None})}): fix or drop "
-            "it; flax's names are read by ciclo-flax (nn.with_logical_partitioning, nnx sharding= metadata)"
+            f"(found: {short(sorted({n for v in table.values() for n in v if n is not None}))}): fix or "
+            "drop it. ciclo-flax reads flax's names (nn.with_logical_partitioning, nnx sharding= metadata): "
+            "pip install ciclo-flax"
         )
     _check_biases(by_name)
 

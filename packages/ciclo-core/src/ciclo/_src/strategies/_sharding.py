@@ -61,9 +61,9 @@ class _MeshStrategy(abc.ABC):
             shape[rest[0]] = count // known
         if math.prod(shape.values()) != count:
             raise ValueError(
-                f"strategy {short(self.name)}: mesh axes {short(self._axes()[0])} hold "
-                f"{math.prod(shape.values())} devices, but there are {count}; make the sizes multiply to "
-                f"{count} (one may be -1: the rest)"
+                f"strategy {short(self.name)}: mesh axes {short(self._axes()[0])} need "
+                f"{'a multiple of ' if rest else ''}{known} devices, but there are {count}; make the sizes "
+                f"multiply to {count} (one may be -1: the rest)"
             )
         return jax.make_mesh(tuple(shape.values()), tuple(shape), axis_types=(AxisType.Auto,) * len(shape))
 
