@@ -104,6 +104,15 @@ def test_unnamed_leaves_follow_the_fallback_and_the_options_state_follows_its_pa
     assert set(replicate.values()) == {P()}
 
 
+def test_parameters_that_are_one_array_are_followed_by_their_optimizer_state() -> None:
+    strategy = MeshParallel(axes={"data": 2, "tensor": 2}, rules=[("^$", P(None, "tensor"))])
+    state = managed.ManagedState.create(
+        params=np.ones((8, 64), np.float32), tx=optax.adam(0.1), strategy=strategy
+    )
+    assert state.params.sharding.spec == state.opt_state[0].mu.sharding.spec == P(None, "tensor")
+    assert state.opt_state[0].count.sharding.spec == P()
+
+
 def test_data_parallel_and_fsdp_are_one_axis_meshes() -> None:
     state = training.managed_state("mlp", FSDP(axis_name="fsdp"))
     as_mesh = training.managed_state("mlp", MeshParallel(axes={"fsdp": -1}, batch_axes=("fsdp",)))

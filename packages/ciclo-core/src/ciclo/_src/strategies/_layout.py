@@ -144,7 +144,7 @@ def layout(
         if keys[: len(prefix)] == tuple(map(str, prefix)) and keys[len(prefix) :] in specs:
             return NamedSharding(mesh, specs[keys[len(prefix) :]][1])
         # Optimizer state, EMA, accumulated gradients: a leaf whose path ends with a parameter's, alike.
-        for start in range(len(keys)):
+        for start in range(len(keys) + 1):
             mirrored = specs.get(keys[start:])
             if mirrored is not None and mirrored[0] == shape:
                 return NamedSharding(mesh, mirrored[1])
