@@ -49,7 +49,7 @@ DOCTEST_REQUIRES = {
 }
 
 
-SHARDED_STRATEGIES = ("data_parallel", "fsdp", "pmap")
+SHARDED_STRATEGIES = ("data_parallel", "fsdp", "mesh", "pmap")
 """The strategies whose cases mean something more on several devices than on one."""
 
 
@@ -129,7 +129,7 @@ def batches() -> list[dict[str, np.ndarray]]:
     return make_batches(20)
 
 
-STRATEGIES = ["eager", "jit", "jit_donate", "data_parallel", "fsdp", "pmap"]
+STRATEGIES = ["eager", "jit", "jit_donate", "data_parallel", "fsdp", "mesh", "pmap"]
 """Every built-in strategy; `test_registry` fails when one is missing here."""
 
 

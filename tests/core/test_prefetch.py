@@ -163,7 +163,7 @@ def test_batches_are_placed_for_the_strategy_and_the_managed_step_copies_nothing
     state = training.managed_state("linear", strategy)
     for batch in ciclo.prefetch_to_device(data, size=2, strategy=state.strategy):
         x = batch[0]
-        if strategy in ("data_parallel", "fsdp"):
+        if strategy in ("data_parallel", "fsdp", "mesh"):
             assert x.sharding == NamedSharding(state.strategy.mesh, PartitionSpec("data"))
         elif strategy == "pmap":
             assert x.shape[0] == len(x.devices()) == jax.local_device_count()

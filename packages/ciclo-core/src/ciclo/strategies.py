@@ -17,6 +17,7 @@ from ciclo._src.strategies._registry import register_strategy as register_strate
 from ciclo._src.strategies._registry import strategy_names as strategy_names
 from ciclo._src.strategies._sharding import FSDP as FSDP
 from ciclo._src.strategies._sharding import DataParallel as DataParallel
+from ciclo._src.strategies._sharding import MeshParallel as MeshParallel
 
 __all__ = [
     "DataParallel",
@@ -24,6 +25,7 @@ __all__ = [
     "Eager",
     "FSDP",
     "JIT",
+    "MeshParallel",
     "PMap",
     "Strategy",
     "StrategyFactory",

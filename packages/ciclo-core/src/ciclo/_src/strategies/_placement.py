@@ -115,7 +115,11 @@ def place(tree: T, sharding_of: Callable[[tuple[int, ...]], jax.sharding.Shardin
 
     A leaf laid out over devices is resharded in place; otherwise every process passes the same values.
     """
-    shardings = jax.tree.map(lambda leaf: sharding_of(np.shape(leaf)), tree)
+    return place_as(tree, jax.tree.map(lambda leaf: sharding_of(np.shape(leaf)), tree))
+
+
+def place_as(tree: T, shardings: Any) -> T:
+    """Puts every leaf of `tree` on devices with its sharding in `shardings`, a tree of the same structure."""
     if jax.process_count() == 1:
         return cast(T, jax.device_put(tree, shardings))
     return cast(T, jax.tree.map(_place_global, tree, shardings))

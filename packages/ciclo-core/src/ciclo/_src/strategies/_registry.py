@@ -9,7 +9,7 @@ from ciclo._src.base.reprs import short
 from ciclo._src.strategies._local import JIT, Eager
 from ciclo._src.strategies._pmap import PMap
 from ciclo._src.strategies._protocols import Strategy
-from ciclo._src.strategies._sharding import FSDP, DataParallel
+from ciclo._src.strategies._sharding import FSDP, DataParallel, MeshParallel
 
 StrategyFactory = Callable[[], Strategy]
 
@@ -19,6 +19,7 @@ _strategies: dict[str, StrategyFactory] = {
     "jit_donate": lambda: JIT(donate=True),
     "data_parallel": DataParallel,
     "fsdp": FSDP,
+    "mesh": MeshParallel,
     "pmap": PMap,
 }
 _METHODS = ("create", "place", "unplace", "lift_batch", "compile")
