@@ -16,6 +16,9 @@ and the loop's history: the loop's CPU time over 100,000 steps minus that of a b
 measures ciclo 0.1.9 the same way, in that interpreter (it cannot share this
 environment: same import name).
 
+Mesh (`--only mesh`): the medium MLP on 8 CPU devices, in a subprocess: `data_parallel` against
+`MeshParallel` of shapes (8, 1, 1) (target: 0.98 of data_parallel) and (2, 2, 2).
+
 Workloads:
     tiny    MLP 32-32-10, batch 32: the step takes microseconds, so the time goes
             to Python and dispatch: this is where a loop's overhead shows.
