@@ -16,6 +16,9 @@ and the loop's history: the loop's CPU time over 100,000 steps minus that of a b
 measures ciclo 0.1.9 the same way, in that interpreter (it cannot share this
 environment: same import name).
 
+Mesh (`--only mesh`): the medium MLP on 8 CPU devices, in a subprocess: `data_parallel` against
+`MeshParallel` of shapes (8, 1, 1) (target: 0.98 of data_parallel) and (2, 2, 2).
+
 Workloads:
     tiny    MLP 32-32-10, batch 32: the step takes microseconds, so the time goes
             to Python and dispatch: this is where a loop's overhead shows.
@@ -715,6 +718,89 @@ def measure_legacy_engine(python: str, steps: int, rounds: int) -> tuple[str, li
     return str(result["version"]), [float(cost) for cost in result["costs"]]
 
 
+# ----------------------------------------------------------------------------- mesh
+
+MESH = "mesh"
+MESH_DEVICES = 8
+MESH_CHILD = "--mesh-child"
+MESH_SHAPES = {"mesh (8,1,1)": (8, 1, 1), "mesh (2,2,2)": (2, 2, 2)}
+MESH_REFERENCE = "data_parallel"
+MESH_MIN = 0.98  # target: the (8,1,1) mesh at least 0.98 of data_parallel (issue "Meshes of any shape")
+# The medium MLP's params are [(w, b), ...]: the first layer split by its output, the second by its input.
+MESH_RULES = [(r"^0/0$", (None, "tensor")), (r"^0/1$", ("tensor",)), (r"^1/0$", ("tensor", None))]
+
+
+def mesh_strategy(name: str) -> Any:
+    if name == MESH_REFERENCE:
+        return name
+    axes = dict(zip(("data", "fsdp", "tensor"), MESH_SHAPES[name], strict=True))
+    return ciclo.strategies.MeshParallel(axes=axes, rules=MESH_RULES)
+
+
+@ciclo.managed.train_step
+def mesh_step(state: Any, batch: Batch) -> tuple[ciclo.types.Logs, Any]:
+    loss, correct = loss_and_correct(state.params, batch)
+    return ciclo.logs().add_loss("loss", loss).add_metric("accuracy", correct.mean()), state
+
+
+def run_mesh_row(name: str, workload: Workload, steps: int) -> Timing:
+    """The medium MLP as a managed state under `name`'s strategy, its batches placed beforehand."""
+    params = init_state(workload)[0]
+    state = ciclo.managed.ManagedState.create(params=params, tx=TX, strategy=mesh_strategy(name))
+    x, y = numpy_data(workload)
+    b = workload.batch_size
+    batches = [state.strategy.lift_batch((x[i : i + b], y[i : i + b])) for i in range(0, len(x), b)]
+
+    def train(state: Any, n: int) -> Any:
+        for batch in itertools.islice(itertools.cycle(batches), n):
+            _logs, state = mesh_step(state, batch)
+        return state
+
+    state = jax.block_until_ready(train(state, WARMUP_STEPS))
+    return timed(lambda: train(state, steps))
+
+
+def mesh_child(steps: int, rounds: int) -> None:
+    """In the subprocess of `MESH_DEVICES` CPU devices: each row's times per round, as JSON on stdout."""
+    rows = {name: Row(name) for name in (MESH_REFERENCE, *MESH_SHAPES)}
+    for round_index in range(1, rounds + 1):
+        for name, row in rows.items():
+            progress(f"[{MESH}] round {round_index}/{rounds}: {name} ... ")
+            timing = run_mesh_row(name, WORKLOADS["medium"], steps)
+            row.wall.append(timing.wall)
+            row.cpu.append(timing.cpu)
+            progress(f"{steps / timing.wall:,.0f} steps/s\n")
+    print(json.dumps({name: [row.wall, row.cpu] for name, row in rows.items()}))
+
+
+def mesh_section(args: argparse.Namespace) -> str:
+    """The medium workload on `MESH_DEVICES` CPU devices, in a subprocess (the device count is fixed at
+    JAX's start): `data_parallel`, and `MeshParallel` of shapes (8, 1, 1) and (2, 2, 2) over
+    `("data", "fsdp", "tensor")`, each compared with `data_parallel` in the same round."""
+    steps = args.steps or WORKLOADS["medium"].default_steps
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={MESH_DEVICES}"
+    command = [sys.executable, __file__, MESH_CHILD, str(steps), str(args.rounds)]
+    done = subprocess.run(command, stdout=subprocess.PIPE, text=True, env=env)  # its progress: stderr
+    title = f"### {MESH}: medium on {MESH_DEVICES} CPU devices, {steps} steps × {args.rounds} round(s)"
+    if done.returncode != 0:
+        return f"{title}\n\nn/a: the subprocess exited {done.returncode} (its stderr is above)"
+    rows = {name: Row(name, wall, cpu) for name, (wall, cpu) in json.loads(done.stdout).items()}
+    lines = [title, "", f"| strategy | steps/s | µs/step | ratio to {MESH_REFERENCE} | IQR | target |"]
+    lines.append("|---|---:|---:|---:|---:|---|")
+    for name, row in rows.items():
+        q1, median, q3 = quartiles(paired_ratios(rows, name, [MESH_REFERENCE]))
+        verdict = ""
+        if name == "mesh (8,1,1)" and not args.smoke:
+            verdict = f"≥ {MESH_MIN:.2f}: {'met' if median >= MESH_MIN else 'MISSED'}"
+        seconds = statistics.median(row.wall)
+        lines.append(
+            f"| {name} | {steps / seconds:,.0f} | {seconds / steps * 1e6:,.1f} | {median:.3f} "
+            f"| {q1:.3f}–{q3:.3f} | {verdict} |"
+        )
+    return "\n".join(lines)
+
+
 # ----------------------------------------------------------------------------- targets
 
 
@@ -967,7 +1053,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--workloads", help="comma-separated: tiny,medium (default both; tiny alone with --smoke)"
     )
-    rows = [ENGINE, *IMPLEMENTATIONS]
+    rows = [ENGINE, MESH, *IMPLEMENTATIONS]
     parser.add_argument("--only", help=f"comma-separated rows, of: {', '.join(rows)}")
     parser.add_argument(
         "--smoke",
@@ -1079,6 +1165,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     sections = [header(PINNING if args.pin_core else f"not pinned: {PIN_FLAG} not given")]
     if ENGINE in args.only and not args.bytecodes:
         sections.append(engine_section(args))
+    if MESH in args.only and not args.bytecodes:
+        sections.append(mesh_section(args))
     names = [name for name in args.only if name in IMPLEMENTATIONS]
     for workload_name in args.workloads if names else []:
         workload = WORKLOADS[workload_name]
@@ -1097,4 +1185,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] == [MESH_CHILD]:
+        sys.exit(mesh_child(int(sys.argv[2]), int(sys.argv[3])))
     sys.exit(main())

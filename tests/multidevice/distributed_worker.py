@@ -1,8 +1,10 @@
 """One process of the 2-process `jax.distributed` test: trains, then saves what it ended with.
 
-Usage: python distributed_worker.py PROCESS_ID PORT STRATEGY MODEL OUT_NPZ [prefetch | options]
+Usage: python distributed_worker.py PROCESS_ID PORT STRATEGY MODEL OUT_NPZ [prefetch | options | BACKUP_DIR]
 
-With `prefetch`, the batches come through `ciclo.prefetch_to_device`: each process's
+STRATEGY `mesh` is `MESH`: 4 devices per process, the tensor axis inside each process and the
+data axis across the two; it then also trains `MODEL` 3 steps with a backup to BACKUP_DIR. With
+`prefetch`, the batches come through `ciclo.prefetch_to_device`: each process's
 rows are made global arrays ahead of the step, which then moves nothing. With
 `options`, MODEL is ignored: a `ciclo.types.ModelState` with every training option
 (`training.TRAINING_OPTIONS`) trains on `training.class_batches()`.
@@ -13,16 +15,24 @@ from __future__ import annotations
 import os
 import sys
 
-# Before jax is imported: each process has 2 CPU devices, whatever the parent set.
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+# Before jax is imported: each process has 2 CPU devices (4 for the mesh), whatever the parent set.
+DEVICES = 4 if sys.argv[3] == "mesh" else 2
+os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={DEVICES}"
 
 # A multi-host script imports everything first, then initializes jax.distributed: importing
 # ciclo (here through the test helpers) must not start the XLA backend.
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
+from jax.sharding import PartitionSpec as P  # noqa: E402
 from support import training  # noqa: E402
 
 import ciclo  # noqa: E402
+from ciclo import managed  # noqa: E402
+
+# training.init_mlp's layers 8 -> 64 -> 64 -> 1, split Megatron-style: the first kernel by its output
+# (its bias along), the second by its input; the rest (fallback "fsdp", no such axis) replicated.
+MESH_RULES = [(r"^0/w$", P(None, "tensor")), (r"^0/b$", P("tensor")), (r"^1/w$", P("tensor", None))]
+MESH = ciclo.strategies.MeshParallel(axes={"data": 2, "tensor": 4}, rules=MESH_RULES)
 
 jax.config.update("jax_cpu_collectives_implementation", "gloo")
 
@@ -44,6 +54,12 @@ def train_with_options(process_id: int, strategy: str, out: str) -> None:
     )
 
 
+def backup_loop(state: managed.ManagedState, rows: slice, backup: str | None) -> None:
+    """3 steps with a backup at the end, each process writing the shards its devices hold."""
+    data = [(x[rows], y[rows]) for x, y in training.batches(6)]
+    ciclo.loop(state, data, {ciclo.every(1): training.train_step}, stop=3, backup=backup)
+
+
 def main(process_id: int, port: int, strategy: str, model: str, out: str, option: str | None) -> None:
     jax.distributed.initialize(
         coordinator_address=f"127.0.0.1:{port}",
@@ -51,7 +67,7 @@ def main(process_id: int, port: int, strategy: str, model: str, out: str, option
         process_id=process_id,
         initialization_timeout=120,
     )
-    assert jax.process_count() == 2 and jax.device_count() == 4 and jax.local_device_count() == 2
+    assert jax.process_count() == 2 and jax.local_device_count() == DEVICES
     if option == "options":
         train_with_options(process_id, strategy, out)
         jax.distributed.shutdown()
@@ -59,7 +75,11 @@ def main(process_id: int, port: int, strategy: str, model: str, out: str, option
     prefetch = option == "prefetch"
 
     rows = slice(process_id * training.BATCH // 2, (process_id + 1) * training.BATCH // 2)
-    state = training.managed_state(model, strategy)
+    state = training.managed_state(model, MESH if strategy == "mesh" else strategy)
+    if strategy == "mesh":
+        # The tensor axis lies inside this process: its row of the mesh is its own devices.
+        assert {device.process_index for device in MESH.mesh.devices[process_id]} == {process_id}
+        backup_loop(state, rows, option)
     # Each process feeds only its own rows of the global batch.
     batches = [(x[rows], y[rows]) for x, y in training.batches()]
     feed = ciclo.prefetch_to_device(batches, size=2, strategy=state.strategy) if prefetch else batches

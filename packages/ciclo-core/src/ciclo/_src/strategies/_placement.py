@@ -169,12 +169,17 @@ def _name(path: tuple[Any, ...]) -> str:
     return jax.tree_util.keystr(path) or "(the root)"
 
 
-def check_divisible(batch: Any, devices: int, strategy: str, axis: int = 0) -> None:
+def check_divisible(
+    batch: Any, devices: int, strategy: str, axis: int = 0, batch_axes: tuple[str, ...] = ()
+) -> None:
+    over = f"the {devices} devices of this process"
+    if batch_axes:  # a mesh whose other axes (tensor) hold the same rows: not every device splits them
+        over = f"{devices} parts in this process (the product of its batch axes {batch_axes}, per process)"
     for path, leaf in jax.tree_util.tree_leaves_with_path(batch):
         shape = np.shape(leaf)
         if len(shape) > axis and shape[axis] % devices:
             raise ValueError(
-                f"strategy {short(strategy)} splits each batch over the {devices} devices of this process, "
+                f"strategy {short(strategy)} splits each batch over {over}, "
                 f"but batch leaf {_name(path)} has {shape[axis]} rows (shape {shape}), not a multiple of "
                 f"{devices}. Use a batch size that is a multiple of {devices} (drop or pad the last, "
                 "smaller batch), or a strategy that runs on one device such as 'jit'."

@@ -148,8 +148,10 @@ class _MeshStrategy(abc.ABC):
                     return place(batch, lambda shape: rows if len(shape) > axis else self._replicated)
             return jax.tree.map(lambda leaf: self._lift_local(leaf, rows, axis), batch)
         except ValueError:
-            split = math.prod(self.mesh.shape[a] for a in self._axes()[1] if a in self.mesh.shape)
-            check_divisible(batch, max(1, split // jax.process_count()), self.name, axis)
+            axes = tuple(a for a in self._axes()[1] if a in self.mesh.shape)
+            split = math.prod(self.mesh.shape[a] for a in axes)
+            named = axes if split != jax.device_count() else ()  # else: every device of this process
+            check_divisible(batch, max(1, split // jax.process_count()), self.name, axis, named)
             raise
 
     def _lift_local(self, leaf: Any, rows: NamedSharding, axis: int) -> jax.Array:
