@@ -142,6 +142,16 @@ def _read_settings(directory: str) -> dict[str, Any] | None:
         raise ValueError(f"cannot read the checkpoint settings in {path}: {error}") from error
 
 
+def _write_settings(directory: str, settings: dict[str, Any]) -> None:
+    text = json.dumps(settings, indent=2) + "\n"
+    path = epath(directory) / SETTINGS_FILE
+    if jax.process_index() == 0 and not (path.exists() and path.read_text() == text):
+        if "://" in directory:
+            path.write_text(text)  # object stores replace whole objects: already atomic
+        else:
+            write_atomically(os.path.join(directory, SETTINGS_FILE), text)
+
+
 def _resolve_step(manager: Any, directory: str, step: object, monitor: str | None) -> int:
     if isinstance(step, str):
         if step not in ("latest", "best"):
@@ -385,13 +395,7 @@ class Checkpoint(Callback):
                     "delete the old checkpoints"
                 )
             steps = self._enforce_keep(steps)
-        text = json.dumps(settings, indent=2) + "\n"
-        path = epath(self.directory) / SETTINGS_FILE
-        if jax.process_index() == 0 and not (path.exists() and path.read_text() == text):
-            if "://" in self.directory:
-                path.write_text(text)  # object stores replace whole objects: already atomic
-            else:
-                write_atomically(os.path.join(self.directory, SETTINGS_FILE), text)
+        _write_settings(self.directory, settings)  # without the mark of a finished run (on_end)
         self._found_newest: int | None = max(steps, default=None)
         self._newest = self._found_newest
         self._warned = False
@@ -544,8 +548,13 @@ class Checkpoint(Callback):
         self._refuse_another_run()
 
     def on_end(self, loop_state: LoopState[Any], error: BaseException | None, /) -> None:
-        """Waits for the saves in flight, also after an error or Ctrl-C."""
+        """Waits for the saves in flight, also after an error or Ctrl-C; a run that ended marks them final.
+
+        The mark (the newest step, in `ciclo_checkpoint.json`) ends `ciclo.follow_checkpoints`.
+        """
         self.wait()
+        if error is None and self._newest is not None:
+            _write_settings(self.directory, {**_settings(self.monitor, self.mode), "final": self._newest})
 
     def wait(self) -> None:
         """Blocks until the saves in flight are complete (durable, and visible to other processes)."""
