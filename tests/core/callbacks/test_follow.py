@@ -1,6 +1,7 @@
 """`ciclo.follow_checkpoints`: each complete checkpoint once, in order, with progress that survives."""
 
 import json
+import logging
 import os
 import shutil
 
@@ -80,11 +81,14 @@ def test_steps_written_while_following_are_followed_and_a_timeout_ends_it(tmp_pa
     assert followed(tmp_path, timeout=0.05, poll=0.01) == []
 
 
-def test_a_half_written_step_is_not_followed(tmp_path):
+def test_a_half_written_step_is_not_followed_and_an_empty_one_is_skipped(tmp_path, caplog):
     train(tmp_path)
     # What orbax writes before its commit renames the directory: a step under a temporary name.
     shutil.copytree(tmp_path / "6", tmp_path / "8.orbax-checkpoint-tmp-1234")
-    assert [step for step, _ in followed(tmp_path)] == [2, 4, 6]
+    (tmp_path / "5").mkdir()  # a save cut before it wrote anything
+    with caplog.at_level(logging.WARNING, logger="ciclo"):
+        assert [step for step, _ in followed(tmp_path)] == [2, 4, 6]
+    assert any("skipping the checkpoint of step 5" in record.getMessage() for record in caplog.records)
 
 
 def test_the_final_mark_is_for_a_run_that_ended_by_itself_and_a_resumed_run_clears_it(tmp_path):

@@ -141,8 +141,9 @@ def follow_checkpoints(
                 try:
                     options["step"] = step
                     state = restore_checkpoint(path, target, **options)
-                except FileNotFoundError:  # the run's `keep` deleted it meanwhile
-                    _log.warning("checkpoint of step %d deleted from %s before it was followed", step, path)
+                except FileNotFoundError:  # deleted by the run's `keep` meanwhile, or a cut save (empty)
+                    _log.warning("skipping the checkpoint of step %d in %s: deleted, or empty", step, path)
+                    done = step  # not listed again; the file records only steps evaluated
                     continue
                 yield step, state
                 done = step  # the loop body is done with it: it asked for the next
