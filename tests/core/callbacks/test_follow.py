@@ -119,7 +119,7 @@ def test_partial_restores_and_the_follower_s_arguments_are_checked(tmp_path):
     assert [float(state["extra"]) for state in states] == [-1.0] * 3
     for options, message in [
         ({"poll": 0}, "poll must be a number of seconds > 0, got 0"),
-        ({"timeout": -1.0}, "timeout must be a number of seconds >= 0"),
+        ({"timeout": -1.0}, "timeout must be None or a number of seconds >= 0, got -1.0"),
         ({"name": "../x"}, "name must be letters, digits"),
     ]:
         with pytest.raises(ValueError, match=message):

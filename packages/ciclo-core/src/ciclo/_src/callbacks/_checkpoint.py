@@ -142,14 +142,15 @@ def _read_settings(directory: str) -> dict[str, Any] | None:
         raise ValueError(f"cannot read the checkpoint settings in {path}: {error}") from error
 
 
-def _write_settings(directory: str, settings: dict[str, Any]) -> None:
-    text = json.dumps(settings, indent=2) + "\n"
-    path = epath(directory) / SETTINGS_FILE
+def _write_json(where: str, data: dict[str, Any]) -> None:
+    """Writes `data` to the file `where` from process 0, atomically, and only when it changes."""
+    text = json.dumps(data, indent=2) + "\n"
+    path = epath(where)
     if jax.process_index() == 0 and not (path.exists() and path.read_text() == text):
-        if "://" in directory:
+        if "://" in where:
             path.write_text(text)  # object stores replace whole objects: already atomic
         else:
-            write_atomically(os.path.join(directory, SETTINGS_FILE), text)
+            write_atomically(where, text)
 
 
 def _resolve_step(manager: Any, directory: str, step: object, monitor: str | None) -> int:
@@ -395,7 +396,7 @@ class Checkpoint(Callback):
                     "delete the old checkpoints"
                 )
             steps = self._enforce_keep(steps)
-        _write_settings(self.directory, settings)  # without the mark of a finished run (on_end)
+        _write_json(os.path.join(self.directory, SETTINGS_FILE), settings)  # no "final" mark (on_end)
         self._found_newest: int | None = max(steps, default=None)
         self._newest = self._found_newest
         self._warned = False
@@ -554,7 +555,8 @@ class Checkpoint(Callback):
         """
         self.wait()
         if error is None and self._newest is not None:
-            _write_settings(self.directory, {**_settings(self.monitor, self.mode), "final": self._newest})
+            final = {**_settings(self.monitor, self.mode), "final": self._newest}
+            _write_json(os.path.join(self.directory, SETTINGS_FILE), final)
 
     def wait(self) -> None:
         """Blocks until the saves in flight are complete (durable, and visible to other processes)."""

@@ -5,50 +5,22 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import re
 import time
 from collections.abc import Iterator
 from typing import TypeVar, Unpack
 
-import jax
-
-from ciclo._src.base.files import check_closed, open_own, write_atomically
+import ciclo._src.callbacks._checkpoint as checkpoints
+from ciclo._src.base.files import check_closed
 from ciclo._src.base.reprs import short
-from ciclo._src.callbacks._checkpoint import (
-    SETTINGS_FILE,
-    RestoreOptions,
-    _absolute_directory,
-    _open_manager,
-    restore_checkpoint,
-)
 from ciclo._src.resume.orbax_io import epath
 
 T = TypeVar("T")
 
 _NAME = re.compile(r"[A-Za-z0-9_-]+")
 _log = logging.getLogger("ciclo")
-
-
-def _read_done(path: str) -> int | None:
-    """The last step the follower finished (its progress file), or None before any."""
-    try:
-        if "://" in path:
-            text = epath(path).read_text()
-        else:
-            with open_own(path, "r") as file:  # never through a link
-                text = file.read()
-    except FileNotFoundError:
-        return None
-    try:
-        done = json.loads(text)["done"]
-        if isinstance(done, bool) or not isinstance(done, int):
-            raise TypeError(f"done is {short(done)}")
-    except (ValueError, TypeError, KeyError) as error:
-        raise ValueError(
-            f"cannot read the progress file {path}: {error}; delete it to evaluate every checkpoint again"
-        ) from error
-    return done
 
 
 def follow_checkpoints(
@@ -58,7 +30,7 @@ def follow_checkpoints(
     poll: float = 1.0,
     timeout: float | None = None,
     name: str = "default",
-    **options: Unpack[RestoreOptions],
+    **options: Unpack[checkpoints.RestoreOptions],
 ) -> Iterator[tuple[int, T]]:
     """Yields `(step, state)` for each checkpoint of `directory` once, in step order, as it appears.
 
@@ -108,30 +80,31 @@ def follow_checkpoints(
         4 6.0
         6 15.0
     """
-    path = _absolute_directory(directory)
+    path = checkpoints._absolute_directory(directory)
     if isinstance(poll, bool) or not isinstance(poll, (int, float)) or not poll > 0:
         raise ValueError(f"poll must be a number of seconds > 0, got {short(poll)}")
-    if timeout is not None and (
-        isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout >= 0
-    ):
-        raise ValueError(
-            f"timeout must be a number of seconds >= 0, or None to wait for the run's final checkpoint, "
-            f"got {short(timeout)}"
-        )
+    wait = math.inf if timeout is None else timeout
+    if isinstance(wait, bool) or not isinstance(wait, (int, float)) or not wait >= 0:
+        raise ValueError(f"timeout must be None or a number of seconds >= 0, got {short(timeout)}")
     if not isinstance(name, str) or not _NAME.fullmatch(name):
-        raise ValueError(
-            f"name must be letters, digits, '_' or '-' (it names the file ciclo_follow_<name>.json in "
-            f"{path}), got {short(name)}"
-        )
+        raise ValueError(f"name must be letters, digits, '_' or '-' (a file's name), got {short(name)}")
     if "step" in options:
         raise TypeError("follow_checkpoints restores every step in turn: pass no step= (partial= may be)")
-    check_closed(path, "the checkpoint directory")
-    progress = os.path.join(path, f"ciclo_follow_{name}.json")
-    done, since = _read_done(progress), time.monotonic()
-    settings = epath(path) / SETTINGS_FILE
-    with contextlib.closing(
-        _open_manager(path, keep=None, monitor=None, mode="min", async_save=False, create=False)
-    ) as manager:
+    check_closed(path, "the checkpoint directory")  # the files read below are no links
+    progress = epath(os.path.join(path, f"ciclo_follow_{name}.json"))
+    try:
+        done = json.loads(progress.read_text())["done"] if progress.exists() else None
+        if isinstance(done, bool) or not isinstance(done, int | None):
+            raise TypeError(f"done is {short(done)}")
+    except (ValueError, TypeError, KeyError) as error:
+        raise ValueError(
+            f"cannot read the progress file {progress}: {error}; delete it to evaluate every checkpoint again"
+        ) from error
+    settings, since = epath(path) / checkpoints.SETTINGS_FILE, time.monotonic()
+    manager = checkpoints._open_manager(
+        path, keep=None, monitor=None, mode="min", async_save=False, create=False
+    )
+    with contextlib.closing(manager):
         while True:
             # Read before the steps: a mark the run wrote after its last save covers every step listed.
             final = settings.exists() and "final" in json.loads(settings.read_text())
@@ -140,22 +113,17 @@ def follow_checkpoints(
             for step in new:
                 try:
                     options["step"] = step
-                    state = restore_checkpoint(path, target, **options)
+                    state = checkpoints.restore_checkpoint(path, target, **options)
                 except FileNotFoundError:  # deleted by the run's `keep` meanwhile, or a cut save (empty)
                     _log.warning("skipping the checkpoint of step %d in %s: deleted, or empty", step, path)
                     done = step  # not listed again; the file records only steps evaluated
                     continue
                 yield step, state
                 done = step  # the loop body is done with it: it asked for the next
-                if jax.process_index() == 0:
-                    text = json.dumps({"done": step}) + "\n"
-                    if "://" in path:
-                        epath(progress).write_text(text)  # object stores replace whole objects
-                    else:
-                        write_atomically(progress, text)
+                checkpoints._write_json(str(progress), {"done": step})
             if new:
                 since = time.monotonic()
-            elif final or (timeout is not None and time.monotonic() - since >= timeout):
+            elif final or time.monotonic() - since >= wait:
                 return
             else:
                 time.sleep(poll)
