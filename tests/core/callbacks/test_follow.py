@@ -110,6 +110,20 @@ def test_the_final_mark_is_for_a_run_that_ended_by_itself_and_a_resumed_run_clea
     train(tmp_path / "done")
     ciclo.checkpoint(tmp_path / "done", keep=None, resume=True).close()  # the run goes on
     assert "final" not in json.loads((tmp_path / "done" / SETTINGS_FILE).read_text())
+    # One checkpoint in two loops (two stages of a run): the mark of the first goes as the second starts.
+    ckpt = ciclo.checkpoint(tmp_path / "stages", keep=None)
+    settings = tmp_path / "stages" / SETTINGS_FILE
+
+    def look(state, batch, elapsed):
+        assert "final" not in json.loads(settings.read_text())
+        return add_batch(state, batch)
+
+    tasks = {ciclo.every(1): [add_batch], ciclo.at_step_end(ciclo.every(1)): [ckpt]}
+    state, _, elapsed = ciclo.loop(zero(), range(2), tasks)
+    assert json.loads(settings.read_text())["final"] == 2
+    tasks = {ciclo.every(1): [look], ciclo.at_step_end(ciclo.every(1)): [ckpt]}
+    ciclo.loop(state, range(2), tasks, elapsed=elapsed)
+    assert json.loads(settings.read_text())["final"] == 4
 
 
 def test_partial_restores_and_the_follower_s_arguments_are_checked(tmp_path):

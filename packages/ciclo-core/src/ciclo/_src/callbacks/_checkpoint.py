@@ -547,6 +547,7 @@ class Checkpoint(Callback):
 
     def on_start(self, loop_state: LoopState[Any], /) -> None:
         self._refuse_another_run()
+        _write_json(os.path.join(self.directory, SETTINGS_FILE), _settings(self.monitor, self.mode))
 
     def on_end(self, loop_state: LoopState[Any], error: BaseException | None, /) -> None:
         """Waits for the saves in flight, also after an error or Ctrl-C; a run that ended marks them final.
