@@ -36,6 +36,7 @@ from ciclo._src.callbacks._checkpoint import restore_checkpoint as restore_check
 from ciclo._src.callbacks._device_stats import device_stats as device_stats
 from ciclo._src.callbacks._early_stopping import early_stopping as early_stopping
 from ciclo._src.callbacks._ema import swap_ema_weights as swap_ema_weights
+from ciclo._src.callbacks._follow import follow_checkpoints as follow_checkpoints
 from ciclo._src.callbacks._keras_bar import keras_bar as keras_bar
 from ciclo._src.callbacks._loggers._csv import csv_logger as csv_logger
 from ciclo._src.callbacks._loggers._metric_writer import metric_writer_logger as metric_writer_logger
@@ -140,6 +141,7 @@ __all__ = [
     "elapse",
     "every",
     "export",
+    "follow_checkpoints",
     "fuse",
     "history",
     "hooks",

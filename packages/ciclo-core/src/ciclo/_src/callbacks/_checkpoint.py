@@ -142,6 +142,17 @@ def _read_settings(directory: str) -> dict[str, Any] | None:
         raise ValueError(f"cannot read the checkpoint settings in {path}: {error}") from error
 
 
+def _write_json(where: str, data: dict[str, Any]) -> None:
+    """Writes `data` to the file `where` from process 0, atomically, and only when it changes."""
+    text = json.dumps(data, indent=2) + "\n"
+    path = epath(where)
+    if jax.process_index() == 0 and not (path.exists() and path.read_text() == text):
+        if "://" in where:
+            path.write_text(text)  # object stores replace whole objects: already atomic
+        else:
+            write_atomically(where, text)
+
+
 def _resolve_step(manager: Any, directory: str, step: object, monitor: str | None) -> int:
     if isinstance(step, str):
         if step not in ("latest", "best"):
@@ -385,13 +396,7 @@ class Checkpoint(Callback):
                     "delete the old checkpoints"
                 )
             steps = self._enforce_keep(steps)
-        text = json.dumps(settings, indent=2) + "\n"
-        path = epath(self.directory) / SETTINGS_FILE
-        if jax.process_index() == 0 and not (path.exists() and path.read_text() == text):
-            if "://" in self.directory:
-                path.write_text(text)  # object stores replace whole objects: already atomic
-            else:
-                write_atomically(os.path.join(self.directory, SETTINGS_FILE), text)
+        _write_json(os.path.join(self.directory, SETTINGS_FILE), settings)  # no "final" mark (on_end)
         self._found_newest: int | None = max(steps, default=None)
         self._newest = self._found_newest
         self._warned = False
@@ -542,10 +547,17 @@ class Checkpoint(Callback):
 
     def on_start(self, loop_state: LoopState[Any], /) -> None:
         self._refuse_another_run()
+        _write_json(os.path.join(self.directory, SETTINGS_FILE), _settings(self.monitor, self.mode))
 
     def on_end(self, loop_state: LoopState[Any], error: BaseException | None, /) -> None:
-        """Waits for the saves in flight, also after an error or Ctrl-C."""
+        """Waits for the saves in flight, also after an error or Ctrl-C; a run that ended marks them final.
+
+        The mark (the newest step, in `ciclo_checkpoint.json`) ends `ciclo.follow_checkpoints`.
+        """
         self.wait()
+        if error is None and self._newest is not None:
+            final = {**_settings(self.monitor, self.mode), "final": self._newest}
+            _write_json(os.path.join(self.directory, SETTINGS_FILE), final)
 
     def wait(self) -> None:
         """Blocks until the saves in flight are complete (durable, and visible to other processes)."""
