@@ -147,3 +147,13 @@ def test_partial_restores_and_the_follower_s_arguments_are_checked(tmp_path):
     os.symlink(tmp_path / "ciclo_follow_default.json", tmp_path / "ciclo_follow_link.json")
     with pytest.raises(LinkError):  # a link in the directory: never followed out of it
         next(ciclo.follow_checkpoints(tmp_path, zero(), name="link"))
+
+
+def test_overwrite_removes_the_followers_progress_of_the_run_it_replaces(tmp_path):
+    train(tmp_path)
+    assert [step for step, _ in followed(tmp_path)] == [2, 4, 6]
+    (tmp_path / "notes.json").write_text("{}")  # not ciclo's: left alone
+    train(tmp_path, overwrite=True)  # a new run in the same directory
+    assert not (tmp_path / "ciclo_follow_default.json").exists()
+    assert (tmp_path / "notes.json").exists()
+    assert [step for step, _ in followed(tmp_path)] == [2, 4, 6]  # the new run's steps, all of them

@@ -8,6 +8,7 @@ import json
 import logging
 import math
 import os
+import re
 import typing
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, Final, Literal, TypedDict, TypeVar, Unpack, overload
@@ -380,8 +381,8 @@ class Checkpoint(Callback):
             for child in epath(self.directory).iterdir():
                 if child.name.isdigit() or TMP_MARK in child.name:
                     child.rmtree()
-                elif child.name == SETTINGS_FILE:
-                    child.unlink()
+                elif child.name == SETTINGS_FILE or re.fullmatch(r"ciclo_follow_[\w-]+\.json", child.name):
+                    child.unlink()  # the followers' progress belongs to the run it replaces
         self._manager: Any = None
         steps = self.all_steps()
         settings = _settings(monitor, self.mode)
