@@ -16,6 +16,7 @@ import pytest
 
 import ciclo
 from ciclo import managed
+from ciclo._src.callbacks._training_options import watch_training_options
 from ciclo._src.state.training_options import TrainingOptions, spike_stats
 
 FEATURES, CLASSES, BATCH = 4, 3, 8
@@ -95,6 +96,25 @@ def test_a_planted_spike_and_a_non_finite_step_are_skipped_exactly() -> None:
     assert stats is not None and int(stats.accepted) == len(SPIKY) - 2 and int(stats.skipped_in_a_row) == 0
 
 
+@pytest.fixture(scope="module")
+def skipped_on_jit() -> list[np.ndarray]:
+    state = make()
+    for batch in SPIKY:
+        _, state = state.train_step(batch)
+    return leaves((state.params, state.opt_state))
+
+
+@pytest.mark.parametrize("strategy", ciclo.strategies.strategy_names())
+def test_every_strategy_skips_the_same_steps(strategy: str, skipped_on_jit: list[np.ndarray]) -> None:
+    state = make(strategy=strategy)
+    for batch in SPIKY:
+        logs, state = state.train_step(batch)
+    assert int(logs.metrics.skipped_steps) == 2
+    eager = state.with_strategy("eager")
+    for actual, wanted in zip(leaves((eager.params, eager.opt_state)), skipped_on_jit, strict=True):
+        np.testing.assert_allclose(actual, wanted, rtol=1e-5, atol=1e-6)
+
+
 def test_the_run_without_the_spike_takes_the_same_steps_as_the_run_that_skipped_it() -> None:
     skipping, plain = make(), make()
     for step, batch in enumerate(SPIKY):
@@ -139,6 +159,11 @@ def test_max_consecutive_stops_a_diverging_run_with_its_error() -> None:
     assert "skipped the last 4 optimizer steps up to step 10, max_consecutive=3" in message
     assert "loss was" in message and "above its threshold" in message
     assert len(message) < 2000 and max(seen) < len(diverging)
+
+
+def test_train_loop_watches_a_guard_only_with_a_limit() -> None:
+    assert watch_training_options(make(), None) == []  # nothing runs for it at each step
+    assert len(watch_training_options(make(skip_spikes=ciclo.SpikeGuard(max_consecutive=3)), None)) == 1
 
 
 def test_a_run_that_ends_past_max_consecutive_stops_with_its_error_as_it_ends() -> None:
