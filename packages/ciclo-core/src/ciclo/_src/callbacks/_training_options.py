@@ -87,7 +87,7 @@ class TrainingOptionsWatch(Callback):
         loss_scaling: bool,
         accumulate_steps: int,
         max_skipped_steps: int | None,
-        spikes: SpikeGuard | None = None,
+        spikes: SpikeGuard | None,
     ) -> None:
         self.loss_scaling = loss_scaling
         self.accumulate_steps = accumulate_steps

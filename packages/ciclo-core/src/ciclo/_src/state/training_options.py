@@ -236,9 +236,7 @@ class TrainingOptions:
             "accumulate_steps": self.accumulate_steps,
             "ema_decay": self.ema_decay,
             "log_norms": self.log_norms,
-            "skip_spikes": None
-            if (guard := self.skip_spikes) is None
-            else {**vars(guard), "on": list(guard.on)},
+            "skip_spikes": self.skip_spikes and {**vars(self.skip_spikes), "on": list(self.skip_spikes.on)},
         }
 
     def resume_refusal(self, name: str, old: Any) -> str | None:
@@ -491,7 +489,7 @@ def keep_norms(
 
 
 def skip_spikes(
-    inner: optax.GradientTransformation, guard: SpikeGuard | None = None
+    inner: optax.GradientTransformation, guard: SpikeGuard
 ) -> optax.GradientTransformationExtraArgs:
     """Skips the optimizer steps of `inner` whose loss or gradient norm spikes (`SpikeGuard`).
 
@@ -511,9 +509,6 @@ def skip_spikes(
         0.0 1 2
         -1.0 0 3
     """
-    guard = SpikeGuard() if guard is None else guard
-    if not isinstance(guard, SpikeGuard):
-        raise TypeError(f"skip_spikes takes a ciclo.SpikeGuard, got {short(guard)}")
     inner = optax.with_extra_args_support(inner)
     warmup = guard.window if guard.warmup is None else guard.warmup
     ring = jnp.arange(guard.window)[None, :]  # the positions in the history, for its every row
