@@ -115,6 +115,13 @@ def test_every_strategy_skips_the_same_steps(strategy: str, skipped_on_jit: list
         np.testing.assert_allclose(actual, wanted, rtol=1e-5, atol=1e-6)
 
 
+def test_steps_per_execution_skips_the_same_steps(skipped_on_jit: list[np.ndarray]) -> None:
+    state, history, _ = ciclo.train_loop(make(), SPIKY, steps_per_execution=4)
+    assert history.collect("skipped") == [int(step in (SPIKE, NON_FINITE)) for step in range(len(SPIKY))]
+    for actual, wanted in zip(leaves((state.params, state.opt_state)), skipped_on_jit, strict=True):
+        np.testing.assert_allclose(actual, wanted, rtol=1e-6, atol=1e-7)
+
+
 def test_the_run_without_the_spike_takes_the_same_steps_as_the_run_that_skipped_it() -> None:
     skipping, plain = make(), make()
     for step, batch in enumerate(SPIKY):
