@@ -2,7 +2,8 @@
 
 Usage: python worker.py MODE DIRECTORY [PROCESS_ID PORT [PAUSE]]
 
-MODE is `loop` (a hand-written jitted step in `ciclo.loop`), `grain_prefetch`
+MODE is `loop` (a hand-written jitted step in `ciclo.loop`), `spikes` (a managed state with a
+`ciclo.SpikeGuard` in `train_loop`, over data with a planted spike), `grain_prefetch`
 (the same step in `ciclo.train_loop(..., prefetch=2)` over a grain iterator:
 shuffled each epoch, batched, sharded by process), `train_loop` (a flax state
 with dropout and Adam, a test loop each epoch, early stopping and a best
@@ -74,7 +75,7 @@ def regression_batches(n: int = STOP, batch: int = 16, features: int = 8):
 def save_result(params, history, process: int = 0) -> None:
     leaves = {f"param_{i}": np.asarray(leaf) for i, leaf in enumerate(jax.tree.leaves(params))}
     columns = {}
-    for key in ("loss", "loss_test", "accuracy_test", "losses.mse"):
+    for key in ("loss", "loss_test", "accuracy_test", "losses.mse", "skipped"):
         try:
             steps, values = history.collect("steps", key)
         except KeyError:
@@ -124,6 +125,36 @@ def hand_written_loop() -> None:
         backup=ciclo.backup(os.path.join(DIRECTORY, "backup"), every=announce(EVERY)),
     )
     save_result(params, history)
+
+
+def spike_guard_loop() -> None:
+    import optax
+
+    from ciclo import managed
+
+    @managed.train_step
+    def train_step(state, batch):
+        x, y = batch
+        preds = jnp.tanh(x @ state.params["w1"]) @ state.params["w2"]
+        return ciclo.logs().add_loss("loss", jnp.mean((preds - y) ** 2))
+
+    params, _ = regression_model()
+    state = managed.ManagedState.create(
+        params=params, tx=optax.adam(1e-3), skip_spikes=ciclo.SpikeGuard(window=8)
+    )
+    data = regression_batches()
+    x, y = data[45]
+    data[45] = (x, y + 100.0)  # a planted spike, judged by a resumed run with the statistics it restored
+    state, history, _ = ciclo.train_loop(
+        state,
+        data,
+        {ciclo.on_train_step: [train_step, progress]},
+        stop=STOP,
+        backup=ciclo.backup(os.path.join(DIRECTORY, "backup"), every=announce(EVERY)),
+    )
+    stats = optax.tree_utils.tree_get(state.opt_state, "SpikeStats")
+    assert history.collect("skipped")[45] == 1
+    save_result({"params": state.params, "statistics": stats}, history)
 
 
 def grain_prefetch_loop() -> None:
@@ -275,6 +306,8 @@ def distributed(strategy: str, process_id: int, port: int, pause: str) -> None:
 if __name__ == "__main__":
     if MODE == "loop":
         hand_written_loop()
+    elif MODE == "spikes":
+        spike_guard_loop()
     elif MODE == "grain_prefetch":
         grain_prefetch_loop()
     elif MODE == "train_loop":

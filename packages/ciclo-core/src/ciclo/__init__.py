@@ -81,6 +81,7 @@ from ciclo._src.state.export import load_exported as load_exported
 from ciclo._src.state.model_state import create_model_state as create_model_state
 from ciclo._src.state.preflight import preflight as preflight
 from ciclo._src.state.summary import summary as summary
+from ciclo._src.state.training_options import SpikeGuard as SpikeGuard
 
 __version__ = _version("ciclo-core")
 
@@ -126,6 +127,7 @@ def __getattr__(name: str) -> _typing.Any:
 
 __all__ = [
     "Callback",
+    "SpikeGuard",
     "__version__",
     "after",
     "always",

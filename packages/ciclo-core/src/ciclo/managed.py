@@ -29,6 +29,7 @@ from ciclo._src.state.training_options import accumulate as accumulate
 from ciclo._src.state.training_options import ema as ema
 from ciclo._src.state.training_options import keep_norms as keep_norms
 from ciclo._src.state.training_options import loss_scaling as loss_scaling
+from ciclo._src.state.training_options import skip_spikes as skip_spikes
 
 __all__ = [
     "AbstractManagedState",
@@ -45,6 +46,7 @@ __all__ = [
     "fields_with_role",
     "keep_norms",
     "loss_scaling",
+    "skip_spikes",
     "split_batch",
     "step",
     "train_step",

@@ -1,7 +1,7 @@
 """What `train_loop` watches of a managed state's training options, with no device sync per step.
 
-Under loss scaling, every `CHECK_EVERY` steps it reads the copy of the count of
-steps skipped in a row that it started at the check before, so the loop seldom waits.
+Under loss scaling, and with a `SpikeGuard(max_consecutive=N)`, every `CHECK_EVERY` steps it reads the
+copy of the counts of steps skipped in a row that it started at the check before, so the loop seldom waits.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from ciclo._src.engine.callback import Callback
 from ciclo._src.engine.loop_state import LoopState
 from ciclo._src.state.managed import AbstractManagedState
 from ciclo._src.state.precision import MIN_SCALE
+from ciclo._src.state.training_options import SpikeGuard, spike_stats
 
 _log = logging.getLogger("ciclo")
 
@@ -33,16 +34,8 @@ CHECK_EVERY: Final = 10
 
 
 @jax.jit
-def _stack(scale: jax.Array, in_a_row: jax.Array) -> jax.Array:
-    return jnp.stack([scale.reshape(-1)[0], in_a_row.reshape(-1)[0].astype(jnp.float32)])
-
-
-def _stall(state: AbstractManagedState) -> jax.Array:
-    """`[scale, steps skipped in a row]` as a fresh array (the state's are donated)."""
-    scale = state.loss_scale
-    assert scale is not None
-    stall: jax.Array = _stack(_first_copy(scale.scale), _first_copy(scale.skipped_in_a_row))
-    return stall
+def _stack(*parts: jax.Array) -> jax.Array:
+    return jnp.concatenate([part.reshape(-1).astype(jnp.float32) for part in parts])
 
 
 def _first_copy(array: Any) -> jax.Array:
@@ -57,7 +50,7 @@ def _mini_step(state: AbstractManagedState) -> int:
 
 
 def watch_training_options(state: Any, max_skipped_steps: int | None) -> list[Callback]:
-    """The watch a managed state under loss scaling or accumulation needs in `train_loop` (else none)."""
+    """The watch a managed state under loss scaling, accumulation or a spike limit needs (else none)."""
     scaling = isinstance(state, AbstractManagedState) and state.loss_scale is not None
     if max_skipped_steps is not None:
         check_int(max_skipped_steps, "max_skipped_steps", 1, " or None")
@@ -66,20 +59,25 @@ def watch_training_options(state: Any, max_skipped_steps: int | None) -> list[Ca
                 f"max_skipped_steps={short(max_skipped_steps)} counts the steps a loss scale skips, and "
                 "this state has none: it applies to a managed state created with precision='16-mixed'"
             )
-    if not isinstance(state, AbstractManagedState) or not (scaling or state.options.accumulate_steps > 1):
+    if not isinstance(state, AbstractManagedState):
+        return []
+    stats = spike_stats(state.opt_state)
+    spikes = None if stats is None or stats.guard.max_consecutive is None else stats.guard
+    if not (scaling or spikes or state.options.accumulate_steps > 1):
         return []
     return [
         TrainingOptionsWatch(
             loss_scaling=scaling,
             accumulate_steps=state.options.accumulate_steps,
             max_skipped_steps=max_skipped_steps,
+            spikes=spikes,
         )
     ]
 
 
 @final
 class TrainingOptionsWatch(Callback):
-    """Warns of a stuck float16 run and of micro-batches left unapplied; see `watch_training_options`."""
+    """Warns of a stuck float16 run and of micro-batches left unapplied, stops a run past a spike limit."""
 
     hook: ClassVar[str | None] = "on_train_batch_end"
 
@@ -89,12 +87,14 @@ class TrainingOptionsWatch(Callback):
         loss_scaling: bool,
         accumulate_steps: int,
         max_skipped_steps: int | None,
+        spikes: SpikeGuard | None,
     ) -> None:
         self.loss_scaling = loss_scaling
         self.accumulate_steps = accumulate_steps
         self.max_skipped_steps = max_skipped_steps
+        self.spikes = spikes  # a guard with a max_consecutive
         self._countdown = CHECK_EVERY
-        self._pending: tuple[int, jax.Array] | None = None  # (steps, [scale, in a row]) on its way
+        self._pending: tuple[int, jax.Array] | None = None  # (steps, `_stall`'s copy) on its way
         self._warned = False  # about the stall in progress
         self._announced: int | None = None  # the unapplied micro-batches said before the first step
 
@@ -112,7 +112,7 @@ class TrainingOptionsWatch(Callback):
 
     def __loop_callback__(self, loop_state: LoopState[Any], /) -> None:
         """Every `CHECK_EVERY` steps: judges the copy started before, starts the next."""
-        if not self.loss_scaling:
+        if not (self.loss_scaling or self.spikes):
             return
         self._countdown -= steps_of(loop_state.batch)
         if self._countdown > 0:
@@ -122,7 +122,7 @@ class TrainingOptionsWatch(Callback):
         if pending is not None:
             self._judge(pending[0], np.asarray(pending[1]), loop_state)
         if not loop_state.stop_iteration:
-            copy = _stall(loop_state.state)
+            copy = self._stall(loop_state.state)
             copy.copy_to_host_async()
             self._pending = (loop_state.elapsed.steps + steps_of(loop_state.batch), copy)
 
@@ -131,15 +131,27 @@ class TrainingOptionsWatch(Callback):
         if error is not None:
             return
         state, steps = loop_state.state, loop_state.elapsed.steps
-        if self.loss_scaling and not self._warned:
-            self._judge(steps, np.asarray(_stall(state)), None)
+        if self.spikes or (self.loss_scaling and not self._warned):
+            self._judge(steps, np.asarray(self._stall(state)), None)
         if self.accumulate_steps > 1:
             left = _mini_step(state)
             if left and left != self._announced:
                 self._warn_unapplied(left, f"ended after {steps} steps", "were not")
 
+    def _stall(self, state: AbstractManagedState) -> jax.Array:
+        """The loss scale's `[scale, in a row]`, then the guard's `[in a row, values, thresholds]`."""
+        scale, stats = state.loss_scale, spike_stats(state.opt_state)
+        parts = [] if scale is None else [scale.scale, scale.skipped_in_a_row]
+        parts += [stats.skipped_in_a_row, stats.judged] if self.spikes and stats is not None else []
+        stall: jax.Array = _stack(*map(_first_copy, parts))  # a fresh array: the state's are donated
+        return stall
+
     def _judge(self, steps: int, values: np.ndarray[Any, Any], loop_state: LoopState[Any] | None) -> None:
-        """Warns of a stall (once per stall), and stops the loop past `max_skipped_steps`."""
+        """Raises past the guard's limit; warns of a stall (once per stall), stops past max_skipped_steps."""
+        if self.spikes is not None:
+            self._check_spikes(steps, self.spikes, values[2 * self.loss_scaling :])
+        if not self.loss_scaling:
+            return
         scale, in_a_row = float(values[0]), int(values[1])
         if in_a_row == 0:
             self._warned = False
@@ -167,6 +179,27 @@ class TrainingOptionsWatch(Callback):
         if stopping:
             assert loop_state is not None
             loop_state.stop()
+
+    @staticmethod
+    def _check_spikes(steps: int, guard: SpikeGuard, values: np.ndarray[Any, Any]) -> None:
+        """Raises once the guard skipped `max_consecutive` optimizer steps in a row."""
+        in_a_row, (judged, thresholds) = int(values[0]), values[1:].reshape(2, -1)
+        limit = guard.max_consecutive
+        if limit is None or in_a_row < limit:
+            return
+        spikes = "; ".join(
+            f"{name} was {value:.6g}"
+            + (f", above its threshold {threshold:.6g}" if np.isfinite(value) else ", not finite")
+            for name, value, threshold in zip(guard.on, judged, thresholds, strict=True)
+            if not value <= threshold
+        )
+        raise RuntimeError(
+            f"train_loop: the spike guard skipped the last {in_a_row} optimizer steps up to step {steps}, "
+            f"max_consecutive={limit}; at the last, {spikes} (the mean of the last {guard.window} "
+            f"accepted steps plus factor={guard.factor:g} standard deviations). The run has diverged "
+            "or its data went bad: resume from a checkpoint before the spikes with a lower learning rate "
+            "or other data, or give ciclo.SpikeGuard a higher factor= or max_consecutive="
+        )
 
     def _warn_unapplied(self, left: int, when: str, applied: str) -> None:
         k = self.accumulate_steps

@@ -30,6 +30,7 @@ from ciclo._src.state.training_options import (
     NormsState,
     ScaledState,
     TrainingOptions,
+    skip_metrics,
     without_tx,
 )
 from ciclo._src.strategies._local import Eager
@@ -136,12 +137,7 @@ class AbstractManagedState:
 
     def step_metrics(self) -> dict[str, jax.Array]:
         """What a training step logs in `metrics` after the update: learning rate, loss scale, skips."""
-        metrics = learning_rate_logs(self.opt_state)
-        scale = self.loss_scale
-        if scale is not None:
-            metrics["loss_scale"] = scale.scale
-            metrics["skipped_steps"] = scale.skipped_steps
-        return metrics
+        return {**learning_rate_logs(self.opt_state), **skip_metrics(self.opt_state)}
 
     def with_ema_params(self) -> Self:
         """The state with its EMA weights as its parameters (a state created with `ema_decay`)."""

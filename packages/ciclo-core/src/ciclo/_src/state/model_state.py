@@ -287,6 +287,7 @@ _SETTING_OF_FIELD: Final = {
     "loss_scale": ("precision=", "the loss scale of precision='16-mixed' (loss_scale)"),
     "ema_params": ("ema_decay=", "the EMA of the weights (ema_params)"),
     "norms": ("log_norms=", "the norms log_norms keeps (norms)"),
+    "spikes": ("skip_spikes=", "the spike guard's statistics (spikes)"),
     **dict.fromkeys(
         optax.MultiStepsState._fields,
         ("accumulate_steps=", "the micro-batches optax.MultiSteps accumulates (opt_state)"),
