@@ -15,8 +15,8 @@ from ciclo.types import ModelState
 from ciclo_flax._nnx import NnxAdapter
 
 _WRAPPED = (
-    "the training options accumulate_steps, ema_decay, log_norms, skip_spikes and precision='16-mixed' wrap the "
-    "optimizer in parts of ciclo's own"
+    "the training options accumulate_steps, ema_decay, log_norms, skip_spikes and precision='16-mixed' "
+    "wrap the optimizer in parts of ciclo's own"
 )
 
 
