@@ -149,8 +149,7 @@ def _recorded(manager: Any, directory: str, step: int) -> Any:
     try:
         return manager.metrics(step)
     except ValueError as error:  # json's JSONDecodeError, UnicodeDecodeError
-        why = f"holds a record of its metrics (metrics/metrics) that is not JSON: {cut(str(error), 200)}"
-        raise _damaged(manager, directory, step, why) from error
+        raise _damaged(manager, directory, step, f"holds metrics/metrics, not JSON ({error})") from error
 
 
 def _resolve_step(manager: Any, directory: str, step: object, monitor: str | None, mode: Mode) -> int:
