@@ -990,6 +990,14 @@ def test_a_damaged_record_of_the_metrics_names_its_step_and_blocks_only_best(tmp
         np.testing.assert_array_equal(restored["w"], np.arange(1000, dtype=np.float32) * factor)
 
 
+def test_a_strict_restore_without_the_tree_metadata_reports_every_leaf_restored(tmp_path):
+    three_steps(tmp_path)
+    (tmp_path / "3" / "default" / "_METADATA").unlink()  # orbax reads the arrays without it
+    restored, report = ciclo.restore_checkpoint(tmp_path, TARGET, report=True)
+    assert sorted(report.restored) == ["b", "w"] and report.kept == report.unused == report.cast == ()
+    assert float(restored["w"][1]) == 3.0
+
+
 def test_an_empty_step_directory_is_skipped_with_a_warning(tmp_path, caplog):
     three_steps(tmp_path)
     (tmp_path / "4").mkdir()  # a save cut before it wrote anything
