@@ -595,11 +595,11 @@ def test_restoring_into_another_structure_names_the_leaves(tmp_path):
             restore(target)
         message = str(info.value)
         assert (
-            "['params']['w']: the checkpoint holds shape (4, 3) float32, the target has shape (4, 5) float32"
+            "\n  params/w: the checkpoint holds shape (4, 3) float32, the target has shape (4, 5) float32"
             in (message)
         )
-        assert "['count']: in the target ((), int32) but not in the checkpoint" in message
-        assert "['step']: in the checkpoint ((), int32) but not in the target" in message
+        assert "\n  count: in the target ((), int32) but not in the checkpoint" in message
+        assert "\n  step: in the checkpoint ((), int32) but not in the target" in message
         assert "strict" not in message and "partial_restore" not in message
     ckpt.close()
 
@@ -880,6 +880,22 @@ def test_partial_restore_casts_a_floating_leaf_keeps_another_dtype_and_restores_
     assert restored.step is target.step
 
 
+def test_a_strict_restore_reports_the_leaves_it_casts(trained):
+    """docs/resume.md: a strict restore casts every leaf to the target's dtype, listed in report.cast."""
+    state, directory = trained
+    target = model_state(**TRAINING)
+    target = target.replace(
+        params={**target.params, "head": {"w": target.params["head"]["w"].astype(jnp.bfloat16)}},
+        step=target.step.astype(jnp.int16),
+    )
+    restored, report = ciclo.restore_checkpoint(directory, target, report=True)
+    assert dict(report.cast) == {"params/head/w": "float32 to bfloat16", "step": "int32 to int16"}
+    assert report.kept == report.unused == () and "params/head/w" in report.restored
+    assert "(2 cast to the target's dtype)" in report.summary()
+    assert restored.params["head"]["w"].dtype == jnp.bfloat16 and restored.step.dtype == jnp.int16
+    assert int(restored.step) == int(state.step)
+
+
 @pytest.mark.parametrize(
     ("differs", "option"),
     [
@@ -958,6 +974,28 @@ def test_a_damaged_checkpoint_names_the_step_its_files_and_the_steps_that_open(t
     assert len(message) < 2000 and "tensorstore_spec" not in message
     restored = ciclo.restore_checkpoint(tmp_path, TARGET, step=2)  # an intact step still restores
     np.testing.assert_array_equal(restored["w"], np.arange(1000, dtype=np.float32) * 2)
+
+
+def test_a_damaged_record_of_the_metrics_names_its_step_and_blocks_only_best(tmp_path):
+    three_steps(tmp_path, monitor="accuracy")
+    (tmp_path / "2" / "metrics" / "metrics").write_text("{not json")
+    with pytest.raises(ValueError) as error:
+        ciclo.restore_checkpoint(tmp_path, TARGET, step="best")
+    message = str(error.value)
+    assert message.startswith(f"the checkpoint of step 2 in {tmp_path} is damaged: {tmp_path / '2'} ")
+    assert "metrics/metrics" in message and "not JSON" in message
+    assert message.endswith("restore another step with step=N: the files of steps [1, 3] open")
+    for step, factor in (("latest", 3), (1, 1), (2, 2)):  # the arrays are intact: those restores read them
+        restored = ciclo.restore_checkpoint(tmp_path, TARGET, step=step)
+        np.testing.assert_array_equal(restored["w"], np.arange(1000, dtype=np.float32) * factor)
+
+
+def test_a_strict_restore_without_the_tree_metadata_reports_every_leaf_restored(tmp_path):
+    three_steps(tmp_path)
+    (tmp_path / "3" / "default" / "_METADATA").unlink()  # orbax reads the arrays without it
+    restored, report = ciclo.restore_checkpoint(tmp_path, TARGET, report=True)
+    assert sorted(report.restored) == ["b", "w"] and report.kept == report.unused == report.cast == ()
+    assert float(restored["w"][1]) == 3.0
 
 
 def test_an_empty_step_directory_is_skipped_with_a_warning(tmp_path, caplog):

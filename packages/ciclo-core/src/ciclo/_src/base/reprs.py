@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import reprlib
+from collections.abc import Sequence
 from typing import Any
 
 LIMIT = 300
@@ -60,3 +61,23 @@ def cut(text: str, limit: int = LIMIT) -> str:
         return text
     head = (limit - 3) // 2
     return text[:head] + "..." + text[len(text) - (limit - 3 - head) :]
+
+
+def key_names(path: Sequence[Any]) -> tuple[str, ...]:
+    """A pytree path's keys as strings (jax's key path or names; orbax stores dataclasses as dicts)."""
+    return tuple(str(getattr(key, "key", getattr(key, "idx", getattr(key, "name", key)))) for key in path)
+
+
+def path_name(path: Sequence[Any]) -> str:
+    """A state's leaf as ciclo names it: its keys joined by "/", without a last `value` (nnx variables).
+
+    The one spelling of `ciclo.summary`, restore reports, structure errors and mesh rules.
+
+    Example:
+        >>> import jax
+        >>> tree = {"dense": {"kernel": 1}, "out": {"bias": {"value": 2}}}
+        >>> [path_name(path) for path, _ in jax.tree_util.tree_leaves_with_path(tree)]
+        ['dense/kernel', 'out/bias']
+    """
+    names = key_names(path)
+    return "/".join(names[:-1] if len(names) > 1 and names[-1] == "value" else names)

@@ -21,7 +21,7 @@ from ciclo._src.base.checks import check_bool, check_directory, check_int
 from ciclo._src.base.elapsed import Elapsed
 from ciclo._src.base.files import check_closed, write_atomically
 from ciclo._src.base.finite import all_finite
-from ciclo._src.base.reprs import cut, short
+from ciclo._src.base.reprs import cut, key_names, short
 from ciclo._src.base.roles import params_field
 from ciclo._src.base.types import CallbackOutput
 from ciclo._src.callbacks._monitor import (
@@ -49,6 +49,7 @@ from ciclo._src.resume.orbax_io import (
     orbax,
     partial_restore,
     restore_everywhere,
+    sort_leaves,
     stored_tree,
 )
 from ciclo._src.resume.signals import held_interrupts
@@ -115,6 +116,7 @@ def _open_manager(
         item_handlers=ocp.PyTreeCheckpointHandler() if partial else ocp.StandardCheckpointHandler(),
         async_save=async_save,
         create=create,
+        lightweight_initialize=not create,  # a reader opens without the metrics (a damaged one: "best")
         # best_fn and best_mode still drive `best_step()` and whether metrics are written.
         best_fn=best_fn,
         best_mode=mode,
@@ -154,7 +156,15 @@ def _write_json(where: str, data: dict[str, Any]) -> None:
             write_atomically(where, text)
 
 
-def _resolve_step(manager: Any, directory: str, step: object, monitor: str | None) -> int:
+def _recorded(manager: Any, directory: str, step: int) -> Any:
+    """The metrics orbax recorded with `step`; a file that is not JSON is a damaged step."""
+    try:
+        return manager.metrics(step)
+    except ValueError as error:  # json's JSONDecodeError, UnicodeDecodeError
+        raise _damaged(manager, directory, step, f"holds metrics/metrics, not JSON ({error})") from error
+
+
+def _resolve_step(manager: Any, directory: str, step: object, monitor: str | None, mode: Mode) -> int:
     if isinstance(step, str):
         if step not in ("latest", "best"):
             raise ValueError(f"step must be an int, 'latest' or 'best', got {short(step)}")
@@ -176,14 +186,16 @@ def _resolve_step(manager: Any, directory: str, step: object, monitor: str | Non
                 "without `monitor`; restore step='latest' or a step number instead"
             )
         # Every save records the monitored value: a step without one was damaged, or saved without it.
-        have = [s for s in steps if isinstance(got := manager.metrics(s), Mapping) and monitor in got]
-        if have != steps:
+        records = {s: _recorded(manager, directory, s) for s in steps}
+        have = {s: got for s, got in records.items() if isinstance(got, Mapping) and monitor in got}
+        if list(have) != steps:
             raise ValueError(
                 f"step='best' ranks the checkpoints in {directory} by {short(monitor)}, but steps "
                 f"{short(sorted(set(steps) - set(have)))} hold no readable value of it (steps that do: "
-                f"{short(have)}); restore one of those with step=N, or step='latest'"
+                f"{short(list(have))}); restore one of those with step=N, or step='latest'"
             )
-        return int(manager.best_step())
+        rank, sign = _rank_fn(monitor, mode), -1.0 if mode == "min" else 1.0
+        return max(steps, key=lambda s: (sign * rank(have[s]), s))  # among equals, the newest (orbax's)
     if step not in steps:
         raise FileNotFoundError(
             f"no checkpoint for step {step} in {directory}; steps present: {short(steps)}"
@@ -258,7 +270,7 @@ def _restore_in(
         directory, keep=None, monitor=monitor, mode=mode, async_save=False, create=False, partial=partial
     )
     with contextlib.closing(reader) as manager:
-        resolved = _resolve_step(manager, directory, step, monitor)
+        resolved = _resolve_step(manager, directory, step, monitor, mode)
         # orbax's StandardSave takes only containers, so a single-leaf state is saved as {"state": leaf}.
         wrapped = is_single_leaf(target)
         item = {"state": target} if wrapped else target
@@ -284,10 +296,8 @@ def _restore_in(
         if partial:
             found = dataclasses.replace(found, params_from=params_from)
             announce("ciclo: restored the checkpoint %s partially: %s", where, found.summary())
-        else:
-            leaves = jax.tree_util.tree_leaves_with_path(item)
-            names = tuple(jax.tree_util.keystr(path, simple=True, separator="/") for path, _ in leaves)
-            found = RestoreReport(resolved, names, (), ())
+        else:  # every leaf, cast to the target's dtype
+            found = sort_leaves(resolved, stored, item, any_dtype=True)[1]
     result = typing.cast(T, result["state"] if wrapped else result)
     return (result, found) if report else result
 
@@ -314,7 +324,7 @@ def _source_of(
             f"{' (the EMA of the weights: train with ema_decay=, e.g. 0.999)' if ema else ''}; restore "
             f"without params_from to read its {name}"
         )
-    source = jax.tree_util.keystr(found[0], simple=True, separator="/").split("/")
+    source = key_names(found[0])
     own = (*prefix, name)
     size = len(own)
     return lambda path: (*prefix, *source, *path[size:]) if path[:size] == own else path

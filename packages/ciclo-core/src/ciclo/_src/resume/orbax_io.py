@@ -18,7 +18,7 @@ from typing import Any, final
 import jax
 import numpy as np
 
-from ciclo._src.base.reprs import cut, short
+from ciclo._src.base.reprs import cut, key_names, path_name, short
 from ciclo._src.state.managed import AbstractManagedState
 
 _log = logging.getLogger("ciclo")
@@ -264,13 +264,8 @@ def _install_exit_hook() -> None:
     threading._register_atexit(_finish_saves_at_exit)  # type: ignore[attr-defined]
 
 
-def _names(path: Any) -> tuple[str, ...]:
-    """A tree path as its key names: orbax stores a dataclass or a NamedTuple as a dict of its fields."""
-    return tuple(str(getattr(key, "key", getattr(key, "idx", getattr(key, "name", key)))) for key in path)
-
-
-def _leaf_table(tree: Any) -> dict[tuple[str, ...], tuple[str, Any, Any]]:
-    """`{path names: (printable path, shape, dtype)}` of a tree's leaves."""
+def _leaf_table(tree: Any) -> dict[tuple[str, ...], tuple[Any, Any]]:
+    """`{path's key names: (shape, dtype)}` of a tree's leaves (`path_name` prints a path)."""
     table = {}
     for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
         shape, dtype = getattr(leaf, "shape", None), getattr(leaf, "dtype", None)
@@ -281,11 +276,7 @@ def _leaf_table(tree: Any) -> dict[tuple[str, ...], tuple[str, Any, Any]]:
             # orbax stores a typed key (an nnx module's rng streams) as its raw uint32 data.
             data = jax.eval_shape(jax.random.key_data, leaf)
             shape, dtype = data.shape, data.dtype
-        table[_names(path)] = (
-            jax.tree_util.keystr(path) or "<root>",
-            tuple(shape),
-            np.dtype(dtype) if dtype is not None else None,
-        )
+        table[key_names(path)] = (tuple(shape), np.dtype(dtype) if dtype is not None else None)
     return table
 
 
@@ -328,11 +319,12 @@ def check_structure(
         else:
             explained.setdefault(reason[0], (reason[1], []))[1].append(problem)
 
-    for path, (name, shape, dtype) in wanted.items():
+    for path, (shape, dtype) in wanted.items():
+        name = path_name(path) or "<root>"
         if path not in stored_table:
             one_side(path, f"{name}: in the target ({shape}, {dtype}) but not in {kind}")
             continue
-        _, stored_shape, stored_dtype = stored_table[path]
+        stored_shape, stored_dtype = stored_table[path]
         if stored_shape != shape:
             problems.append(
                 f"{name}: {kind} holds shape {stored_shape} {stored_dtype}, "
@@ -343,8 +335,9 @@ def check_structure(
                 f"{name}: {kind} holds dtype {stored_dtype} (shape {stored_shape}), "
                 f"the target has dtype {dtype}"
             )
-    for path, (name, shape, dtype) in stored_table.items():
+    for path, (shape, dtype) in stored_table.items():
         if path not in wanted:
+            name = path_name(path) or "<root>"
             one_side(path, f"{name}: in {kind} ({shape}, {dtype}) but not in the target")
     count = len(problems) + sum(len(examples) for _, examples in explained.values())
     if not count:
@@ -378,7 +371,7 @@ def check_device_axis(stored: Any, target: Any, kind: str, where: str) -> None:
     found = _leaf_table(stored).get(("step",))
     if found is None:
         return
-    saved_shape, target_shape = found[1], np.shape(target.step)
+    saved_shape, target_shape = found[0], np.shape(target.step)
     saved = saved_shape[0] if len(saved_shape) == 1 else None
     wanted = target_shape[0] if len(target_shape) == 1 else None
     if saved == wanted:
@@ -422,12 +415,13 @@ def abstract(tree: Any) -> Any:
 @final
 @dataclasses.dataclass(frozen=True)
 class RestoreReport:
-    """What a partial restore (`ciclo.restore_checkpoint(..., partial=True, report=True)`) did, leaf by leaf.
+    """What a restore (`ciclo.restore_checkpoint(..., report=True)`) did, leaf by leaf.
 
     Attributes:
         step: the checkpoint's step.
-        restored: the target's leaves read from the checkpoint (paths "/"-joined,
-            as `ciclo.summary` names modules: `params/head/w`).
+        restored: the target's leaves read from the checkpoint, named as
+            `ciclo.summary` and ciclo's errors name them: "/"-joined, without
+            an nnx variable's last `value` (`params/head/w`).
         kept: `(leaf, reason)` for each leaf of the target left as it was.
         unused: the checkpoint's leaves that no leaf of the target took.
         params_from: the checkpoint's field the parameters were read from, or None.
@@ -470,52 +464,62 @@ class RestoreReport:
         return "\n".join(lines)
 
 
-def partial_restore(
-    manager: Any,
-    step: int,
-    stored: Any,
-    target: Any,
-    *,
-    source: Callable[[tuple[str, ...]], tuple[str, ...]],
-) -> tuple[Any, RestoreReport]:
-    """Restores the leaves of `target` found in the checkpoint with their shape; keeps the others.
+Source = Callable[[tuple[str, ...]], tuple[str, ...]]
+"""`source(path)`: where the target's leaf at `path` (its key names) is in the checkpoint."""
 
-    A leaf of another floating dtype is cast to the target's; of another dtype
-    otherwise, kept. `manager` has orbax's `PyTreeCheckpointHandler`: only the
-    leaves taken are read. `source(path)`: where the leaf at `path` is in the
-    checkpoint (whose tree's metadata is `stored`).
+
+def sort_leaves(
+    step: int, stored: Any, target: Any, source: Source = lambda path: path, *, any_dtype: bool = False
+) -> tuple[dict[tuple[str, ...], Any], RestoreReport]:
+    """The leaves of `target` a restore takes (`{path in the checkpoint: abstract leaf}`), and its report.
+
+    A leaf of another shape or missing is kept; of another dtype, cast to the
+    target's where both are floating or `any_dtype` (a strict restore casts
+    every leaf), else kept. `stored` (the checkpoint's metadata tree) None: the
+    restore read the target's tree, casts unknown.
     """
-    stored_table = _leaf_table(stored)
-    values, treedef = jax.tree.flatten(target)
     targets = _leaf_table(target)
+    stored_table = targets if stored is None else _leaf_table(stored)
     take: dict[tuple[str, ...], Any] = {}
     restored, kept, cast = [], [], []
-    for (path, (_, shape, dtype)), leaf in zip(
-        targets.items(), jax.tree.leaves(abstract(target)), strict=True
-    ):
-        name, found = "/".join(path), stored_table.get(source(path))  # one spelling, ciclo.summary's
+    for (path, (shape, dtype)), leaf in zip(targets.items(), jax.tree.leaves(abstract(target)), strict=True):
+        name, found = path_name(path), stored_table.get(source(path))
         if found is None:
             kept.append((name, "missing in the checkpoint"))
-        elif found[1] != shape:
-            kept.append((name, f"other shape: the checkpoint's {found[1]}, the target's {shape}"))
-        elif found[2] != dtype and not all(
-            jax.numpy.issubdtype(k, jax.numpy.floating) for k in (found[2], dtype)
+        elif found[0] != shape:
+            kept.append((name, f"other shape: the checkpoint's {found[0]}, the target's {shape}"))
+        elif (
+            found[1] != dtype
+            and not any_dtype
+            and not all(jax.numpy.issubdtype(k, jax.numpy.floating) for k in (found[1], dtype))
         ):
-            kept.append((name, f"other dtype: the checkpoint's {found[2]}, the target's {dtype}"))
+            kept.append((name, f"other dtype: the checkpoint's {found[1]}, the target's {dtype}"))
         else:
             take[source(path)] = leaf
             restored.append(name)
-            cast += [(name, f"{found[2]} to {dtype}")] if found[2] != dtype else []
-    unused = tuple("/".join(path) for path in stored_table if path not in take)
+            cast += [(name, f"{found[1]} to {dtype}")] if found[1] != dtype else []
+    unused = tuple(path_name(path) for path in stored_table if path not in take)
+    return take, RestoreReport(step, tuple(restored), tuple(kept), unused, cast=tuple(cast))
+
+
+def partial_restore(
+    manager: Any, step: int, stored: Any, target: Any, *, source: Source
+) -> tuple[Any, RestoreReport]:
+    """Restores the leaves of `target` found in the checkpoint (`sort_leaves`); keeps the others.
+
+    `manager` has orbax's `PyTreeCheckpointHandler`: only the leaves taken are
+    read. `stored`: the checkpoint's metadata tree.
+    """
+    take, report = sort_leaves(step, stored, target, source)
+    values, treedef = jax.tree.flatten(target)
     if take:
         ocp = orbax()
-        item = jax.tree_util.tree_map_with_path(lambda p, _: take.get(_names(p), ocp.PLACEHOLDER), stored)
+        item = jax.tree_util.tree_map_with_path(lambda p, _: take.get(key_names(p), ocp.PLACEHOLDER), stored)
         restore_args = ocp.checkpoint_utils.construct_restore_args(item)
         read = restore_everywhere(manager, step, ocp.args.PyTreeRestore(item, restore_args=restore_args))
-        read_leaves = {_names(p): leaf for p, leaf in jax.tree_util.tree_leaves_with_path(read)}
+        read_leaves = {key_names(p): leaf for p, leaf in jax.tree_util.tree_leaves_with_path(read)}
         values = [
             read_leaves[source(path)] if source(path) in take else leaf
-            for path, leaf in zip(targets, values, strict=True)
+            for path, leaf in zip(_leaf_table(target), values, strict=True)
         ]
-    report = RestoreReport(step, tuple(restored), tuple(kept), unused, cast=tuple(cast))
     return jax.tree_util.tree_unflatten(treedef, values), report

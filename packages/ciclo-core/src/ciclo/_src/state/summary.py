@@ -10,6 +10,7 @@ from typing import IO, Any, NamedTuple
 import jax
 from jax.sharding import NamedSharding
 
+from ciclo._src.base.reprs import path_name
 from ciclo._src.base.roles import Role, fields_with_role
 from ciclo._src.state.managed import AbstractManagedState
 
@@ -35,8 +36,8 @@ class Leaf(NamedTuple):
     spec: str  # "single device", "replicated", or the `PartitionSpec` of a split array
 
     def key(self, start: int, stop: int | None = None) -> str:
-        """The "/"-joined keys of `path[start:stop]`."""
-        return jax.tree_util.keystr(self.path[start:stop], simple=True, separator="/")
+        """The "/"-joined keys of `path[start:stop]` (`path_name`)."""
+        return path_name(self.path[start:stop])
 
 
 def _leaf(path: tuple[Any, ...], shape: Any, leaf: Any) -> Leaf:

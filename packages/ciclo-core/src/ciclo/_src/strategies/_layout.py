@@ -12,7 +12,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from ciclo._src.base.reprs import short
+from ciclo._src.base.reprs import path_name, short
 from ciclo._src.base.roles import Role, fields_with_role
 
 LOGICAL_AXES_GROUP = "ciclo.logical_axes"
@@ -22,19 +22,6 @@ _TYPED = (jax.Array, np.ndarray, np.generic, jax.ShapeDtypeStruct)
 
 _KERNELS = {"kernel": -1, "w": -1, "weight": 0}
 """A bias's sibling weights by name, and which of their dimensions is the output (flax, haiku, equinox)."""
-
-
-def path_name(path: tuple[Any, ...]) -> str:
-    """A leaf's path as rules match it: its keys joined by `"/"`, without a last `.value` (flax boxes, nnx).
-
-    Example:
-        >>> import jax
-        >>> [path_name(path) for path, _ in jax.tree_util.tree_leaves_with_path({"dense": {"kernel": 1}})]
-        ['dense/kernel']
-    """
-    if path and isinstance(path[-1], jax.tree_util.GetAttrKey) and path[-1].name == "value":
-        path = path[:-1]
-    return jax.tree_util.keystr(path, simple=True, separator="/")
 
 
 def _axes(entry: Any) -> tuple[str, ...]:
