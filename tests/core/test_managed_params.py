@@ -16,13 +16,13 @@ from ciclo import managed
 def test_a_function_leaf_in_params_is_refused_before_optax(strategy: str) -> None:
     params = {"w": jnp.ones(2), "activation": jax.nn.relu}
     # Without the check optax fails inside zeros_like ("... got custom_jvp").
-    with pytest.raises(TypeError, match=r"params\['activation'\] is .*not an array.*static field"):
+    with pytest.raises(TypeError, match=r"params/activation is .*not an array.*static field"):
         managed.ManagedState.create(params=params, tx=optax.adam(1e-3), strategy=strategy)
 
 
 def test_the_error_counts_the_other_leaves() -> None:
     params = [jnp.ones(2), "relu", len]
-    with pytest.raises(TypeError, match=r"params\[1\] is 'relu' \(and 1 more leaves\)"):
+    with pytest.raises(TypeError, match=r"params/1 is 'relu' \(and 1 more leaves\)"):
         managed.ManagedState.create(params=params, tx=optax.sgd(0.1))
 
 
@@ -34,7 +34,7 @@ def test_an_adapter_that_returns_a_function_leaf_is_refused(strategy: str) -> No
         def apply(self, params, model_state, inputs, *, key, training):
             return params["activation"](inputs @ params["w"]), model_state
 
-    with pytest.raises(TypeError, match=r"params\['activation'\] is"):
+    with pytest.raises(TypeError, match=r"params/activation is"):
         ciclo.create_model_state(
             WithActivation(), inputs=jnp.ones((1, 2)), tx=optax.sgd(0.1), strategy=strategy
         )

@@ -188,7 +188,7 @@ class ToModelInTraining(Good):
         (CountingInit(), {}, "init_key", "init gave other params for the same key"),
         (UnseededNumpyInit(), {}, "init_key", "init gave other params for the same key"),
         (FixedKeyInit(), {}, "init_key", "init gave the same params for two keys"),
-        (PythonScalarParam(), {}, "init_kinds", "['temperature']"),
+        (PythonScalarParam(), {}, "init_kinds", "[('temperature', '1.0')]"),
         (IntegerParam(), {}, "init_kinds", "not floating point"),
         (DropoutInEvaluation(), {}, "deterministic_evaluation", "for two keys"),
         (

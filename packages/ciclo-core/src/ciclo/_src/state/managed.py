@@ -16,7 +16,7 @@ import optax
 from typing_extensions import dataclass_transform
 
 from ciclo._src.base.batches import Stacked, is_stacked
-from ciclo._src.base.reprs import short
+from ciclo._src.base.reprs import path_name, short
 from ciclo._src.base.roles import Role, field, fields_with_role, params_field
 from ciclo._src.data.fused import as_logs_and_state, scan_steps
 from ciclo._src.logs.logs import PERFORMANCE, Entries, Logs
@@ -343,7 +343,7 @@ def check_params(params: Any) -> None:
     path, leaf = found[0]
     more = f" (and {len(found) - 1} more leaves)" if len(found) > 1 else ""
     raise TypeError(
-        f"params{jax.tree_util.keystr(path)} is {short(leaf)}{more}, not an array: optax cannot train it "
+        f"params/{path_name(path)} is {short(leaf)}{more}, not an array: optax cannot train it "
         "and jax.jit cannot take it. Train only the arrays and keep the rest in a static field: for an "
         "equinox module, ciclo.create_equinox_state(model, ...) does it; by hand, "
         "`params, static = eqx.partition(model, eqx.is_array)`, a field "

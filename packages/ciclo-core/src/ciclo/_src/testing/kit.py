@@ -18,7 +18,7 @@ import numpy as np
 import optax
 
 from ciclo._src.base.elapsed import Elapsed
-from ciclo._src.base.reprs import short
+from ciclo._src.base.reprs import path_name, short
 from ciclo._src.base.schedules import every
 from ciclo._src.base.types import ModelAdapter, SupportsToModel
 from ciclo._src.loops.predefined import train_loop
@@ -310,7 +310,7 @@ class Kit:
             raise Failed(f"{source} gave params with no leaves: {short(params)}", "return the trained arrays")
         for name, tree in (("params", params), ("model_state", model_state)):
             odd = [
-                (jax.tree_util.keystr(path), short(leaf))
+                (path_name(path), short(leaf))
                 for path, leaf in jax.tree_util.tree_leaves_with_path(tree)
                 if not isinstance(leaf, (jax.Array, np.ndarray))
             ]
@@ -320,7 +320,7 @@ class Kit:
                     f"make every leaf of {name} a jax array (jnp.asarray); keep settings in the adapter",
                 )
         integral = [
-            jax.tree_util.keystr(path)
+            path_name(path)
             for path, leaf in jax.tree_util.tree_leaves_with_path(params)
             if not jnp.issubdtype(leaf.dtype, jnp.floating)
         ]
