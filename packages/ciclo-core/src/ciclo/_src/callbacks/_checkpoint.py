@@ -34,6 +34,7 @@ from ciclo._src.callbacks._monitor import (
 from ciclo._src.engine.callback import Callback
 from ciclo._src.logs.logs import LogsLike
 from ciclo._src.resume.backup import _MARKER as BACKUP_MARKER
+from ciclo._src.resume.backup import saving
 from ciclo._src.resume.orbax_io import (
     TMP_MARK,
     RestoreReport,
@@ -437,6 +438,7 @@ class Checkpoint(Callback):
             f"mode={self.mode!r}, async_save={self.async_save!r}, overwrite={self.overwrite!r})"
         )
 
+    @saving()  # `ciclo.watchdog` does not count its blocking work as a hang
     def save(self, step: int, state: Any, logs: LogsLike | None = None) -> None:
         """Saves `state` as the checkpoint of `step` (the updates it holds), unless already saved.
 
@@ -547,6 +549,7 @@ class Checkpoint(Callback):
         """Waits for the saves in flight, also after an error or Ctrl-C."""
         self.wait()
 
+    @saving()  # `ciclo.watchdog` does not count its blocking work as a hang
     def wait(self) -> None:
         """Blocks until the saves in flight are complete (durable, and visible to other processes)."""
         if self._manager is not None:

@@ -1,0 +1,153 @@
+"""`ciclo.watchdog`: a thread that ends a hung run with an exit code a requeue loop recognises."""
+
+from __future__ import annotations
+
+import contextlib
+import faulthandler
+import os
+import sys
+import threading
+import time
+from typing import TYPE_CHECKING, Any, ClassVar, final
+
+import jax
+
+from ciclo._src.base.checks import check_int
+from ciclo._src.base.reprs import short
+from ciclo._src.engine.callback import Callback
+from ciclo._src.resume.backup import saving_since
+
+if TYPE_CHECKING:
+    from ciclo._src.engine.loop_state import LoopState
+
+FILE = "ciclo_watchdog.{}.txt"  # beside the backups, one per process: the stacks of each hang, appended
+
+
+def _seconds(value: Any, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ValueError(f"{name} must be a number of seconds > 0, got {short(value)}")
+    return float(value)
+
+
+@final
+class Watchdog(Callback):
+    """Ends the process with `exit_code` when no step commits in time; create it with `ciclo.watchdog`."""
+
+    hook: ClassVar[str | None] = "on_train_begin"
+
+    def __init__(
+        self,
+        step_timeout: float,
+        startup_timeout: float,
+        exit_code: int,
+        save_timeout: float | None,
+        directory: str | None = None,
+    ) -> None:
+        self.step_timeout, self.startup_timeout = step_timeout, startup_timeout
+        self.exit_code, self.save_timeout, self.directory = exit_code, save_timeout, directory
+        self._done = threading.Event()
+
+    def __repr__(self) -> str:
+        return (
+            f"ciclo.watchdog(step_timeout={self.step_timeout}, startup_timeout={self.startup_timeout}, "
+            f"exit_code={self.exit_code}, save_timeout={self.save_timeout})"
+        )
+
+    def beside(self, directory: str) -> Watchdog:
+        """This watchdog writing its file in `directory` (a loop's backup directory) unless it has one."""
+        found = self.directory or directory
+        return Watchdog(self.step_timeout, self.startup_timeout, self.exit_code, self.save_timeout, found)
+
+    def on_start(self, loop_state: LoopState[Any], /) -> None:
+        self._done = threading.Event()
+        # Under several processes JAX aborts (134) a process whose peer stopped its heartbeats after ~100 s.
+        bound = self.save_timeout or (80.0 if jax.process_count() > 1 else 600.0)
+        args = (loop_state, self._done, bound)
+        threading.Thread(target=self._watch, args=args, name="ciclo-watchdog", daemon=True).start()
+
+    def on_end(self, loop_state: LoopState[Any], error: BaseException | None, /) -> None:
+        self._done.set()
+
+    def _watch(self, loop_state: LoopState[Any], done: threading.Event, save_bound: float) -> None:
+        steps, deadline, why = loop_state.steps, time.monotonic() + self.startup_timeout, "startup"
+        while not done.wait(min(1.0, self.step_timeout / 4)):
+            now, committed, since = time.monotonic(), loop_state.steps, saving_since()
+            if committed != steps:
+                steps, deadline, why = committed, now + self.step_timeout, "step"
+            elif since is not None and now - since < save_bound:  # a save's blocking work: not a hang
+                deadline = max(deadline, now + self.step_timeout)
+            elif since is not None:
+                return self._fire(steps, f"a save blocked for more than save_timeout={save_bound:g} s")
+            elif now > deadline:
+                timeout = self.startup_timeout if why == "startup" else self.step_timeout
+                first = "the first step" if why == "startup" else "a step"
+                return self._fire(steps, f"{first} did not commit within {timeout:g} s")
+        return None
+
+    def _fire(self, steps: int, why: str) -> None:
+        process = jax.process_index()
+        head = (
+            f"ciclo.watchdog: {why} (process {process}, last committed step {steps}, "
+            f"{time.strftime('%Y-%m-%d %H:%M:%S')}): the stacks of every thread follow; exiting with "
+            f"code {self.exit_code} so that a requeue loop restarts the run from its last backup\n"
+        )
+        # Python's streams are flushed aside: a main thread stuck writing to one holds its lock.
+        flush = threading.Thread(target=lambda: [s.flush() for s in (sys.stdout, sys.stderr)], daemon=True)
+        flush.start()
+        flush.join(5.0)
+        descriptors = [2]  # stderr, below Python's streams
+        if self.directory is not None:
+            path = os.path.join(self.directory, FILE.format(process))
+            flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_NOFOLLOW", 0)
+            with contextlib.suppress(OSError):
+                descriptors.append(os.open(path, flags, 0o644))
+        for descriptor in descriptors:
+            os.write(descriptor, head.encode())
+            faulthandler.dump_traceback(descriptor, all_threads=True)
+        os._exit(self.exit_code)
+
+
+def watchdog(
+    *,
+    step_timeout: float,
+    startup_timeout: float = 1800.0,
+    exit_code: int = 124,
+    save_timeout: float | None = None,
+) -> Watchdog:
+    """Ends a hung run: when no step commits in time, dumps every thread's stack and exits with `exit_code`.
+
+    A daemon thread reads the loop's committed step count. When it has not
+    moved for `step_timeout` seconds (before the first step: `startup_timeout`,
+    which covers a backup's restore and the compile), the watchdog writes the
+    last committed step and the stack of every thread (`faulthandler`) to
+    stderr and, when the loop has a backup, to `ciclo_watchdog.<process>.txt`
+    in the backup directory, then ends the process with `os._exit(exit_code)`.
+    Run the script in a requeue loop that restarts it on that code: it resumes
+    from its last backup (docs/resume.md, "Hangs: the watchdog").
+
+    The blocking work of ciclo's backups and checkpoints is marked while it
+    runs: the timer waits meanwhile, for up to `save_timeout` per save.
+
+    Args:
+        step_timeout: seconds without a committed step that count as a hang.
+        startup_timeout: seconds allowed before the first step commits.
+        exit_code: the process's exit code on a hang (124, as `timeout(1)`'s).
+        save_timeout: seconds a save may block the loop; default 600, and 80
+            under several processes, below JAX's heartbeat timeout (~100 s)
+            after which a process whose peer stopped aborts with code 134.
+
+    Returns:
+        A callback: give it to a loop as `watchdog=` (or in `callbacks=[...]`).
+
+    Example:
+        >>> import ciclo
+        >>> def train_step(state, batch):
+        ...     return None, state + batch
+        >>> guard = ciclo.watchdog(step_timeout=60)
+        >>> ciclo.loop(0, range(5), {ciclo.every(1): train_step}, watchdog=guard)[0]
+        10
+    """
+    check_int(exit_code, "exit_code", 0)
+    startup = _seconds(startup_timeout, "startup_timeout")
+    save = None if save_timeout is None else _seconds(save_timeout, "save_timeout")
+    return Watchdog(_seconds(step_timeout, "step_timeout"), startup, exit_code, save)
