@@ -15,7 +15,7 @@ import jax
 from ciclo._src.base.checks import check_int
 from ciclo._src.base.reprs import short
 from ciclo._src.engine.callback import Callback
-from ciclo._src.resume.backup import saving_since
+from ciclo._src.resume.backup import BackupCallback, saving_since
 
 if TYPE_CHECKING:
     from ciclo._src.engine.loop_state import LoopState
@@ -105,6 +105,15 @@ class Watchdog(Callback):
             os.write(descriptor, head.encode())
             faulthandler.dump_traceback(descriptor, all_threads=True)
         os._exit(self.exit_code)
+
+
+def loop_watchdog(value: Any, backup: BackupCallback | None) -> list[Watchdog]:
+    """A loop's `watchdog=` as its callbacks, writing beside `backup`'s files; refuses anything else."""
+    if value is None:
+        return []
+    if not isinstance(value, Watchdog):
+        raise TypeError(f"watchdog must be ciclo.watchdog(step_timeout=...), got {short(value)}")
+    return [value if backup is None else value.beside(backup.spec.directory)]
 
 
 def watchdog(

@@ -18,7 +18,7 @@ from ciclo._src.callbacks._ema import SwapEMAWeights
 from ciclo._src.callbacks._recompiles import watch_recompiles
 from ciclo._src.callbacks._throughput import watch_steps
 from ciclo._src.callbacks._training_options import watch_training_options
-from ciclo._src.callbacks._watchdog import Watchdog
+from ciclo._src.callbacks._watchdog import Watchdog, loop_watchdog
 from ciclo._src.data.prefetch import prefetch_to_device
 from ciclo._src.data.steps_per_execution import group_steps
 from ciclo._src.engine.callback import Callback, Tasks
@@ -131,15 +131,9 @@ def _run(
     catch_keyboard_interrupt = settings.get("catch_keyboard_interrupt", True)
     check_bool(catch_keyboard_interrupt, "catch_keyboard_interrupt")
     backup, elapsed = settings.get("backup"), settings.get("elapsed")
-    callbacks: list[Callback] = []
-    watchdog = settings.get("watchdog")
-    if watchdog is not None and not isinstance(watchdog, Watchdog):
-        raise TypeError(f"watchdog must be ciclo.watchdog(step_timeout=...), got {short(watchdog)}")
-    if backup is not None:
-        callbacks.append(saver := BackupCallback(backup, kind=kind, default_every=backup_every))
-        watchdog = watchdog and watchdog.beside(saver.spec.directory)  # its file beside the backups
-    if watchdog is not None:  # first: it watches the backup's restore too
-        callbacks.insert(0, watchdog)
+    saver = None if backup is None else BackupCallback(backup, kind=kind, default_every=backup_every)
+    # The watchdog first: it watches the backup's restore too, and writes its file beside the backups.
+    callbacks: list[Callback] = [*loop_watchdog(settings.get("watchdog"), saver), *([saver] if saver else [])]
     if catch_keyboard_interrupt:
         callbacks.append(CatchInterrupt())
     if begin or end:
