@@ -7,6 +7,7 @@ prints or writes; the only time bound asserted is a generous one.
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import time
@@ -99,7 +100,7 @@ def test_a_run_whose_data_blocks_forever_exits_124_with_the_blocking_function_in
     _, stderr = proc.communicate(timeout=TIMEOUT + SLACK)
     assert proc.returncode == 124, stderr
     assert time.monotonic() - began < TIMEOUT + SLACK
-    assert "ciclo.watchdog: a step did not commit within 2 s" in stderr
+    assert "ciclo.watchdog: no step committed within 2 s" in stderr
     assert "last committed step 3" in stderr
     assert "block_forever" in stderr
     stacks = (tmp_path / "backup" / "ciclo_watchdog.0.txt").read_text()
@@ -132,3 +133,57 @@ def test_the_timer_waits_while_a_backup_is_saving(tmp_path: Path) -> None:
     assert proc.returncode == 0, stderr
     assert "done 28 8" in stdout
     assert "ciclo.watchdog" not in stderr
+
+
+PAIR = f"""
+import os, signal, sys
+
+import jax
+import numpy as np
+from jax.experimental import multihost_utils
+
+import ciclo
+
+process_id, port = int(sys.argv[1]), int(sys.argv[2])
+jax.config.update("jax_cpu_collectives_implementation", "gloo")
+# A long heartbeat timeout: JAX would end process 0 with 134 after it; the watchdog must come first.
+jax.distributed.initialize(
+    f"127.0.0.1:{{port}}", 2, process_id, initialization_timeout=120, heartbeat_timeout_seconds=120
+)
+
+
+def train_step(state, batch, elapsed):
+    if process_id == 1 and elapsed.steps == 3:
+        os.kill(os.getpid(), signal.SIGSTOP)  # a stuck host: alive, silent
+    return None, state + int(multihost_utils.process_allgather(np.int32(batch)).sum())
+
+
+guard = ciclo.watchdog(step_timeout={TIMEOUT}, startup_timeout={SLACK})
+ciclo.loop(0, range(8), {{ciclo.every(1): train_step}}, watchdog=guard)
+"""
+
+
+def test_a_process_whose_peer_stopped_exits_124_before_jax_ends_it(tmp_path: Path) -> None:
+    script = tmp_path / "pair.py"
+    script.write_text(PAIR)
+    port = str(processes.free_port())
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script), str(index), port],
+            env=processes.clean_env(),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for index in range(2)
+    ]
+    try:
+        _, stderr = procs[0].communicate(timeout=SLACK * 2)  # well below the heartbeat timeout
+        assert procs[0].returncode == 124, stderr
+        assert "ciclo.watchdog: no step committed within 2 s (process 0, last committed step 3" in stderr
+        assert "process_allgather" in stderr  # where it waited for its peer
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGKILL)
+            proc.communicate()

@@ -53,7 +53,7 @@ def test_arguments_are_checked() -> None:
     with pytest.raises(TypeError, match=r"watchdog must be ciclo.watchdog\(step_timeout=...\), got 60"):
         ciclo.loop(0, range(2), {ciclo.every(1): step}, watchdog=60)  # type: ignore[typeddict-item]
     assert repr(ciclo.watchdog(step_timeout=5)) == (
-        "ciclo.watchdog(step_timeout=5.0, startup_timeout=1800.0, exit_code=124, save_timeout=None)"
+        "Watchdog(step_timeout=5.0, startup_timeout=1800.0, exit_code=124, save_timeout=None, directory=None)"
     )
 
 
@@ -66,7 +66,7 @@ def test_a_step_that_does_not_commit_fires_naming_the_last_committed_step(fired:
     guard = ciclo.watchdog(step_timeout=TIMEOUT)
     state, _, _ = ciclo.loop(0, batches(), {ciclo.every(1): step}, watchdog=guard)
     assert state == 6
-    assert fired == [(2, "a step did not commit within 0.2 s")]
+    assert fired == [(2, "no step committed within 0.2 s")]
 
 
 def test_before_the_first_step_the_startup_timeout_runs(fired: list[Any]) -> None:
@@ -76,7 +76,7 @@ def test_before_the_first_step_the_startup_timeout_runs(fired: list[Any]) -> Non
 
     guard = ciclo.watchdog(step_timeout=60, startup_timeout=TIMEOUT)
     ciclo.loop(0, batches(), {ciclo.every(1): step}, watchdog=guard)
-    assert fired == [(0, "the first step did not commit within 0.2 s")]
+    assert fired == [(0, "no step committed within 0.2 s")]
 
 
 def test_steps_that_commit_in_time_and_a_marked_save_do_not_fire(fired: list[Any]) -> None:
@@ -115,9 +115,9 @@ def test_firing_writes_the_stacks_beside_the_backups_and_exits(
     exits: list[int] = []
     monkeypatch.setattr(_watchdog.os, "_exit", exits.append)
     guard = ciclo.watchdog(step_timeout=1, exit_code=3).beside(str(tmp_path))
-    guard._fire(7, "a step did not commit within 1 s")
+    guard._fire(7, "no step committed within 1 s")
     assert exits == [3]
-    head = "ciclo.watchdog: a step did not commit within 1 s (process 0, last committed step 7, "
+    head = "ciclo.watchdog: no step committed within 1 s (process 0, last committed step 7, "
     written = (tmp_path / "ciclo_watchdog.0.txt").read_text()
     assert written.startswith(head)
     assert "in test_firing_writes_the_stacks_beside_the_backups_and_exits" in written  # this thread

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import faulthandler
 import os
 import sys
@@ -30,33 +31,20 @@ def _seconds(value: Any, name: str) -> float:
 
 
 @final
+@dataclasses.dataclass(eq=False)
 class Watchdog(Callback):
     """Ends the process with `exit_code` when no step commits in time; create it with `ciclo.watchdog`."""
 
     hook: ClassVar[str | None] = "on_train_begin"
-
-    def __init__(
-        self,
-        step_timeout: float,
-        startup_timeout: float,
-        exit_code: int,
-        save_timeout: float | None,
-        directory: str | None = None,
-    ) -> None:
-        self.step_timeout, self.startup_timeout = step_timeout, startup_timeout
-        self.exit_code, self.save_timeout, self.directory = exit_code, save_timeout, directory
-        self._done = threading.Event()
-
-    def __repr__(self) -> str:
-        return (
-            f"ciclo.watchdog(step_timeout={self.step_timeout}, startup_timeout={self.startup_timeout}, "
-            f"exit_code={self.exit_code}, save_timeout={self.save_timeout})"
-        )
+    step_timeout: float
+    startup_timeout: float
+    exit_code: int
+    save_timeout: float | None
+    directory: str | None = None  # where the stacks go besides stderr: a loop's backup directory
 
     def beside(self, directory: str) -> Watchdog:
         """This watchdog writing its file in `directory` (a loop's backup directory) unless it has one."""
-        found = self.directory or directory
-        return Watchdog(self.step_timeout, self.startup_timeout, self.exit_code, self.save_timeout, found)
+        return dataclasses.replace(self, directory=self.directory or directory)
 
     def on_start(self, loop_state: LoopState[Any], /) -> None:
         self._done = threading.Event()
@@ -69,19 +57,19 @@ class Watchdog(Callback):
         self._done.set()
 
     def _watch(self, loop_state: LoopState[Any], done: threading.Event, save_bound: float) -> None:
-        steps, deadline, why = loop_state.steps, time.monotonic() + self.startup_timeout, "startup"
+        steps, timeout = loop_state.steps, self.startup_timeout  # before the first step: compile included
+        deadline = time.monotonic() + timeout
         while not done.wait(min(1.0, self.step_timeout / 4)):
             now, committed, since = time.monotonic(), loop_state.steps, saving_since()
             if committed != steps:
-                steps, deadline, why = committed, now + self.step_timeout, "step"
+                steps, timeout = committed, self.step_timeout
+                deadline = now + timeout
             elif since is not None and now - since < save_bound:  # a save's blocking work: not a hang
                 deadline = max(deadline, now + self.step_timeout)
             elif since is not None:
                 return self._fire(steps, f"a save blocked for more than save_timeout={save_bound:g} s")
             elif now > deadline:
-                timeout = self.startup_timeout if why == "startup" else self.step_timeout
-                first = "the first step" if why == "startup" else "a step"
-                return self._fire(steps, f"{first} did not commit within {timeout:g} s")
+                return self._fire(steps, f"no step committed within {timeout:g} s")
         return None
 
     def _fire(self, steps: int, why: str) -> None:
