@@ -124,3 +124,21 @@ def test_firing_writes_the_stacks_beside_the_backups_and_exits(
     assert capfd.readouterr().err.startswith(head)
     # `beside` keeps a directory given; a loop's backup gives its own to one without.
     assert guard.beside("elsewhere").directory == str(tmp_path)
+
+
+def test_train_loop_takes_it_as_a_setting_and_its_file_goes_beside_the_backups(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    where: list[str | None] = []
+    monkeypatch.setattr(Watchdog, "_fire", lambda self, steps, why: where.append(self.directory))
+
+    def batches() -> Iterator[int]:
+        yield 1
+        wait_until(lambda: where)
+        yield 2
+
+    guard = ciclo.watchdog(step_timeout=TIMEOUT)
+    backup = tmp_path / "backup"
+    state, _, _ = ciclo.train_loop(0, batches(), {ciclo.on_train_step: step}, watchdog=guard, backup=backup)
+    assert state == 3 and where == [str(backup)]
+    assert guard.directory is None  # the loop's copy took the directory: this one can watch another run
