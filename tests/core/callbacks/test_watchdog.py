@@ -142,3 +142,18 @@ def test_train_loop_takes_it_as_a_setting_and_its_file_goes_beside_the_backups(
     state, _, _ = ciclo.train_loop(0, batches(), {ciclo.on_train_step: step}, watchdog=guard, backup=backup)
     assert state == 3 and where == [str(backup)]
     assert guard.directory is None  # the loop's copy took the directory: this one can watch another run
+
+
+def test_a_resumed_run_s_first_step_has_the_startup_timeout(fired: list[Any], tmp_path: Path) -> None:
+    # The backup's restore moves the step count before any batch: that is no step, and the first step
+    # (its compile) still has the startup timeout, however soon after the restore the watchdog looks.
+    ciclo.loop(0, range(10), {ciclo.every(1): step}, stop=3, backup=tmp_path)
+
+    def compiles_first(state: int, batch: int, elapsed: ciclo.types.Elapsed) -> None:
+        if elapsed.steps == 3:
+            time.sleep(4 * SLOW)
+
+    guard = ciclo.watchdog(step_timeout=SLOW, startup_timeout=60)
+    tasks = {ciclo.every(1): [compiles_first, step]}
+    state, _, elapsed = ciclo.loop(0, range(10), tasks, stop=6, backup=tmp_path, watchdog=guard)
+    assert (state, elapsed.steps, fired) == (15, 6, [])

@@ -47,29 +47,33 @@ class Watchdog(Callback):
         return dataclasses.replace(self, directory=self.directory or directory)
 
     def on_start(self, loop_state: LoopState[Any], /) -> None:
-        self._done = threading.Event()
+        self._done, self._commits = threading.Event(), 0
         # Under several processes JAX aborts (134) a process whose peer stopped its heartbeats after ~100 s.
         bound = self.save_timeout or (80.0 if jax.process_count() > 1 else 600.0)
         args = (loop_state, self._done, bound)
         threading.Thread(target=self._watch, args=args, name="ciclo-watchdog", daemon=True).start()
 
+    def on_step_end(self, loop_state: LoopState[Any], /) -> None:
+        self._commits += 1  # counted here, not read from the step count: a backup's restore moves that
+
     def on_end(self, loop_state: LoopState[Any], error: BaseException | None, /) -> None:
         self._done.set()
 
     def _watch(self, loop_state: LoopState[Any], done: threading.Event, save_bound: float) -> None:
-        steps, timeout = loop_state.steps, self.startup_timeout  # before the first step: compile included
+        commits, timeout = 0, self.startup_timeout  # before the first step: restore and compile included
         deadline = time.monotonic() + timeout
         while not done.wait(min(1.0, self.step_timeout / 4)):
-            now, committed, since = time.monotonic(), loop_state.steps, saving_since()
-            if committed != steps:
-                steps, timeout = committed, self.step_timeout
+            now, since = time.monotonic(), saving_since()
+            if self._commits != commits:
+                commits, timeout = self._commits, self.step_timeout
                 deadline = now + timeout
             elif since is not None and now - since < save_bound:  # a save's blocking work: not a hang
                 deadline = max(deadline, now + self.step_timeout)
             elif since is not None:
-                return self._fire(steps, f"a save blocked for more than save_timeout={save_bound:g} s")
+                why = f"a save blocked for more than save_timeout={save_bound:g} s"
+                return self._fire(loop_state.steps, why)
             elif now > deadline:
-                return self._fire(steps, f"no step committed within {timeout:g} s")
+                return self._fire(loop_state.steps, f"no step committed within {timeout:g} s")
         return None
 
     def _fire(self, steps: int, why: str) -> None:
