@@ -117,8 +117,8 @@ def watchdog(
 ) -> Watchdog:
     """Ends a hung run: when no step commits in time, dumps every thread's stack and exits with `exit_code`.
 
-    A daemon thread reads the loop's committed step count. When it has not
-    moved for `step_timeout` seconds (before the first step: `startup_timeout`,
+    A daemon thread watches the count of steps the loop commits. When it has
+    not moved for `step_timeout` seconds (before the first step: `startup_timeout`,
     which covers a backup's restore and the compile), the watchdog writes the
     last committed step and the stack of every thread (`faulthandler`) to
     stderr and, when the loop has a backup, to `ciclo_watchdog.<process>.txt`
