@@ -50,6 +50,7 @@ from ciclo._src.callbacks._recompiles import watch_recompiles as watch_recompile
 from ciclo._src.callbacks._throughput import step_flops as step_flops
 from ciclo._src.callbacks._throughput import throughput as throughput
 from ciclo._src.callbacks._tqdm_bar import tqdm_bar as tqdm_bar
+from ciclo._src.callbacks._watchdog import watchdog as watchdog
 from ciclo._src.data.arrays import batches as batches
 from ciclo._src.data.fused import fuse as fuse
 from ciclo._src.data.prefetch import prefetch_to_device as prefetch_to_device
@@ -193,4 +194,5 @@ __all__ = [
     "types",
     "wandb_logger",
     "watch_recompiles",
+    "watchdog",
 ]

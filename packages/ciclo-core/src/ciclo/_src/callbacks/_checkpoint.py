@@ -35,6 +35,7 @@ from ciclo._src.callbacks._monitor import (
 from ciclo._src.engine.callback import Callback
 from ciclo._src.logs.logs import LogsLike
 from ciclo._src.resume.backup import _MARKER as BACKUP_MARKER
+from ciclo._src.resume.backup import saving
 from ciclo._src.resume.orbax_io import (
     TMP_MARK,
     RestoreReport,
@@ -453,6 +454,7 @@ class Checkpoint(Callback):
             f"mode={self.mode!r}, async_save={self.async_save!r}, overwrite={self.overwrite!r})"
         )
 
+    @saving()  # `ciclo.watchdog` does not count its blocking work as a hang
     def save(self, step: int, state: Any, logs: LogsLike | None = None) -> None:
         """Saves `state` as the checkpoint of `step` (the updates it holds), unless already saved.
 
@@ -570,6 +572,7 @@ class Checkpoint(Callback):
             final = {**_settings(self.monitor, self.mode), "final": self._newest}
             _write_json(os.path.join(self.directory, SETTINGS_FILE), final)
 
+    @saving()  # `ciclo.watchdog` does not count its blocking work as a hang
     def wait(self) -> None:
         """Blocks until the saves in flight are complete (durable, and visible to other processes)."""
         if self._manager is not None:

@@ -18,6 +18,7 @@ from ciclo._src.callbacks._ema import SwapEMAWeights
 from ciclo._src.callbacks._recompiles import watch_recompiles
 from ciclo._src.callbacks._throughput import watch_steps
 from ciclo._src.callbacks._training_options import watch_training_options
+from ciclo._src.callbacks._watchdog import Watchdog, loop_watchdog
 from ciclo._src.data.prefetch import prefetch_to_device
 from ciclo._src.data.steps_per_execution import group_steps
 from ciclo._src.engine.callback import Callback, Tasks
@@ -93,6 +94,8 @@ class LoopSettings(TypedDict, total=False):
             run (`train_loop`: at each epoch's end by default; else every 1000
             steps), at its end and on SIGTERM, and resume from the backup found
             there (see `ciclo.backup`).
+        watchdog: a `ciclo.watchdog(...)`: end the process with its exit code
+            when no step commits in time (docs/resume.md, "Hangs: the watchdog").
     """
 
     stop: PeriodLike | None
@@ -102,6 +105,7 @@ class LoopSettings(TypedDict, total=False):
     metadata: Any
     batch_size_fn: BatchSizeFn | None
     backup: Backup | str | os.PathLike[str] | None
+    watchdog: Watchdog | None
 
 
 _SETTINGS: Final = frozenset(LoopSettings.__optional_keys__)
@@ -127,9 +131,9 @@ def _run(
     catch_keyboard_interrupt = settings.get("catch_keyboard_interrupt", True)
     check_bool(catch_keyboard_interrupt, "catch_keyboard_interrupt")
     backup, elapsed = settings.get("backup"), settings.get("elapsed")
-    callbacks: list[Callback] = []
-    if backup is not None:
-        callbacks.append(BackupCallback(backup, kind=kind, default_every=backup_every))
+    saver = None if backup is None else BackupCallback(backup, kind=kind, default_every=backup_every)
+    # The watchdog first: it watches the backup's restore too, and writes its file beside the backups.
+    callbacks: list[Callback] = [*loop_watchdog(settings.get("watchdog"), saver), *([saver] if saver else [])]
     if catch_keyboard_interrupt:
         callbacks.append(CatchInterrupt())
     if begin or end:

@@ -91,6 +91,25 @@ class Preempted(SystemExit):
         )
 
 
+_saving: list[float] = []  # when each save's blocking work in progress began (time.monotonic)
+
+
+@contextlib.contextmanager
+def saving() -> Iterator[None]:
+    """Marks the block as a save's blocking work: `ciclo.watchdog` does not count it as a hang."""
+    began = time.monotonic()
+    _saving.append(began)
+    try:
+        yield
+    finally:
+        _saving.remove(began)
+
+
+def saving_since() -> float | None:
+    """When the oldest save's blocking work still in progress began (`time.monotonic`), or None."""
+    return min(_saving, default=None)
+
+
 @dataclasses.dataclass(frozen=True)
 class Backup:
     """Where and how often a loop saves what it needs to resume; create it with `ciclo.backup`."""
@@ -615,6 +634,7 @@ class BackupCallback(Callback):
             if match is not None and (int(match[1]), int(match[2])) not in used:
                 remove_own(directory, name, _CHUNK)  # only a chunk file of ours, never through a link
 
+    @saving()  # its blocking work, which `ciclo.watchdog` does not count as a hang
     def _save(self, loop_state: LoopState[Any], *, finished: bool, wait: bool) -> None:
         """Saves a backup numbered by the steps completed, unless the state holds NaN or inf."""
         state, elapsed = loop_state.state, loop_state.elapsed
