@@ -947,7 +947,9 @@ FIRST_STEP_MIN_RATIO = 2.0  # target: a rerun (warm compile cache) reaches its f
 def first_step_run(workload: str, cache: str) -> dict[str, Any]:
     """A fresh process's times to its first step (first_step.py), with `cache` as ciclo's compile cache."""
     # The caller's own JAX cache settings (nox sets them for every session) would leave ciclo's off.
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_COMPILATION_CACHE", "JAX_PERSISTENT"))}
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith(("JAX_COMPILATION_CACHE", "JAX_PERSISTENT"))
+    }
     env["CICLO_COMPILE_CACHE"] = cache
     start = time.perf_counter()
     done = subprocess.run(
@@ -959,7 +961,7 @@ def first_step_run(workload: str, cache: str) -> dict[str, Any]:
 
 
 def first_step_section(args: argparse.Namespace) -> str:
-    """Cold (empty cache) against warm (the cold run's cache) runs of the same training, in fresh processes."""
+    """Cold (empty cache) against warm (the cold run's cache) runs of one training, in fresh processes."""
     workload = "tiny" if args.smoke else "medium"
     pairs = []
     for _ in range(min(args.rounds, FIRST_STEP_ROUNDS)):
@@ -982,7 +984,8 @@ def first_step_section(args: argparse.Namespace) -> str:
     first, process = (statistics.median(r) for r in ratios)
     verdict = ""
     if not args.smoke:
-        verdict = f" (target ≥ {FIRST_STEP_MIN_RATIO:.1f}×: {'met' if first >= FIRST_STEP_MIN_RATIO else 'MISSED'})"
+        met = "met" if first >= FIRST_STEP_MIN_RATIO else "MISSED"
+        verdict = f" (target ≥ {FIRST_STEP_MIN_RATIO:.1f}×: {met})"
     lines.append(f"| cold / warm (median of rounds) | {first:.2f}×{verdict} | {process:.2f}× | | |")
     return "\n".join(lines)
 

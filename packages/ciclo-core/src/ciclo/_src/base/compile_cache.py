@@ -1,10 +1,11 @@
-"""JAX's persistent compilation cache, on from a loop's start: a rerun reads its programs back (docs/resume.md).
+"""JAX's persistent compilation cache, on from a loop's start: a rerun reads its programs back.
 
 Unless the program configured the cache itself (`jax_compilation_cache_dir` in `jax.config`, or
 JAX_COMPILATION_CACHE_DIR), the first loop of a process points JAX at `$CICLO_COMPILE_CACHE`, else
 `ciclo/jax` in the user's cache folder (`$XDG_CACHE_HOME`, else `~/.cache`); `CICLO_COMPILE_CACHE=off`
 leaves it off. In a job of several processes JAX writes the entries from process 0 alone, and every
-process reads them: the job writes each program once, into a folder all its processes should share.
+process reads them: the job writes each program once, into a folder all its processes should share
+(docs/resume.md, "Warm restarts").
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ history's host copies in milliseconds), and reading any of them back costs less 
 _COMPILED: Final = "/jax/core/compile/backend_compile_duration"  # each program, compiled or read back
 _HIT: Final = "/jax/compilation_cache/cache_hits"
 _heard: collections.Counter[str] = collections.Counter()
+_config: Any = jax.config  # its options are attributes made at run time, untyped
 
 
 def _count(event: str, *_: Any, **__: Any) -> None:
@@ -49,7 +51,7 @@ def start() -> None:
     directory = os.environ.get(ENV) or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "ciclo", "jax"
     )
-    if jax.config.jax_compilation_cache_dir is not None or directory == "off":
+    if _config.jax_compilation_cache_dir is not None or directory == "off":
         return
     directory = os.path.abspath(os.path.expanduser(directory))
     try:
@@ -60,9 +62,9 @@ def start() -> None:
             f"compiles its programs anew. Set {ENV} to a writable directory, or to off"
         )
         return
-    jax.config.update("jax_compilation_cache_dir", directory)
-    if jax.config.jax_persistent_cache_min_compile_time_secs == 1.0:  # JAX's default: not the user's
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", MIN_COMPILE_TIME)
+    _config.update("jax_compilation_cache_dir", directory)
+    if _config.jax_persistent_cache_min_compile_time_secs == 1.0:  # JAX's default: not the user's
+        _config.update("jax_persistent_cache_min_compile_time_secs", MIN_COMPILE_TIME)
 
 
 def compiled() -> str | None:
@@ -72,7 +74,7 @@ def compiled() -> str | None:
         >>> compiled() is None or compiled().startswith("compiled ")
         True
     """
-    directory, programs = jax.config.jax_compilation_cache_dir, _heard[_COMPILED]
-    if directory is None or not jax.config.jax_enable_compilation_cache or not programs:
+    directory, programs = _config.jax_compilation_cache_dir, _heard[_COMPILED]
+    if directory is None or not _config.jax_enable_compilation_cache or not programs:
         return None
     return f"compiled {programs} program{'s' * (programs != 1)}, {_heard[_HIT]} from the cache in {directory}"
