@@ -69,17 +69,22 @@ def test_a_rerun_reads_its_programs_back_and_says_so(tmp_path):
     assert 1 <= hits <= programs
 
 
-@pytest.mark.parametrize("setting", ["off", "unset"])
+@pytest.mark.parametrize("setting", ["off", "unset", "unwritable"])
 def test_off_writes_nothing_and_the_default_is_the_user_cache_folder(tmp_path, setting):
-    xdg = tmp_path / "xdg"
-    env = {"XDG_CACHE_HOME": str(xdg)} | ({"CICLO_COMPILE_CACHE": "off"} if setting == "off" else {})
+    xdg, blocked = tmp_path / "xdg", tmp_path / "a-file"
+    blocked.write_text("")
+    env = {"XDG_CACHE_HOME": str(xdg)}
+    if setting != "unset":
+        env["CICLO_COMPILE_CACHE"] = "off" if setting == "off" else str(blocked / "cache")
     done = run(tmp_path, 2, **env)
-    if setting == "off":
-        assert done.stdout.split() == ["None", "1.0"]  # JAX's own defaults, untouched
-        assert not xdg.exists()
-    else:
+    if setting == "unset":
         assert done.stdout.split()[0] == str(xdg / "ciclo" / "jax")
         assert entries(xdg / "ciclo" / "jax")
+        return
+    assert done.stdout.split() == ["None", "1.0"]  # JAX's own defaults, untouched
+    assert not xdg.exists()
+    if setting == "unwritable":  # the run goes on, compiling as without a cache
+        assert f"could not create the compilation cache directory {blocked / 'cache'}" in done.stderr
 
 
 def test_a_cache_the_program_configured_is_left_alone(tmp_path):
