@@ -19,6 +19,13 @@ environment: same import name).
 Mesh (`--only mesh`): the medium MLP on 8 CPU devices, in a subprocess: `data_parallel` against
 `MeshParallel` of shapes (8, 1, 1) (target: 0.98 of data_parallel) and (2, 2, 2).
 
+Time to first step: `benchmarks/first_step.py` creates the medium flax state and
+runs `train_loop(..., stop=1)` in a fresh process, twice on one fresh
+`CICLO_COMPILE_CACHE`: cold (empty) then warm (what the cold run wrote), as a
+rerun or a requeued job would; the section shows each run's seconds from its
+imports to the first step's end and the whole process's, and cold / warm as the
+median of per-round ratios (target: warm at least 2x sooner).
+
 Workloads:
     tiny    MLP 32-32-10, batch 32: the step takes microseconds, so the time goes
             to Python and dispatch: this is where a loop's overhead shows.
@@ -1015,6 +1022,60 @@ def engine_table(
     return "\n".join(lines)
 
 
+# ----------------------------------------------------------------------------- time to first step
+
+FIRST_STEP = "time to first step"
+FIRST_STEP_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "first_step.py")
+FIRST_STEP_ROUNDS = 5  # at most: each round starts two processes
+FIRST_STEP_MIN_RATIO = 2.0  # target: a rerun (warm compile cache) reaches its first step 2x sooner
+
+
+def first_step_run(workload: str, cache: str) -> dict[str, Any]:
+    """A fresh process's times to its first step (first_step.py), with `cache` as ciclo's compile cache."""
+    # The caller's own JAX cache settings (nox sets them for every session) would leave ciclo's off.
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith(("JAX_COMPILATION_CACHE", "JAX_PERSISTENT"))
+    }
+    env["CICLO_COMPILE_CACHE"] = cache
+    start = time.perf_counter()
+    done = subprocess.run(
+        [sys.executable, FIRST_STEP_SCRIPT, workload], env=env, capture_output=True, text=True, timeout=600
+    )
+    if done.returncode:
+        raise RuntimeError(f"{FIRST_STEP_SCRIPT} failed:\n{done.stderr[-3000:]}")
+    return {**json.loads(done.stdout.splitlines()[-1]), "process": time.perf_counter() - start}
+
+
+def first_step_section(args: argparse.Namespace) -> str:
+    """Cold (empty cache) against warm (the cold run's cache) runs of one training, in fresh processes."""
+    workload = "tiny" if args.smoke else "medium"
+    pairs = []
+    for _ in range(min(args.rounds, FIRST_STEP_ROUNDS)):
+        with tempfile.TemporaryDirectory() as cache:
+            pairs.append((first_step_run(workload, cache), first_step_run(workload, cache)))
+    sizes = "-".join(str(n) for n in WORKLOADS[workload].sizes)
+    lines = [
+        f"### Time to first step: MLP {sizes} in `train_loop`, cold vs warm compile cache, {len(pairs)} "
+        f"round{'s' if len(pairs) != 1 else ''}",
+        "",
+        "| run | to first step s | whole process s | imports s | the loop compiled |",
+        "|---|---:|---:|---:|---|",
+    ]
+    for name, index in (("cold (empty cache)", 0), ("warm (the cold run's cache)", 1)):
+        runs = [pair[index] for pair in pairs]
+        medians = [statistics.median(run[key] for run in runs) for key in ("first_step", "process", "import")]
+        compiled = (runs[-1]["compiled"] or "nothing").split(" in ")[0].removeprefix("compiled ")
+        lines.append(f"| {name} | {medians[0]:.2f} | {medians[1]:.2f} | {medians[2]:.2f} | {compiled} |")
+    ratios = [[cold[key] / warm[key] for cold, warm in pairs] for key in ("first_step", "process")]
+    first, process = (statistics.median(r) for r in ratios)
+    verdict = ""
+    if not args.smoke:
+        met = "met" if first >= FIRST_STEP_MIN_RATIO else "MISSED"
+        verdict = f" (target ≥ {FIRST_STEP_MIN_RATIO:.1f}×: {met})"
+    lines.append(f"| cold / warm (median of rounds) | {first:.2f}×{verdict} | {process:.2f}× | | |")
+    return "\n".join(lines)
+
+
 def ciclo_version() -> str:
     try:
         return importlib.metadata.version("ciclo-core")
@@ -1053,7 +1114,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--workloads", help="comma-separated: tiny,medium (default both; tiny alone with --smoke)"
     )
-    rows = [ENGINE, MESH, *IMPLEMENTATIONS]
+    rows = [ENGINE, MESH, FIRST_STEP, *IMPLEMENTATIONS]
     parser.add_argument("--only", help=f"comma-separated rows, of: {', '.join(rows)}")
     parser.add_argument(
         "--smoke",
@@ -1167,6 +1228,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         sections.append(engine_section(args))
     if MESH in args.only and not args.bytecodes:
         sections.append(mesh_section(args))
+    if FIRST_STEP in args.only and not args.bytecodes:
+        sections.append(first_step_section(args))
     names = [name for name in args.only if name in IMPLEMENTATIONS]
     for workload_name in args.workloads if names else []:
         workload = WORKLOADS[workload_name]

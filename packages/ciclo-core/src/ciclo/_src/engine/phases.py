@@ -10,6 +10,7 @@ from typing import Any, cast, final
 
 from ciclo._src.base.batches import BatchSizeFn, Stacked, steps_of
 from ciclo._src.base.batches import count as count_batch
+from ciclo._src.base.compile_cache import start as start_compile_cache
 from ciclo._src.base.elapsed import Clock, Elapsed, Period, PeriodLike, make_elapsed, only_steps
 from ciclo._src.base.reprs import short
 from ciclo._src.base.schedules import AtStepEnd, Every, next_boundary
@@ -167,6 +168,7 @@ def run_phases(
     loop_state._iterator = iterate_dataset(dataset)
     loop_state._callback_objects = by_state_key(lifecycle)
     loop_state._step_end = [o.on_step_end for o in lifecycle if lifecycle_of(o, "on_step_end")]
+    start_compile_cache()  # once per process: a rerun reads the programs of this one back
     for index, callback in enumerate(starts):
         try:
             callback.on_start(loop_state)  # a backup restores here: the state, counts, iterator may change

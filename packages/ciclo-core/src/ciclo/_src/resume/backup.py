@@ -28,6 +28,7 @@ import jax
 import numpy as np
 
 from ciclo._src.base.checks import check_bool, check_directory, check_int
+from ciclo._src.base.compile_cache import compiled
 from ciclo._src.base.elapsed import Elapsed, Period, make_elapsed, only_steps
 from ciclo._src.base.files import check_closed, open_own, remove_own, write_atomically
 from ciclo._src.base.finite import all_finite
@@ -351,6 +352,7 @@ class BackupCallback(Callback):
         self._recent: list[list[tuple[int, int]]] = []  # the History chunks of the kept backups, newest last
         self._guard: SignalGuard | None = None
         self._manager: Any = None
+        self._resumed = False  # until its first step ends, which then says what it compiled
         # Locked first: a run started at the same instant is refused before it writes anything here.
         self._lock = _lock(spec.directory)
         try:
@@ -457,6 +459,7 @@ class BackupCallback(Callback):
                     "size of the backed-up run, or give backup= another directory to start afresh"
                 )
         self._samples_before = restored.elapsed.samples - restored.samples
+        self._resumed = True
         return False
 
     def _start_backup(self, loop_state: LoopState[Any]) -> Iterator[Any]:
@@ -467,6 +470,10 @@ class BackupCallback(Callback):
         """Backs up when due; on a signal, saves and raises `ciclo.types.Preempted`."""
         self._position += 1
         guard, steps = self._guard, loop_state.steps
+        if self._resumed:  # a resumed run's first step: what it compiled to get there
+            self._resumed, note = False, compiled()
+            if note is not None:
+                announce("ciclo: %s, from the loop's start to step %d", note, steps)
         if guard is None or loop_state.stop_iteration:
             return
         if guard.requested(steps):
