@@ -16,6 +16,7 @@ import optax
 from typing_extensions import dataclass_transform
 
 from ciclo._src.base.batches import Stacked, is_stacked
+from ciclo._src.base.compile_cache import start as start_compile_cache
 from ciclo._src.base.reprs import path_name, short
 from ciclo._src.base.roles import Role, field, fields_with_role, params_field
 from ciclo._src.data.fused import as_logs_and_state, scan_steps
@@ -243,6 +244,7 @@ def create_state(
 
     `fields(*args)`, run under the strategy, returns the array fields, the parameters under `"params"`.
     """
+    start_compile_cache()  # building a state compiles most of a run's programs: a rerun reads them back
     placed = get_strategy(strategy)
     if tx is None:
         options.check_without_optimizer()
