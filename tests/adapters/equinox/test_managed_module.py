@@ -21,7 +21,7 @@ def mlp() -> eqx.nn.MLP:
 
 def test_a_module_as_params_is_refused_with_the_way_out() -> None:
     # Before: optax's zeros_like failed on the MLP's activation ("... got custom_jvp").
-    with pytest.raises(TypeError, match=r"params\.activation is .*not an array.*create_equinox_state"):
+    with pytest.raises(TypeError, match=r"params/activation is .*not an array.*create_equinox_state"):
         managed.ManagedState.create(params=mlp(), tx=optax.adam(1e-2))
 
 

@@ -7,7 +7,6 @@ from typing import Any, final
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 from flax import nnx
 
@@ -81,7 +80,7 @@ class NnxMetric:
 
 def _layout(tree: Any) -> tuple[Any, list[tuple[int, ...]]]:
     pure = nnx.as_pure(tree)
-    return jax.tree.structure(pure), [np.shape(leaf) for leaf in jax.tree.leaves(pure)]
+    return jax.tree.structure(pure), [jnp.shape(leaf) for leaf in jax.tree.leaves(pure)]
 
 
 def with_optimizer(state: ModelState, optimizer: nnx.Optimizer) -> ModelState:  # type: ignore[type-arg]
