@@ -170,7 +170,30 @@ def steps_of(batch: Any) -> int:
     return batch.steps if type(batch) is Stacked else 1
 
 
+@final
+@dataclasses.dataclass(frozen=True)
+class GlobalRows:
+    """The default sample count when the batches of `processes` processes make one global batch.
+
+    A batch of this process's rows counts `processes` times its rows; one of global arrays (that
+    `prefetch_to_device` made under a mesh) counts its rows.
+
+    Example:
+        >>> import numpy as np
+        >>> GlobalRows(2)(np.zeros((8, 3))), GlobalRows(2)(Stacked(np.zeros((3, 8)), steps=3, samples=24))
+        (16, 48)
+    """
+
+    processes: int
+
+    def __call__(self, batch: Any) -> int:
+        rows = batch.samples if type(batch) is Stacked else leading_dim(batch)
+        first = next(iter(jax.tree.leaves(batch)), None)
+        local = not isinstance(first, jax.Array) or first.is_fully_addressable
+        return rows * self.processes if local else rows
+
+
 def count(batch: Any, batch_size_fn: BatchSizeFn) -> tuple[int, int]:
     if type(batch) is Stacked:
-        return batch.steps, batch.samples
+        return batch.steps, batch_size_fn(batch) if type(batch_size_fn) is GlobalRows else batch.samples
     return 1, batch_size_fn(batch)

@@ -49,6 +49,10 @@ class PMap:
         PER_DEVICE_ROWS.add(devices)  # a batch lifted ahead of the loop counts `devices * rows` samples
         return devices
 
+    def processes_per_batch(self) -> int:
+        """How many processes' batches make one global batch: every process feeds its own."""
+        return jax.process_count()
+
     def create(self, init: Callable[..., T], /, *args: Any) -> T:
         return self.place(init(*args))
 
