@@ -54,10 +54,18 @@ def train_with_options(process_id: int, strategy: str, out: str) -> None:
     )
 
 
-def backup_loop(state: managed.ManagedState, rows: slice, backup: str | None) -> None:
-    """3 steps with a backup at the end, each process writing the shards its devices hold."""
+def backup_loop(state: managed.ManagedState, rows: slice, backup: str | None) -> list[int]:
+    """3 steps with a backup at the end, each process writing the shards its devices hold.
+
+    Returns the samples counted by that run and by one fed through `prefetch_to_device`.
+    """
     data = [(x[rows], y[rows]) for x, y in training.batches(6)]
-    ciclo.loop(state, data, {ciclo.every(1): training.train_step}, stop=3, backup=backup)
+    train = {ciclo.every(1): training.train_step}
+    _, _, elapsed = ciclo.loop(state, data, train, stop=3, backup=backup)
+    _, _, prefetched = ciclo.loop(
+        state, ciclo.prefetch_to_device(data, strategy=state.strategy), train, stop=3
+    )
+    return [elapsed.samples, prefetched.samples]
 
 
 def main(process_id: int, port: int, strategy: str, model: str, out: str, option: str | None) -> None:
@@ -76,10 +84,11 @@ def main(process_id: int, port: int, strategy: str, model: str, out: str, option
 
     rows = slice(process_id * training.BATCH // 2, (process_id + 1) * training.BATCH // 2)
     state = training.managed_state(model, MESH if strategy == "mesh" else strategy)
+    samples: list[int] = []
     if strategy == "mesh":
         # The tensor axis lies inside this process: its row of the mesh is its own devices.
         assert {device.process_index for device in MESH.mesh.devices[process_id]} == {process_id}
-        backup_loop(state, rows, option)
+        samples = backup_loop(state, rows, option)
     # Each process feeds only its own rows of the global batch.
     batches = [(x[rows], y[rows]) for x, y in training.batches()]
     feed = ciclo.prefetch_to_device(batches, size=2, strategy=state.strategy) if prefetch else batches
@@ -99,6 +108,7 @@ def main(process_id: int, port: int, strategy: str, model: str, out: str, option
         loss=float(logs.losses.mse),
         preds=np.asarray(eval_logs.outputs.preds),
         sharded=[str(leaf.sharding.spec) for leaf in jax.tree.leaves(state.params)],
+        samples=samples,
     )
     jax.distributed.shutdown()
 

@@ -123,9 +123,9 @@ def test_a_mesh_spanning_two_processes_trains_as_one_process_and_its_backup_resu
         train = {ciclo.every(1): training.train_step}
         return ciclo.loop(state, training.batches(6), train, stop=6, **options)[0]
 
-    # Each process counted its own rows as the run's samples (12 in 3 steps, not 24): resuming the same
-    # global batches in one process counts them that way too.
-    per_process = len(training.batches(1)[0][0]) // 2
-    resumed = loop(training.managed_state("mlp", "jit"), backup=backup, batch_size_fn=lambda _: per_process)
+    # Counts are global: each process fed half of each batch, with or without prefetch, and the backup
+    # resumes in one process fed whole batches.
+    assert [list(r["samples"]) for r in results] == [[3 * training.BATCH] * 2] * 2
+    resumed = loop(training.managed_state("mlp", "jit"), backup=backup)
     assert int(resumed.step) == 6
     training.assert_trees_close(resumed.params, loop(training.managed_state("mlp", "jit")).params)

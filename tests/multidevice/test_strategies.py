@@ -273,3 +273,15 @@ def test_recompiles_are_compared_as_the_devices_see_the_inputs(strategy: str) ->
     (warned,) = run([8, 4])
     rows = (2, 1) if strategy == "pmap" else (8, 4)  # pmap names one device's rows
     assert f"({rows[1]}, 8) float32, first compiled for ({rows[0]}, 8) float32" in warned
+
+
+@pytest.mark.parametrize("name", ["data_parallel", "pmap"])
+@pytest.mark.parametrize("prefetch", [False, True], ids=["host", "prefetched"])
+def test_a_loop_counts_the_rows_it_trains_on_wherever_the_batches_are(name: str, prefetch: bool) -> None:
+    # `pmap` lifts `(8, ...)` to `(4, 2, ...)`: its leading dimension counts devices, not rows.
+    state = training.managed_state("mlp", name)
+    data: Any = training.batches(3, batch=8)
+    if prefetch:
+        data = ciclo.prefetch_to_device(data, strategy=state.strategy)
+    _, _, elapsed = ciclo.loop(state, data, {ciclo.every(1): training.train_step})
+    assert (elapsed.steps, elapsed.samples) == (3, 24)

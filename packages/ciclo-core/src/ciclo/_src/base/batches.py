@@ -123,6 +123,15 @@ def is_stacked(batch: Any) -> bool:
 # Array types seen as batch leaves: `type(x) in` is much cheaper than `isinstance(x, jax.Array)`.
 _ARRAY_TYPES: set[type] = {np.ndarray}
 _SEQUENCES = frozenset({tuple, list})
+# Layouts whose dimension 0 is the devices and dimension 1 each device's rows (`pmap`'s lifted batches).
+PER_DEVICE_ROWS: set[jax.sharding.Sharding] = set()
+
+
+def _rows(leaf: Any, shape: tuple[int, ...]) -> int | None:
+    """The rows of an array leaf of `shape` (not empty); None for a scalar repeated per device."""
+    if PER_DEVICE_ROWS and isinstance(leaf, jax.Array) and leaf.sharding in PER_DEVICE_ROWS:
+        return shape[0] * shape[1] if len(shape) > 1 else None
+    return int(shape[0])
 
 
 def leading_dim(batch: Any) -> int:
@@ -137,14 +146,16 @@ def leading_dim(batch: Any) -> int:
     first = batch[0] if type(batch) in _SEQUENCES and batch else batch
     if type(first) in _ARRAY_TYPES:
         shape = first.shape  # one property read: `ndim` is another on JAX arrays
-        if shape:
-            return shape[0]  # type: ignore[no-any-return]
+        if shape and (rows := _rows(first, shape)) is not None:
+            return rows
     for leaf in jax.tree.leaves(batch):
         shape = getattr(leaf, "shape", None)
         if shape:
-            if isinstance(leaf, (np.ndarray, jax.Array)):
-                _ARRAY_TYPES.add(type(leaf))
-            return int(shape[0])
+            if not isinstance(leaf, (np.ndarray, jax.Array)):
+                return int(shape[0])
+            _ARRAY_TYPES.add(type(leaf))
+            if (rows := _rows(leaf, shape)) is not None:
+                return rows
     return 1
 
 
@@ -159,7 +170,30 @@ def steps_of(batch: Any) -> int:
     return batch.steps if type(batch) is Stacked else 1
 
 
+@final
+@dataclasses.dataclass(frozen=True)
+class GlobalRows:
+    """The default sample count when the batches of `processes` processes make one global batch.
+
+    A batch of this process's rows counts `processes` times its rows; one of global arrays (that
+    `prefetch_to_device` made under a mesh) counts its rows.
+
+    Example:
+        >>> import numpy as np
+        >>> GlobalRows(2)(np.zeros((8, 3))), GlobalRows(2)(Stacked(np.zeros((3, 8)), steps=3, samples=24))
+        (16, 48)
+    """
+
+    processes: int
+
+    def __call__(self, batch: Any) -> int:
+        rows = batch.samples if type(batch) is Stacked else leading_dim(batch)
+        first = next(iter(jax.tree.leaves(batch)), None)
+        local = not isinstance(first, jax.Array) or first.is_fully_addressable
+        return rows * self.processes if local else rows
+
+
 def count(batch: Any, batch_size_fn: BatchSizeFn) -> tuple[int, int]:
     if type(batch) is Stacked:
-        return batch.steps, batch.samples
+        return batch.steps, batch_size_fn(batch) if type(batch_size_fn) is GlobalRows else batch.samples
     return 1, batch_size_fn(batch)

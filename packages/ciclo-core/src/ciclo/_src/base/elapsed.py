@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 
 import jax
 
-from ciclo._src.base.batches import BatchSizeFn, Stacked, leading_dim
+from ciclo._src.base.batches import BatchSizeFn, GlobalRows, Stacked, leading_dim
 from ciclo._src.base.checks import check_int
 from ciclo._src.base.reprs import short
 
@@ -232,12 +232,13 @@ class Clock:
 
     def advance(self, batch: Any) -> None:
         # `batches.count` without its call and tuple: this runs at every step of every loop.
+        size = self.batch_size_fn
         if type(batch) is Stacked:
             self.steps += batch.steps
-            self.samples += batch.samples
+            self.samples += size(batch) if type(size) is GlobalRows else batch.samples
         else:
             self.steps += 1
-            self.samples += self.batch_size_fn(batch)
+            self.samples += size(batch)
 
 
 def elapse(

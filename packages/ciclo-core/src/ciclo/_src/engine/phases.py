@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable, Sequence
 from time import perf_counter
 from typing import Any, cast, final
 
-from ciclo._src.base.batches import BatchSizeFn, Stacked, steps_of
+from ciclo._src.base.batches import BatchSizeFn, GlobalRows, Stacked, steps_of
 from ciclo._src.base.batches import count as count_batch
 from ciclo._src.base.compile_cache import start as start_compile_cache
 from ciclo._src.base.elapsed import Clock, Elapsed, Period, PeriodLike, make_elapsed, only_steps
@@ -21,6 +21,8 @@ from ciclo._src.engine.door import as_callback_list, as_tasks, by_state_key, lif
 from ciclo._src.engine.loop_state import LoopState as LoopState
 from ciclo._src.logs.logs import History, Logs, StackedLogs
 from ciclo._src.logs.step_output import describe, step_output
+from ciclo._src.state.managed import AbstractManagedState
+from ciclo._src.strategies._registry import processes_per_batch
 
 
 @final
@@ -164,6 +166,9 @@ def run_phases(
     if history is not None and not isinstance(history, History):
         raise TypeError(f"history must be a ciclo.types.History, got {short(history)}")
     loop_state: LoopState[S] = LoopState(state, history=history, metadata=metadata)
+    processes = processes_per_batch(state.strategy) if isinstance(state, AbstractManagedState) else 1
+    if batch_size_fn is None and processes > 1:  # counts are global: each process feeds its part
+        batch_size_fn = GlobalRows(processes)
     loop_state._clock, loop_state._stop = Clock(elapsed, batch_size_fn), stop_period
     loop_state._iterator = iterate_dataset(dataset)
     loop_state._callback_objects = by_state_key(lifecycle)

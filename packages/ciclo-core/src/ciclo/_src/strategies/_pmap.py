@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
-from ciclo._src.base.batches import is_stacked
+from ciclo._src.base.batches import PER_DEVICE_ROWS, is_stacked
 from ciclo._src.base.roles import Role, fields_with_role
 from ciclo._src.logs.logs import Entries, Logs, collapse_leading_axis
 from ciclo._src.strategies._in_flight import compile_bounded
@@ -45,7 +45,13 @@ class PMap:
     @functools.cached_property
     def _devices(self) -> NamedSharding:
         mesh = Mesh(np.array(jax.local_devices()), (self.axis_name,), axis_types=(AxisType.Auto,))
-        return NamedSharding(mesh, PartitionSpec(self.axis_name))
+        devices = NamedSharding(mesh, PartitionSpec(self.axis_name))
+        PER_DEVICE_ROWS.add(devices)  # a batch lifted ahead of the loop counts `devices * rows` samples
+        return devices
+
+    def processes_per_batch(self) -> int:
+        """How many processes' batches make one global batch: every process feeds its own."""
+        return jax.process_count()
 
     def create(self, init: Callable[..., T], /, *args: Any) -> T:
         return self.place(init(*args))

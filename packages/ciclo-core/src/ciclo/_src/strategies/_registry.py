@@ -9,7 +9,7 @@ from ciclo._src.base.reprs import short
 from ciclo._src.strategies._local import JIT, Eager
 from ciclo._src.strategies._pmap import PMap
 from ciclo._src.strategies._protocols import Strategy
-from ciclo._src.strategies._sharding import FSDP, DataParallel, MeshParallel
+from ciclo._src.strategies._sharding import FSDP, DataParallel, MeshParallel, _MeshStrategy
 
 StrategyFactory = Callable[[], Strategy]
 
@@ -23,6 +23,11 @@ _strategies: dict[str, StrategyFactory] = {
     "pmap": PMap,
 }
 _METHODS = ("create", "place", "unplace", "lift_batch", "compile")
+
+
+def processes_per_batch(strategy: Strategy) -> int:
+    """How many processes' batches make one global batch under `strategy` (1 for one of your own)."""
+    return strategy.processes_per_batch() if isinstance(strategy, (_MeshStrategy, PMap)) else 1
 
 
 def strategy_names() -> list[str]:

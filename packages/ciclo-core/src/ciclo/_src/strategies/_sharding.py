@@ -93,6 +93,14 @@ class _MeshStrategy(abc.ABC):
         # Read once: the steps' hot path asks for every batch and every step's logs.
         return jax.process_count() > 1
 
+    def processes_per_batch(self) -> int:
+        """How many processes' batches make one global batch: those holding its distinct row blocks."""
+        if not self._multi_process:
+            return 1
+        blocks = math.prod(self.mesh.shape[axis] for axis in self._axes()[1] if axis in self.mesh.shape)
+        indices = self._rows.addressable_devices_indices_map((blocks,)).values()
+        return blocks // len({index[0].start for index in indices if index})
+
     @functools.cached_property
     def _replicated(self) -> NamedSharding:
         return NamedSharding(self.mesh, PartitionSpec())
