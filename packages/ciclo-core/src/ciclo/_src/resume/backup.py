@@ -493,7 +493,8 @@ class BackupCallback(Callback):
         # processes, process 0 writes the marker and may already be saving: the others leave the
         # check of orbax's step directories to it, and may see the marker appear after looking for it.
         ours = re.compile(
-            r"ciclo_backup\.(json|lock)(\.tmp)?|history" + (r"|\d+(\..*)?" if jax.process_index() else "")
+            r"ciclo_backup\.(json|lock)(\.tmp)?|history"
+            + (r"|\d+(\..*)?|goodput" if jax.process_index() else "")
         )
         entries = [e for e in os.listdir(self.spec.directory) if not ours.fullmatch(e)]
         if entries:
