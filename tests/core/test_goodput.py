@@ -81,3 +81,14 @@ def test_a_directory_without_a_record_or_with_a_damaged_row_is_refused(tmp_path)
     with pytest.raises(ValueError, match=r"start-0.json: wall is a str, not seconds") as caught:
         ciclo.goodput(tmp_path)
     assert "remove it" in str(caught.value)
+
+
+def test_a_start_killed_before_its_first_step_leaves_a_row_of_no_steps(tmp_path):
+    from ciclo._src.resume.goodput import Recorder
+
+    _run(tmp_path, 4)
+    Recorder(str(tmp_path), 4, time.monotonic())  # never closed: killed before its first step ended
+    (tmp_path / "goodput" / "start-2.json").write_text("")  # killed between creating its row and writing it
+    _run(tmp_path, 6)
+    rows = ciclo.goodput(tmp_path).rows
+    assert [(r["resumed"], r["steps"], r["lost"]) for r in rows] == [(0, 4, 0), (4, 4, 0), (4, 6, 0)]

@@ -75,12 +75,12 @@ class Recorder:
         os.makedirs(folder, exist_ok=True)
         self.index = 1 + max((int(m[1]) for m in map(_ROW.fullmatch, os.listdir(folder)) if m), default=-1)
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
-        self._fd: int | None = os.open(os.path.join(folder, f"start-{self.index}.json"), flags, 0o644)
+        self._fd = os.open(os.path.join(folder, f"start-{self.index}.json"), flags, 0o644)
         self._began, self._at, self._phase = began, began, "start"
         self._counters = (_compiling[0], _saved[0])
         self.row: dict[str, Any] = {"format": 1, "date": time.time(), "resumed": resumed, "steps": resumed}
         self.row.update(dict.fromkeys(("wall", *BUCKETS), 0.0))
-        self.lap("start")
+        self.write(sync=False)
 
     def lap(self, phase: str) -> None:
         """Attributes the time since the last lap to the current phase (less compiling and saving in it)."""
@@ -112,26 +112,19 @@ class Recorder:
         self.write(sync=False)
 
     def write(self, *, sync: bool) -> None:
-        if self._fd is not None:
-            os.pwrite(self._fd, json.dumps(self.row).encode().ljust(_WIDTH), 0)
-            if sync:
-                os.fsync(self._fd)
+        os.pwrite(self._fd, json.dumps(self.row).encode().ljust(_WIDTH), 0)
+        if sync:
+            os.fsync(self._fd)
 
     def close(self) -> None:
         self.lap("other")
         self.write(sync=True)
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
-
-
-def _time(x: Any) -> bool:
-    return isinstance(x, (int, float)) and math.isfinite(x) and x >= 0
+        os.close(self._fd)
 
 
 _SCHEMA: Schema = {
     "format": (int, lambda x: x == 1, "1, the format this ciclo reads"),
-    "date": (float, _time, "a time"),
+    "date": (float, math.isfinite, "a time"),
     "resumed": (int, lambda x: x >= 0, "a step"),
     "steps": (int, lambda x: x >= 0, "a step"),
     **dict.fromkeys(("wall", *BUCKETS), (float, math.isfinite, "seconds")),
@@ -195,7 +188,10 @@ def goodput(directory: str | os.PathLike[str]) -> Goodput:
         path = os.path.join(folder, f"start-{index}.json")
         try:
             with open_own(path, "r") as file:
-                row = dict(check_document(json.load(file), _SCHEMA, path))
+                text = file.read()
+            if not text:  # a start killed between creating its row and writing it: no step done
+                continue
+            row = dict(check_document(json.loads(text), _SCHEMA, path))
         except (OSError, ValueError) as error:
             raise ValueError(f"a goodput row cannot be read: {error}; remove it to read the others") from None
         row["lost"] = max(rows[-1]["steps"] - row["resumed"], 0) if rows else 0
