@@ -77,6 +77,7 @@ from ciclo._src.loops.predefined import predict_loop as predict_loop
 from ciclo._src.loops.predefined import test_loop as test_loop
 from ciclo._src.loops.predefined import train_loop as train_loop
 from ciclo._src.resume.backup import backup as backup
+from ciclo._src.resume.goodput import goodput as goodput
 from ciclo._src.state.export import export as export
 from ciclo._src.state.export import load_exported as load_exported
 from ciclo._src.state.model_state import create_model_state as create_model_state
@@ -146,6 +147,7 @@ __all__ = [
     "export",
     "follow_checkpoints",
     "fuse",
+    "goodput",
     "history",
     "hooks",
     "inner_loop",

@@ -36,6 +36,9 @@ from ciclo._src.base.reprs import cut, short
 from ciclo._src.base.schedules import Every
 from ciclo._src.data.position import iterator_state
 from ciclo._src.engine.callback import Callback
+from ciclo._src.resume.goodput import Recorder, goodput
+from ciclo._src.resume.goodput import saving as saving  # the save mark, imported from here too
+from ciclo._src.resume.goodput import saving_since as saving_since
 from ciclo._src.resume.host_json import Schema, check_document, from_json, to_json
 from ciclo._src.resume.orbax_io import (
     abstract,
@@ -90,25 +93,6 @@ class Preempted(SystemExit):
             f"preempted by {name} after step {self.steps}: the backup is saved in {self.directory}; run "
             "the same command again to resume from it"
         )
-
-
-_saving: list[float] = []  # when each save's blocking work in progress began (time.monotonic)
-
-
-@contextlib.contextmanager
-def saving() -> Iterator[None]:
-    """Marks the block as a save's blocking work: `ciclo.watchdog` does not count it as a hang."""
-    began = time.monotonic()
-    _saving.append(began)
-    try:
-        yield
-    finally:
-        _saving.remove(began)
-
-
-def saving_since() -> float | None:
-    """When the oldest save's blocking work still in progress began (`time.monotonic`), or None."""
-    return min(_saving, default=None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -337,7 +321,8 @@ class BackupCallback(Callback):
         self.default_every = default_every
 
     def on_start(self, loop_state: LoopState[Any], /) -> None:
-        spec = self.spec
+        spec, began = self.spec, time.monotonic()
+        self._goodput: Recorder | None = None
         every = next(every for every in (spec.every, self.default_every, 1000) if every is not None)
         self._due = _schedule(every)
         if jax.process_count() > 1 and (type(self._due) is not Every or self._due.step_boundary() is None):
@@ -380,6 +365,9 @@ class BackupCallback(Callback):
         except BaseException as error:
             self._close(error)
             raise
+        if jax.process_index() == 0:  # times this start: its row in goodput/ (docs/resume.md, "Goodput")
+            self._goodput = Recorder(spec.directory, loop_state.steps, began)
+            loop_state.iterator = self._goodput.iterate(loop_state.iterator)
         sync_point = jax.process_count() > 1  # then JAX's preemption sync point takes SIGTERM
         signals = (() if sync_point else (signal.SIGTERM,)) + ((signal.SIGINT,) if spec.sigint else ())
         self._guard = SignalGuard(signals, sync_point=sync_point)
@@ -470,6 +458,8 @@ class BackupCallback(Callback):
         """Backs up when due; on a signal, saves and raises `ciclo.types.Preempted`."""
         self._position += 1
         guard, steps = self._guard, loop_state.steps
+        if self._goodput is not None:
+            self._goodput.step_end(steps)
         if self._resumed:  # a resumed run's first step: what it compiled to get there
             self._resumed, note = False, compiled()
             if note is not None:
@@ -492,6 +482,8 @@ class BackupCallback(Callback):
                 self._save(loop_state, finished=True, wait=True)
         finally:
             self._close(error)
+        if error is None and self.kind == "train_loop" and self._goodput and self._goodput.index:
+            announce("ciclo: %s", goodput(self.spec.directory))  # a resumed training's time, in one line
 
     def _check_marker(self) -> None:
         path = os.path.join(self.spec.directory, _MARKER)
@@ -501,7 +493,8 @@ class BackupCallback(Callback):
         # processes, process 0 writes the marker and may already be saving: the others leave the
         # check of orbax's step directories to it, and may see the marker appear after looking for it.
         ours = re.compile(
-            r"ciclo_backup\.(json|lock)(\.tmp)?|history" + (r"|\d+(\..*)?" if jax.process_index() else "")
+            r"ciclo_backup\.(json|lock)(\.tmp)?|history"
+            + (r"|\d+(\..*)?|goodput" if jax.process_index() else "")
         )
         entries = [e for e in os.listdir(self.spec.directory) if not ours.fullmatch(e)]
         if entries:
@@ -694,6 +687,8 @@ class BackupCallback(Callback):
         )
         self._last_saved = step
         self._delete_unused_chunks()
+        if self._goodput is not None:  # durable as the backup is: the steps it claims are done
+            self._goodput.write(sync=True)
         if wait:
             self._manager.wait_until_finished()
 
@@ -705,6 +700,8 @@ class BackupCallback(Callback):
                 self._manager.wait_until_finished()
                 self._manager.close()
         finally:
+            if self._goodput is not None:
+                self._goodput.close()
             if self._guard is not None:
                 self._guard.release()
                 self._guard = None
