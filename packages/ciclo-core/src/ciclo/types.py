@@ -52,6 +52,7 @@ from ciclo._src.loops.lr_find import LRFindResult as LRFindResult
 from ciclo._src.loops.predefined import LoopSettings as LoopSettings
 from ciclo._src.resume.backup import Backup as Backup
 from ciclo._src.resume.backup import Preempted as Preempted
+from ciclo._src.resume.goodput import Goodput as Goodput
 from ciclo._src.resume.orbax_io import RestoreReport as RestoreReport
 from ciclo._src.state.model_state import ModelState as ModelState
 from ciclo._src.state.model_state import ModelStateSettings as ModelStateSettings
@@ -73,6 +74,7 @@ __all__ = [
     "Evaluable",
     "Every",
     "Fused",
+    "Goodput",
     "History",
     "InnerLoop",
     "KerasBar",
