@@ -121,6 +121,9 @@ WORKERS = str(max(1, min(4, os.cpu_count() or 1)))
 DURATIONS = "--durations=10"
 """Every pytest run prints its ten slowest tests."""
 
+LOADGROUP = ["--dist=loadgroup", "-p", "support.xdist_groups"]
+"""pytest-xdist's `loadgroup`, with tests/support/xdist_groups.py, which keeps it working under pytest 9."""
+
 
 @dataclasses.dataclass(frozen=True)
 class Framework:
@@ -243,7 +246,7 @@ def faults(session: nox.Session) -> None:
         *_group("test"),
     )
     # loadgroup: the 2-process fsdp tests share one worker, and so their reference and preempted runs.
-    _pytest(session, "tests/faults", "--dist=loadgroup")
+    _pytest(session, "tests/faults", *LOADGROUP)
 
 
 @nox.session
@@ -273,7 +276,7 @@ def conformance(session: nox.Session) -> None:
     """Every adapter at once on 4 CPU devices: the conformance suite and the Keras guide example."""
     _install(session, CORE, *ADAPTERS, "keras>=3", *_group("test"))
     # loadgroup: test_after_training's cases share one worker, and so one new process for every adapter.
-    _pytest(session, "tests/conformance", "tests/docs_keras", "--dist=loadgroup", env=MULTIDEVICE_ENV)
+    _pytest(session, "tests/conformance", "tests/docs_keras", *LOADGROUP, env=MULTIDEVICE_ENV)
 
 
 @nox.session

@@ -3,7 +3,8 @@
 Once the XLA backend has started, JAX's device count is fixed and
 `jax.distributed.initialize` refuses to run, so a library that computes
 anything at import breaks the usual order of a script (imports first). Each
-test runs a fresh interpreter, without the session's `XLA_FLAGS`.
+test runs a fresh interpreter, without the session's `XLA_FLAGS`; the first also checks that
+`ciclo.testing` imports no pytest (one process less than a test of its own).
 """
 
 from __future__ import annotations
@@ -18,14 +19,20 @@ from support import processes
 TIMEOUT = 120
 
 
-def test_import_leaves_the_device_count_configurable() -> None:
+def test_import_leaves_the_device_count_configurable_and_check_adapter_needs_no_pytest() -> None:
     code = textwrap.dedent(
         """
+        import sys
+
         import jax
         import ciclo
+        import ciclo.testing
 
         jax.config.update("jax_num_cpu_devices", 2)
         assert len(jax.devices()) == 2, jax.devices()
+        # ciclo.testing.check_adapter needs no pytest (AdapterTests does, tests/core/test_testing.py).
+        assert callable(ciclo.testing.check_adapter)
+        assert "pytest" not in sys.modules
         """
     )
     result = subprocess.run(

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
-import os
-import subprocess
 import sys
 from typing import Any
 
@@ -271,27 +269,21 @@ def test_bad_arguments_are_refused_before_any_clause() -> None:
 
 
 class TestGoodThroughAdapterTests(ciclo.testing.AdapterTests):
-    """What an adapter package's own test suite writes: one test per clause, states shared."""
+    """What an adapter package's own test suite writes: one test per clause, states shared.
+
+    The adapter is check_adapter's above (programs alike: read back from JAX's compilation cache).
+    """
 
     inputs = INPUTS
     uses_key = True
 
     def make_adapter(self) -> Good:
-        return Good(hidden=4)
+        return Good()
 
 
 def test_adapter_tests_has_one_test_per_clause() -> None:
     tests = sorted(name for name in vars(ciclo.testing.AdapterTests) if name.startswith("test_"))
     assert tests == sorted(f"test_{clause}" for clause in ciclo.testing.CLAUSES)
-
-
-def test_check_adapter_needs_no_pytest() -> None:
-    code = (
-        "import sys, ciclo.testing\n"
-        "assert callable(ciclo.testing.check_adapter)\n"
-        "assert 'pytest' not in sys.modules\n"
-    )
-    subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ, "JAX_PLATFORMS": "cpu"})
 
 
 def test_adapter_tests_without_pytest_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
