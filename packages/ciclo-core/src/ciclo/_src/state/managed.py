@@ -333,7 +333,7 @@ def check_params(params: Any) -> None:
         >>> import jax
         >>> check_params({"w": jax.numpy.ones(2), "activation": jax.nn.relu})
         Traceback (most recent call last):
-        TypeError: params['activation'] is ... not an array: ...
+        TypeError: params/activation is ... not an array: ...
     """
     found = [
         (path, leaf)
