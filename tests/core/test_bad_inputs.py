@@ -140,7 +140,9 @@ def backup_of_another_model(tmp_path: Any) -> Any:
 
 def unwritable(tmp_path: Any) -> Any:
     if os.geteuid() == 0:
-        pytest.skip("root may write to any directory")
+        pytest.skip(
+            "running as root, which writes to a directory without write permission: no refusal to see"
+        )
     locked = tmp_path / "locked"
     locked.mkdir(mode=0o500)
     return ciclo.checkpoint(locked / "ck")

@@ -17,7 +17,7 @@ import pytest
 import ciclo
 from ciclo._src.callbacks import _watchdog
 from ciclo._src.callbacks._watchdog import Watchdog
-from ciclo._src.resume.backup import saving, saving_since
+from ciclo._src.resume.goodput import saving, saving_since
 
 TIMEOUT = 0.2  # where the watchdog must fire
 SLOW = 0.5  # where it must not: steps commit at once, well within it even on a loaded machine

@@ -35,7 +35,7 @@ from ciclo._src.callbacks._monitor import (
 from ciclo._src.engine.callback import Callback
 from ciclo._src.logs.logs import LogsLike
 from ciclo._src.resume.backup import _MARKER as BACKUP_MARKER
-from ciclo._src.resume.backup import saving
+from ciclo._src.resume.goodput import saving
 from ciclo._src.resume.orbax_io import (
     TMP_MARK,
     RestoreReport,

@@ -16,7 +16,8 @@ import jax
 from ciclo._src.base.checks import check_int
 from ciclo._src.base.reprs import short
 from ciclo._src.engine.callback import Callback
-from ciclo._src.resume.backup import BackupCallback, saving_since
+from ciclo._src.resume.backup import BackupCallback
+from ciclo._src.resume.goodput import saving_since
 
 if TYPE_CHECKING:
     from ciclo._src.engine.loop_state import LoopState

@@ -36,9 +36,7 @@ from ciclo._src.base.reprs import cut, short
 from ciclo._src.base.schedules import Every
 from ciclo._src.data.position import iterator_state
 from ciclo._src.engine.callback import Callback
-from ciclo._src.resume.goodput import Recorder, goodput
-from ciclo._src.resume.goodput import saving as saving  # the save mark, imported from here too
-from ciclo._src.resume.goodput import saving_since as saving_since
+from ciclo._src.resume.goodput import Recorder, goodput, saving
 from ciclo._src.resume.host_json import Schema, check_document, from_json, to_json
 from ciclo._src.resume.orbax_io import (
     abstract,
