@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final, Self
 
@@ -113,7 +114,7 @@ class Population:
         """Member `i` as an ordinary one-model state, of the class `make_state` returned."""
         if not 0 <= i < self.size:
             raise IndexError(f"member {short(i)} is out of range: this population has {self.size} members")
-        return jax.tree.map(lambda leaf: leaf[i], self.members)
+        return self.members.strategy.place(jax.tree.map(lambda leaf: leaf[i], self.members))
 
     def replace(self, **changes: Any) -> Self:
         """A copy with some fields changed."""
@@ -143,7 +144,9 @@ def population(
     `hparams` lists taken together (zipped, not crossed): `seeds=[0, 1]`, `hparams={"learning_rate":
     [0.1, 0.01]}` makes 4 members. Without `seeds`, `make_state` gets no `seed`. A hyperparameter whose
     values differ must reach the state as data: an optimizer's, through `optax.inject_hyperparams`. The
-    members' static parts (optimizer, model, strategy) are the first member's. See docs/populations.md.
+    members' static parts (optimizer, model, strategy) are the first member's. On several devices the
+    members are sharded over a mesh axis `"member"` of as many devices as divide their number (8 members
+    on 4 devices: 2 each). See docs/populations.md.
 
     Args:
         make_state: returns a managed state (`ciclo.create_*_state`, `ManagedState.create`).
@@ -182,9 +185,16 @@ def population(
     members = _stack(states)
     _check_hyperparameters(states, configs)
     columns = _Table({name: tuple(config[name] for config in configs) for name in configs[0]})
-    return Population(
+    built = Population(
         members=members, active=jnp.ones(len(states), bool), hparams=columns, batch_axis=batch_axis
     )
+    # On several devices each holds its share of the members: the vmapped step runs where they are.
+    devices = jax.local_devices()
+    count = math.gcd(len(states), len(devices))
+    if count == 1:
+        return built
+    mesh = jax.sharding.Mesh(np.array(devices[:count]), (MEMBER,))
+    return jax.device_put(built, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(MEMBER)))
 
 
 def _stack(states: list[Any]) -> Any:
@@ -193,8 +203,9 @@ def _stack(states: list[Any]) -> Any:
         raise TypeError(f"make_state must return a managed state (ciclo.create_*_state), got {short(first)}")
     if not isinstance(first.strategy, (JIT, Eager)):
         raise ValueError(
-            f"a population's members live on one device (strategy 'jit' or 'eager'); member 0 has "
-            f"{short(first.strategy)}: create the members with strategy='jit'"
+            f"a population places its members itself (sharded over a mesh axis {MEMBER!r} on several "
+            f"devices), so they are made for one device; member 0 has {short(first.strategy)}: create "
+            "the members with strategy='jit' (the default)"
         )
     flat, treedef = jax.tree_util.tree_flatten_with_path(first)
     for index, state in enumerate(states[1:], 1):

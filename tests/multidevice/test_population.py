@@ -1,0 +1,51 @@
+"""A population on 4 devices: its members sharded over the mesh axis "member", trained as on one device."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from support.linear import FEATURES, Linear, batches
+
+import ciclo
+
+DATA = batches(4)
+
+
+def make(seed: int, learning_rate: float = 0.01) -> Any:
+    return ciclo.create_model_state(
+        Linear(),
+        inputs=jnp.zeros((1, FEATURES)),
+        key=seed,
+        tx=optax.inject_hyperparams(optax.adam)(learning_rate=learning_rate),
+        losses={"loss": optax.softmax_cross_entropy_with_integer_labels},
+    )
+
+
+@pytest.mark.parametrize(("members", "per_device"), [(8, 2), (6, 3)])
+def test_members_are_sharded_over_the_member_axis(members: int, per_device: int) -> None:
+    pop = ciclo.population(make, seeds=range(members))
+    sharding = pop.members.params["w"].sharding
+    assert isinstance(sharding, jax.sharding.NamedSharding)
+    assert sharding.mesh.axis_names == ("member",) and sharding.spec[0] == "member"
+    assert {shard.data.shape[0] for shard in pop.members.params["w"].addressable_shards} == {per_device}
+    pop, history, _ = ciclo.train_loop(pop, DATA * 3, stop=12)
+    assert np.shape(history.collect("loss")) == (12, members)
+    assert pop.members.params["w"].sharding.spec[0] == "member"
+    for i in (0, members - 1):
+        alone, _, _ = ciclo.train_loop(make(i), DATA * 3, stop=12)
+        member = pop.member(i)
+        assert member.params["w"].devices() == {jax.devices()[0]}
+        np.testing.assert_allclose(member.params["w"], alone.params["w"], rtol=5e-6, atol=1e-6)
+
+
+def test_a_frozen_member_on_another_device_stays_as_it_was() -> None:
+    pop = ciclo.population(make, seeds=range(4))
+    frozen = pop.replace(active=jnp.arange(4) != 3)
+    _, after = frozen.train_step(DATA[0])
+    np.testing.assert_array_equal(after.member(3).params["w"], frozen.member(3).params["w"])
+    assert not np.array_equal(after.member(2).params["w"], frozen.member(2).params["w"])
