@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from ciclo._src.base.reprs import path_name, short
 from ciclo._src.logs.logs import Logs
@@ -193,8 +194,10 @@ def population(
     count = math.gcd(len(states), len(devices))
     if count == 1:
         return built
-    mesh = jax.sharding.Mesh(np.array(devices[:count]), (MEMBER,))
-    return jax.device_put(built, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(MEMBER)))
+    spec = PartitionSpec(MEMBER)  # type: ignore[no-untyped-call]
+    sharding = NamedSharding(Mesh(np.array(devices[:count]), (MEMBER,)), spec)
+    placed: Population = jax.device_put(built, sharding)
+    return placed
 
 
 def _stack(states: list[Any]) -> Any:
