@@ -177,6 +177,8 @@ def population(
         raise ValueError(f"the hparams lists are zipped, so they need one length; got {lengths}")
     if seeds is None and not table:
         raise ValueError("population needs seeds=[...], hparams={name: [...]}, or both, to make its members")
+    if seeds is not None and "seed" in table:
+        raise ValueError("give the seeds once: as seeds=[...] or as hparams={'seed': [...]}, not both")
     sets = [dict(zip(table, values, strict=True)) for values in zip(*table.values(), strict=True)] or [{}]
     configs = [
         ({} if seed is None else {"seed": seed}) | values
