@@ -73,7 +73,7 @@ def test_inactive_member_is_frozen_without_recompiling() -> None:
     pop = ciclo.population(make_model, seeds=SEEDS, hparams={"learning_rate": RATES})
     _, pop = pop.train_step(DATA[0])
     compiles = ciclo.types.Population.train_step.compiles
-    frozen = pop.replace(active=jnp.array([True, False, True, True]))
+    frozen = pop.replace(active=jnp.array([True, False, True, True]), hparams=dict(pop.hparams))
     before = jax.tree.map(np.asarray, frozen.member(1))
     _, after = frozen.train_step(DATA[1])
     _, after = after.train_step(DATA[2])

@@ -101,6 +101,11 @@ class Population:
     hparams: Mapping[str, tuple[Any, ...]] = dataclasses.field(metadata={"static": True})
     batch_axis: str | None = dataclasses.field(default=None, metadata={"static": True})
 
+    def __post_init__(self) -> None:
+        # jax hashes a pytree's static parts: the table is kept as a hashable dict of tuples.
+        table = _Table({name: tuple(values) for name, values in self.hparams.items()})
+        object.__setattr__(self, "hparams", table)
+
     @property
     def size(self) -> int:
         """The number of members."""
@@ -187,7 +192,7 @@ def population(
     states = [make_state(**config) for config in configs]
     members = _stack(states)
     _check_hyperparameters(states, configs)
-    columns = _Table({name: tuple(config[name] for config in configs) for name in configs[0]})
+    columns = {name: tuple(config[name] for config in configs) for name in configs[0]}
     built = Population(
         members=members, active=jnp.ones(len(states), bool), hparams=columns, batch_axis=batch_axis
     )
