@@ -6,7 +6,7 @@ import dataclasses
 import itertools
 import math
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Final, Self
+from typing import Any, Final, Self, final
 
 import jax
 import jax.numpy as jnp
@@ -26,6 +26,7 @@ MEMBER: Final = "member"
 _INJECTED: Final = (optax.InjectHyperparamsState, optax.InjectStatefulHyperparamsState)
 
 
+@final
 class _Table(dict[str, tuple[Any, ...]]):
     """The members' hyperparameters: a dict that jax can keep in a treedef (hashable, compared by value)."""
 
@@ -64,6 +65,7 @@ def _reset(members: Any) -> Any:
     return members.reset_step()
 
 
+@final
 @register_frozen
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Population:
