@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -22,6 +23,9 @@ from ciclo._src.strategies._local import JIT, Eager
 
 MEMBER: Final = "member"
 """The name of the population's leading axis: `batch_axis=` and the mesh axis members are sharded over."""
+
+DATA: Final = "data"
+"""The mesh axis each member's batch is split over, on the devices its members share."""
 
 _INJECTED: Final = (optax.InjectHyperparamsState, optax.InjectStatefulHyperparamsState)
 
@@ -45,14 +49,26 @@ def _step(name: str, *, update: bool) -> ManagedStep[Any]:
                 "with one of them"
             )
         inner = member_step._body(members.strategy, members)
-        in_axes = (0, 0 if population.batch_axis == MEMBER else None)
-        logs, new = jax.vmap(inner, in_axes=in_axes)(members, batch)
+        per_member = population.batch_axis == MEMBER
+        if population.mesh is not None:
+            batch = jax.tree.map(functools.partial(_split, population.mesh, per_member), batch)
+        logs, new = jax.vmap(inner, in_axes=(0, 0 if per_member else None))(members, batch)
         if update:
             new = jax.tree.map(lambda n, o: jnp.where(_lead(population.active, n), n, o), new, members)
         return logs, population.replace(members=new)
 
     body.__name__ = name
     return ManagedStep(body, "jit", update=False)
+
+
+def _split(mesh: Mesh, per_member: bool, leaf: Any) -> Any:
+    # Each batch is split over the devices its members share (data parallelism inside each member),
+    # where its rows divide among them; the compiler adds the reductions over "data".
+    rows = np.shape(leaf)[per_member : per_member + 1]
+    if not rows or rows[0] % mesh.shape[DATA]:
+        return leaf
+    spec = PartitionSpec(*[MEMBER] * per_member, DATA)  # type: ignore[no-untyped-call]
+    return jax.lax.with_sharding_constraint(leaf, NamedSharding(mesh, spec))  # type: ignore[no-untyped-call]
 
 
 def _lead(active: jax.Array, leaf: jax.Array) -> jax.Array:
@@ -79,6 +95,8 @@ class Population:
         hparams: each member's hyperparameters by name, `"seed"` first when seeds were given (static).
         batch_axis: None: every member sees the same batch; `"member"`: each batch leads with the member
             axis (static).
+        mesh: on several devices, the `("member", "data")` mesh the members are placed on, else None
+            (static).
 
     Example:
         >>> import ciclo, jax.numpy as jnp, optax
@@ -102,6 +120,7 @@ class Population:
     active: jax.Array
     hparams: Mapping[str, tuple[Any, ...]] = dataclasses.field(metadata={"static": True})
     batch_axis: str | None = dataclasses.field(default=None, metadata={"static": True})
+    mesh: Mesh | None = dataclasses.field(default=None, metadata={"static": True})
 
     def __post_init__(self) -> None:
         # jax hashes a pytree's static parts: the table is kept as a hashable dict of tuples.
@@ -153,8 +172,9 @@ def population(
     [0.1, 0.01]}` makes 4 members. Without `seeds`, `make_state` gets no `seed`. A hyperparameter whose
     values differ must reach the state as data: an optimizer's, through `optax.inject_hyperparams`. The
     members' static parts (optimizer, model, strategy) are the first member's. On several devices the
-    members are sharded over a mesh axis `"member"` of as many devices as divide their number (8 members
-    on 4 devices: 2 each). See docs/populations.md.
+    members are sharded over the axis `"member"` of a `("member", "data")` mesh, as many device groups
+    as divide their number, and each member's batch over `"data"` (4 members on 8 devices: one member
+    per pair of devices, each device half of its batch). See docs/populations.md.
 
     Args:
         make_state: returns a managed state (`ciclo.create_*_state`, `ManagedState.create`).
@@ -198,14 +218,13 @@ def population(
     built = Population(
         members=members, active=jnp.ones(len(states), bool), hparams=columns, batch_axis=batch_axis
     )
-    # On several devices each holds its share of the members: the vmapped step runs where they are.
+    # On several devices each group of devices holds its share of the members and splits their batches.
     devices = jax.local_devices()
-    count = math.gcd(len(states), len(devices))
-    if count == 1:
+    if len(devices) == 1:
         return built
+    mesh = Mesh(np.array(devices).reshape(math.gcd(len(states), len(devices)), -1), (MEMBER, DATA))
     spec = PartitionSpec(MEMBER)  # type: ignore[no-untyped-call]
-    sharding = NamedSharding(Mesh(np.array(devices[:count]), (MEMBER,)), spec)
-    placed: Population = jax.device_put(built, sharding)
+    placed: Population = jax.device_put(built.replace(mesh=mesh), NamedSharding(mesh, spec))
     return placed
 
 
