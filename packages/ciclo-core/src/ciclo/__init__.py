@@ -81,6 +81,7 @@ from ciclo._src.resume.goodput import goodput as goodput
 from ciclo._src.state.export import export as export
 from ciclo._src.state.export import load_exported as load_exported
 from ciclo._src.state.model_state import create_model_state as create_model_state
+from ciclo._src.state.population import population as population
 from ciclo._src.state.preflight import preflight as preflight
 from ciclo._src.state.summary import summary as summary
 from ciclo._src.state.training_options import SpikeGuard as SpikeGuard
@@ -175,6 +176,7 @@ __all__ = [
     "on_train_end",
     "on_train_step",
     "piecewise",
+    "population",
     "predict_loop",
     "prefetch_to_device",
     "preflight",

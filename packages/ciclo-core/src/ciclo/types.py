@@ -56,6 +56,7 @@ from ciclo._src.resume.goodput import Goodput as Goodput
 from ciclo._src.resume.orbax_io import RestoreReport as RestoreReport
 from ciclo._src.state.model_state import ModelState as ModelState
 from ciclo._src.state.model_state import ModelStateSettings as ModelStateSettings
+from ciclo._src.state.population import Population as Population
 from ciclo._src.state.precision import LossScale as LossScale
 from ciclo._src.state.precision import Precision as Precision
 from ciclo._src.state.preflight import Preflight as Preflight
@@ -94,6 +95,7 @@ __all__ = [
     "Period",
     "Phase",
     "Piecewise",
+    "Population",
     "Precision",
     "Predictable",
     "Preempted",
