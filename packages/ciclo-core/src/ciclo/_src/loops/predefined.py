@@ -47,6 +47,7 @@ from ciclo._src.loops.hooks import (
 )
 from ciclo._src.resume.backup import Backup, BackupCallback
 from ciclo._src.resume.signals import CatchInterrupt
+from ciclo._src.state.population import Population
 from ciclo._src.state.preflight import preflight_check
 
 
@@ -136,6 +137,10 @@ def _run(
     callbacks: list[Callback] = [*loop_watchdog(settings.get("watchdog"), saver), *([saver] if saver else [])]
     if catch_keyboard_interrupt:
         callbacks.append(CatchInterrupt())
+    history = settings.get("history")
+    if isinstance(state, Population):  # its entries of shape (members,) are per member
+        history = History() if history is None else history
+        history.members = state.size
     if begin or end:
         first = Every(_ONCE, offset=Period(steps=0 if elapsed is None else int(elapsed.steps)))
         phases = [Phase("begin", [(first, [_AtEnd(end), *begin])]), *phases]
@@ -145,7 +150,7 @@ def _run(
         phases,
         callbacks=callbacks,
         stop=settings.get("stop"),
-        history=settings.get("history"),
+        history=history,
         elapsed=elapsed,
         metadata=settings.get("metadata"),
         batch_size_fn=settings.get("batch_size_fn"),
