@@ -90,6 +90,15 @@ def test_the_bar_shows_the_best_member_and_the_spread() -> None:
     assert "mse: " in last and "(best #3, " in last and "Array" not in last and "[" not in last.split("] ")[1]
 
 
+def test_the_tqdm_bar_shows_the_best_member_too() -> None:
+    pytest.importorskip("tqdm")
+    out = io.StringIO()
+    bar = ciclo.tqdm_bar(total=4, file=out, bar_format="{n}/{total}{postfix}")
+    ciclo.train_loop(make_population(), data(), stop=4, callbacks=[bar])
+    assert "mse=" in out.getvalue().splitlines()[-1].split("\r")[-1]
+    assert "(best #3, " in out.getvalue()
+
+
 def epoch_recorder(records: list[tuple[np.ndarray, np.ndarray]]) -> Any:
     def record(state: Any) -> Any:
         records.append((np.asarray(state.active), np.asarray(state.members.params["w"])))

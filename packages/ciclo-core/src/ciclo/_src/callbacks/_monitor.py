@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Any, Literal, TypeVar, cast
+from typing import Any, Literal, TypeVar, cast, final
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from ciclo._src.base.reprs import short
+from ciclo._src.engine.callback import Callback
+from ciclo._src.engine.loop_state import LoopState
 from ciclo._src.logs.logs import Logs, LogsLike
 from ciclo._src.state.population import Population
 
@@ -53,6 +55,16 @@ def monitored_value(logs: LogsLike, key: str, members: int | None = None) -> Any
 def population_size(state: Any) -> int | None:
     """The number of members of a population state, or None for one model's state."""
     return state.size if isinstance(state, Population) else None
+
+
+@final
+class MemberHistory(Callback):
+    """Tells the loop's History a population's size: its entries of shape `(members,)` are per member."""
+
+    def on_start(self, loop_state: LoopState[Any], /) -> None:
+        members = population_size(loop_state.state)
+        if members is not None:
+            loop_state.history.members = members
 
 
 def stop_members(population: Population, stop: Any) -> Population:

@@ -15,6 +15,7 @@ from ciclo._src.base.reprs import short
 from ciclo._src.base.schedules import Every, at_step_end, every
 from ciclo._src.base.types import Evaluable, Placed, Predictable, S, Trainable
 from ciclo._src.callbacks._ema import SwapEMAWeights
+from ciclo._src.callbacks._monitor import MemberHistory
 from ciclo._src.callbacks._recompiles import watch_recompiles
 from ciclo._src.callbacks._throughput import watch_steps
 from ciclo._src.callbacks._training_options import watch_training_options
@@ -47,7 +48,6 @@ from ciclo._src.loops.hooks import (
 )
 from ciclo._src.resume.backup import Backup, BackupCallback
 from ciclo._src.resume.signals import CatchInterrupt
-from ciclo._src.state.population import Population
 from ciclo._src.state.preflight import preflight_check
 
 
@@ -137,10 +137,7 @@ def _run(
     callbacks: list[Callback] = [*loop_watchdog(settings.get("watchdog"), saver), *([saver] if saver else [])]
     if catch_keyboard_interrupt:
         callbacks.append(CatchInterrupt())
-    history = settings.get("history")
-    if isinstance(state, Population):  # its entries of shape (members,) are per member
-        history = History() if history is None else history
-        history.members = state.size
+    callbacks.append(MemberHistory())
     if begin or end:
         first = Every(_ONCE, offset=Period(steps=0 if elapsed is None else int(elapsed.steps)))
         phases = [Phase("begin", [(first, [_AtEnd(end), *begin])]), *phases]
@@ -150,7 +147,7 @@ def _run(
         phases,
         callbacks=callbacks,
         stop=settings.get("stop"),
-        history=history,
+        history=settings.get("history"),
         elapsed=elapsed,
         metadata=settings.get("metadata"),
         batch_size_fn=settings.get("batch_size_fn"),
