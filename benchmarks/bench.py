@@ -19,6 +19,12 @@ environment: same import name).
 Mesh (`--only mesh`): the medium MLP on 8 CPU devices, in a subprocess: `data_parallel` against
 `MeshParallel` of shapes (8, 1, 1) (target: 0.98 of data_parallel) and (2, 2, 2).
 
+Population (`--only population`): the tiny MLP, 8 members (seeds 0-7, adam with its learning rate
+injected) trained by one `train_loop` of a `ciclo.population`, against 8 `train_loop` runs of the same
+members one after another, side by side in each round (target: the population at least 5x as fast);
+the table also shows each one's time per member-step, and one model's step time beside the
+population's.
+
 Time to first step: `benchmarks/first_step.py` creates the medium flax state and
 runs `train_loop(..., stop=1)` in a fresh process, twice on one fresh
 `CICLO_COMPILE_CACHE`: cold (empty) then warm (what the cold run wrote), as a
@@ -808,6 +814,85 @@ def mesh_section(args: argparse.Namespace) -> str:
     return "\n".join(lines)
 
 
+# ----------------------------------------------------------------------------- population
+
+POPULATION = "population"
+POPULATION_MEMBERS = 8
+POPULATION_MIN = 5.0  # target: 8 members as one population ≥ 5× as fast as 8 runs (issue 49, "Speed")
+
+
+class PopulationMember(ciclo.managed.ManagedState):
+    """The tiny MLP as a managed state: what each member of the population row is."""
+
+    @ciclo.managed.train_step
+    def train_step(self, batch: Batch) -> tuple[ciclo.types.Logs, Any]:
+        loss, correct = loss_and_correct(self.params, batch)
+        return ciclo.logs().add_loss("loss", loss).add_metric("accuracy", correct.mean()), self
+
+
+def population_member(seed: int) -> PopulationMember:
+    tx = optax.inject_hyperparams(optax.adam)(learning_rate=LEARNING_RATE)
+    return PopulationMember.create(params=init_state(WORKLOADS["tiny"], seed)[0], tx=tx)
+
+
+def population_round(steps: int) -> tuple[Timing, Timing]:
+    """`POPULATION_MEMBERS` tiny members: one `train_loop` of them as a population, then one run each.
+
+    Each state is warmed up (compiled) first: the timings are the runs' alone.
+    """
+    data = device_batches(WORKLOADS["tiny"])
+
+    def train(state: Any, n: int) -> Any:
+        return ciclo.train_loop(state, itertools.cycle(data), stop=n)[0]
+
+    seeds = range(POPULATION_MEMBERS)
+    population = jax.block_until_ready(train(ciclo.population(population_member, seeds=seeds), WARMUP_STEPS))
+    members = [jax.block_until_ready(train(population_member(seed), WARMUP_STEPS)) for seed in seeds]
+    together = timed(lambda: train(population, steps))
+    alone = timed(lambda: [train(member, steps) for member in members])
+    return together, alone
+
+
+def population_section(args: argparse.Namespace) -> str:
+    """The tiny MLP: `POPULATION_MEMBERS` members trained as one population against one run each,
+    round by round, and the population's time per member-step beside one model's time per step."""
+    steps = args.steps or WORKLOADS["tiny"].default_steps
+    rows = {name: Row(name) for name in (f"{POPULATION_MEMBERS} runs one by one", POPULATION)}
+    for round_index in range(1, args.rounds + 1):
+        progress(f"[{POPULATION}] round {round_index}/{args.rounds} ... ")
+        together, alone = population_round(steps)
+        for row, timing in zip(rows.values(), (alone, together), strict=True):
+            row.wall.append(timing.wall)
+            row.cpu.append(timing.cpu)
+        progress(f"{alone.wall / together.wall:.1f}× faster together\n")
+    one_by_one, population = rows.values()
+    title = (
+        f"### {POPULATION}: {POPULATION_MEMBERS} tiny members, {steps} steps each × {args.rounds} round(s)"
+    )
+    header = "| run | seconds | µs per member-step | speed-up | IQR | target |"
+    lines = [title, "", header, "|---|---:|---:|---:|---:|---|"]
+    member_steps = steps * POPULATION_MEMBERS
+    for row in (one_by_one, population):
+        seconds = statistics.median(row.wall)
+        speed_up = spread = verdict = ""
+        if row is population:
+            q1, median, q3 = quartiles(paired_ratios(rows, POPULATION, [one_by_one.name]))
+            speed_up, spread = f"{median:.2f}×", f"{q1:.2f}–{q3:.2f}"
+            if not args.smoke:
+                verdict = f"≥ {POPULATION_MIN:.0f}×: {'met' if median >= POPULATION_MIN else 'MISSED'}"
+        lines.append(
+            f"| {row.name} | {seconds:.3f} | {seconds / member_steps * 1e6:,.1f} | {speed_up} | {spread} "
+            f"| {verdict} |"
+        )
+    single = statistics.median(one_by_one.wall) / member_steps * 1e6
+    lines += [
+        "",
+        f"One model's step: {single:,.1f} µs; the population's step: "
+        f"{statistics.median(population.wall) / steps * 1e6:,.1f} µs for {POPULATION_MEMBERS} members.",
+    ]
+    return "\n".join(lines)
+
+
 # ----------------------------------------------------------------------------- targets
 
 
@@ -1114,7 +1199,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--workloads", help="comma-separated: tiny,medium (default both; tiny alone with --smoke)"
     )
-    rows = [ENGINE, MESH, FIRST_STEP, *IMPLEMENTATIONS]
+    rows = [ENGINE, MESH, POPULATION, FIRST_STEP, *IMPLEMENTATIONS]
     parser.add_argument("--only", help=f"comma-separated rows, of: {', '.join(rows)}")
     parser.add_argument(
         "--smoke",
@@ -1228,6 +1313,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         sections.append(engine_section(args))
     if MESH in args.only and not args.bytecodes:
         sections.append(mesh_section(args))
+    if POPULATION in args.only and not args.bytecodes:
+        sections.append(population_section(args))
     if FIRST_STEP in args.only and not args.bytecodes:
         sections.append(first_step_section(args))
     names = [name for name in args.only if name in IMPLEMENTATIONS]

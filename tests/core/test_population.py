@@ -14,12 +14,12 @@ import numpy as np
 import optax
 import pytest
 from support.linear import FEATURES, Linear, batches
+from support.population import RATES, SEEDS, adam, assert_matches_separate_runs
 
 import ciclo
 from ciclo import managed
 
 DATA = batches(8)
-SEEDS, RATES = [0, 1], [0.1, 0.01]
 
 
 class Regression(managed.ManagedState):
@@ -38,9 +38,7 @@ class Regression(managed.ManagedState):
 
 def make_plain(seed: int, learning_rate: float) -> Regression:
     w = jax.random.normal(jax.random.key(seed), (FEATURES,))
-    return Regression.create(
-        params={"w": w}, tx=optax.inject_hyperparams(optax.adam)(learning_rate=learning_rate)
-    )
+    return Regression.create(params={"w": w}, tx=adam(learning_rate))
 
 
 def make_model(seed: int, learning_rate: float = 0.1, **options: Any) -> Any:
@@ -48,7 +46,7 @@ def make_model(seed: int, learning_rate: float = 0.1, **options: Any) -> Any:
         Linear(),
         inputs=jnp.zeros((1, FEATURES)),
         key=seed,
-        tx=optax.inject_hyperparams(optax.adam)(learning_rate=learning_rate),
+        tx=adam(learning_rate),
         losses={"loss": optax.softmax_cross_entropy_with_integer_labels},
         metrics={"accuracy": lambda preds, target: (preds.argmax(-1) == target).mean()},
         **options,
@@ -59,26 +57,16 @@ def regression_data() -> list[tuple[np.ndarray, np.ndarray]]:
     return [(x, (x @ np.arange(FEATURES, dtype=np.float32))) for x, _ in DATA]
 
 
-def assert_matches_separate_runs(make: Any, data: Any, loss: str, steps: int = 50, **options: Any) -> None:
-    pop = ciclo.population(lambda **kw: make(**kw, **options), seeds=SEEDS, hparams={"learning_rate": RATES})
-    pop, history, _ = ciclo.train_loop(pop, data * steps, stop=steps)
-    assert pop.hparams == {"seed": (0, 0, 1, 1), "learning_rate": (0.1, 0.01, 0.1, 0.01)}
-    assert np.shape(history.collect(loss)) == (steps, 4)
-    for i, (seed, rate) in enumerate(zip(pop.hparams["seed"], pop.hparams["learning_rate"], strict=True)):
-        alone, _, _ = ciclo.train_loop(
-            make(seed=seed, learning_rate=rate, **options), data * steps, stop=steps
-        )
-        for got, want in zip(jax.tree.leaves(pop.member(i)), jax.tree.leaves(alone), strict=True):
-            np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-6)
-
-
 def test_plain_managed_state_matches_separate_runs() -> None:
     assert_matches_separate_runs(make_plain, regression_data(), "mse")
 
 
 def test_model_state_matches_separate_runs_with_accumulation_and_ema() -> None:
     # Training options live in each member's optax chain: they work per member.
-    assert_matches_separate_runs(make_model, DATA, "loss", steps=20, accumulate_steps=2, ema_decay=0.5)
+    def make(seed: int, learning_rate: float) -> Any:
+        return make_model(seed, learning_rate, accumulate_steps=2, ema_decay=0.5)
+
+    assert_matches_separate_runs(make, DATA, "loss", steps=20)
 
 
 def test_inactive_member_is_frozen_without_recompiling() -> None:

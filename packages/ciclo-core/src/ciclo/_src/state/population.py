@@ -222,7 +222,8 @@ def _stack(states: list[Any]) -> Any:
 def _described(path: Any, leaf: Any) -> str:
     if leaf is None:
         return ""
-    return f"{path_name(path)} {np.dtype(jnp.result_type(leaf)).name}{list(np.shape(leaf))}"
+    leaf = jnp.asarray(leaf)
+    return f"{path_name(path)} {leaf.dtype}{list(leaf.shape)}"
 
 
 def _check_hyperparameters(states: list[Any], configs: list[dict[str, Any]]) -> None:
