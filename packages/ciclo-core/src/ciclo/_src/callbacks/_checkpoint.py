@@ -294,13 +294,9 @@ def _restore_in(
         wrapped = is_single_leaf(target) and member is None
         where = f"of step {resolved} in {directory}"
         stored = stored_tree(manager, resolved)
-        item = (
-            {"state": target}
-            if wrapped
-            else target
-            if member is None
-            else _stacked(stored, target, member, where)
-        )
+        item = {"state": target} if wrapped else target
+        if member is not None:  # a population's: the target's leaves stacked
+            item = _stacked(stored, target, member, where)
         if stored is None and partial:
             raise _damaged(manager, directory, resolved, "holds no readable metadata of its tree")
         check_device_axis(stored, target, "the checkpoint", where)  # a pmap state's device axis
