@@ -17,7 +17,6 @@ from ciclo._src.callbacks._monitor import (
     ModeLike,
     monitored_value,
     population_size,
-    present_keys,
     resolve_mode,
     select_members,
     snapshot_fields,
@@ -86,12 +85,7 @@ class EarlyStopping(Callback, Generic[S]):
         says whether every member is.
         """
         members = population_size(state)
-        value = monitored_value(logs, self.monitor, members)
-        if value is None:
-            raise KeyError(
-                f"early_stopping monitors {short(self.monitor)}, which is not in the logs; "
-                f"present: {present_keys(logs)}"
-            )
+        value = monitored_value(logs, self.monitor, members, "early_stopping")
         if members is not None:
             return self._check_members(elapsed, state, value)
         if self._best_elapsed is None:

@@ -37,11 +37,18 @@ def resolve_mode(mode: str, monitor: str | None) -> Mode:
     return mode  # type: ignore[return-value]
 
 
-def monitored_value(logs: LogsLike, key: str, members: int | None = None) -> Any:
-    """The value of `key` in `logs` on the host as a float, or None; a population's: `members` floats."""
+def monitored_value(logs: LogsLike, key: str, members: int | None = None, who: str | None = None) -> Any:
+    """The value of `key` in `logs` on the host as a float; a population's: `members` floats.
+
+    None if `key` is not in `logs`, or a KeyError naming `who` (the callback that monitors it).
+    """
     source = logs if isinstance(logs, Logs) else Logs(logs)
     path = source.entry_path(key)
     if path is None:
+        if who is not None:
+            raise KeyError(
+                f"{who} monitors {short(key)}, which is not in the logs; present: {present_keys(logs)}"
+            )
         return None
     array = np.asarray(source[path[0]][path[1]], dtype=float)
     if members is not None and array.size in (1, members):  # one value for all, or one per member

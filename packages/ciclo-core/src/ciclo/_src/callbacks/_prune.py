@@ -14,7 +14,6 @@ from ciclo._src.base.types import CallbackOutput
 from ciclo._src.callbacks._monitor import (
     ModeLike,
     monitored_value,
-    present_keys,
     ranked_members,
     resolve_mode,
     snapshot_fields,
@@ -27,24 +26,6 @@ from ciclo._src.logs.step_output import NO_LOGS
 from ciclo._src.state.population import Population
 
 _STATE_KEYS = ("checks", "pruned")
-
-
-def _population(state: Any, who: str) -> Population:
-    if not isinstance(state, Population):
-        raise TypeError(
-            f"{who} ranks the members of a population (ciclo.population), got {short(state)}; "
-            "for one model, use ciclo.early_stopping or ciclo.checkpoint(monitor=...)"
-        )
-    return state
-
-
-def _values(population: Population, logs: LogsLike, monitor: str, who: str) -> Any:
-    values = monitored_value(logs, monitor, population.size)
-    if values is None:
-        raise KeyError(
-            f"{who} monitors {short(monitor)}, which is not in the logs; present: {present_keys(logs)}"
-        )
-    return values
 
 
 @final
@@ -70,26 +51,26 @@ class Prune(Callback):
         self.pruned: list[int] = []
         """The members this callback froze, in the order it froze them."""
 
-    @property
-    def state_key(self) -> str:
-        """What its saved state is found by on resume."""
-        return f"Prune({self.monitor}, {self.mode})"
+    def _ranked(self, state: Any, logs: LogsLike, who: str) -> tuple[Population, list[int]]:
+        """`state`, a population, and its members best first by the value of `monitor` in `logs`."""
+        if not isinstance(state, Population):
+            raise TypeError(
+                f"{who} ranks the members of a population (ciclo.population), got {short(state)}; "
+                "for one model, use ciclo.early_stopping or ciclo.checkpoint(monitor=...)"
+            )
+        return state, ranked_members(monitored_value(logs, self.monitor, state.size, who), self.mode)
 
     def __call__(self, elapsed: Elapsed, state: Population, logs: LogsLike) -> Population:
         """Counts a check; at every `every`-th, returns `state` with its worst active members frozen."""
-        population = _population(state, "prune")
-        values = _values(population, logs, self.monitor, "prune")
+        population, ranked = self._ranked(state, logs, "prune")
         self.checks += 1
-        if self.checks % self.every:
-            return population
         active = np.asarray(population.active)
-        ranked = [i for i in ranked_members(values, self.mode) if active[i]]
+        ranked = [i for i in ranked if active[i]]
         kept = math.ceil(self.keep * len(ranked)) if isinstance(self.keep, float) else self.keep
-        stop = ranked[kept:]
-        if not stop:
+        if self.checks % self.every or len(ranked) <= kept:
             return population
-        self.pruned += stop
-        return stop_members(population, np.isin(np.arange(population.size), stop))
+        self.pruned += ranked[kept:]
+        return stop_members(population, np.isin(np.arange(population.size), ranked[kept:]))
 
     def best(self, population: Population, logs: LogsLike | History) -> tuple[int, Any]:
         """The member with the best value of `monitor`: `(index, member state)`, an ordinary one-model state.
@@ -108,10 +89,9 @@ class Prune(Callback):
             >>> index, state.params.tolist()
             (1, [1.0])
         """
-        population = _population(population, "prune(...).best")
         source = logs.latest() if isinstance(logs, History) else logs
-        index = ranked_members(_values(population, source, self.monitor, "prune(...).best"), self.mode)[0]
-        return index, population.member(index)
+        population, ranked = self._ranked(population, source, "prune(...).best")
+        return ranked[0], population.member(ranked[0])
 
     def __loop_callback__(self, loop_state: LoopState[Any]) -> CallbackOutput[Any]:
         return NO_LOGS, self(loop_state.elapsed, loop_state.state, loop_state.accumulated_logs)
