@@ -686,7 +686,10 @@ def checkpoint(
     Each checkpoint is numbered with the steps completed: `restore(step=N)`
     gives the state after N updates. A loop refuses a new `Checkpoint` on
     another run's checkpoints, unless `resume=True` or `overwrite=True` (or it
-    restored from them, or a resumed backup handed it its state).
+    restored from them, or a resumed backup handed it its state). A population's
+    checkpoint records each member's monitored value and ranks by the best
+    member's; `restore_checkpoint(..., member=i)` reads one member
+    (docs/populations.md).
 
     Args:
         directory: where to save (created if missing), a sub-directory per step.
@@ -764,8 +767,8 @@ def restore_checkpoint(
         target: a pytree like the saved state: the result's structure, shapes,
             dtypes and shardings.
         report: also return a `ciclo.types.RestoreReport`.
-        **options: `step`, `partial`, `params_from`: see
-            `ciclo.types.RestoreOptions`.
+        **options: `step`, `partial`, `params_from`, `member` (one member of a
+            population's checkpoint): see `ciclo.types.RestoreOptions`.
 
     Raises:
         FileNotFoundError: if `directory` holds no checkpoint, or none for `step`.

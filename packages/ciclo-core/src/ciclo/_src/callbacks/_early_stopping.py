@@ -209,7 +209,9 @@ def early_stopping(
     """Stops the loop when `monitor` has stopped improving.
 
     A NaN never improves. In `train_loop(callbacks=[...])` it runs at the end
-    of each epoch. See docs/guide.md.
+    of each epoch. See docs/guide.md. On a population (`ciclo.population`)
+    each member is watched alone: a member that stopped improving is frozen,
+    and the loop stops once every member has (docs/populations.md).
 
     Args:
         monitor: entry name or full path, e.g. `"loss_test"` or `"metrics.accuracy"`.

@@ -76,8 +76,8 @@ class MemberHistory(Callback):
 
 def stop_members(population: Population, stop: Any) -> Population:
     """`population` with the members where `stop` (bools, one per member) is True frozen (inactive)."""
-    keep = ~np.asarray(stop, dtype=bool)
-    return population.replace(active=population.active & jnp.asarray(keep))
+    active = population.active  # the mask placed as the flags are: the step's input keeps its sharding
+    return population.replace(active=active & jax.device_put(~np.asarray(stop, dtype=bool), active.sharding))
 
 
 def select_members(which: Any, new: P, old: P) -> P:
