@@ -87,20 +87,29 @@ def host_floats(entries: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
     return shown
 
 
-def format_shown(name: str, value: float | np.ndarray) -> str:
-    """A shown value; a population's entry as its best member's, the member, and the spread.
+def format_shown(shown: list[tuple[str, Any]]) -> list[tuple[str, str]]:
+    """The values `host_floats` read, as text; a population's as its best member's and their spread.
+
+    The best member is the best by the first entry of one value per member (a
+    loss: the lowest; an accuracy-like name: the highest); every such entry
+    shows that member's value.
 
     Example:
         >>> import numpy as np
-        >>> format_shown("loss", np.array([0.58, 0.2, 0.12]))
-        '0.1200 (best #2, 0.1200-0.5800)'
+        >>> format_shown([("loss", np.array([0.58, 0.2, 0.12])), ("lr", np.array([0.1, 0.2, 0.3]))])
+        [('loss', '0.1200 (best #2, 0.1200-0.5800)'), ('lr', '0.3000 (best #2, 0.1000-0.3000)')]
     """
-    if isinstance(value, float):
-        return format_value(value)
-    best = ranked_members(value, resolve_mode("auto", name))[0]
-    known = value[~np.isnan(value)]
-    low, high = (known.min(), known.max()) if known.size else (math.nan, math.nan)
-    return f"{format_value(value[best])} (best #{best}, {format_value(low)}-{format_value(high)})"
+    ranks = [(name, value) for name, value in shown if not isinstance(value, float)][:1]
+    best = next((ranked_members(value, resolve_mode("auto", name))[0] for name, value in ranks), 0)
+    texts = []
+    for name, value in shown:
+        spread = ""
+        if not isinstance(value, float):
+            known = value[~np.isnan(value)]
+            low, high = (known.min(), known.max()) if known.size else (math.nan, math.nan)
+            spread, value = f" (best #{best}, {format_value(low)}-{format_value(high)})", float(value[best])
+        texts.append((name, format_value(value) + spread))
+    return texts
 
 
 def format_value(value: float) -> str:
@@ -213,7 +222,7 @@ class ProgressCallback(Callback, abc.ABC):
             for name, value in (logs.get(collection) or {}).items():
                 if name not in entries and _is_shown(value, members):
                     entries[name] = value
-        return [(name, format_shown(name, value)) for name, value in host_floats(list(entries.items()))]
+        return format_shown(host_floats(list(entries.items())))
 
     @abc.abstractmethod
     def _draw(self, now: float, count: float, steps: float, *, final: bool) -> None: ...
