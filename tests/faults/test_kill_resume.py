@@ -172,7 +172,8 @@ def assert_each_step_once(actual: dict[str, list[tuple[int, str, float]]], expec
 
 
 @pytest.mark.parametrize(
-    ("mode", "seed", "span", "kills"), [("loop", 1, 8, 6), ("train_loop", 2, 14, 4), ("spikes", 3, 14, 3)]
+    ("mode", "seed", "span", "kills"),
+    [("loop", 1, 8, 6), ("train_loop", 2, 14, 4), ("spikes", 3, 14, 3), ("population", 4, 14, 3)],
 )
 def test_sigkill_at_random_moments_then_resume(
     mode: str,

@@ -3,7 +3,8 @@
 Usage: python worker.py MODE DIRECTORY [PROCESS_ID PORT [PAUSE]]
 
 MODE is `loop` (a hand-written jitted step in `ciclo.loop`), `spikes` (a managed state with a
-`ciclo.SpikeGuard` in `train_loop`, over data with a planted spike), `grain_prefetch`
+`ciclo.SpikeGuard` in `train_loop`, over data with a planted spike), `population` (a
+`ciclo.population` of 4 members in `train_loop`, early stopping freezing some), `grain_prefetch`
 (the same step in `ciclo.train_loop(..., prefetch=2)` over a grain iterator:
 shuffled each epoch, batched, sharded by process), `train_loop` (a flax state
 with dropout and Adam, a test loop each epoch, early stopping and a best
@@ -155,6 +156,48 @@ def spike_guard_loop() -> None:
     stats = optax.tree_utils.tree_get(state.opt_state, "SpikeStats")
     assert history.collect("skipped")[45] == 1
     save_result({"params": state.params, "statistics": stats}, history)
+
+
+def population_loop() -> None:
+    import optax
+
+    from ciclo import managed
+
+    class Regression(managed.ManagedState):
+        @managed.train_step
+        def train_step(self, batch):
+            x, y = batch
+            preds = jnp.tanh(x @ self.params["w1"]) @ self.params["w2"]
+            return ciclo.logs().add_loss("loss", jnp.mean((preds - y) ** 2)), self
+
+        @managed.step
+        def test_step(self, batch):
+            x, y = batch
+            preds = jnp.tanh(x @ self.params["w1"]) @ self.params["w2"]
+            return ciclo.logs().add_loss("loss", jnp.mean((preds - y) ** 2)), self
+
+    params, _ = regression_model()
+
+    def make_state(seed, learning_rate):
+        noise = jax.random.normal(jax.random.key(seed), params["w2"].shape) / 16.0
+        tx = optax.inject_hyperparams(optax.adam)(learning_rate=learning_rate)
+        return Regression.create(params={**params, "w2": params["w2"] + noise}, tx=tx)
+
+    # A learning rate of 0 never improves: early stopping freezes those members part way.
+    pop = ciclo.population(make_state, seeds=[0, 1], hparams={"learning_rate": [3e-4, 0.0]})
+    stopper = ciclo.early_stopping("loss_test", patience=1)
+    pop, history, _ = ciclo.train_loop(
+        pop,
+        regression_batches(),
+        {ciclo.on_train_step: [progress]},
+        test_dataset=lambda: regression_batches(4),
+        callbacks=[stopper],
+        epoch_duration=EVERY,
+        stop=STOP,
+        backup=ciclo.backup(os.path.join(DIRECTORY, "backup"), every=announce(EVERY)),
+    )
+    assert not np.asarray(pop.active).all(), "no member stopped: the run tests no frozen member"
+    save_result({"params": pop.members.params, "active": pop.active}, history)
 
 
 def grain_prefetch_loop() -> None:
@@ -312,6 +355,8 @@ if __name__ == "__main__":
         grain_prefetch_loop()
     elif MODE == "train_loop":
         flax_train_loop()
+    elif MODE == "population":
+        population_loop()
     elif MODE.startswith("distributed_"):
         pause = sys.argv[5] if len(sys.argv) > 5 else ""
         distributed(MODE.removeprefix("distributed_"), int(sys.argv[3]), int(sys.argv[4]), pause)

@@ -46,6 +46,7 @@ from ciclo._src.callbacks._loggers._wandb import wandb_logger as wandb_logger
 from ciclo._src.callbacks._nan_guard import terminate_on_nan as terminate_on_nan
 from ciclo._src.callbacks._noop import noop as noop
 from ciclo._src.callbacks._profile import profile as profile
+from ciclo._src.callbacks._prune import prune as prune
 from ciclo._src.callbacks._recompiles import watch_recompiles as watch_recompiles
 from ciclo._src.callbacks._throughput import step_flops as step_flops
 from ciclo._src.callbacks._throughput import throughput as throughput
@@ -181,6 +182,7 @@ __all__ = [
     "prefetch_to_device",
     "preflight",
     "profile",
+    "prune",
     "restore_checkpoint",
     "run_phases",
     "stacked",

@@ -28,7 +28,9 @@ from ciclo._src.callbacks._monitor import (
     Mode,
     ModeLike,
     monitored_value,
+    population_size,
     present_keys,
+    ranked_members,
     resolve_mode,
     snapshot_fields,
 )
@@ -67,6 +69,7 @@ SETTINGS_FILE = "ciclo_checkpoint.json"  # the monitor and mode that rank the ch
 _STATE_KEYS = ("newest_step", "newest_at_start", "warned")
 _LOSS = "loss"  # without `monitor`, the entry whose non-finite value keeps a state from being saved
 _BARRIERS = "ciclo_checkpoint"  # the checkpoints' kind in orbax's barrier names
+_MEMBERS = "ciclo_members"  # a population's metrics: each member's monitored value, beside the best one's
 
 _log = logging.getLogger("ciclo")
 
@@ -86,12 +89,14 @@ def _absolute_directory(directory: object) -> str:
     return os.path.abspath(os.path.expanduser(directory))
 
 
-def _rank_fn(monitor: str, mode: Mode) -> Callable[[Any], float]:
-    """The `best_fn` given to orbax: the monitored value, with missing or NaN values ranked worst."""
+def _rank_fn(monitor: str, mode: Mode, member: int | None = None) -> Callable[[Any], float]:
+    """The `best_fn` given to orbax: the monitored value (a population's `member`'s), missing or NaN worst."""
     worst = math.inf if mode == "min" else -math.inf
 
     def rank(metrics: Any) -> float:
-        value = metrics.get(monitor) if isinstance(metrics, Mapping) else None
+        value = metrics.get(monitor if member is None else _MEMBERS) if isinstance(metrics, Mapping) else None
+        if member is not None:
+            value = value[member] if isinstance(value, list) and member < len(value) else None
         return worst if value is None or math.isnan(float(value)) else float(value)
 
     return rank
@@ -165,7 +170,9 @@ def _recorded(manager: Any, directory: str, step: int) -> Any:
         raise _damaged(manager, directory, step, f"holds metrics/metrics, not JSON ({error})") from error
 
 
-def _resolve_step(manager: Any, directory: str, step: object, monitor: str | None, mode: Mode) -> int:
+def _resolve_step(
+    manager: Any, directory: str, step: object, monitor: str | None, mode: Mode, member: int | None = None
+) -> int:
     if isinstance(step, str):
         if step not in ("latest", "best"):
             raise ValueError(f"step must be an int, 'latest' or 'best', got {short(step)}")
@@ -188,14 +195,16 @@ def _resolve_step(manager: Any, directory: str, step: object, monitor: str | Non
             )
         # Every save records the monitored value: a step without one was damaged, or saved without it.
         records = {s: _recorded(manager, directory, s) for s in steps}
-        have = {s: got for s, got in records.items() if isinstance(got, Mapping) and monitor in got}
+        key = monitor if member is None else _MEMBERS
+        have = {s: got for s, got in records.items() if isinstance(got, Mapping) and key in got}
         if list(have) != steps:
             raise ValueError(
-                f"step='best' ranks the checkpoints in {directory} by {short(monitor)}, but steps "
+                f"step='best' ranks the checkpoints in {directory} by {short(monitor)}"
+                f"{'' if member is None else ' per member'}, but steps "
                 f"{short(sorted(set(steps) - set(have)))} hold no readable value of it (steps that do: "
                 f"{short(list(have))}); restore one of those with step=N, or step='latest'"
             )
-        rank, sign = _rank_fn(monitor, mode), -1.0 if mode == "min" else 1.0
+        rank, sign = _rank_fn(monitor, mode, member), -1.0 if mode == "min" else 1.0
         return max(steps, key=lambda s: (sign * rank(have[s]), s))  # among equals, the newest (orbax's)
     if step not in steps:
         raise FileNotFoundError(
@@ -233,11 +242,14 @@ class RestoreOptions(TypedDict, total=False):
             shape and dtype, keep the others (default False).
         params_from: the checkpoint's field to read the parameters from, e.g.
             `"ema_params"` (with `partial=True`).
+        member: restore member `member` of a population's checkpoint into a
+            one-model target; `step="best"` is then that member's best step.
     """
 
     step: int | Literal["latest", "best"]
     partial: bool
     params_from: str | None
+    member: int | None
 
 
 _RESTORE_OPTIONS: Final = frozenset(RestoreOptions.__optional_keys__)
@@ -258,9 +270,15 @@ def _restore_in(
             "and report (ciclo.types.RestoreOptions)"
         )
     step, partial = options.get("step", "latest"), options.get("partial", False)
-    params_from = options.get("params_from")
+    params_from, member = options.get("params_from"), options.get("member")
     for flag, value in (("partial", partial), ("report", report)):
         check_bool(value, flag)
+    if member is not None:
+        check_int(member, "member", 0, " (the population's member to restore) or None")
+        if partial:
+            raise ValueError(
+                "member= restores every leaf of one member: pass partial=True or member=, not both"
+            )
     if params_from is not None and (not isinstance(params_from, str) or not partial):
         raise (ValueError if isinstance(params_from, str) else TypeError)(
             f"params_from={short(params_from)} reads the target's parameters from another field of the "
@@ -271,12 +289,14 @@ def _restore_in(
         directory, keep=None, monitor=monitor, mode=mode, async_save=False, create=False, partial=partial
     )
     with contextlib.closing(reader) as manager:
-        resolved = _resolve_step(manager, directory, step, monitor, mode)
+        resolved = _resolve_step(manager, directory, step, monitor, mode, member)
         # orbax's StandardSave takes only containers, so a single-leaf state is saved as {"state": leaf}.
-        wrapped = is_single_leaf(target)
-        item = {"state": target} if wrapped else target
+        wrapped = is_single_leaf(target) and member is None
         where = f"of step {resolved} in {directory}"
         stored = stored_tree(manager, resolved)
+        item = {"state": target} if wrapped else target
+        if member is not None:  # a population's: the target's leaves stacked
+            item = _stacked(stored, target, member, where)
         if stored is None and partial:
             raise _damaged(manager, directory, resolved, "holds no readable metadata of its tree")
         check_device_axis(stored, target, "the checkpoint", where)  # a pmap state's device axis
@@ -299,8 +319,31 @@ def _restore_in(
             announce("ciclo: restored the checkpoint %s partially: %s", where, found.summary())
         else:  # every leaf, cast to the target's dtype
             found = sort_leaves(resolved, stored, item, any_dtype=True)[1]
+    if member is not None:  # the member's slice, placed as the target's leaf is
+        result = jax.tree.map(
+            lambda leaf, like: jax.device_put(leaf[member], like.sharding), result["members"], target
+        )
     result = typing.cast(T, result["state"] if wrapped else result)
     return (result, found) if report else result
+
+
+def _stacked(stored: Any, target: Any, member: int, where: str) -> dict[str, Any]:
+    """What a population's checkpoint holds, as shapes: `target`'s leaves stacked, and the `active` mask."""
+    active = stored.get("active") if isinstance(stored, Mapping) else None
+    if active is None or "members" not in stored:
+        raise ValueError(
+            f"member={member}: the checkpoint {where} is not a population's (ciclo.population); "
+            "restore it without member="
+        )
+    size = active.shape[0]
+    if member >= size:
+        raise IndexError(f"member={member}: the population checkpointed {where} has {size} members")
+    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+
+    def stack(leaf: Any) -> Any:
+        return jax.ShapeDtypeStruct((size, *leaf.shape), leaf.dtype, sharding=device)  # type: ignore[no-untyped-call]
+
+    return {"members": jax.tree.map(stack, target), "active": stack(jax.ShapeDtypeStruct((), bool))}  # type: ignore[no-untyped-call]
 
 
 def _source_of(
@@ -475,18 +518,23 @@ class Checkpoint(Callback):
                 )
             return
         source: LogsLike = {} if logs is None else logs
-        guarded, value = self.monitor or _LOSS, None
+        guarded, value, members = self.monitor or _LOSS, None, population_size(state)
         if self.monitor is None:
             with contextlib.suppress(ValueError):  # a loss of several values (per example) is not checked
-                value = monitored_value(source, _LOSS)
-        elif (value := monitored_value(source, self.monitor)) is None:
+                value = monitored_value(source, _LOSS, members)
+        elif (value := monitored_value(source, self.monitor, members)) is None:
             raise KeyError(
                 f"checkpoint monitor {short(self.monitor)} not found in the logs at step {step}; "
                 f"present: {present_keys(source)}"
             )
+        metrics = None
+        if members is not None and value is not None:  # a population: ranked by its best member
+            metrics = {guarded: float(value[ranked_members(value, self.mode)[0]]), _MEMBERS: value.tolist()}
+            value = metrics[guarded]
         # A finite loss can come with a NaN update (the gradient of sqrt at 0): the state decides too.
+        # A population's diverged member is its own: it ranks last, the others are saved.
         why = f"{short(guarded)} is {value}" if value is not None and not math.isfinite(value) else None
-        if why is None and not all_finite(state):
+        if why is None and members is None and not all_finite(state):
             why = "the state holds NaN or inf"
         if why is not None:
             _log.warning(
@@ -497,7 +545,7 @@ class Checkpoint(Callback):
             )
             return
         wrapped = {"state": state} if is_single_leaf(state) else state
-        metrics = None if self.monitor is None else {self.monitor: value}
+        metrics = None if self.monitor is None else metrics or {self.monitor: value}
         manager = self._get_manager()
         with held_interrupts():
             manager.save(step, args=orbax().args.StandardSave(wrapped), metrics=metrics, force=True)
@@ -638,7 +686,10 @@ def checkpoint(
     Each checkpoint is numbered with the steps completed: `restore(step=N)`
     gives the state after N updates. A loop refuses a new `Checkpoint` on
     another run's checkpoints, unless `resume=True` or `overwrite=True` (or it
-    restored from them, or a resumed backup handed it its state).
+    restored from them, or a resumed backup handed it its state). A population's
+    checkpoint records each member's monitored value and ranks by the best
+    member's; `restore_checkpoint(..., member=i)` reads one member
+    (docs/populations.md).
 
     Args:
         directory: where to save (created if missing), a sub-directory per step.
@@ -716,8 +767,8 @@ def restore_checkpoint(
         target: a pytree like the saved state: the result's structure, shapes,
             dtypes and shardings.
         report: also return a `ciclo.types.RestoreReport`.
-        **options: `step`, `partial`, `params_from`: see
-            `ciclo.types.RestoreOptions`.
+        **options: `step`, `partial`, `params_from`, `member` (one member of a
+            population's checkpoint): see `ciclo.types.RestoreOptions`.
 
     Raises:
         FileNotFoundError: if `directory` holds no checkpoint, or none for `step`.

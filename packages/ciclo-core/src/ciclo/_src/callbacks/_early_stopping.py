@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from typing import Any, ClassVar, Generic, final
+
+import numpy as np
 
 from ciclo._src.base.checks import check_int
 from ciclo._src.base.elapsed import Elapsed, Period
@@ -13,15 +16,18 @@ from ciclo._src.base.types import CallbackOutput, S
 from ciclo._src.callbacks._monitor import (
     ModeLike,
     monitored_value,
-    present_keys,
+    population_size,
     resolve_mode,
+    select_members,
     snapshot_fields,
     snapshot_float,
+    stop_members,
 )
 from ciclo._src.engine.callback import Callback
 from ciclo._src.engine.phases import LoopState
 from ciclo._src.logs.logs import LogsLike
 from ciclo._src.logs.step_output import NO_LOGS
+from ciclo._src.state.population import Population
 from ciclo._src.strategies._placement import copied
 
 _STATE_KEYS = ("best", "wait", "best_elapsed", "stopped", "best_state")
@@ -58,11 +64,12 @@ class EarlyStopping(Callback, Generic[S]):
         self.mode = resolve_mode(mode, monitor)
         self.baseline = None if baseline is None else float(baseline)
         self.restore_best_weights = restore_best_weights
-        self.best: float | None = self.baseline
+        # On a population, `best`, `wait`, `stopped` and the best's elapsed are lists, one item per member.
+        self.best: Any = self.baseline
         self.best_state: S | None = None
-        self.wait = 0
-        self.stopped = False
-        self._best_elapsed: Elapsed | None = None
+        self.wait: Any = 0
+        self.stopped: Any = False
+        self._best_elapsed: Any = None
         self._name = name
 
     @property
@@ -74,35 +81,60 @@ class EarlyStopping(Callback, Generic[S]):
         """Checks the monitored value; returns `(stop, state)`.
 
         `state` is the best state seen when stopping with `restore_best_weights`.
+        On a population, a member that stopped improving is frozen, and `stop`
+        says whether every member is.
         """
-        value = monitored_value(logs, self.monitor)
-        if value is None:
-            raise KeyError(
-                f"early_stopping monitors {short(self.monitor)}, which is not in the logs; "
-                f"present: {present_keys(logs)}"
-            )
+        members = population_size(state)
+        value = monitored_value(logs, self.monitor, members, "early_stopping")
+        if members is not None:
+            return self._check_members(elapsed, state, value)
         if self._best_elapsed is None:
             self._best_elapsed = elapsed
-        best, delta = self.best, self.min_delta
-        if not math.isnan(value) and (
-            best is None or (value < best - delta if self.mode == "min" else value > best + delta)
-        ):
-            self.best = value
-            self.wait = 0
-            self._best_elapsed = elapsed
-            if self.restore_best_weights:
-                self.best_state = copied(state)  # a later donating step consumes the originals
-        else:
-            self.wait += 1
-        if isinstance(self.patience, Period):
-            exhausted = (elapsed - self._best_elapsed) >= self.patience and self.wait > 0
-        else:
-            exhausted = self.wait > self.patience
+        self.best, self.wait, self._best_elapsed, improved, exhausted = self._check(
+            value, self.best, self.wait, self._best_elapsed, elapsed
+        )
+        if improved and self.restore_best_weights:
+            self.best_state = copied(state)  # a later donating step consumes the originals
         if exhausted:
             self.stopped = True
             if self.restore_best_weights and self.best_state is not None:
                 state = self.best_state
         return exhausted, state
+
+    def _check(
+        self, value: float, best: float | None, wait: int, best_elapsed: Elapsed, elapsed: Elapsed
+    ) -> tuple[float | None, int, Elapsed, bool, bool]:
+        """`(best, wait, best_elapsed)` after `value`, whether it improved, whether patience ran out."""
+        delta = self.min_delta
+        improved = not math.isnan(value) and (
+            best is None or (value < best - delta if self.mode == "min" else value > best + delta)
+        )
+        best, wait, best_elapsed = (value, 0, elapsed) if improved else (best, wait + 1, best_elapsed)
+        if isinstance(self.patience, Period):
+            exhausted = (elapsed - best_elapsed) >= self.patience and wait > 0
+        else:
+            exhausted = wait > self.patience
+        return best, wait, best_elapsed, improved, exhausted
+
+    def _check_members(self, elapsed: Elapsed, population: Any, values: Any) -> tuple[bool, Any]:
+        """`_check` for each member (`best`, `wait`, ... are then lists); freezes the members exhausted."""
+        if not isinstance(self.stopped, list):
+            size = len(values)
+            self.best, self.wait = [self.baseline] * size, [0] * size
+            self._best_elapsed, self.stopped = [elapsed] * size, [False] * size
+        tracks = zip(values.tolist(), self.best, self.wait, self._best_elapsed, strict=True)
+        checked = [self._check(value, best, wait, since, elapsed) for value, best, wait, since in tracks]
+        self.best, self.wait, self._best_elapsed, improved, exhausted = map(list, zip(*checked, strict=True))
+        if self.restore_best_weights and any(improved):
+            best = self.best_state
+            self.best_state = (
+                copied(population) if best is None else select_members(improved, population, best)
+            )
+        newly = [now and not was for now, was in zip(exhausted, self.stopped, strict=True)]
+        if any(newly):
+            self.stopped = [now or was for now, was in zip(exhausted, self.stopped, strict=True)]
+            population = stop_members(population, newly)
+        return not np.asarray(population.active).any(), population
 
     def state_dict(self) -> dict[str, Any]:
         """A snapshot of what decides when to stop, for `load_state_dict`.
@@ -116,7 +148,7 @@ class EarlyStopping(Callback, Generic[S]):
         return {
             "best": self.best,
             "wait": self.wait,
-            "best_elapsed": None if best_elapsed is None else dataclasses.asdict(best_elapsed),
+            "best_elapsed": _each(best_elapsed, dataclasses.asdict),
             "stopped": self.stopped,
             # Arrays are immutable and later checks rebind `best_state`, so holding it is a snapshot.
             "best_state": self.best_state,
@@ -125,15 +157,16 @@ class EarlyStopping(Callback, Generic[S]):
     def load_state_dict(self, state: Any, /) -> None:
         """Takes back a `state_dict()` snapshot (numbers maybe as 0-d arrays) before the first check."""
         fields = snapshot_fields(state, _STATE_KEYS, "early_stopping")
-        best_elapsed = fields["best_elapsed"]
-        if best_elapsed is not None:
-            counts = snapshot_fields(best_elapsed, _ELAPSED_KEYS, "early_stopping best_elapsed")
+
+        def elapsed(snapshot: Any) -> Elapsed:
+            counts = snapshot_fields(snapshot, _ELAPSED_KEYS, "early_stopping best_elapsed")
             steps, samples, time, date_start = (snapshot_float(counts[key]) for key in _ELAPSED_KEYS)
-            best_elapsed = Elapsed(int(steps), int(samples), time, date_start)
-        self.best = None if fields["best"] is None else snapshot_float(fields["best"])
-        self.wait = int(fields["wait"])
-        self._best_elapsed = best_elapsed
-        self.stopped = bool(fields["stopped"])
+            return Elapsed(int(steps), int(samples), time, date_start)
+
+        self.best = _each(fields["best"], snapshot_float)
+        self.wait = _each(fields["wait"], int)
+        self._best_elapsed = _each(fields["best_elapsed"], elapsed)
+        self.stopped = _each(fields["stopped"], bool)
         self.best_state = fields["best_state"]
 
     def __loop_callback__(self, loop_state: LoopState[S]) -> CallbackOutput[S]:
@@ -144,9 +177,23 @@ class EarlyStopping(Callback, Generic[S]):
         return NO_LOGS, state
 
     def on_end(self, loop_state: LoopState[S], error: BaseException | None, /) -> None:
-        """With `restore_best_weights`, the loop returns the best state however it ends (Ctrl-C included)."""
-        if self.restore_best_weights and self.best_state is not None:
-            loop_state.state = self.best_state
+        """With `restore_best_weights`, the loop returns the best state however it ends (Ctrl-C included).
+
+        A population's: each member's best, with the final `active` mask.
+        """
+        best: Any = self.best_state
+        if self.restore_best_weights and best is not None:
+            current = loop_state.state
+            if isinstance(best, Population) and isinstance(current, Population):
+                best = best.replace(active=current.active)
+            loop_state.state = best
+
+
+def _each(value: Any, convert: Callable[[Any], Any]) -> Any:
+    """`convert(value)`, or of each item of a population's list; None stays None."""
+    if isinstance(value, (list, tuple)):
+        return [_each(item, convert) for item in value]
+    return None if value is None else convert(value)
 
 
 def early_stopping(
@@ -162,7 +209,9 @@ def early_stopping(
     """Stops the loop when `monitor` has stopped improving.
 
     A NaN never improves. In `train_loop(callbacks=[...])` it runs at the end
-    of each epoch. See docs/guide.md.
+    of each epoch. See docs/guide.md. On a population (`ciclo.population`)
+    each member is watched alone: a member that stopped improving is frozen,
+    and the loop stops once every member has (docs/populations.md).
 
     Args:
         monitor: entry name or full path, e.g. `"loss_test"` or `"metrics.accuracy"`.

@@ -10,7 +10,7 @@ from typing import TextIO
 from ciclo._src.base.checks import check_int
 from ciclo._src.base.elapsed import PeriodLike
 from ciclo._src.base.reprs import short
-from ciclo._src.callbacks._progress import ProgressCallback, format_value
+from ciclo._src.callbacks._progress import ProgressCallback
 
 # Without a terminal: a line at each tenth of a known total, else at most every 30 seconds.
 _LOG_LINES, _LOG_PERIOD = 10, 30.0
@@ -119,7 +119,7 @@ class KerasBar(ProgressCallback):
             per_count = 1.0 if field == "time" else per_unit  # a time bar's remaining count is its ETA
             if per_count is not None:
                 parts.append(f"ETA: {format_duration((total - count) * per_count)}")
-        parts.extend(f"{name}: {format_value(value)}" for name, value in self._shown_values())
+        parts.extend(f"{name}: {text}" for name, text in self._shown_values())
         line = " - ".join(parts)
         if self._terminal:
             # Padded so that a shorter line fully covers the longer one it overwrites.

@@ -17,6 +17,7 @@ import numpy as np
 
 from ciclo._src.base.elapsed import Elapsed, Period, PeriodLike, check_seconds
 from ciclo._src.base.reprs import short
+from ciclo._src.callbacks._monitor import population_size, ranked_members, resolve_mode
 from ciclo._src.engine.callback import Callback
 from ciclo._src.engine.loop_state import LoopState
 from ciclo._src.logs.logs import Logs, LogsLike
@@ -60,25 +61,55 @@ def count_after(elapsed: Elapsed, field: Field) -> float:
     return elapsed.time
 
 
-def _is_scalar(value: Any) -> bool:
+def _is_shown(value: Any, members: int | None) -> bool:
+    """Whether `value` is a number, or one number per member of a population of `members`."""
     if isinstance(value, (bool, int, float, np.number)):
         return not isinstance(value, np.complexfloating)
     # `size` and `dtype` are metadata of device arrays: reading them does not wait for the device.
-    if getattr(value, "size", None) != 1:
+    if getattr(value, "size", None) != 1 and (members is None or getattr(value, "shape", None) != (members,)):
         return False
     kind = getattr(getattr(value, "dtype", None), "kind", None)
     return kind is not None and kind not in "cOSUMm"
 
 
-def host_floats(entries: list[tuple[str, Any]]) -> list[tuple[str, float]]:
-    """Copies the values of `entries` to the host, in one transfer, as floats; the bars' only read."""
-    shown: list[tuple[str, float]] = []
+def host_floats(entries: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
+    """Copies the values of `entries` to the host, in one transfer, as floats; the bars' only read.
+
+    A population's entries (one value per member) come as arrays of floats.
+    """
+    shown: list[tuple[str, Any]] = []
     for (name, _), value in zip(entries, jax.device_get([value for _, value in entries]), strict=True):
         try:
-            shown.append((name, float(np.asarray(value).reshape(()))))
+            array = np.asarray(value, dtype=float)
+            shown.append((name, float(array.reshape(())) if array.size == 1 else array))
         except (TypeError, ValueError):
             continue
     return shown
+
+
+def format_shown(shown: list[tuple[str, Any]]) -> list[tuple[str, str]]:
+    """The values `host_floats` read, as text; a population's as its best member's and their spread.
+
+    The best member is the best by the first entry of one value per member (a
+    loss: the lowest; an accuracy-like name: the highest); every such entry
+    shows that member's value.
+
+    Example:
+        >>> import numpy as np
+        >>> format_shown([("loss", np.array([0.58, 0.2, 0.12])), ("lr", np.array([0.1, 0.2, 0.3]))])
+        [('loss', '0.1200 (best #2, 0.1200-0.5800)'), ('lr', '0.3000 (best #2, 0.1000-0.3000)')]
+    """
+    ranks = [(name, value) for name, value in shown if not isinstance(value, float)][:1]
+    best = next((ranked_members(value, resolve_mode("auto", name))[0] for name, value in ranks), 0)
+    texts = []
+    for name, value in shown:
+        spread = ""
+        if not isinstance(value, float):
+            known = value[~np.isnan(value)]
+            low, high = (known.min(), known.max()) if known.size else (math.nan, math.nan)
+            spread, value = f" (best #{best}, {format_value(low)}-{format_value(high)})", float(value[best])
+        texts.append((name, format_value(value) + spread))
+    return texts
 
 
 def format_value(value: float) -> str:
@@ -137,7 +168,7 @@ class ProgressCallback(Callback, abc.ABC):
 
     def on_end(self, loop_state: LoopState[Any], error: BaseException | None) -> None:
         if not self.finished:
-            self._logs = loop_state.accumulated_logs
+            self._logs = loop_state
             elapsed = loop_state.elapsed  # now counting every step that ran
             self._advance(perf_counter(), getattr(elapsed, self.unit.field), elapsed.steps, final=True)
 
@@ -178,15 +209,20 @@ class ProgressCallback(Callback, abc.ABC):
         self._next_count = math.inf if self.unit.total is None else self.unit.total
         return True
 
-    def _shown_values(self) -> list[tuple[str, float]]:
-        """The scalar values of `losses`, `metrics`, `stateful_metrics`, each name once, on the host."""
-        logs = self._logs.accumulated_logs if isinstance(self._logs, LoopState) else self._logs
+    def _shown_values(self) -> list[tuple[str, str]]:
+        """The scalar values of `losses`, `metrics`, `stateful_metrics`, each name once, as shown.
+
+        A population's entries (one value per member) show the best member and the spread.
+        """
+        members, logs = None, self._logs
+        if isinstance(logs, LoopState):
+            members, logs = population_size(logs.state), logs.accumulated_logs
         entries: dict[str, Any] = {}
         for collection in ("losses", "metrics", "stateful_metrics"):
             for name, value in (logs.get(collection) or {}).items():
-                if name not in entries and _is_scalar(value):
+                if name not in entries and _is_shown(value, members):
                     entries[name] = value
-        return host_floats(list(entries.items()))
+        return format_shown(host_floats(list(entries.items())))
 
     @abc.abstractmethod
     def _draw(self, now: float, count: float, steps: float, *, final: bool) -> None: ...

@@ -8,7 +8,7 @@ from typing import Any
 
 from ciclo._src.base.elapsed import PeriodLike
 from ciclo._src.callbacks._loggers._base import import_extra
-from ciclo._src.callbacks._progress import ProgressCallback, format_value
+from ciclo._src.callbacks._progress import ProgressCallback
 
 
 @typing.final
@@ -30,7 +30,7 @@ class TqdmBar(ProgressCallback):
         values = self._shown_values()
         if values:
             # Not refreshed here: tqdm redraws on `update`, at its own pace.
-            self.tqdm.set_postfix({name: format_value(value) for name, value in values}, refresh=False)
+            self.tqdm.set_postfix(dict(values), refresh=False)
         if self.unit.field == "time":  # whole seconds: tqdm would print a float count with all its digits
             count = math.floor(count)
         if count > self._passed:

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple, cast, final, overload
 
 import jax
+import numpy as np
 
 from ciclo._src.base.checks import check_int
 from ciclo._src.base.elapsed import Elapsed
@@ -282,6 +283,8 @@ class History(Sequence[Logs]):
         self.running: set[str] = set()
         """The entries (`"losses.loss"`) whose every value covers all the steps so far, such as
         `test_loop`'s losses: an inner loop keeps their last value (see `ciclo.inner_loop`)."""
+        self.members: int | None = None
+        """A population's size (`train_loop` sets it): entries of shape `(members,)` are per member."""
 
     def commit(self, elapsed: Elapsed, logs: LogsLike) -> None:
         """Appends `logs` as the entry for `elapsed`; does not wait on the device."""
@@ -549,7 +552,41 @@ class History(Sequence[Logs]):
                 f"{short(missing[0])} appears in no history entry; present: {sorted(present)} "
                 f"and the elapsed keys {list(ELAPSED_KEYS)}"
             )
+        if self.members is not None:  # a population's per-member entries: an array (steps, members)
+            columns = tuple([np.stack(c) if self._per_member(c) else c for c in columns])  # type: ignore[misc]
         return columns[0] if len(keys) == 1 else columns
+
+    def _per_member(self, column: Iterable[Any]) -> bool:
+        return all(type(value) is np.ndarray and value.shape[:1] == (self.members,) for value in column)
+
+    def member(self, index: int) -> History:
+        """Member `index`'s own history: of a population's entries (shape `(members, ...)`), its values.
+
+        Example:
+            >>> import ciclo, numpy as np
+            >>> history = ciclo.history()
+            >>> history.members = 2  # as train_loop sets it for a population of 2
+            >>> history.append(0, 8, 0.0, ciclo.logs().add_loss("loss", np.array([0.5, 0.25])))
+            >>> history.collect("loss"), history.member(1).collect("loss")
+            (array([[0.5 , 0.25]]), [0.25])
+        """
+        members = self.members
+        if members is None:
+            raise ValueError("history.member(i) reads a population's history (train_loop(population, ...))")
+        check_int(index, "index", 0, f" below the population's size {members}")
+        if index >= members:
+            raise IndexError(f"member {index} out of range for a population of {members}")
+
+        def own(values: tuple[Any, ...]) -> tuple[Any, ...]:
+            return tuple([host_copies.to_host(v[index]) if self._per_member((v,)) else v for v in values])
+
+        rows = self.to_host()
+        rows["values"] = list(map(own, rows["values"]))
+        rows["evicted_latest"] = {paths: own(row) for paths, row in rows["evicted_latest"].items()}
+        history = History(self.max_rows)
+        history.load_host(rows)
+        history.running = set(self.running)
+        return history
 
     @staticmethod
     def _plan(paths: Paths, keys: tuple[str, ...], found: list[bool]) -> list[tuple[bool, int]] | None:

@@ -15,6 +15,7 @@ from ciclo._src.base.reprs import short
 from ciclo._src.base.schedules import Every, at_step_end, every
 from ciclo._src.base.types import Evaluable, Placed, Predictable, S, Trainable
 from ciclo._src.callbacks._ema import SwapEMAWeights
+from ciclo._src.callbacks._monitor import MemberHistory
 from ciclo._src.callbacks._recompiles import watch_recompiles
 from ciclo._src.callbacks._throughput import watch_steps
 from ciclo._src.callbacks._training_options import watch_training_options
@@ -136,6 +137,7 @@ def _run(
     callbacks: list[Callback] = [*loop_watchdog(settings.get("watchdog"), saver), *([saver] if saver else [])]
     if catch_keyboard_interrupt:
         callbacks.append(CatchInterrupt())
+    callbacks.append(MemberHistory())
     if begin or end:
         first = Every(_ONCE, offset=Period(steps=0 if elapsed is None else int(elapsed.steps)))
         phases = [Phase("begin", [(first, [_AtEnd(end), *begin])]), *phases]
