@@ -73,7 +73,7 @@ def test_inactive_member_is_frozen_without_recompiling() -> None:
     pop = ciclo.population(make_model, seeds=SEEDS, hparams={"learning_rate": RATES})
     _, pop = pop.train_step(DATA[0])
     compiles = ciclo.types.Population.train_step.compiles
-    frozen = pop.replace(active=jnp.array([True, False, True, True]))
+    frozen = pop.replace(active=jnp.array([True, False, True, True]), hparams=dict(pop.hparams))
     before = jax.tree.map(np.asarray, frozen.member(1))
     _, after = frozen.train_step(DATA[1])
     _, after = after.train_step(DATA[2])
@@ -126,8 +126,29 @@ def test_a_varying_hyperparameter_that_is_not_injected_is_refused() -> None:
         ({}, "needs seeds="),
         ({"hparams": {"a": [1, 2], "b": [1]}}, "one length; got a: 2, b: 1"),
         ({"seeds": [0], "batch_axis": "batch"}, "batch_axis must be None"),
+        ({"seeds": [0], "hparams": {"seed": [1]}}, "give the seeds once"),
     ],
 )
 def test_bad_arguments_are_refused(kwargs: dict[str, Any], match: str) -> None:
     with pytest.raises(ValueError, match=match):
         ciclo.population(make_plain, **kwargs)
+
+
+def test_members_for_several_devices_are_refused() -> None:
+    def make(seed: int) -> Regression:
+        return Regression.create(
+            params={"w": jnp.zeros(FEATURES)}, tx=optax.sgd(0.1), strategy="data_parallel"
+        )
+
+    with pytest.raises(ValueError, match="places its members itself .* strategy='jit'"):
+        ciclo.population(make, seeds=[0, 1])
+
+
+def test_a_step_that_is_not_managed_is_named() -> None:
+    class Plain(managed.ManagedState):
+        def train_step(self, batch: Any) -> Any:
+            return None, self
+
+    pop = ciclo.population(lambda seed: Plain.create(params=jnp.zeros(2), tx=optax.sgd(0.1)), seeds=[0, 1])
+    with pytest.raises(TypeError, match="Plain.train_step is .* not a managed step"):
+        pop.train_step(jnp.ones(2))

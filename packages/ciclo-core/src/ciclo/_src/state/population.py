@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
+import math
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Final, Self
+from typing import Any, Final, Self, final
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from ciclo._src.base.reprs import path_name, short
 from ciclo._src.logs.logs import Logs
@@ -21,9 +24,13 @@ from ciclo._src.strategies._local import JIT, Eager
 MEMBER: Final = "member"
 """The name of the population's leading axis: `batch_axis=` and the mesh axis members are sharded over."""
 
+DATA: Final = "data"
+"""The mesh axis each member's batch is split over, on the devices its members share."""
+
 _INJECTED: Final = (optax.InjectHyperparamsState, optax.InjectStatefulHyperparamsState)
 
 
+@final
 class _Table(dict[str, tuple[Any, ...]]):
     """The members' hyperparameters: a dict that jax can keep in a treedef (hashable, compared by value)."""
 
@@ -42,14 +49,26 @@ def _step(name: str, *, update: bool) -> ManagedStep[Any]:
                 "with one of them"
             )
         inner = member_step._body(members.strategy, members)
-        in_axes = (0, 0 if population.batch_axis == MEMBER else None)
-        logs, new = jax.vmap(inner, in_axes=in_axes)(members, batch)
+        per_member = population.batch_axis == MEMBER
+        if population.mesh is not None:
+            batch = jax.tree.map(functools.partial(_split, population.mesh, per_member), batch)
+        logs, new = jax.vmap(inner, in_axes=(0, 0 if per_member else None))(members, batch)
         if update:
             new = jax.tree.map(lambda n, o: jnp.where(_lead(population.active, n), n, o), new, members)
         return logs, population.replace(members=new)
 
     body.__name__ = name
     return ManagedStep(body, "jit", update=False)
+
+
+def _split(mesh: Mesh, per_member: bool, leaf: Any) -> Any:
+    # Each batch is split over the devices its members share (data parallelism inside each member),
+    # where its rows divide among them; the compiler adds the reductions over "data".
+    rows = np.shape(leaf)[per_member : per_member + 1]
+    if not rows or rows[0] % mesh.shape[DATA]:
+        return leaf
+    spec = PartitionSpec(*[MEMBER] * per_member, DATA)  # type: ignore[no-untyped-call]
+    return jax.lax.with_sharding_constraint(leaf, NamedSharding(mesh, spec))  # type: ignore[no-untyped-call]
 
 
 def _lead(active: jax.Array, leaf: jax.Array) -> jax.Array:
@@ -62,6 +81,7 @@ def _reset(members: Any) -> Any:
     return members.reset_step()
 
 
+@final
 @register_frozen
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Population:
@@ -75,6 +95,8 @@ class Population:
         hparams: each member's hyperparameters by name, `"seed"` first when seeds were given (static).
         batch_axis: None: every member sees the same batch; `"member"`: each batch leads with the member
             axis (static).
+        mesh: on several devices, the `("member", "data")` mesh the members are placed on, else None
+            (static).
 
     Example:
         >>> import ciclo, jax.numpy as jnp, optax
@@ -98,6 +120,12 @@ class Population:
     active: jax.Array
     hparams: Mapping[str, tuple[Any, ...]] = dataclasses.field(metadata={"static": True})
     batch_axis: str | None = dataclasses.field(default=None, metadata={"static": True})
+    mesh: Mesh | None = dataclasses.field(default=None, metadata={"static": True})
+
+    def __post_init__(self) -> None:
+        # jax hashes a pytree's static parts: the table is kept as a hashable dict of tuples.
+        table = _Table({name: tuple(values) for name, values in self.hparams.items()})
+        object.__setattr__(self, "hparams", table)
 
     @property
     def size(self) -> int:
@@ -113,7 +141,7 @@ class Population:
         """Member `i` as an ordinary one-model state, of the class `make_state` returned."""
         if not 0 <= i < self.size:
             raise IndexError(f"member {short(i)} is out of range: this population has {self.size} members")
-        return jax.tree.map(lambda leaf: leaf[i], self.members)
+        return self.members.strategy.place(jax.tree.map(lambda leaf: leaf[i], self.members))
 
     def replace(self, **changes: Any) -> Self:
         """A copy with some fields changed."""
@@ -143,7 +171,10 @@ def population(
     `hparams` lists taken together (zipped, not crossed): `seeds=[0, 1]`, `hparams={"learning_rate":
     [0.1, 0.01]}` makes 4 members. Without `seeds`, `make_state` gets no `seed`. A hyperparameter whose
     values differ must reach the state as data: an optimizer's, through `optax.inject_hyperparams`. The
-    members' static parts (optimizer, model, strategy) are the first member's. See docs/populations.md.
+    members' static parts (optimizer, model, strategy) are the first member's. On several devices the
+    members are sharded over the axis `"member"` of a `("member", "data")` mesh, as many device groups
+    as divide their number, and each member's batch over `"data"` (4 members on 8 devices: one member
+    per pair of devices, each device half of its batch). See docs/populations.md.
 
     Args:
         make_state: returns a managed state (`ciclo.create_*_state`, `ManagedState.create`).
@@ -173,6 +204,8 @@ def population(
         raise ValueError(f"the hparams lists are zipped, so they need one length; got {lengths}")
     if seeds is None and not table:
         raise ValueError("population needs seeds=[...], hparams={name: [...]}, or both, to make its members")
+    if seeds is not None and "seed" in table:
+        raise ValueError("give the seeds once: as seeds=[...] or as hparams={'seed': [...]}, not both")
     sets = [dict(zip(table, values, strict=True)) for values in zip(*table.values(), strict=True)] or [{}]
     configs = [
         ({} if seed is None else {"seed": seed}) | values
@@ -181,10 +214,18 @@ def population(
     states = [make_state(**config) for config in configs]
     members = _stack(states)
     _check_hyperparameters(states, configs)
-    columns = _Table({name: tuple(config[name] for config in configs) for name in configs[0]})
-    return Population(
+    columns = {name: tuple(config[name] for config in configs) for name in configs[0]}
+    built = Population(
         members=members, active=jnp.ones(len(states), bool), hparams=columns, batch_axis=batch_axis
     )
+    # On several devices each group of devices holds its share of the members and splits their batches.
+    devices = jax.local_devices()
+    if len(devices) == 1:
+        return built
+    mesh = Mesh(np.array(devices).reshape(math.gcd(len(states), len(devices)), -1), (MEMBER, DATA))
+    spec = PartitionSpec(MEMBER)  # type: ignore[no-untyped-call]
+    placed: Population = jax.device_put(built.replace(mesh=mesh), NamedSharding(mesh, spec))
+    return placed
 
 
 def _stack(states: list[Any]) -> Any:
@@ -193,8 +234,9 @@ def _stack(states: list[Any]) -> Any:
         raise TypeError(f"make_state must return a managed state (ciclo.create_*_state), got {short(first)}")
     if not isinstance(first.strategy, (JIT, Eager)):
         raise ValueError(
-            f"a population's members live on one device (strategy 'jit' or 'eager'); member 0 has "
-            f"{short(first.strategy)}: create the members with strategy='jit'"
+            f"a population places its members itself (sharded over a mesh axis {MEMBER!r} on several "
+            f"devices), so they are made for one device; member 0 has {short(first.strategy)}: create "
+            "the members with strategy='jit' (the default)"
         )
     flat, treedef = jax.tree_util.tree_flatten_with_path(first)
     for index, state in enumerate(states[1:], 1):
