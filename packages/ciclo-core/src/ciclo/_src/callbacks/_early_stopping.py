@@ -181,7 +181,7 @@ class EarlyStopping(Callback, Generic[S]):
 
         A population's: each member's best, with the final `active` mask.
         """
-        best = self.best_state
+        best: Any = self.best_state
         if self.restore_best_weights and best is not None:
             current = loop_state.state
             if isinstance(best, Population) and isinstance(current, Population):
