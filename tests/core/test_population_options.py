@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import jax.numpy as jnp
@@ -78,3 +79,15 @@ def test_max_consecutive_stops_a_population_naming_its_diverging_member() -> Non
     pop = ciclo.population(lambda seed: make(seed, skip_spikes=guard), seeds=[0, 1], batch_axis="member")
     with pytest.raises(RuntimeError, match="skipped the last 6 optimizer steps of member 1 up to step 12"):
         ciclo.train_loop(pop, per_member(DATA, diverging))
+
+
+def test_max_skipped_steps_stops_a_population_with_a_stuck_member(caplog: pytest.LogCaptureFixture) -> None:
+    overflowing = [(inputs * np.float32(1e6), target) for inputs, target in batches(60)]
+    pop = ciclo.population(lambda seed: make(seed, precision="16-mixed"), seeds=[0, 1], batch_axis="member")
+    with caplog.at_level(logging.WARNING, logger="ciclo"):
+        _, history, elapsed = ciclo.train_loop(pop, per_member(batches(60), overflowing), max_skipped_steps=5)
+    assert elapsed.steps == 20  # the counts copied at step 10 are read at step 20
+    assert history.collect("skipped_steps")[-1].tolist() == [0, 20]
+    (message,) = [r.getMessage() for r in caplog.records if "were all skipped" in r.getMessage()]
+    assert "the last 10 steps of member 1 up to step 10 were all skipped" in message
+    assert "Stopping the loop: max_skipped_steps=5" in message

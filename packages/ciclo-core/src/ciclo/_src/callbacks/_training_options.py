@@ -177,15 +177,15 @@ class TrainingOptionsWatch(Callback):
             return
         self._warned = True
         _log.warning(
-            "train_loop: the last %d steps up to step %d were all skipped%s, and the loss scale is down to "
+            "train_loop: the last %d steps%s up to step %d were all skipped, and the loss scale is down to "
             "%g%s: their float16 gradients were not finite at any scale tried, so the parameters have not "
             "changed since. "
             "Likely cause: the loss or its gradients overflow float16 even unscaled (inputs that are not "
             "normalised, a learning rate too high, a loss that diverged) or the data holds NaN or inf; check "
             "them, or train with precision='bf16-mixed' or '32'.%s",
             in_a_row,
-            steps,
             _of(rows, member),
+            steps,
             scale,
             " (its floor)" if scale <= MIN_SCALE else "",
             f" Stopping the loop: max_skipped_steps={limit}."
