@@ -91,3 +91,10 @@ def test_max_skipped_steps_stops_a_population_with_a_stuck_member(caplog: pytest
     (message,) = [r.getMessage() for r in caplog.records if "were all skipped" in r.getMessage()]
     assert "the last 10 steps of member 1 up to step 10 were all skipped" in message
     assert "Stopping the loop: max_skipped_steps=5" in message
+
+
+def test_micro_batches_left_unapplied_are_announced_for_a_population(caplog: pytest.LogCaptureFixture) -> None:
+    pop = ciclo.population(lambda seed: make(seed, accumulate_steps=2), seeds=[0, 1])
+    with caplog.at_level(logging.WARNING, logger="ciclo"):
+        ciclo.train_loop(pop, DATA[:5], stop=5)
+    assert "will end at stop=5 steps, with 1 micro-batch(es) accumulated" in caplog.text
