@@ -93,7 +93,7 @@ def test_max_skipped_steps_stops_a_population_with_a_stuck_member(caplog: pytest
     assert "Stopping the loop: max_skipped_steps=5" in message
 
 
-def test_micro_batches_left_unapplied_are_announced_for_a_population(caplog: pytest.LogCaptureFixture) -> None:
+def test_unapplied_micro_batches_are_announced_for_a_population(caplog: pytest.LogCaptureFixture) -> None:
     pop = ciclo.population(lambda seed: make(seed, accumulate_steps=2), seeds=[0, 1])
     with caplog.at_level(logging.WARNING, logger="ciclo"):
         ciclo.train_loop(pop, DATA[:5], stop=5)
