@@ -136,8 +136,9 @@ class Framework:
 
 
 FRAMEWORKS = {
-    # History.plot's doctest and the docs' plotting block draw with matplotlib (the plot extra).
-    "core": Framework([], ["tests/core"], ["ciclo"], extras=("plot",)),
+    # History.plot's doctest and the docs' plotting block draw with matplotlib (the plot extra);
+    # ciclo.optuna_trials' doctest, tests and docs section drive a real Optuna study.
+    "core": Framework([], ["tests/core"], ["ciclo"], extras=("plot", "optuna")),
     # One session per adapter package, in the order of their folders.
     **{
         adapter.name: Framework([adapter.path, *adapter.test_requires], adapter.folders, adapter.modules)
@@ -329,7 +330,9 @@ def quick(session: nox.Session) -> None:
     mypy runs in the `typecheck` session, queued after this one, on the packages
     whose sources changed since the last commit (ciclo-core when none did).
     """
-    _install(session, "./packages/ciclo-core[tqdm,checkpoint,plot,export]", *_group("test"), *_group("lint"))
+    _install(
+        session, "./packages/ciclo-core[tqdm,checkpoint,plot,export,optuna]", *_group("test"), *_group("lint")
+    )
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
     _pytest(session, "tests/core", "--doctest-modules", "--pyargs", "ciclo")

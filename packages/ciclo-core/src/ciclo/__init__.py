@@ -45,6 +45,7 @@ from ciclo._src.callbacks._loggers._tensorboard import tensorboard as tensorboar
 from ciclo._src.callbacks._loggers._wandb import wandb_logger as wandb_logger
 from ciclo._src.callbacks._nan_guard import terminate_on_nan as terminate_on_nan
 from ciclo._src.callbacks._noop import noop as noop
+from ciclo._src.callbacks._optuna import optuna_trials as optuna_trials
 from ciclo._src.callbacks._profile import profile as profile
 from ciclo._src.callbacks._prune import prune as prune
 from ciclo._src.callbacks._recompiles import watch_recompiles as watch_recompiles
@@ -176,6 +177,7 @@ __all__ = [
     "on_train_begin",
     "on_train_end",
     "on_train_step",
+    "optuna_trials",
     "piecewise",
     "population",
     "predict_loop",

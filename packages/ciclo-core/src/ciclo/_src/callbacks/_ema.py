@@ -10,17 +10,27 @@ from ciclo._src.base.reprs import short
 from ciclo._src.base.roles import params_field
 from ciclo._src.engine.callback import Callback
 from ciclo._src.state.managed import AbstractManagedState
+from ciclo._src.state.population import Population
 
 
-def _swapped(state: AbstractManagedState) -> Any:
+def managed_part(state: Any) -> AbstractManagedState | None:
+    """The managed state in `state`: itself, a population's stacked members (each member's own), else None."""
+    inner = state.members if isinstance(state, Population) else state
+    return inner if isinstance(inner, AbstractManagedState) else None
+
+
+def _swapped(state: Any) -> Any:
     """The state with its parameters and `ema_params` exchanged (the same arrays: nothing is copied)."""
+    if isinstance(state, Population):
+        return state.replace(members=_swapped(state.members))
     name = params_field(type(state))
     opt_state = optax.tree_utils.tree_set(state.opt_state, ema_params=getattr(state, name))
     return state.replace(**{name: state.ema_params, "opt_state": opt_state})
 
 
-def _check(state: Any) -> AbstractManagedState:
-    if not isinstance(state, AbstractManagedState) or state.ema_params is None:
+def _check(state: Any) -> Any:
+    managed = managed_part(state)
+    if managed is None or managed.ema_params is None:
         raise ValueError(
             "SwapEMAWeights (train_loop's test_with_ema=True) evaluates with the EMA of the weights, which "
             f"this state ({short(type(state))}) does not keep: create it with ema_decay=, e.g. "
@@ -34,7 +44,8 @@ class SwapEMAWeights(Callback):
     """Tests with the EMA of the weights (`ema_decay=`), then trains on with the trained weights.
 
     `train_loop(test_with_ema=True)` adds it. Before each test loop `params` and
-    `ema_params` are exchanged, and after it exchanged back, as in Keras.
+    `ema_params` are exchanged, and after it exchanged back, as in Keras; a population's
+    members each with their own.
 
     Example:
         >>> import ciclo, jax.numpy as jnp, optax

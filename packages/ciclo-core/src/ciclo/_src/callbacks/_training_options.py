@@ -6,6 +6,7 @@ copy of the counts of steps skipped in a row that it started at the check before
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Any, ClassVar, Final, final
 
@@ -18,9 +19,10 @@ from ciclo._src.base.batches import steps_of
 from ciclo._src.base.checks import check_int
 from ciclo._src.base.elapsed import only_steps
 from ciclo._src.base.reprs import short
+from ciclo._src.callbacks._ema import managed_part
 from ciclo._src.engine.callback import Callback
 from ciclo._src.engine.loop_state import LoopState
-from ciclo._src.state.managed import AbstractManagedState
+from ciclo._src.state.population import Population
 from ciclo._src.state.precision import MIN_SCALE
 from ciclo._src.state.training_options import SpikeGuard, spike_stats
 
@@ -33,9 +35,10 @@ CHECK_EVERY: Final = 10
 """Training steps between two looks at the count of steps skipped in a row."""
 
 
-@jax.jit
-def _stack(*parts: jax.Array) -> jax.Array:
-    return jnp.concatenate([part.reshape(-1).astype(jnp.float32) for part in parts])
+@functools.partial(jax.jit, static_argnums=0)
+def _stack(rows: int, *parts: jax.Array) -> jax.Array:
+    """One row of the parts per member (one row for one model)."""
+    return jnp.concatenate([part.reshape(rows, -1).astype(jnp.float32) for part in parts], axis=1)
 
 
 def _first_copy(array: Any) -> jax.Array:
@@ -43,15 +46,18 @@ def _first_copy(array: Any) -> jax.Array:
     return array.addressable_shards[0].data if isinstance(array, jax.Array) else jnp.asarray(array)
 
 
-def _mini_step(state: AbstractManagedState) -> int:
+def _mini_step(state: Any) -> int:
     """The micro-batches `optax.MultiSteps` has accumulated towards its next update (a host read)."""
-    mini_step = _first_copy(optax.tree_utils.tree_get(state.opt_state, "mini_step"))
+    managed = managed_part(state)
+    assert managed is not None
+    mini_step = _first_copy(optax.tree_utils.tree_get(managed.opt_state, "mini_step"))
     return int(np.asarray(mini_step).reshape(-1)[0])
 
 
 def watch_training_options(state: Any, max_skipped_steps: int | None) -> list[Callback]:
-    """The watch a managed state under loss scaling, accumulation or a spike limit needs (else none)."""
-    scaling = isinstance(state, AbstractManagedState) and state.loss_scale is not None
+    """The watch a managed state (or population) under loss scaling, accumulation or a spike limit needs."""
+    managed = managed_part(state)
+    scaling = managed is not None and managed.loss_scale is not None
     if max_skipped_steps is not None:
         check_int(max_skipped_steps, "max_skipped_steps", 1, " or None")
         if not scaling:
@@ -59,16 +65,16 @@ def watch_training_options(state: Any, max_skipped_steps: int | None) -> list[Ca
                 f"max_skipped_steps={short(max_skipped_steps)} counts the steps a loss scale skips, and "
                 "this state has none: it applies to a managed state created with precision='16-mixed'"
             )
-    if not isinstance(state, AbstractManagedState):
+    if managed is None:
         return []
-    stats = spike_stats(state.opt_state)
+    stats = spike_stats(managed.opt_state)
     spikes = None if stats is None or stats.guard.max_consecutive is None else stats.guard
-    if not (scaling or spikes or state.options.accumulate_steps > 1):
+    if not (scaling or spikes or managed.options.accumulate_steps > 1):
         return []
     return [
         TrainingOptionsWatch(
             loss_scaling=scaling,
-            accumulate_steps=state.options.accumulate_steps,
+            accumulate_steps=managed.options.accumulate_steps,
             max_skipped_steps=max_skipped_steps,
             spikes=spikes,
         )
@@ -138,21 +144,30 @@ class TrainingOptionsWatch(Callback):
             if left and left != self._announced:
                 self._warn_unapplied(left, f"ended after {steps} steps", "were not")
 
-    def _stall(self, state: AbstractManagedState) -> jax.Array:
-        """The loss scale's `[scale, in a row]`, then the guard's `[in a row, values, thresholds]`."""
-        scale, stats = state.loss_scale, spike_stats(state.opt_state)
+    def _stall(self, state: Any) -> jax.Array:
+        """Per member: the loss scale's `[scale, in a row]`, the guard's `[in a row, values, thresholds]`."""
+        managed = managed_part(state)
+        assert managed is not None
+        scale, stats = managed.loss_scale, spike_stats(managed.opt_state)
         parts = [] if scale is None else [scale.scale, scale.skipped_in_a_row]
         parts += [stats.skipped_in_a_row, stats.judged] if self.spikes and stats is not None else []
-        stall: jax.Array = _stack(*map(_first_copy, parts))  # a fresh array: the state's are donated
+        if isinstance(state, Population):  # sharded over the members, not replicated
+            return _stack(state.size, *parts)  # type: ignore[no-any-return]
+        stall: jax.Array = _stack(1, *map(_first_copy, parts))  # a fresh array: the state's are donated
         return stall
 
-    def _judge(self, steps: int, values: np.ndarray[Any, Any], loop_state: LoopState[Any] | None) -> None:
-        """Raises past the guard's limit; warns of a stall (once per stall), stops past max_skipped_steps."""
+    def _judge(self, steps: int, rows: np.ndarray[Any, Any], loop_state: LoopState[Any] | None) -> None:
+        """Raises past the guard's limit; warns of a stall (once per stall), stops past max_skipped_steps.
+
+        Of a population, the member with the most steps skipped in a row is judged.
+        """
         if self.spikes is not None:
-            self._check_spikes(steps, self.spikes, values[2 * self.loss_scaling :])
+            member = int(np.argmax(rows[:, 2 * self.loss_scaling]))
+            self._check_spikes(steps, self.spikes, rows[member, 2 * self.loss_scaling :], _of(rows, member))
         if not self.loss_scaling:
             return
-        scale, in_a_row = float(values[0]), int(values[1])
+        member = int(np.argmax(rows[:, 1]))
+        scale, in_a_row = float(rows[member, 0]), int(rows[member, 1])
         if in_a_row == 0:
             self._warned = False
             return
@@ -162,13 +177,14 @@ class TrainingOptionsWatch(Callback):
             return
         self._warned = True
         _log.warning(
-            "train_loop: the last %d steps up to step %d were all skipped, and the loss scale is down to "
+            "train_loop: the last %d steps%s up to step %d were all skipped, and the loss scale is down to "
             "%g%s: their float16 gradients were not finite at any scale tried, so the parameters have not "
             "changed since. "
             "Likely cause: the loss or its gradients overflow float16 even unscaled (inputs that are not "
             "normalised, a learning rate too high, a loss that diverged) or the data holds NaN or inf; check "
             "them, or train with precision='bf16-mixed' or '32'.%s",
             in_a_row,
+            _of(rows, member),
             steps,
             scale,
             " (its floor)" if scale <= MIN_SCALE else "",
@@ -181,7 +197,7 @@ class TrainingOptionsWatch(Callback):
             loop_state.stop()
 
     @staticmethod
-    def _check_spikes(steps: int, guard: SpikeGuard, values: np.ndarray[Any, Any]) -> None:
+    def _check_spikes(steps: int, guard: SpikeGuard, values: np.ndarray[Any, Any], of: str) -> None:
         """Raises once the guard skipped `max_consecutive` optimizer steps in a row."""
         in_a_row, (judged, thresholds) = int(values[0]), values[1:].reshape(2, -1)
         limit = guard.max_consecutive
@@ -194,8 +210,8 @@ class TrainingOptionsWatch(Callback):
             if not value <= threshold
         )
         raise RuntimeError(
-            f"train_loop: the spike guard skipped the last {in_a_row} optimizer steps up to step {steps}, "
-            f"max_consecutive={limit}; at the last, {spikes} (the mean of the last {guard.window} "
+            f"train_loop: the spike guard skipped the last {in_a_row} optimizer steps{of} up to step "
+            f"{steps}, max_consecutive={limit}; at the last, {spikes} (the mean of the last {guard.window} "
             f"accepted steps plus factor={guard.factor:g} standard deviations). The run has diverged "
             "or its data went bad: resume from a checkpoint before the spikes with a lower learning rate "
             "or other data, or give ciclo.SpikeGuard a higher factor= or max_consecutive="
@@ -214,3 +230,8 @@ class TrainingOptionsWatch(Callback):
             applied,
             k,
         )
+
+
+def _of(rows: np.ndarray[Any, Any], member: int) -> str:
+    """Names the member in a message about a population (of one model: nothing)."""
+    return f" of member {member}" if len(rows) > 1 else ""
