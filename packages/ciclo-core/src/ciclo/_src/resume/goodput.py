@@ -33,6 +33,11 @@ BUCKETS = ("step", "compile", "data", "save", "start", "other")
 """Where the wall time goes: the steps, compiling, waiting for data, saving (backups and checkpoints,
 their blocking part), the loop's start (restoring included), and the rest (callbacks, logging)."""
 _log = logging.getLogger("ciclo")
+_STRAGGLER = (
+    "process %d is a straggler: %.3g s per step of its own (%.3g s of them waiting for its batches), more "
+    "than straggler_factor=%g times the median of the %d processes, %.3g s; the others wait for it at "
+    "each step. Look at its data loading and its host's load"
+)
 _FOLDER = "goodput"
 _ROW = re.compile(r"start-(\d+)\.json")
 _WIDTH = 1024  # bytes of each row: rewritten in place, always whole
@@ -149,18 +154,8 @@ class Recorder:
         median = float(np.sort(own)[(len(own) - 1) // 2])
         if jax.process_index() != 0 or not median > 0:
             return
-        for process in np.flatnonzero(own > factor * median):
-            _log.warning(
-                "process %d is a straggler: %.3g s per step of its own (%.3g s of them waiting for "
-                "its batches), more than straggler_factor=%g times the median of the %d processes, %.3g s; "
-                "the others wait for it at each step. Look at its data loading and its host's load",
-                process,
-                own[process],
-                data_[process],
-                factor,
-                len(own),
-                median,
-            )
+        for p in np.flatnonzero(own > factor * median):
+            _log.warning(_STRAGGLER, p, own[p], data_[p], factor, len(own), median)
 
     def write(self, *, sync: bool) -> None:
         if self._fd is None:
