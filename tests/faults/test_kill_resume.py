@@ -435,3 +435,32 @@ def test_a_process_whose_peer_is_killed_ends_within_the_heartbeat_timeout_and_bo
                 assert lines, (pause, log[-3000:])
     assert run_two(mode, directory) == [0, 0], (directory / "stderr.log").read_text()[-5000:]
     assert_equal_to_reference(directory, reference)
+
+
+@FSDP
+def test_a_process_whose_peer_stopped_exits_124_and_the_requeued_run_resumes_bitwise(
+    tmp_path: Path, two_process_reference: Callable[[str], Path]
+) -> None:
+    """The watchdog's requeue (docs/resume.md, "Hangs: the watchdog") under two processes: process 1
+    stops (SIGSTOP) in its step 8; process 0, waiting for it, exits with 124 before JAX's heartbeat
+    timeout would end it; the scheduler kills process 1; both start again and end as a run never
+    interrupted, bit for bit."""
+    mode = "distributed_fsdp"
+    reference = two_process_reference(mode)
+    directory = tmp_path / "stopped"
+    procs = start_two(mode, directory, ("watch", "stop:8"))
+    try:
+        procs[0].communicate(timeout=TIMEOUT)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()  # the stopped one, as its scheduler would
+            proc.communicate()
+    log = (directory / "stderr.log").read_text()
+    assert procs[0].returncode == 124, log[-3000:]
+    assert "ciclo.watchdog: no step committed within 2 s (process 0, last committed step" in log, log[-3000:]
+    assert not (directory / "result_0.npz").exists()
+    assert run_two(mode, directory) == [0, 0], (directory / "stderr.log").read_text()[-5000:]
+    log = (directory / "stderr.log").read_text()
+    assert re.search(r"resumed loop from the backup at step \d+ in ", log), log[-3000:]
+    assert_equal_to_reference(directory, reference)

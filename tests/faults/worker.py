@@ -22,7 +22,8 @@ PAUSE (`step:<n>` or `save:<n>`) freezes that process of a 2-process run at a
 moment, so that a test kills it exactly there: after its step n, or as its
 backup of step n starts (the backup asks the callbacks for their state: the
 other process is then inside that save, waiting for this one). It prints
-`paused` and waits to be killed.
+`paused` and waits to be killed. `stop:<n>` stops the process (SIGSTOP) in its
+step n, a host stuck alive; with it or `watch`, the run has a watchdog (2 s).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import signal
 import sys
 import time
 
@@ -296,6 +298,8 @@ class Pause:
         self.steps = int(elapsed.steps) + 1
         if self.moment == "step" and self.steps == self.step:
             self.wait()
+        if self.moment == "stop" and self.steps == self.step:
+            os.kill(os.getpid(), signal.SIGSTOP)  # alive and silent until killed
 
     def state_dict(self) -> dict:
         if self.moment == "save" and self.steps == self.step:
@@ -337,6 +341,9 @@ def distributed(strategy: str, process_id: int, port: int, pause: str) -> None:
         },
         stop=STOP,
         backup=ciclo.backup(os.path.join(DIRECTORY, "backup"), every=EVERY),
+        watchdog=ciclo.watchdog(step_timeout=2, startup_timeout=120)
+        if pause.partition(":")[0] in ("stop", "watch")
+        else None,
     )
     # Each process wrote its own shards of the checkpoints; restoring puts them back on the mesh.
     restored = ciclo.restore_checkpoint(checkpoints, state, step=50)

@@ -52,8 +52,11 @@ def test_arguments_are_checked() -> None:
         ciclo.watchdog(step_timeout=1, exit_code=-1)
     with pytest.raises(TypeError, match=r"watchdog must be ciclo.watchdog\(step_timeout=...\), got 60"):
         ciclo.loop(0, range(2), {ciclo.every(1): step}, watchdog=60)  # type: ignore[typeddict-item]
+    with pytest.raises(ValueError, match=r"straggler_factor must be a number > 1 \(None: no report\), got 1"):
+        ciclo.watchdog(step_timeout=1, straggler_factor=1)
     assert repr(ciclo.watchdog(step_timeout=5)) == (
-        "Watchdog(step_timeout=5.0, startup_timeout=1800.0, exit_code=124, save_timeout=None, directory=None)"
+        "Watchdog(step_timeout=5.0, startup_timeout=1800.0, exit_code=124, save_timeout=None, "
+        "straggler_factor=3.0, directory=None)"
     )
 
 

@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import flax.linen as nn
-from flax import nnx
 from typing_extensions import Unpack
 
 from ciclo import create_model_state
 from ciclo.types import ModelState, ModelStateSettings
 from ciclo_flax._linen import LinenAdapter
-from ciclo_flax._nnx import NnxAdapter
-from ciclo_flax._nnx_training import NnxMetric, with_optimizer
+
+if TYPE_CHECKING:
+    from flax import nnx
 
 
 def create_flax_state(
@@ -49,6 +50,13 @@ def create_flax_state(
         >>> sorted(logs.losses)
         ['loss']
     """
+    if isinstance(model, nn.Module) and "flax.nnx" not in sys.modules:  # no nnx object can exist yet
+        return create_model_state(LinenAdapter(model), inputs=inputs, **settings)
+    from flax import nnx  # noqa: PLC0415 - on first use
+
+    from ciclo_flax._nnx import NnxAdapter  # noqa: PLC0415
+    from ciclo_flax._nnx_training import NnxMetric, with_optimizer  # noqa: PLC0415
+
     metrics: Any = settings.get("metrics")
     metrics = {"metrics": metrics} if isinstance(metrics, nnx.MultiMetric) else metrics
     if isinstance(metrics, Mapping):

@@ -41,6 +41,7 @@ class Watchdog(Callback):
     startup_timeout: float
     exit_code: int
     save_timeout: float | None
+    straggler_factor: float | None = None
     directory: str | None = None  # where the stacks go besides stderr: a loop's backup directory
 
     def beside(self, directory: str) -> Watchdog:
@@ -106,7 +107,10 @@ def loop_watchdog(value: Any, backup: BackupCallback | None) -> list[Watchdog]:
         return []
     if not isinstance(value, Watchdog):
         raise TypeError(f"watchdog must be ciclo.watchdog(step_timeout=...), got {short(value)}")
-    return [value if backup is None else value.beside(backup.spec.directory)]
+    if backup is None:
+        return [value]
+    backup.straggler_factor = value.straggler_factor  # the backups' exchange reports them
+    return [value.beside(backup.spec.directory)]
 
 
 def watchdog(
@@ -115,6 +119,7 @@ def watchdog(
     startup_timeout: float = 1800.0,
     exit_code: int = 124,
     save_timeout: float | None = None,
+    straggler_factor: float | None = 3.0,
 ) -> Watchdog:
     """Ends a hung run: when no step commits in time, dumps every thread's stack and exits with `exit_code`.
 
@@ -130,6 +135,11 @@ def watchdog(
     The blocking work of ciclo's backups and checkpoints is marked while it
     runs: the timer waits meanwhile, for up to `save_timeout` per save.
 
+    Under several processes, given as a loop's `watchdog=` with a backup, each
+    backup also shares every process's time per step since the last one (no
+    sync per step), and process 0 warns of a straggler: a process whose own
+    time per step is over `straggler_factor` times the median.
+
     Args:
         step_timeout: seconds without a committed step that count as a hang.
         startup_timeout: seconds allowed before the first step commits.
@@ -137,6 +147,8 @@ def watchdog(
         save_timeout: seconds a save may block the loop; default 600, and 80
             under several processes, below JAX's heartbeat timeout (~100 s)
             after which a process whose peer stopped aborts with code 134.
+        straggler_factor: how much slower than the median a process's steps
+            are when the backups name it in a warning; None: no report.
 
     Returns:
         A callback: give it to a loop as `watchdog=` (or in `callbacks=[...]`).
@@ -152,4 +164,9 @@ def watchdog(
     check_int(exit_code, "exit_code", 0)
     startup = _seconds(startup_timeout, "startup_timeout")
     save = None if save_timeout is None else _seconds(save_timeout, "save_timeout")
-    return Watchdog(_seconds(step_timeout, "step_timeout"), startup, exit_code, save)
+    factor = straggler_factor
+    if factor is not None and (
+        isinstance(factor, bool) or not isinstance(factor, (int, float)) or not factor > 1
+    ):
+        raise ValueError(f"straggler_factor must be a number > 1 (None: no report), got {short(factor)}")
+    return Watchdog(_seconds(step_timeout, "step_timeout"), startup, exit_code, save, factor)

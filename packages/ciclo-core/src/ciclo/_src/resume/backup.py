@@ -311,6 +311,8 @@ class BackupCallback(Callback):
     backup then claims).
     """
 
+    straggler_factor: float | None = None  # a watchdog's: under several processes, each save reports
+
     def __init__(
         self, spec: Backup | str | os.PathLike[str], *, kind: str, default_every: Any = None
     ) -> None:
@@ -363,9 +365,11 @@ class BackupCallback(Callback):
         except BaseException as error:
             self._close(error)
             raise
-        if jax.process_index() == 0:  # times this start: its row in goodput/ (docs/resume.md, "Goodput")
-            self._goodput = Recorder(spec.directory, loop_state.steps, began)
-            loop_state.iterator = self._goodput.iterate(loop_state.iterator)
+        # Times this start: its row in goodput/ (docs/resume.md, "Goodput"), written by process 0.
+        self._goodput = Recorder(
+            spec.directory if jax.process_index() == 0 else None, loop_state.steps, began
+        )
+        loop_state.iterator = self._goodput.iterate(loop_state.iterator)
         sync_point = jax.process_count() > 1  # then JAX's preemption sync point takes SIGTERM
         signals = (() if sync_point else (signal.SIGTERM,)) + ((signal.SIGINT,) if spec.sigint else ())
         self._guard = SignalGuard(signals, sync_point=sync_point)
@@ -647,6 +651,8 @@ class BackupCallback(Callback):
                 "none yet" if self._last_saved is None else f"step {self._last_saved}",
             )
             return
+        if self.straggler_factor is not None and self._goodput is not None and jax.process_count() > 1:
+            self._goodput.report_stragglers(self.straggler_factor)
         kept: dict[str, Any] = {}
         structure = None if is_single_leaf(state) else jax.tree.structure(state)
         callbacks_data = {

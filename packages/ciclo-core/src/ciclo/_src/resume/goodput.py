@@ -14,6 +14,7 @@ import contextlib
 import dataclasses
 import functools
 import json
+import logging
 import math
 import os
 import re
@@ -22,6 +23,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import jax
+import numpy as np
 
 from ciclo._src.base.compile_cache import _COMPILED
 from ciclo._src.base.files import open_own
@@ -30,6 +32,12 @@ from ciclo._src.resume.host_json import Schema, check_document
 BUCKETS = ("step", "compile", "data", "save", "start", "other")
 """Where the wall time goes: the steps, compiling, waiting for data, saving (backups and checkpoints,
 their blocking part), the loop's start (restoring included), and the rest (callbacks, logging)."""
+_log = logging.getLogger("ciclo")
+_STRAGGLER = (
+    "process %d is a straggler: %.3g s per step of its own (%.3g s of them waiting for its batches), more "
+    "than straggler_factor=%g times the median of the %d processes, %.3g s; the others wait for it at "
+    "each step. Look at its data loading and its host's load"
+)
 _FOLDER = "goodput"
 _ROW = re.compile(r"start-(\d+)\.json")
 _WIDTH = 1024  # bytes of each row: rewritten in place, always whole
@@ -67,17 +75,25 @@ def _listen() -> None:
 
 
 class Recorder:
-    """Times one start of a run into its row; laps attribute the time since the last lap to a bucket."""
+    """Times one start of a run into its row; laps attribute the time since the last lap to a bucket.
 
-    def __init__(self, directory: str, resumed: int, began: float) -> None:
+    Without a `directory` (the processes other than 0) it times alone: the straggler report's figures.
+    """
+
+    def __init__(self, directory: str | None, resumed: int, began: float) -> None:
         _listen()
-        folder = os.path.join(directory, _FOLDER)
-        os.makedirs(folder, exist_ok=True)
-        self.index = 1 + max((int(m[1]) for m in map(_ROW.fullmatch, os.listdir(folder)) if m), default=-1)
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
-        self._fd = os.open(os.path.join(folder, f"start-{self.index}.json"), flags, 0o644)
+        self.index, self._fd = 0, None
+        if directory is not None:
+            folder = os.path.join(directory, _FOLDER)
+            os.makedirs(folder, exist_ok=True)
+            self.index = 1 + max(
+                (int(m[1]) for m in map(_ROW.fullmatch, os.listdir(folder)) if m), default=-1
+            )
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+            self._fd = os.open(os.path.join(folder, f"start-{self.index}.json"), flags, 0o644)
         self._began, self._at, self._phase = began, began, "start"
         self._counters = (_compiling[0], _saved[0])
+        self._shared: tuple[int, float, float] | None = None  # steps, busy, data at the last report
         self.row: dict[str, Any] = {"format": 1, "date": time.time(), "resumed": resumed, "steps": resumed}
         self.row.update(dict.fromkeys(("wall", *BUCKETS), 0.0))
         self.write(sync=False)
@@ -110,8 +126,40 @@ class Recorder:
         self.lap("other")
         self.row["steps"] = steps
         self.write(sync=False)
+        if self._shared is None:  # the first step, its compile and the start's unequal waits, is not shared
+            self._shared = self._busy()
+
+    def _busy(self) -> tuple[int, float, float]:
+        self.lap("other")
+        row = self.row
+        return row["steps"], row["step"] + row["data"] + row["other"], row["data"]
+
+    def report_stragglers(self, factor: float) -> None:
+        """Shares this process's times per step since the last call; process 0 names the slow processes.
+
+        Every process calls it at the same step (a backup's): one small allgather, nothing per step. A
+        process's own time per step is its busy time (steps, data, callbacks) less what it waited for
+        slower peers' batches; a straggler's is over `factor` times the (lower) median of all.
+        """
+        before = self._shared
+        if before is None or before[0] == self.row["steps"]:  # the same in every process: all gather, or none
+            return
+        self._shared = now = self._busy()
+        steps, busy, data = (b - a for a, b in zip(before, now, strict=True))
+        from jax.experimental import multihost_utils  # noqa: PLC0415 - a multi-process run's, when used
+
+        table = np.asarray(multihost_utils.process_allgather(np.asarray([busy, data]) / steps))
+        busy_, data_ = table[:, 0], table[:, 1]
+        own = np.maximum(busy_ - (data_.max() - data_), data_)
+        median = float(np.sort(own)[(len(own) - 1) // 2])
+        if jax.process_index() != 0 or not median > 0:
+            return
+        for p in np.flatnonzero(own > factor * median):
+            _log.warning(_STRAGGLER, p, own[p], data_[p], factor, len(own), median)
 
     def write(self, *, sync: bool) -> None:
+        if self._fd is None:
+            return
         os.pwrite(self._fd, json.dumps(self.row).encode().ljust(_WIDTH), 0)
         if sync:
             os.fsync(self._fd)
@@ -119,7 +167,8 @@ class Recorder:
     def close(self) -> None:
         self.lap("other")
         self.write(sync=True)
-        os.close(self._fd)
+        if self._fd is not None:
+            os.close(self._fd)
 
 
 _SCHEMA: Schema = {
