@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import optax
 from typing_extensions import Unpack
 
+from ciclo._src.base.compile_cache import start as start_compile_cache
 from ciclo._src.base.frameworks import creator_name
 from ciclo._src.base.reprs import short
 from ciclo._src.base.roles import Role, field
@@ -381,6 +382,7 @@ def create_model_state(
             raise TypeError(f"metric {short(name)}: {error}") from None
     chosen: dict[str, Any] = {name: value for name, value in settings.items() if name in OPTION_NAMES}
     options = TrainingOptions(**chosen)
+    start_compile_cache()  # before the key's programs: a rerun reads them back too
     key = settings.get("key", 0)
     if isinstance(key, int) and not isinstance(key, bool):
         key = jax.random.key(key)
