@@ -368,9 +368,9 @@ def _side_by_side(session: nox.Session, commands: dict[str, list[str]], workers:
 def examples(session: nox.Session) -> None:
     """Runs every example script: each trains on scikit-learn's digits and fails under its accuracy floor.
 
-    `WORKERS` scripts run at a time; each one's output is shown when it ends. Then
-    the example adapter package's own tests run, as its authors run them: the
-    adapter kit `ciclo.testing` over `ciclo_stax.StaxAdapter`.
+    Beside them, the example adapter package's own tests run, as its authors run
+    them: the adapter kit `ciclo.testing` over `ciclo_stax.StaxAdapter`. `WORKERS`
+    of these commands run at a time; each one's output is shown when it ends.
     """
     _install(
         session,
@@ -385,18 +385,13 @@ def examples(session: nox.Session) -> None:
         script: [python, script, f"--steps={EXAMPLE_STEPS}", f"--min-accuracy={floor}", *session.posargs]
         for script, floor in EXAMPLES.items()
     }
-    _side_by_side(session, commands, int(WORKERS), "examples")
     # Its pyproject.toml configures its tests, as in its own repository; doctests: the installed module's.
-    _pytest(
-        session,
-        str(ROOT / EXAMPLE_ADAPTER / "tests"),
-        f"--config-file={EXAMPLE_ADAPTER}/pyproject.toml",
-        f"--rootdir={EXAMPLE_ADAPTER}",
-        "--doctest-modules",
-        "--pyargs",
-        "ciclo_stax",
-        parallel=False,
-    )
+    commands[f"{EXAMPLE_ADAPTER} tests"] = [
+        *(str(Path(session.bin) / "pytest"), DURATIONS, str(ROOT / EXAMPLE_ADAPTER / "tests")),
+        *(f"--config-file={EXAMPLE_ADAPTER}/pyproject.toml", f"--rootdir={EXAMPLE_ADAPTER}"),
+        *("--doctest-modules", "--pyargs", "ciclo_stax", *session.posargs),
+    ]
+    _side_by_side(session, commands, int(WORKERS), "examples")
 
 
 @nox.session
