@@ -306,8 +306,8 @@ def typecheck(session: nox.Session) -> None:
         session.error(f"typecheck takes package names ({', '.join(TYPED)}), not {unknown}")
     # matplotlib's Figure appears in History.plot's signature: the plot extra gives mypy its types.
     _install(session, "./packages/ciclo-core[tqdm,checkpoint,plot]", *ADAPTERS, *_group("typecheck"))
-    for package in session.posargs or TYPED:
-        session.run("mypy", TYPED[package])
+    # One mypy for every package: ciclo-core, which each adapter imports, is analysed once.
+    session.run("mypy", *(TYPED[package] for package in session.posargs or TYPED))
 
 
 def _changed_packages() -> list[str]:
@@ -346,13 +346,35 @@ def demo(session: nox.Session) -> None:
     session.run("python", "examples/flax/digits_cnn.py", *session.posargs)
 
 
+def _side_by_side(session: nox.Session, commands: dict[str, list[str]], workers: int, what: str) -> None:
+    """Runs the `commands` (by name) `workers` at a time, shows each one's output when it ends, and
+    fails the session naming those that failed."""
+    env = {**os.environ, "PATH": os.pathsep.join([str(session.bin), os.environ.get("PATH", "")])}
+    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+        done = dict(
+            zip(
+                commands,
+                pool.map(
+                    lambda command: subprocess.run(command, capture_output=True, text=True, env=env),
+                    commands.values(),
+                ),
+                strict=True,
+            )
+        )
+    for name, result in done.items():
+        session.log(f"{name}: exit {result.returncode}\n{result.stdout}{result.stderr}")
+    failed = [name for name, result in done.items() if result.returncode != 0]
+    if failed:
+        session.error(f"{what} failed: {', '.join(failed)}")
+
+
 @nox.session
 def examples(session: nox.Session) -> None:
     """Runs every example script: each trains on scikit-learn's digits and fails under its accuracy floor.
 
-    `WORKERS` scripts run at a time; each one's output is shown when it ends. Then
-    the example adapter package's own tests run, as its authors run them: the
-    adapter kit `ciclo.testing` over `ciclo_stax.StaxAdapter`.
+    Beside them, the example adapter package's own tests run, as its authors run
+    them: the adapter kit `ciclo.testing` over `ciclo_stax.StaxAdapter`. `WORKERS`
+    of these commands run at a time; each one's output is shown when it ends.
     """
     _install(
         session,
@@ -363,30 +385,17 @@ def examples(session: nox.Session) -> None:
         *_group("demo"),
     )
     python = str(Path(session.bin) / "python")
-    commands = [
-        [python, script, f"--steps={EXAMPLE_STEPS}", f"--min-accuracy={floor}", *session.posargs]
+    commands = {
+        script: [python, script, f"--steps={EXAMPLE_STEPS}", f"--min-accuracy={floor}", *session.posargs]
         for script, floor in EXAMPLES.items()
-    ]
-    with concurrent.futures.ThreadPoolExecutor(int(WORKERS)) as pool:
-        done = list(
-            pool.map(lambda command: subprocess.run(command, capture_output=True, text=True), commands)
-        )
-    for command, result in zip(commands, done, strict=True):
-        session.log(f"{command[1]}: exit {result.returncode}\n{result.stdout}{result.stderr}")
-    failed = [command[1] for command, result in zip(commands, done, strict=True) if result.returncode != 0]
-    if failed:
-        session.error(f"examples failed: {', '.join(failed)}")
+    }
     # Its pyproject.toml configures its tests, as in its own repository; doctests: the installed module's.
-    _pytest(
-        session,
-        str(ROOT / EXAMPLE_ADAPTER / "tests"),
-        f"--config-file={EXAMPLE_ADAPTER}/pyproject.toml",
-        f"--rootdir={EXAMPLE_ADAPTER}",
-        "--doctest-modules",
-        "--pyargs",
-        "ciclo_stax",
-        parallel=False,
-    )
+    commands[f"{EXAMPLE_ADAPTER} tests"] = [
+        *(str(Path(session.bin) / "pytest"), DURATIONS, str(ROOT / EXAMPLE_ADAPTER / "tests")),
+        *(f"--config-file={EXAMPLE_ADAPTER}/pyproject.toml", f"--rootdir={EXAMPLE_ADAPTER}"),
+        *("--doctest-modules", "--pyargs", "ciclo_stax", *session.posargs),
+    ]
+    _side_by_side(session, commands, int(WORKERS), "examples")
 
 
 @nox.session
@@ -423,10 +432,15 @@ def package(session: nox.Session) -> None:
     tmp = Path(session.create_tmp())
     dist = tmp / "dist"
     shutil.rmtree(dist, ignore_errors=True)
-    for package in ["./packages/ciclo-core", *ADAPTERS]:
-        # Builds the sdist, then the wheel from the sdist: a file missing from the sdist fails here.
-        # uv makes the isolated build environments (build[uv]); the users' install below is pip's.
-        session.run("python", "-m", "build", "--installer=uv", "--outdir", str(dist), package)
+    # Builds the sdist, then the wheel from the sdist: a file missing from the sdist fails here. uv
+    # makes the isolated build environments (build[uv]); the users' install below is pip's. The
+    # builds, which mostly wait on their environments, run side by side.
+    python = str(Path(session.bin) / "python")
+    builds = {
+        f"build {package}": [python, "-m", "build", "--installer=uv", "--outdir", str(dist), package]
+        for package in ["./packages/ciclo-core", *ADAPTERS]
+    }
+    _side_by_side(session, builds, len(builds), "builds")
     built = sorted(dist.iterdir())
     session.run("twine", "check", "--strict", *map(str, built))
     wheels = {path.name.split("-")[0]: str(path) for path in built if path.suffix == ".whl"}

@@ -91,6 +91,7 @@ Usage:
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import dataclasses
 import datetime
 import functools
@@ -794,7 +795,11 @@ def mesh_section(args: argparse.Namespace) -> str:
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={MESH_DEVICES}"
     command = [sys.executable, __file__, MESH_CHILD, str(steps), str(args.rounds)]
-    done = subprocess.run(command, stdout=subprocess.PIPE, text=True, env=env)  # its progress: stderr
+    # Its progress goes to stderr; in a --smoke run, where it runs beside other rows, only if it failed.
+    stderr = subprocess.PIPE if args.smoke else None
+    done = subprocess.run(command, stdout=subprocess.PIPE, stderr=stderr, text=True, env=env)
+    if args.smoke and done.returncode != 0:
+        progress(done.stderr)
     title = f"### {MESH}: medium on {MESH_DEVICES} CPU devices, {steps} steps × {args.rounds} round(s)"
     if done.returncode != 0:
         return f"{title}\n\nn/a: the subprocess exited {done.returncode} (its stderr is above)"
@@ -1308,15 +1313,21 @@ def bytecodes_table(workload: Workload, names: list[str], steps: int) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     warm_up_history()
+    sections: list[str | concurrent.futures.Future[str]]
     sections = [header(PINNING if args.pin_core else f"not pinned: {PIN_FLAG} not given")]
     if ENGINE in args.only and not args.bytecodes:
         sections.append(engine_section(args))
-    if MESH in args.only and not args.bytecodes:
-        sections.append(mesh_section(args))
-    if POPULATION in args.only and not args.bytecodes:
-        sections.append(population_section(args))
-    if FIRST_STEP in args.only and not args.bytecodes:
-        sections.append(first_step_section(args))
+    # The sections of fresh processes: in a --smoke run (no timing judged) they run in a thread,
+    # beside the rows below, and so on the second CPU that a one-process run leaves idle.
+    pool = concurrent.futures.ThreadPoolExecutor(1)
+    for name, section in (
+        (MESH, mesh_section),
+        (POPULATION, population_section),
+        (FIRST_STEP, first_step_section),
+    ):
+        if name in args.only and not args.bytecodes:
+            fresh = name != POPULATION  # the population rows run in this process
+            sections.append(pool.submit(section, args) if args.smoke and fresh else section(args))
     names = [name for name in args.only if name in IMPLEMENTATIONS]
     for workload_name in args.workloads if names else []:
         workload = WORKLOADS[workload_name]
@@ -1326,7 +1337,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             continue
         rows = measure(workload, names, steps, args.rounds)
         sections.append(table(workload, rows, steps, args.rounds, judge_targets=not args.smoke))
-    report = "\n\n".join(sections) + "\n"
+    report = "\n\n".join(part if isinstance(part, str) else part.result() for part in sections) + "\n"
+    pool.shutdown()
     print(report, end="")
     if args.output:
         with open(args.output, "w", encoding="utf-8") as file:
