@@ -2,23 +2,24 @@
 
 Run with `python examples/population_sweep.py` where `ciclo-core[checkpoint]`
 (orbax) is installed; with the plot extra (`ciclo-core[plot]`, matplotlib) it
-also draws every member's loss curve. Nothing is downloaded: the 28x28 "digits"
-are ten random prototypes with noise.
+also draws every member's loss and accuracy curves with `history.plot`. Nothing
+is downloaded: the 28x28 "digits" are ten random prototypes with noise.
 
 `ciclo.population` builds one state per learning rate (the rate injected into
 adam with `optax.inject_hyperparams`, so each member's step reads its own) and
 `ciclo.train_loop` trains all 8 with one compiled step, the member's step
 under `jax.vmap`. Every logged entry has one value per member: the history's
 losses are `(steps, 8)`. The member with the best test accuracy is taken out
-as an ordinary state (`population.member(i)`), saved with `ciclo.checkpoint`,
-restored, and `best.model` is run on the test set. The script exits with an
-error when that accuracy is under `--min-accuracy`.
+as an ordinary state (`population.best(test_history, "accuracy")`), saved
+with `ciclo.checkpoint`, restored, and `best.model` is run on the test set.
+The script exits with an error when that accuracy is under `--min-accuracy`.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -99,24 +100,6 @@ def make_state(learning_rate: float) -> ciclo.types.ModelState:
     )
 
 
-def plot_members(history: ciclo.types.History, path: str) -> bool:
-    """Draws each member's loss against steps into `path`; False where matplotlib is not installed."""
-    try:
-        from matplotlib.figure import Figure
-    except ImportError:
-        return False
-    steps = np.asarray(history.collect("steps"))
-    losses = np.asarray(history.collect("loss"))  # (steps, members)
-    figure = Figure(figsize=(6, 4), layout="constrained")
-    axes = figure.add_subplot()
-    for member, rate in enumerate(RATES):
-        axes.plot(steps, losses[:, member], label=f"lr={rate:g}")
-    axes.set(xlabel="steps", ylabel="training loss", yscale="log", title="8 learning rates, one program")
-    axes.legend(fontsize="small")
-    figure.savefig(path, dpi=100)
-    return True
-
-
 def check_floor(accuracy: float, floor: float) -> None:
     """Exits with an error (status 1) when `accuracy` is under `floor`."""
     if accuracy < floor:
@@ -147,20 +130,21 @@ def main() -> None:
 
     # The metrics are running means over the test set: the last step's value is the whole set's.
     _, test_history, _ = ciclo.test_loop(population, batches(test, 100, seed=None))
-    final = np.asarray(test_history.collect("accuracy")[-1])  # one per member
-    index = int(final.argmax())
+    final = test_history.collect("accuracy")[-1]  # one per member
+    index, member = population.best(test_history, "accuracy")  # an ordinary one-model state
     checkpoint = ciclo.checkpoint(logdir, async_save=False)
-    checkpoint.save(elapsed.steps, population.member(index))
+    checkpoint.save(elapsed.steps, member)
     best = ciclo.restore_checkpoint(logdir, make_state(RATES[index]))
     model: Any = best.model  # the adapter's `to_model`: a function from images to logits
     model_accuracy = float(np.mean(np.asarray(model(test["inputs"])).argmax(-1) == test["target"]))
 
     print(f"trained {len(RATES)} members {elapsed.steps} steps each in one program, in {seconds:.1f}s")
-    for rate, accuracy in zip(RATES, final, strict=True):
-        print(f"  learning rate {rate:<8g} test accuracy {accuracy:.4f}")
-    print(f"best: learning rate {RATES[index]:g}; best.model, restored from {logdir}: {model_accuracy:.4f}")
-    if plot_members(history, f"{logdir}/losses.png"):
-        print(f"the members' loss curves: {logdir}/losses.png")
+    for member_index, (rate, accuracy) in enumerate(zip(RATES, final, strict=True)):
+        print(f"  #{member_index} learning rate {rate:<8g} test accuracy {accuracy:.4f}")
+    print(f"best: #{index}, learning rate {RATES[index]:g}; best.model, restored: {model_accuracy:.4f}")
+    if importlib.util.find_spec("matplotlib") is not None:  # the plot extra: one curve per member
+        history.plot("loss", "accuracy", path=f"{logdir}/members.png")
+        print(f"the members' curves: {logdir}/members.png")
     check_floor(model_accuracy, args.min_accuracy)
 
 

@@ -176,10 +176,25 @@ def test_prune_halves_the_active_members_by_rank() -> None:
         [False, False, False, True],
     ]
     assert np.asarray(pop.active).tolist() == [False, False, False, True]
-    index, best = pruner.best(pop, history)
+    index, best = pop.best(history, "mse")
     assert index == 3
     assert_bitwise(best, pop.member(3))
     assert type(best) is Regression
+
+
+def test_best_ranks_the_newest_values_of_a_history_or_logs() -> None:
+    pop, history, _ = ciclo.train_loop(make_population(), data(), stop=6)
+    newest = history.collect("mse")[-1]
+    assert pop.best(history, "mse")[0] == int(np.argmin(newest))
+    assert pop.best(history, "mse", mode="max")[0] == int(np.argmax(newest))
+    scores = ciclo.logs().add_metric("accuracy", np.array([0.2, np.nan, 0.9, 0.5]))
+    index, best = pop.best(scores, "accuracy")  # "auto": an accuracy is better higher; NaN last
+    assert index == 2 and type(best) is Regression
+    assert pop.best(ciclo.logs().add_loss("loss", np.array([np.nan, 3.0, 1.0, 2.0])))[0] == 2
+    with pytest.raises(KeyError, match="population.best monitors 'loss', which is not in the logs"):
+        pop.best(history)
+    with pytest.raises(ValueError, match="mode must be"):
+        pop.best(history, "mse", mode="lowest")  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(

@@ -108,6 +108,36 @@ def test_a_real_training_run_with_learning_rate(tmp_path: Path) -> None:
     assert (tmp_path / "run.png").read_bytes().startswith(PNG_SIGNATURE)
 
 
+def test_a_population_draws_one_curve_per_member() -> None:
+    class State(managed.ManagedState):
+        @managed.train_step
+        def train_step(self, batch):
+            return ciclo.logs().add_loss("loss", jnp.mean((self.params - batch) ** 2)), self
+
+        @managed.step
+        def test_step(self, batch):
+            return ciclo.logs().add_loss("loss", jnp.mean((self.params - batch) ** 2)), self
+
+    def make_state(learning_rate):
+        return State.create(params=jnp.zeros(2), tx=optax.inject_hyperparams(optax.sgd)(learning_rate))
+
+    pop = ciclo.population(make_state, hparams={"learning_rate": [0.0, 0.1, 0.3]})
+    batches = [jnp.ones(2)] * 6
+    _, history, _ = ciclo.train_loop(pop, batches, test_dataset=lambda: batches[:1], epoch_duration=3, stop=6)
+    losses, tested = history.collect("loss"), history.collect("loss_test")  # (steps, 3), (2, 3)
+    for figure in (history.plot("loss"), history.plot()):  # no arguments: a population's entries found
+        drawn = lines(figure)
+        assert list(drawn)[0] == "loss"
+        assert list(drawn["loss"]) == [f"loss #{i}" for i in range(3)] + [f"loss_test #{i}" for i in range(3)]
+        for i in range(3):
+            assert drawn["loss"][f"loss #{i}"] == (list(range(6)), losses[:, i].tolist())
+            assert drawn["loss"][f"loss_test #{i}"] == ([2, 5], tested[:, i].tolist())
+        colours = {line.get_label(): line.get_color() for line in figure.axes[0].lines}
+        assert colours["loss #1"] == colours["loss_test #1"] != colours["loss #2"]  # a member's own colour
+        legend = [text.get_text() for text in figure.axes[0].get_legend().get_texts()]
+        assert legend == ["loss #0", "loss #1", "loss #2"]  # one entry per member
+
+
 def test_errors() -> None:
     history = fake_run()
     with pytest.raises(KeyError, match="'lost' appears in no history entry"):

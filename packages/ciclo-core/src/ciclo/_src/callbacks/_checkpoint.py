@@ -24,18 +24,17 @@ from ciclo._src.base.finite import all_finite
 from ciclo._src.base.reprs import cut, key_names, short
 from ciclo._src.base.roles import params_field
 from ciclo._src.base.types import CallbackOutput
-from ciclo._src.callbacks._monitor import (
+from ciclo._src.callbacks._monitor import population_size, snapshot_fields
+from ciclo._src.engine.callback import Callback
+from ciclo._src.logs.logs import LogsLike
+from ciclo._src.logs.monitor import (
     Mode,
     ModeLike,
     monitored_value,
-    population_size,
     present_keys,
     ranked_members,
     resolve_mode,
-    snapshot_fields,
 )
-from ciclo._src.engine.callback import Callback
-from ciclo._src.logs.logs import LogsLike
 from ciclo._src.resume.backup import _MARKER as BACKUP_MARKER
 from ciclo._src.resume.goodput import saving
 from ciclo._src.resume.orbax_io import (

@@ -14,10 +14,7 @@ from ciclo._src.base.elapsed import Elapsed, Period
 from ciclo._src.base.reprs import short
 from ciclo._src.base.types import CallbackOutput, S
 from ciclo._src.callbacks._monitor import (
-    ModeLike,
-    monitored_value,
     population_size,
-    resolve_mode,
     select_members,
     snapshot_fields,
     snapshot_float,
@@ -26,6 +23,7 @@ from ciclo._src.callbacks._monitor import (
 from ciclo._src.engine.callback import Callback
 from ciclo._src.engine.phases import LoopState
 from ciclo._src.logs.logs import LogsLike
+from ciclo._src.logs.monitor import ModeLike, monitored_value, resolve_mode
 from ciclo._src.logs.step_output import NO_LOGS
 from ciclo._src.state.population import Population
 from ciclo._src.strategies._placement import copied

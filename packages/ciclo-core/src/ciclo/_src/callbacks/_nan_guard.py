@@ -13,10 +13,10 @@ import numpy as np
 from ciclo._src.base.checks import check_int
 from ciclo._src.base.reprs import short
 from ciclo._src.base.types import S
-from ciclo._src.callbacks._monitor import present_keys
 from ciclo._src.engine.callback import Callback
 from ciclo._src.engine.loop_state import LoopState
 from ciclo._src.logs.logs import Logs
+from ciclo._src.logs.monitor import present_keys
 
 _log = logging.getLogger("ciclo")
 

@@ -13,10 +13,11 @@ from ciclo._src.base.elapsed import Elapsed
 from ciclo._src.base.reprs import short
 from ciclo._src.base.types import CallbackOutput
 from ciclo._src.callbacks._loggers._base import import_extra
-from ciclo._src.callbacks._monitor import monitored_value, stop_members
+from ciclo._src.callbacks._monitor import stop_members
 from ciclo._src.engine.callback import Callback
 from ciclo._src.engine.loop_state import LoopState
 from ciclo._src.logs.logs import LogsLike
+from ciclo._src.logs.monitor import monitored_value
 from ciclo._src.logs.step_output import NO_LOGS
 from ciclo._src.state.population import Population, population
 

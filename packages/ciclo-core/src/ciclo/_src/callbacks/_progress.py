@@ -17,10 +17,11 @@ import numpy as np
 
 from ciclo._src.base.elapsed import Elapsed, Period, PeriodLike, check_seconds
 from ciclo._src.base.reprs import short
-from ciclo._src.callbacks._monitor import population_size, ranked_members, resolve_mode
+from ciclo._src.callbacks._monitor import population_size
 from ciclo._src.engine.callback import Callback
 from ciclo._src.engine.loop_state import LoopState
 from ciclo._src.logs.logs import Logs, LogsLike
+from ciclo._src.logs.monitor import ranked_members, resolve_mode
 from ciclo._src.logs.step_output import NO_LOGS
 
 Field = Literal["steps", "samples", "time"]

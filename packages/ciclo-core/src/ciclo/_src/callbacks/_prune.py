@@ -1,4 +1,4 @@
-"""Pruning a population: freeze its worst members at a schedule (successive halving); rank its best."""
+"""Pruning a population: freeze its worst members at a schedule (successive halving)."""
 
 from __future__ import annotations
 
@@ -11,17 +11,11 @@ from ciclo._src.base.checks import check_int
 from ciclo._src.base.elapsed import Elapsed
 from ciclo._src.base.reprs import short
 from ciclo._src.base.types import CallbackOutput
-from ciclo._src.callbacks._monitor import (
-    ModeLike,
-    monitored_value,
-    ranked_members,
-    resolve_mode,
-    snapshot_fields,
-    stop_members,
-)
+from ciclo._src.callbacks._monitor import snapshot_fields, stop_members
 from ciclo._src.engine.callback import Callback
 from ciclo._src.engine.loop_state import LoopState
-from ciclo._src.logs.logs import History, LogsLike
+from ciclo._src.logs.logs import LogsLike
+from ciclo._src.logs.monitor import ModeLike, monitored_value, ranked_members, resolve_mode
 from ciclo._src.logs.step_output import NO_LOGS
 from ciclo._src.state.population import Population
 
@@ -51,47 +45,22 @@ class Prune(Callback):
         self.pruned: list[int] = []
         """The members this callback froze, in the order it froze them."""
 
-    def _ranked(self, state: Any, logs: LogsLike, who: str) -> tuple[Population, list[int]]:
-        """`state`, a population, and its members best first by the value of `monitor` in `logs`."""
-        if not isinstance(state, Population):
-            raise TypeError(
-                f"{who} ranks the members of a population (ciclo.population), got {short(state)}; "
-                "for one model, use ciclo.early_stopping or ciclo.checkpoint(monitor=...)"
-            )
-        return state, ranked_members(monitored_value(logs, self.monitor, state.size, who), self.mode)
-
     def __call__(self, elapsed: Elapsed, state: Population, logs: LogsLike) -> Population:
         """Counts a check; at every `every`-th, returns `state` with its worst active members frozen."""
-        population, ranked = self._ranked(state, logs, "prune")
+        if not isinstance(state, Population):
+            raise TypeError(
+                f"prune ranks the members of a population (ciclo.population), got {short(state)}; "
+                "for one model, use ciclo.early_stopping or ciclo.checkpoint(monitor=...)"
+            )
         self.checks += 1
-        active = np.asarray(population.active)
-        ranked = [i for i in ranked if active[i]]
+        active = np.asarray(state.active)
+        values = monitored_value(logs, self.monitor, state.size, "prune")
+        ranked = [i for i in ranked_members(values, self.mode) if active[i]]
         kept = math.ceil(self.keep * len(ranked)) if isinstance(self.keep, float) else self.keep
         if self.checks % self.every or len(ranked) <= kept:
-            return population
+            return state
         self.pruned += ranked[kept:]
-        return stop_members(population, np.isin(np.arange(population.size), ranked[kept:]))
-
-    def best(self, population: Population, logs: LogsLike | History) -> tuple[int, Any]:
-        """The member with the best value of `monitor`: `(index, member state)`, an ordinary one-model state.
-
-        `logs` are the logs to rank by, or a `History` (its newest values:
-        each member's own, as its state now is).
-
-        Example:
-            >>> import ciclo, jax.numpy as jnp, optax
-            >>> def make_state(seed):
-            ...     params = jnp.full(1, float(seed))
-            ...     return ciclo.managed.ManagedState.create(params=params, tx=optax.sgd(0.1))
-            >>> pop = ciclo.population(make_state, seeds=range(3))
-            >>> logs = ciclo.logs().add_metric("accuracy", jnp.array([0.7, 0.9, 0.8]))
-            >>> index, state = ciclo.prune(monitor="accuracy").best(pop, logs)  # "auto": higher is better
-            >>> index, state.params.tolist()
-            (1, [1.0])
-        """
-        source = logs.latest() if isinstance(logs, History) else logs
-        population, ranked = self._ranked(population, source, "prune(...).best")
-        return ranked[0], population.member(ranked[0])
+        return stop_members(state, np.isin(np.arange(state.size), ranked[kept:]))
 
     def __loop_callback__(self, loop_state: LoopState[Any]) -> CallbackOutput[Any]:
         return NO_LOGS, self(loop_state.elapsed, loop_state.state, loop_state.accumulated_logs)

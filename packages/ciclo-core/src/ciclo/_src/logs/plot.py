@@ -10,6 +10,8 @@ import os
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from ciclo._src.base.entry_paths import entry_path as _entry_path
 from ciclo._src.base.reprs import short
 
@@ -73,17 +75,26 @@ def plot_history(
     entries: Sequence[str],
     path: str | os.PathLike[str] | None,
 ) -> Figure:
-    """Draws `entries` (all scalar entries of `paths` when empty) against steps; see `History.plot`."""
-    drawn: list[tuple[str, list[tuple[str, list[Any], list[Any]]]]] = []
+    """Draws `entries` (all scalar entries of `paths` when empty) against steps; see `History.plot`.
+
+    A population's entry, collected as `(steps, members)`, is one curve per member, labelled `#i`.
+    """
+    drawn: list[tuple[str, list[tuple[str, int | None, list[Any], list[Any]]]]] = []
     for title, keys in _curves(paths, entries):
-        curves = []
+        curves: list[tuple[str, int | None, list[Any], list[Any]]] = []
         for key in keys:
             steps, values = collect("steps", key)
+            if isinstance(values, np.ndarray) and values.ndim == 2:  # a population's: (steps, members)
+                curves += [(key, member, steps, column.tolist()) for member, column in enumerate(values.T)]
+                continue
             if not all(isinstance(value, (int, float)) for value in values):  # host values: no numpy scalars
                 if entries:
-                    raise ValueError(f"History.plot draws scalar entries; {short(key)} holds arrays")
+                    raise ValueError(
+                        f"History.plot draws scalar entries (a population's: one value per member); "
+                        f"{short(key)} holds arrays"
+                    )
                 break  # outputs and other arrays: not curves
-            curves.append((key, steps, [float(value) for value in values]))
+            curves.append((key, None, steps, [float(value) for value in values]))
         else:
             drawn.append((title, curves))
     if not drawn:
@@ -93,15 +104,25 @@ def plot_history(
     figure = new_figure("History.plot", 4.5 * columns, 3.2 * rows)
     for index, (title, curves) in enumerate(drawn):
         axes = figure.add_subplot(rows, columns, index + 1)
-        for key, steps, values in curves:
+        legend = []  # every curve; of a population's, each member's curve of the first entry
+        for key, member, steps, values in curves:
             label = key.partition(".")[2] or key
-            # A test entry logged once per epoch is one point: draw it so that it shows.
-            axes.plot(steps, values, label=label, marker="o" if key.endswith(TEST_SUFFIX) else None)
+            lines = axes.plot(
+                steps,
+                values,
+                label=label if member is None else f"{label} #{member}",
+                # A test entry logged once per epoch is one point: draw it so that it shows.
+                marker="o" if key.endswith(TEST_SUFFIX) else None,
+                color=None if member is None else f"C{member % 10}",  # a member's curves in its colour
+            )
+            legend += lines if member is None or key == curves[0][0] else []
         axes.set_title(title)
         axes.set_xlabel("steps")
         axes.grid(alpha=0.3)
-        if len(curves) > 1:
-            axes.legend()
+        if len(legend) > 1:
+            axes.legend(
+                handles=legend, fontsize="small" if len(legend) > 4 else None, ncols=1 + len(legend) // 6
+            )
     if path is not None:
         figure.savefig(os.fspath(path), dpi=100)
     return figure

@@ -16,7 +16,8 @@ import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from ciclo._src.base.reprs import path_name, short
-from ciclo._src.logs.logs import Logs
+from ciclo._src.logs.logs import History, Logs, LogsLike
+from ciclo._src.logs.monitor import ModeLike, monitored_value, ranked_members, resolve_mode
 from ciclo._src.state._pytree import register_frozen
 from ciclo._src.state.managed import AbstractManagedState, ManagedStep
 from ciclo._src.strategies._local import JIT, Eager
@@ -142,6 +143,34 @@ class Population:
         if not 0 <= i < self.size:
             raise IndexError(f"member {short(i)} is out of range: this population has {self.size} members")
         return self.members.strategy.place(jax.tree.map(lambda leaf: leaf[i], self.members))
+
+    def best(
+        self, logs: LogsLike | History, monitor: str = "loss", mode: ModeLike = "auto"
+    ) -> tuple[int, Any]:
+        """The member with the best value of `monitor`: `(index, member(index))`, an ordinary one-model state.
+
+        Args:
+            logs: a `History` (each entry's newest values, one per member: the `History` that
+                `train_loop(population, ...)` returns), or logs to rank by.
+            monitor: entry name or full path, e.g. `"accuracy_test"`, one value per member.
+            mode: `"auto"` (from the name of `monitor`: an accuracy-like name is better higher),
+                `"min"` or `"max"`. A NaN ranks last.
+
+        Example:
+            >>> import ciclo, jax.numpy as jnp, optax
+            >>> def make_state(seed):
+            ...     params = jnp.full(1, float(seed))
+            ...     return ciclo.managed.ManagedState.create(params=params, tx=optax.sgd(0.1))
+            >>> pop = ciclo.population(make_state, seeds=range(3))
+            >>> logs = ciclo.logs().add_metric("accuracy", jnp.array([0.7, 0.9, 0.8]))
+            >>> index, state = pop.best(logs, "accuracy")  # "auto": higher is better
+            >>> index, state.params.tolist()
+            (1, [1.0])
+        """
+        source = logs.latest() if isinstance(logs, History) else logs
+        values = monitored_value(source, monitor, self.size, "population.best")
+        index = ranked_members(values, resolve_mode(mode, monitor))[0]
+        return index, self.member(index)
 
     def replace(self, **changes: Any) -> Self:
         """A copy with some fields changed."""
