@@ -608,7 +608,8 @@ class History(Sequence[Logs]):
     def plot(self, *entries: str, path: str | os.PathLike[str] | None = None) -> Figure:
         """Draws entries (none: every scalar entry) against steps, each with its `_test` entry.
 
-        Needs matplotlib (`pip install "ciclo-core[plot]"`); see docs/logging.md.
+        A population's entries are drawn one curve per member. Needs matplotlib
+        (`pip install "ciclo-core[plot]"`); see docs/logging.md.
         `path` saves the figure (as PNG, or the format its suffix names).
 
         Example:
