@@ -496,7 +496,8 @@ class ManagedStep(Generic[S]):
         if found is None:
             _check_batch(batch)
             found = programs[tree] = self._compile(strategy, state, fused=stacked, tree=tree)
-        compiled, tree = found  # tree None: the program takes the state
+        compiled, takes = found  # None: the program takes the state
+        tree = None if takes is None else tree  # the next state's tree is this very object (`Flat.tree`)
         if not stacked:
             self._cache = (strategy, tree, compiled)
         return compiled(state if tree is None else tuple(leaves), lifted)
