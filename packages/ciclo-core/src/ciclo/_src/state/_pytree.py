@@ -4,7 +4,7 @@ A managed state crosses every compiled step twice. Unlike `register_dataclass`, 
 fields at once, with no `__init__`, and keeps the `(children, statics)` it was made from, so flattening
 again is one attribute read (the fields are frozen). Key paths are the fields' names.
 
-A compiled step returns its state flat (`flat`): its leaves and tree, rebuilt only when a field is
+A compiled step returns its state flat (`as_flat`): its leaves and tree, rebuilt only when a field is
 read (`rebuild`), so a loop that only steps never builds its dicts; such an object flattens as its
 rebuilt self.
 """
@@ -39,7 +39,7 @@ class Flat:
         return hash(self.tree)
 
 
-def flat(obj: Any) -> Any:
+def as_flat(obj: Any) -> Any:
     """`obj` (of a `register_frozen` class) as an object of its class holding only its leaves and tree.
 
     Its static fields read as usual; reading another field rebuilds it (`rebuild`). Jax flattens it

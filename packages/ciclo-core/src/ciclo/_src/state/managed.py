@@ -21,7 +21,7 @@ from ciclo._src.base.reprs import path_name, short
 from ciclo._src.base.roles import Role, field, fields_with_role, params_field
 from ciclo._src.data.fused import as_logs_and_state, scan_steps
 from ciclo._src.logs.logs import PERFORMANCE, Entries, Logs
-from ciclo._src.state._pytree import FLAT, flat, rebuild, register_frozen
+from ciclo._src.state._pytree import FLAT, as_flat, rebuild, register_frozen
 from ciclo._src.state.learning_rate import learning_rate_logs
 from ciclo._src.state.metrics import Metric
 from ciclo._src.state.precision import LossScale
@@ -77,7 +77,7 @@ class AbstractManagedState:
     # abc's refusal at instantiation, without abc.ABCMeta (whose isinstance costs ~0.3 µs once a step):
     # `dataclasses.dataclass` runs `abc.update_abstractmethods` on a class that has this attribute.
     __abstractmethods__: ClassVar[frozenset[str]] = frozenset()
-    # `(leaves, tree)` of a state a compiled step returned flat, until a field is read (`_pytree.flat`).
+    # `(leaves, tree)` of a state a compiled step returned flat, until a field is read (`_pytree.as_flat`).
     _pytree_lazy: ClassVar[Any] = None
 
     if not TYPE_CHECKING:  # typed, a `__getattr__` would make every misspelt attribute an `Any`
@@ -431,7 +431,7 @@ class ManagedStep(Generic[S]):
             if self._armed:
                 self._tell_first(strategy, state, lifted)
             last, tree, compiled = self._cache
-            # A state the last step returned flat (`_pytree.flat`) goes back as its leaves, unbuilt.
+            # A state the last step returned flat (`_pytree.as_flat`) goes back as its leaves, unbuilt.
             if strategy is not last or type(batch) is Stacked:
                 logs, state = self._run(strategy, state, batch, lifted, lazy)
             elif lazy is not None and lazy[1] is tree:
@@ -521,7 +521,7 @@ class ManagedStep(Generic[S]):
             if tree is None:
                 return body(state, batch)
             logs, new = body(tree.unflatten(state), batch)
-            return logs, (flat(new) if isinstance(new, AbstractManagedState) else new)
+            return logs, (as_flat(new) if isinstance(new, AbstractManagedState) else new)
 
         def run(state: Any, batch: Any) -> tuple[Logs, Any]:
             self._compiles += 1  # jax traces the step only to compile it
