@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import functools
 import json
-import types
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, Final, Generic, Self, TypeVar, cast, final, overload
 
@@ -417,8 +417,7 @@ class ManagedStep(Generic[S]):
     def __get__(self, instance: S, owner: type[Any]) -> Callable[[Any], tuple[Logs, S]]: ...
 
     def __get__(self, instance: S | None, owner: type[Any]) -> Self | Callable[[Any], tuple[Logs, S]]:
-        # A bound method: ~0.2 µs a step less than `functools.partial` to make and call.
-        return self if instance is None else types.MethodType(self, instance)
+        return self if instance is None else functools.partial(self, instance)
 
     def __call__(self, state: S, batch: Any) -> tuple[Logs, S]:
         """Runs one step, or all steps of a `ciclo.types.Stacked` batch in one dispatch."""
