@@ -52,10 +52,10 @@ def as_flat(obj: Any) -> Any:
 
 
 def rebuild(obj: Any, name: str) -> Any:
-    """`getattr(obj, name)` once `obj`, if flat, is rebuilt in place; AttributeError as Python's else."""
+    """`getattr(obj, name)` once `obj`, if flat, is rebuilt in place (`obj.__getattr__`)."""
     lazy = vars(obj).get(LAZY)
-    if lazy is None or name.startswith("__"):
-        raise AttributeError(f"{type(obj).__name__!r} object has no attribute {name!r}", name=name, obj=obj)
+    if lazy is None or name.startswith("__"):  # the attribute's own AttributeError (a property's)
+        return object.__getattribute__(obj, name)
     leaves, tree = lazy
     object.__setattr__(obj, "__dict__", vars(tree.unflatten(leaves)))
     return getattr(obj, name)
