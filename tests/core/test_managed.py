@@ -607,3 +607,22 @@ def test_a_backup_s_options_record_that_is_no_dict_of_options_by_state_is_refuse
     with pytest.raises(ValueError, match=r"at step 1 in DIR: options is .*, not a dict of options"):
         check_static_options(recorded, state, "at step 1 in DIR")
     assert check_static_options({"": {"precision": "32"}}, state, "at step 1 in DIR") == []
+
+
+def test_a_stepped_state_is_rebuilt_only_when_read_and_trains_on_in_place_changes() -> None:
+    # A compiled step returns its state flat: its dicts are built when a field is read, not at each step.
+    step = managed.train_step(lambda state, batch: ciclo.logs().add_loss("l", (state.params["w"] ** 2).sum()))
+    state = managed.ManagedState.create(params={"w": jnp.ones(2)}, tx=optax.sgd(0.25), strategy="jit")
+    start = jax.tree.structure(state)
+    _, state = step(state, None)
+    _, state = step(state, None)
+    assert "params" not in vars(state)  # not rebuilt: only its static fields and its leaves
+    assert state.strategy == ciclo.strategies.get_strategy("jit") and "params" not in vars(state)
+    assert jax.tree.structure(state) == start  # flattens rebuilt, as any other state
+    np.testing.assert_allclose(state.params["w"], [0.25, 0.25])
+    state.params["w"] = state.params["w"] * 8  # a read state's dicts are its own: a change in place trains
+    _, state = step(state, None)
+    np.testing.assert_allclose(state.params["w"], [1.0, 1.0])
+    assert step.compiles == 1
+    with pytest.raises(AttributeError, match="'ManagedState' object has no attribute 'nope'"):
+        _ = state.nope

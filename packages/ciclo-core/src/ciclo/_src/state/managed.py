@@ -7,7 +7,7 @@ import dataclasses
 import functools
 import json
 from collections.abc import Callable, Mapping
-from typing import Any, ClassVar, Final, Generic, Self, TypeVar, cast, final, overload
+from typing import TYPE_CHECKING, Any, ClassVar, Final, Generic, Self, TypeVar, cast, final, overload
 
 import jax
 import jax.numpy as jnp
@@ -21,7 +21,7 @@ from ciclo._src.base.reprs import path_name, short
 from ciclo._src.base.roles import Role, field, fields_with_role, params_field
 from ciclo._src.data.fused import as_logs_and_state, scan_steps
 from ciclo._src.logs.logs import PERFORMANCE, Entries, Logs
-from ciclo._src.state._pytree import register_frozen
+from ciclo._src.state._pytree import FLAT, as_flat, rebuild, register_frozen
 from ciclo._src.state.learning_rate import learning_rate_logs
 from ciclo._src.state.metrics import Metric
 from ciclo._src.state.precision import LossScale
@@ -77,6 +77,13 @@ class AbstractManagedState:
     # abc's refusal at instantiation, without abc.ABCMeta (whose isinstance costs ~0.3 µs once a step):
     # `dataclasses.dataclass` runs `abc.update_abstractmethods` on a class that has this attribute.
     __abstractmethods__: ClassVar[frozenset[str]] = frozenset()
+    # `(leaves, tree)` of a state a compiled step returned flat, until a field is read (`_pytree.as_flat`).
+    _pytree_lazy: ClassVar[Any] = None
+
+    if not TYPE_CHECKING:  # typed, a `__getattr__` would make every misspelt attribute an `Any`
+
+        def __getattr__(self, name: str) -> Any:
+            return rebuild(self, name)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -385,9 +392,12 @@ class ManagedStep(Generic[S]):
         self.__name__ = getattr(fn, "__name__", type(fn).__name__)
         self._default = get_strategy(strategy if strategy is not None else "jit")
         self._update = update
-        self._compiled: dict[Strategy, Callable[[Any, Any], tuple[Logs, Any]]] = {}
-        self._fused: dict[Strategy, Callable[[Any, Any], tuple[Logs, Any]]] = {}
-        self._cache: tuple[Strategy | None, Any] = (None, None)  # (strategy, program) of the last single step
+        # By strategy, then by the tree of the state whose leaves the program takes (None: it takes the
+        # state): the program and the tree it takes (None under eager).
+        self._compiled: dict[Strategy, dict[Any, tuple[Callable[[Any, Any], tuple[Logs, Any]], Any]]] = {}
+        self._fused: dict[Strategy, dict[Any, tuple[Callable[[Any, Any], tuple[Logs, Any]], Any]]] = {}
+        # The last single step's (strategy, tree, program).
+        self._cache: tuple[Strategy | None, Any, Any] = (None, None, None)
         self._compiles = 0
         self._listener: Listener | None = None
         self._armed = False  # whether the listener is told the next call's inputs
@@ -411,16 +421,25 @@ class ManagedStep(Generic[S]):
 
     def __call__(self, state: S, batch: Any) -> tuple[Logs, S]:
         """Runs one step, or all steps of a `ciclo.types.Stacked` batch in one dispatch."""
-        strategy = state.strategy if isinstance(state, AbstractManagedState) else self._default
+        if isinstance(state, AbstractManagedState):  # a state a step returned flat has `(leaves, tree)`
+            strategy, lazy = state.strategy, state._pytree_lazy
+        else:
+            strategy, lazy = self._default, None
         compiles = self._compiles
         try:
             lifted = strategy.lift_batch(batch)
             if self._armed:
                 self._tell_first(strategy, state, lifted)
-            last, compiled = self._cache
+            last, tree, compiled = self._cache
+            # A state the last step returned flat (`_pytree.as_flat`) goes back as its leaves, unbuilt.
             if strategy is not last or type(batch) is Stacked:
-                compiled = self._program(strategy, state, batch)
-            logs, state = compiled(state, lifted)
+                logs, state = self._run(strategy, state, batch, lifted, lazy)
+            elif lazy is not None and lazy[1] is tree:
+                logs, state = compiled(lazy[0], lifted)
+            elif tree is None:
+                logs, state = compiled(state, lifted)
+            else:
+                logs, state = self._run(strategy, state, batch, lifted, lazy)
         except Exception:
             # Only on the failure path: a batch of Python lists or strings fails somewhere in the
             # model, with an error about the model; this one names the batch's leaf and the fix.
@@ -428,6 +447,8 @@ class ManagedStep(Generic[S]):
             if refusal is None:
                 raise
             raise refusal from None
+        if isinstance(state, AbstractManagedState):
+            vars(state).pop(FLAT, None)  # jax has read it flat: from now on it flattens rebuilt
         if self._compiles != compiles and self._listener is not None:
             logs.add_entry(*COMPILES, self._compiles)  # the step that compiled says so
         return logs, state
@@ -465,16 +486,21 @@ class ManagedStep(Generic[S]):
             batch = strategy.lift_batch(batch)
         return jax.jit(self._body(strategy, state)).lower(state, batch)
 
-    def _program(self, strategy: Strategy, state: Any, batch: Any) -> Callable[[Any, Any], tuple[Logs, Any]]:
-        stacked = is_stacked(batch)
-        programs = self._fused if stacked else self._compiled
-        compiled = programs.get(strategy)
-        if compiled is None:
+    def _run(self, strategy: Strategy, state: Any, batch: Any, lifted: Any, lazy: Any) -> tuple[Logs, Any]:
+        # A compiled single step of a managed state takes its leaves: one program per (strategy, tree).
+        stacked, leaves, tree = is_stacked(batch), [], None
+        if not stacked and isinstance(state, AbstractManagedState):
+            leaves, tree = lazy or jax.tree.flatten(state)
+        programs = (self._fused if stacked else self._compiled).setdefault(strategy, {})
+        found = programs.get(tree)
+        if found is None:
             _check_batch(batch)
-            compiled = programs[strategy] = self._compile(strategy, state, fused=stacked)
+            found = programs[tree] = self._compile(strategy, state, fused=stacked, tree=tree)
+        compiled, takes = found  # None: the program takes the state
+        tree = None if takes is None else tree  # the next state's tree is this very object (`Flat.tree`)
         if not stacked:
-            self._cache = (strategy, compiled)
-        return compiled
+            self._cache = (strategy, tree, compiled)
+        return compiled(state if tree is None else tuple(leaves), lifted)
 
     def _body(self, strategy: Strategy, state: Any) -> Callable[[Any, Any], tuple[Logs, Any]]:
         # Asked once per compiled step: only strategies that run one program per device reduce in it.
@@ -485,22 +511,33 @@ class ManagedStep(Generic[S]):
         return lambda state, batch: _finish(*as_logs_and_state(fn, state, batch), reductions)
 
     def _compile(
-        self, strategy: Strategy, state: Any, *, fused: bool
-    ) -> Callable[[Any, Any], tuple[Logs, Any]]:
+        self, strategy: Strategy, state: Any, *, fused: bool, tree: Any = None
+    ) -> tuple[Callable[[Any, Any], tuple[Logs, Any]], Any]:
         body = self._body(strategy, state)
-        step = (lambda state, stacked: scan_steps(body, state, stacked.batches)) if fused else body
+
+        def step(state: Any, batch: Any) -> tuple[Logs, Any]:
+            if fused:
+                return scan_steps(body, state, batch.batches)
+            if tree is None:
+                return body(state, batch)
+            logs, new = body(tree.unflatten(state), batch)
+            return logs, (as_flat(new) if isinstance(new, AbstractManagedState) else new)
 
         def run(state: Any, batch: Any) -> tuple[Logs, Any]:
             self._compiles += 1  # jax traces the step only to compile it
             if self._listener is not None:
-                self._listener(strategy, state, batch.batches if fused else batch, (fused, 0))
+                told = state if tree is None else tree.unflatten(state)
+                self._listener(strategy, told, batch.batches if fused else batch, (fused, 0))
             return step(state, batch)
 
         # Only training consumes the state: the state an evaluation reads stays valid, since a train
         # loop trains on from it after a test pass.
         compiled = strategy.compile(run, donate=self._update)
-        # A strategy that runs the step as it is (eager) compiles nothing: no compile to count.
-        return step if compiled is run else compiled
+        if compiled is not run:
+            return compiled, tree
+        # A strategy that runs the step as it is (eager) compiles nothing: no compile to count; it
+        # takes and returns the state itself.
+        return (step, None) if tree is None else self._compile(strategy, state, fused=fused)
 
     def _tell_first(self, strategy: Strategy, state: Any, batch: Any) -> None:
         # The first call a listener sees may run a program an earlier loop compiled: it is told its inputs.
