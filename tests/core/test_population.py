@@ -14,26 +14,12 @@ import numpy as np
 import optax
 import pytest
 from support.linear import FEATURES, Linear, batches
-from support.population import RATES, SEEDS, adam, assert_matches_separate_runs
+from support.population import RATES, SEEDS, Regression, adam, assert_matches_separate_runs
 
 import ciclo
 from ciclo import managed
 
 DATA = batches(8)
-
-
-class Regression(managed.ManagedState):
-    """A plain managed state: least squares on the batch's first class column."""
-
-    @managed.train_step
-    def train_step(self, batch: Any) -> Any:
-        x, y = batch
-        return ciclo.logs().add_loss("mse", jnp.mean((x @ self.params["w"] - y) ** 2)), self
-
-    @managed.step
-    def test_step(self, batch: Any) -> Any:
-        x, y = batch
-        return ciclo.logs().add_metric("mse", jnp.mean((x @ self.params["w"] - y) ** 2)), self
 
 
 def make_plain(seed: int, learning_rate: float) -> Regression:

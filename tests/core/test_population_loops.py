@@ -14,24 +14,12 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from support.population import Regression
 
 import ciclo
-from ciclo import managed
 
 FEATURES = 3
 RATES = [0.0, 0.003, 0.03, 0.3]
-
-
-class Regression(managed.ManagedState):
-    @managed.train_step
-    def train_step(self, batch: Any) -> Any:
-        x, y = batch
-        return ciclo.logs().add_loss("mse", jnp.mean((x @ self.params["w"] - y) ** 2)), self
-
-    @managed.step
-    def test_step(self, batch: Any) -> Any:
-        x, y = batch
-        return ciclo.logs().add_loss("mse", jnp.mean((x @ self.params["w"] - y) ** 2)), self
 
 
 def make_state(learning_rate: float, seed: int = 0) -> Regression:

@@ -6,12 +6,28 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 
 import ciclo
+from ciclo import managed
 
 SEEDS, RATES = [0, 1], [0.01, 0.001]
+
+
+class Regression(managed.ManagedState):
+    """A plain managed state: least squares, its loss `mse` in training and in evaluation."""
+
+    @managed.train_step
+    def train_step(self, batch: Any) -> Any:
+        x, y = batch
+        return ciclo.logs().add_loss("mse", jnp.mean((x @ self.params["w"] - y) ** 2)), self
+
+    @managed.step
+    def test_step(self, batch: Any) -> Any:
+        x, y = batch
+        return ciclo.logs().add_loss("mse", jnp.mean((x @ self.params["w"] - y) ** 2)), self
 
 
 def adam(learning_rate: float) -> optax.GradientTransformation:
