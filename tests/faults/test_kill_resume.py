@@ -458,7 +458,9 @@ def test_a_process_whose_peer_stopped_exits_124_and_the_requeued_run_resumes_bit
             proc.communicate()
     log = (directory / "stderr.log").read_text()
     assert procs[0].returncode == 124, log[-3000:]
-    assert "ciclo.watchdog: no step committed within 2 s (process 0, last committed step" in log, log[-3000:]
+    # Whether process 0 waits in a step or in the next backup's save depends on how far it ran ahead.
+    fired = r"ciclo\.watchdog: (no step committed within 2 s|a save blocked for more than save_timeout=5 s) "
+    assert re.search(fired + r"\(process 0, last committed step", log), log[-3000:]
     assert not (directory / "result_0.npz").exists()
     assert run_two(mode, directory) == [0, 0], (directory / "stderr.log").read_text()[-5000:]
     log = (directory / "stderr.log").read_text()

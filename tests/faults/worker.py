@@ -341,7 +341,9 @@ def distributed(strategy: str, process_id: int, port: int, pause: str) -> None:
         },
         stop=STOP,
         backup=ciclo.backup(os.path.join(DIRECTORY, "backup"), every=EVERY),
-        watchdog=ciclo.watchdog(step_timeout=2, startup_timeout=120)
+        # A save blocked on the stopped peer (the next backup comes before its step blocks) is a hang
+        # too after save_timeout: under the heartbeat timeout, as 80 s is under JAX's default 100 s.
+        watchdog=ciclo.watchdog(step_timeout=2, startup_timeout=120, save_timeout=processes.HEARTBEAT / 2)
         if pause.partition(":")[0] in ("stop", "watch")
         else None,
     )
