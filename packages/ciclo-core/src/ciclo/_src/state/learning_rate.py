@@ -20,9 +20,9 @@ LEARNING_RATE_SCALE = "learning_rate_scale"
 """The entry logged for `reduce_on_plateau`'s scale when no learning rate is injected."""
 
 
-def _is_injected(node: Any) -> bool:
+def _is_injected(node: Any, name: str = LEARNING_RATE) -> bool:
     hyperparams = getattr(node, "hyperparams", None)
-    return isinstance(hyperparams, Mapping) and LEARNING_RATE in hyperparams
+    return isinstance(hyperparams, Mapping) and name in hyperparams
 
 
 def learning_rate_logs(opt_state: Any) -> dict[str, jax.Array]:
@@ -79,10 +79,11 @@ def _shown(value: np.ndarray[Any, Any]) -> str:
     return f"{value.reshape(-1)[0].item():.6g}" if value.size == 1 else short(value)
 
 
-def injected_learning_rates(opt_state: Any) -> list[Any]:
-    """The learning rates of the `optax.inject_hyperparams` states in an optimizer state, in its order."""
-    nodes = jax.tree_util.tree_leaves(opt_state, is_leaf=_is_injected)
-    return [node.hyperparams[LEARNING_RATE] for node in nodes if _is_injected(node)]
+def injected_learning_rates(opt_state: Any, name: str = LEARNING_RATE) -> list[Any]:
+    """The injected (`optax.inject_hyperparams`) learning rates, or hyperparameter `name`, in order."""
+    injected = functools.partial(_is_injected, name=name)
+    nodes = jax.tree_util.tree_leaves(opt_state, is_leaf=injected)
+    return [node.hyperparams[name] for node in nodes if injected(node)]
 
 
 def with_learning_rate(opt_state: Any, rate: float) -> Any:

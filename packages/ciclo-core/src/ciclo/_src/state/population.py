@@ -12,13 +12,13 @@ from typing import Any, Final, Self, final
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from ciclo._src.base.reprs import path_name, short
 from ciclo._src.logs.logs import History, Logs, LogsLike
 from ciclo._src.logs.monitor import ModeLike, monitored_value, ranked_members, resolve_mode
 from ciclo._src.state._pytree import register_frozen
+from ciclo._src.state.learning_rate import injected_learning_rates
 from ciclo._src.state.managed import AbstractManagedState, ManagedStep
 from ciclo._src.strategies._local import JIT, Eager
 
@@ -27,8 +27,6 @@ MEMBER: Final = "member"
 
 DATA: Final = "data"
 """The mesh axis each member's batch is split over, on the devices its members share."""
-
-_INJECTED: Final = (optax.InjectHyperparamsState, optax.InjectStatefulHyperparamsState)
 
 
 @final
@@ -303,11 +301,7 @@ def _check_hyperparameters(states: list[Any], configs: list[dict[str, Any]]) -> 
         if name == "seed" or all(value == values[0] for value in values):
             continue
         for index, (state, value) in enumerate(zip(states, values, strict=True)):
-            found = [
-                node.hyperparams[name]
-                for node in jax.tree.leaves(state.opt_state, is_leaf=lambda n: isinstance(n, _INJECTED))
-                if isinstance(node, _INJECTED) and name in node.hyperparams
-            ]
+            found = injected_learning_rates(state.opt_state, name)
             if not found or not all(_equal(held, value) for held in found):
                 held = short([np.asarray(h).item() for h in found]) if found else "none"
                 raise ValueError(
