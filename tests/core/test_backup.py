@@ -490,6 +490,24 @@ def test_a_marker_written_by_a_peer_while_this_process_looks_is_not_another_run(
     assert looked
 
 
+def test_a_file_renamed_while_the_directory_is_checked_is_no_link(tmp_path, monkeypatch):
+    # A peer process renames ciclo_backup.json.tmp to ciclo_backup.json (an atomic write) between
+    # this process's listing of the directory and its look at each entry: the entry is gone, not a link.
+    import ciclo._src.base.files as files
+
+    (tmp_path / "ciclo_backup.json.tmp").write_text("{}")
+    lstat = os.lstat
+
+    def renamed_meanwhile(path):
+        if str(path).endswith(".tmp"):
+            os.replace(path, str(path)[: -len(".tmp")])
+        return lstat(path)
+
+    monkeypatch.setattr(files.os, "lstat", renamed_meanwhile)
+    files.check_closed(str(tmp_path), "backup directory")
+    assert sorted(os.listdir(tmp_path)) == ["ciclo_backup.json"]
+
+
 def test_a_state_holding_a_typed_key_resumes_bit_for_bit(tmp_path):
     # jax.random.key(0) (JAX's recommended keys, and every nnx module's rng streams) is stored by orbax
     # as its raw uint32 data: the backup's structure check compares it as such.

@@ -37,7 +37,10 @@ def check_closed(directory: str, what: str) -> None:
     for root, folders, files in os.walk(directory):  # does not follow links
         for name in folders + files:
             path = os.path.join(root, name)
-            info = os.lstat(path)
+            try:
+                info = os.lstat(path)
+            except FileNotFoundError:  # renamed or removed since listed (another process's atomic write)
+                continue
             if stat.S_ISLNK(info.st_mode):
                 target = os.readlink(path)
                 raise LinkError(
