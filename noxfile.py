@@ -174,7 +174,32 @@ EXAMPLE_STEPS = 360
 test accuracy of each best checkpoint is 0.98 or more by then, its floor cleared by 0.03."""
 
 MULTIDEVICE_COUNT = 4
-MULTIDEVICE_ENV = {"XLA_FLAGS": f"--xla_force_host_platform_device_count={MULTIDEVICE_COUNT}"}
+
+TEST_XLA_FLAGS = "--xla_cpu_use_fusion_emitters=false --xla_backend_optimization_level=0"
+"""The XLA flags of every test process, in `XLA_FLAGS` and `TEST_XLA_FLAGS` (which the tests' own
+subprocesses add to theirs): on the CPU, XLA's older fusion emitters and no LLVM optimisation compile a
+program in ~40% less time, and most of the suite's time is compiling small programs. Results may differ
+in the last bits from the default flags'; the tests compare runs made under the same flags. The
+benchmarks run without them."""
+
+_flags_accepted: list[bool] = []
+
+
+def _test_env(session: nox.Session, devices: int | None = None) -> dict[str, str]:
+    """The environment of a session's tests: `TEST_XLA_FLAGS`, and `devices` CPU devices where given.
+
+    XLA aborts a process on a flag it does not know: the flags are tried once, in a process of the
+    session's environment, and left out (with a note) where that jaxlib refuses them.
+    """
+    if not _flags_accepted:
+        probe = [str(Path(session.bin) / "python"), "-c", "import jax; jax.devices()"]
+        tried = subprocess.run(probe, env={**os.environ, "XLA_FLAGS": TEST_XLA_FLAGS}, capture_output=True)
+        _flags_accepted.append(tried.returncode == 0)
+        if tried.returncode:
+            session.log(f"this jaxlib refuses TEST_XLA_FLAGS ({TEST_XLA_FLAGS}): the tests run without them")
+    flags = TEST_XLA_FLAGS if _flags_accepted[0] else ""
+    count = f"--xla_force_host_platform_device_count={devices}" if devices else ""
+    return {"TEST_XLA_FLAGS": flags, "XLA_FLAGS": " ".join(filter(None, [count, flags]))}
 
 
 def _group(name: str) -> list[str]:
@@ -228,6 +253,7 @@ def tests(session: nox.Session, framework: str) -> None:
         *(f"--cov={_coverage_source(session, module)}" for module in spec.modules),
         "--cov-report=term-missing:skip-covered",
         "--cov-fail-under=90",
+        env=_test_env(session),
     )
 
 
@@ -248,7 +274,7 @@ def faults(session: nox.Session) -> None:
         *_group("test"),
     )
     # loadgroup: the 2-process fsdp tests share one worker, and so their reference and preempted runs.
-    _pytest(session, "tests/faults", *LOADGROUP)
+    _pytest(session, "tests/faults", *LOADGROUP, env=_test_env(session))
 
 
 @nox.session
@@ -269,7 +295,7 @@ def multidevice(session: nox.Session) -> None:
         "tests/core/test_prefetch.py",
         "tests/multidevice",
         "--sharded-only",
-        env=MULTIDEVICE_ENV,
+        env=_test_env(session, MULTIDEVICE_COUNT),
     )
 
 
@@ -278,7 +304,8 @@ def conformance(session: nox.Session) -> None:
     """Every adapter at once on 4 CPU devices: the conformance suite and the Keras guide example."""
     _install(session, CORE, *ADAPTERS, "keras>=3", *_group("test"))
     # loadgroup: test_after_training's cases share one worker, and so one new process for every adapter.
-    _pytest(session, "tests/conformance", "tests/docs_keras", *LOADGROUP, env=MULTIDEVICE_ENV)
+    env = _test_env(session, MULTIDEVICE_COUNT)
+    _pytest(session, "tests/conformance", "tests/docs_keras", *LOADGROUP, env=env)
 
 
 @nox.session
@@ -335,7 +362,7 @@ def quick(session: nox.Session) -> None:
     )
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
-    _pytest(session, "tests/core", "--doctest-modules", "--pyargs", "ciclo")
+    _pytest(session, "tests/core", "--doctest-modules", "--pyargs", "ciclo", env=_test_env(session))
     session.notify("typecheck", posargs=_changed_packages() or ["ciclo-core"])
 
 
@@ -346,10 +373,17 @@ def demo(session: nox.Session) -> None:
     session.run("python", "examples/flax/digits_cnn.py", *session.posargs)
 
 
-def _side_by_side(session: nox.Session, commands: dict[str, list[str]], workers: int, what: str) -> None:
-    """Runs the `commands` (by name) `workers` at a time, shows each one's output when it ends, and
-    fails the session naming those that failed."""
-    env = {**os.environ, "PATH": os.pathsep.join([str(session.bin), os.environ.get("PATH", "")])}
+def _side_by_side(
+    session: nox.Session,
+    commands: dict[str, list[str]],
+    workers: int,
+    what: str,
+    env: dict[str, str] | None = None,
+) -> None:
+    """Runs the `commands` (by name) `workers` at a time, with `env` added to the environment, shows
+    each one's output when it ends, and fails the session naming those that failed."""
+    path = os.pathsep.join([str(session.bin), os.environ.get("PATH", "")])
+    env = {**os.environ, **(env or {}), "PATH": path}
     with concurrent.futures.ThreadPoolExecutor(workers) as pool:
         done = dict(
             zip(
@@ -395,7 +429,7 @@ def examples(session: nox.Session) -> None:
         *(f"--config-file={EXAMPLE_ADAPTER}/pyproject.toml", f"--rootdir={EXAMPLE_ADAPTER}"),
         *("--doctest-modules", "--pyargs", "ciclo_stax", *session.posargs),
     ]
-    _side_by_side(session, commands, int(WORKERS), "examples")
+    _side_by_side(session, commands, int(WORKERS), "examples", env=_test_env(session))
 
 
 @nox.session

@@ -1,8 +1,9 @@
 """Train a transformer-style MLP block on scikit-learn's digits, tensor-parallel on 8 CPU devices.
 
 Run with `python examples/tensor_parallel.py` where `ciclo-core[checkpoint]`
-(orbax) and scikit-learn are installed. Without `XLA_FLAGS` set, the script
-asks XLA for 8 CPU devices (it must, before JAX is imported).
+(orbax) and scikit-learn are installed. Unless `XLA_FLAGS` already sets a
+device count, the script asks XLA for 8 CPU devices (it must, before JAX is
+imported).
 
 The mesh is `ciclo.strategies.MeshParallel(axes={"data": 2, "fsdp": 1, "tensor": 4})`:
 batches split over "data", the block's kernels split over "tensor" as
@@ -23,7 +24,8 @@ from __future__ import annotations
 import os
 
 # Before JAX is imported: 8 CPU devices, unless the caller chose its own.
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=8"
 
 import argparse  # noqa: E402
 import dataclasses  # noqa: E402

@@ -38,7 +38,9 @@ import time
 MODE = sys.argv[1]
 DIRECTORY = sys.argv[2]
 if MODE.startswith("distributed_"):
-    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+    # With the session's TEST_XLA_FLAGS (noxfile.py), as every test process.
+    flags = os.environ.get("TEST_XLA_FLAGS", "")
+    os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count=2 {flags}"
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402

@@ -15,8 +15,10 @@ from __future__ import annotations
 import os
 import sys
 
+from support.processes import device_flags
+
 # Before jax is imported: the device count is fixed per process.
-os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={int(sys.argv[1])}"
+os.environ["XLA_FLAGS"] = device_flags(int(sys.argv[1]))
 os.environ["JAX_PLATFORMS"] = "cpu"
 
 import jax  # noqa: E402

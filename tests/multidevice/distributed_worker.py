@@ -15,9 +15,11 @@ from __future__ import annotations
 import os
 import sys
 
+from support.processes import device_flags
+
 # Before jax is imported: each process has 2 CPU devices (4 for the mesh), whatever the parent set.
 DEVICES = 4 if sys.argv[3] == "mesh" else 2
-os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={DEVICES}"
+os.environ["XLA_FLAGS"] = device_flags(DEVICES)
 
 # A multi-host script imports everything first, then initializes jax.distributed: importing
 # ciclo (here through the test helpers) must not start the XLA backend.

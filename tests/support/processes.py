@@ -22,13 +22,21 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def device_flags(devices: int) -> str:
+    """`XLA_FLAGS` for a process of `devices` CPU devices, and the session's `TEST_XLA_FLAGS` (noxfile)."""
+    return f"--xla_force_host_platform_device_count={devices} {os.environ.get('TEST_XLA_FLAGS', '')}".strip()
+
+
 def clean_env(**extra: str) -> dict[str, str]:
     """This process's environment without JAX's device settings, with `tests/` on `PYTHONPATH`.
 
     Without `XLA_FLAGS` or `JAX_NUM_CPU_DEVICES` a fresh interpreter sees JAX's
-    default number of CPU devices, whatever the session running the tests set.
+    default number of CPU devices, whatever the session running the tests set; it
+    keeps the session's `TEST_XLA_FLAGS` (noxfile.py), which set no devices.
     """
     env = {key: value for key, value in os.environ.items() if key not in ("XLA_FLAGS", "JAX_NUM_CPU_DEVICES")}
+    if os.environ.get("TEST_XLA_FLAGS"):
+        env["XLA_FLAGS"] = os.environ["TEST_XLA_FLAGS"]
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")]))
     env.update(extra)
     return env
