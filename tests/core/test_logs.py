@@ -185,11 +185,35 @@ def test_history_copies_columns_of_scalars_to_python_numbers():
     assert history.collect("extra") == list(range(0, n, 5))
 
 
-def test_history_rows_logging_the_same_scalars_are_copied_column_by_column(monkeypatch):
-    # Every row logs the same entries: each column of device scalars is stacked and copied whole.
-    copies = []
+@pytest.fixture
+def copies(monkeypatch):
+    """Every `host_copies.Copy` made while the test runs."""
+    made = []
     copy = host_copies.Copy
-    monkeypatch.setattr(host_copies, "Copy", lambda *args: copies.append(copy(*args)) or copies[-1])
+    monkeypatch.setattr(host_copies, "Copy", lambda *args: made.append(copy(*args)) or made[-1])
+    return made
+
+
+def test_small_arrays_are_stacked_per_column_and_large_ones_copied_one_by_one(copies):
+    # A population logs one value per member: such a column is stacked as scalars are; a large one is not.
+    history = ciclo.history()
+    n = 3 * logs_module._LAG + 7
+    large = host_copies.STACKED_SIZE + 1
+    for step in range(n):
+        logs = ciclo.logs().add_metrics(members=jnp.arange(8.0) + step, large=jnp.full(large, step))
+        history.commit(ciclo.types.Elapsed(step, 0, 0.0, 0.0), logs)
+    stacked = [copy for copy in copies if copy.first is not None]
+    assert stacked and all(copy.array.shape == (host_copies.CHUNK, 8) for copy in stacked)
+    alone = [copy.array.shape for copy in copies if copy.first is None]
+    assert alone and set(alone) == {(large,)}
+    members, large_values = history.collect("members", "large")
+    np.testing.assert_array_equal(np.stack(members), np.arange(8.0) + np.arange(n)[:, None])
+    assert all(type(row) is np.ndarray and row.shape == (8,) for row in members)
+    np.testing.assert_array_equal(np.stack(large_values), np.repeat(np.arange(n)[:, None], large, 1))
+
+
+def test_history_rows_logging_the_same_scalars_are_copied_column_by_column(copies):
+    # Every row logs the same entries: each column of device scalars is stacked and copied whole.
     history = ciclo.history()
     n = 3 * logs_module._LAG + 7
     for step in range(n):

@@ -11,7 +11,11 @@ import jax.numpy as jnp
 import numpy as np
 
 CHUNK = 128
-"""Scalars stacked per copy: copying one costs more than a microsecond, 128 stacked a third of that each."""
+"""Cells stacked per copy: copying one costs more than a microsecond, 128 stacked a third of that each."""
+
+STACKED_SIZE = 64
+"""The most elements of a cell's array that is stacked with its column's (a scalar, one value per member
+of a population); a larger one is copied on its own."""
 
 HOST_SCALARS = frozenset({float, int, bool})
 """Values that are stored as they are: nothing to copy or convert."""
@@ -53,7 +57,7 @@ def _stack(*scalars: jax.Array) -> jax.Array:
 
 
 def start_column(column: list[Any], kinds: set[type]) -> list[Copy]:
-    """Starts copying `column`'s device values (scalars of one sharding `CHUNK` to a copy)."""
+    """Starts copying `column`'s device values (small arrays of one shape and sharding `CHUNK` to a copy)."""
     if kinds <= HOST_SCALARS:
         return []
     if all(issubclass(kind, jax.Array) for kind in kinds) and _stackable(column):
@@ -74,7 +78,7 @@ def start_column(column: list[Any], kinds: set[type]) -> list[Copy]:
 
 def _stackable(arrays: list[Any]) -> bool:
     avals = set(map(_aval, arrays))
-    if len(avals) != 1 or avals.pop().shape != ():
+    if len(avals) != 1 or avals.pop().size > STACKED_SIZE:
         return False
     return _one_device() or len(set(map(_sharding, arrays))) == 1
 
