@@ -70,6 +70,21 @@ def test_inactive_member_is_frozen_without_recompiling() -> None:
     assert not np.array_equal(after.member(0).params["w"], frozen.member(0).params["w"])
 
 
+def test_a_stepped_population_is_rebuilt_only_when_read() -> None:
+    # As a managed state: each step returns the population flat, and the next step takes its leaves.
+    pop = ciclo.population(make_plain, seeds=SEEDS, hparams={"learning_rate": RATES})
+    data = regression_data()
+    _, pop = pop.train_step(data[0])
+    compiles = ciclo.types.Population.train_step.compiles
+    _, pop = pop.train_step(data[1])
+    _, pop = pop.train_step(data[2])
+    assert "members" not in vars(pop) and "active" not in vars(pop)  # its leaves, tree and static fields
+    assert pop.hparams["learning_rate"] == tuple(RATES * len(SEEDS)) and "members" not in vars(pop)
+    assert ciclo.types.Population.train_step.compiles == compiles
+    assert pop.size == 4 and "members" in vars(pop)  # a field read rebuilds it
+    assert [int(pop.member(i).step) for i in range(4)] == [3] * 4
+
+
 def test_batch_axis_member_gives_each_member_its_batch() -> None:
     pop = ciclo.population(make_model, seeds=[0, 0], batch_axis="member")
     x, y = DATA[0]

@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import operator
-from typing import Any, Final, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Final, TypeVar
 
 import jax
 
@@ -59,6 +59,22 @@ def rebuild(obj: Any, name: str) -> Any:
     leaves, tree = lazy
     object.__setattr__(obj, "__dict__", vars(tree.unflatten(leaves)))
     return getattr(obj, name)
+
+
+class Lazy:
+    """A base of `register_frozen` classes whose objects a compiled step returns flat (`as_flat`).
+
+    Such an object is rebuilt in place when a field is first read; until then a managed step passes
+    its leaves straight to the program that returned it (`managed.ManagedStep`).
+    """
+
+    # `(leaves, tree)` of an object a compiled step returned flat, until a field is read.
+    _pytree_lazy: ClassVar[Any] = None
+
+    if not TYPE_CHECKING:  # typed, a `__getattr__` would make every misspelt attribute an `Any`
+
+        def __getattr__(self, name: str) -> Any:
+            return rebuild(self, name)
 
 
 def _lazy(cls: type, aux: Flat, leaves: Any) -> Any:

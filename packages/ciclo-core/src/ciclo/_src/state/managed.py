@@ -7,7 +7,7 @@ import dataclasses
 import functools
 import json
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, ClassVar, Final, Generic, Self, TypeVar, cast, final, overload
+from typing import Any, ClassVar, Final, Generic, Self, TypeVar, cast, final, overload
 
 import jax
 import jax.numpy as jnp
@@ -21,7 +21,7 @@ from ciclo._src.base.reprs import path_name, short
 from ciclo._src.base.roles import Role, field, fields_with_role, params_field
 from ciclo._src.data.fused import as_logs_and_state, scan_steps
 from ciclo._src.logs.logs import PERFORMANCE, Entries, Logs
-from ciclo._src.state._pytree import FLAT, as_flat, rebuild, register_frozen
+from ciclo._src.state._pytree import FLAT, Lazy, as_flat, register_frozen
 from ciclo._src.state.learning_rate import learning_rate_logs
 from ciclo._src.state.metrics import Metric
 from ciclo._src.state.precision import LossScale
@@ -50,7 +50,7 @@ COMPILES: Final = (PERFORMANCE, "compiles")
 
 @dataclass_transform(kw_only_default=True, frozen_default=True, field_specifiers=(dataclasses.field, field))
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class AbstractManagedState:
+class AbstractManagedState(Lazy):
     """What every managed state is: a pytree that knows its optimizer, strategy and training options.
 
     Subclass `ManagedState` (or use `ciclo.types.ModelState`): every subclass becomes a frozen,
@@ -77,13 +77,6 @@ class AbstractManagedState:
     # abc's refusal at instantiation, without abc.ABCMeta (whose isinstance costs ~0.3 µs once a step):
     # `dataclasses.dataclass` runs `abc.update_abstractmethods` on a class that has this attribute.
     __abstractmethods__: ClassVar[frozenset[str]] = frozenset()
-    # `(leaves, tree)` of a state a compiled step returned flat, until a field is read (`_pytree.as_flat`).
-    _pytree_lazy: ClassVar[Any] = None
-
-    if not TYPE_CHECKING:  # typed, a `__getattr__` would make every misspelt attribute an `Any`
-
-        def __getattr__(self, name: str) -> Any:
-            return rebuild(self, name)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -421,10 +414,8 @@ class ManagedStep(Generic[S]):
 
     def __call__(self, state: S, batch: Any) -> tuple[Logs, S]:
         """Runs one step, or all steps of a `ciclo.types.Stacked` batch in one dispatch."""
-        if isinstance(state, AbstractManagedState):  # a state a step returned flat has `(leaves, tree)`
-            strategy, lazy = state.strategy, state._pytree_lazy
-        else:
-            strategy, lazy = self._default, None
+        strategy = state.strategy if isinstance(state, AbstractManagedState) else self._default
+        lazy = state._pytree_lazy if isinstance(state, Lazy) else None  # a state a step returned flat
         compiles = self._compiles
         try:
             lifted = strategy.lift_batch(batch)
@@ -447,7 +438,7 @@ class ManagedStep(Generic[S]):
             if refusal is None:
                 raise
             raise refusal from None
-        if isinstance(state, AbstractManagedState):
+        if isinstance(state, Lazy):
             vars(state).pop(FLAT, None)  # jax has read it flat: from now on it flattens rebuilt
         if self._compiles != compiles and self._listener is not None:
             logs.add_entry(*COMPILES, self._compiles)  # the step that compiled says so
@@ -489,7 +480,7 @@ class ManagedStep(Generic[S]):
     def _run(self, strategy: Strategy, state: Any, batch: Any, lifted: Any, lazy: Any) -> tuple[Logs, Any]:
         # A compiled single step of a managed state takes its leaves: one program per (strategy, tree).
         stacked, leaves, tree = is_stacked(batch), [], None
-        if not stacked and isinstance(state, AbstractManagedState):
+        if not stacked and isinstance(state, Lazy):
             leaves, tree = lazy or jax.tree.flatten(state)
         programs = (self._fused if stacked else self._compiled).setdefault(strategy, {})
         found = programs.get(tree)
@@ -521,7 +512,7 @@ class ManagedStep(Generic[S]):
             if tree is None:
                 return body(state, batch)
             logs, new = body(tree.unflatten(state), batch)
-            return logs, (as_flat(new) if isinstance(new, AbstractManagedState) else new)
+            return logs, (as_flat(new) if isinstance(new, Lazy) else new)
 
         def run(state: Any, batch: Any) -> tuple[Logs, Any]:
             self._compiles += 1  # jax traces the step only to compile it

@@ -17,7 +17,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from ciclo._src.base.reprs import path_name, short
 from ciclo._src.logs.logs import History, Logs, LogsLike
 from ciclo._src.logs.monitor import ModeLike, monitored_value, ranked_members, resolve_mode
-from ciclo._src.state._pytree import register_frozen
+from ciclo._src.state._pytree import Lazy, register_frozen
 from ciclo._src.state.learning_rate import injected_learning_rates
 from ciclo._src.state.managed import AbstractManagedState, ManagedStep
 from ciclo._src.strategies._local import JIT, Eager
@@ -83,7 +83,7 @@ def _reset(members: Any) -> Any:
 @final
 @register_frozen
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Population:
+class Population(Lazy):
     """Members of one model trained side by side: each array leaf has a leading member axis of `size`.
 
     Make one with `ciclo.population`; `train_loop` trains it as it trains one state (docs/populations.md).
