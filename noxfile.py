@@ -115,10 +115,13 @@ EXAMPLE_ADAPTER = "./examples/ciclo-stax"
 OWN = ["ciclo-core", *(adapter.distribution for adapter in ADAPTER_PACKAGES), "ciclo-stax"]
 """The distributions built from this repository: reinstalled at each run of a reused environment."""
 
-WORKERS = str(max(1, min(4, (os.cpu_count() or 1) + 1)))
-"""pytest-xdist workers for the sessions whose tests are independent of each other: one more than the
-CPUs (at most 4), as the tests' own processes and waits leave a CPU idle part of the time (2 CPUs:
-tests/core 110 s on 2 workers, 105 s on 3, warm cache; tests/faults 139 s on 2, 125 s on 4, empty)."""
+CPUS = max(1, min(4, os.cpu_count() or 1))
+"""pytest-xdist workers for the sessions whose tests compute: one per CPU (at most 4)."""
+WORKERS = CPUS + 1
+"""Workers for tests(core) and faults, and the examples run side by side: one more than the CPUs, as
+their own processes and waits leave a CPU idle part of the time (fresh runs on 2 CPUs, 2 -> 3 workers:
+tests(core) 155 -> 141 s, faults 146 -> 125 s, examples 44 -> 39 s; the other sessions, whose tests
+compute, each took 1-4 s longer)."""
 
 DURATIONS = "--durations=10"
 """Every pytest run prints its ten slowest tests."""
@@ -227,11 +230,11 @@ def _install(session: nox.Session, *packages: str) -> None:
 
 
 def _pytest(
-    session: nox.Session, *args: str, parallel: bool = True, env: dict[str, str] | None = None
+    session: nox.Session, *args: str, workers: int | None = CPUS, env: dict[str, str] | None = None
 ) -> None:
-    """pytest with the slowest tests shown, on `WORKERS` processes where `parallel`."""
-    workers = ["-n", WORKERS] if parallel else []
-    session.run("pytest", *workers, DURATIONS, *args, *session.posargs, env=env or {})
+    """pytest with the slowest tests shown, on `workers` pytest-xdist processes (None: in this one)."""
+    parallel = [] if workers is None else ["-n", str(workers)]
+    session.run("pytest", *parallel, DURATIONS, *args, *session.posargs, env=env or {})
 
 
 def _coverage_source(session: nox.Session, module: str) -> str:
@@ -263,6 +266,7 @@ def tests(session: nox.Session, framework: str) -> None:
         *(f"--cov={_coverage_source(session, module)}" for module in spec.modules),
         "--cov-report=term-missing:skip-covered",
         "--cov-fail-under=90",
+        workers=WORKERS if framework == "core" else CPUS,  # core's tests start processes and wait
         env=_test_env(session),
     )
 
@@ -284,7 +288,7 @@ def faults(session: nox.Session) -> None:
         *_group("test"),
     )
     # loadgroup: the 2-process fsdp tests share one worker, and so their reference and preempted runs.
-    _pytest(session, "tests/faults", *LOADGROUP, env=_test_env(session))
+    _pytest(session, "tests/faults", *LOADGROUP, workers=WORKERS, env=_test_env(session))
 
 
 @nox.session
@@ -439,7 +443,7 @@ def examples(session: nox.Session) -> None:
         *(f"--config-file={EXAMPLE_ADAPTER}/pyproject.toml", f"--rootdir={EXAMPLE_ADAPTER}"),
         *("--doctest-modules", "--pyargs", "ciclo_stax", *session.posargs),
     ]
-    _side_by_side(session, commands, int(WORKERS), "examples", env=_test_env(session))
+    _side_by_side(session, commands, WORKERS, "examples", env=_test_env(session))
 
 
 @nox.session
@@ -461,7 +465,7 @@ def docs(session: nox.Session) -> None:
     """Builds the documentation site (mkdocs build --strict into site/) and checks its API reference."""
     _install(session, CORE, *ADAPTERS, *_group("docs"))
     session.run("mkdocs", "build", "--strict", env={"NO_MKDOCS_2_WARNING": "1"})
-    _pytest(session, "tests/docs_site", parallel=False)
+    _pytest(session, "tests/docs_site", workers=None)
 
 
 @nox.session
