@@ -35,12 +35,12 @@ import signal
 import sys
 import time
 
+from support.processes import device_flags
+
 MODE = sys.argv[1]
 DIRECTORY = sys.argv[2]
 if MODE.startswith("distributed_"):
-    # With the session's TEST_XLA_FLAGS (noxfile.py), as every test process.
-    flags = os.environ.get("TEST_XLA_FLAGS", "")
-    os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count=2 {flags}"
+    os.environ["XLA_FLAGS"] = device_flags(2)
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
