@@ -1077,7 +1077,7 @@ def test_a_lock_path_that_is_not_a_regular_file_is_refused_with_its_path(tmp_pat
 
 
 NAMESPACED_RUN = """
-import os, sys
+import os, sys, time
 assert os.getpid() == 1, os.getpid()
 import ciclo
 
@@ -1085,7 +1085,7 @@ def step(state, batch):
     if batch == 2 and not os.path.exists({resumed!r}):
         open({ready!r}, "w").close()
         while True:  # held here, lock taken, until the test SIGKILLs this pid 1
-            pass
+            time.sleep(1)
     return state + batch
 
 state, _, _ = ciclo.loop(

@@ -212,7 +212,8 @@ def grain_prefetch_loop() -> None:
     shard = grain.sharding.ShardByJaxProcess()  # one process here: all the rows
     rows = grain.MapDataset.source([(x[i], y[i]) for i in range(len(x))])
     rows = rows[shard.shard_index :: shard.shard_count]
-    dataset = rows.shuffle(seed=0).repeat().batch(16).to_iter_dataset()
+    read_ahead = grain.ReadOptions(num_threads=2, prefetch_buffer_size=4)  # as docs/data.md reads
+    dataset = rows.shuffle(seed=0).repeat().batch(16).to_iter_dataset(read_ahead)
     # Killed with batches read ahead: the backup holds the position of the last batch trained on.
     params, history, _ = ciclo.train_loop(
         params,
