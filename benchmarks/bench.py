@@ -766,7 +766,7 @@ def mesh_step(state: Any, batch: Batch) -> tuple[ciclo.types.Logs, Any]:
 
 
 def run_mesh_row(name: str, workload: Workload, steps: int) -> Timing:
-    """The medium MLP as a managed state under `name`'s strategy, its batches placed beforehand."""
+    """The workload's MLP as a managed state under `name`'s strategy, its batches placed beforehand."""
     params = init_state(workload)[0]
     state = ciclo.managed.ManagedState.create(params=params, tx=TX, strategy=mesh_strategy(name))
     x, y = numpy_data(workload)
@@ -782,13 +782,13 @@ def run_mesh_row(name: str, workload: Workload, steps: int) -> Timing:
     return timed(lambda: train(state, steps))
 
 
-def mesh_child(steps: int, rounds: int) -> None:
+def mesh_child(steps: int, rounds: int, workload: str) -> None:
     """In the subprocess of `MESH_DEVICES` CPU devices: each row's times per round, as JSON on stdout."""
     rows = {name: Row(name) for name in (MESH_REFERENCE, *MESH_SHAPES)}
     for round_index in range(1, rounds + 1):
         for name, row in rows.items():
             progress(f"[{MESH}] round {round_index}/{rounds}: {name} ... ")
-            timing = run_mesh_row(name, WORKLOADS["medium"], steps)
+            timing = run_mesh_row(name, WORKLOADS[workload], steps)
             row.wall.append(timing.wall)
             row.cpu.append(timing.cpu)
             progress(f"{steps / timing.wall:,.0f} steps/s\n")
@@ -798,17 +798,19 @@ def mesh_child(steps: int, rounds: int) -> None:
 def mesh_section(args: argparse.Namespace) -> str:
     """The medium workload on `MESH_DEVICES` CPU devices, in a subprocess (the device count is fixed at
     JAX's start): `data_parallel`, and `MeshParallel` of shapes (8, 1, 1) and (2, 2, 2) over
-    `("data", "fsdp", "tensor")`, each compared with `data_parallel` in the same round."""
-    steps = args.steps or WORKLOADS["medium"].default_steps
+    `("data", "fsdp", "tensor")`, each compared with `data_parallel` in the same round. A --smoke run
+    takes the tiny workload, as its rows do."""
+    workload = "tiny" if args.smoke else "medium"
+    steps = args.steps or WORKLOADS[workload].default_steps
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={MESH_DEVICES}"
-    command = [sys.executable, __file__, MESH_CHILD, str(steps), str(args.rounds)]
+    command = [sys.executable, __file__, MESH_CHILD, str(steps), str(args.rounds), workload]
     # Its progress goes to stderr; in a --smoke run, where it runs beside other rows, only if it failed.
     stderr = subprocess.PIPE if args.smoke else None
     done = subprocess.run(command, stdout=subprocess.PIPE, stderr=stderr, text=True, env=env)
     if args.smoke and done.returncode != 0:
         progress(done.stderr)
-    title = f"### {MESH}: medium on {MESH_DEVICES} CPU devices, {steps} steps × {args.rounds} round(s)"
+    title = f"### {MESH}: {workload} on {MESH_DEVICES} CPU devices, {steps} steps × {args.rounds} round(s)"
     if done.returncode != 0:
         return f"{title}\n\nn/a: the subprocess exited {done.returncode} (its stderr is above)"
     rows = {name: Row(name, wall, cpu) for name, (wall, cpu) in json.loads(done.stdout).items()}
@@ -1396,7 +1398,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     if sys.argv[1:2] == [MESH_CHILD]:
-        sys.exit(mesh_child(int(sys.argv[2]), int(sys.argv[3])))
+        sys.exit(mesh_child(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]))
     if sys.argv[1:2] == [POPULATION_CHILD]:
         sys.exit(population_child(int(sys.argv[2]), int(sys.argv[3])))
     sys.exit(main())

@@ -4,7 +4,8 @@ Once the XLA backend has started, JAX's device count is fixed and
 `jax.distributed.initialize` refuses to run, so a library that computes
 anything at import breaks the usual order of a script (imports first). Each
 test runs a fresh interpreter, without the session's `XLA_FLAGS`; the first also checks that
-`ciclo.testing` imports no pytest (one process less than a test of its own).
+`import ciclo` imports no framework, orbax or tqdm (each an extra or an adapter's) and that
+`ciclo.testing` imports no pytest: what a fresh import does, in one process.
 """
 
 from __future__ import annotations
@@ -19,13 +20,17 @@ from support import processes
 TIMEOUT = 120
 
 
-def test_import_leaves_the_device_count_configurable_and_check_adapter_needs_no_pytest() -> None:
+def test_import_leaves_the_device_count_configurable_and_imports_no_extra() -> None:
     code = textwrap.dedent(
         """
         import sys
 
         import jax
         import ciclo
+
+        extras = {"flax", "haiku", "equinox", "orbax", "tensorflow", "torch", "tqdm", "clu"}
+        imported = sorted(m for m in sys.modules if m.split(".")[0] in extras)
+        assert not imported, imported
         import ciclo.testing
 
         jax.config.update("jax_num_cpu_devices", 2)

@@ -310,12 +310,6 @@ def test_a_new_process_restores_the_best(tmp_path):
     ckpt.close()
 
 
-def test_import_ciclo_does_not_import_orbax():
-    script = "import sys, ciclo; print(any(m.split('.')[0] == 'orbax' for m in sys.modules))"
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
-    assert result.stdout.strip() == "False"
-
-
 # --- settings persisted in the directory ------------------------------------------------------------
 
 
