@@ -39,12 +39,16 @@ def reference(tx: optax.GradientTransformation, data: list[Any]) -> tuple[Any, l
     """Params and each update's rate by hand: the loss passed as `value=`, the rate read from the state."""
     params = training.init_linear(jax.random.key(0))
     opt_state = tx.init(params)
-    loss_and_grad = jax.jit(jax.value_and_grad(lambda p, b: training.mse(training.apply_linear, p, b)))
+
+    @jax.jit  # one program a step: reduce_on_plateau's lax.cond run eagerly is lowered again each step
+    def step(params: Any, opt_state: Any, batch: Any) -> tuple[Any, Any]:
+        loss, grads = jax.value_and_grad(lambda p: training.mse(training.apply_linear, p, batch))(params)
+        updates, opt_state = tx.update(grads, opt_state, params, value=loss)
+        return optax.apply_updates(params, updates), opt_state
+
     rates = []
     for batch in data:
-        loss, grads = loss_and_grad(params, batch)
-        updates, opt_state = tx.update(grads, opt_state, params, value=loss)
-        params = optax.apply_updates(params, updates)
+        params, opt_state = step(params, opt_state, batch)
         # inject_hyperparams alone, or chained with reduce_on_plateau.
         injected, plateau = (opt_state, None) if hasattr(opt_state, "hyperparams") else opt_state
         rate = float(injected.hyperparams["learning_rate"])
