@@ -782,6 +782,28 @@ def run_mesh_row(name: str, workload: Workload, steps: int) -> Timing:
     return timed(lambda: train(state, steps))
 
 
+def print_rows(rows: dict[str, Row]) -> None:
+    """A child process's rows, as JSON on stdout: what `child_rows` reads back."""
+    print(json.dumps({name: [row.wall, row.cpu] for name, row in rows.items()}))
+
+
+def child_rows(
+    flag: str, args: list[str], env: dict[str, str], *, quiet: bool = False
+) -> dict[str, Row] | str:
+    """The rows a fresh process of this script measures (`flag`'s child), or why there are none.
+
+    Its progress goes to stderr; `quiet`: only if it failed.
+    """
+    stderr = subprocess.PIPE if quiet else None
+    command = [sys.executable, __file__, flag, *args]
+    done = subprocess.run(command, stdout=subprocess.PIPE, stderr=stderr, text=True, env=env)
+    if done.returncode != 0:
+        if quiet:
+            progress(done.stderr)
+        return f"n/a: the subprocess exited {done.returncode} (its stderr is above)"
+    return {name: Row(name, wall, cpu) for name, (wall, cpu) in json.loads(done.stdout).items()}
+
+
 def mesh_child(steps: int, rounds: int, workload: str) -> None:
     """In the subprocess of `MESH_DEVICES` CPU devices: each row's times per round, as JSON on stdout."""
     rows = {name: Row(name) for name in (MESH_REFERENCE, *MESH_SHAPES)}
@@ -792,7 +814,7 @@ def mesh_child(steps: int, rounds: int, workload: str) -> None:
             row.wall.append(timing.wall)
             row.cpu.append(timing.cpu)
             progress(f"{steps / timing.wall:,.0f} steps/s\n")
-    print(json.dumps({name: [row.wall, row.cpu] for name, row in rows.items()}))
+    print_rows(rows)
 
 
 def mesh_section(args: argparse.Namespace) -> str:
@@ -804,16 +826,11 @@ def mesh_section(args: argparse.Namespace) -> str:
     steps = args.steps or WORKLOADS[workload].default_steps
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
     env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={MESH_DEVICES}"
-    command = [sys.executable, __file__, MESH_CHILD, str(steps), str(args.rounds), workload]
     # Its progress goes to stderr; in a --smoke run, where it runs beside other rows, only if it failed.
-    stderr = subprocess.PIPE if args.smoke else None
-    done = subprocess.run(command, stdout=subprocess.PIPE, stderr=stderr, text=True, env=env)
-    if args.smoke and done.returncode != 0:
-        progress(done.stderr)
+    rows = child_rows(MESH_CHILD, [str(steps), str(args.rounds), workload], env, quiet=args.smoke)
     title = f"### {MESH}: {workload} on {MESH_DEVICES} CPU devices, {steps} steps × {args.rounds} round(s)"
-    if done.returncode != 0:
-        return f"{title}\n\nn/a: the subprocess exited {done.returncode} (its stderr is above)"
-    rows = {name: Row(name, wall, cpu) for name, (wall, cpu) in json.loads(done.stdout).items()}
+    if isinstance(rows, str):
+        return f"{title}\n\n{rows}"
     lines = [title, "", f"| strategy | steps/s | µs/step | ratio to {MESH_REFERENCE} | IQR | target |"]
     lines.append("|---|---:|---:|---:|---:|---|")
     for name, row in rows.items():
@@ -884,19 +901,8 @@ def population_rows(steps: int, rounds: int, progress_label: str) -> dict[str, R
 def population_child(steps: int, rounds: int) -> int:
     """The population rows on every CPU of the parent (its `CICLO_BENCH_CPUS`), as JSON on stdout."""
     warm_up_history()
-    rows = population_rows(steps, rounds, f"{POPULATION}, {len(os.sched_getaffinity(0))} CPUs")
-    print(json.dumps({name: (row.wall, row.cpu) for name, row in rows.items()}))
+    print_rows(population_rows(steps, rounds, f"{POPULATION}, {len(os.sched_getaffinity(0))} CPUs"))
     return 0
-
-
-def population_on_all_cpus(steps: int, rounds: int) -> dict[str, Row] | str:
-    """The population rows in a fresh process on the CPUs this one had before `--pin-core`, or why not."""
-    env = {**os.environ, CPUS_VARIABLE: ",".join(map(str, ALL_CPUS))}
-    command = [sys.executable, __file__, POPULATION_CHILD, str(steps), str(rounds)]
-    done = subprocess.run(command, stdout=subprocess.PIPE, text=True, env=env)
-    if done.returncode != 0:
-        return f"n/a: the subprocess exited {done.returncode} (its stderr is above)"
-    return {name: Row(name, wall, cpu) for name, (wall, cpu) in json.loads(done.stdout).items()}
 
 
 def population_section(args: argparse.Namespace) -> str:
@@ -914,7 +920,11 @@ def population_section(args: argparse.Namespace) -> str:
     here = "1 CPU (pinned)" if pinned else f"{len(ALL_CPUS) or os.cpu_count()} CPUs"
     placements[here] = population_rows(steps, args.rounds, POPULATION)
     if pinned:
-        placements[f"{len(ALL_CPUS)} CPUs"] = population_on_all_cpus(steps, args.rounds)
+        # A fresh process on the CPUs this one had before `--pin-core`.
+        env = {**os.environ, CPUS_VARIABLE: ",".join(map(str, ALL_CPUS))}
+        placements[f"{len(ALL_CPUS)} CPUs"] = child_rows(
+            POPULATION_CHILD, [str(steps), str(args.rounds)], env
+        )
     judged = list(placements)[-1]
     title = (
         f"### {POPULATION}: {POPULATION_MEMBERS} tiny members, {steps} steps each × {args.rounds} round(s)"
