@@ -19,7 +19,7 @@ WORKER = Path(__file__).with_name("another_mesh_worker.py")
 
 def _worker(devices: int, strategy: str, checkpoint: Path, backup: Path, stop: int, out: Path) -> str:
     """Runs the worker on `devices` CPU devices; returns its stderr (the resume notes)."""
-    env = processes.clean_env(JAX_PLATFORMS="cpu", XLA_FLAGS=processes.device_flags(devices))
+    env = processes.clean_env()  # the worker sets its device count and platform before importing jax
     command = [
         sys.executable,
         str(WORKER),
@@ -113,7 +113,7 @@ def test_a_pmap_checkpoint_restores_only_onto_pmap_on_its_device_count(tmp_path:
         ciclo.train_loop(mlp_state("data_parallel"), batches(2), stop=2, backup=tmp_path / "backup")
 
     # pmap on 2 devices, in a process of its own.
-    env = processes.clean_env(JAX_PLATFORMS="cpu", XLA_FLAGS=processes.device_flags(2))
+    env = processes.clean_env()  # the worker sets its 2 devices and the platform itself
     command = [sys.executable, str(WORKER), "2", "pmap", str(tmp_path / "pmap")]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
