@@ -15,16 +15,16 @@ import subprocess
 import sys
 from pathlib import Path
 
-from support import processes
+from support import processes, zygote
 
 WORKER = Path(__file__).with_name("follow_worker.py")
 TIMEOUT = 600
 STEPS = 12  # follow_worker.STEPS: a checkpoint after each
 
 
-def start(directory: Path, *args: str) -> subprocess.Popen[str]:
+def start(directory: Path, *args: str) -> zygote.Process:
     with open(directory / "stderr.log", "a") as log:  # the child keeps its own copy
-        return subprocess.Popen(
+        return zygote.popen(
             [sys.executable, str(WORKER), args[0], str(directory), *args[1:]],
             env=processes.clean_env(),
             stdout=subprocess.PIPE,
@@ -33,7 +33,7 @@ def start(directory: Path, *args: str) -> subprocess.Popen[str]:
         )
 
 
-def finish(proc: subprocess.Popen[str], directory: Path) -> None:
+def finish(proc: zygote.Process, directory: Path) -> None:
     proc.communicate(timeout=TIMEOUT)
     assert proc.returncode == 0, (directory / "stderr.log").read_text()[-5000:]
 

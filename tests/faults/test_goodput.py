@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from support import processes
+from support import processes, zygote
 
 from ciclo._src.resume.goodput import BUCKETS
 
@@ -60,10 +60,10 @@ print("done", flush=True)
 """
 
 
-def run(directory: Path, pause: int) -> subprocess.Popen[str]:
+def run(directory: Path, pause: int) -> zygote.Process:
     script = directory / "train.py"
     script.write_text(SCRIPT)
-    return subprocess.Popen(
+    return zygote.popen(
         [sys.executable, str(script), str(directory), str(pause)],
         env=processes.clean_env(),
         stdout=subprocess.PIPE,
@@ -72,7 +72,7 @@ def run(directory: Path, pause: int) -> subprocess.Popen[str]:
     )
 
 
-def kill_at_gate(proc: subprocess.Popen[str]) -> None:
+def kill_at_gate(proc: zygote.Process) -> None:
     assert proc.stdout is not None
     for line in proc.stdout:
         if line.strip() == "paused":

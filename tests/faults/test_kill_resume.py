@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from support import log_readers, processes
+from support import log_readers, processes, zygote
 from support.optional import optional
 
 WORKER = Path(__file__).with_name("worker.py")
@@ -34,11 +34,11 @@ CONTAINER = ["unshare", "--pid", "--fork", "--mount-proc"]
 """Runs a command as pid 1 of a new pid namespace, as a container runs its entry point."""
 
 
-def start(mode: str, directory: Path, *extra: str, container: bool = False) -> subprocess.Popen[str]:
+def start(mode: str, directory: Path, *extra: str, container: bool = False) -> zygote.Process:
     """Starts the worker; in a `container`, as pid 1 of a new pid namespace (then `proc` is `unshare`)."""
     directory.mkdir(exist_ok=True)
     with open(directory / "stderr.log", "a") as log:  # the child keeps its own copy
-        return subprocess.Popen(
+        return zygote.popen(
             [*(CONTAINER if container else []), sys.executable, str(WORKER), mode, str(directory), *extra],
             env=processes.clean_env(),
             stdout=subprocess.PIPE,
@@ -47,7 +47,7 @@ def start(mode: str, directory: Path, *extra: str, container: bool = False) -> s
         )
 
 
-def finish(proc: subprocess.Popen[str], directory: Path) -> None:
+def finish(proc: zygote.Process, directory: Path) -> None:
     """Lets the process run to its end; it must succeed."""
     proc.communicate(timeout=TIMEOUT)
     assert proc.returncode == 0, (directory / "stderr.log").read_text()
@@ -106,13 +106,13 @@ def signal_tree(pid: int, signum: int) -> None:
             pass
 
 
-def pid_1(proc: subprocess.Popen[str]) -> int:
+def pid_1(proc: zygote.Process) -> int:
     """The host's pid of the process that `start(..., container=True)` runs as pid 1 of its namespace."""
     return int(Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()[0])
 
 
 def kill_when(
-    proc: subprocess.Popen[str],
+    proc: zygote.Process,
     prefix: str,
     count: int,
     delay: float,
@@ -263,7 +263,7 @@ def test_a_container_killed_as_pid_1_and_restarted_as_pid_1_resumes(
     assert_equal_results(dict(np.load(directory / "result_0.npz")), reference)
 
 
-def start_two(mode: str, directory: Path, pauses: tuple[str, str] = ("", "")) -> list[subprocess.Popen[str]]:
+def start_two(mode: str, directory: Path, pauses: tuple[str, str] = ("", "")) -> list[zygote.Process]:
     """Starts both processes of a 2-process run; `pauses` freezes each at a moment (worker.py's PAUSE)."""
     port = str(processes.free_port())
     return [start(mode, directory, str(i), port, *filter(None, [pauses[i]])) for i in range(2)]

@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from support import processes
+from support import processes, zygote
 
 TIMEOUT = 2  # the watchdog's step_timeout in the scripts, seconds
 SLACK = 60  # generous: a loaded machine may take long to start the interpreter and JAX
@@ -70,10 +70,10 @@ print("done", int(state), elapsed.steps, flush=True)
 """
 
 
-def start(mode: str, directory: Path) -> subprocess.Popen[str]:
+def start(mode: str, directory: Path) -> zygote.Process:
     script = directory / "train.py"
     script.write_text(SCRIPT)
-    return subprocess.Popen(
+    return zygote.popen(
         [sys.executable, str(script), mode, str(directory)],
         env=processes.clean_env(),
         stdout=subprocess.PIPE,
@@ -82,7 +82,7 @@ def start(mode: str, directory: Path) -> subprocess.Popen[str]:
     )
 
 
-def wait_for(proc: subprocess.Popen[str], line: str) -> None:
+def wait_for(proc: zygote.Process, line: str) -> None:
     """Reads the script's stdout until `line` (it must come before the script ends)."""
     assert proc.stdout is not None
     for printed in proc.stdout:
@@ -168,7 +168,7 @@ def test_a_process_whose_peer_stopped_exits_124_before_jax_ends_it(tmp_path: Pat
     script.write_text(PAIR)
     port = str(processes.free_port())
     procs = [
-        subprocess.Popen(
+        zygote.popen(
             [sys.executable, str(script), str(index), port],
             env=processes.clean_env(),
             stdout=subprocess.DEVNULL,
