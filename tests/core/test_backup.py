@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from support import processes, zygote
 from support.training import LinearClassifier
 
 import ciclo
@@ -829,7 +830,6 @@ def test_the_resume_line_is_silenced_through_its_logger(tmp_path, capsys):
 
 
 def test_a_resume_and_a_preemption_each_print_one_line_by_default(tmp_path):
-    import subprocess
     import sys
 
     script = (
@@ -839,15 +839,13 @@ def test_a_resume_and_a_preemption_each_print_one_line_by_default(tmp_path):
         "    return state + 1\n"
         f"ciclo.loop(0, range(6), {{ciclo.every(1): step}}, stop=6, backup={str(tmp_path)!r})\n"
     )
-    first = subprocess.run(
-        [sys.executable, "-c", script, "kill"], capture_output=True, text=True, timeout=120
-    )
+    first = zygote.run([sys.executable, "-c", script, "kill"], env=processes.clean_env(), timeout=120)
     assert first.returncode == 143
     assert first.stderr.strip().splitlines() == [
         f"ciclo: preempted by SIGTERM after step 4: the backup is saved in {tmp_path}; run the same "
         "command again to resume from it"
     ]
-    second = subprocess.run([sys.executable, "-c", script, "go"], capture_output=True, text=True, timeout=120)
+    second = zygote.run([sys.executable, "-c", script, "go"], env=processes.clean_env(), timeout=120)
     assert second.returncode == 0
     assert second.stderr.strip().splitlines() == [
         f"ciclo: resumed loop from the backup at step 4 in {tmp_path}"
@@ -935,13 +933,12 @@ ciclo.loop(0, range(2), {{ciclo.every(1): wait_for_release}}, backup={directory!
 
 def test_a_second_process_on_one_backup_directory_is_refused_with_the_owners_name(tmp_path):
     import socket
-    import subprocess
     import sys
     import time
 
     directory, release = tmp_path / "backup", tmp_path / "release"
     script = LOCK_HOLDER.format(support=os.getcwd(), release=str(release), directory=str(directory))
-    child = subprocess.Popen([sys.executable, "-c", script])
+    child = zygote.popen([sys.executable, "-c", script], env=processes.clean_env())
     try:
         lock = directory / "ciclo_backup.lock"
         while not lock.exists():  # the child holds the directory once its loop has started
@@ -1000,7 +997,8 @@ def test_two_runs_started_at_once_on_one_directory_one_runs_and_the_other_names_
     gates.mkdir()
     script = RACER.format(gates=str(gates), directory=str(directory))
     children = [
-        subprocess.Popen([sys.executable, "-c", script], stderr=subprocess.PIPE, text=True) for _ in range(2)
+        zygote.popen([sys.executable, "-c", script], env=processes.clean_env(), stderr=subprocess.PIPE)
+        for _ in range(2)
     ]
 
     def arrived(prefix):

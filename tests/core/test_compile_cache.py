@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from support import processes
+from support import processes, zygote
 
 SCRIPT = """
 import sys, jax, jax.numpy as jnp, ciclo
@@ -38,11 +38,9 @@ def run(
         for key, value in processes.clean_env(**env).items()
         if not key.startswith(("JAX_COMPILATION_CACHE", "JAX_PERSISTENT_CACHE"))
     }
-    done = subprocess.run(
+    done = zygote.run(
         [sys.executable, "-c", SCRIPT, str(tmp_path / "backup"), str(stop), str(configured or "-")],
         env=clean,
-        capture_output=True,
-        text=True,
         timeout=300,
     )
     assert done.returncode == 0, done.stderr

@@ -642,18 +642,18 @@ print("steps", ckpt.all_steps(), "stopped at", elapsed.steps, flush=True)
 
 @pytest.mark.parametrize("catch", [True, False])
 def test_ctrl_c_during_a_save_loses_no_checkpoint(tmp_path, catch):
+    from support import zygote
     from support.processes import clean_env
 
     directory, gate = tmp_path / "ckpt", tmp_path / "gate"
     gate.mkdir()
     script = tmp_path / "child.py"
     script.write_text(SIGINT_CHILD.replace("CATCH", str(catch)))
-    child = subprocess.Popen(
+    child = zygote.popen(
         [sys.executable, str(script), str(directory), str(gate)],
         env=clean_env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
-        text=True,
     )
     try:
         deadline = time.monotonic() + 120
