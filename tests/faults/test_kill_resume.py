@@ -35,7 +35,8 @@ CONTAINER = ["unshare", "--pid", "--fork", "--mount-proc"]
 
 
 def start(mode: str, directory: Path, *extra: str, container: bool = False) -> zygote.Process:
-    """Starts the worker; in a `container`, as pid 1 of a new pid namespace (then `proc` is `unshare`)."""
+    """Starts the worker, forked from the zygote (`support.zygote`); in a `container`, a fresh interpreter
+    as pid 1 of a new pid namespace (then `proc` is `unshare`)."""
     directory.mkdir(exist_ok=True)
     with open(directory / "stderr.log", "a") as log:  # the child keeps its own copy
         return zygote.popen(

@@ -231,8 +231,11 @@ class Zygote:
         return Forked(self, list(argv), pid, out_pipe, err_pipe)
 
     def exit_code(self, pid: int, timeout: float | None) -> int | None:
+        """`pid`'s exit code once it has ended, waiting up to `timeout` seconds; None: still running."""
         with self._changed:
             self._changed.wait_for(lambda: pid in self._exits or -1 in self._exits, timeout)
+            if pid not in self._exits and -1 in self._exits:
+                raise RuntimeError(f"the zygote ended before it could report how process {pid} ended")
             return self._exits.get(pid)
 
     def close(self) -> None:
