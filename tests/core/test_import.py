@@ -72,6 +72,6 @@ def test_import_then_two_process_distributed_initialize(tmp_path: Path) -> None:
     port = str(processes.free_port())
     commands = [[sys.executable, "-c", code, port, str(i)] for i in range(2)]
     codes, outputs = processes.run_together(
-        commands, env=processes.clean_env(), logs=tmp_path, timeout=TIMEOUT
+        commands, env=processes.clean_env(), logs=tmp_path, timeout=TIMEOUT, fresh=True
     )
     assert codes == [0, 0], "\n\n".join(outputs)

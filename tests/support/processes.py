@@ -8,6 +8,8 @@ import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from support import zygote
+
 TESTS = Path(__file__).parents[1]
 
 HEARTBEAT = 10
@@ -43,17 +45,25 @@ def clean_env(**extra: str) -> dict[str, str]:
 
 
 def run_together(
-    commands: Sequence[Sequence[str]], *, env: Mapping[str, str], logs: Path, timeout: float
+    commands: Sequence[Sequence[str]],
+    *,
+    env: Mapping[str, str],
+    logs: Path,
+    timeout: float,
+    fresh: bool = False,
 ) -> tuple[list[int], list[str]]:
     """Starts every command at once and waits for all: `(exit codes, outputs)`.
 
-    Each command's stdout and stderr go to `logs/process_<i>.log`. When one is
+    A script of this Python is forked from the test process's zygote (`support.zygote`), unless
+    `fresh`. Each command's stdout and stderr go to `logs/process_<i>.log`. When one is
     still running after `timeout` seconds (waiting for a peer that failed, say),
     all are killed and an `AssertionError` shows what each printed.
     """
     files = [open(logs / f"process_{i}.log", "w+") for i in range(len(commands))]  # noqa: SIM115
     procs = [
         subprocess.Popen(list(command), env=dict(env), stdout=file, stderr=subprocess.STDOUT)
+        if fresh
+        else zygote.popen(command, env=env, stdout=file, stderr=subprocess.STDOUT)
         for command, file in zip(commands, files, strict=True)
     ]
     codes: list[int] | None = None
