@@ -12,10 +12,10 @@ stderr are pipes or files as asked.
 
 No jax backend exists in the zygote when it forks (JAX warns of a fork after one),
 so each script reads `XLA_FLAGS` (its device count) when it first uses jax. What
-`import jax` reads from the environment (`_SAME`) is the
-zygote's, so scripts whose environments differ there get different zygotes.
-What must be a fresh interpreter stays one: the import checks, the pid-1 container
-tests (through `unshare`), scripts that configure logging before importing jax.
+`import jax` reads from the environment (`_SAME`) is the zygote's, so scripts whose
+environments differ there get different zygotes. What must be a fresh interpreter
+stays one: the import checks, the pid-1 container tests (through `unshare`),
+scripts that configure logging before importing jax.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ PRELOAD = ("numpy", "jax", "jax.numpy", "optax", "orbax.checkpoint", "ciclo", "f
 """What the zygote imports, where installed: what the fault scripts import before their first step."""
 
 _SAME = ("JAX_", "XLA_PYTHON", "TF_", "PYTHON", "LD_", "OPENBLAS", "OMP_", "MKL_", "TPU_", "CUDA")
-"""Environment variables read at import: a script needing other values than the zygote's is not forked."""
+"""Environment variables read at import: scripts that differ in them are forked from different zygotes."""
 
 
 def _read_at_import(env: Mapping[str, str]) -> dict[str, str]:
