@@ -29,7 +29,6 @@ def start(directory: Path, *args: str) -> zygote.Process:
             env=processes.clean_env(),
             stdout=subprocess.PIPE,
             stderr=log,
-            text=True,
         )
 
 

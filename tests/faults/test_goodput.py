@@ -68,7 +68,6 @@ def run(directory: Path, pause: int) -> zygote.Process:
         env=processes.clean_env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
-        text=True,
     )
 
 

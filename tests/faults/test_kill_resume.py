@@ -44,7 +44,6 @@ def start(mode: str, directory: Path, *extra: str, container: bool = False) -> z
             env=processes.clean_env(),
             stdout=subprocess.PIPE,
             stderr=log,
-            text=True,
         )
 
 

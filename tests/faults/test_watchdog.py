@@ -78,7 +78,6 @@ def start(mode: str, directory: Path) -> zygote.Process:
         env=processes.clean_env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
-        text=True,
     )
 
 
@@ -173,7 +172,6 @@ def test_a_process_whose_peer_stopped_exits_124_before_jax_ends_it(tmp_path: Pat
             env=processes.clean_env(),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
-            text=True,
         )
         for index in range(2)
     ]

@@ -61,9 +61,7 @@ def run_together(
     """
     files = [open(logs / f"process_{i}.log", "w+") for i in range(len(commands))]  # noqa: SIM115
     procs = [
-        subprocess.Popen(list(command), env=dict(env), stdout=file, stderr=subprocess.STDOUT)
-        if fresh
-        else zygote.popen(command, env=env, stdout=file, stderr=subprocess.STDOUT)
+        zygote.popen(command, env=env, stdout=file, stderr=subprocess.STDOUT, fresh=fresh)
         for command, file in zip(commands, files, strict=True)
     ]
     codes: list[int] | None = None

@@ -259,12 +259,14 @@ def popen(
     env: Mapping[str, str],
     stdout: Any = None,
     stderr: Any = None,
-    text: bool = True,
+    fresh: bool = False,
 ) -> Process:
-    """`subprocess.Popen(command, ...)`, forked from a zygote where `command` is this Python running a
-    script or `-c` code (a fresh interpreter otherwise: `unshare ...`, `python -W error ...`)."""
-    if command[0] != sys.executable or not (command[1] == "-c" or command[1].endswith(".py")):
-        return subprocess.Popen(list(command), env=dict(env), stdout=stdout, stderr=stderr, text=text)
+    """`subprocess.Popen(command, ..., text=True)`, forked from a zygote where `command` is this Python
+    running a script or `-c` code; a fresh interpreter where asked (`fresh`) or where it is not
+    (`unshare ...`, `python -W error ...`)."""
+    forkable = command[0] == sys.executable and (command[1] == "-c" or command[1].endswith(".py"))
+    if fresh or not forkable:
+        return subprocess.Popen(list(command), env=dict(env), stdout=stdout, stderr=stderr, text=True)
     key = json.dumps(_read_at_import(env), sort_keys=True)
     zygote = _zygotes.get(key)
     if zygote is None:
